@@ -1,0 +1,48 @@
+"""kerasfeed: fast custom Python data loading for Keras and tf.data.
+
+The public API lives here. Heavy modules (TensorFlow, Keras, h5py) are
+imported lazily on first attribute access so that ``import kerasfeed`` stays
+cheap, which matters most inside worker processes.
+
+Layout (sources -> order -> execution -> tf.data assembly -> integrations):
+
+- ``kerasfeed.sources``   random-access sources (``SceneSequence``, HDF5 readers)
+- ``kerasfeed.sampling``  the index order of every pass (sequential, seeded shuffle)
+- ``kerasfeed.execution`` where ``source[i]`` runs (threads, worker processes)
+- ``kerasfeed.tfdata``    turning all of that into a ``tf.data.Dataset``
+- ``kerasfeed.datasets``  synthetic data used by the demo, tests and benchmarks
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kerasfeed._version import __version__
+
+# public name -> "module:attribute"
+_LAZY = {
+    "SceneSequence": "kerasfeed.sources.sequence:SceneSequence",
+    "to_dataset": "kerasfeed.tfdata.adapter:to_dataset",
+    "IndexOrder": "kerasfeed.sampling.order:IndexOrder",
+    "ItemError": "kerasfeed.errors:ItemError",
+    "SignatureError": "kerasfeed.errors:SignatureError",
+    "datasets": "kerasfeed.datasets:",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'kerasfeed' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

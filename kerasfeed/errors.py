@@ -1,0 +1,96 @@
+"""Exceptions raised by kerasfeed.
+
+They are plain Python exceptions (no TensorFlow import) so that worker
+processes can build and pickle them.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Optional
+
+
+class ItemError(RuntimeError):
+    """``source[index]`` raised; carries the index and the original error.
+
+    Inside a ``tf.data`` pipeline TensorFlow re-raises this as
+    ``tf.errors.UnknownError`` whose message is this exception's message, so
+    the index, original type, message and traceback text always reach the
+    caller.
+
+    Attributes:
+        index: the item index that failed.
+        exc_type: name of the original exception type (e.g. ``"ValueError"``).
+        exc_message: ``str()`` of the original exception.
+        traceback_text: the formatted original traceback.
+        worker_id: id of the worker process that ran the item, or None.
+        pid: process id where the item ran.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        exc_type: str,
+        exc_message: str,
+        traceback_text: str,
+        worker_id: Optional[int] = None,
+        pid: Optional[int] = None,
+        source_name: str = "source",
+    ):
+        self.index = index
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.traceback_text = traceback_text
+        self.worker_id = worker_id
+        self.pid = pid
+        self.source_name = source_name
+        where = ""
+        if worker_id is not None:
+            where = f" in worker {worker_id} (pid {pid})"
+        super().__init__(
+            f"kerasfeed: {source_name}[{index}] raised {exc_type}{where}: "
+            f"{exc_message}\n\nOriginal traceback{where}:\n{traceback_text}"
+        )
+
+    def __reduce__(self):
+        return (
+            ItemError,
+            (
+                self.index,
+                self.exc_type,
+                self.exc_message,
+                self.traceback_text,
+                self.worker_id,
+                self.pid,
+                self.source_name,
+            ),
+        )
+
+    @classmethod
+    def from_exception(
+        cls,
+        index: int,
+        exc: BaseException,
+        *,
+        worker_id: Optional[int] = None,
+        pid: Optional[int] = None,
+        source_name: str = "source",
+    ) -> "ItemError":
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(
+            index,
+            type(exc).__name__,
+            str(exc),
+            tb,
+            worker_id=worker_id,
+            pid=pid,
+            source_name=source_name,
+        )
+
+
+class SignatureError(ValueError):
+    """An item does not match the dataset's element signature.
+
+    The message names the index, the field (``x``, ``y['mask']``, ...) and
+    the expected versus received structure, shape or dtype.
+    """

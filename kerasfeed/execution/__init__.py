@@ -1,0 +1,1 @@
+"""Where ``source[i]`` runs: the consumer's threads or worker processes."""

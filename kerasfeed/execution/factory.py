@@ -1,0 +1,40 @@
+"""Turns the ``executor=`` argument of the public API into an Executor."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from kerasfeed.execution.base import Executor
+from kerasfeed.execution.threads import ThreadExecutor
+
+EXECUTOR_NAMES = ("threads",)
+
+
+def make_executor(
+    executor: Any,
+    source: Any,
+    *,
+    workers: Optional[int] = None,
+    worker_init: Optional[Callable[[], None]] = None,
+) -> Executor:
+    """Returns an Executor for ``source``.
+
+    Args:
+        executor: one of ``EXECUTOR_NAMES`` or an ``Executor`` instance.
+        source: the indexable source.
+        workers: number of worker processes (process executors only).
+        worker_init: called once in each worker process at start-up.
+    """
+    if isinstance(executor, Executor):
+        return executor
+    if executor == "threads":
+        if workers is not None or worker_init is not None:
+            raise ValueError(
+                "`workers` and `worker_init` apply to worker processes; "
+                f"executor='threads' received workers={workers!r}, worker_init={worker_init!r}"
+            )
+        return ThreadExecutor(source)
+    raise ValueError(
+        f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
+        f"Received: {executor!r}"
+    )

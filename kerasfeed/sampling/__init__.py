@@ -1,0 +1,1 @@
+"""Index order: which item comes when, in every pass over a source."""

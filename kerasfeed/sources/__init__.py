@@ -1,0 +1,1 @@
+"""Random-access sources: anything with ``__len__`` and ``__getitem__``."""

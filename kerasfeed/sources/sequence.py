@@ -1,0 +1,81 @@
+"""``SceneSequence``: one indexable class for ``model.fit`` and ``to_dataset``."""
+
+from __future__ import annotations
+
+import os
+if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
+    # Inside a kerasfeed worker process: avoid importing Keras (and with it
+    # TensorFlow, ~2 s and ~500 MB per process) just to unpickle a subclass.
+    from kerasfeed.sources._light_pydataset import PyDataset as _PyDataset
+else:
+    from keras.utils import PyDataset as _PyDataset
+
+
+class SceneSequence(_PyDataset):
+    """An indexable batch source that trains through Keras and ``tf.data``.
+
+    Subclass it, call ``super().__init__(**kwargs)``, and implement
+    ``__len__`` (number of batches) and ``__getitem__(i)`` (batch ``i``: an
+    ndarray, a tuple ``(x, y)`` / ``(x, y, sample_weight)``, or dicts/nests of
+    arrays). The same object then works with:
+
+    - ``model.fit(seq)``: Keras' own machinery; ``workers``,
+      ``use_multiprocessing`` and ``max_queue_size`` pass through to
+      ``keras.utils.PyDataset``.
+    - ``kerasfeed.to_dataset(seq)``: a real ``tf.data.Dataset`` with parallel
+      loading, batching and prefetching.
+
+    Args:
+        workers: Keras' thread or process count for ``model.fit(seq)``.
+        use_multiprocessing: whether Keras uses processes for ``fit(seq)``.
+        max_queue_size: Keras' queue length for ``fit(seq)``.
+
+    The current pass number is available as ``self.epoch``: ``to_dataset``
+    sets it through ``set_epoch`` in every process that runs items, and under
+    ``model.fit(seq)`` it advances in ``on_epoch_end``. Subclasses that
+    override ``on_epoch_end`` should call ``super().on_epoch_end()``.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import kerasfeed
+
+    class Squares(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            x = np.full((8, 3), i, dtype="float32")
+            return x, x.sum(axis=1) ** 2
+
+    ds = kerasfeed.to_dataset(Squares())
+    x, y = next(iter(ds))
+    ```
+    """
+
+    def __init__(
+        self,
+        workers: int = 1,
+        use_multiprocessing: bool = False,
+        max_queue_size: int = 10,
+    ):
+        super().__init__(
+            workers=workers,
+            use_multiprocessing=use_multiprocessing,
+            max_queue_size=max_queue_size,
+        )
+        self._kf_epoch = 0
+
+    @property
+    def epoch(self) -> int:
+        """The pass (epoch) currently being read, starting at 0."""
+        return getattr(self, "_kf_epoch", 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the pass number; called by kerasfeed before items of a pass."""
+        self._kf_epoch = int(epoch)
+
+    def on_epoch_end(self) -> None:
+        """Advances ``epoch``; Keras calls it after each ``fit`` epoch."""
+        self._kf_epoch = self.epoch + 1

@@ -1,0 +1,1 @@
+"""Assembling sources and executors into ``tf.data.Dataset`` pipelines."""

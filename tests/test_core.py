@@ -1,0 +1,339 @@
+"""SceneSequence and to_dataset with the threads executor (issue 2)."""
+
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+
+
+class Ramp(kerasfeed.SceneSequence):
+    """Batch i: x filled with i (plus column offsets), y = i % 2."""
+
+    def __init__(self, n=6, batch=4, last=None, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.batch, self.last = n, batch, last
+        self.events = []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        b = self.last if (self.last and i == self.n - 1) else self.batch
+        x = np.full((b, 3), i, np.float32) + np.arange(3, dtype=np.float32)
+        y = np.full((b, 1), i % 2, np.float32)
+        return x, y
+
+    def on_epoch_begin(self):
+        self.events.append("begin")
+
+    def on_epoch_end(self):
+        super().on_epoch_end()
+        self.events.append("end")
+
+
+def _tiny_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+def test_values_and_order_match_getitem():
+    seq = Ramp(n=5, last=2)
+    ds = kerasfeed.to_dataset(seq)
+    assert ds.element_spec[0].shape.as_list() == [None, 3]  # last batch is short
+    assert int(ds.cardinality()) == 5
+    got = [(x.numpy(), y.numpy()) for x, y in ds]
+    assert len(got) == 5
+    for i, (x, y) in enumerate(got):
+        ex, ey = seq[i]
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+
+
+def test_fit_seq_and_fit_dataset_train_identically():
+    seq = Ramp(n=6)
+    m1 = _tiny_model()
+    m1.fit(seq, epochs=2, shuffle=False, verbose=0)
+    m2 = _tiny_model()
+    m2.fit(kerasfeed.to_dataset(seq), epochs=2, verbose=0)
+    for a, b in zip(m1.get_weights(), m2.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # and the models did train (weights moved from the shared start)
+    m0 = _tiny_model()
+    assert any(not np.allclose(a, b) for a, b in zip(m0.get_weights(), m1.get_weights()))
+
+
+def test_fit_seq_keras_workers_threads_and_processes():
+    for kwargs in ({"workers": 2}, {"workers": 2, "use_multiprocessing": True}):
+        seq = Ramp(n=4, **kwargs)
+        hist = _tiny_model().fit(seq, epochs=1, verbose=0)
+        assert np.isfinite(hist.history["loss"][0])
+
+
+def test_epoch_hooks_fire_once_per_pass():
+    seq = Ramp(n=3)
+    ds = kerasfeed.to_dataset(seq)
+    for _ in range(3):
+        assert len(list(ds)) == 3
+    assert seq.events == ["begin", "end"] * 3
+    assert seq.epoch == 3
+    seq2 = Ramp(n=3)
+    _tiny_model().fit(kerasfeed.to_dataset(seq2), epochs=2, verbose=0)
+    assert seq2.events == ["begin", "end"] * 2
+
+
+def test_seeded_shuffle_reproducible_and_new_per_epoch():
+    class Idx:
+        def __len__(self):
+            return 50
+
+        def __getitem__(self, i):
+            return np.int64(i)
+
+    def orders(seed, passes=3):
+        ds = kerasfeed.to_dataset(Idx(), shuffle=True, seed=seed)
+        return [[int(v) for v in ds] for _ in range(passes)]
+
+    a, b = orders(7), orders(7)
+    assert a == b  # same seed, same sequence of epoch orders
+    for order in a:
+        assert sorted(order) == list(range(50))  # a permutation
+    assert a[0] != a[1] and a[1] != a[2]  # drawn anew every pass
+    assert a[0] != list(range(50))
+    assert orders(8)[0] != a[0]
+
+
+def test_samples_batched_with_drop_remainder():
+    class Samples:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return {"a": np.array([i, -i], np.int32)}, np.float64(i)
+
+    ds = kerasfeed.to_dataset(Samples(), batch_size=4)
+    batches = list(ds)
+    assert [int(b[1].shape[0]) for b in batches] == [4, 4, 2]
+    np.testing.assert_array_equal(batches[2][0]["a"].numpy(), [[8, -8], [9, -9]])
+    assert batches[0][1].dtype == tf.float64
+    ds = kerasfeed.to_dataset(Samples(), batch_size=4, drop_remainder=True)
+    assert [int(b[1].shape[0]) for b in ds] == [4, 4]
+    assert ds.element_spec[1].shape.as_list() == [4]
+
+
+class VarLen:
+    """The classic from_indexable recipe: items whose length varies."""
+
+    def __len__(self):
+        return 7
+
+    def __getitem__(self, i):
+        return np.arange(i + 1, dtype=np.float32), np.int64(i)
+
+
+def test_variable_shape_unbatched_signature_has_none():
+    ds = kerasfeed.to_dataset(VarLen())
+    assert ds.element_spec[0].shape.as_list() == [None]
+    lengths = [int(x.shape[0]) for x, _ in ds]
+    assert lengths == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_variable_shape_batched_padded_and_ragged():
+    ds = kerasfeed.to_dataset(VarLen(), batch_size=3)
+    first = next(iter(ds))[0].numpy()
+    np.testing.assert_array_equal(first, [[0, 0, 0], [0, 1, 0], [0, 1, 2]])
+    ds = kerasfeed.to_dataset(VarLen(), batch_size=3, ragged=True)
+    x, y = next(iter(ds))
+    assert isinstance(x, tf.RaggedTensor)
+    assert x.to_list() == [[0.0], [0.0, 1.0], [0.0, 1.0, 2.0]]
+    assert [int(v) for v in y] == [0, 1, 2]
+
+
+def test_dtypes_float64_int_bool_bytes_str():
+    class Mixed:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {
+                "f64": np.float64(i) / 3,
+                "i32": np.array([i], np.int32),
+                "u8": np.uint8(i),
+                "flag": np.array([i % 2 == 0, True]),
+                "name": f"scene-{i}",
+                "raw": np.array([b"ab", b"c" * i], dtype=object),
+            }
+
+    ds = kerasfeed.to_dataset(Mixed())
+    spec = ds.element_spec
+    assert spec["name"].dtype == tf.string and spec["flag"].dtype == tf.bool
+    items = list(ds)
+    assert items[2]["name"].numpy() == b"scene-2"
+    assert items[2]["raw"].numpy().tolist() == [b"ab", b"cc"]
+    assert items[1]["f64"].dtype == tf.float64 and abs(float(items[1]["f64"]) - 1 / 3) < 1e-12
+    assert items[1]["flag"].numpy().tolist() == [False, True]
+    assert items[2]["u8"].dtype == tf.uint8
+
+
+def test_output_signature_overrides_inference():
+    sig = (tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int64))
+    ds = kerasfeed.to_dataset(VarLen(), output_signature=sig, probe=1)
+    assert ds.element_spec == sig
+    assert len(list(ds)) == 7
+
+
+def test_device_prefetch_on_cpu_device():
+    ds = kerasfeed.to_dataset(Ramp(n=3), device="/cpu:0")
+    xs = [x for x, _ in ds]
+    assert len(xs) == 3 and "CPU" in xs[0].device
+    _tiny_model().fit(ds, epochs=1, verbose=0)
+
+
+# ---------------------------------------------------------------- errors
+
+
+class Broken(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            self._explode(i)
+        return np.zeros((2, 3), np.float32), np.zeros((2, 1), np.float32)
+
+    def _explode(self, i):
+        raise KeyError(f"scene {i} has no 'points' dataset")
+
+
+def test_getitem_error_in_iteration_names_index_type_and_traceback():
+    ds = kerasfeed.to_dataset(Broken())
+    with pytest.raises(tf.errors.OpError) as info:
+        list(ds)
+    msg = str(info.value)
+    assert "Broken[5] raised KeyError" in msg
+    assert "scene 5 has no 'points' dataset" in msg
+    assert "in _explode" in msg and "Original traceback" in msg
+
+
+def test_getitem_error_in_model_fit():
+    with pytest.raises(tf.errors.OpError, match=r"Broken\[5\] raised KeyError"):
+        _tiny_model().fit(kerasfeed.to_dataset(Broken()), epochs=1, verbose=0)
+
+
+def test_getitem_error_while_probing_is_item_error():
+    class FirstFails:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            raise ValueError("cannot open shard")
+
+    with pytest.raises(kerasfeed.ItemError, match=r"FirstFails\[0\] raised ValueError: cannot open shard") as info:
+        kerasfeed.to_dataset(FirstFails())
+    assert info.value.index == 0 and info.value.exc_type == "ValueError"
+
+
+def test_signature_break_names_index_field_expected_and_received():
+    class ShapeBreak:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            n = 5 if i == 4 else 4
+            return {"image": np.zeros((n, 2), np.float32)}, np.zeros(n, np.int64)
+
+    with pytest.raises(tf.errors.OpError) as info:
+        list(kerasfeed.to_dataset(ShapeBreak()))
+    msg = str(info.value)
+    assert "Item 4, field x['image']: expected shape (4, 2), received shape (5, 2)" in msg
+
+    class DtypeBreak:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return np.zeros(3, np.float64 if i == 3 else np.float32), np.int64(i)
+
+    with pytest.raises(tf.errors.OpError, match=r"Item 3, field x: expected dtype float32, received float64"):
+        list(kerasfeed.to_dataset(DtypeBreak()))
+
+    class StructBreak:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return (np.zeros(3), np.zeros(1)) if i != 2 else np.zeros(3)
+
+    with pytest.raises(tf.errors.OpError, match=r"Item 2 does not match the dataset's structure: expected \(array, array\), received array"):
+        list(kerasfeed.to_dataset(StructBreak(), output_signature=(tf.TensorSpec([3], tf.float64), tf.TensorSpec([1], tf.float64))))
+
+
+def test_probe_detects_inconsistent_dtypes():
+    class Drift:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.zeros(2, np.float32 if i == 0 else np.int32)
+
+    with pytest.raises(kerasfeed.SignatureError, match="Field item changes dtype: item 0 has float32, item 1 has int32"):
+        kerasfeed.to_dataset(Drift())
+
+
+def test_bad_sources_and_arguments():
+    class Empty:
+        def __len__(self):
+            return 0
+
+        def __getitem__(self, i):
+            raise IndexError(i)
+
+    with pytest.raises(ValueError, match="empty: len\\(Empty\\) is 0"):
+        kerasfeed.to_dataset(Empty())
+    with pytest.raises(TypeError, match="indexable source.*Received: 42"):
+        kerasfeed.to_dataset(42)
+    with pytest.raises(TypeError, match="indexable source"):
+        kerasfeed.to_dataset(x for x in range(3))
+    seq = Ramp(n=2)
+    bad = [
+        (dict(batch_size=0), ValueError, "batch_size=0"),
+        (dict(batch_size="8"), ValueError, "batch_size='8'"),
+        (dict(num_parallel_calls=-5), ValueError, "num_parallel_calls=-5"),
+        (dict(prefetch=-3), ValueError, "prefetch=-3"),
+        (dict(shuffle="yes"), TypeError, "shuffle='yes'"),
+        (dict(seed="abc", shuffle=True), TypeError, "Received: 'abc'"),
+        (dict(executor="gpu"), ValueError, "Received: 'gpu'"),
+        (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
+        (dict(batch_size=5, drop_remainder=True), ValueError, "source has 2 items"),
+        (dict(device=0), TypeError, "device=0"),
+        (dict(output_signature="float32"), TypeError, "Received: 'float32'"),
+    ]
+    for kwargs, exc, text in bad:
+        with pytest.raises(exc, match=text.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            kerasfeed.to_dataset(seq, **kwargs)
+
+
+def test_latency_bound_source_scales_past_the_core_count():
+    """Loose lower bound only; the benchmark reports the real ratio (>= 20x)."""
+
+    class Sleepy:
+        def __len__(self):
+            return 300
+
+        def __getitem__(self, i):
+            time.sleep(0.005)
+            return np.float32(i)
+
+    ds = kerasfeed.to_dataset(Sleepy())
+    start = time.perf_counter()
+    assert len(list(ds)) == 300
+    elapsed = time.perf_counter() - start
+    serial = 300 * 0.005
+    assert serial / elapsed > 4, f"only {serial / elapsed:.1f}x the serial loop"
