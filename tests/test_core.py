@@ -311,7 +311,10 @@ def test_bad_sources_and_arguments():
         (dict(seed="abc", shuffle=True), TypeError, "Received: 'abc'"),
         (dict(executor="gpu"), ValueError, "Received: 'gpu'"),
         (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
-        (dict(batch_size=5, drop_remainder=True), ValueError, "source has 2 items"),
+        (dict(batch_size=5, drop_remainder=True), ValueError, "each pass has 2 items"),
+        (dict(num_shards=3), ValueError, "num_shards=3"),
+        (dict(num_shards=2, shard_index=2), ValueError, "shard_index=2"),
+        (dict(num_shards=2, shuffle=True), ValueError, "explicit `seed`"),
         (dict(device=0), TypeError, "device=0"),
         (dict(output_signature="float32"), TypeError, "Received: 'float32'"),
     ]
@@ -337,3 +340,31 @@ def test_latency_bound_source_scales_past_the_core_count():
     elapsed = time.perf_counter() - start
     serial = 300 * 0.005
     assert serial / elapsed > 4, f"only {serial / elapsed:.1f}x the serial loop"
+
+
+def test_import_is_light_and_public_api_resolves():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kerasfeed; "
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'h5py' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'h5py'))[:5]; "
+        "print('ok')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    for name in kerasfeed.__all__:
+        assert getattr(kerasfeed, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        kerasfeed.nope
+
+
+def test_index_order_validation_and_purity():
+    order = kerasfeed.IndexOrder(10, shuffle=True, seed=3)
+    np.testing.assert_array_equal(order.indices(4), kerasfeed.IndexOrder(10, shuffle=True, seed=3).indices(4))
+    assert kerasfeed.IndexOrder(4).indices(9).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="Received: 0"):
+        kerasfeed.IndexOrder(0)
+    with pytest.raises(TypeError, match="Received: 1.5"):
+        kerasfeed.IndexOrder(3, shuffle=True, seed=1.5)

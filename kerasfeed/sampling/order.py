@@ -16,10 +16,19 @@ class IndexOrder:
     is the same whatever executes the items, and a pipeline can resume from
     any ``(epoch, position)``.
 
+    With ``num_shards > 1`` (one input pipeline per worker under
+    ``tf.distribute``) every shard takes every ``num_shards``-th entry of the
+    same pass order, cut to ``length // num_shards`` entries so that all
+    shards have the same number of steps (synchronous training would hang
+    otherwise); with shuffling, the dropped remainder differs every pass.
+
     Args:
         length: number of items in the source.
         shuffle: draw a new permutation for every pass.
-        seed: seed of the permutations; None draws one from the OS once.
+        seed: seed of the permutations; None draws one from the OS once
+            (not allowed with several shards: they must agree on the order).
+        num_shards: number of disjoint shards the order is split into.
+        shard_index: which shard this order yields, in ``[0, num_shards)``.
 
     Example:
 
@@ -32,21 +41,50 @@ class IndexOrder:
     length: int
     shuffle: bool = False
     seed: Optional[int] = None
+    num_shards: int = 1
+    shard_index: int = 0
 
     def __post_init__(self):
         if not isinstance(self.length, (int, np.integer)) or self.length <= 0:
             raise ValueError(f"IndexOrder.length must be a positive int. Received: {self.length!r}")
         if not isinstance(self.shuffle, (bool, np.bool_)):
             raise TypeError(f"`shuffle` must be True or False. Received: {self.shuffle!r}")
+        for name in ("num_shards", "shard_index"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise TypeError(f"`{name}` must be an int. Received: {name}={value!r}")
+        if not 1 <= self.num_shards <= self.length:
+            raise ValueError(
+                f"`num_shards` must be in [1, {self.length}] (the number of items). "
+                f"Received: num_shards={self.num_shards}"
+            )
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"`shard_index` must be in [0, {self.num_shards}). Received: shard_index={self.shard_index}"
+            )
+        if self.seed is None and self.shuffle and self.num_shards > 1:
+            raise ValueError(
+                "Sharded shuffling needs an explicit `seed` so that all shards draw the same "
+                f"permutation and stay disjoint. Received: seed=None, num_shards={self.num_shards}"
+            )
         if self.seed is None:
             # Fixed once per order object: passes still differ from each other.
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
         elif not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool):
             raise TypeError(f"`seed` must be an int or None. Received: {self.seed!r}")
 
+    @property
+    def shard_length(self) -> int:
+        """Number of indices in every pass of this shard."""
+        return self.length // self.num_shards
+
     def indices(self, epoch: int) -> np.ndarray:
-        """Returns the int64 item indices of pass ``epoch``."""
-        if not self.shuffle:
-            return np.arange(self.length, dtype=np.int64)
-        rng = np.random.default_rng([int(self.seed), int(epoch)])
-        return rng.permutation(self.length).astype(np.int64)
+        """Returns the int64 item indices of pass ``epoch`` for this shard."""
+        if self.shuffle:
+            rng = np.random.default_rng([int(self.seed), int(epoch)])
+            order = rng.permutation(self.length).astype(np.int64)
+        else:
+            order = np.arange(self.length, dtype=np.int64)
+        if self.num_shards == 1:
+            return order
+        return order[self.shard_index :: self.num_shards][: self.shard_length]

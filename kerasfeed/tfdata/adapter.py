@@ -75,6 +75,9 @@ def to_dataset(
     ragged: bool = False,
     padding_values: Any = None,
     probe: int = 3,
+    num_shards: int = 1,
+    shard_index: int = 0,
+    input_context: Optional[tf.distribute.InputContext] = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -109,6 +112,12 @@ def to_dataset(
         padding_values: passed to ``padded_batch`` for variable shapes.
         probe: number of leading items probed (the last item is probed too)
             to infer the signature; dimensions that differ become None.
+        num_shards: split every pass into this many disjoint, equal shards
+            (see ``IndexOrder``); this dataset yields shard ``shard_index``.
+        shard_index: the shard this dataset yields.
+        input_context: a ``tf.distribute.InputContext`` (as given to the
+            function of ``strategy.distribute_datasets_from_function``); sets
+            ``num_shards``/``shard_index`` to its input pipelines.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality. Its executor is
@@ -140,7 +149,7 @@ def to_dataset(
         print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
     ```
     """
-    n = source_length(source)
+    total = source_length(source)
     _check_positive_int("batch_size", batch_size)
     _check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
     _check_positive_int("probe", probe, allow_none=False)
@@ -152,17 +161,25 @@ def to_dataset(
             raise TypeError(f"`{name}` must be True or False. Received: {name}={flag!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
-    if batch_size is not None and drop_remainder and batch_size > n:
-        raise ValueError(
-            f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: the source has {n} items."
-        )
     if device is not None and not isinstance(device, str):
         raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={device!r}")
-    order = IndexOrder(n, shuffle=bool(shuffle), seed=seed)
+    if input_context is not None:
+        if num_shards != 1 or shard_index != 0:
+            raise ValueError(
+                "Pass either `input_context` or `num_shards`/`shard_index`, not both. "
+                f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
+            )
+        num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    order = IndexOrder(total, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index)
+    n = order.shard_length  # items per pass
+    if batch_size is not None and drop_remainder and batch_size > n:
+        raise ValueError(
+            f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has {n} items."
+        )
 
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init)
     if output_signature is None:
-        probes = [(i, ex.load(i, 0)) for i in _probe_indices(n, probe)]
+        probes = [(i, ex.load(i, 0)) for i in _probe_indices(total, probe)]
         signature = infer_signature(probes)
     else:
         signature = normalize_signature(output_signature)
