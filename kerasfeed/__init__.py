@@ -28,6 +28,9 @@ _LAZY = {
     "ItemError": "kerasfeed.errors:ItemError",
     "SignatureError": "kerasfeed.errors:SignatureError",
     "datasets": "kerasfeed.datasets:",
+    "H5SliceSequence": "kerasfeed.sources.hdf5:H5SliceSequence",
+    "H5WindowSequence": "kerasfeed.sources.hdf5:H5WindowSequence",
+    "ScenePointSampler": "kerasfeed.sources.hdf5:ScenePointSampler",
 }
 
 __all__ = ["__version__", *_LAZY]

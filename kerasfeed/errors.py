@@ -94,3 +94,37 @@ class SignatureError(ValueError):
     The message names the index, the field (``x``, ``y['mask']``, ...) and
     the expected versus received structure, shape or dtype.
     """
+
+
+class WorkerError(RuntimeError):
+    """A worker process died, failed to start, or stopped answering.
+
+    Raised by the process executor for the items that were pending on the
+    worker and for every later item: the pool does not restart workers (a
+    crash in native code usually repeats), so the pass stops with this error
+    instead of hanging.
+
+    Attributes:
+        worker_id: id of the worker (0 .. workers-1).
+        pid: the worker's process id.
+        exitcode: the exit code, or ``-signal`` when a signal killed it,
+            or None when it is unknown.
+        index: the item index that was pending on the worker, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        worker_id: Optional[int] = None,
+        pid: Optional[int] = None,
+        exitcode: Optional[int] = None,
+        index: Optional[int] = None,
+    ):
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.index = index
+
+    def __reduce__(self):
+        return (WorkerError, (str(self), self.worker_id, self.pid, self.exitcode, self.index))
