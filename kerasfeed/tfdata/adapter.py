@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -12,6 +12,7 @@ from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.sampling.order import IndexOrder
+from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import set_epoch, source_length
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
 
@@ -21,21 +22,23 @@ AUTOTUNE = tf.data.AUTOTUNE
 class _Passes:
     """Counts passes over the dataset and runs the source's epoch hooks."""
 
-    def __init__(self, source: Any, order: IndexOrder):
+    def __init__(self, source: Any, order: IndexOrder, start_epoch: int = 0, skip: int = 0):
         self._source = source
         self._order = order
         self._lock = threading.Lock()
-        self._next = 0
+        self._next = start_epoch
+        self._skip = skip  # items already consumed in the first (resumed) pass
 
     def begin(self):
         with self._lock:
-            epoch = self._next
+            epoch, skip = self._next, self._skip
             self._next += 1
+            self._skip = 0
         set_epoch(self._source, epoch)
         hook = getattr(self._source, "on_epoch_begin", None)
         if callable(hook):
             hook()
-        return self._order.indices(epoch), np.int64(epoch)
+        return self._order.indices(epoch)[skip:], np.int64(epoch)
 
     def end(self):
         hook = getattr(self._source, "on_epoch_end", None)
@@ -78,6 +81,7 @@ def to_dataset(
     num_shards: int = 1,
     shard_index: int = 0,
     input_context: Optional[tf.distribute.InputContext] = None,
+    initial_state: Optional[Mapping[str, int]] = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -118,6 +122,12 @@ def to_dataset(
         input_context: a ``tf.distribute.InputContext`` (as given to the
             function of ``strategy.distribute_datasets_from_function``); sets
             ``num_shards``/``shard_index`` to its input pipelines.
+        initial_state: ``{"epoch": e, "batches": b}`` (from
+            ``TrainingProgress.state()``): the first pass is pass ``e`` and
+            starts after its first ``b`` elements, exactly where the saved run
+            stopped; later passes are whole. Use the same source, seed,
+            batch size and shards as the saved run, and
+            ``model.fit(..., initial_epoch=e)``.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality. Its executor is
@@ -177,6 +187,16 @@ def to_dataset(
             f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has {n} items."
         )
 
+    resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    per_element = batch_size or 1
+    per_pass = n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
+    if resume.batches >= per_pass:
+        raise ValueError(
+            f"`initial_state` resumes after {resume.batches} elements but a pass has only {per_pass}; "
+            f"resume at the next epoch instead. Received: initial_state={resume.to_dict()}"
+        )
+    skip = resume.batches * per_element
+
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init)
     if output_signature is None:
         probes = [(i, ex.load(i, 0)) for i in _probe_indices(total, probe)]
@@ -184,7 +204,7 @@ def to_dataset(
     else:
         signature = normalize_signature(output_signature)
     checker = ItemChecker(signature)
-    passes = _Passes(source, order)
+    passes = _Passes(source, order, resume.epoch, skip)
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
 
@@ -194,30 +214,35 @@ def to_dataset(
 
     def index_stream(_):
         idx, epoch = tf.numpy_function(passes.begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
-        idx = tf.ensure_shape(idx, [n])
-        return tf.data.Dataset.from_tensor_slices((idx, tf.fill([n], epoch)))
+        idx = tf.ensure_shape(idx, [None if skip else n])
+        size = tf.shape(idx, out_type=tf.int64)[0]
+        last = tf.equal(tf.range(size), size - 1)
+        return tf.data.Dataset.from_tensor_slices((idx, tf.fill([size], epoch), last))
 
-    def load_item(i, epoch):
+    def load_item(i, epoch, last):
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
         for t, spec in zip(flat, flat_specs):
             t.set_shape(spec.shape)
-        return checker.pack(list(flat))
+        return checker.pack(list(flat)), last
 
-    def end_of_pass(_):
-        done = tf.numpy_function(passes.end, [], tf.int64, stateful=True, name="kerasfeed_end_pass")
+    def end_of_pass(item, last):
+        # Runs in order, once the pass's last item is loaded: every earlier
+        # item is done by then (the map keeps order), and the hook does not
+        # wait for a consumer that may never ask past the last element.
+        done = tf.cond(
+            last,
+            lambda: tf.numpy_function(passes.end, [], tf.int64, stateful=True, name="kerasfeed_end_pass"),
+            lambda: tf.constant(0, tf.int64),
+        )
         with tf.control_dependencies([done]):
-            # A placeholder element (filtered out below) of the item's structure.
-            return checker.pack([tf.zeros([d or 0 for d in s.shape.as_list()], s.dtype) for s in flat_specs])
+            return tf.nest.map_structure(tf.identity, item)
 
     parallel = num_parallel_calls or ex.parallel_calls()
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
     ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
-    hook = tf.data.Dataset.range(1).map(end_of_pass).filter(lambda *_: tf.constant(False))
-    ds = ds.concatenate(hook)
+    ds = ds.map(end_of_pass)
 
-    count = n
     if batch_size is not None:
-        count = n // batch_size if drop_remainder else -(-n // batch_size)
         variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
         if ragged:
             ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
@@ -225,7 +250,8 @@ def to_dataset(
             ds = ds.padded_batch(batch_size, padding_values=padding_values, drop_remainder=drop_remainder)
         else:
             ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+    if not skip:  # a resumed dataset's first pass is shorter than the others
+        ds = ds.apply(tf.data.experimental.assert_cardinality(per_pass))
 
     options = tf.data.Options()
     options.deterministic = True

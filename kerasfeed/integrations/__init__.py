@@ -1,0 +1,1 @@
+"""Integrations with training loops (Keras callbacks)."""

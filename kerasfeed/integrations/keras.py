@@ -1,0 +1,102 @@
+"""Keras callbacks: record where the input pipeline stands for exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional, Union
+
+import keras
+
+from kerasfeed.sampling.state import ResumeState
+
+
+class TrainingProgress(keras.callbacks.Callback):
+    """Tracks the pass and batch that ``model.fit`` has consumed.
+
+    Pair it with ``to_dataset(..., initial_state=...)`` and
+    ``fit(..., initial_epoch=...)`` to resume a run on exactly the batches it
+    would have seen next. Dataset passes and Keras epochs are counted alike:
+    a run that starts at ``initial_epoch=e`` reads pass ``e``.
+
+    Args:
+        initial_state: the state the dataset was resumed from, if any.
+        path: if given, the state is written there as JSON every
+            ``save_every`` batches and at the end of every epoch.
+        save_every: batches between writes to ``path``.
+
+    Example:
+
+    ```python
+    progress = kerasfeed.TrainingProgress(path="run/data_state.json")
+    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0), epochs=10,
+              callbacks=[progress, keras.callbacks.BackupAndRestore("run/backup")])
+    # ... later, after a crash (weights restored from your checkpoint):
+    state = kerasfeed.TrainingProgress.load("run/data_state.json")
+    progress = kerasfeed.TrainingProgress(state, path="run/data_state.json")
+    epoch = state["epoch"]
+    if state["batches"]:  # finish the interrupted epoch on its remaining batches
+        model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state),
+                  initial_epoch=epoch, epochs=epoch + 1, callbacks=[progress])
+        epoch += 1
+    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0,
+                                   initial_state={"epoch": epoch, "batches": 0}),
+              initial_epoch=epoch, epochs=10, callbacks=[progress])
+    ```
+
+    The interrupted epoch gets a ``fit`` call of its own because Keras takes
+    the length of every epoch from the first one when a dataset's length is
+    unknown, and a resumed pass is shorter than the others.
+    """
+
+    def __init__(
+        self,
+        initial_state: Optional[Mapping[str, int]] = None,
+        path: Optional[Union[str, os.PathLike]] = None,
+        save_every: int = 1,
+    ):
+        super().__init__()
+        if not isinstance(save_every, int) or save_every <= 0:
+            raise ValueError(f"`save_every` must be a positive int. Received: save_every={save_every!r}")
+        start = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+        self._resume = start
+        self._epoch, self._batches = start.epoch, start.batches
+        self.path, self.save_every = path, save_every
+
+    def state(self) -> dict:
+        """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e."""
+        return ResumeState(self._epoch, self._batches).to_dict()
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = epoch
+        self._batches = self._resume.batches if epoch == self._resume.epoch else 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        skip = self._resume.batches if self._epoch == self._resume.epoch else 0
+        self._batches = skip + batch + 1  # `batch` is the step index in this epoch
+        if self.path is not None and self._batches % self.save_every == 0:
+            self.save(self.path)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        # Keras ends an epoch early (and still calls this) when a callback
+        # sets `stop_training` mid-epoch; then the position stays as it is.
+        steps = (self.params or {}).get("steps")
+        skip = self._resume.batches if epoch == self._resume.epoch else 0
+        complete = (steps is not None and self._batches - skip >= steps) or not self.model.stop_training
+        if complete:
+            self._epoch, self._batches = epoch + 1, 0
+        if self.path is not None:
+            self.save(self.path)
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Writes ``state()`` as JSON, atomically."""
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.state(), f)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Union[str, os.PathLike]) -> dict:
+        """Reads a state written by ``save``."""
+        with open(path) as f:
+            return ResumeState.from_dict(json.load(f)).to_dict()

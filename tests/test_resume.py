@@ -1,0 +1,110 @@
+"""Exact resume: a run stopped mid-epoch continues on exactly the next batches."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfeed
+
+
+class Seq(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 7
+
+    def __getitem__(self, i):
+        x = np.random.default_rng(i).normal(size=(4, 3)).astype("float32")
+        return x, x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + i
+
+
+def _first_column(ds):
+    return [float(x[0, 0]) for x, _ in ds]
+
+
+def test_resumed_dataset_continues_the_same_order():
+    ref = kerasfeed.to_dataset(Seq(), shuffle=True, seed=3)
+    passes = [_first_column(ref) for _ in range(3)]
+    resumed = kerasfeed.to_dataset(Seq(), shuffle=True, seed=3, initial_state={"epoch": 1, "batches": 2})
+    assert _first_column(resumed) == passes[1][2:]
+    assert _first_column(resumed) == passes[2]
+
+
+def test_resume_with_sample_batching():
+    class Samples:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return np.int64(i)
+
+    ref = kerasfeed.to_dataset(Samples(), batch_size=3, shuffle=True, seed=1)
+    full = [b.numpy().tolist() for b in ref]
+    resumed = kerasfeed.to_dataset(Samples(), batch_size=3, shuffle=True, seed=1, initial_state={"epoch": 0, "batches": 2})
+    assert [b.numpy().tolist() for b in resumed] == full[2:]
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model
+
+
+class _StopAfter(keras.callbacks.Callback):
+    def __init__(self, epoch, batches):
+        super().__init__()
+        self.epoch, self.batches = epoch, batches
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.current == self.epoch and batch + 1 == self.batches:
+            self.model.stop_training = True
+
+
+def test_fit_stopped_mid_epoch_resumes_to_identical_weights(tmp_path):
+    reference = _model()
+    reference.fit(kerasfeed.to_dataset(Seq(), shuffle=True, seed=0), epochs=3, verbose=0, shuffle=False)
+
+    state_path = tmp_path / "data_state.json"
+    progress = kerasfeed.TrainingProgress(path=state_path)
+    first = _model()
+    first.fit(
+        kerasfeed.to_dataset(Seq(), shuffle=True, seed=0),
+        epochs=3, verbose=0, shuffle=False, callbacks=[progress, _StopAfter(1, 3)],
+    )
+    assert progress.state() == {"epoch": 1, "batches": 3}
+    state = kerasfeed.TrainingProgress.load(state_path)
+    assert state == {"epoch": 1, "batches": 3} and json.loads(state_path.read_text()) == state
+    first.save(tmp_path / "model.keras")
+
+    second = keras.models.load_model(tmp_path / "model.keras")
+    epoch = state["epoch"]
+    progress2 = kerasfeed.TrainingProgress(state)
+    if state["batches"]:  # finish the interrupted epoch: its pass is shorter
+        second.fit(
+            kerasfeed.to_dataset(Seq(), shuffle=True, seed=0, initial_state=state),
+            epochs=epoch + 1, initial_epoch=epoch, verbose=0, shuffle=False, callbacks=[progress2],
+        )
+        epoch += 1
+    assert progress2.state() == {"epoch": 2, "batches": 0}
+    second.fit(
+        kerasfeed.to_dataset(Seq(), shuffle=True, seed=0, initial_state={"epoch": epoch, "batches": 0}),
+        epochs=3, initial_epoch=epoch, verbose=0, shuffle=False, callbacks=[progress2],
+    )
+    assert progress2.state() == {"epoch": 3, "batches": 0}
+    for a, b in zip(reference.get_weights(), second.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_bad_resume_states():
+    with pytest.raises(ValueError, match="exactly the keys 'epoch' and 'batches'.*Received: \\{'epoch': 1\\}"):
+        kerasfeed.to_dataset(Seq(), initial_state={"epoch": 1})
+    with pytest.raises(ValueError, match="batches=-1"):
+        kerasfeed.to_dataset(Seq(), initial_state={"epoch": 0, "batches": -1})
+    with pytest.raises(ValueError, match="a pass has only 7"):
+        kerasfeed.to_dataset(Seq(), initial_state={"epoch": 0, "batches": 7})
+    with pytest.raises(ValueError, match="save_every=0"):
+        kerasfeed.TrainingProgress(save_every=0)
