@@ -25,6 +25,8 @@ _LAZY = {
     "SceneSequence": "kerasfeed.sources.sequence:SceneSequence",
     "to_dataset": "kerasfeed.tfdata.adapter:to_dataset",
     "IndexOrder": "kerasfeed.sampling.order:IndexOrder",
+    "ResumeState": "kerasfeed.sampling.state:ResumeState",
+    "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
     "ItemError": "kerasfeed.errors:ItemError",
     "SignatureError": "kerasfeed.errors:SignatureError",
     "datasets": "kerasfeed.datasets:",

@@ -368,3 +368,24 @@ def test_index_order_validation_and_purity():
         kerasfeed.IndexOrder(0)
     with pytest.raises(TypeError, match="Received: 1.5"):
         kerasfeed.IndexOrder(3, shuffle=True, seed=1.5)
+
+
+def test_epoch_numbering_matches_between_fit_seq_and_to_dataset():
+    class Epochs(kerasfeed.SceneSequence):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            self.seen.append(self.epoch)
+            return np.zeros((2, 3), np.float32), np.zeros((2, 1), np.float32)
+
+    a = Epochs()
+    _tiny_model().fit(a, epochs=3, shuffle=False, verbose=0)
+    b = Epochs()
+    _tiny_model().fit(kerasfeed.to_dataset(b, output_signature=(tf.TensorSpec([2, 3]), tf.TensorSpec([2, 1]))), epochs=3, verbose=0, shuffle=False)
+    assert sorted(set(a.seen)) == sorted(set(b.seen)) == [0, 1, 2]
+    assert a.epoch == b.epoch == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
@@ -30,10 +31,11 @@ class SceneSequence(_PyDataset):
         use_multiprocessing: whether Keras uses processes for ``fit(seq)``.
         max_queue_size: Keras' queue length for ``fit(seq)``.
 
-    The current pass number is available as ``self.epoch``: ``to_dataset``
-    sets it through ``set_epoch`` in every process that runs items, and under
-    ``model.fit(seq)`` it advances in ``on_epoch_end``. Subclasses that
-    override ``on_epoch_end`` should call ``super().on_epoch_end()``.
+    The current pass number is available as ``self.epoch`` (from 0):
+    ``to_dataset`` sets it through ``set_epoch`` in every process that runs
+    items, and under ``model.fit(seq)`` it advances in ``on_epoch_end``, so
+    both paths number epochs alike (also when an override of
+    ``on_epoch_begin``/``on_epoch_end`` does not call ``super()``).
 
     Example:
 
@@ -76,6 +78,44 @@ class SceneSequence(_PyDataset):
         """Sets the pass number; called by kerasfeed before items of a pass."""
         self._kf_epoch = int(epoch)
 
+    def on_epoch_begin(self) -> None:
+        """Called at the start of every pass (by Keras and ``to_dataset``)."""
+        _begin_pass(self)
+
     def on_epoch_end(self) -> None:
-        """Advances ``epoch``; Keras calls it after each ``fit`` epoch."""
-        self._kf_epoch = self.epoch + 1
+        """Called at the end of every pass; ``epoch`` then advances."""
+        _end_pass(self)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Keep the epoch bookkeeping even when an override skips super().
+        for name, book in (("on_epoch_begin", _begin_pass), ("on_epoch_end", _end_pass)):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "_kf_keeps_epoch", False):
+                setattr(cls, name, _with_bookkeeping(fn, book, before=name == "on_epoch_begin"))
+
+
+def _begin_pass(seq) -> None:
+    seq._kf_in_epoch = True
+
+
+def _end_pass(seq) -> None:
+    # Keras also calls on_epoch_end once before the first epoch of every fit
+    # (EpochIterator.reset); only a call that ends a begun pass counts.
+    if getattr(seq, "_kf_in_epoch", False):
+        seq._kf_in_epoch = False
+        seq._kf_epoch = seq.epoch + 1
+
+
+def _with_bookkeeping(fn, book, before: bool):
+    @functools.wraps(fn)
+    def hook(self, *args, **kwargs):
+        if before:
+            book(self)
+        result = fn(self, *args, **kwargs)
+        if not before:
+            book(self)  # a no-op if the override already called super()
+        return result
+
+    hook._kf_keeps_epoch = True
+    return hook

@@ -1,0 +1,577 @@
+"""HDF5 sources: H5SliceSequence, H5WindowSequence, ScenePointSampler (issue 4)."""
+
+import gc
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import cloudpickle
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.sources.hdf5 import _REGISTRY
+
+PPS = 32  # points per scene: small files, fast tests
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Two scene files (20 + 13 rows, chunks of 4) and their contents read with numpy."""
+    d = tmp_path_factory.mktemp("h5")
+    a = make_synthetic_scenes(d / "a.h5", num_scenes=20, points_per_scene=PPS, chunk_scenes=4, seed=1)
+    b = make_synthetic_scenes(d / "b.h5", num_scenes=13, points_per_scene=PPS, chunk_scenes=4, seed=2)
+    data = {}
+    for key in ("points", "labels", "point_labels"):
+        with h5py.File(a) as fa, h5py.File(b) as fb:
+            data[key] = np.concatenate([fa[key][()], fb[key][()]])
+    return a, b, data
+
+
+def _all_rows(seq):
+    return np.concatenate([seq.batch_rows(i) for i in range(len(seq))])
+
+
+# ---- slices ------------------------------------------------------------------
+
+
+def test_slices_match_numpy_and_straddle_files(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8)
+    assert len(seq) == 5 and seq.num_rows == 33 and seq.file_lengths == (20, 13)
+    for i in range(len(seq)):
+        x, y = seq[i]
+        rows = slice(8 * i, min(8 * i + 8, 33))
+        np.testing.assert_array_equal(x, data["points"][rows])
+        np.testing.assert_array_equal(y, data["labels"][rows])
+        assert x.dtype == np.float32 and y.dtype == np.int64
+    x, _ = seq[2]  # rows 16..23: 4 from a.h5, 4 from b.h5
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        np.testing.assert_array_equal(x[:4], fa["points"][16:20])
+        np.testing.assert_array_equal(x[4:], fb["points"][0:4])
+    assert seq[4][0].shape == (1, PPS, 6)  # the short last batch
+    np.testing.assert_array_equal(seq[-1][0], seq[4][0])
+    with pytest.raises(IndexError, match=r"batch index 5 is out of range for 5 batches"):
+        seq[5]
+    with pytest.raises(TypeError, match=r"indices must be integers. Received: index=1.5"):
+        seq[1.5]
+
+
+def test_drop_remainder_and_open_kwargs(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=8, drop_remainder=True,
+                                    open_kwargs={"rdcc_nbytes": 4 << 20})
+    assert len(seq) == 4
+    assert all(seq[i].shape == (8,) for i in range(4))
+    np.testing.assert_array_equal(np.concatenate([seq[i] for i in range(4)]), data["labels"][:32])
+
+
+def test_dict_nested_and_single_keys(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], {"pts": "points", "seg": "point_labels"}, batch_size=5)
+    item = seq[4]
+    assert isinstance(item, dict) and list(item) == ["pts", "seg"]
+    np.testing.assert_array_equal(item["pts"], data["points"][20:25])
+    np.testing.assert_array_equal(item["seg"], data["point_labels"][20:25])
+
+    nested = kerasfeed.H5SliceSequence(a, ({"points": "points"}, ["labels"]), batch_size=3)
+    x, (y,) = nested[1]
+    np.testing.assert_array_equal(x["points"], data["points"][3:6])
+    np.testing.assert_array_equal(y, data["labels"][3:6])
+
+    single = kerasfeed.H5SliceSequence(a, "labels", batch_size=6)
+    assert isinstance(single[0], np.ndarray)
+    np.testing.assert_array_equal(single[3], data["labels"][18:20])
+
+
+def test_batch_shuffle_deterministic_per_epoch(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=4, shuffle=True, seed=7)
+    epoch0 = [seq.batch_rows(i)[0] // 4 for i in range(len(seq))]
+    assert sorted(epoch0) == list(range(9))  # a permutation of the batches
+    assert epoch0 != list(range(9))
+    items0 = [seq[i] for i in range(len(seq))]
+    for i, item in enumerate(items0):  # contiguous rows of a shuffled batch order
+        np.testing.assert_array_equal(item, data["labels"][seq.batch_rows(i)])
+    again = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=4, shuffle=True, seed=7)
+    assert [again.batch_rows(i)[0] // 4 for i in range(9)] == epoch0
+    seq.set_epoch(1)
+    epoch1 = [seq.batch_rows(i)[0] // 4 for i in range(9)]
+    assert sorted(epoch1) == list(range(9)) and epoch1 != epoch0
+    seq.on_epoch_begin()
+    seq.on_epoch_end()  # a pass ends: the epoch advances, as under Keras
+    assert seq.epoch == 2
+    other_seed = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=4, shuffle=True, seed=8)
+    assert [other_seed.batch_rows(i)[0] // 4 for i in range(9)] != epoch0
+    plain = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=4)
+    plain.set_epoch(3)
+    np.testing.assert_array_equal(_all_rows(plain), np.arange(33))
+
+
+def test_sample_shuffle_within_windows_of_chunks(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=4, shuffle=True,
+                                    seed=3, shuffle_window_chunks=2)
+    assert seq.window_rows == 8  # 2 chunks of 4 rows
+    assert len(seq) == 9
+    for epoch in (0, 1):
+        seq.set_epoch(epoch)
+        rows = _all_rows(seq)
+        np.testing.assert_array_equal(np.sort(rows), np.arange(33))  # each row once per epoch
+        for i in range(len(seq)):
+            r = seq.batch_rows(i)
+            assert len(set(r // 8)) == 1  # a batch draws from one window
+            x, y = seq[i]
+            np.testing.assert_array_equal(x, data["points"][r])
+            np.testing.assert_array_equal(y, data["labels"][r])
+        assert seq.batch_rows(8).tolist() == [32]  # the partial window stays last
+        if epoch == 0:
+            rows0 = rows
+    assert not np.array_equal(rows0, rows)  # a new sample order every epoch
+    assert not np.array_equal(np.sort(rows0[:4]), rows0[:4])  # samples, not only batches, mix
+    seq.set_epoch(0)
+    again = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=4, shuffle=True,
+                                      seed=3, shuffle_window_chunks=2)
+    np.testing.assert_array_equal(_all_rows(again), rows0)
+    # Without shuffle the windows come in file order, samples still shuffled inside.
+    ordered = kerasfeed.H5SliceSequence([a, b], "labels", batch_size=4, seed=3, shuffle_window_chunks=2)
+    windows = [int(ordered.batch_rows(i)[0] // 8) for i in range(len(ordered))]
+    assert windows == sorted(windows)
+
+
+def _noisy(batch, rng):
+    x, y = batch
+    return x + rng.normal(size=x.shape).astype(x.dtype), y
+
+
+def test_transform_rng_seeded_per_epoch_and_index(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8, seed=11, transform=_noisy)
+    x0, y0 = seq[0]
+    np.testing.assert_array_equal(y0, data["labels"][:8])
+    assert not np.allclose(x0, data["points"][:8])
+    np.testing.assert_array_equal(seq[0][0], x0)  # same (seed, epoch, index): same draw
+    assert not np.allclose(seq[1][0] - data["points"][8:16], x0 - data["points"][:8])
+    copy = pickle.loads(pickle.dumps(seq))
+    np.testing.assert_array_equal(copy[0][0], x0)  # same in another process's copy
+    seq.set_epoch(1)
+    assert not np.allclose(seq[0][0], x0)  # a new draw every epoch
+    seq.set_epoch(0)
+    np.testing.assert_array_equal(seq[0][0], x0)
+    with pytest.raises(TypeError, match=r"`transform` must be a callable .* Received: transform=3"):
+        kerasfeed.H5SliceSequence(a, "labels", 4, transform=3)
+
+
+# ---- windows -------------------------------------------------------------------
+
+
+def test_time_windows(tmp_path):
+    t1 = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
+    t2 = 1000 + np.arange(12 * 2, dtype=np.float32).reshape(12, 2)
+    paths = []
+    for name, sig in (("r1.h5", t1), ("r2.h5", t2)):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("signal", data=sig, chunks=(5, 2), compression="gzip")
+            f.create_dataset("step", data=np.arange(len(sig)))
+        paths.append(tmp_path / name)
+    seq = kerasfeed.H5WindowSequence(paths, ("signal", "step"), batch_size=4, window=6, stride=4)
+    # r1: starts 0,4,..,24 (7 windows); r2: starts 0,4 (2 windows); none crosses files
+    assert seq.num_windows == 9 and len(seq) == 3
+    expected = [t1[s : s + 6] for s in range(0, 25, 4)] + [t2[s : s + 6] for s in (0, 4)]
+    got = np.concatenate([seq[i][0] for i in range(3)])
+    np.testing.assert_array_equal(got, np.stack(expected))
+    x, steps = seq[1]  # windows 4..7 straddle r1 -> r2
+    assert x.shape == (4, 6, 2) and steps.shape == (4, 6)
+    assert seq.window_starts(1) == [(0, 16), (0, 20), (0, 24), (1, 0)]
+    np.testing.assert_array_equal(steps[-1], np.arange(6))
+
+    last = kerasfeed.H5WindowSequence(paths, ("signal", "step"), batch_size=4, window=6, stride=4,
+                                      transform=lambda b, rng: (b[0], b[1][:, -1]))
+    x, y = last[0]
+    np.testing.assert_array_equal(y, [5, 9, 13, 17])  # a target per window
+
+    shuffled = kerasfeed.H5WindowSequence(paths, "signal", batch_size=2, window=6, stride=4,
+                                          shuffle=True, seed=0)
+    starts = [tuple(shuffled.window_starts(i)) for i in range(len(shuffled))]
+    assert sorted(sum(starts, ())) == sorted(sum((tuple(seq.window_starts(i)) for i in range(3)), ()))
+    shuffled.set_epoch(1)
+    assert [tuple(shuffled.window_starts(i)) for i in range(len(shuffled))] != starts
+    for i in range(len(shuffled)):
+        for w, (f, s) in zip(shuffled[i], shuffled.window_starts(i)):
+            np.testing.assert_array_equal(w, (t1, t2)[f][s : s + 6])
+
+    with pytest.raises(ValueError, match=r"no batches: the files have \(30, 12\) rows, giving 0 windows of window=40"):
+        kerasfeed.H5WindowSequence(paths, "signal", batch_size=2, window=40)
+    with pytest.raises(ValueError, match=r"`stride` must be a positive int. Received: stride=0"):
+        kerasfeed.H5WindowSequence(paths, "signal", batch_size=2, window=4, stride=0)
+
+
+# ---- scene sampling ------------------------------------------------------------
+
+
+def test_scene_point_sampler(files):
+    a, b, data = files
+    sampler = kerasfeed.ScenePointSampler(num_points=16, block_size=1.0, center=False)
+    seq = kerasfeed.H5SliceSequence(a, ("points", "point_labels"), batch_size=2, seed=5, transform=sampler)
+    x, y = seq[3]
+    assert x.ndim == 3 and x.shape[1:] == (16, 6) and y.shape == x.shape[:2]
+    assert x.shape[0] >= 2  # at least one block per scene
+    scenes = data["points"][6:8].reshape(-1, 6)
+    labels = data["point_labels"][6:8].reshape(-1)
+    for block, block_labels in zip(x, y):
+        for p, lab in zip(block, block_labels):  # every sample is a real point with its label
+            match = np.flatnonzero((scenes == p).all(axis=1))
+            assert match.size and lab in labels[match]
+        assert np.ptp(block[:, 0]) <= 1.0 + 1e-6 and np.ptp(block[:, 1]) <= 1.0 + 1e-6
+    # The blocks of a scene partition its points when stride == block_size.
+    idx = np.concatenate([i for i, _ in sampler.blocks(data["points"][6, :, :2])])
+    np.testing.assert_array_equal(np.sort(idx), np.arange(PPS))
+    # Seeded per (epoch, index).
+    np.testing.assert_array_equal(seq[3][0], x)
+    seq.set_epoch(1)
+    assert not np.array_equal(seq[3][0], x)
+
+    fixed = kerasfeed.H5SliceSequence(
+        a, ("points", "point_labels"), batch_size=2, seed=5,
+        transform=kerasfeed.ScenePointSampler(num_points=64, block_size=2.0, blocks_per_scene=3))
+    shapes = {tuple(fixed[i][0].shape) for i in range(len(fixed))}
+    assert shapes == {(6, 64, 6)}  # fixed shapes whatever the scene
+    xc, _ = fixed[0]
+    assert np.abs(xc[..., :2]).max() <= 1.0 + 1e-5  # centred in 2 m blocks
+
+    with pytest.raises(ValueError, match=r"expects batches \(points, point_labels\)"):
+        kerasfeed.H5SliceSequence(a, "points", batch_size=2, transform=sampler)[0]
+    with pytest.raises(ValueError, match=r"`block_size` must be a positive number. Received: block_size=0"):
+        kerasfeed.ScenePointSampler(8, block_size=0)
+    with pytest.raises(ValueError, match=r"`num_points` must be a positive int. Received: num_points=-1"):
+        kerasfeed.ScenePointSampler(-1)
+
+
+# ---- handles, pickling, processes ----------------------------------------------
+
+
+def test_import_is_light_and_h5py_lazy():
+    code = (
+        "import sys, kerasfeed; kerasfeed.H5SliceSequence; kerasfeed.ScenePointSampler; "
+        "import kerasfeed.datasets; "
+        "print(sorted(m for m in ('h5py', 'keras', 'tensorflow') if m in sys.modules))"
+    )
+    env = dict(os.environ, KERASFEED_LIGHT_WORKER="1")  # as in a kerasfeed worker process
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_pickles_before_and_after_reads(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8, shuffle=True, seed=2)
+    fresh = pickle.loads(pickle.dumps(seq))  # before any read
+    np.testing.assert_array_equal(fresh[1][0], seq[1][0])
+    seq.set_epoch(4)
+    blob = cloudpickle.dumps(seq)  # after reads: handles are open here
+    assert b"h5py" not in blob
+    copy = pickle.loads(blob)
+    assert copy.epoch == 4
+    for i in range(len(seq)):
+        np.testing.assert_array_equal(copy[i][0], seq[i][0])
+    seq.close()
+    copy.close()
+
+
+def _read_in_child(seq, queue):
+    queue.put((os.getpid(), seq[1][0]))
+
+
+def test_forked_child_opens_its_own_handles(files):
+    a, b, data = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8)
+    seq[0]  # the parent opens the files before forking
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_read_in_child, args=(seq, queue))
+    proc.start()
+    pid, x = queue.get(timeout=60)
+    proc.join(60)
+    assert proc.exitcode == 0 and pid != os.getpid()
+    np.testing.assert_array_equal(x, data["points"][8:16])
+    np.testing.assert_array_equal(seq[2][0], data["points"][16:24])  # parent's handles still fine
+    seq.close()
+
+
+def test_close_context_manager_and_gc_release_files(files):
+    a, b, _ = files
+    base = _REGISTRY.open_count()
+    with kerasfeed.H5SliceSequence([a, b], "labels", batch_size=8) as seq:
+        assert _REGISTRY.open_count() == base  # construction closed its files again
+        seq[2]  # straddles: opens both files
+        assert _REGISTRY.open_count() == base + 2
+    assert _REGISTRY.open_count() == base
+    seq[0]  # a later read reopens
+    assert _REGISTRY.open_count() == base + 1
+    seq.close()
+    seq.close()  # idempotent
+    assert _REGISTRY.open_count() == base
+
+    # Two sequences over one file share its handle; it closes with the last.
+    s1 = kerasfeed.H5SliceSequence(a, "labels", batch_size=4)
+    s2 = kerasfeed.H5SliceSequence(a, "points", batch_size=4)
+    s1[0], s2[0]
+    assert _REGISTRY.open_count() == base + 1
+    ids = [i for i in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE) if i.name and os.path.samefile(i.name, a)]
+    assert ids
+    s1.close()
+    assert _REGISTRY.open_count() == base + 1
+    np.testing.assert_array_equal(s2[1].shape, (4, PPS, 6))
+    del s2
+    gc.collect()
+    assert _REGISTRY.open_count() == base
+    assert not any(i.valid for i in ids)
+
+
+# ---- bad input -------------------------------------------------------------------
+
+
+def test_missing_file_and_directory(files, tmp_path):
+    a, _, _ = files
+    missing = tmp_path / "nope.h5"
+    with pytest.raises(FileNotFoundError, match=rf"HDF5 file not found. Received: path='{missing}'"):
+        kerasfeed.H5SliceSequence([a, missing], "labels", 4)
+    with pytest.raises(IsADirectoryError, match=rf"got a directory. Received: path='{tmp_path}'"):
+        kerasfeed.H5SliceSequence(tmp_path, "labels", 4)
+
+
+def test_non_hdf5_and_corrupt_files(files, tmp_path):
+    a, _, _ = files
+    text = tmp_path / "notes.h5"
+    text.write_text("just some text, not HDF5\n" * 100)
+    with pytest.raises(OSError, match=rf"file '{text}' is not an HDF5 file \(no HDF5 signature\)"):
+        kerasfeed.H5SliceSequence(text, "labels", 4)
+
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(a.read_bytes()[:2000])
+    with pytest.raises(OSError, match=rf"file '{truncated}' could not be opened as HDF5 \(corrupt or truncated"):
+        kerasfeed.H5SliceSequence(truncated, "labels", 4)
+
+    # Garbage inside one compressed chunk: construction succeeds (shapes are
+    # fine), the read of that chunk fails, naming the rows, key and file.
+    damaged = tmp_path / "damaged.h5"
+    damaged.write_bytes(a.read_bytes())
+    with h5py.File(damaged) as f:
+        info = f["points"].id.get_chunk_info(3)  # rows 12..15
+    raw = bytearray(damaged.read_bytes())
+    raw[info.byte_offset : info.byte_offset + info.size] = b"\xff" * info.size
+    damaged.write_bytes(bytes(raw))
+    seq = kerasfeed.H5SliceSequence(damaged, ("points", "labels"), 4)
+    seq[2]  # an intact chunk
+    with pytest.raises(OSError, match=rf"reading rows 12:16 of dataset 'points' in file '{damaged}' failed"):
+        seq[3]
+    # Through tf.data, while iterating (the signature probe reads 0, 1, 2 and
+    # the last batch): the batch index, the file and the key reach the caller.
+    ds = kerasfeed.to_dataset(seq)
+    with pytest.raises(tf.errors.OpError, match=rf"H5SliceSequence\[3\] raised OSError: H5SliceSequence: reading rows 12:16 of dataset 'points' in file '{damaged}'"):
+        for _ in ds:
+            pass
+    seq.close()
+
+
+def test_file_removed_after_construction(files, tmp_path):
+    a, _, _ = files
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(a.read_bytes())
+    seq = kerasfeed.H5SliceSequence(copy, "labels", 4)
+    copy.unlink()
+    with pytest.raises(FileNotFoundError, match=rf"HDF5 file not found. Received: path='{copy}'"):
+        seq[0]
+
+
+def test_missing_key_group_and_length_mismatch(files, tmp_path):
+    a, b, _ = files
+    with pytest.raises(ValueError) as info:
+        kerasfeed.H5SliceSequence([a, b], ("points", "colours"), 4)
+    msg = str(info.value)
+    assert f"file '{a}' has no dataset key 'colours'" in msg
+    assert "'labels'" in msg and "'points'" in msg  # lists what the file has
+    assert "Received: keys=('points', 'colours')" in msg
+
+    odd = tmp_path / "odd.h5"
+    with h5py.File(odd, "w") as f:
+        f.create_dataset("x", data=np.zeros((10, 3), np.float32))
+        f.create_dataset("y", data=np.zeros((9,), np.int64))
+        f.create_group("grp")
+        f.create_dataset("scalar", data=3.0)
+    with pytest.raises(ValueError, match=rf"datasets in file '{odd}' have different lengths .* Received: 'x': 10, 'y': 9"):
+        kerasfeed.H5SliceSequence(odd, ("x", "y"), 4)
+    with pytest.raises(ValueError, match=rf"file '{odd}' has a group, not a dataset, at key 'grp'"):
+        kerasfeed.H5SliceSequence(odd, "grp", 4)
+    with pytest.raises(ValueError, match=rf"dataset 'scalar' in file '{odd}' is a scalar"):
+        kerasfeed.H5SliceSequence(odd, "scalar", 4)
+
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("x", data=np.zeros((10, 4), np.float32))
+    with pytest.raises(ValueError, match=rf"dataset 'x' differs between files: '{odd}' has rows of shape \(3,\) .* but '{other}' has rows of shape \(4,\)"):
+        kerasfeed.H5SliceSequence([odd, other], "x", 4)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, message",
+    [
+        ((), dict(keys=[], batch_size=4), ValueError, "`keys` has an empty sequence at keys. Received: keys=[]"),
+        ((), dict(keys=5, batch_size=4), TypeError, "found int at keys. Received: keys=5"),
+        ((), dict(keys=("points", 3), batch_size=4), TypeError, "found int at keys[1]"),
+        ((), dict(keys="labels", batch_size=0), ValueError, "`batch_size` must be a positive int. Received: batch_size=0"),
+        ((), dict(keys="labels", batch_size=4, shuffle="yes"), TypeError, "Received: shuffle='yes'"),
+        ((), dict(keys="labels", batch_size=4, seed=-2), TypeError, "Received: seed=-2"),
+        ((), dict(keys="labels", batch_size=4, shuffle_window_chunks=0), ValueError, "Received: shuffle_window_chunks=0"),
+        ((), dict(keys="labels", batch_size=4, open_kwargs={"mode": "a"}), ValueError, "may not set 'mode'"),
+        ((), dict(keys="labels", batch_size=64, drop_remainder=True), ValueError, "no batches: the files hold 20 rows in total, fewer than batch_size=64"),
+    ],
+)
+def test_bad_arguments(files, args, kwargs, error, message):
+    a, _, _ = files
+    with pytest.raises(error) as info:
+        kerasfeed.H5SliceSequence(a, *args, **kwargs)
+    assert message in str(info.value)
+
+
+def test_bad_paths_argument():
+    with pytest.raises(ValueError, match=r"`paths` must be a path or a non-empty sequence of paths. Received: paths=\[\]"):
+        kerasfeed.H5SliceSequence([], "x", 4)
+    with pytest.raises(TypeError, match=r"every path must be a str or os.PathLike. Received: 3 in paths"):
+        kerasfeed.H5SliceSequence(["a.h5", 3], "x", 4)
+
+
+# ---- SWMR ------------------------------------------------------------------------
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, h5py, numpy as np
+    f = h5py.File(sys.argv[1], "w", libver="latest")
+    d = f.create_dataset("x", shape=(0, 3), maxshape=(None, 3), chunks=(4, 3), dtype="f4")
+    f.swmr_mode = True
+    def append(n):
+        old = d.shape[0]
+        d.resize(old + n, axis=0)
+        d[old:] = np.arange(old * 3, (old + n) * 3, dtype="f4").reshape(n, 3)
+        d.flush()
+    append(10); print("ready", flush=True)
+    sys.stdin.readline(); append(10); print("ready", flush=True)
+    sys.stdin.readline(); f.close()
+    """
+)
+
+
+def test_swmr_reads_while_a_writer_appends(tmp_path):
+    path = tmp_path / "live.h5"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        # Without SWMR, HDF5 refuses to open a file held open for writing.
+        with pytest.raises(OSError, match=rf"file '{path}' could not be opened as HDF5 .*already open for write"):
+            kerasfeed.H5SliceSequence(path, "x", 4)
+        old = kerasfeed.H5SliceSequence(path, "x", 4, swmr=True)
+        assert len(old) == 3
+        np.testing.assert_array_equal(old[0], np.arange(12, dtype="f4").reshape(4, 3))
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline().strip() == "ready"
+        # The old sequence keeps its snapshot; a new one sees the new rows.
+        assert len(old) == 3
+        np.testing.assert_array_equal(old[2], np.arange(24, 30, dtype="f4").reshape(2, 3))
+        new = kerasfeed.H5SliceSequence(path, "x", 4, swmr=True)
+        assert len(new) == 5
+        expected = np.arange(60, dtype="f4").reshape(20, 3)
+        np.testing.assert_array_equal(np.concatenate([new[i] for i in range(5)]), expected)
+        old.close()
+        new.close()
+    finally:
+        writer.stdin.write("\n")
+        writer.stdin.flush()
+        writer.wait(30)
+
+
+# ---- Keras and tf.data -------------------------------------------------------------
+
+
+def _pointnet(num_classes=4):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((PPS, 6)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.GlobalMaxPooling1D(),
+        keras.layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.parametrize("use_multiprocessing", [False, True])
+def test_model_fit_with_keras_workers(files, use_multiprocessing):
+    a, b, _ = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8, shuffle=True, seed=0,
+                                    workers=2, use_multiprocessing=use_multiprocessing)
+    seq[0]  # handles open in the parent before Keras forks its workers
+    history = _pointnet().fit(seq, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    # on_epoch_end advanced it (Keras also calls it once in fit's initial reset()).
+    assert seq.epoch >= 1
+    seq.close()
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_to_dataset_threads_matches_getitem_per_epoch(files, window):
+    a, b, _ = files
+    kwargs = dict(batch_size=8, shuffle=True, seed=4, transform=_noisy, shuffle_window_chunks=window)
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), **kwargs)
+    ds = kerasfeed.to_dataset(seq)
+    passes = [[(x.numpy(), y.numpy()) for x, y in ds] for _ in range(2)]
+    reference = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), **kwargs)
+    for epoch, got in enumerate(passes):
+        reference.set_epoch(epoch)
+        assert len(got) == len(reference)
+        for i, (x, y) in enumerate(got):
+            ex, ey = reference[i]
+            np.testing.assert_array_equal(x, ex)
+            np.testing.assert_array_equal(y, ey)
+    assert not np.array_equal(passes[0][0][1], passes[1][0][1]) or not np.array_equal(
+        passes[0][1][1], passes[1][1][1])
+    history = _pointnet().fit(kerasfeed.to_dataset(seq), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    seq.close()
+    reference.close()
+
+
+def _process_executor_available():
+    from kerasfeed.execution import factory
+
+    return "processes" in getattr(factory, "EXECUTOR_NAMES", ())
+
+
+@pytest.mark.skipif(not _process_executor_available(), reason="kerasfeed processes executor not built yet")
+def test_to_dataset_processes(files):
+    a, b, _ = files
+    seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8, shuffle=True, seed=4,
+                                    transform=_noisy)
+    seq[0]  # open in the consumer first: workers must open their own handles
+    ds = kerasfeed.to_dataset(seq, executor="processes", workers=2)
+    try:
+        assert ds._kerasfeed_executor.name == "processes"
+        reference = pickle.loads(pickle.dumps(seq))
+        for epoch in range(2):
+            got = [(x.numpy(), y.numpy()) for x, y in ds]
+            reference.set_epoch(epoch)
+            assert len(got) == len(reference)
+            for i, (x, y) in enumerate(got):
+                ex, ey = reference[i]
+                np.testing.assert_array_equal(x, ex)
+                np.testing.assert_array_equal(y, ey)
+    finally:
+        ds._kerasfeed_executor.close()
+        seq.close()
