@@ -128,3 +128,74 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self):
         return (WorkerError, (str(self), self.worker_id, self.pid, self.exitcode, self.index))
+
+
+class StreamError(ItemError):
+    """A generator shard, a file's ``read_fn`` or a queue producer raised.
+
+    Used by ``from_generators``, ``from_files`` and ``from_queue``. Like
+    ``ItemError`` (a subclass), TensorFlow re-raises it inside a pipeline as a
+    ``tf.errors.OpError`` whose message is this exception's message.
+
+    Attributes (besides ``ItemError``'s):
+        what: the failing stream, e.g. ``"make_gen(3) (generator shard 3 of 100)"``.
+        items_before: how many items that stream had produced before it raised.
+        index: the shard or file number, or None (a queue producer).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        exc_type: str,
+        exc_message: str,
+        traceback_text: str,
+        index: Optional[int] = None,
+        items_before: int = 0,
+        worker_id: Optional[int] = None,
+        pid: Optional[int] = None,
+    ):
+        self.what = what
+        self.items_before = items_before
+        self.index = index
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.traceback_text = traceback_text
+        self.worker_id = worker_id
+        self.pid = pid
+        self.source_name = what
+        where = "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
+        plural = "" if items_before == 1 else "s"
+        RuntimeError.__init__(
+            self,
+            f"kerasfeed: {what} raised {exc_type} after {items_before} item{plural}{where}: "
+            f"{exc_message}\n\nOriginal traceback{where}:\n{traceback_text}",
+        )
+
+    def __reduce__(self):
+        return (
+            StreamError,
+            (
+                self.what,
+                self.exc_type,
+                self.exc_message,
+                self.traceback_text,
+                self.index,
+                self.items_before,
+                self.worker_id,
+                self.pid,
+            ),
+        )
+
+    @classmethod
+    def from_exception(  # type: ignore[override]
+        cls,
+        what: str,
+        exc: BaseException,
+        *,
+        index: Optional[int] = None,
+        items_before: int = 0,
+        worker_id: Optional[int] = None,
+        pid: Optional[int] = None,
+    ) -> "StreamError":
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(what, type(exc).__name__, str(exc), tb, index, items_before, worker_id, pid)

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.threads import ThreadExecutor
 
-EXECUTOR_NAMES = ("threads",)
+EXECUTOR_NAMES = ("threads", "processes", "auto")
 
 
 def make_executor(
@@ -16,6 +16,7 @@ def make_executor(
     *,
     workers: Optional[int] = None,
     worker_init: Optional[Callable[[], None]] = None,
+    seed: Optional[int] = None,
 ) -> Executor:
     """Returns an Executor for ``source``.
 
@@ -24,6 +25,7 @@ def make_executor(
         source: the indexable source.
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process at start-up.
+        seed: base seed of the worker processes (worker k gets seed + k).
     """
     if isinstance(executor, Executor):
         return executor
@@ -34,6 +36,15 @@ def make_executor(
                 f"executor='threads' received workers={workers!r}, worker_init={worker_init!r}"
             )
         return ThreadExecutor(source)
+    if executor == "processes":
+        # Imported here: keeps subprocess/socket machinery out of `import kerasfeed`.
+        from kerasfeed.execution.processes.executor import ProcessExecutor
+
+        return ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed)
+    if executor == "auto":
+        from kerasfeed.execution.auto import make_auto_executor
+
+        return make_auto_executor(source, workers=workers, worker_init=worker_init, seed=seed)
     raise ValueError(
         f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
         f"Received: {executor!r}"

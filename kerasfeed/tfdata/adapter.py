@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
@@ -19,12 +20,20 @@ from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_s
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-class _Passes:
-    """Counts passes over the dataset and runs the source's epoch hooks."""
+class _Pipeline:
+    """The Python side of one dataset: pass bookkeeping and item loading.
 
-    def __init__(self, source: Any, order: IndexOrder, start_epoch: int = 0, skip: int = 0):
+    TensorFlow keeps every ``numpy_function`` callable alive for the life of
+    the process, so those callables hold this object only weakly; the
+    dataset owns it (and iterators keep their dataset alive). Dropping the
+    dataset therefore releases the source and stops worker processes.
+    """
+
+    def __init__(self, source: Any, order: IndexOrder, executor: Executor, checker: ItemChecker, start_epoch: int, skip: int):
         self._source = source
         self._order = order
+        self.executor = executor
+        self._checker = checker
         self._lock = threading.Lock()
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
@@ -40,11 +49,27 @@ class _Passes:
             hook()
         return self._order.indices(epoch)[skip:], np.int64(epoch)
 
+    def load(self, i, epoch):
+        index = int(i)
+        return self._checker.flat_arrays(index, self.executor.load(index, int(epoch)))
+
     def end(self):
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
             hook()
         return np.int64(0)
+
+
+def _weak_method(obj: Any, name: str) -> Callable:
+    ref = weakref.ref(obj)
+
+    def call(*args):
+        target = ref()
+        if target is None:
+            raise RuntimeError("kerasfeed: the dataset that owned this pipeline was released; iterate a live dataset.")
+        return getattr(target, name)(*args)
+
+    return call
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool = True, allow_autotune: bool = False) -> None:
@@ -197,23 +222,25 @@ def to_dataset(
         )
     skip = resume.batches * per_element
 
-    ex = make_executor(executor, source, workers=workers, worker_init=worker_init)
-    if output_signature is None:
-        probes = [(i, ex.load(i, 0)) for i in _probe_indices(total, probe)]
-        signature = infer_signature(probes)
-    else:
-        signature = normalize_signature(output_signature)
+    ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
+    try:
+        if output_signature is None:
+            probes = [(i, ex.load(i, 0)) for i in _probe_indices(total, probe)]
+            signature = infer_signature(probes)
+        else:
+            signature = normalize_signature(output_signature)
+    except BaseException:
+        if ex is not executor:  # ours: do not leave workers behind
+            ex.close()
+        raise
     checker = ItemChecker(signature)
-    passes = _Passes(source, order, resume.epoch, skip)
+    pipeline = _Pipeline(source, order, ex, checker, resume.epoch, skip)
+    begin, load, end = (_weak_method(pipeline, name) for name in ("begin", "load", "end"))
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
 
-    def load(i, epoch):
-        index = int(i)
-        return checker.flat_arrays(index, ex.load(index, int(epoch)))
-
     def index_stream(_):
-        idx, epoch = tf.numpy_function(passes.begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
+        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         idx = tf.ensure_shape(idx, [None if skip else n])
         size = tf.shape(idx, out_type=tf.int64)[0]
         last = tf.equal(tf.range(size), size - 1)
@@ -231,7 +258,7 @@ def to_dataset(
         # wait for a consumer that may never ask past the last element.
         done = tf.cond(
             last,
-            lambda: tf.numpy_function(passes.end, [], tf.int64, stateful=True, name="kerasfeed_end_pass"),
+            lambda: tf.numpy_function(end, [], tf.int64, stateful=True, name="kerasfeed_end_pass"),
             lambda: tf.constant(0, tf.int64),
         )
         with tf.control_dependencies([done]):
@@ -264,6 +291,7 @@ def to_dataset(
         ds = ds.prefetch(prefetch)
     if device is not None:
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+    ds._kerasfeed_pipeline = pipeline  # the owning reference (see _Pipeline)
     ds._kerasfeed_executor = ex
     return ds
 

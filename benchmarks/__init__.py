@@ -1,0 +1,1 @@
+"""kerasfeed's benchmark harness (a package so worker processes can import the workloads)."""

@@ -1,0 +1,95 @@
+"""``executor="processes"``: ``source[i]`` runs in persistent worker processes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from kerasfeed.execution.base import Executor
+from kerasfeed.execution.processes.pool import WorkerPool
+
+
+class ProcessExecutor(Executor):
+    """Runs ``source[index]`` in worker processes; arrays return through shared memory.
+
+    Use it for sources whose ``__getitem__`` holds the GIL (pure-Python work,
+    per-point logic, PIL/json in Python) or h5py's global lock (HDF5 reads and
+    decompression): threads cannot run those in parallel, processes can.
+
+    The workers start when the executor is created, are reused across
+    epochs, and stop on ``close()``, when the executor (or the dataset that
+    holds it) is garbage collected, or at interpreter exit. A worker that
+    dies fails the pass with ``kerasfeed.WorkerError``; workers are not
+    restarted.
+
+    Args:
+        source: the indexable source; sent to each worker by value
+            (cloudpickle), so classes defined in ``__main__`` or a notebook
+            work. Open files lazily in ``__getitem__``.
+        workers: number of worker processes; None = the usable CPU count.
+        worker_init: run once in each worker after the source arrives.
+        seed: base seed of the workers' ``random``/``numpy.random``
+            (worker ``k`` gets ``seed + k``); None draws one.
+        in_flight_per_worker: items requested from each worker at a time.
+        timeout: seconds one item may take before the pass fails; None
+            waits as long as the worker is alive.
+
+    Example:
+
+    ```python
+    ex = ProcessExecutor(my_sequence, workers=2)
+    x, y = ex.load(0, epoch=0)
+    ex.stats()["startup_s"], ex.stats()["rss_mb_per_worker"]
+    ex.close()
+    ```
+    """
+
+    name = "processes"
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        workers: Optional[int] = None,
+        worker_init: Optional[Callable[[], None]] = None,
+        seed: Optional[int] = None,
+        in_flight_per_worker: int = 2,
+        timeout: Optional[float] = None,
+    ):
+        self.pool = WorkerPool(
+            source,
+            workers=workers,
+            worker_init=worker_init,
+            seed=seed,
+            in_flight_per_worker=in_flight_per_worker,
+            timeout=timeout,
+        )
+
+    def load(self, index: int, epoch: int) -> Any:
+        return self.pool.load(int(index), int(epoch))
+
+    def parallel_calls(self) -> int:
+        # Enough tf.data calls to keep every slot busy, never more: extra calls
+        # would only queue inside the executor.
+        return self.pool.in_flight_limit
+
+    @property
+    def workers(self) -> int:
+        return self.pool.num_workers
+
+    def stats(self) -> dict:
+        """See ``WorkerPool.stats``."""
+        return self.pool.stats()
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Blocks until every worker has started."""
+        self.pool.wait_ready(timeout)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __reduce__(self):
+        raise TypeError("kerasfeed: a ProcessExecutor cannot be pickled (it owns processes).")
+
+    def __repr__(self) -> str:
+        why = f", reason={self.reason!r}" if self.reason else ""
+        return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"

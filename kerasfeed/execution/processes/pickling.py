@@ -1,0 +1,118 @@
+"""Sending the source to workers by value (cloudpickle), with a useful error.
+
+cloudpickle pickles classes and functions defined in ``__main__`` or in a
+notebook cell by value, so a source defined there works in a worker that
+never saw that code. What cannot be pickled (an open file, an ``h5py.File``,
+a lock, a socket) gets an error that names the attribute holding it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+_MAX_DEPTH = 4
+_MAX_CHECKS = 200
+
+_FIX = (
+    "Open files, HDF5 handles, locks and connections lazily inside `__getitem__` "
+    "(e.g. `if self._file is None: self._file = h5py.File(self.path, 'r')`) rather than in "
+    "`__init__`, or drop them in `__getstate__`; or use executor='threads'."
+)
+
+
+def _children(obj: Any, path: str):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"{path}[{k!r}]", v
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            for k, v in state.items():
+                yield f"{path}.{k}", v
+        for cls in type(obj).__mro__:
+            for k in getattr(cls, "__slots__", ()):
+                if isinstance(k, str) and hasattr(obj, k):
+                    yield f"{path}.{k}", getattr(obj, k)
+
+
+def find_unpicklable(obj: Any, path: str) -> Optional[tuple[str, Any, BaseException]]:
+    """Returns ``(path, value, error)`` of the deepest part of ``obj`` that
+    cannot be pickled, or None if ``obj`` pickles."""
+    import cloudpickle
+
+    checks = 0
+
+    def visit(o: Any, p: str, depth: int):
+        nonlocal checks
+        checks += 1
+        try:
+            cloudpickle.dumps(o)
+            return None
+        except Exception as e:  # noqa: BLE001 - any failure is what we look for
+            err = e
+        if depth < _MAX_DEPTH:
+            for cp, child in _children(o, p):
+                if checks >= _MAX_CHECKS:
+                    break
+                found = visit(child, cp, depth + 1)
+                if found is not None:
+                    return found
+        return (p, o, err)
+
+    return visit(obj, path, 0)
+
+
+def _short_repr(obj: Any, limit: int = 200) -> str:
+    try:
+        r = repr(obj)
+    except Exception:  # noqa: BLE001
+        r = f"<{type(obj).__name__} object>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
+    """Pickles ``(source, worker_init)`` for the workers.
+
+    Raises:
+        TypeError: something in them cannot be pickled; the message names it.
+    """
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((source, worker_init), protocol=5)
+    except Exception as e:  # noqa: BLE001 - re-raised with a better message
+        for obj, path, what in ((source, "source", "source"), (worker_init, "worker_init", "`worker_init`")):
+            found = find_unpicklable(obj, path)
+            if found is None:
+                continue
+            where, value, err = found
+            cls = type(value)
+            raise TypeError(
+                f"kerasfeed: executor='processes' sends the {what} to worker processes by pickling it "
+                f"(cloudpickle), but `{where}` ({cls.__module__}.{cls.__qualname__}) cannot be pickled: "
+                f"{type(err).__name__}: {err}. {_FIX} Received: {path}={_short_repr(obj)}"
+            ) from e
+        raise TypeError(
+            f"kerasfeed: could not pickle the source for the worker processes: {type(e).__name__}: {e}. "
+            f"{_FIX} Received: source={_short_repr(source)}"
+        ) from e
+
+
+def dumps_task(fn: Any, arg: Any, name: str) -> bytes:
+    """Pickles a streaming task ``fn(arg)``; TypeError naming what failed."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps((fn, arg), protocol=5)
+    except Exception as e:  # noqa: BLE001
+        found = find_unpicklable(fn, "task") or find_unpicklable(arg, "arg")
+        where, value, err = found if found else ("task", fn, e)
+        cls = type(value)
+        raise TypeError(
+            f"kerasfeed: the streaming task {name} cannot be sent to a worker process: `{where}` "
+            f"({cls.__module__}.{cls.__qualname__}) cannot be pickled: {type(err).__name__}: {err}. "
+            f"{_FIX} Received: task={_short_repr(fn)}, arg={_short_repr(arg)}"
+        ) from e

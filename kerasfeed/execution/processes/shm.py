@@ -1,0 +1,201 @@
+"""Shared-memory transport of nested numpy structures between processes.
+
+An item (an array, or tuples/lists/dicts of arrays, scalars and strings) is
+split in two:
+
+- a small picklable *spec*: the structure, and for every array leaf its dtype,
+  shape and byte offset;
+- the array bytes, written at 64-byte aligned offsets into a shared-memory
+  *segment*.
+
+Segments are anonymous: ``memfd_create`` on Linux, otherwise a POSIX
+``shm_open`` name that is unlinked right after creation. A segment is shared
+by passing its file descriptor over a Unix socket (``SCM_RIGHTS``), so nothing
+ever stays in ``/dev/shm``: the memory is freed by the kernel when the last
+process holding a mapping exits or closes it, even after ``SIGKILL``. Segments
+are created with mode 0600 (private to the user).
+
+The consumer copies each array exactly once, out of the segment into a fresh
+64-byte aligned array: TensorFlow then wraps it without another copy (it copies
+arrays that are not aligned), and the segment can be reused for the next item.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import secrets
+from typing import Any, Optional
+
+import numpy as np
+
+ALIGN = 64  # cache line; also what TensorFlow needs to wrap an array without copying
+SEGMENT_PREFIX = "kerasfeed"
+# Test hook / portability switch: "memfd" (default where available) or "posix".
+BACKEND_ENV = "KERASFEED_SHM_BACKEND"
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def create_segment(size: int, tag: str = "") -> int:
+    """Creates an anonymous shared-memory segment; returns its fd (mode 0600).
+
+    Args:
+        size: size in bytes (> 0).
+        tag: a short label that shows in ``/proc/<pid>/fd`` (memfd only).
+
+    Returns:
+        A non-inheritable file descriptor; the caller closes it.
+    """
+    use_memfd = hasattr(os, "memfd_create") and os.environ.get(BACKEND_ENV, "memfd") != "posix"
+    if use_memfd:
+        fd = os.memfd_create(f"{SEGMENT_PREFIX}-{tag}", os.MFD_CLOEXEC)
+    else:
+        import _posixshmem  # the primitive behind multiprocessing.shared_memory
+
+        name = f"/{SEGMENT_PREFIX}_{os.getpid()}_{secrets.token_hex(6)}"
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        # Unlink at once: the fd (and later the mappings) keep the memory alive,
+        # and no name is left behind if any process dies.
+        _posixshmem.shm_unlink(name)
+    try:
+        os.set_inheritable(fd, False)
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Segment:
+    """A mapping of a shared-memory segment.
+
+    Args:
+        fd: the segment's file descriptor; closed by the constructor (the
+            mapping keeps the memory alive).
+        size: the segment's size in bytes.
+    """
+
+    def __init__(self, fd: int, size: int):
+        try:
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.size = size
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            # A view is still alive somewhere; the mapping goes away with it.
+            pass
+
+
+def new_segment(size: int, tag: str = "") -> tuple[Segment, int]:
+    """Creates and maps a segment; returns it and a duplicate fd to send."""
+    fd = create_segment(size, tag)
+    send_fd = os.dup(fd)
+    return Segment(fd, size), send_fd
+
+
+def grown_size(nbytes: int) -> int:
+    """Capacity of a new segment for an item of ``nbytes``: a little headroom
+    so that items of slightly varying size do not re-create it every time."""
+    return _round_up(max(nbytes + nbytes // 8, 1), mmap.PAGESIZE)
+
+
+# ---------------------------------------------------------------- encoding
+# Spec nodes (tuples, so they pickle small and fast):
+#   ("a", dtype, shape, offset)   array leaf stored in the segment
+#   ("o", obj)                    anything else, pickled inline (scalars, str,
+#                                 object arrays, empty arrays)
+#   ("t", [children]) / ("l", [children]) / ("d", [(key, child), ...])
+#   ("n", namedtuple_type, [children])
+
+
+def encode(item: Any) -> tuple[Any, list[tuple[int, np.ndarray]], int]:
+    """Splits ``item`` into a spec, the arrays to write and the bytes needed.
+
+    Returns:
+        ``(spec, [(offset, array), ...], nbytes)``.
+    """
+    arrays: list[tuple[int, np.ndarray]] = []
+    spec = _encode(item, arrays)
+    end = arrays[-1][0] + arrays[-1][1].nbytes if arrays else 0
+    return spec, arrays, end
+
+
+def _encode(obj: Any, arrays: list) -> Any:
+    # A module-level function, not a recursive closure: a closure that refers
+    # to itself is a reference cycle, and it would keep every item's arrays
+    # alive until the cyclic garbage collector happens to run.
+    t = type(obj)
+    if t is np.ndarray and not obj.dtype.hasobject and obj.nbytes > 0:
+        offset = _round_up(arrays[-1][0] + arrays[-1][1].nbytes, ALIGN) if arrays else 0
+        arrays.append((offset, obj))
+        return ("a", obj.dtype, obj.shape, offset)
+    if t is tuple:
+        return ("t", [_encode(x, arrays) for x in obj])
+    if t is list:
+        return ("l", [_encode(x, arrays) for x in obj])
+    if t is dict:
+        return ("d", [(k, _encode(v, arrays)) for k, v in obj.items()])
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return ("n", t, [_encode(x, arrays) for x in obj])
+    return ("o", obj)
+
+
+def write(segment: Segment, arrays: list[tuple[int, np.ndarray]]) -> None:
+    """Copies the arrays of an encoded item into ``segment``."""
+    for offset, a in arrays:
+        dst = np.ndarray(a.shape, a.dtype, buffer=segment.mm, offset=offset)
+        np.copyto(dst, a, casting="no")  # releases the GIL for large arrays
+        del dst
+
+
+def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is 64-byte aligned."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def decode(spec: Any, segment: Optional[Segment]) -> Any:
+    """Rebuilds an item from its spec, copying every array out of ``segment``
+    once into a fresh aligned array (never a view of the segment)."""
+    kind = spec[0]
+    if kind == "a":
+        _, dtype, shape, offset = spec
+        src = np.ndarray(shape, dtype, buffer=segment.mm, offset=offset)
+        out = aligned_empty(shape, dtype)
+        np.copyto(out, src)
+        del src
+        return out
+    if kind == "o":
+        return spec[1]
+    if kind == "t":
+        return tuple(decode(c, segment) for c in spec[1])
+    if kind == "l":
+        return [decode(c, segment) for c in spec[1]]
+    if kind == "d":
+        return {k: decode(c, segment) for k, c in spec[1]}
+    if kind == "n":
+        return spec[1](*(decode(c, segment) for c in spec[2]))
+    raise ValueError(f"kerasfeed: corrupt shared-memory spec node. Received: {kind!r}")
+
+
+def dumps_spec(spec: Any) -> bytes:
+    """Pickles a spec; falls back to cloudpickle for inline objects of classes
+    that only exist by value in this process (e.g. defined in a notebook)."""
+    try:
+        return pickle.dumps(spec, protocol=5)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(spec, protocol=5)

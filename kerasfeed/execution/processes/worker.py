@@ -1,0 +1,272 @@
+"""The worker process: runs ``source[index]`` (or a streaming task) and writes
+the result into shared memory.
+
+A worker is a fresh interpreter started by the pool (``python -c`` through
+``subprocess``: fork + immediate exec, so it is safe while TensorFlow's
+threads run in the parent). It imports only numpy, cloudpickle and the light
+parts of kerasfeed; ``KERASFEED_LIGHT_WORKER=1`` lets ``SceneSequence``
+subclasses unpickle without Keras or TensorFlow.
+
+Protocol (``Channel`` messages; parent -> worker):
+    ("init", {...})                         once, first
+    ("load", req_id, index, epoch, slot)    write source[index] into slot
+    ("stream", req_id, payload, slots, name) iterate task_fn(arg) into slots
+    ("credit", req_id, slot)                a stream slot is free again
+    ("cancel", req_id)                      stop a stream
+    ("exit",)                               leave (EOF means the same)
+worker -> parent:
+    ("ready", info) | ("init_error", type, message, traceback)
+    ("item", req_id, slot, spec, new_size) [+ fd of a new segment]
+    ("error", req_id, ItemError)
+    ("stream_item", req_id, n, slot, spec, new_size) [+ fd]
+    ("stream_end", req_id, n) | ("stream_error", req_id, ItemError)
+"""
+
+from __future__ import annotations
+
+import collections
+import faulthandler
+import os
+import pickle
+import random
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+_T0 = time.perf_counter()
+
+import numpy as np  # noqa: E402
+
+from kerasfeed.errors import ItemError  # noqa: E402
+from kerasfeed.execution import worker_info  # noqa: E402
+from kerasfeed.execution.processes import shm  # noqa: E402
+from kerasfeed.execution.processes.channel import Channel  # noqa: E402
+from kerasfeed.sources.base import set_epoch, source_name  # noqa: E402
+
+_PARENT_POLL_S = 0.5
+
+
+class _Exit(Exception):
+    """The parent asked us to leave, or went away."""
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # A busy worker does not read its socket, so it would not see the parent's
+    # death (EOF) until the item is done; this thread makes it leave promptly.
+    while True:
+        time.sleep(_PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+class _Worker:
+    def __init__(self, chan: Channel, init: dict):
+        self.chan = chan
+        self.init = init
+        self.id = init["worker_id"]
+        self.pid = os.getpid()
+        self.slots: dict[int, shm.Segment] = {}
+        self.source: Any = None
+        self.name = "source"
+        self.epoch: Any = None
+
+    # ------------------------------------------------------------ start-up
+    def setup(self) -> None:
+        init = self.init
+        # The parent's import path first, so the source's modules resolve the
+        # same way (spawn does the same).
+        sys.path[:] = list(init["sys_path"]) + [p for p in sys.path if p not in init["sys_path"]]
+        info = worker_info.WorkerInfo(self.id, init["num_workers"], init["seed"])
+        worker_info._set_worker_info(info)
+        random.seed(info.seed)
+        np.random.seed(info.seed % 2**32)
+        source, worker_init = pickle.loads(init["payload"])
+        if worker_init is not None:
+            worker_init()
+        self.source = source
+        if source is not None:
+            self.name = source_name(source)
+
+    def run(self) -> int:
+        try:
+            self.setup()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            self._send(("init_error", type(e).__name__, str(e), tb))
+            return 1
+        self._send(
+            (
+                "ready",
+                {
+                    "pid": self.pid,
+                    "startup_s": time.perf_counter() - _T0,
+                    "rss_bytes": _rss_bytes(),
+                    "tensorflow_imported": "tensorflow" in sys.modules,
+                    "keras_imported": "keras" in sys.modules,
+                },
+            )
+        )
+        try:
+            while True:
+                msg = self._recv()
+                kind = msg[0]
+                if kind == "load":
+                    self.load(*msg[1:])
+                elif kind == "stream":
+                    self.stream(*msg[1:])
+                elif kind == "exit":
+                    return 0
+                # else: a late "credit"/"cancel" for a finished stream.
+        except _Exit:
+            return 0
+
+    # ------------------------------------------------------------ transport
+    def _send(self, message: Any, fds: tuple = ()) -> None:
+        try:
+            self.chan.send(message, fds)
+        except OSError as e:  # the parent closed the channel or died
+            raise _Exit() from e
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _recv(self) -> Any:
+        try:
+            msg, fds = self.chan.recv()
+        except (EOFError, OSError) as e:
+            raise _Exit() from e
+        for fd in fds:  # the parent never sends fds
+            os.close(fd)
+        if msg[0] == "exit":
+            raise _Exit()
+        return msg
+
+    def _write(self, slot: int, arrays: list, nbytes: int) -> tuple[tuple, Any]:
+        """Writes arrays into the slot's segment, growing it if needed.
+
+        Returns the fds to send (a new segment) and its size, or ((), None)."""
+        if nbytes == 0:
+            return (), None
+        seg = self.slots.get(slot)
+        fds: tuple = ()
+        size = None
+        if seg is None or seg.size < nbytes:
+            if seg is not None:
+                seg.close()
+                del self.slots[slot]
+            size = shm.grown_size(nbytes)
+            seg, send_fd = shm.new_segment(size, f"w{self.id}s{slot}")
+            self.slots[slot] = seg
+            fds = (send_fd,)
+        shm.write(seg, arrays)
+        return fds, size
+
+    def _encode_and_write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any]:
+        spec, arrays, nbytes = shm.encode(item)
+        spec_bytes = shm.dumps_spec(spec)
+        fds, size = self._write(slot, arrays, nbytes)
+        return spec_bytes, fds, size
+
+    # ------------------------------------------------------------ tasks
+    def load(self, req_id: int, index: int, epoch: int, slot: int) -> None:
+        try:
+            if epoch != self.epoch:
+                set_epoch(self.source, epoch)
+                self.epoch = epoch
+            item = self.source[index]
+            spec, fds, size = self._encode_and_write(slot, item)
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+            err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
+            self._send(("error", req_id, err))
+            return
+        self._send(("item", req_id, slot, spec, size), fds)
+
+    def _take_messages(self, req_id: int, free: collections.deque, block: bool) -> bool:
+        """Reads credits for stream ``req_id``; returns True if it was cancelled."""
+        while block or select.select([self.chan.sock], [], [], 0)[0]:
+            msg = self._recv()
+            if msg[1] != req_id:
+                continue
+            if msg[0] == "credit":
+                free.append(msg[2])
+            elif msg[0] == "cancel":
+                return True
+            block = False
+        return False
+
+    def stream(self, req_id: int, payload: bytes, slots: list, name: str) -> None:
+        free = collections.deque(slots)
+        n = 0
+        gen = None
+        try:
+            fn, arg = pickle.loads(payload)
+            gen = iter(fn(arg))
+            while True:
+                if self._take_messages(req_id, free, block=False):
+                    break
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    break
+                cancelled = False
+                while not free and not cancelled:
+                    cancelled = self._take_messages(req_id, free, block=True)
+                if cancelled:
+                    break
+                slot = free.popleft()
+                spec, fds, size = self._encode_and_write(slot, item)
+                self._send(("stream_item", req_id, n, slot, spec, size), fds)
+                n += 1
+        except _Exit:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+            err = ItemError.from_exception(n, e, worker_id=self.id, pid=self.pid, source_name=name)
+            self._send(("stream_error", req_id, err))
+            return
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the stream is over either way
+                    pass
+        self._send(("stream_end", req_id, n))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv if argv is None else argv
+    sock_fd, crash_fd = int(argv[1]), int(argv[2])
+    # Ctrl-C reaches the whole process group (terminal, Jupyter); the parent
+    # decides what stops, so a worker never dies half-way through an item.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A native crash dumps the Python stacks into a pipe the parent reads to
+    # explain the death; non-blocking so a full pipe cannot hang a dying worker.
+    os.set_blocking(crash_fd, False)
+    crash_file = os.fdopen(crash_fd, "w")
+    faulthandler.enable(crash_file, all_threads=False)
+    chan = Channel(socket.socket(fileno=sock_fd))
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="kerasfeed-parent-watch", daemon=True).start()
+    try:
+        msg, _ = chan.recv()
+    except (EOFError, OSError):
+        return 0
+    return _Worker(chan, msg[1]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""One pass over many shards: producers run ahead, the consumer interleaves.
+
+Every shard (a generator, a file's samples) is iterated by its own producer
+thread, which puts items into a bounded buffer: up to ``max_open`` shards run
+at once, started in pass order, so a slow shard never stalls the others and
+memory stays within ``max_open * buffer_size`` items. The consumer takes items
+
+- ``deterministic=True``: in exactly the order of
+  ``tf.data.Dataset.interleave(cycle_length, block_length)`` over the shards
+  (round-robin over ``cycle_length`` open shards, ``block_length`` items each;
+  an exhausted shard's place goes to the next shard), whatever the timing;
+- ``deterministic=False``: in arrival order, whichever shard is ready first.
+
+A producer thread either iterates the user's generator itself (threads
+executor) or pumps a worker process's stream (processes executor); the
+scheduler does not care which.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from kerasfeed.errors import ItemError, StreamError, WorkerError
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+NOT_READY = _Marker("NOT_READY")  # take(): nothing arrived within the timeout
+END = _Marker("END")  # take(): the pass is over
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class InterleaveOptions:
+    """How a pass runs its shards and orders their items.
+
+    Args:
+        cycle_length: shards interleaved at a time (deterministic order).
+        block_length: consecutive items taken from a shard before moving on.
+        deterministic: interleave order (True) or arrival order (False).
+        max_open: shards running (or holding buffered items) at once; at
+            least ``cycle_length`` so that every shard of the cycle can run.
+        buffer_size: items a shard may buffer ahead of the consumer.
+        ordered_start: open shards strictly one after the other, in pass
+            order. Needed when opening waits for a limited resource (a free
+            worker process): shards further ahead must not take the workers
+            that the shards the consumer waits for need.
+    """
+
+    cycle_length: int
+    block_length: int = 1
+    deterministic: bool = True
+    max_open: int = 1
+    buffer_size: int = 8
+    ordered_start: bool = False
+
+    def __post_init__(self):
+        for name in ("cycle_length", "block_length", "max_open", "buffer_size"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.deterministic, bool):
+            raise TypeError(f"`deterministic` must be True or False. Received: deterministic={self.deterministic!r}")
+        if self.max_open < self.cycle_length:
+            raise ValueError(
+                f"`cycle_length={self.cycle_length}` is larger than the number of shards that can run at "
+                f"once ({self.max_open}, `workers`): every shard of the cycle needs a worker. "
+                f"Received: cycle_length={self.cycle_length}, workers={self.max_open}"
+            )
+
+
+class _Shard:
+    __slots__ = ("pos", "id", "buf", "count", "taken", "done", "error", "space", "started", "open")
+
+    def __init__(self, pos: int, shard_id: int, lock: threading.Lock):
+        self.pos = pos
+        self.id = shard_id
+        self.buf: collections.deque = collections.deque()
+        self.count = 0  # items produced, not yet taken
+        self.taken = 0  # items handed to the consumer
+        self.done = False  # the producer finished (exhausted, failed or stopped)
+        self.error: Optional[BaseException] = None
+        self.space = threading.Condition(lock)  # the producer waits here when full
+        self.started = False
+        self.open = False  # holds a running slot
+
+
+class ShardPass:
+    """One pass over ``order`` (shard ids, in the order they are opened).
+
+    Args:
+        order: the shard ids of this pass, in opening order.
+        open_shard: ``open_shard(shard_id)`` returns the shard's items as an
+            iterator; called in the shard's producer thread.
+        options: an ``InterleaveOptions``.
+        describe: ``describe(shard_id)`` names a shard in error messages.
+        name: prefix of the producer threads' names.
+
+    Items come out of ``take()``; ``close()`` stops the producers (each
+    finishes the item it is making, then closes its iterator).
+    """
+
+    def __init__(
+        self,
+        order: Sequence[int],
+        open_shard: Callable[[int], Iterator[Any]],
+        options: InterleaveOptions,
+        describe: Callable[[int], str],
+        name: str = "shard",
+    ):
+        self._open_shard = open_shard
+        self._describe = describe
+        self._name = name
+        self._block = options.block_length
+        self._cap = options.buffer_size
+        self._max_open = options.max_open
+        self._det = options.deterministic
+        self._ordered_start = options.ordered_start
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # the consumer waits here
+        self._turn = threading.Condition(self._lock)  # ordered_start: whose turn to open
+        self._next_turn = 0
+        self._shards = [_Shard(pos, int(sid), self._lock) for pos, sid in enumerate(order)]
+        self._n = len(self._shards)
+        self._stopped = False
+        self._failed: Optional[BaseException] = None  # raised again by every later take()
+        self._fatal: Optional[BaseException] = None  # a dead worker: fails the pass at once
+        self._open = 0
+        self._next_start = 0
+        self.threads: list[threading.Thread] = []
+        # deterministic interleave state (mirrors tf.data's InterleaveDataset)
+        self._cycle: list[Optional[_Shard]] = [None] * options.cycle_length
+        self._ci = 0
+        self._bi = 0
+        self._num_open = 0
+        self._next_open = 0
+        self._end_of_input = False
+        # arrival-order state
+        self._arrivals: collections.deque = collections.deque()
+        self._ended = 0
+        with self._lock:
+            self._launch()
+
+    # ------------------------------------------------------------ producers
+    def _launch(self) -> None:
+        while not self._stopped and self._open < self._max_open and self._next_start < self._n:
+            self._start_next()
+
+    def _start_next(self) -> None:
+        sh = self._shards[self._next_start]
+        self._next_start += 1
+        sh.started = sh.open = True
+        self._open += 1
+        t = threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _produce(self, sh: _Shard) -> None:
+        it = None
+        n = 0
+        error: Optional[BaseException] = None
+        try:
+            if self._ordered_start:
+                with self._lock:
+                    while self._next_turn != sh.pos and not self._stopped:
+                        self._turn.wait()
+                try:
+                    if not self._stopped:
+                        it = iter(self._open_shard(sh.id))
+                finally:
+                    with self._lock:
+                        self._next_turn += 1
+                        self._turn.notify_all()
+            else:
+                it = iter(self._open_shard(sh.id))
+            while it is not None and not self._stopped:
+                try:
+                    item = next(it)
+                except StopIteration:
+                    break
+                if not self._put(sh, item):
+                    break
+                n += 1
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            error = e
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the shard is over either way
+                    pass
+            if error is None:
+                self._finish(sh, None)
+            else:
+                # A worker that died under this very shard fails the pass at once;
+                # other shards that merely could not start fail in their turn.
+                fatal = isinstance(error, WorkerError) and error.pid == getattr(it, "worker_pid", None)
+                self._finish(sh, self._wrap(sh, error, n, fatal), fatal)
+
+    def _wrap(self, sh: _Shard, e: BaseException, n: int, running: bool = False) -> BaseException:
+        what = self._describe(sh.id)
+        if isinstance(e, WorkerError):
+            context = f"while running {what}" if running else f"{what} could not start"
+            wrapped = WorkerError(f"{e}\n({context})", e.worker_id, e.pid, e.exitcode, e.index)
+            return wrapped.with_traceback(e.__traceback__)
+        if isinstance(e, StreamError):
+            return e
+        if isinstance(e, ItemError):  # raised in a worker process: index = items it had made
+            return StreamError(
+                what, e.exc_type, e.exc_message, e.traceback_text, sh.id, e.index, e.worker_id, e.pid
+            )
+        return StreamError.from_exception(what, e, index=sh.id, items_before=n)
+
+    def _put(self, sh: _Shard, item: Any) -> bool:
+        with self._lock:
+            while sh.count >= self._cap and not self._stopped:
+                sh.space.wait()
+            if self._stopped:
+                return False
+            if self._det:
+                sh.buf.append(item)
+            else:
+                self._arrivals.append((sh, item))
+            sh.count += 1
+            self._ready.notify()
+        return True
+
+    def _finish(self, sh: _Shard, error: Optional[BaseException], fatal: bool = False) -> None:
+        with self._lock:
+            sh.done = True
+            sh.error = error
+            if fatal and self._fatal is None:
+                self._fatal = error
+            if not self._det:
+                self._arrivals.append((sh, END))
+            self._release(sh)
+            self._ready.notify()
+
+    def _release(self, sh: _Shard) -> None:
+        """Frees ``sh``'s running slot once it is finished and fully taken."""
+        if sh.open and sh.done and sh.count == 0:
+            sh.open = False
+            self._open -= 1
+            self._launch()
+
+    # ------------------------------------------------------------ consumer
+    def take(self, timeout: Optional[float] = None) -> Any:
+        """Returns the next ``(item, (shard_id, item_number))``.
+
+        Args:
+            timeout: seconds to wait for it; None waits as long as it takes,
+                0 does not wait.
+
+        Returns:
+            The pair, ``NOT_READY`` if nothing came within ``timeout``, or
+            ``END`` when the pass is over.
+
+        Raises:
+            kerasfeed.StreamError: a shard raised (in order: after the items
+                it made before raising, in deterministic mode).
+            kerasfeed.WorkerError: a worker process died (at once).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            try:
+                return self._take_det(deadline) if self._det else self._take_any(deadline)
+            except BaseException as e:
+                self._failed = e
+                raise
+
+    def _wait(self, deadline: Optional[float]) -> bool:
+        if deadline is None:
+            self._ready.wait()
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        self._ready.wait(remaining)
+        return True
+
+    def _pop(self, sh: _Shard, item: Any) -> tuple:
+        sh.count -= 1
+        n = sh.taken
+        sh.taken += 1
+        sh.space.notify()
+        if sh.done and sh.count == 0:
+            self._release(sh)
+        return item, (sh.id, n)
+
+    def _advance(self) -> None:
+        self._bi = 0
+        self._ci = (self._ci + 1) % len(self._cycle)
+
+    def _take_det(self, deadline: Optional[float]) -> Any:
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            if self._end_of_input and self._num_open == 0:
+                return END
+            sh = self._cycle[self._ci]
+            if sh is not None:
+                if sh.count:
+                    out = self._pop(sh, sh.buf.popleft())
+                    self._bi += 1
+                    if self._bi == self._block:
+                        self._advance()
+                    return out
+                if sh.done:
+                    if sh.error is not None:
+                        raise sh.error
+                    self._cycle[self._ci] = None
+                    self._num_open -= 1
+                    self._advance()
+                    continue
+                if not self._wait(deadline):
+                    return NOT_READY
+            elif not self._end_of_input:
+                if self._next_open < self._n:
+                    sh = self._shards[self._next_open]
+                    self._next_open += 1
+                    while not sh.started:  # only if max_open < cycle_length; kept safe anyway
+                        self._start_next()
+                    self._cycle[self._ci] = sh
+                    self._num_open += 1
+                else:
+                    self._end_of_input = True
+            else:
+                self._advance()
+
+    def _take_any(self, deadline: Optional[float]) -> Any:
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            if self._arrivals:
+                sh, item = self._arrivals.popleft()
+                if item is END:
+                    self._ended += 1
+                    if sh.error is not None:
+                        raise sh.error
+                    continue
+                return self._pop(sh, item)
+            if self._ended == self._n:
+                return END
+            if not self._wait(deadline):
+                return NOT_READY
+
+    # ------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Stops the producers; items not taken yet are dropped. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for sh in self._shards:
+                if sh.started:
+                    sh.space.notify_all()
+                sh.buf.clear()
+            self._arrivals.clear()
+            self._ready.notify_all()
+            self._turn.notify_all()
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the producer threads to end; True if they all did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in list(self.threads):
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)

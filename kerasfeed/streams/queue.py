@@ -1,0 +1,297 @@
+"""``QueueFeed``: items from a producer that does not know the epoch length.
+
+The producer marks the end of every epoch with ``END_OF_EPOCH``; each pass
+over the dataset reads one epoch. The queue between producer and consumer is
+bounded, so a fast producer waits (back-pressure) instead of filling memory.
+
+Two kinds of producer:
+
+- a callable ``producer(put)``, run by kerasfeed in a daemon thread that
+  starts at the first pass (or when the signature is inferred) and keeps
+  running across epochs. ``put(item)`` blocks while the queue is full. When
+  ``producer`` returns, the data is over: the current epoch ends and later
+  passes are empty. If it raises, the pass that reaches that point raises a
+  ``StreamError`` with the original error (after the items put before it).
+- a bounded queue (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``,
+  anything with ``get(timeout=)``) that the user's own threads fill. An
+  exception instance put into it fails the epoch with that error; a
+  ``timeout`` guards against a producer that died silently.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from kerasfeed.errors import StreamError
+from kerasfeed.streams.interleave import END, NOT_READY
+
+
+class _EndOfEpoch:
+    """The end-of-epoch sentinel; a singleton that survives pickling."""
+
+    _instance: Optional["_EndOfEpoch"] = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self):
+        return (_EndOfEpoch, ())
+
+    def __repr__(self) -> str:
+        return "kerasfeed.END_OF_EPOCH"
+
+
+END_OF_EPOCH = _EndOfEpoch()
+
+
+class _ProducerDone:
+    """Put by the producer thread when the producer returns or raises."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Optional[BaseException]):
+        self.error = error
+
+
+class QueueClosed(RuntimeError):
+    """Raised by ``put`` once the dataset's feed is closed: the producer stops."""
+
+
+def _producer_name(producer: Any) -> str:
+    name = getattr(producer, "__qualname__", None) or type(producer).__name__
+    return name.rpartition("<locals>.")[2]
+
+
+class QueueFeed:
+    """The producer side of ``from_queue``.
+
+    Args:
+        producer: a callable ``producer(put)`` or a bounded queue object.
+        maxsize: the bound of the queue kerasfeed creates for a callable
+            producer (ignored for a queue object, which has its own bound).
+        timeout: seconds a pass may wait for the next item before it fails;
+            None waits as long as it takes (a callable producer that dies is
+            always detected).
+
+    Raises:
+        TypeError: ``producer`` is neither callable nor a queue.
+        ValueError: an unbounded queue, or a bad ``maxsize``/``timeout``.
+    """
+
+    def __init__(self, producer: Any, *, maxsize: int = 64, timeout: Optional[float] = None):
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize <= 0:
+            raise ValueError(f"`maxsize` must be a positive int. Received: maxsize={maxsize!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"`timeout` must be a positive number of seconds or None. Received: timeout={timeout!r}")
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._peeked: collections.deque = collections.deque()
+        self._done: Optional[_ProducerDone] = None  # sticky once the producer finished
+        self._epoch = 0
+        self._skip_to_epoch_end = False
+        self._active: Optional["QueuePass"] = None
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self.produced = 0  # items put by a callable producer (for tests and stats)
+        if hasattr(producer, "get") and callable(producer.get):
+            bound = getattr(producer, "maxsize", getattr(producer, "_maxsize", None))
+            if not isinstance(bound, int) or bound <= 0:
+                raise ValueError(
+                    "from_queue needs a bounded queue so that memory stays bounded: create it with a "
+                    f"positive maxsize, e.g. queue.Queue(maxsize=64). Received: a queue with maxsize={bound!r}"
+                )
+            self._q = producer
+            self._producer = None
+            self.name = f"the queue {type(producer).__name__}"
+        elif callable(producer):
+            self._q = queue.Queue(maxsize)
+            self._producer = producer
+            self.name = f"the from_queue producer {_producer_name(producer)}"
+        else:
+            raise TypeError(
+                "`producer` must be a callable `producer(put)` or a bounded queue (an object with "
+                f"`get`, e.g. queue.Queue(maxsize=64)). Received: {producer!r}"
+            )
+
+    # ------------------------------------------------------------ producer
+    def _start(self) -> None:
+        with self._lock:
+            if self._producer is None or self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run, name="kerasfeed-queue-producer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        error = None
+        try:
+            self._producer(self.put)
+        except QueueClosed:
+            return
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, in order
+            error = StreamError.from_exception(self.name, e, items_before=self.produced)
+        try:
+            self._put_blocking(_ProducerDone(error))
+        except QueueClosed:
+            pass
+
+    def _put_blocking(self, item: Any) -> None:
+        # Short timeouts so that a closed feed releases a blocked producer.
+        while True:
+            if self._closed:
+                raise QueueClosed("kerasfeed: the from_queue dataset was closed; the producer stops.")
+            try:
+                self._q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def put(self, item: Any) -> None:
+        """Puts an item or ``END_OF_EPOCH``; blocks while the queue is full.
+
+        Raises:
+            QueueClosed: the feed was closed; let it propagate to stop.
+        """
+        self._put_blocking(item)
+        if item is not END_OF_EPOCH:
+            self.produced += 1
+
+    # ------------------------------------------------------------ consumer
+    def _get(self, timeout: Optional[float]) -> Any:
+        """The next raw entry, or NOT_READY after ``timeout`` seconds."""
+        if self._peeked:
+            return self._peeked.popleft()
+        if self._done is not None:
+            return self._done
+        try:
+            if timeout is None:
+                got = self._q.get()
+            elif timeout <= 0:
+                got = self._q.get(block=False)
+            else:
+                got = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return NOT_READY
+        if isinstance(got, _ProducerDone):
+            self._done = got
+        return got
+
+    def peek(self, count: int) -> list[Any]:
+        """Waits for the first ``count`` items (fewer if the data ends first).
+
+        They stay queued for the first pass, in order.
+
+        Raises:
+            kerasfeed.StreamError: the producer raised before making them.
+            TimeoutError: nothing came within ``timeout``.
+        """
+        self._start()
+        items, seen = [], []
+        try:
+            while len(items) < count:
+                got = self._get(self.timeout)
+                if got is NOT_READY:
+                    raise TimeoutError(
+                        f"kerasfeed: from_queue waited {self.timeout} s for a first item from {self.name} "
+                        "to infer the signature. Start the producer first, or pass `output_signature=`."
+                    )
+                if isinstance(got, _ProducerDone):
+                    if got.error is not None and not items:
+                        raise got.error
+                    break
+                seen.append(got)
+                if isinstance(got, BaseException):
+                    if not items:
+                        raise StreamError.from_exception(self.name, got, items_before=0)
+                    break
+                if got is not END_OF_EPOCH:
+                    items.append(got)
+        finally:
+            self._peeked.extend(seen)
+        return items
+
+    def open_pass(self) -> "QueuePass":
+        """Starts reading the next epoch."""
+        self._start()
+        p = QueuePass(self)
+        with self._lock:
+            self._active = p
+        return p
+
+    def close(self) -> None:
+        """Stops the producer thread (its next ``put`` raises). Idempotent."""
+        self._closed = True
+
+
+class QueuePass:
+    """One epoch of a ``QueueFeed``; same ``take``/``close`` as ``ShardPass``."""
+
+    def __init__(self, feed: QueueFeed):
+        self._feed = feed
+        self._ended = False
+        self._n = 0
+        self._epoch = feed._epoch
+        # A pass abandoned mid-epoch: this pass starts at the next epoch.
+        self._skipping = feed._skip_to_epoch_end
+        self._last = time.monotonic()
+
+    def take(self, timeout: Optional[float] = None) -> Any:
+        """Returns ``(item, (epoch, item_number))``, ``NOT_READY`` or ``END``."""
+        feed = self._feed
+        if self._ended:
+            return END
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            got = feed._get(remaining)
+            if got is NOT_READY:
+                if feed.timeout is not None and time.monotonic() - self._last > feed.timeout:
+                    self._ended = True
+                    raise StreamError(
+                        feed.name, "TimeoutError", f"no item for {feed.timeout} s (epoch {self._epoch}, "
+                        f"after {self._n} items); is the producer still running?",
+                        "(none: nothing raised, the producer went quiet)\n", None, self._n,
+                    )
+                return NOT_READY
+            self._last = time.monotonic()
+            if isinstance(got, _ProducerDone):
+                self._end()
+                if got.error is not None:
+                    raise got.error
+                return END
+            if got is END_OF_EPOCH:
+                if self._skipping:
+                    self._skipping = False
+                    with feed._lock:
+                        feed._skip_to_epoch_end = False
+                    continue
+                self._end()
+                return END
+            if self._skipping:
+                continue
+            if isinstance(got, BaseException):
+                self._end()
+                raise StreamError.from_exception(f"{feed.name} (epoch {self._epoch})", got, items_before=self._n)
+            n = self._n
+            self._n += 1
+            return got, (self._epoch, n)
+
+    def _end(self) -> None:
+        self._ended = True
+        self._feed._epoch = self._epoch + 1
+
+    def close(self) -> None:
+        feed = self._feed
+        with feed._lock:
+            if feed._active is self:
+                feed._active = None
+                if not self._ended and self._n > 0 and feed._done is None:
+                    # Abandoned mid-epoch (a `break`, `take(k)`): the next
+                    # pass drops the rest of this epoch and reads the next one.
+                    feed._skip_to_epoch_end = True
+                    feed._epoch = self._epoch + 1

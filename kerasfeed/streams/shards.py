@@ -1,0 +1,192 @@
+"""``ShardedStream``: shards ``task(arg)`` run in threads or worker processes.
+
+``from_generators`` uses ``task = factory`` and ``arg = shard index``;
+``from_files`` uses ``task = read_fn`` and ``arg = path``. Each pass over the
+dataset is one ``ShardPass`` (``interleave.py``) with new generators.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from kerasfeed.sampling.order import IndexOrder
+from kerasfeed.streams.interleave import END, NOT_READY, InterleaveOptions, ShardPass
+
+# Latency-bound generators (network, sleeps) need many running at once; the
+# same default as the threads executor of ``to_dataset``.
+DEFAULT_THREAD_WORKERS = 64
+EXECUTORS = ("threads", "processes")
+
+
+def _task_name(task: Callable) -> str:
+    """``make_gen``, ``Reader.read``; ``functools.partial`` shows its function."""
+    func = getattr(task, "func", task)  # functools.partial
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or type(func).__name__
+    return name.rpartition("<locals>.")[2]
+
+
+class ShardedStream:
+    """The shards of a dataset and where they run.
+
+    Args:
+        task: ``task(arg)`` returns an iterable of items (a generator, a list).
+        args: one argument per shard (a shard index, a file path).
+        kind: ``"generator shard"`` or ``"file"``: how messages name a shard.
+        executor: ``"threads"`` (the task runs in producer threads of this
+            process) or ``"processes"`` (in persistent worker processes; the
+            task and args travel by value with cloudpickle).
+        workers: shards running at once: producer threads, or worker
+            processes. None: ``min(len(args), 64)`` threads, or one process
+            per usable CPU.
+        cycle_length: shards interleaved at a time; None = ``workers``
+            (capped by the number of shards).
+        block_length: consecutive items from one shard.
+        deterministic: interleave order, or arrival order.
+        buffer_size: items each running shard may make ahead.
+        shuffle: open the shards in a new seeded order every pass.
+        seed: seed of that order (and of the worker processes' RNGs).
+        worker_init: run once in each worker process.
+
+    Raises:
+        TypeError, ValueError: bad arguments; TypeError also when the task
+            cannot be pickled for worker processes (the message names what).
+    """
+
+    def __init__(
+        self,
+        task: Callable[[Any], Any],
+        args: Sequence[Any],
+        *,
+        kind: str,
+        executor: str = "threads",
+        workers: Optional[int] = None,
+        cycle_length: Optional[int] = None,
+        block_length: int = 1,
+        deterministic: bool = True,
+        buffer_size: int = 8,
+        shuffle: bool = False,
+        seed: Optional[int] = None,
+        worker_init: Optional[Callable[[], None]] = None,
+    ):
+        if not callable(task):
+            raise TypeError(f"The shard task must be callable. Received: {task!r}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"`executor` must be one of {EXECUTORS}. Received: executor={executor!r}")
+        for name, value in (("workers", workers), ("cycle_length", cycle_length)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"`{name}` must be a positive int or None. Received: {name}={value!r}")
+        if executor == "threads" and worker_init is not None:
+            raise ValueError(
+                "`worker_init` runs in worker processes; executor='threads' has none. "
+                f"Received: worker_init={worker_init!r}"
+            )
+        self.task = task
+        self.args = list(args)
+        self.kind = kind
+        self.executor = executor
+        n = len(self.args)
+        self.pool = None
+        if executor == "threads":
+            if workers is None:
+                workers = min(n, max(DEFAULT_THREAD_WORKERS, cycle_length or 0))
+        elif workers is None:
+            from kerasfeed.execution.processes.pool import default_workers
+
+            workers = min(n, default_workers())
+        self.workers = workers
+        if cycle_length is not None and cycle_length > workers:
+            raise ValueError(
+                f"`cycle_length={cycle_length}` is larger than `workers={workers}`: every generator of the "
+                f"cycle needs a thread or process of its own. Received: cycle_length={cycle_length}, "
+                f"workers={workers}"
+            )
+        processes = executor == "processes"
+        self.options = InterleaveOptions(
+            cycle_length=min(n, workers) if cycle_length is None else cycle_length,
+            block_length=block_length,
+            deterministic=deterministic,
+            # A worker process that finished its shard starts the next one even
+            # while the consumer still drains the first (from the buffer):
+            # twice as many shards open as workers, opened in order (see
+            # InterleaveOptions.ordered_start) so that this cannot deadlock.
+            max_open=2 * workers if processes else workers,
+            buffer_size=buffer_size,
+            ordered_start=processes,
+        )
+        self.order = IndexOrder(n, shuffle=shuffle, seed=seed) if shuffle else None
+        self._lock = threading.Lock()
+        self._passes = 0
+        if executor == "processes":
+            from kerasfeed.execution.processes.pickling import dumps_task
+            from kerasfeed.execution.processes.pool import WorkerPool
+
+            # Fail now, naming the culprit, rather than in the first pass.
+            dumps_task(task, self.args[0], self.describe(0))
+            self.pool = WorkerPool(
+                None,
+                workers=workers,
+                worker_init=worker_init,
+                seed=seed,
+                # The consumer-side buffer (buffer_size) does the read-ahead;
+                # two slots let a worker make the next item while one travels.
+                in_flight_per_worker=2,
+                name=f"{kind}s of {_task_name(task)}",
+            )
+
+    def __len__(self) -> int:
+        return len(self.args)
+
+    def describe(self, shard: int) -> str:
+        """``"make_gen(3) (generator shard 3 of 100)"`` / ``"read('a.jsonl') (file 0 of 3)"``."""
+        return f"{_task_name(self.task)}({self.args[shard]!r}) ({self.kind} {shard} of {len(self.args)})"
+
+    def _open_shard(self, shard: int):
+        if self.pool is not None:
+            return self.pool.stream(self.task, self.args[shard], name=self.describe(shard))
+        return self.task(self.args[shard])
+
+    def open_pass(self) -> ShardPass:
+        """Starts the next pass (new generators; a new shard order if shuffled)."""
+        with self._lock:
+            epoch = self._passes
+            self._passes += 1
+        n = len(self.args)
+        order = range(n) if self.order is None else self.order.indices(epoch).tolist()
+        return ShardPass(order, self._open_shard, self.options, self.describe, name=self.kind.replace(" ", "-"))
+
+    def probe(self, count: int) -> list[tuple[Any, tuple[int, int]]]:
+        """Returns up to ``count`` items for signature inference.
+
+        Runs a short pass, apart from the real ones, that takes one item from
+        each of the first ``count`` shards in turn (shards started together),
+        so the items show how shapes vary between shards.
+
+        Raises:
+            kerasfeed.StreamError: a shard raised.
+        """
+        cycle = max(1, min(count, len(self.args), self.workers))
+        opts = InterleaveOptions(cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None)
+        p = ShardPass(range(len(self.args)), self._open_shard, opts, self.describe, name="probe")
+        items = []
+        try:
+            while len(items) < count:
+                r = p.take(timeout=None)
+                if r is END:
+                    break
+                if r is not NOT_READY:
+                    items.append(r)
+        finally:
+            p.close()
+        return items
+
+    def close(self) -> None:
+        """Stops the worker processes (processes executor). Idempotent."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ShardedStream {len(self.args)} {self.kind}s of {_task_name(self.task)} "
+            f"executor={self.executor!r} workers={self.workers}>"
+        )

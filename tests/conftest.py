@@ -1,0 +1,78 @@
+"""Shared test fixtures.
+
+After EVERY test, ``_no_leftover_processes_or_shared_memory`` checks that the
+test left no child process and no kerasfeed shared-memory segment behind
+(issue 3: worker processes never outlive their owner; shared memory is never
+leaked).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+# Children that exit a little after their owner is released (Keras' pools,
+# kernels of executed notebooks) get this long.
+LEFTOVER_GRACE_S = 5.0
+
+# Interpreter-wide helper processes that multiprocessing starts once and keeps
+# until exit by design (they are not owned by any test).
+_SINGLETON_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _children() -> dict[int, str]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                out[p.pid] = f"<zombie, never waited for> {p.name()}"
+                continue
+            cmd = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if any(h in cmd for h in _SINGLETON_HELPERS):
+            continue
+        out[p.pid] = cmd[:200]
+    return out
+
+
+def kerasfeed_shm_segments() -> list[str]:
+    """Names in /dev/shm created by kerasfeed (it unlinks them at once)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith("kerasfeed"))
+    except FileNotFoundError:  # no /dev/shm (not Linux)
+        return []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes_or_shared_memory():
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while True:
+        left = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+        segments = kerasfeed_shm_segments()
+        if not left and not segments:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    # Do not let the leak spill into the next tests' checks.
+    for pid in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    for name in segments:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+    pytest.fail(
+        f"the test left {len(left)} child process(es) alive after {LEFTOVER_GRACE_S} s: {left}; "
+        f"and kerasfeed shared-memory segments in /dev/shm: {segments}",
+        pytrace=False,
+    )

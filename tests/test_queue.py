@@ -1,0 +1,236 @@
+"""kerasfeed.from_queue: producer-fed epochs of unknown length (issue 5)."""
+
+import gc
+import pickle
+import queue
+import threading
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+
+LENGTHS = [5, 3, 8]  # items per epoch; the consumer does not know them
+
+
+def epochs_producer(lengths=LENGTHS, log=None):
+    def produce(put):
+        for epoch, n in enumerate(lengths):
+            for k in range(n):
+                put((np.full(2, epoch, np.float32), np.int64(100 * epoch + k)))
+                if log is not None:
+                    log.append((epoch, k))
+            put(kerasfeed.END_OF_EPOCH)
+
+    return produce
+
+
+def ids(ds):
+    return [int(y) for _, y in ds]
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_each_pass_reads_one_epoch_and_the_probed_item_is_not_lost():
+    ds = kerasfeed.from_queue(epochs_producer(), maxsize=4)
+    x_spec, y_spec = ds.element_spec  # inferred from the first item
+    assert x_spec.shape.as_list() == [2] and x_spec.dtype == tf.float32 and y_spec.dtype == tf.int64
+    for epoch, n in enumerate(LENGTHS):
+        got = [(x.numpy(), int(y)) for x, y in ds]
+        assert [y for _, y in got] == [100 * epoch + k for k in range(n)]
+        assert all(np.all(x == epoch) for x, _ in got)
+    # the producer returned: the data is over, later passes are empty
+    assert ids(ds) == [] and ids(ds) == []
+
+
+def test_end_of_epoch_is_a_picklable_singleton():
+    assert pickle.loads(pickle.dumps(kerasfeed.END_OF_EPOCH)) is kerasfeed.END_OF_EPOCH
+    assert repr(kerasfeed.END_OF_EPOCH) == "kerasfeed.END_OF_EPOCH"
+
+
+def test_a_user_queue_filled_by_a_user_thread():
+    q = queue.Queue(maxsize=3)
+
+    def feed():
+        for epoch in range(2):
+            for k in range(4 + epoch):
+                q.put({"value": np.float64(k), "tag": f"e{epoch}"})
+            q.put(kerasfeed.END_OF_EPOCH)
+
+    threading.Thread(target=feed, daemon=True).start()
+    ds = kerasfeed.from_queue(q, batch_size=2)
+    first = list(ds)
+    assert [int(b["value"].shape[0]) for b in first] == [2, 2]
+    assert [float(v) for b in first for v in b["value"]] == [0, 1, 2, 3]
+    second = list(ds)
+    assert [t.decode() for b in second for t in b["tag"].numpy()] == ["e1"] * 5
+
+
+def test_memory_is_bounded_by_back_pressure():
+    log = []
+    ds = kerasfeed.from_queue(epochs_producer([100_000], log), maxsize=8, prefetch=0)
+    it = iter(ds)
+    next(it)
+    time.sleep(0.5)
+    produced = len(log)
+    time.sleep(0.3)
+    # queue (8) + the chunk being built and the two prefetched chunks (3 x 64)
+    assert produced <= 8 + 3 * 64 + 2, produced
+    assert len(log) == produced  # the producer is blocked, not running on
+    del it
+    gc.collect()
+
+
+def test_a_pass_dropped_mid_epoch_resumes_at_the_next_epoch():
+    ds = kerasfeed.from_queue(epochs_producer([6, 4, 2]), maxsize=16, output_signature=(
+        tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int64)))
+    for _, y in ds:
+        assert int(y) == 0
+        break  # abandon epoch 0 after one item
+    gc.collect()
+    assert ids(ds) == [100, 101, 102, 103]  # epoch 1, whole
+    assert ids(ds) == [200, 201]
+
+
+def test_variable_shapes_with_probe_and_padded_batches():
+    def produce(put):
+        for k in range(7):
+            put(np.arange(k + 1, dtype=np.int32))
+        put(kerasfeed.END_OF_EPOCH)
+
+    ds = kerasfeed.from_queue(produce, probe=2, batch_size=3)
+    assert ds.element_spec.shape.as_list() == [None, None]
+    batches = [b.numpy() for b in ds]
+    assert [b.shape for b in batches] == [(3, 3), (3, 6), (1, 7)]
+    np.testing.assert_array_equal(batches[1][0], [0, 1, 2, 3, 0, 0])
+
+
+def test_producer_error_names_the_producer_and_keeps_earlier_items():
+    def flaky(put):
+        for k in range(5):
+            put(np.float32(k))
+        put(kerasfeed.END_OF_EPOCH)
+        put(np.float32(10))
+        raise ConnectionError("simulator socket closed")
+
+    ds = kerasfeed.from_queue(flaky)
+    assert [float(v) for v in ds] == [0, 1, 2, 3, 4]
+    got = []
+    with pytest.raises(tf.errors.OpError) as info:
+        for v in ds:
+            got.append(float(v))
+    assert got == [10.0]
+    msg = str(info.value)
+    assert "kerasfeed: the from_queue producer flaky raised ConnectionError after 6 items: simulator socket closed" in msg
+    assert "Original traceback" in msg and "raise ConnectionError" in msg
+
+
+def test_producer_error_before_any_item_fails_at_creation():
+    def broken(put):
+        raise PermissionError("no access to /data/stream")
+
+    with pytest.raises(kerasfeed.StreamError, match="the from_queue producer broken raised PermissionError after 0 items: no access"):
+        kerasfeed.from_queue(broken)
+
+
+def test_an_exception_put_into_a_user_queue_fails_the_epoch():
+    q = queue.Queue(maxsize=4)
+    q.put(np.zeros(2))
+    q.put(OSError("disk unplugged"))
+    ds = kerasfeed.from_queue(q)
+    with pytest.raises(tf.errors.OpError, match=r"the queue Queue \(epoch 0\) raised OSError after 1 item: disk unplugged"):
+        list(ds)
+
+
+def test_timeout_when_a_user_queue_stays_empty():
+    q = queue.Queue(maxsize=2)
+    with pytest.raises(TimeoutError, match="waited 0.3 s for a first item"):
+        kerasfeed.from_queue(q, timeout=0.3)
+    ds = kerasfeed.from_queue(q, timeout=0.3, output_signature=tf.TensorSpec([], tf.int64))
+    q.put(np.int64(1))
+    start = time.perf_counter()
+    with pytest.raises(tf.errors.OpError, match=r"the queue Queue raised TimeoutError after 1 item: no item for 0.3 s \(epoch 0, after 1 items\)"):
+        list(ds)
+    assert time.perf_counter() - start < 5
+
+
+def test_dropping_an_iterator_never_waits_for_an_idle_producer():
+    release = threading.Event()
+
+    def idle_after_two(put):
+        put(np.int64(1))
+        put(np.int64(2))
+        release.wait()  # stays idle: no item, no END_OF_EPOCH
+
+    ds = kerasfeed.from_queue(idle_after_two)
+    start = time.perf_counter()
+    assert [int(v) for v in ds.take(2)] == [1, 2]
+    it = iter(ds)
+    del it
+    gc.collect()
+    assert time.perf_counter() - start < 3
+    release.set()
+
+
+def test_dropping_the_dataset_stops_the_producer_thread():
+    def endless(put):
+        k = 0
+        while True:
+            put(np.int64(k))
+            k += 1
+
+    ds = kerasfeed.from_queue(endless, maxsize=2)
+    assert [int(v) for v in ds.take(3)] == [0, 1, 2]
+    del ds
+    gc.collect()
+    assert wait_until(lambda: not any(t.name == "kerasfeed-queue-producer" for t in threading.enumerate()))
+
+
+def test_trains_with_model_fit_one_producer_epoch_per_fit_epoch():
+    def produce(put):
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            for _ in range(24):
+                y = rng.integers(0, 2)
+                put((rng.normal(2.0 * y - 1.0, 1.0, size=3).astype(np.float32), np.float32(y)))
+            put(kerasfeed.END_OF_EPOCH)
+
+    ds = kerasfeed.from_queue(produce, batch_size=8)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy")
+    steps = []
+
+    class CountSteps(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            steps.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            steps[-1] += 1
+
+    hist = model.fit(ds, epochs=3, verbose=0, callbacks=[CountSteps()])
+    assert steps == [3, 3, 3]  # each fit epoch is one whole producer epoch (24 items / 8)
+    assert hist.history["loss"][-1] < hist.history["loss"][0]
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="Received: 42"):
+        kerasfeed.from_queue(42)
+    with pytest.raises(ValueError, match=r"bounded queue.*Received: a queue with maxsize=0"):
+        kerasfeed.from_queue(queue.Queue())
+    with pytest.raises(ValueError, match="Received: maxsize=0"):
+        kerasfeed.from_queue(epochs_producer(), maxsize=0)
+    with pytest.raises(ValueError, match="Received: timeout=-1"):
+        kerasfeed.from_queue(epochs_producer(), timeout=-1)
+    with pytest.raises(ValueError, match="Received: batch_size=0"):
+        kerasfeed.from_queue(epochs_producer(), batch_size=0)
