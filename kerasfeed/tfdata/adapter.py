@@ -37,27 +37,38 @@ class _Pipeline:
         self._lock = threading.Lock()
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
+        self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
 
     def begin(self):
         with self._lock:
             epoch, skip = self._next, self._skip
             self._next += 1
             self._skip = 0
+        indices = self._order.indices(epoch)[skip:]
+        with self._lock:
+            self._remaining[epoch] = len(indices)
         set_epoch(self._source, epoch)
         hook = getattr(self._source, "on_epoch_begin", None)
         if callable(hook):
             hook()
-        return self._order.indices(epoch)[skip:], np.int64(epoch)
+        return indices, np.int64(epoch)
 
     def load(self, i, epoch):
-        index = int(i)
-        return self._checker.flat_arrays(index, self.executor.load(index, int(epoch)))
-
-    def end(self):
-        hook = getattr(self._source, "on_epoch_end", None)
-        if callable(hook):
-            hook()
-        return np.int64(0)
+        index, epoch = int(i), int(epoch)
+        arrays = self._checker.flat_arrays(index, self.executor.load(index, epoch))
+        with self._lock:
+            self._remaining[epoch] -= 1
+            last = self._remaining[epoch] == 0
+            if last:
+                del self._remaining[epoch]
+        if last:
+            # Every item of the pass is loaded (whatever order the parallel
+            # calls finished in): the pass is over for the source, without
+            # waiting for a consumer that may never ask past the last element.
+            hook = getattr(self._source, "on_epoch_end", None)
+            if callable(hook):
+                hook()
+        return arrays
 
 
 def _weak_method(obj: Any, name: str) -> Callable:
@@ -235,39 +246,24 @@ def to_dataset(
         raise
     checker = ItemChecker(signature)
     pipeline = _Pipeline(source, order, ex, checker, resume.epoch, skip)
-    begin, load, end = (_weak_method(pipeline, name) for name in ("begin", "load", "end"))
+    begin, load = _weak_method(pipeline, "begin"), _weak_method(pipeline, "load")
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
 
     def index_stream(_):
         idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         idx = tf.ensure_shape(idx, [None if skip else n])
-        size = tf.shape(idx, out_type=tf.int64)[0]
-        last = tf.equal(tf.range(size), size - 1)
-        return tf.data.Dataset.from_tensor_slices((idx, tf.fill([size], epoch), last))
+        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
 
-    def load_item(i, epoch, last):
+    def load_item(i, epoch):
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
         for t, spec in zip(flat, flat_specs):
             t.set_shape(spec.shape)
-        return checker.pack(list(flat)), last
-
-    def end_of_pass(item, last):
-        # Runs in order, once the pass's last item is loaded: every earlier
-        # item is done by then (the map keeps order), and the hook does not
-        # wait for a consumer that may never ask past the last element.
-        done = tf.cond(
-            last,
-            lambda: tf.numpy_function(end, [], tf.int64, stateful=True, name="kerasfeed_end_pass"),
-            lambda: tf.constant(0, tf.int64),
-        )
-        with tf.control_dependencies([done]):
-            return tf.nest.map_structure(tf.identity, item)
+        return checker.pack(list(flat))
 
     parallel = num_parallel_calls or ex.parallel_calls()
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
     ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
-    ds = ds.map(end_of_pass)
 
     if batch_size is not None:
         variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)

@@ -160,7 +160,13 @@ def write(segment: Segment, arrays: list[tuple[int, np.ndarray]]) -> None:
 def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """An uninitialised C-contiguous array whose data is 64-byte aligned."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    out = np.empty(shape, dtype)
+    if out.ctypes.data % ALIGN == 0:
+        # The usual case for large arrays. An array that owns its memory is
+        # also cheaper for TensorFlow to wrap than a view into a bigger one
+        # (measured: ~300 vs ~600 us per 1.5 MB item through numpy_function).
+        return out
+    nbytes = out.nbytes
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = (-raw.ctypes.data) % ALIGN
     return raw[start : start + nbytes].view(dtype).reshape(shape)
