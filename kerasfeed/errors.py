@@ -10,6 +10,16 @@ import traceback
 from typing import Optional
 
 
+def _traceback_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _failure_message(subject: str, exc_message: str, traceback_text: str, worker_id, pid) -> str:
+    """``kerasfeed: <subject> [in worker k (pid p)]: <message>`` + the traceback."""
+    where = "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
+    return f"kerasfeed: {subject}{where}: {exc_message}\n\nOriginal traceback{where}:\n{traceback_text}"
+
+
 class ItemError(RuntimeError):
     """``source[index]`` raised; carries the index and the original error.
 
@@ -44,12 +54,8 @@ class ItemError(RuntimeError):
         self.worker_id = worker_id
         self.pid = pid
         self.source_name = source_name
-        where = ""
-        if worker_id is not None:
-            where = f" in worker {worker_id} (pid {pid})"
         super().__init__(
-            f"kerasfeed: {source_name}[{index}] raised {exc_type}{where}: "
-            f"{exc_message}\n\nOriginal traceback{where}:\n{traceback_text}"
+            _failure_message(f"{source_name}[{index}] raised {exc_type}", exc_message, traceback_text, worker_id, pid)
         )
 
     def __reduce__(self):
@@ -76,7 +82,7 @@ class ItemError(RuntimeError):
         pid: Optional[int] = None,
         source_name: str = "source",
     ) -> "ItemError":
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = _traceback_text(exc)
         return cls(
             index,
             type(exc).__name__,
@@ -163,13 +169,9 @@ class StreamError(ItemError):
         self.worker_id = worker_id
         self.pid = pid
         self.source_name = what
-        where = "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
         plural = "" if items_before == 1 else "s"
-        RuntimeError.__init__(
-            self,
-            f"kerasfeed: {what} raised {exc_type} after {items_before} item{plural}{where}: "
-            f"{exc_message}\n\nOriginal traceback{where}:\n{traceback_text}",
-        )
+        subject = f"{what} raised {exc_type} after {items_before} item{plural}"
+        RuntimeError.__init__(self, _failure_message(subject, exc_message, traceback_text, worker_id, pid))
 
     def __reduce__(self):
         return (
@@ -197,5 +199,5 @@ class StreamError(ItemError):
         worker_id: Optional[int] = None,
         pid: Optional[int] = None,
     ) -> "StreamError":
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = _traceback_text(exc)
         return cls(what, type(exc).__name__, str(exc), tb, index, items_before, worker_id, pid)
