@@ -548,13 +548,6 @@ def test_to_dataset_threads_matches_getitem_per_epoch(files, window):
     reference.close()
 
 
-def _process_executor_available():
-    from kerasfeed.execution import factory
-
-    return "processes" in getattr(factory, "EXECUTOR_NAMES", ())
-
-
-@pytest.mark.skipif(not _process_executor_available(), reason="kerasfeed processes executor not built yet")
 def test_to_dataset_processes(files):
     a, b, _ = files
     seq = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), batch_size=8, shuffle=True, seed=4,
