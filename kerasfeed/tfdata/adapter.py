@@ -9,15 +9,13 @@ from typing import Any, Callable, Mapping, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import set_epoch, source_length
+from kerasfeed.tfdata.common import AUTOTUNE, batch, check_flag, check_positive_int, check_prefetch_and_device, prefetch_tail
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
-
-AUTOTUNE = tf.data.AUTOTUNE
 
 
 class _Pipeline:
@@ -83,16 +81,6 @@ def _weak_method(obj: Any, name: str) -> Callable:
     return call
 
 
-def _check_positive_int(name: str, value: Any, allow_none: bool = True, allow_autotune: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if allow_autotune and value == AUTOTUNE:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
-        raise ValueError(f"`{name}` must be a positive int{extra}. Received: {name}={value!r}")
-
-
 def _probe_indices(n: int, probe: int) -> list[int]:
     return sorted(set(list(range(min(probe, n))) + [n - 1]))
 
@@ -136,8 +124,8 @@ def to_dataset(
         shuffle: read items in a new seeded random order every pass.
         seed: seed of the shuffle; the same seed gives the same sequence of
             per-pass orders.
-        executor: ``"threads"`` or an ``Executor`` instance: where
-            ``source[i]`` runs.
+        executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
+            ``Executor`` instance: where ``source[i]`` runs.
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process (process executors).
         num_parallel_calls: items in flight; defaults to the executor's
@@ -196,19 +184,14 @@ def to_dataset(
     ```
     """
     total = source_length(source)
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
-    _check_positive_int("probe", probe, allow_none=False)
-    if prefetch is not None and prefetch != AUTOTUNE:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={prefetch!r}")
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
+    check_positive_int("probe", probe, allow_none=False)
+    check_prefetch_and_device(prefetch, device)
     for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder), ("ragged", ragged)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"`{name}` must be True or False. Received: {name}={flag!r}")
+        check_flag(name, flag)
     if drop_remainder and batch_size is None:
         raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
-    if device is not None and not isinstance(device, str):
-        raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={device!r}")
     if input_context is not None:
         if num_shards != 1 or shard_index != 0:
             raise ValueError(
@@ -265,14 +248,8 @@ def to_dataset(
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
     ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
-    if batch_size is not None:
-        variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
-        if ragged:
-            ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
-        elif variable:
-            ds = ds.padded_batch(batch_size, padding_values=padding_values, drop_remainder=drop_remainder)
-        else:
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
+    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
     if not skip:  # a resumed dataset's first pass is shorter than the others
         ds = ds.apply(tf.data.experimental.assert_cardinality(per_pass))
 
@@ -283,13 +260,10 @@ def to_dataset(
     pool = 64 if parallel == AUTOTUNE else parallel
     options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = ds.with_options(options)
-    if prefetch:
-        ds = ds.prefetch(prefetch)
-    if device is not None:
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+    ds = prefetch_tail(ds, prefetch, device)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see _Pipeline)
     ds._kerasfeed_executor = ex
     return ds
 
 
-__all__ = ["to_dataset", "ItemError"]
+__all__ = ["to_dataset"]

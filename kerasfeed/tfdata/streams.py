@@ -30,9 +30,8 @@ from kerasfeed.errors import SignatureError
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
+from kerasfeed.tfdata.common import AUTOTUNE, batch, check_flag, check_positive_int, check_prefetch_and_device, prefetch_tail
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
-
-AUTOTUNE = tf.data.AUTOTUNE
 
 _CHUNK_ITEMS = 64
 _CHUNK_BYTES = 8 << 20
@@ -175,33 +174,17 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
         p.close()
 
 
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
-
-
-def _check_positive(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-
-
 def _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed) -> None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise TypeError(f"`seed` must be an int or None. Received: seed={seed!r}")
-    _check_positive("batch_size", batch_size)
-    _check_positive("shuffle_buffer", shuffle_buffer)
-    _check_positive("probe", probe, allow_none=False)
-    _check_flag("drop_remainder", drop_remainder)
-    _check_flag("ragged", ragged)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("shuffle_buffer", shuffle_buffer)
+    check_positive_int("probe", probe, allow_none=False)
+    check_flag("drop_remainder", drop_remainder)
+    check_flag("ragged", ragged)
     if drop_remainder and batch_size is None:
         raise ValueError("`drop_remainder=True` needs `batch_size`.")
-    if prefetch is not None and prefetch != AUTOTUNE:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={prefetch!r}")
-    if device is not None and not isinstance(device, str):
-        raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={device!r}")
+    check_prefetch_and_device(prefetch, device)
 
 
 def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
@@ -240,18 +223,9 @@ def _assemble(
         ds = ds.map(codec.decode)
     if shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if batch_size is not None:
-        if ragged:
-            ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
-        elif any(codec.variable):
-            ds = ds.padded_batch(batch_size, padding_values=padding_values, drop_remainder=drop_remainder)
-        else:
-            ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    if prefetch:
-        ds = ds.prefetch(prefetch)
-    if device is not None:
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
-    return ds
+    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=any(codec.variable),
+               padding_values=padding_values)
+    return prefetch_tail(ds, prefetch, device)
 
 
 def _describe_item(stream: ShardedStream):
@@ -382,7 +356,7 @@ def from_generators(
     if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards <= 0:
         raise ValueError(f"`num_shards` must be a positive int. Received: num_shards={num_shards!r}")
     _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    _check_flag("deterministic", deterministic)
+    check_flag("deterministic", deterministic)
     stream = ShardedStream(
         factory,
         range(int(num_shards)),
@@ -499,8 +473,8 @@ def from_files(
         raise TypeError(f"`read_fn` must be a callable `read_fn(path)`. Received: read_fn={read_fn!r}")
     paths = [os.fspath(p) for p in paths]
     _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    _check_flag("deterministic", deterministic)
-    _check_flag("shuffle_files", shuffle_files)
+    check_flag("deterministic", deterministic)
+    check_flag("shuffle_files", shuffle_files)
     stream = ShardedStream(
         read_fn,
         paths,

@@ -1,0 +1,61 @@
+"""Pieces shared by every tf.data assembly: argument checks, batching, the tail."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def check_positive_int(name: str, value: Any, allow_none: bool = True, allow_autotune: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if allow_autotune and value == AUTOTUNE:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
+        raise ValueError(f"`{name}` must be a positive int{extra}. Received: {name}={value!r}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
+
+
+def check_prefetch_and_device(prefetch: Any, device: Any) -> None:
+    if prefetch is not None and prefetch != AUTOTUNE:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={prefetch!r}")
+    if device is not None and not isinstance(device, str):
+        raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={device!r}")
+
+
+def batch(
+    ds: tf.data.Dataset,
+    batch_size: Optional[int],
+    *,
+    drop_remainder: bool,
+    ragged: bool,
+    variable: bool,
+    padding_values: Any,
+) -> tf.data.Dataset:
+    """Batches samples: ragged on request, zero-padded when shapes vary."""
+    if batch_size is None:
+        return ds
+    if ragged:
+        return ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    if variable:
+        return ds.padded_batch(batch_size, padding_values=padding_values, drop_remainder=drop_remainder)
+    return ds.batch(batch_size, drop_remainder=drop_remainder)
+
+
+def prefetch_tail(ds: tf.data.Dataset, prefetch: Optional[int], device: Optional[str]) -> tf.data.Dataset:
+    """Prefetches, then (always last: FIELD_NOTES #10) prefetches onto ``device``."""
+    if prefetch:
+        ds = ds.prefetch(prefetch)
+    if device is not None:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+    return ds
