@@ -30,6 +30,7 @@ import pytest
 import kerasfeed
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.processes import ProcessExecutor, WorkerPool, shm
+from kerasfeed.execution.processes import pool as pool_module
 from kerasfeed.execution.threads import ThreadExecutor
 
 # Classes and functions below reach the workers by value, exactly like code
@@ -264,10 +265,55 @@ def test_in_flight_items_and_shared_memory_are_bounded():
         stop.set()
         sampler.join()
     try:
-        assert [int(a[0]) for a in out] == list(range(40))
+        # Every item intact although all 40 are held: a lent slot is never
+        # written again while a view of it lives.
+        assert [(int(a.min()), int(a.max())) for a in out] == [(i, i) for i in range(40)]
         assert ex.parallel_calls() == ex.pool.in_flight_limit == 4
         assert peak[0] == 4
-        assert ex.stats()["shm_bytes"] <= 4 * shm.grown_size(1_000_000)
+        # Slots: the ones in flight plus the lent ones, whatever the consumer keeps.
+        per_worker = core.k + pool_module._MAX_LENT_PER_WORKER
+        assert ex.stats()["shm_bytes"] <= 2 * per_worker * shm.grown_size(1_000_000)
+        assert 0 < ex.stats()["lent_bytes"] <= 2 * pool_module._MAX_LENT_PER_WORKER * 1_000_000
+        lent = [a for a in out if isinstance(a.base, ctypes.Array)]  # views of a slot
+        assert 0 < len(lent) <= 2 * pool_module._MAX_LENT_PER_WORKER < 40  # the rest were copied out
+        shm_before = ex.stats()["shm_bytes"]
+        del out, lent
+        gc.collect()
+        again = _drive(ex, range(40), threads=12)
+        assert [(int(a.min()), int(a.max())) for a in again] == [(i, i) for i in range(40)]
+        assert ex.stats()["shm_bytes"] == shm_before  # released slots were reused
+        del again
+        gc.collect()
+        assert ex.stats()["lent_bytes"] == 0
+    finally:
+        ex.close()
+
+
+def test_lent_items_reach_tensorflow_without_a_copy_and_their_slots_come_back():
+    class Batches:
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return np.full((128, 1024), i, np.float32), np.int64(i)  # 512 KB: lent
+
+    ex = ProcessExecutor(Batches(), workers=2)
+    try:
+        ds = kerasfeed.to_dataset(Batches(), executor=ex, prefetch=0)
+        for epoch in range(3):
+            seen = [(int(x.numpy().min()), int(x.numpy().max()), int(y)) for x, y in ds]
+            assert seen == [(i, i, i) for i in range(24)], epoch
+        kept = list(ds)  # holding every element: lending stops at its budget, nothing blocks
+        assert [int(y) for _, y in kept] == list(range(24))
+        assert all(float(x[0, 0]) == float(x[-1, -1]) == i for i, (x, _) in enumerate(kept))
+        assert ex.stats()["lent_bytes"] > 0
+        del kept
+        gc.collect()
+        next(iter(ds))  # TensorFlow drops the arrays it wrapped on its next Python call
+        gc.collect()
+        assert ex.stats()["lent_bytes"] == 0
+        # Slots in use are bounded: in flight plus the lending budget per worker.
+        assert ex.stats()["shm_bytes"] <= 2 * (2 + pool_module._MAX_LENT_PER_WORKER) * shm.grown_size(128 * 1024 * 4 + 64)
     finally:
         ex.close()
 

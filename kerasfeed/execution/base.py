@@ -1,15 +1,17 @@
 """The executor seam: how one item is produced, wherever it runs.
 
-``to_dataset`` maps the index stream through ``tf.numpy_function`` with a
-parallel, order-preserving map; each call asks the executor for one item.
-An executor therefore only has to be thread-safe and blocking: tf.data's
-thread pool provides the concurrency and the ordering.
+``to_dataset`` maps the index stream through ``tf.numpy_function``; each call
+asks the executor for one item. An executor only has to be thread-safe and
+blocking. By default tf.data's parallel, order-preserving map provides the
+concurrency. An executor that ``prefetches`` instead gets each pass's order
+up front (``plan``) and makes items ahead by itself; the map then calls it
+sequentially, which saves the main process tf.data's per-call thread hops.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, Sequence
 
 
 class Executor(abc.ABC):
@@ -22,6 +24,7 @@ class Executor(abc.ABC):
 
     name: str = "?"
     reason: str = ""
+    prefetches: bool = False
 
     @abc.abstractmethod
     def load(self, index: int, epoch: int) -> Any:
@@ -30,6 +33,10 @@ class Executor(abc.ABC):
         Called concurrently from many threads. Raises
         ``kerasfeed.ItemError`` when ``source[index]`` raises.
         """
+
+    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+        """Called when pass ``epoch`` starts, with the order its items will be
+        asked in. Executors that ``prefetch`` start making them."""
 
     def parallel_calls(self) -> int:
         """How many ``load`` calls tf.data should keep in flight by default."""

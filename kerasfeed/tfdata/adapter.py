@@ -45,6 +45,7 @@ class _Pipeline:
         indices = self._order.indices(epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
+        self.executor.plan(epoch, indices)
         set_epoch(self._source, epoch)
         hook = getattr(self._source, "on_epoch_begin", None)
         if callable(hook):
@@ -244,7 +245,11 @@ def to_dataset(
             t.set_shape(spec.shape)
         return checker.pack(list(flat))
 
-    parallel = num_parallel_calls or ex.parallel_calls()
+    # An executor that prefetches makes each pass's items ahead by itself
+    # (see Executor.plan): a sequential map then just picks them up, without
+    # a tf.data thread per call in flight.
+    sequential = num_parallel_calls is None and ex.prefetches
+    parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
     ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
@@ -255,12 +260,14 @@ def to_dataset(
 
     options = tf.data.Options()
     options.deterministic = True
-    # tf.data's shared pool caps Python calls in flight near the core count
-    # (FIELD_NOTES #3); a private pool lets `parallel` calls really overlap.
-    pool = 64 if parallel == AUTOTUNE else parallel
-    options.threading.private_threadpool_size = max(int(pool) + 4, 8)
+    if parallel is not None:
+        # tf.data's shared pool caps Python calls in flight near the core count
+        # (FIELD_NOTES #3); a private pool lets `parallel` calls really overlap.
+        pool = 64 if parallel == AUTOTUNE else parallel
+        options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = ds.with_options(options)
-    ds = prefetch_tail(ds, prefetch, device)
+    # The autotuning model only when the caller asked for AUTOTUNE calls.
+    ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see _Pipeline)
     ds._kerasfeed_executor = ex
     return ds

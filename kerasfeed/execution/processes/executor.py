@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.pool import WorkerPool
@@ -44,6 +44,7 @@ class ProcessExecutor(Executor):
     """
 
     name = "processes"
+    prefetches = True
 
     def __init__(
         self,
@@ -67,9 +68,13 @@ class ProcessExecutor(Executor):
     def load(self, index: int, epoch: int) -> Any:
         return self.pool.load(int(index), int(epoch))
 
+    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+        self.pool.plan(int(epoch), indices)
+
     def parallel_calls(self) -> int:
-        # Enough tf.data calls to keep every slot busy, never more: extra calls
-        # would only queue inside the executor.
+        # For a parallel map (when the caller asks for one instead of the
+        # sequential map a planned pass needs): enough calls to keep every
+        # worker busy, never more; extra calls would only queue in here.
         return self.pool.in_flight_limit
 
     @property

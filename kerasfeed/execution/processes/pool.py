@@ -8,17 +8,28 @@ Design (see also ``worker.py`` and ``shm.py``):
   run, and the user's ``__main__`` is never re-imported). The source travels
   by value (cloudpickle) in the first message. Workers start when the pool is
   created and live until it is closed: across epochs, passes and datasets.
-- **Transport**: every worker owns ``in_flight_per_worker`` *slots*; a slot is
-  a shared-memory segment that grows to the largest item it carried and is
-  reused. A request names a free slot; the worker writes the item's arrays
-  into it and answers with a small spec; the consumer copies the arrays out
-  once and frees the slot. Items in flight are bounded by
-  ``workers * in_flight_per_worker`` and shared memory by that many segments
-  of the largest item size.
-- **Dispatch**: ``load`` is called concurrently by tf.data threads; each call
-  takes a slot on the least busy worker, sends the request, and blocks
-  (without the GIL) until that worker's reader thread hands back the answer.
-  Order is tf.data's business: ``load(i)`` always returns ``source[i]``.
+- **Transport**: a *slot* is a shared-memory segment that grows to the
+  largest item it carried and is reused. A request names a free slot of its
+  worker; the worker writes the item's arrays into it and answers with a
+  small spec. The consumer then *lends* the item: its arrays are views of the
+  slot, handed to TensorFlow without a copy, and the slot is free again when
+  the last of them is gone (see ``shm.lend``). Small items (under
+  ``_LEND_MIN_BYTES``) are copied out and their slot freed at once, and so
+  are items past a budget of lent ones (``_MAX_LENT_PER_WORKER`` per worker,
+  ``_MAX_LENT_BYTES`` in all), so a consumer that keeps
+  every item never blocks the workers. Requests in flight are bounded by
+  ``workers * in_flight_per_worker``; shared memory by
+  ``in_flight_per_worker + _MAX_LENT_PER_WORKER`` segments per worker.
+- **Dispatch**: when a pass starts, ``plan(epoch, indices)`` gives the pool
+  the order its items will be asked in. The pool then requests them ahead,
+  up to ``in_flight_per_worker`` per worker and a window of items done but
+  not taken yet, and each worker's reader thread sends that worker its next
+  request the moment an answer arrives: a worker never waits for the
+  consumer to ask. ``load(i)`` then only picks up the answer, so tf.data can
+  call it sequentially (no parallel map, no thread hops per item). A ``load``
+  outside the current plan (another pass iterated at the same time, a direct
+  call) takes a slot on the least busy worker, sends its own request, and
+  blocks (without the GIL) until the reader hands back the answer.
 - **Death**: one reader thread per worker sees EOF on the worker's socket the
   moment it dies (and polls its liveness every second as a backstop). The
   pending items of a dead worker, and every later item, fail with a
@@ -34,6 +45,7 @@ Design (see also ``worker.py`` and ``shm.py``):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -49,7 +61,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import shm
@@ -60,6 +72,13 @@ logger = logging.getLogger("kerasfeed")
 
 _BOOT = "from kerasfeed.execution.processes.worker import main; main()"
 _POLL_S = 0.5
+# Lent items: enough for tf.data's buffers (the map's results in order, the
+# prefetch) and the consumer; past this the consumer copies items instead.
+_MAX_LENT_PER_WORKER = 16
+_MAX_LENT_BYTES = 256 * 2**20
+# Smaller items are copied: malloc reuses small blocks (no page faults), so
+# lending would save little and only multiply slots.
+_LEND_MIN_BYTES = 256 * 2**10
 _GRACE_S = 1.0
 _NO_RESTART = (
     "kerasfeed does not restart workers: create the dataset (or executor) again to retry, "
@@ -116,7 +135,7 @@ class PoolOptions:
 
 
 class _Request:
-    __slots__ = ("id", "index", "slot", "event", "spec", "error", "done", "abandoned")
+    __slots__ = ("id", "index", "slot", "event", "spec", "error", "done", "abandoned", "ahead")
 
     def __init__(self, rid: int, index: int, slot: int):
         self.id = rid
@@ -127,6 +146,24 @@ class _Request:
         self.error: Optional[BaseException] = None
         self.done = False
         self.abandoned = False
+        self.ahead = False  # sent ahead by a plan and not taken by a load yet
+
+
+class _Plan:
+    """The order of one pass, and its requests sent ahead of the consumer."""
+
+    def __init__(self, epoch: int, indices: list[int], window: int):
+        self.epoch = epoch
+        self.indices = indices
+        self.next = 0  # position of the next index to request
+        self.window = window  # requests sent and not taken yet, at most
+        self.sent: dict[int, collections.deque] = {}  # index -> [(worker, request)], not taken yet
+        self.outstanding = 0
+        self.todo = collections.Counter(indices)  # indices not taken yet
+
+    @property
+    def finished(self) -> bool:
+        return not self.todo
 
 
 class _Stream:
@@ -135,6 +172,7 @@ class _Stream:
         self.name = name
         self.queue: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self.held: set[int] = set()  # slots whose item the consumer has not copied yet
+        self.slots: list[int] = []  # the worker's slots this stream writes into
         self.ended = False
         self.cancelled = False
 
@@ -146,8 +184,12 @@ class _Worker:
         self.pid = proc.pid
         self.chan = chan
         self.crash_fd = crash_fd
-        self.segments: list[Optional[shm.Segment]] = [None] * slots
-        self.free = list(range(slots))
+        self.segments: dict[int, shm.Segment] = {}
+        self.free = list(range(slots))  # slots neither in flight, lent nor streaming
+        self.next_slot = slots
+        self.busy = 0  # requests made and not released yet (answered or not)
+        self.waiting = 0  # of those: answered plan requests no load has taken yet
+        self.lent = 0  # items whose slot the consumer still reads
         self.pending: dict[int, _Request] = {}
         self.stream: Optional[_Stream] = None
         self.launched = time.perf_counter()
@@ -195,6 +237,12 @@ class _Core:
         self.rr = 0
         self.items = 0
         self.consumer_cpu_s = 0.0
+        self.lent_bytes = 0
+        self.lent_items = 0  # items handed over without a copy (the rest were copied)
+        # (worker, slot, nbytes) of lent items whose last view is gone; filled
+        # by finalizers (any thread, any moment: a lock-free append only).
+        self.returned: "collections.deque[tuple]" = collections.deque()
+        self.plan: Optional[_Plan] = None
         self.workers: list[_Worker] = []
         try:
             for wid in range(options.workers):
@@ -282,7 +330,7 @@ class _Core:
             return
         for extra in fds[1:]:
             os.close(extra)
-        old = w.segments[slot]
+        old = w.segments.get(slot)
         w.segments[slot] = shm.Segment(fds[0], size)
         if old is not None:
             old.close()
@@ -302,9 +350,12 @@ class _Core:
                     req.error = msg[2]
                 req.done = True
                 if req.abandoned:  # its caller was interrupted: free the slot here
-                    w.free.append(req.slot)
-                    self.cv.notify_all()
+                    self._slot_done(w, req.slot)
+                elif req.ahead:
+                    w.waiting += 1
+                sends = self._fill_plan()
             req.event.set()
+            self._send_requests(sends)
         elif kind == "ready":
             w.info = dict(msg[1], launch_to_ready_s=time.perf_counter() - w.launched)
             w.ready.set()
@@ -343,7 +394,7 @@ class _Core:
         # when the stream is over AND the consumer no longer reads any slot.
         if st.ended and (st.cancelled or not st.held) and w.stream is st:
             w.stream = None
-            w.free = list(range(self.k))
+            w.free.extend(st.slots)
             self.cv.notify_all()
 
     def _crash_text(self, w: _Worker) -> str:
@@ -430,27 +481,189 @@ class _Core:
         if self.closed:
             raise WorkerError(f"kerasfeed: the worker pool of {self.name} is closed; create the dataset again.")
 
+    @staticmethod
+    def _take_slot(w: _Worker) -> int:
+        # The lowest free slot: its segment most likely exists already. A new
+        # slot (its segment made by the worker on first use) only when every
+        # slot is in flight or lent, which the lending budget bounds.
+        if w.free:
+            slot = min(w.free)
+            w.free.remove(slot)
+            return slot
+        slot = w.next_slot
+        w.next_slot += 1
+        return slot
+
+    def _slot_done(self, w: _Worker, slot: int) -> None:
+        # With the lock held: a load's slot is free again.
+        w.busy -= 1
+        w.free.append(slot)
+        self.cv.notify_all()
+
+    def _collect_returned(self) -> None:
+        # With the lock held.
+        while self.returned:
+            w, slot, nbytes = self.returned.popleft()
+            w.lent -= 1
+            self.lent_bytes -= nbytes
+            w.free.append(slot)
+
+    def _least_busy(self, ahead: bool) -> Optional[_Worker]:
+        # With the lock held: the least loaded worker that can take one more
+        # request. A plan (``ahead``) counts the requests a worker has not
+        # answered: answers waiting for their load must not stall the worker.
+        # A direct load counts every request not released, except those
+        # answers (a stale plan must never block it), so that its slots stay
+        # bounded however many threads call ``load``.
+        best, best_load = None, 0
+        n = len(self.workers)
+        for j in range(n):
+            w = self.workers[(self.rr + j) % n]
+            load = len(w.pending) if ahead else w.busy - w.waiting
+            if w.stream is None and w.death is None and load < self.k and (best is None or load < best_load):
+                best, best_load = w, load
+        if best is not None:
+            self.rr = (best.id + 1) % n
+        return best
+
+    def _new_request(self, w: _Worker, index: int) -> _Request:
+        # With the lock held.
+        w.busy += 1
+        req = _Request(next(self.ids), index, self._take_slot(w))
+        w.pending[req.id] = req
+        return req
+
     def _acquire(self, index: int) -> tuple[_Worker, _Request]:
         with self.cv:
             while True:
                 self._raise_if_unusable()
-                best = None
-                n = len(self.workers)
-                for j in range(n):
-                    w = self.workers[(self.rr + j) % n]
-                    if w.stream is None and w.death is None and w.free and (best is None or len(w.free) > len(best.free)):
-                        best = w
+                self._collect_returned()
+                best = self._least_busy(ahead=False)
                 if best is not None:
-                    self.rr = (best.id + 1) % n
-                    req = _Request(next(self.ids), index, best.free.pop())
-                    best.pending[req.id] = req
-                    return best, req
+                    return best, self._new_request(best, index)
                 self.cv.wait(_POLL_S)
 
-    def _release(self, w: _Worker, req: _Request, cpu_s: float = 0.0) -> None:
+    # ------------------------------------------------------------ plans
+    def start_plan(self, epoch: int, indices: list[int]) -> None:
+        """Starts requesting the items of pass ``epoch`` in this order."""
         with self.cv:
-            if not req.abandoned:  # else its reader frees the slot when the answer comes
-                w.free.append(req.slot)
+            self._raise_if_unusable()
+            self._drop_plan()
+            window = len(self.workers) * (self.k + 1)
+            self.plan = _Plan(int(epoch), [int(i) for i in indices], window)
+            sends = self._fill_plan()
+        self._send_requests(sends)
+
+    def _drop_plan(self) -> None:
+        # With the lock held: requests sent ahead and never taken give their
+        # slot back (now if answered, else when the answer comes).
+        plan, self.plan = self.plan, None
+        if plan is None:
+            return
+        for entries in plan.sent.values():
+            for w, req in entries:
+                req.ahead = False
+                if req.done:
+                    w.waiting -= 1
+                    self._slot_done(w, req.slot)
+                else:
+                    req.abandoned = True
+        plan.sent.clear()
+
+    def _fill_plan(self) -> list[tuple[_Worker, _Request, int]]:
+        # With the lock held: requests the plan may send now; the caller sends
+        # them after releasing the lock.
+        plan = self.plan
+        sends: list[tuple[_Worker, _Request, int]] = []
+        if plan is None or self.closed or self.failure is not None:
+            return sends
+        self._collect_returned()
+        while plan.next < len(plan.indices) and plan.outstanding < plan.window:
+            w = self._least_busy(ahead=True)
+            if w is None:
+                break
+            index = plan.indices[plan.next]
+            plan.next += 1
+            req = self._new_request(w, index)
+            req.ahead = True
+            plan.sent.setdefault(index, collections.deque()).append((w, req))
+            plan.outstanding += 1
+            sends.append((w, req, plan.epoch))
+        if sends:
+            self.cv.notify_all()
+        return sends
+
+    @staticmethod
+    def _send_requests(sends: list[tuple[_Worker, _Request, int]]) -> None:
+        for w, req, epoch in sends:
+            try:
+                w.chan.send(("load", req.id, req.index, epoch, req.slot))
+            except OSError:
+                pass  # the worker died: its reader fails this request
+
+    def _take_planned(self, index: int, epoch: int) -> Optional[tuple[_Worker, _Request]]:
+        """The plan's request for ``index``, waiting until it is sent; None if
+        the item is not part of the current plan."""
+        with self.cv:
+            while True:
+                self._raise_if_unusable()
+                plan = self.plan
+                if plan is None or plan.epoch != epoch or not plan.todo.get(index):
+                    return None
+                entries = plan.sent.get(index)
+                if entries:
+                    w, req = entries.popleft()
+                    if not entries:
+                        del plan.sent[index]
+                    req.ahead = False
+                    if req.done:
+                        w.waiting -= 1
+                    plan.outstanding -= 1
+                    plan.todo[index] -= 1
+                    if not plan.todo[index]:
+                        del plan.todo[index]
+                    if plan.finished:
+                        self.plan = None
+                    return w, req
+                # Asked ahead of the plan (the window is full of later items,
+                # or every worker is busy): wait for it to be sent.
+                self.cv.wait(_POLL_S)
+
+    def _lend_or_copy(self, w: _Worker, req: _Request) -> tuple[Any, bool]:
+        """The answered item, lent (zero-copy) when the budget allows, else copied."""
+        spec = pickle.loads(req.spec)
+        seg = w.segments.get(req.slot)
+        nbytes = shm.spec_nbytes(spec)
+        with self.lock:
+            self._collect_returned()
+            lend = (
+                seg is not None
+                and nbytes >= _LEND_MIN_BYTES
+                and w.lent < _MAX_LENT_PER_WORKER
+                and self.lent_bytes + nbytes <= _MAX_LENT_BYTES
+            )
+            if lend:
+                w.lent += 1
+                self.lent_bytes += nbytes
+                self.lent_items += 1
+        if not lend:
+            return shm.decode(spec, seg), False
+        returned = self.returned
+        entry = (w, req.slot, nbytes)
+        try:
+            return shm.lend(spec, seg, nbytes, lambda: returned.append(entry)), True
+        except BaseException:
+            returned.append(entry)
+            raise
+
+    def _release(self, w: _Worker, req: _Request, cpu_s: float = 0.0, lent: bool = False) -> None:
+        with self.cv:
+            if req.abandoned:
+                pass  # its reader frees the slot when the answer comes
+            elif lent:
+                w.busy -= 1  # the slot comes back through `returned`
+            else:
+                self._slot_done(w, req.slot)
             if cpu_s:
                 self.consumer_cpu_s += cpu_s
                 self.items += 1
@@ -479,29 +692,36 @@ class _Core:
             # may still come; make sure its slot is freed either way.
             with self.lock:
                 if req.done:
-                    w.free.append(req.slot)
-                    self.cv.notify_all()
+                    self._slot_done(w, req.slot)
                 else:
                     req.abandoned = True
             raise
 
     def load(self, index: int, epoch: int) -> Any:
         t0 = time.thread_time()
-        w, req = self._acquire(index)
-        try:
-            w.chan.send(("load", req.id, index, epoch, req.slot))
-        except OSError:
-            pass  # the worker died: its reader fails this request
+        taken = self._take_planned(index, epoch)
+        if taken is None:
+            w, req = self._acquire(index)
+            try:
+                w.chan.send(("load", req.id, index, epoch, req.slot))
+            except OSError:
+                pass  # the worker died: its reader fails this request
+        else:
+            w, req = taken
         cpu = time.thread_time() - t0
         self._wait(w, req)
         t1 = time.thread_time()
-        item = None
+        item, lent = None, False
         try:
             if req.error is not None:
                 raise req.error
-            item = shm.decode(pickle.loads(req.spec), w.segments[req.slot])
+            item, lent = self._lend_or_copy(w, req)
         finally:
-            self._release(w, req, cpu + time.thread_time() - t1 if req.error is None else 0.0)
+            self._release(w, req, cpu + time.thread_time() - t1 if req.error is None else 0.0, lent)
+            if taken is not None:
+                with self.lock:
+                    sends = self._fill_plan()
+                self._send_requests(sends)
         return item
 
     # ------------------------------------------------------------ streams
@@ -509,17 +729,19 @@ class _Core:
         with self.cv:
             while True:
                 self._raise_if_unusable()
-                idle = [w for w in self.workers if w.stream is None and w.death is None and len(w.free) == self.k]
+                self._collect_returned()
+                self._drop_plan()  # a stream needs an idle worker
+                idle = [w for w in self.workers if w.stream is None and w.death is None and w.busy == 0]
                 if idle:
                     w = idle[self.rr % len(idle)]
                     self.rr += 1
                     st = _Stream(next(self.ids), name)
+                    st.slots = [self._take_slot(w) for _ in range(self.k)]
                     w.stream = st
-                    w.free = []
                     break
                 self.cv.wait(_POLL_S)
         try:
-            w.chan.send(("stream", st.id, payload, list(range(self.k)), name))
+            w.chan.send(("stream", st.id, payload, list(st.slots), name))
         except OSError:
             pass
         return w, st
@@ -551,7 +773,7 @@ class _Core:
             slot = msg[3]
             t1 = time.thread_time()
             try:
-                item = shm.decode(pickle.loads(msg[4]), w.segments[slot])
+                item = shm.decode(pickle.loads(msg[4]), w.segments.get(slot))
             finally:
                 with self.lock:
                     st.held.discard(slot)
@@ -602,6 +824,7 @@ class _Core:
             if self.closed:
                 return
             self.closed = True
+            self.plan = None
             pending = [(w, r) for w in self.workers for r in w.pending.values()]
             for w in self.workers:
                 w.pending.clear()
@@ -635,10 +858,9 @@ class _Core:
             if w.reader is not None and w.reader is not me and w.reader.is_alive():
                 w.reader.join(timeout=2)
             w.chan.sock.close()
-            for i, seg in enumerate(w.segments):
-                if seg is not None:
-                    seg.close()
-                    w.segments[i] = None
+            for seg in w.segments.values():
+                seg.close()  # a lent segment stays mapped until its last view is gone
+            w.segments.clear()
             try:
                 os.close(w.crash_fd)
             except OSError:
@@ -676,7 +898,9 @@ class _Core:
         rss = [e["rss_mb"] for e in workers if e["rss_mb"] is not None]
         uss = [e["uss_mb"] for e in workers if e["uss_mb"] is not None]
         with self.lock:
-            shm_bytes = sum(s.size for w in self.workers for s in w.segments if s is not None)
+            self._collect_returned()
+            shm_bytes = sum(s.size for w in self.workers for s in w.segments.values())
+            lent_bytes = self.lent_bytes
         items = self.items
         return {
             "workers": len(self.workers),
@@ -690,6 +914,8 @@ class _Core:
             if items
             else None,
             "shm_bytes": shm_bytes,
+            "lent_bytes": lent_bytes,
+            "lent_items": self.lent_items,
             "per_worker": workers,
         }
 
@@ -782,6 +1008,15 @@ class WorkerPool:
             kerasfeed.WorkerError: a worker died, failed to start or timed out.
         """
         return self._core.load(index, epoch)
+
+    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+        """Starts making the items of pass ``epoch`` ahead, in this order.
+
+        ``load(i, epoch)`` for those items then picks up what the workers
+        already made. A new plan (or a stream) drops the previous one; loads
+        outside the current plan still work, one request each.
+        """
+        self._core.start_plan(epoch, list(indices))
 
     def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> "StreamIterator":
         """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.

@@ -15,18 +15,27 @@ ever stays in ``/dev/shm``: the memory is freed by the kernel when the last
 process holding a mapping exits or closes it, even after ``SIGKILL``. Segments
 are created with mode 0600 (private to the user).
 
-The consumer copies each array exactly once, out of the segment into a fresh
-64-byte aligned array: TensorFlow then wraps it without another copy (it copies
-arrays that are not aligned), and the segment can be reused for the next item.
+The consumer gets an item in one of two ways:
+
+- ``lend``: zero copies. The arrays are views of the segment; TensorFlow wraps
+  64-byte aligned arrays returned by a ``numpy_function`` without copying, so
+  the bytes a worker wrote are the tensor's bytes. The segment stays out of use
+  until the last view (and the tensor wrapping it) is gone; a finalizer then
+  hands it back. This avoids both a copy and, more costly on the consumer
+  side, the page faults of touching freshly allocated memory for every item.
+- ``decode``: one copy into fresh arrays, and the segment is free at once
+  (used when too much is lent already, and for streams).
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import weakref
 import pickle
 import secrets
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -170,6 +179,61 @@ def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = (-raw.ctypes.data) % ALIGN
     return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def spec_nbytes(spec: Any) -> int:
+    """Bytes of the segment an encoded item uses (0: no array in shared memory)."""
+    kind = spec[0]
+    if kind == "a":
+        _, dtype, shape, offset = spec
+        return offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if kind in ("t", "l"):
+        return max((spec_nbytes(c) for c in spec[1]), default=0)
+    if kind == "d":
+        return max((spec_nbytes(c) for _, c in spec[1]), default=0)
+    if kind == "n":
+        return max((spec_nbytes(c) for c in spec[2]), default=0)
+    return 0
+
+
+def lend(spec: Any, segment: Segment, nbytes: int, on_release: Callable[[], None]) -> Any:
+    """Rebuilds an item whose arrays are views of ``segment`` (no copy).
+
+    ``on_release`` runs once every array of the item, every view derived from
+    them and every tensor wrapping them is gone; only then may the segment be
+    written again.
+
+    Args:
+        spec: the item's spec, as made by ``encode``.
+        segment: the segment the item was written into.
+        nbytes: ``spec_nbytes(spec)`` (> 0).
+        on_release: called without arguments, from whichever thread drops the
+            last reference; it must be quick and must not block.
+    """
+    # One buffer object per lent item, not an ndarray: numpy points every
+    # derived view's ``base`` at the first non-ndarray owner, so this object
+    # lives exactly as long as any view of the item does.
+    owner = (ctypes.c_ubyte * nbytes).from_buffer(segment.mm)
+    weakref.finalize(owner, on_release)
+    return _rebuild(spec, owner)
+
+
+def _rebuild(spec: Any, owner: Any) -> Any:
+    kind = spec[0]
+    if kind == "a":
+        _, dtype, shape, offset = spec
+        return np.ndarray(shape, dtype, buffer=owner, offset=offset)
+    if kind == "o":
+        return spec[1]
+    if kind == "t":
+        return tuple(_rebuild(c, owner) for c in spec[1])
+    if kind == "l":
+        return [_rebuild(c, owner) for c in spec[1]]
+    if kind == "d":
+        return {k: _rebuild(c, owner) for k, c in spec[1]}
+    if kind == "n":
+        return spec[1](*(_rebuild(c, owner) for c in spec[2]))
+    raise ValueError(f"kerasfeed: corrupt shared-memory spec node. Received: {kind!r}")
 
 
 def decode(spec: Any, segment: Optional[Segment]) -> Any:
