@@ -235,8 +235,12 @@ def run_config(way: peers.Way, make_seq: Callable[[], Any], *, min_timed_s: floa
             wcpu0 = _workers_cpu(procs)
             c0, t = time.process_time(), time.perf_counter()
             count = 0
-            for count, batch in enumerate(feed.epoch(), 1):
-                checksum += peers.touch(batch)
+            if feed.drain is not None:
+                count, touched = feed.drain()
+                checksum += touched
+            else:
+                for count, batch in enumerate(feed.epoch(), 1):
+                    checksum += peers.touch(batch)
             wall = time.perf_counter() - t
             main_cpu = time.process_time() - c0
             wcpu1 = _workers_cpu(procs)

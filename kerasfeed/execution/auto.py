@@ -9,10 +9,11 @@ A few ``__getitem__`` calls in the consumer process answer three questions:
 2. **Does it release the GIL?** The same calls in two threads at once: if
    their CPU time adds up to clearly more than the wall time, they ran in
    parallel, outside the GIL (large numpy ops, C extensions) -> threads.
-3. **Is it transport-bound?** Worker processes pay for moving the item (a
-   copy into shared memory in the worker, one out of it in the consumer, a
-   round trip). Processes win only if ``workers`` parallel items outrun one
-   thread by enough to pay that; a cheap-to-make big array stays in threads.
+3. **Is it transport-bound?** Worker processes pay for moving the item: a
+   copy into shared memory in the worker and a round trip (the consumer then
+   lends large items to TensorFlow without a copy). Threads pay a copy too:
+   TensorFlow copies the unaligned arrays numpy allocates. Processes win only
+   if ``workers`` parallel items outrun one thread by enough to pay that.
 
 The choice and the numbers behind it are kept on the executor
 (``executor.name``, ``executor.reason``, ``executor.probe``) and logged on the
@@ -184,14 +185,15 @@ def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
             f"{ms}; two threads ran it on {p.parallelism_2_threads:.1f} CPUs at once, so it releases the GIL "
             "and threads run it in parallel without transport"
         )
-    # GIL-bound (or h5py-lock-bound). Predict the item rates of both options.
-    threads_rate = 1.0 / max(p.wall_s, 1e-9)
+    # GIL-bound (or h5py-lock-bound). Predict the item rates of both options;
+    # each pays one copy of the item (see the module docstring).
+    threads_rate = 1.0 / max(p.wall_s + p.copy_s, 1e-9)
     par = min(workers, cpus)
     # Workers make items in parallel, each also copying it into shared memory.
-    # The two copies of every item (in, then out in the consumer) share one
-    # memory bus, so count them one after the other, plus the bookkeeping.
+    # Those copies share one memory bus, so count them one after the other,
+    # plus the consumer's bookkeeping.
     per_item_workers = (p.wall_s + p.copy_s) / par
-    per_item_transport = 2 * p.copy_s + PROCESS_OVERHEAD_S
+    per_item_transport = p.copy_s + PROCESS_OVERHEAD_S
     process_rate = 1.0 / max(per_item_workers, per_item_transport)
     gil = (
         f"two threads ran it on only {p.parallelism_2_threads:.1f} CPUs at once (GIL-bound)"

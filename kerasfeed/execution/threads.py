@@ -1,8 +1,12 @@
-"""Run items in the consumer process, on tf.data's (private) thread pool."""
+"""Run items in the consumer process, on a pool of Python threads."""
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import queue
+import threading
+import weakref
+from typing import Any, Optional, Sequence
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
@@ -13,30 +17,179 @@ from kerasfeed.sources.base import source_name
 DEFAULT_THREAD_PARALLELISM = 64
 
 
+class _Task:
+    __slots__ = ("index", "event", "value", "error", "taken")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.event = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+        self.taken = False
+
+
+class _Plan:
+    """One pass's order and the tasks started ahead of the consumer."""
+
+    def __init__(self, epoch: int, indices: list[int], window: int):
+        self.epoch = epoch
+        self.indices = indices
+        self.next = 0
+        self.window = window  # tasks started and not taken yet, at most
+        self.started: dict[int, collections.deque] = {}
+        self.outstanding = 0
+        self.todo = collections.Counter(indices)
+        self.claimed: collections.Counter = collections.Counter()  # run by a load before being started
+        self.cancelled = False
+
+
+class _Runner:
+    """What the pool threads hold: the source, not the executor, so that an
+    executor nobody uses any more is collected (and its threads stopped)."""
+
+    def __init__(self, source: Any, name: str):
+        self.source = source
+        self.name = name
+
+    def call(self, index: int) -> Any:
+        try:
+            return self.source[index]
+        except Exception as e:
+            raise ItemError.from_exception(index, e, source_name=self.name) from e
+
+
+def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
+    while True:
+        job = tasks.get()
+        if job is None:
+            return
+        plan, task = job
+        if plan.cancelled and not task.taken:
+            task.event.set()  # a dropped pass: nobody will ask for it
+            continue
+        try:
+            task.value = runner.call(task.index)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
+            task.error = e
+        task.event.set()
+        del job, plan, task
+
+
+def _stop_threads(tasks: "queue.SimpleQueue", count: int) -> None:
+    for _ in range(count):
+        tasks.put(None)
+
+
 class ThreadExecutor(Executor):
-    """Calls ``source[index]`` directly in the calling (tf.data) thread.
+    """Calls ``source[index]`` in this process, on a pool of Python threads.
 
     Best for sources that release the GIL: I/O waits, sleeps, large numpy
     operations. Pure-Python and h5py work does not scale with threads.
 
+    When a pass starts (``plan``), up to ``parallelism`` items of it are
+    started ahead on the pool, in the pass's order; ``load`` then picks them
+    up, so tf.data maps sequentially instead of running ``parallelism``
+    ``numpy_function`` calls on its own threads (each of which costs the
+    consumer more CPU than a Python thread does). A ``load`` outside the
+    current plan runs ``source[index]`` in the calling thread.
+
     Args:
         source: the indexable source.
-        parallelism: default number of concurrent calls.
+        parallelism: items in flight at once (pool threads).
     """
 
     name = "threads"
+    prefetches = True
 
     def __init__(self, source: Any, parallelism: int = DEFAULT_THREAD_PARALLELISM):
-        self._source = source
-        self._name = source_name(source)
-        self._parallelism = parallelism
+        self._runner = _Runner(source, source_name(source))
+        self._parallelism = int(parallelism)
+        self._lock = threading.Lock()
+        self._plan: Optional[_Plan] = None
+        self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._finalizer: Optional[weakref.finalize] = None
 
     def load(self, index: int, epoch: int) -> Any:
-        del epoch  # the consumer's source already saw set_epoch for this pass
-        try:
-            return self._source[index]
-        except Exception as e:
-            raise ItemError.from_exception(index, e, source_name=self._name) from e
+        # The consumer's source already saw set_epoch for this pass.
+        task = self._take(index, epoch)
+        if task is None:
+            return self._runner.call(index)
+        task.event.wait()
+        if task.error is not None:
+            raise task.error
+        value, task.value = task.value, None
+        return value
+
+    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._plan is not None:
+                self._plan.cancelled = True
+            self._start_threads()
+            self._plan = _Plan(int(epoch), [int(i) for i in indices], self._parallelism)
+            self._fill(self._plan)
+
+    def _start_threads(self) -> None:
+        # With the lock held; started on the first plan only.
+        if self._threads:
+            return
+        for k in range(self._parallelism):
+            t = threading.Thread(
+                target=_thread_loop, args=(self._tasks, self._runner), name=f"kerasfeed-thread-{k}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+        self._finalizer = weakref.finalize(self, _stop_threads, self._tasks, len(self._threads))
+
+    def _fill(self, plan: _Plan) -> None:
+        # With the lock held.
+        while not plan.cancelled and plan.next < len(plan.indices) and plan.outstanding < plan.window:
+            index = plan.indices[plan.next]
+            plan.next += 1
+            if plan.claimed[index]:
+                plan.claimed[index] -= 1
+                continue
+            task = _Task(index)
+            plan.started.setdefault(task.index, collections.deque()).append(task)
+            plan.outstanding += 1
+            self._tasks.put((plan, task))
+
+    def _take(self, index: int, epoch: int) -> Optional[_Task]:
+        with self._lock:
+            plan = self._plan
+            if plan is None or plan.epoch != epoch or not plan.todo.get(index):
+                return None
+            tasks = plan.started.get(index)
+            task = None
+            if tasks:
+                task = tasks.popleft()
+                if not tasks:
+                    del plan.started[index]
+                task.taken = True
+                plan.outstanding -= 1
+            else:
+                # Asked ahead of the plan (a parallel map far ahead): the
+                # caller runs it, and the plan will not start it.
+                plan.claimed[index] += 1
+            plan.todo[index] -= 1
+            if not plan.todo[index]:
+                del plan.todo[index]
+            if not plan.todo:
+                self._plan = None
+            self._fill(plan)
+            return task
 
     def parallel_calls(self) -> int:
         return self._parallelism
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._plan is not None:
+                self._plan.cancelled = True
+                self._plan = None
+        if self._finalizer is not None:
+            self._finalizer()

@@ -45,11 +45,12 @@ class _Pipeline:
         indices = self._order.indices(epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
-        self.executor.plan(epoch, indices)
         set_epoch(self._source, epoch)
         hook = getattr(self._source, "on_epoch_begin", None)
         if callable(hook):
             hook()
+        # After the hooks: an executor in this process makes items from now on.
+        self.executor.plan(epoch, indices)
         return indices, np.int64(epoch)
 
     def load(self, i, epoch):
@@ -251,7 +252,7 @@ def to_dataset(
     sequential = num_parallel_calls is None and ex.prefetches
     parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
-    ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
+    ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=None if sequential else True)
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)

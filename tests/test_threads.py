@@ -1,0 +1,145 @@
+"""The threads executor: a pass planned ahead on a pool of Python threads."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.errors import ItemError
+from kerasfeed.execution.threads import ThreadExecutor
+
+
+class Recorder:
+    """Item i = i; records which thread made which index, and how often."""
+
+    def __init__(self, n=40, delay=0.0, fail=None):
+        self.n, self.delay, self.fail = n, delay, fail
+        self.lock = threading.Lock()
+        self.calls = collections.Counter()
+        self.threads = {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        with self.lock:
+            self.calls[i] += 1
+            self.threads[i] = threading.current_thread().name
+        if i == self.fail:
+            raise ValueError(f"cannot make {i}")
+        return np.full((2,), i, np.int64)
+
+
+def _wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def _pool_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("kerasfeed-thread-")]
+
+
+def test_a_plan_makes_items_ahead_on_pool_threads_in_order():
+    src = Recorder(n=10)
+    ex = ThreadExecutor(src, parallelism=4)
+    try:
+        order = [7, 3, 9, 0, 1, 2, 4, 5, 6, 8]
+        ex.plan(0, order)
+        # Before any load: the first `parallelism` items of the pass are made.
+        assert _wait_until(lambda: sum(src.calls.values()) == 4)
+        assert set(src.calls) == set(order[:4])
+        got = [int(ex.load(i, 0)[0]) for i in order]
+        assert got == order
+        assert all(src.calls[i] == 1 for i in order)  # each made once
+        assert all(name.startswith("kerasfeed-thread-") for name in src.threads.values())
+        # Outside the plan (another pass, no plan for it): made in the caller.
+        assert int(ex.load(5, 1)[0]) == 5
+        assert src.threads[5] == threading.current_thread().name
+    finally:
+        ex.close()
+
+
+def test_loads_ahead_of_the_window_run_in_the_caller_and_are_not_made_twice():
+    src = Recorder(n=12, delay=0.01)
+    ex = ThreadExecutor(src, parallelism=2)
+    try:
+        ex.plan(0, list(range(12)))
+        assert int(ex.load(8, 0)[0]) == 8  # far ahead: not started yet
+        assert src.threads[8] == threading.current_thread().name
+        rest = [i for i in range(12) if i != 8]
+        assert [int(ex.load(i, 0)[0]) for i in rest] == rest
+        assert all(src.calls[i] == 1 for i in range(12)), src.calls
+        assert ex._plan is None  # the pass is complete
+    finally:
+        ex.close()
+
+
+def test_an_error_made_ahead_is_raised_by_the_load_that_takes_it():
+    src = Recorder(n=6, fail=3)
+    ex = ThreadExecutor(src, parallelism=4)
+    try:
+        ex.plan(0, list(range(6)))
+        assert [int(ex.load(i, 0)[0]) for i in range(3)] == [0, 1, 2]
+        with pytest.raises(ItemError) as info:
+            ex.load(3, 0)
+        msg = str(info.value)
+        assert "3" in msg and "ValueError" in msg and "cannot make 3" in msg
+        assert [int(ex.load(i, 0)[0]) for i in (4, 5)] == [4, 5]
+    finally:
+        ex.close()
+
+
+def test_a_new_pass_drops_the_items_the_old_one_did_not_start():
+    src = Recorder(n=200, delay=0.005)
+    ex = ThreadExecutor(src, parallelism=4)
+    try:
+        ex.plan(0, list(range(200)))
+        assert int(ex.load(0, 0)[0]) == 0  # then the consumer abandons the pass
+        ex.plan(1, [10, 11])
+        assert [int(ex.load(i, 1)[0]) for i in (10, 11)] == [10, 11]
+        time.sleep(0.1)
+        # Only what the old pass had started (its window) was made, not all 200.
+        assert sum(src.calls.values()) < 20
+    finally:
+        ex.close()
+
+
+def test_close_and_garbage_collection_stop_the_pool_threads():
+    base = len(_pool_threads())
+    ex = ThreadExecutor(Recorder(n=5), parallelism=3)
+    ex.plan(0, range(5))
+    assert len(_pool_threads()) == base + 3
+    ex.close()
+    assert _wait_until(lambda: len(_pool_threads()) == base)
+    assert int(ex.load(2, 0)[0]) == 2  # still usable, in the caller
+    ex.plan(1, range(5))  # a closed executor plans nothing
+    assert len(_pool_threads()) == base
+
+    ds = kerasfeed.to_dataset(Recorder(n=8))
+    assert [int(x[0]) for x in ds] == list(range(8))
+    assert len(_pool_threads()) == base + 64
+    del ds
+    gc.collect()
+    assert _wait_until(lambda: len(_pool_threads()) == base)
+
+
+def test_to_dataset_reads_through_the_plan_and_an_explicit_parallel_map_still_works():
+    src = Recorder(n=30)
+    ds = kerasfeed.to_dataset(src, shuffle=True, seed=4)
+    first = [int(x[0]) for x in ds]
+    assert sorted(first) == list(range(30)) and first != list(range(30))
+    assert all(name.startswith("kerasfeed-thread-") for i, name in src.threads.items())
+    parallel = kerasfeed.to_dataset(src, shuffle=True, seed=4, num_parallel_calls=8)
+    assert [int(x[0]) for x in parallel] == first  # same seed, same first pass
