@@ -112,7 +112,9 @@ def to_dataset(
     """Turns an indexable source into a ``tf.data.Dataset``.
 
     Item ``i`` is ``source[i]``, run by ``executor`` and fed into tf.data by a
-    parallel ``tf.numpy_function`` map that keeps index order. Every pass over
+    ``tf.numpy_function`` map that keeps index order. The executor gets each
+    pass's order when the pass starts and makes items ahead (on its threads or
+    worker processes), so the map itself runs sequentially. Every pass over
     the returned dataset (every epoch of ``model.fit``) reads all items once,
     calls ``set_epoch``/``on_epoch_begin``/``on_epoch_end`` on the source when
     it has them, and, with ``shuffle=True``, uses a new permutation drawn from
@@ -130,8 +132,11 @@ def to_dataset(
             ``Executor`` instance: where ``source[i]`` runs.
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process (process executors).
-        num_parallel_calls: items in flight; defaults to the executor's
-            choice (64 for threads, enough for latency-bound sources).
+        num_parallel_calls: None (the default): the executor makes items
+            ahead (64 in flight for threads, 2 per worker process) and the map
+            is sequential. An int or ``tf.data.AUTOTUNE``: a parallel,
+            deterministic map with that many calls in flight instead
+            (AUTOTUNE also keeps tf.data's autotuning model on).
         prefetch: elements prefetched at the end; 0 disables.
         device: e.g. ``"/gpu:0"``: prefetch onto that device as the last step.
         drop_remainder: with ``batch_size``, drop the last short batch.
