@@ -74,6 +74,11 @@ def test_decide_gil_releasing_source_gets_threads():
     assert name == "threads" and "releases the GIL" in reason and "on 1.8 CPUs at once" in reason
 
 
+def test_decide_gil_releasing_source_with_large_items_gets_processes():
+    name, reason = decide(_probe(parallelism_2_threads=1.7, nbytes=19_267_584, copy_s=0.002), workers=2, cpus=2)
+    assert name == "processes" and "18.4 MB" in reason and "without a copy" in reason
+
+
 def test_decide_gil_bound_source_gets_processes_with_numbers():
     name, reason = decide(_probe(), workers=2, cpus=2)
     assert name == "processes"
