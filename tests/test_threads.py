@@ -47,10 +47,6 @@ def _wait_until(cond, timeout=10.0):
     return cond()
 
 
-def _pool_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("kerasfeed-thread-")]
-
-
 def test_a_plan_makes_items_ahead_on_pool_threads_in_order():
     src = Recorder(n=10)
     ex = ThreadExecutor(src, parallelism=4)
@@ -117,22 +113,25 @@ def test_a_new_pass_drops_the_items_the_old_one_did_not_start():
 
 
 def test_close_and_garbage_collection_stop_the_pool_threads():
-    base = len(_pool_threads())
+    # Checks this executor's own threads: other tests' datasets may be
+    # collected (and their threads stop) at any moment in between.
     ex = ThreadExecutor(Recorder(n=5), parallelism=3)
     ex.plan(0, range(5))
-    assert len(_pool_threads()) == base + 3
+    mine = list(ex._threads)
+    assert len(mine) == 3 and all(t.is_alive() and t.name.startswith("kerasfeed-thread-") for t in mine)
     ex.close()
-    assert _wait_until(lambda: len(_pool_threads()) == base)
+    assert _wait_until(lambda: not any(t.is_alive() for t in mine))
     assert int(ex.load(2, 0)[0]) == 2  # still usable, in the caller
     ex.plan(1, range(5))  # a closed executor plans nothing
-    assert len(_pool_threads()) == base
+    assert ex._threads == mine and not any(t.is_alive() for t in mine)
 
     ds = kerasfeed.to_dataset(Recorder(n=8))
     assert [int(x[0]) for x in ds] == list(range(8))
-    assert len(_pool_threads()) == base + 64
+    mine = list(ds._kerasfeed_executor._threads)
+    assert len(mine) == 64 and all(t.is_alive() for t in mine)
     del ds
     gc.collect()
-    assert _wait_until(lambda: len(_pool_threads()) == base)
+    assert _wait_until(lambda: not any(t.is_alive() for t in mine))
 
 
 def test_to_dataset_reads_through_the_plan_and_an_explicit_parallel_map_still_works():
