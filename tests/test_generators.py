@@ -15,6 +15,8 @@ import pytest
 import tensorflow as tf
 
 import kerasfeed
+
+from _util import wait_until
 from kerasfeed.datasets.streams import busy_generator, sleepy_image_mask
 
 INT = tf.TensorSpec([], tf.int64)
@@ -44,14 +46,6 @@ def tf_interleave_reference(num_shards, cycle_length, block_length, sizes=(3, 0,
 def values(ds):
     return [int(v) for v in ds]
 
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def producer_threads():

@@ -28,6 +28,8 @@ import psutil
 import pytest
 
 import kerasfeed
+
+from _util import wait_until
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.processes import ProcessExecutor, WorkerPool, shm
 from kerasfeed.execution.processes import pool as pool_module
@@ -79,14 +81,6 @@ def _drive(ex, indices, epoch=0, threads=None):
     with ThreadPoolExecutor(threads or ex.parallel_calls()) as tp:
         return list(tp.map(lambda i: ex.load(int(i), epoch), indices))
 
-
-def _wait_until(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def _alive(pid):
@@ -327,7 +321,7 @@ def test_lent_items_reach_tensorflow_without_a_copy_and_their_slots_come_back():
             tf.constant(1.0) + 1.0  # an eager op: TensorFlow's deferred numpy decrefs run
             return ex.stats()["lent_bytes"] == 0
 
-        assert _wait_until(all_returned)
+        assert wait_until(all_returned)
         # Slots in use are bounded: in flight plus the lending budget per worker.
         assert ex.stats()["shm_bytes"] <= 2 * (2 + pool_module._MAX_LENT_PER_WORKER) * shm.grown_size(128 * 1024 * 4 + 64)
     finally:

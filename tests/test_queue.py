@@ -13,6 +13,8 @@ import tensorflow as tf
 
 import kerasfeed
 
+from _util import wait_until
+
 LENGTHS = [5, 3, 8]  # items per epoch; the consumer does not know them
 
 
@@ -31,14 +33,6 @@ def epochs_producer(lengths=LENGTHS, log=None):
 def ids(ds):
     return [int(y) for _, y in ds]
 
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_each_pass_reads_one_epoch_and_the_probed_item_is_not_lost():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import threading
 import time
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
+
+from _util import wait_until
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.threads import ThreadExecutor
 
@@ -38,23 +41,23 @@ class Recorder:
         return np.full((2,), i, np.int64)
 
 
-def _wait_until(cond, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+
+@contextlib.contextmanager
+def _executor(source, parallelism):
+    ex = ThreadExecutor(source, parallelism=parallelism)
+    try:
+        yield ex
+    finally:
+        ex.close()
 
 
 def test_a_plan_makes_items_ahead_on_pool_threads_in_order():
     src = Recorder(n=10)
-    ex = ThreadExecutor(src, parallelism=4)
-    try:
+    with _executor(src, 4) as ex:
         order = [7, 3, 9, 0, 1, 2, 4, 5, 6, 8]
         ex.plan(0, order)
         # Before any load: the first `parallelism` items of the pass are made.
-        assert _wait_until(lambda: sum(src.calls.values()) == 4)
+        assert wait_until(lambda: sum(src.calls.values()) == 4)
         assert set(src.calls) == set(order[:4])
         got = [int(ex.load(i, 0)[0]) for i in order]
         assert got == order
@@ -63,14 +66,11 @@ def test_a_plan_makes_items_ahead_on_pool_threads_in_order():
         # Outside the plan (another pass, no plan for it): made in the caller.
         assert int(ex.load(5, 1)[0]) == 5
         assert src.threads[5] == threading.current_thread().name
-    finally:
-        ex.close()
 
 
 def test_loads_ahead_of_the_window_run_in_the_caller_and_are_not_made_twice():
     src = Recorder(n=12, delay=0.01)
-    ex = ThreadExecutor(src, parallelism=2)
-    try:
+    with _executor(src, 2) as ex:
         ex.plan(0, list(range(12)))
         assert int(ex.load(8, 0)[0]) == 8  # far ahead: not started yet
         assert src.threads[8] == threading.current_thread().name
@@ -78,14 +78,11 @@ def test_loads_ahead_of_the_window_run_in_the_caller_and_are_not_made_twice():
         assert [int(ex.load(i, 0)[0]) for i in rest] == rest
         assert all(src.calls[i] == 1 for i in range(12)), src.calls
         assert ex._plan is None  # the pass is complete
-    finally:
-        ex.close()
 
 
 def test_an_error_made_ahead_is_raised_by_the_load_that_takes_it():
     src = Recorder(n=6, fail=3)
-    ex = ThreadExecutor(src, parallelism=4)
-    try:
+    with _executor(src, 4) as ex:
         ex.plan(0, list(range(6)))
         assert [int(ex.load(i, 0)[0]) for i in range(3)] == [0, 1, 2]
         with pytest.raises(ItemError) as info:
@@ -93,14 +90,11 @@ def test_an_error_made_ahead_is_raised_by_the_load_that_takes_it():
         msg = str(info.value)
         assert "3" in msg and "ValueError" in msg and "cannot make 3" in msg
         assert [int(ex.load(i, 0)[0]) for i in (4, 5)] == [4, 5]
-    finally:
-        ex.close()
 
 
 def test_a_new_pass_drops_the_items_the_old_one_did_not_start():
     src = Recorder(n=200, delay=0.005)
-    ex = ThreadExecutor(src, parallelism=4)
-    try:
+    with _executor(src, 4) as ex:
         ex.plan(0, list(range(200)))
         assert int(ex.load(0, 0)[0]) == 0  # then the consumer abandons the pass
         ex.plan(1, [10, 11])
@@ -108,8 +102,6 @@ def test_a_new_pass_drops_the_items_the_old_one_did_not_start():
         time.sleep(0.1)
         # Only what the old pass had started (its window) was made, not all 200.
         assert sum(src.calls.values()) < 20
-    finally:
-        ex.close()
 
 
 def test_close_and_garbage_collection_stop_the_pool_threads():
@@ -120,7 +112,7 @@ def test_close_and_garbage_collection_stop_the_pool_threads():
     mine = list(ex._threads)
     assert len(mine) == 3 and all(t.is_alive() and t.name.startswith("kerasfeed-thread-") for t in mine)
     ex.close()
-    assert _wait_until(lambda: not any(t.is_alive() for t in mine))
+    assert wait_until(lambda: not any(t.is_alive() for t in mine))
     assert int(ex.load(2, 0)[0]) == 2  # still usable, in the caller
     ex.plan(1, range(5))  # a closed executor plans nothing
     assert ex._threads == mine and not any(t.is_alive() for t in mine)
@@ -131,7 +123,7 @@ def test_close_and_garbage_collection_stop_the_pool_threads():
     assert len(mine) == 64 and all(t.is_alive() for t in mine)
     del ds
     gc.collect()
-    assert _wait_until(lambda: not any(t.is_alive() for t in mine))
+    assert wait_until(lambda: not any(t.is_alive() for t in mine))
 
 
 def test_to_dataset_reads_through_the_plan_and_an_explicit_parallel_map_still_works():

@@ -215,48 +215,38 @@ def lend(spec: Any, segment: Segment, nbytes: int, on_release: Callable[[], None
     # lives exactly as long as any view of the item does.
     owner = (ctypes.c_ubyte * nbytes).from_buffer(segment.mm)
     weakref.finalize(owner, on_release)
-    return _rebuild(spec, owner)
-
-
-def _rebuild(spec: Any, owner: Any) -> Any:
-    kind = spec[0]
-    if kind == "a":
-        _, dtype, shape, offset = spec
-        return np.ndarray(shape, dtype, buffer=owner, offset=offset)
-    if kind == "o":
-        return spec[1]
-    if kind == "t":
-        return tuple(_rebuild(c, owner) for c in spec[1])
-    if kind == "l":
-        return [_rebuild(c, owner) for c in spec[1]]
-    if kind == "d":
-        return {k: _rebuild(c, owner) for k, c in spec[1]}
-    if kind == "n":
-        return spec[1](*(_rebuild(c, owner) for c in spec[2]))
-    raise ValueError(f"kerasfeed: corrupt shared-memory spec node. Received: {kind!r}")
+    return _rebuild(spec, lambda dtype, shape, offset: np.ndarray(shape, dtype, buffer=owner, offset=offset))
 
 
 def decode(spec: Any, segment: Optional[Segment]) -> Any:
     """Rebuilds an item from its spec, copying every array out of ``segment``
     once into a fresh aligned array (never a view of the segment)."""
-    kind = spec[0]
-    if kind == "a":
-        _, dtype, shape, offset = spec
+
+    def copy_out(dtype, shape, offset):
         src = np.ndarray(shape, dtype, buffer=segment.mm, offset=offset)
         out = aligned_empty(shape, dtype)
         np.copyto(out, src)
-        del src
         return out
+
+    return _rebuild(spec, copy_out)
+
+
+def _rebuild(spec: Any, array: Callable[[Any, tuple, int], np.ndarray]) -> Any:
+    # A module-level function, not a recursive closure (see ``_encode``).
+    kind = spec[0]
+    if kind == "a":
+        _, dtype, shape, offset = spec
+        return array(dtype, shape, offset)
     if kind == "o":
         return spec[1]
     if kind == "t":
-        return tuple(decode(c, segment) for c in spec[1])
+        return tuple(_rebuild(c, array) for c in spec[1])
     if kind == "l":
-        return [decode(c, segment) for c in spec[1]]
+        return [_rebuild(c, array) for c in spec[1]]
     if kind == "d":
-        return {k: decode(c, segment) for k, c in spec[1]}
+        return {k: _rebuild(c, array) for k, c in spec[1]}
     if kind == "n":
-        return spec[1](*(decode(c, segment) for c in spec[2]))
+        return spec[1](*(_rebuild(c, array) for c in spec[2]))
     raise ValueError(f"kerasfeed: corrupt shared-memory spec node. Received: {kind!r}")
 
 
