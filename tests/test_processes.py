@@ -971,6 +971,22 @@ def test_an_abandoned_plan_never_blocks_later_loads_or_leaks_slots(kit):
         assert slots == sum(w.next_slot for w in core.workers)  # every slot is free again
 
 
+def test_a_load_far_ahead_of_the_plan_is_requested_directly_and_not_twice(kit):
+    core = kit.pool._core
+    order = list(range(100, 140))
+    kit.plan(4, order)
+    result = {}
+    t = threading.Thread(target=lambda: result.update(x=kit.load(130, 4)))
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a load ahead of the plan waited for it"
+    assert int(result["x"][0][0, 0]) == 130
+    rest = [i for i in order if i != 130]
+    assert [int(kit.load(i, 4)[0][0, 0]) for i in rest] == rest
+    assert core.plan is None  # complete: 130 was skipped, not requested again
+    assert wait_until(lambda: all(w.busy == 0 and not w.pending for w in core.workers))
+
+
 def test_two_passes_iterated_at_once_both_get_every_item_in_order():
     seq = Ramp()
     ds = kerasfeed.to_dataset(seq, executor="processes", workers=2, shuffle=True, seed=5)

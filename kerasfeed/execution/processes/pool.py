@@ -160,6 +160,7 @@ class _Plan:
         self.sent: dict[int, collections.deque] = {}  # index -> [(worker, request)], not taken yet
         self.outstanding = 0
         self.todo = collections.Counter(indices)  # indices not taken yet
+        self.claimed: collections.Counter = collections.Counter()  # loaded directly before being sent
 
     @property
     def finished(self) -> bool:
@@ -584,6 +585,9 @@ class _Core:
                 break
             index = plan.indices[plan.next]
             plan.next += 1
+            if plan.claimed[index]:
+                plan.claimed[index] -= 1
+                continue
             req = self._new_request(w, index)
             req.ahead = True
             plan.sent.setdefault(index, collections.deque()).append((w, req))
@@ -602,32 +606,34 @@ class _Core:
                 pass  # the worker died: its reader fails this request
 
     def _take_planned(self, index: int, epoch: int) -> Optional[tuple[_Worker, _Request]]:
-        """The plan's request for ``index``, waiting until it is sent; None if
-        the item is not part of the current plan."""
+        """The plan's request for ``index``; None if the caller must request
+        it itself (not in the current plan, or not sent yet)."""
         with self.cv:
-            while True:
-                self._raise_if_unusable()
-                plan = self.plan
-                if plan is None or plan.epoch != epoch or not plan.todo.get(index):
-                    return None
-                entries = plan.sent.get(index)
-                if entries:
-                    w, req = entries.popleft()
-                    if not entries:
-                        del plan.sent[index]
-                    req.ahead = False
-                    if req.done:
-                        w.waiting -= 1
-                    plan.outstanding -= 1
-                    plan.todo[index] -= 1
-                    if not plan.todo[index]:
-                        del plan.todo[index]
-                    if plan.finished:
-                        self.plan = None
-                    return w, req
-                # Asked ahead of the plan (the window is full of later items,
-                # or every worker is busy): wait for it to be sent.
-                self.cv.wait(_POLL_S)
+            self._raise_if_unusable()
+            plan = self.plan
+            if plan is None or plan.epoch != epoch or not plan.todo.get(index):
+                return None
+            plan.todo[index] -= 1
+            if not plan.todo[index]:
+                del plan.todo[index]
+            if plan.finished:
+                self.plan = None
+            entries = plan.sent.get(index)
+            if not entries:
+                # Asked ahead of the plan (a parallel map far ahead, or a
+                # direct load): the caller requests it, the plan skips it.
+                # Waiting for the plan could wait for ever on items that
+                # nobody takes.
+                plan.claimed[index] += 1
+                return None
+            w, req = entries.popleft()
+            if not entries:
+                del plan.sent[index]
+            req.ahead = False
+            if req.done:
+                w.waiting -= 1
+            plan.outstanding -= 1
+            return w, req
 
     def _lend_or_copy(self, w: _Worker, req: _Request) -> tuple[Any, bool]:
         """The answered item, lent (zero-copy) when the budget allows, else copied."""
