@@ -104,6 +104,25 @@ def test_a_new_pass_drops_the_items_the_old_one_did_not_start():
         assert sum(src.calls.values()) < 20
 
 
+def test_large_items_are_made_fewer_at_a_time_ahead():
+    class Big:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return np.full(1_000_000, i, np.uint8)  # 1 MB
+
+    ex = ThreadExecutor(Big(), parallelism=16, bytes_ahead=4_000_000)
+    try:
+        assert int(ex.load(0, 0)[0]) == 0  # a probe: the item size is known from now on
+        ex.plan(0, range(40))
+        time.sleep(0.2)
+        assert ex._plan.outstanding == 4  # 4 MB ahead, not 16 items
+        assert [int(ex.load(i, 0)[0]) for i in range(40)] == list(range(40))
+    finally:
+        ex.close()
+
+
 def test_close_and_garbage_collection_stop_the_pool_threads():
     # Checks this executor's own threads: other tests' datasets may be
     # collected (and their threads stop) at any moment in between.

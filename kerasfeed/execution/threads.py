@@ -8,6 +8,8 @@ import threading
 import weakref
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.sources.base import source_name
@@ -15,6 +17,19 @@ from kerasfeed.sources.base import source_name
 # Latency-bound sources (network stores, sleeps) need many calls in flight;
 # tf.data's default pool stops near the core count (FIELD_NOTES #3).
 DEFAULT_THREAD_PARALLELISM = 64
+# Items made ahead and not consumed yet hold memory: with large items (3D
+# volumes, big batches) fewer are made ahead, at least 2.
+DEFAULT_BYTES_AHEAD = 256 * 2**20
+
+
+def _nbytes(item: Any) -> int:
+    if isinstance(item, np.ndarray):
+        return item.nbytes
+    if isinstance(item, (tuple, list)):
+        return sum(_nbytes(x) for x in item)
+    if isinstance(item, dict):
+        return sum(_nbytes(x) for x in item.values())
+    return 0
 
 
 class _Task:
@@ -50,12 +65,17 @@ class _Runner:
     def __init__(self, source: Any, name: str):
         self.source = source
         self.name = name
+        self.item_bytes = 0  # the largest item seen so far
 
     def call(self, index: int) -> Any:
         try:
-            return self.source[index]
+            item = self.source[index]
         except Exception as e:
             raise ItemError.from_exception(index, e, source_name=self.name) from e
+        size = _nbytes(item)
+        if size > self.item_bytes:
+            self.item_bytes = size
+        return item
 
 
 def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
@@ -93,17 +113,24 @@ class ThreadExecutor(Executor):
     consumer more CPU than a Python thread does). A ``load`` outside the
     current plan runs ``source[index]`` in the calling thread.
 
+    Items made ahead and not taken yet are bounded by ``parallelism`` and
+    by ``bytes_ahead`` (counted with the largest item seen, at least 2).
+
     Args:
         source: the indexable source.
         parallelism: items in flight at once (pool threads).
+        bytes_ahead: memory that items made ahead may take.
     """
 
     name = "threads"
     prefetches = True
 
-    def __init__(self, source: Any, parallelism: int = DEFAULT_THREAD_PARALLELISM):
+    def __init__(
+        self, source: Any, parallelism: int = DEFAULT_THREAD_PARALLELISM, bytes_ahead: int = DEFAULT_BYTES_AHEAD
+    ):
         self._runner = _Runner(source, source_name(source))
         self._parallelism = int(parallelism)
+        self._bytes_ahead = int(bytes_ahead)
         self._lock = threading.Lock()
         self._plan: Optional[_Plan] = None
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -144,9 +171,16 @@ class ThreadExecutor(Executor):
             self._threads.append(t)
         self._finalizer = weakref.finalize(self, _stop_threads, self._tasks, len(self._threads))
 
+    def _window(self, plan: _Plan) -> int:
+        size = self._runner.item_bytes  # known from the probe calls, usually
+        if not size:
+            return plan.window
+        return max(2, min(plan.window, self._bytes_ahead // size))
+
     def _fill(self, plan: _Plan) -> None:
         # With the lock held.
-        while not plan.cancelled and plan.next < len(plan.indices) and plan.outstanding < plan.window:
+        window = self._window(plan)
+        while not plan.cancelled and plan.next < len(plan.indices) and plan.outstanding < window:
             index = plan.indices[plan.next]
             plan.next += 1
             if plan.claimed[index]:
