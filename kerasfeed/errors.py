@@ -54,9 +54,10 @@ class ItemError(RuntimeError):
         self.worker_id = worker_id
         self.pid = pid
         self.source_name = source_name
-        super().__init__(
-            _failure_message(f"{source_name}[{index}] raised {exc_type}", exc_message, traceback_text, worker_id, pid)
-        )
+        super().__init__(_failure_message(self._subject(), exc_message, traceback_text, worker_id, pid))
+
+    def _subject(self) -> str:
+        return f"{self.source_name}[{self.index}] raised {self.exc_type}"
 
     def __reduce__(self):
         return (
@@ -162,16 +163,11 @@ class StreamError(ItemError):
     ):
         self.what = what
         self.items_before = items_before
-        self.index = index
-        self.exc_type = exc_type
-        self.exc_message = exc_message
-        self.traceback_text = traceback_text
-        self.worker_id = worker_id
-        self.pid = pid
-        self.source_name = what
-        plural = "" if items_before == 1 else "s"
-        subject = f"{what} raised {exc_type} after {items_before} item{plural}"
-        RuntimeError.__init__(self, _failure_message(subject, exc_message, traceback_text, worker_id, pid))
+        super().__init__(index, exc_type, exc_message, traceback_text, worker_id, pid, source_name=what)
+
+    def _subject(self) -> str:
+        plural = "" if self.items_before == 1 else "s"
+        return f"{self.what} raised {self.exc_type} after {self.items_before} item{plural}"
 
     def __reduce__(self):
         return (
