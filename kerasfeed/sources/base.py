@@ -59,3 +59,14 @@ def set_epoch(source: Any, epoch: int) -> None:
     hook = getattr(source, "set_epoch", None)
     if callable(hook):
         hook(epoch)
+
+
+def close_quietly(iterator: Any) -> None:
+    """Closes a generator (or any iterator with ``close``) whose stream is over
+    either way: an exception from its clean-up must not hide the real outcome."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kerasfeed.errors import ItemError, StreamError, WorkerError
+from kerasfeed.sources.base import close_quietly
 
 
 class _Marker:
@@ -198,12 +199,7 @@ class ShardPass:
         except Exception as e:  # noqa: BLE001 - handed to the consumer
             error = e
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # noqa: BLE001 - the shard is over either way
-                    pass
+            close_quietly(it)
             if error is None:
                 self._finish(sh, None)
             else:

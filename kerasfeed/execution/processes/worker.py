@@ -46,7 +46,7 @@ from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import worker_info  # noqa: E402
 from kerasfeed.execution.processes import shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
-from kerasfeed.sources.base import set_epoch, source_name  # noqa: E402
+from kerasfeed.sources.base import close_quietly, set_epoch, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5
 
@@ -239,12 +239,7 @@ class _Worker:
             self._send(("stream_error", req_id, err))
             return
         finally:
-            close = getattr(gen, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception:  # noqa: BLE001 - the stream is over either way
-                    pass
+            close_quietly(gen)
         self._send(("stream_end", req_id, n))
 
 
