@@ -11,6 +11,8 @@ import tensorflow as tf
 import kerasfeed
 from kerasfeed.datasets.streams import read_jsonl_records, write_jsonl_records
 
+from _util import fit_step_counter
+
 
 @pytest.fixture
 def records(tmp_path):
@@ -76,16 +78,8 @@ def test_trainable_through_model_fit(records):
     model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden))
     model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy", metrics=[keras.metrics.BinaryAccuracy()])
     before = [w.copy() for w in model.get_weights()]
-    steps = []
-
-    class CountSteps(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            steps.append(0)
-
-        def on_train_batch_end(self, batch, logs=None):
-            steps[-1] += 1
-
-    hist = model.fit(ds, epochs=5, verbose=0, callbacks=[CountSteps()])
+    counter, steps = fit_step_counter()
+    hist = model.fit(ds, epochs=5, verbose=0, callbacks=[counter])
     assert steps == [4] * 5  # 15 samples -> 4 padded batches, every epoch
     assert all(np.isfinite(hist.history["loss"]))
     assert hist.history["loss"][-1] < hist.history["loss"][0]

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import kerasfeed
 
-from _util import wait_until
+from _util import fit_step_counter, wait_until
 
 LENGTHS = [5, 3, 8]  # items per epoch; the consumer does not know them
 
@@ -203,16 +203,8 @@ def test_trains_with_model_fit_one_producer_epoch_per_fit_epoch():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, activation="sigmoid")])
     model.compile(keras.optimizers.Adam(0.1), "binary_crossentropy")
-    steps = []
-
-    class CountSteps(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            steps.append(0)
-
-        def on_train_batch_end(self, batch, logs=None):
-            steps[-1] += 1
-
-    hist = model.fit(ds, epochs=3, verbose=0, callbacks=[CountSteps()])
+    counter, steps = fit_step_counter()
+    hist = model.fit(ds, epochs=3, verbose=0, callbacks=[counter])
     assert steps == [3, 3, 3]  # each fit epoch is one whole producer epoch (24 items / 8)
     assert hist.history["loss"][-1] < hist.history["loss"][0]
 
