@@ -525,6 +525,16 @@ def test_model_fit_with_keras_workers(files, use_multiprocessing):
     seq.close()
 
 
+def _assert_pass_equals(got, reference, epoch):
+    """``got`` (a pass's (x, y) batches) equals ``reference``'s batches at ``epoch``."""
+    reference.set_epoch(epoch)
+    assert len(got) == len(reference)
+    for i, (x, y) in enumerate(got):
+        ex, ey = reference[i]
+        np.testing.assert_array_equal(x, ex)
+        np.testing.assert_array_equal(y, ey)
+
+
 @pytest.mark.parametrize("window", [None, 2])
 def test_to_dataset_threads_matches_getitem_per_epoch(files, window):
     a, b, _ = files
@@ -534,12 +544,7 @@ def test_to_dataset_threads_matches_getitem_per_epoch(files, window):
     passes = [[(x.numpy(), y.numpy()) for x, y in ds] for _ in range(2)]
     reference = kerasfeed.H5SliceSequence([a, b], ("points", "labels"), **kwargs)
     for epoch, got in enumerate(passes):
-        reference.set_epoch(epoch)
-        assert len(got) == len(reference)
-        for i, (x, y) in enumerate(got):
-            ex, ey = reference[i]
-            np.testing.assert_array_equal(x, ex)
-            np.testing.assert_array_equal(y, ey)
+        _assert_pass_equals(got, reference, epoch)
     assert not np.array_equal(passes[0][0][1], passes[1][0][1]) or not np.array_equal(
         passes[0][1][1], passes[1][1][1])
     history = _pointnet().fit(kerasfeed.to_dataset(seq), epochs=1, verbose=0)
@@ -558,13 +563,7 @@ def test_to_dataset_processes(files):
         assert ds._kerasfeed_executor.name == "processes"
         reference = pickle.loads(pickle.dumps(seq))
         for epoch in range(2):
-            got = [(x.numpy(), y.numpy()) for x, y in ds]
-            reference.set_epoch(epoch)
-            assert len(got) == len(reference)
-            for i, (x, y) in enumerate(got):
-                ex, ey = reference[i]
-                np.testing.assert_array_equal(x, ex)
-                np.testing.assert_array_equal(y, ey)
+            _assert_pass_equals([(x.numpy(), y.numpy()) for x, y in ds], reference, epoch)
     finally:
         ds._kerasfeed_executor.close()
         seq.close()
