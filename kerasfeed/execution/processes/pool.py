@@ -135,7 +135,7 @@ class PoolOptions:
 
 
 class _Request:
-    __slots__ = ("id", "index", "slot", "event", "spec", "error", "done", "abandoned", "ahead")
+    __slots__ = ("id", "index", "slot", "event", "spec", "nbytes", "error", "done", "abandoned", "ahead")
 
     def __init__(self, rid: int, index: int, slot: int):
         self.id = rid
@@ -143,6 +143,7 @@ class _Request:
         self.slot = slot
         self.event = threading.Event()
         self.spec: Optional[bytes] = None
+        self.nbytes = 0  # of the slot's segment the answer uses
         self.error: Optional[BaseException] = None
         self.done = False
         self.abandoned = False
@@ -346,7 +347,7 @@ class _Core:
                 if req is None:
                     return
                 if kind == "item":
-                    req.spec = msg[3]
+                    req.spec, req.nbytes = msg[3], msg[5]
                 else:
                     req.error = msg[2]
                 req.done = True
@@ -639,7 +640,7 @@ class _Core:
         """The answered item, lent (zero-copy) when the budget allows, else copied."""
         spec = pickle.loads(req.spec)
         seg = w.segments.get(req.slot)
-        nbytes = shm.spec_nbytes(spec)
+        nbytes = req.nbytes
         with self.lock:
             self._collect_returned()
             lend = (

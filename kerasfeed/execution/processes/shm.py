@@ -181,21 +181,6 @@ def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def spec_nbytes(spec: Any) -> int:
-    """Bytes of the segment an encoded item uses (0: no array in shared memory)."""
-    kind = spec[0]
-    if kind == "a":
-        _, dtype, shape, offset = spec
-        return offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if kind in ("t", "l"):
-        return max((spec_nbytes(c) for c in spec[1]), default=0)
-    if kind == "d":
-        return max((spec_nbytes(c) for _, c in spec[1]), default=0)
-    if kind == "n":
-        return max((spec_nbytes(c) for c in spec[2]), default=0)
-    return 0
-
-
 def lend(spec: Any, segment: Segment, nbytes: int, on_release: Callable[[], None]) -> Any:
     """Rebuilds an item whose arrays are views of ``segment`` (no copy).
 
@@ -206,7 +191,8 @@ def lend(spec: Any, segment: Segment, nbytes: int, on_release: Callable[[], None
     Args:
         spec: the item's spec, as made by ``encode``.
         segment: the segment the item was written into.
-        nbytes: ``spec_nbytes(spec)`` (> 0).
+        nbytes: the bytes of the segment the item uses (> 0; ``encode``
+            returns it to the worker, which sends it along).
         on_release: called without arguments, from whichever thread drops the
             last reference; it must be quick and must not block.
     """

@@ -16,7 +16,7 @@ Protocol (``Channel`` messages; parent -> worker):
     ("exit",)                               leave (EOF means the same)
 worker -> parent:
     ("ready", info) | ("init_error", type, message, traceback)
-    ("item", req_id, slot, spec, new_size) [+ fd of a new segment]
+    ("item", req_id, slot, spec, new_size, nbytes) [+ fd of a new segment]
     ("error", req_id, ItemError)
     ("stream_item", req_id, n, slot, spec, new_size) [+ fd]
     ("stream_end", req_id, n) | ("stream_error", req_id, ItemError)
@@ -176,11 +176,13 @@ class _Worker:
         shm.write(seg, arrays)
         return fds, size
 
-    def _encode_and_write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any]:
+    def _encode_and_write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any, int]:
+        """Returns the pickled spec, the fds and size of a new segment (see
+        ``_write``), and the bytes of the segment the item uses."""
         spec, arrays, nbytes = shm.encode(item)
         spec_bytes = shm.dumps_spec(spec)
         fds, size = self._write(slot, arrays, nbytes)
-        return spec_bytes, fds, size
+        return spec_bytes, fds, size, nbytes
 
     # ------------------------------------------------------------ tasks
     def load(self, req_id: int, index: int, epoch: int, slot: int) -> None:
@@ -189,12 +191,12 @@ class _Worker:
                 set_epoch(self.source, epoch)
                 self.epoch = epoch
             item = self.source[index]
-            spec, fds, size = self._encode_and_write(slot, item)
+            spec, fds, size, nbytes = self._encode_and_write(slot, item)
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
             err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
             self._send(("error", req_id, err))
             return
-        self._send(("item", req_id, slot, spec, size), fds)
+        self._send(("item", req_id, slot, spec, size, nbytes), fds)
 
     def _take_messages(self, req_id: int, free: collections.deque, block: bool) -> bool:
         """Reads credits for stream ``req_id``; returns True if it was cancelled."""
@@ -229,7 +231,7 @@ class _Worker:
                 if cancelled:
                     break
                 slot = free.popleft()
-                spec, fds, size = self._encode_and_write(slot, item)
+                spec, fds, size, _ = self._encode_and_write(slot, item)
                 self._send(("stream_item", req_id, n, slot, spec, size), fds)
                 n += 1
         except _Exit:
