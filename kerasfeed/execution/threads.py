@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import weakref
@@ -12,6 +11,7 @@ import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.plan import PassPlan
 from kerasfeed.sources.base import source_name
 
 # Latency-bound sources (network stores, sleeps) need many calls in flight;
@@ -41,21 +41,6 @@ class _Task:
         self.value: Any = None
         self.error: Optional[BaseException] = None
         self.taken = False
-
-
-class _Plan:
-    """One pass's order and the tasks started ahead of the consumer."""
-
-    def __init__(self, epoch: int, indices: list[int], window: int):
-        self.epoch = epoch
-        self.indices = indices
-        self.next = 0
-        self.window = window  # tasks started and not taken yet, at most
-        self.started: dict[int, collections.deque] = {}
-        self.outstanding = 0
-        self.todo = collections.Counter(indices)
-        self.claimed: collections.Counter = collections.Counter()  # run by a load before being started
-        self.cancelled = False
 
 
 class _Runner:
@@ -132,7 +117,7 @@ class ThreadExecutor(Executor):
         self._parallelism = int(parallelism)
         self._bytes_ahead = int(bytes_ahead)
         self._lock = threading.Lock()
-        self._plan: Optional[_Plan] = None
+        self._plan: Optional[PassPlan] = None
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -154,9 +139,9 @@ class ThreadExecutor(Executor):
             if self._closed:
                 return
             if self._plan is not None:
-                self._plan.cancelled = True
+                self._plan.drop()  # its tasks not taken yet are skipped by the threads
             self._start_threads()
-            self._plan = _Plan(int(epoch), [int(i) for i in indices], self._parallelism)
+            self._plan = PassPlan(epoch, indices, self._parallelism)
             self._fill(self._plan)
 
     def _start_threads(self) -> None:
@@ -171,50 +156,37 @@ class ThreadExecutor(Executor):
             self._threads.append(t)
         self._finalizer = weakref.finalize(self, _stop_threads, self._tasks, len(self._threads))
 
-    def _window(self, plan: _Plan) -> int:
+    def _window(self, plan: PassPlan) -> int:
         size = self._runner.item_bytes  # known from the probe calls, usually
         if not size:
             return plan.window
         return max(2, min(plan.window, self._bytes_ahead // size))
 
-    def _fill(self, plan: _Plan) -> None:
+    def _fill(self, plan: PassPlan) -> None:
         # With the lock held.
         window = self._window(plan)
-        while not plan.cancelled and plan.next < len(plan.indices) and plan.outstanding < window:
-            index = plan.indices[plan.next]
-            plan.next += 1
-            if plan.claimed[index]:
-                plan.claimed[index] -= 1
-                continue
+        while plan.can_start(window):
+            index = plan.next_index()
+            if index is None:
+                break
             task = _Task(index)
-            plan.started.setdefault(task.index, collections.deque()).append(task)
-            plan.outstanding += 1
+            plan.started(index, task)
             self._tasks.put((plan, task))
 
     def _take(self, index: int, epoch: int) -> Optional[_Task]:
         with self._lock:
             plan = self._plan
-            if plan is None or plan.epoch != epoch or not plan.todo.get(index):
+            if plan is None:
                 return None
-            tasks = plan.started.get(index)
-            task = None
-            if tasks:
-                task = tasks.popleft()
-                if not tasks:
-                    del plan.started[index]
+            planned, task = plan.take(index, epoch)
+            if not planned:
+                return None
+            if task is not None:
                 task.taken = True
-                plan.outstanding -= 1
-            else:
-                # Asked ahead of the plan (a parallel map far ahead): the
-                # caller runs it, and the plan will not start it.
-                plan.claimed[index] += 1
-            plan.todo[index] -= 1
-            if not plan.todo[index]:
-                del plan.todo[index]
-            if not plan.todo:
+            if plan.finished:
                 self._plan = None
             self._fill(plan)
-            return task
+            return task  # None: not started yet, the caller runs it
 
     def parallel_calls(self) -> int:
         return self._parallelism
@@ -223,7 +195,7 @@ class ThreadExecutor(Executor):
         with self._lock:
             self._closed = True
             if self._plan is not None:
-                self._plan.cancelled = True
+                self._plan.drop()
                 self._plan = None
         if self._finalizer is not None:
             self._finalizer()

@@ -64,6 +64,7 @@ import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
+from kerasfeed.execution.plan import PassPlan
 from kerasfeed.execution.processes import shm
 from kerasfeed.execution.processes.channel import Channel
 from kerasfeed.execution.processes.pickling import dumps_for_workers, dumps_task
@@ -150,24 +151,6 @@ class _Request:
         self.ahead = False  # sent ahead by a plan and not taken by a load yet
 
 
-class _Plan:
-    """The order of one pass, and its requests sent ahead of the consumer."""
-
-    def __init__(self, epoch: int, indices: list[int], window: int):
-        self.epoch = epoch
-        self.indices = indices
-        self.next = 0  # position of the next index to request
-        self.window = window  # requests sent and not taken yet, at most
-        self.sent: dict[int, collections.deque] = {}  # index -> [(worker, request)], not taken yet
-        self.outstanding = 0
-        self.todo = collections.Counter(indices)  # indices not taken yet
-        self.claimed: collections.Counter = collections.Counter()  # loaded directly before being sent
-
-    @property
-    def finished(self) -> bool:
-        return not self.todo
-
-
 class _Stream:
     def __init__(self, sid: int, name: str):
         self.id = sid
@@ -244,7 +227,7 @@ class _Core:
         # (worker, slot, nbytes) of lent items whose last view is gone; filled
         # by finalizers (any thread, any moment: a lock-free append only).
         self.returned: "collections.deque[tuple]" = collections.deque()
-        self.plan: Optional[_Plan] = None
+        self.plan: Optional[PassPlan] = None  # its handles: (worker, request)
         self.workers: list[_Worker] = []
         try:
             for wid in range(options.workers):
@@ -551,8 +534,7 @@ class _Core:
         with self.cv:
             self._raise_if_unusable()
             self._drop_plan()
-            window = len(self.workers) * (self.k + 1)
-            self.plan = _Plan(int(epoch), [int(i) for i in indices], window)
+            self.plan = PassPlan(epoch, indices, window=len(self.workers) * (self.k + 1))
             sends = self._fill_plan()
         self._send_requests(sends)
 
@@ -562,15 +544,13 @@ class _Core:
         plan, self.plan = self.plan, None
         if plan is None:
             return
-        for entries in plan.sent.values():
-            for w, req in entries:
-                req.ahead = False
-                if req.done:
-                    w.waiting -= 1
-                    self._slot_done(w, req.slot)
-                else:
-                    req.abandoned = True
-        plan.sent.clear()
+        for w, req in plan.drop():
+            req.ahead = False
+            if req.done:
+                w.waiting -= 1
+                self._slot_done(w, req.slot)
+            else:
+                req.abandoned = True
 
     def _fill_plan(self) -> list[tuple[_Worker, _Request, int]]:
         # With the lock held: requests the plan may send now; the caller sends
@@ -580,19 +560,16 @@ class _Core:
         if plan is None or self.closed or self.failure is not None:
             return sends
         self._collect_returned()
-        while plan.next < len(plan.indices) and plan.outstanding < plan.window:
+        while plan.can_start():
             w = self._least_busy(ahead=True)
             if w is None:
                 break
-            index = plan.indices[plan.next]
-            plan.next += 1
-            if plan.claimed[index]:
-                plan.claimed[index] -= 1
-                continue
+            index = plan.next_index()
+            if index is None:
+                break
             req = self._new_request(w, index)
             req.ahead = True
-            plan.sent.setdefault(index, collections.deque()).append((w, req))
-            plan.outstanding += 1
+            plan.started(index, (w, req))
             sends.append((w, req, plan.epoch))
         if sends:
             self.cv.notify_all()
@@ -612,28 +589,21 @@ class _Core:
         with self.cv:
             self._raise_if_unusable()
             plan = self.plan
-            if plan is None or plan.epoch != epoch or not plan.todo.get(index):
+            if plan is None:
                 return None
-            plan.todo[index] -= 1
-            if not plan.todo[index]:
-                del plan.todo[index]
+            _, handle = plan.take(index, epoch)
             if plan.finished:
                 self.plan = None
-            entries = plan.sent.get(index)
-            if not entries:
-                # Asked ahead of the plan (a parallel map far ahead, or a
-                # direct load): the caller requests it, the plan skips it.
-                # Waiting for the plan could wait for ever on items that
-                # nobody takes.
-                plan.claimed[index] += 1
+            if handle is None:
+                # Not planned, or asked ahead of the plan (a parallel map far
+                # ahead, a direct load): the caller requests it and the plan
+                # skips it. Waiting for the plan could wait for ever on items
+                # that nobody takes.
                 return None
-            w, req = entries.popleft()
-            if not entries:
-                del plan.sent[index]
+            w, req = handle
             req.ahead = False
             if req.done:
                 w.waiting -= 1
-            plan.outstanding -= 1
             return w, req
 
     def _lend_or_copy(self, w: _Worker, req: _Request) -> tuple[Any, bool]:
