@@ -284,7 +284,11 @@ def test_in_flight_items_and_shared_memory_are_bounded():
         gc.collect()
         again = _drive(ex, range(40), threads=12)
         assert [(int(a.min()), int(a.max())) for a in again] == [(i, i) for i in range(40)]
-        assert ex.stats()["shm_bytes"] == shm_before  # released slots were reused
+        # Released slots were reused: without reuse the second pass would need
+        # about as many new segments again; with it the per-worker bound holds.
+        # (Not "unchanged": a worker may still add the one slot of that bound
+        # the first pass happened not to need.)
+        assert shm_before <= ex.stats()["shm_bytes"] <= 2 * per_worker * shm.grown_size(1_000_000)
         del again
         gc.collect()
         assert ex.stats()["lent_bytes"] == 0
