@@ -26,6 +26,7 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
+from tensorflow.core.framework import graph_pb2
 
 import kerasfeed
 
@@ -947,6 +948,11 @@ def test_a_planned_pass_requests_items_ahead_in_order_and_maps_sequentially(kit)
     assert sorted(first) == list(range(12)) and first != list(range(12))
     kinds = _dataset_kinds(ds)
     assert "_MapDataset" in kinds and "_ParallelMapDataset" not in kinds, kinds
+    # ... and inline: the pick-up runs on tf.data's own thread, not handed to
+    # the inter-op pool (one thread wake-up less per element).
+    graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    maps = [n for n in graph.node if n.op == "MapDataset"]
+    assert len(maps) == 1 and maps[0].attr["use_inter_op_parallelism"].b is False
     kinds = _dataset_kinds(kerasfeed.to_dataset(Kit(12), executor=kit, num_parallel_calls=4))
     assert "_ParallelMapDataset" in kinds, kinds  # asked for explicitly
 

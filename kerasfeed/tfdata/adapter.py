@@ -14,7 +14,15 @@ from kerasfeed.execution.factory import make_executor
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import set_epoch, source_length
-from kerasfeed.tfdata.common import AUTOTUNE, batch, check_flag, check_positive_int, check_prefetch_and_device, prefetch_tail
+from kerasfeed.tfdata.common import (
+    AUTOTUNE,
+    batch,
+    check_flag,
+    check_positive_int,
+    check_prefetch_and_device,
+    inline_map,
+    prefetch_tail,
+)
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
 
 
@@ -257,7 +265,10 @@ def to_dataset(
     sequential = num_parallel_calls is None and ex.prefetches
     parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
-    ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=None if sequential else True)
+    if sequential:
+        ds = inline_map(ds, load_item)
+    else:
+        ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
