@@ -981,6 +981,62 @@ def test_an_abandoned_plan_never_blocks_later_loads_or_leaks_slots(kit):
         assert slots == sum(w.next_slot for w in core.workers)  # every slot is free again
 
 
+def test_the_next_pass_is_started_ahead_and_kept_by_its_plan(kit):
+    core = kit.pool._core
+    first, second = [4, 0, 2, 6], [7, 1, 5, 3, 2]
+    kit.plan(2, first, next_pass=(3, second))
+    assert [int(kit.load(i, 2)[0][0, 0]) for i in first] == first
+    # Pass 2 is all requested, so the workers went on with pass 3 (5 items,
+    # within the window of 2 x 3) before anybody asked for it.
+    assert wait_until(lambda: core.follow is not None and core.follow.all_started)
+    follow = core.follow
+    assert follow.epoch == 3 and follow.outstanding == len(second)
+    assert wait_until(lambda: all(not w.pending for w in core.workers))  # made already
+    kit.plan(3, second)
+    assert core.plan is follow and core.follow is None  # kept, not requested again
+    out = [kit.load(i, 3) for i in second]
+    assert [int(x[0, 0]) for x, _ in out] == second
+    assert {int(m["epoch"]) for _, m in out} == {3}  # the workers made them for pass 3
+    assert core.plan is None
+    assert wait_until(lambda: all(w.busy == 0 and w.waiting == 0 and not w.pending for w in core.workers))
+
+
+def test_a_next_pass_that_does_not_come_is_dropped_without_leaking_slots(kit):
+    core = kit.pool._core
+    kit.plan(0, [1, 2], next_pass=(1, [10, 11, 12]))
+    assert [int(kit.load(i, 0)[0][0, 0]) for i in (1, 2)] == [1, 2]
+    assert wait_until(lambda: core.follow is not None and core.follow.all_started)
+    kit.plan(1, [12, 11, 10])  # the same pass in another order: what was made ahead is dropped
+    assert core.follow is None and core.plan.indices == [12, 11, 10]
+    out = [kit.load(i, 1) for i in (12, 11, 10)]
+    assert [int(x[0, 0]) for x, _ in out] == [12, 11, 10]
+    assert {int(m["epoch"]) for _, m in out} == {1}
+    kit.plan(7, [5], next_pass=(8, [6]))
+    assert int(kit.load(5, 7)[0][0, 0]) == 5
+    assert wait_until(lambda: core.follow is not None and core.follow.all_started)
+    items = list(kit.pool.stream(count_up, 2))  # a stream needs an idle worker: the follow-up goes
+    assert [int(d["i"]) for d in items] == [0, 1] and core.follow is None and core.follow_spec is None
+    assert wait_until(lambda: all(w.busy == 0 and w.waiting == 0 and not w.pending for w in core.workers))
+    with core.lock:
+        assert sum(len(w.free) for w in core.workers) == sum(w.next_slot for w in core.workers)
+
+
+def test_to_dataset_starts_each_next_epoch_ahead_in_its_own_order(kit):
+    core = kit.pool._core
+    ds = kerasfeed.to_dataset(Kit(10), executor=kit, shuffle=True, seed=5)
+    previous = None
+    for epoch in range(3):
+        got = [(int(x[0, 0]), int(m["epoch"])) for x, m in ds]
+        order = [i for i, _ in got]
+        assert sorted(order) == list(range(10)) and {e for _, e in got} == {epoch}
+        if previous is not None:
+            assert order == previous.indices  # what was started ahead was this pass
+        with core.lock:
+            previous = core.follow
+        assert previous is not None and previous.epoch == epoch + 1 and previous.outstanding > 0
+        assert previous.indices != order  # a new permutation each epoch
+
+
 def test_a_load_far_ahead_of_the_plan_is_requested_directly_and_not_twice(kit):
     core = kit.pool._core
     order = list(range(100, 140))

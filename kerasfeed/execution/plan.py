@@ -41,6 +41,11 @@ class PassPlan:
         """Every item of the pass was taken."""
         return not self._todo
 
+    @property
+    def all_started(self) -> bool:
+        """No index left to start (every one started, claimed, or the plan cancelled)."""
+        return self.cancelled or self.next >= len(self.indices)
+
     def can_start(self, window: Optional[int] = None) -> bool:
         return not self.cancelled and self.next < len(self.indices) and self.outstanding < (window or self.window)
 

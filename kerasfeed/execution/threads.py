@@ -134,7 +134,9 @@ class ThreadExecutor(Executor):
         value, task.value = task.value, None
         return value
 
-    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+    def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
+        # ``next_pass`` is never started here: these threads share the source
+        # with the main process, whose on_epoch_begin must run first.
         with self._lock:
             if self._closed:
                 return

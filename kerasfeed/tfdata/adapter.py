@@ -58,7 +58,12 @@ class _Pipeline:
         if callable(hook):
             hook()
         # After the hooks: an executor in this process makes items from now on.
-        self.executor.plan(epoch, indices)
+        # Worker processes may also go on with the next pass's first items
+        # when this one is all requested (its order is known: seeded).
+        if self.executor.plans_next_pass:
+            self.executor.plan(epoch, indices, (epoch + 1, self._order.indices(epoch + 1)))
+        else:
+            self.executor.plan(epoch, indices)
         return indices, np.int64(epoch)
 
     def load(self, i, epoch):

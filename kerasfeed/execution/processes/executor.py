@@ -45,6 +45,10 @@ class ProcessExecutor(Executor):
 
     name = "processes"
     prefetches = True
+    # Workers hold their own copy of the source: the main process's
+    # on_epoch_begin never reached them, so starting the next pass early
+    # changes nothing they compute (each request carries its epoch).
+    plans_next_pass = True
 
     def __init__(
         self,
@@ -68,8 +72,8 @@ class ProcessExecutor(Executor):
     def load(self, index: int, epoch: int) -> Any:
         return self.pool.load(int(index), int(epoch))
 
-    def plan(self, epoch: int, indices: Sequence[int]) -> None:
-        self.pool.plan(int(epoch), indices)
+    def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
+        self.pool.plan(int(epoch), indices, next_pass)
 
     def parallel_calls(self) -> int:
         # For a parallel map (when the caller asks for one instead of the

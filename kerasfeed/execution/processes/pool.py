@@ -228,6 +228,10 @@ class _Core:
         # by finalizers (any thread, any moment: a lock-free append only).
         self.returned: "collections.deque[tuple]" = collections.deque()
         self.plan: Optional[PassPlan] = None  # its handles: (worker, request)
+        # The pass expected next, started once ``plan`` has started all its
+        # items (from ``next_pass``); adopted by the plan call that matches it.
+        self.follow: Optional[PassPlan] = None
+        self.follow_spec: Optional[tuple[int, list[int]]] = None
         self.workers: list[_Worker] = []
         try:
             for wid in range(options.workers):
@@ -529,19 +533,39 @@ class _Core:
                 self.cv.wait(_POLL_S)
 
     # ------------------------------------------------------------ plans
-    def start_plan(self, epoch: int, indices: list[int]) -> None:
-        """Starts requesting the items of pass ``epoch`` in this order."""
+    def start_plan(self, epoch: int, indices: list[int], next_pass: Optional[tuple[int, list[int]]] = None) -> None:
+        """Starts requesting the items of pass ``epoch`` in this order; then,
+        once all are requested, the first ones of ``next_pass``."""
         with self.cv:
             self._raise_if_unusable()
-            self._drop_plan()
-            self.plan = PassPlan(epoch, indices, window=len(self.workers) * (self.k + 1))
+            follow = self.follow
+            if follow is not None and follow.epoch == epoch and follow.indices == indices:
+                # The workers already started this pass: keep what they made.
+                self.follow = None
+                self._drop(self.plan)
+                self.plan = follow
+            else:
+                self._drop_plan()
+                self.plan = PassPlan(epoch, indices, window=self._window())
+            self.follow_spec = next_pass
             sends = self._fill_plan()
         self._send_requests(sends)
 
+    def _window(self) -> int:
+        # Requested and not taken yet, over the plan and its follow-up.
+        return len(self.workers) * (self.k + 1)
+
     def _drop_plan(self) -> None:
+        # With the lock held: the plan, the next pass started after it, and
+        # the one that would have been.
+        plan, follow = self.plan, self.follow
+        self.plan = self.follow = self.follow_spec = None
+        self._drop(plan)
+        self._drop(follow)
+
+    def _drop(self, plan: Optional[PassPlan]) -> None:
         # With the lock held: requests sent ahead and never taken give their
         # slot back (now if answered, else when the answer comes).
-        plan, self.plan = self.plan, None
         if plan is None:
             return
         for w, req in plan.drop():
@@ -553,24 +577,36 @@ class _Core:
                 req.abandoned = True
 
     def _fill_plan(self) -> list[tuple[_Worker, _Request, int]]:
-        # With the lock held: requests the plan may send now; the caller sends
-        # them after releasing the lock.
-        plan = self.plan
+        # With the lock held: requests the plan (then its follow-up) may send
+        # now; the caller sends them after releasing the lock.
         sends: list[tuple[_Worker, _Request, int]] = []
-        if plan is None or self.closed or self.failure is not None:
+        if (self.plan is None and self.follow is None and self.follow_spec is None) or self.closed or self.failure is not None:
             return sends
         self._collect_returned()
-        while plan.can_start():
-            w = self._least_busy(ahead=True)
-            if w is None:
-                break
-            index = plan.next_index()
-            if index is None:
-                break
-            req = self._new_request(w, index)
-            req.ahead = True
-            plan.started(index, (w, req))
-            sends.append((w, req, plan.epoch))
+        window = self._window()
+        busy = sum(p.outstanding for p in (self.plan, self.follow) if p is not None)
+        for which in ("plan", "follow"):
+            plan = getattr(self, which)
+            if which == "follow" and plan is None and self.follow_spec is not None:
+                if self.plan is not None and not self.plan.all_started:
+                    break
+                epoch, indices = self.follow_spec
+                plan = self.follow = PassPlan(epoch, indices, window=window)
+                self.follow_spec = None
+            while plan is not None and not plan.all_started and busy < window:
+                w = self._least_busy(ahead=True)
+                if w is None:
+                    break
+                index = plan.next_index()
+                if index is None:
+                    break
+                req = self._new_request(w, index)
+                req.ahead = True
+                plan.started(index, (w, req))
+                sends.append((w, req, plan.epoch))
+                busy += 1
+            if plan is not None and not plan.all_started:
+                break  # the follow-up waits until this plan has started everything
         if sends:
             self.cv.notify_all()
         return sends
@@ -801,7 +837,7 @@ class _Core:
             if self.closed:
                 return
             self.closed = True
-            self.plan = None
+            self.plan = self.follow = self.follow_spec = None
             pending = [(w, r) for w in self.workers for r in w.pending.values()]
             for w in self.workers:
                 w.pending.clear()
@@ -986,14 +1022,21 @@ class WorkerPool:
         """
         return self._core.load(index, epoch)
 
-    def plan(self, epoch: int, indices: Sequence[int]) -> None:
+    def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         """Starts making the items of pass ``epoch`` ahead, in this order.
 
         ``load(i, epoch)`` for those items then picks up what the workers
         already made. A new plan (or a stream) drops the previous one; loads
         outside the current plan still work, one request each.
+
+        ``next_pass``: ``(epoch, indices)`` of the pass expected next. Once
+        every item of this pass is requested, the workers go on with the first
+        items of that one (within the same window), and the ``plan`` call for
+        it keeps them; a ``plan`` call for anything else drops them. Workers
+        do not idle while the consumer builds its next iterator.
         """
-        self._core.start_plan(epoch, list(indices))
+        follow = None if next_pass is None else (int(next_pass[0]), [int(i) for i in next_pass[1]])
+        self._core.start_plan(int(epoch), [int(i) for i in indices], follow)
 
     def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> "StreamIterator":
         """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.
