@@ -580,36 +580,40 @@ class _Core:
         # With the lock held: requests the plan (then its follow-up) may send
         # now; the caller sends them after releasing the lock.
         sends: list[tuple[_Worker, _Request, int]] = []
-        if (self.plan is None and self.follow is None and self.follow_spec is None) or self.closed or self.failure is not None:
+        if self.closed or self.failure is not None:
+            return sends
+        if self.plan is None and self.follow is None and self.follow_spec is None:
             return sends
         self._collect_returned()
-        window = self._window()
-        busy = sum(p.outstanding for p in (self.plan, self.follow) if p is not None)
-        for which in ("plan", "follow"):
-            plan = getattr(self, which)
-            if which == "follow" and plan is None and self.follow_spec is not None:
-                if self.plan is not None and not self.plan.all_started:
-                    break
+        room = self._window() - sum(p.outstanding for p in (self.plan, self.follow) if p is not None)
+        if self.plan is not None:
+            room = self._start(self.plan, room, sends)
+        if self.plan is None or self.plan.all_started:  # only then the next pass
+            if self.follow is None and self.follow_spec is not None:
                 epoch, indices = self.follow_spec
-                plan = self.follow = PassPlan(epoch, indices, window=window)
-                self.follow_spec = None
-            while plan is not None and not plan.all_started and busy < window:
-                w = self._least_busy(ahead=True)
-                if w is None:
-                    break
-                index = plan.next_index()
-                if index is None:
-                    break
-                req = self._new_request(w, index)
-                req.ahead = True
-                plan.started(index, (w, req))
-                sends.append((w, req, plan.epoch))
-                busy += 1
-            if plan is not None and not plan.all_started:
-                break  # the follow-up waits until this plan has started everything
+                self.follow, self.follow_spec = PassPlan(epoch, indices, window=self._window()), None
+            if self.follow is not None:
+                self._start(self.follow, room, sends)
         if sends:
             self.cv.notify_all()
         return sends
+
+    def _start(self, plan: PassPlan, room: int, sends: list) -> int:
+        # With the lock held: requests up to ``room`` more items of ``plan``
+        # (appended to ``sends``); returns the room left.
+        while room > 0 and not plan.all_started:
+            w = self._least_busy(ahead=True)
+            if w is None:
+                break
+            index = plan.next_index()
+            if index is None:
+                break
+            req = self._new_request(w, index)
+            req.ahead = True
+            plan.started(index, (w, req))
+            sends.append((w, req, plan.epoch))
+            room -= 1
+        return room
 
     @staticmethod
     def _send_requests(sends: list[tuple[_Worker, _Request, int]]) -> None:
