@@ -44,7 +44,7 @@ class Executor(abc.ABC):
         asked in. Executors that ``prefetch`` start making them.
 
         ``next_pass``: ``(epoch, indices)`` of the pass likely to follow, given
-        only to executors that ``plan_next_pass`` (see there)."""
+        only to executors that ``plans_next_pass`` (see there)."""
 
     def parallel_calls(self) -> int:
         """How many ``load`` calls tf.data should keep in flight by default."""

@@ -47,7 +47,15 @@ class PassPlan:
         return self.cancelled or self.next >= len(self.indices)
 
     def can_start(self, window: Optional[int] = None) -> bool:
-        return not self.cancelled and self.next < len(self.indices) and self.outstanding < (window or self.window)
+        return not self.all_started and self.outstanding < (window or self.window)
+
+    def is_pass(self, epoch: int, indices: Sequence[int]) -> bool:
+        """This plan is pass ``epoch`` in the order ``indices``."""
+        return (
+            self.epoch == int(epoch)
+            and len(self.indices) == len(indices)
+            and all(a == b for a, b in zip(self.indices, indices))
+        )
 
     def next_index(self) -> Optional[int]:
         """The next index to start (claimed ones skipped); None at the end."""

@@ -231,7 +231,7 @@ class _Core:
         # The pass expected next, started once ``plan`` has started all its
         # items (from ``next_pass``); adopted by the plan call that matches it.
         self.follow: Optional[PassPlan] = None
-        self.follow_spec: Optional[tuple[int, list[int]]] = None
+        self.follow_spec: Optional[tuple[int, Sequence[int]]] = None
         self.workers: list[_Worker] = []
         try:
             for wid in range(options.workers):
@@ -533,13 +533,15 @@ class _Core:
                 self.cv.wait(_POLL_S)
 
     # ------------------------------------------------------------ plans
-    def start_plan(self, epoch: int, indices: list[int], next_pass: Optional[tuple[int, list[int]]] = None) -> None:
+    def start_plan(
+        self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None
+    ) -> None:
         """Starts requesting the items of pass ``epoch`` in this order; then,
         once all are requested, the first ones of ``next_pass``."""
         with self.cv:
             self._raise_if_unusable()
             follow = self.follow
-            if follow is not None and follow.epoch == epoch and follow.indices == indices:
+            if follow is not None and follow.is_pass(epoch, indices):
                 # The workers already started this pass: keep what they made.
                 self.follow = None
                 self._drop(self.plan)
@@ -1039,8 +1041,9 @@ class WorkerPool:
         it keeps them; a ``plan`` call for anything else drops them. Workers
         do not idle while the consumer builds its next iterator.
         """
-        follow = None if next_pass is None else (int(next_pass[0]), [int(i) for i in next_pass[1]])
-        self._core.start_plan(int(epoch), [int(i) for i in indices], follow)
+        # PassPlan converts the indices, once per pass (they may be a long array).
+        follow = None if next_pass is None else (int(next_pass[0]), next_pass[1])
+        self._core.start_plan(int(epoch), indices, follow)
 
     def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> "StreamIterator":
         """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.
