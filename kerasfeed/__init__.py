@@ -24,6 +24,7 @@ from kerasfeed._version import __version__
 _LAZY = {
     "SceneSequence": "kerasfeed.sources.sequence:SceneSequence",
     "to_dataset": "kerasfeed.tfdata.adapter:to_dataset",
+    "executor_of": "kerasfeed.tfdata.lookup:executor_of",
     "IndexOrder": "kerasfeed.sampling.order:IndexOrder",
     "ResumeState": "kerasfeed.sampling.state:ResumeState",
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",

@@ -389,3 +389,22 @@ def test_epoch_numbering_matches_between_fit_seq_and_to_dataset():
     _tiny_model().fit(kerasfeed.to_dataset(b, output_signature=(tf.TensorSpec([2, 3]), tf.TensorSpec([2, 1]))), epochs=3, verbose=0, shuffle=False)
     assert sorted(set(a.seen)) == sorted(set(b.seen)) == [0, 1, 2]
     assert a.epoch == b.epoch == 3
+
+
+def test_executor_of_finds_the_executor_of_derived_datasets():
+    import kerasfeed
+
+    class Src:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.full((2,), i, np.float32)
+
+    ds = kerasfeed.to_dataset(Src())
+    ex = kerasfeed.executor_of(ds)
+    assert ex.name == "threads"
+    derived = ds.map(lambda x: x * 2).batch(2).prefetch(1)
+    assert kerasfeed.executor_of(derived) is ex
+    with pytest.raises(ValueError, match=r"needs a dataset made by kerasfeed\.to_dataset.*Received: _RangeDataset"):
+        kerasfeed.executor_of(tf.data.Dataset.range(3))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
@@ -11,9 +9,10 @@ import tensorflow as tf
 
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.state import ResumeState
-from kerasfeed.sources.base import set_epoch, source_length
+from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.common import (
     AUTOTUNE,
     batch,
@@ -24,80 +23,6 @@ from kerasfeed.tfdata.common import (
     prefetch_tail,
 )
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
-
-
-class _Pipeline:
-    """The Python side of one dataset: pass bookkeeping and item loading.
-
-    TensorFlow keeps every ``numpy_function`` callable alive for the life of
-    the process, so those callables hold this object only weakly; the
-    dataset owns it (and iterators keep their dataset alive). Dropping the
-    dataset therefore releases the source and stops worker processes.
-    """
-
-    def __init__(self, source: Any, order: IndexOrder, executor: Executor, checker: ItemChecker, start_epoch: int, skip: int):
-        self._source = source
-        self._order = order
-        self.executor = executor
-        self._checker = checker
-        self._lock = threading.Lock()
-        self._next = start_epoch
-        self._skip = skip  # items already consumed in the first (resumed) pass
-        self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
-
-    def begin(self):
-        with self._lock:
-            epoch, skip = self._next, self._skip
-            self._next += 1
-            self._skip = 0
-        indices = self._order.indices(epoch)[skip:]
-        with self._lock:
-            self._remaining[epoch] = len(indices)
-        set_epoch(self._source, epoch)
-        hook = getattr(self._source, "on_epoch_begin", None)
-        if callable(hook):
-            hook()
-        # After the hooks: an executor in this process makes items from now on.
-        # Worker processes may also go on with the next pass's first items
-        # when this one is all requested (its order is known: seeded).
-        if self.executor.plans_next_pass:
-            self.executor.plan(epoch, indices, (epoch + 1, self._order.indices(epoch + 1)))
-        else:
-            self.executor.plan(epoch, indices)
-        return indices, np.int64(epoch)
-
-    def load(self, i, epoch):
-        index, epoch = int(i), int(epoch)
-        arrays = self._checker.flat_arrays(index, self.executor.load(index, epoch))
-        with self._lock:
-            self._remaining[epoch] -= 1
-            last = self._remaining[epoch] == 0
-            if last:
-                del self._remaining[epoch]
-        if last:
-            # Every item of the pass is loaded (whatever order the parallel
-            # calls finished in): the pass is over for the source, without
-            # waiting for a consumer that may never ask past the last element.
-            hook = getattr(self._source, "on_epoch_end", None)
-            if callable(hook):
-                hook()
-        return arrays
-
-
-def _weak_method(obj: Any, name: str) -> Callable:
-    ref = weakref.ref(obj)
-
-    def call(*args):
-        target = ref()
-        if target is None:
-            raise RuntimeError("kerasfeed: the dataset that owned this pipeline was released; iterate a live dataset.")
-        return getattr(target, name)(*args)
-
-    return call
-
-
-def _probe_indices(n: int, probe: int) -> list[int]:
-    return sorted(set(list(range(min(probe, n))) + [n - 1]))
 
 
 def to_dataset(
@@ -239,7 +164,7 @@ def to_dataset(
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
     try:
         if output_signature is None:
-            probes = [(i, ex.load(i, 0)) for i in _probe_indices(total, probe)]
+            probes = [(i, ex.load(i, 0)) for i in probe_indices(total, probe)]
             signature = infer_signature(probes)
         else:
             signature = normalize_signature(output_signature)
@@ -248,8 +173,8 @@ def to_dataset(
             ex.close()
         raise
     checker = ItemChecker(signature)
-    pipeline = _Pipeline(source, order, ex, checker, resume.epoch, skip)
-    begin, load = _weak_method(pipeline, "begin"), _weak_method(pipeline, "load")
+    pipeline = PassPipeline(source, order, ex, checker, resume.epoch, skip)
+    begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
 
@@ -290,7 +215,7 @@ def to_dataset(
     ds = ds.with_options(options)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
     ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
-    ds._kerasfeed_pipeline = pipeline  # the owning reference (see _Pipeline)
+    ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
     ds._kerasfeed_executor = ex
     return ds
 

@@ -4,33 +4,24 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
 import tensorflow as tf
+
+from kerasfeed import _validation as _v
 
 AUTOTUNE = tf.data.AUTOTUNE
 
 
 def check_positive_int(name: str, value: Any, allow_none: bool = True, allow_autotune: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if allow_autotune and value == AUTOTUNE:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
-        raise ValueError(f"`{name}` must be a positive int{extra}. Received: {name}={value!r}")
+    _v.positive_int(name, value, allow_none=allow_none, allow_autotune=allow_autotune)
 
 
 def check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"`{name}` must be True or False. Received: {name}={value!r}")
+    _v.flag(name, value)
 
 
 def check_prefetch_and_device(prefetch: Any, device: Any) -> None:
-    if prefetch is not None and prefetch != AUTOTUNE:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={prefetch!r}")
-    if device is not None and not isinstance(device, str):
-        raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={device!r}")
+    _v.prefetch(prefetch)
+    _v.device(device)
 
 
 def batch(

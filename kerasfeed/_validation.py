@@ -1,0 +1,94 @@
+"""Argument checks shared by every entry point (TF-free).
+
+One function per kind of argument, so the same bad value gets the same
+message from ``to_dataset``, the stream functions, the executors and the
+HDF5 readers, up front. Each returns the normalized value (numpy integers
+become ``int``), and every message ends with what was received.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+# tf.data.AUTOTUNE, without importing TensorFlow.
+AUTOTUNE = -1
+
+
+def _where(owner: Optional[str]) -> str:
+    return f"{owner}: " if owner else ""
+
+
+def positive_int(name: str, value: Any, *, allow_none: bool = False, allow_autotune: bool = False, owner: Optional[str] = None) -> Optional[int]:
+    """A positive int (numpy integers accepted), or None/AUTOTUNE when allowed."""
+    if value is None and allow_none:
+        return None
+    if allow_autotune and isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == AUTOTUNE:
+        return AUTOTUNE
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
+        raise ValueError(f"{_where(owner)}`{name}` must be a positive int{extra}. Received: {name}={value!r}")
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any, *, allow_none: bool = False, owner: Optional[str] = None) -> Optional[int]:
+    """An int >= 0 (numpy integers accepted), or None when allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{_where(owner)}`{name}` must be a non-negative int. Received: {name}={value!r}")
+    return int(value)
+
+
+def flag(name: str, value: Any, *, owner: Optional[str] = None) -> bool:
+    """True or False (numpy bools accepted)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{_where(owner)}`{name}` must be True or False. Received: {name}={value!r}")
+    return bool(value)
+
+
+def seed(name: str, value: Any, *, owner: Optional[str] = None) -> Optional[int]:
+    """None or an int that numpy's generators accept (0 <= seed < 2**64)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**64:
+        raise ValueError(f"{_where(owner)}`{name}` must be None or an int in [0, 2**64). Received: {name}={value!r}")
+    return int(value)
+
+
+def seconds(name: str, value: Any, *, allow_none: bool = True, owner: Optional[str] = None) -> Optional[float]:
+    """A positive, finite number of seconds, or None when allowed."""
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        none = " (or None)" if allow_none else ""
+        raise ValueError(f"{_where(owner)}`{name}` must be a positive number of seconds{none}. Received: {name}={value!r}")
+    return float(value)
+
+
+def positive_float(name: str, value: Any, *, owner: Optional[str] = None) -> float:
+    """A positive, finite number."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if ok and math.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(f"{_where(owner)}`{name}` must be a positive number. Received: {name}={value!r}")
+
+
+def prefetch(value: Any) -> Optional[int]:
+    """None, AUTOTUNE or an int >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == AUTOTUNE:
+        return AUTOTUNE
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={value!r}")
+    return int(value)
+
+
+def device(value: Any) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={value!r}")
+    return value

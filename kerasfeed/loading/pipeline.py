@@ -1,0 +1,96 @@
+"""The Python side of one kerasfeed pipeline, shared by every front end (TF-free).
+
+``PassPipeline`` owns the pass bookkeeping (which pass runs next, the resumed
+first pass, the epoch hooks, handing each pass's order to the executor) and
+item loading through the executor. ``to_dataset`` drives it from
+``tf.numpy_function`` calls; a front end without TensorFlow can drive it the
+same way from plain Python.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from kerasfeed.execution.base import Executor
+from kerasfeed.sources.base import set_epoch
+
+
+class PassPipeline:
+    """The Python side of one dataset: pass bookkeeping and item loading.
+
+    TensorFlow keeps every ``numpy_function`` callable alive for the life of
+    the process, so those callables hold this object only weakly; the
+    dataset owns it (and iterators keep their dataset alive). Dropping the
+    dataset therefore releases the source and stops worker processes.
+    """
+
+    def __init__(self, source: Any, order: Any, executor: Executor, checker: Any, start_epoch: int, skip: int):
+        self._source = source
+        self._order = order
+        self.executor = executor
+        self._checker = checker
+        self._lock = threading.Lock()
+        self._next = start_epoch
+        self._skip = skip  # items already consumed in the first (resumed) pass
+        self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
+
+    def begin(self):
+        with self._lock:
+            epoch, skip = self._next, self._skip
+            self._next += 1
+            self._skip = 0
+        indices = self._order.indices(epoch)[skip:]
+        with self._lock:
+            self._remaining[epoch] = len(indices)
+        set_epoch(self._source, epoch)
+        hook = getattr(self._source, "on_epoch_begin", None)
+        if callable(hook):
+            hook()
+        # After the hooks: an executor in this process makes items from now on.
+        # Worker processes may also go on with the next pass's first items
+        # when this one is all requested (its order is known: seeded).
+        if self.executor.plans_next_pass:
+            self.executor.plan(epoch, indices, (epoch + 1, self._order.indices(epoch + 1)))
+        else:
+            self.executor.plan(epoch, indices)
+        return indices, np.int64(epoch)
+
+    def load(self, i, epoch):
+        index, epoch = int(i), int(epoch)
+        arrays = self._checker.flat_arrays(index, self.executor.load(index, epoch))
+        with self._lock:
+            self._remaining[epoch] -= 1
+            last = self._remaining[epoch] == 0
+            if last:
+                del self._remaining[epoch]
+        if last:
+            # Every item of the pass is loaded (whatever order the parallel
+            # calls finished in): the pass is over for the source, without
+            # waiting for a consumer that may never ask past the last element.
+            hook = getattr(self._source, "on_epoch_end", None)
+            if callable(hook):
+                hook()
+        return arrays
+
+
+def weak_method(obj: Any, name: str) -> Callable:
+    ref = weakref.ref(obj)
+
+    def call(*args):
+        target = ref()
+        if target is None:
+            raise RuntimeError("kerasfeed: the dataset that owned this pipeline was released; iterate a live dataset.")
+        return getattr(target, name)(*args)
+
+    return call
+
+
+def probe_indices(n: int, probe: int) -> list[int]:
+    return sorted(set(list(range(min(probe, n))) + [n - 1]))
+
+
+__all__ = ["PassPipeline", "probe_indices", "weak_method"]
