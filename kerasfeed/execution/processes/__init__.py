@@ -1,7 +1,21 @@
 """Worker processes with a shared-memory transport (``executor="processes"``).
 
-- ``pool.py``      persistent pool: start-up, dispatch, death detection, shutdown
-- ``worker.py``    the worker loop (runs in the child process)
+Parent side (``pool.py`` is the façade; each unit names its worker-side counterpart):
+
+- ``pool.py``             ``WorkerPool``: the public handle, ``stats()``
+- ``dispatcher.py``       the one lock: loads, reader threads, failures, close ordering
+- ``pass_plans.py``       the pass requested ahead and the next pass
+- ``lanes.py``            each worker's requests; which worker takes the next one
+- ``slots.py``            shared-memory slots and the lending budget
+- ``stream_sessions.py``  generator streams (``StreamIterator``)
+- ``process.py``          one worker process: launch, send, explain an exit, stop;
+                          NOTE [ Worker process shutdown ]
+- ``protocol.py``         the messages, one type each, both directions
+- ``options.py``          ``PoolOptions``
+
+Worker side and shared:
+
+- ``worker.py``    ``WorkerLoop``, the loop in the child process
 - ``shm.py``       nested numpy structures through shared memory
 - ``channel.py``   framed messages and fd passing over a Unix socket
 - ``pickling.py``  sending the source by value, with errors that name the culprit

@@ -7,19 +7,10 @@ threads run in the parent). It imports only numpy, cloudpickle and the light
 parts of kerasfeed; ``KERASFEED_LIGHT_WORKER=1`` lets ``SceneSequence``
 subclasses unpickle without Keras or TensorFlow.
 
-Protocol (``Channel`` messages; parent -> worker):
-    ("init", {...})                         once, first
-    ("load", req_id, index, epoch, slot)    write source[index] into slot
-    ("stream", req_id, payload, slots, name) iterate task_fn(arg) into slots
-    ("credit", req_id, slot)                a stream slot is free again
-    ("cancel", req_id)                      stop a stream
-    ("exit",)                               leave (EOF means the same)
-worker -> parent:
-    ("ready", info) | ("init_error", type, message, traceback)
-    ("item", req_id, slot, spec, new_size, nbytes) [+ fd of a new segment]
-    ("error", req_id, ItemError)
-    ("stream_item", req_id, n, slot, spec, new_size) [+ fd]
-    ("stream_end", req_id, n) | ("stream_error", req_id, ItemError)
+Counterpart of the parent's ``WorkerProcess`` (``process.py``; requests come
+from its ``Dispatcher``, streams from its ``StreamSessions``). The messages
+are the types of ``protocol.py``. How a worker leaves, and how its death is
+seen and explained: NOTE [ Worker process shutdown ] in ``process.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import worker_info  # noqa: E402
-from kerasfeed.execution.processes import shm  # noqa: E402
+from kerasfeed.execution.processes import protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.sources.base import close_quietly, set_epoch, source_name  # noqa: E402
 
@@ -74,7 +65,14 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-class _Worker:
+class WorkerLoop:
+    """The worker's side of one pool worker: set-up, then answers requests until told to leave.
+
+    Args:
+        chan: the worker's end of its socket.
+        init: the ``protocol.Init`` config.
+    """
+
     def __init__(self, chan: Channel, init: dict):
         self.chan = chan
         self.init = init
@@ -107,52 +105,49 @@ class _Worker:
             self.setup()
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            self._send(("init_error", type(e).__name__, str(e), tb))
+            self._send(protocol.InitError(type(e).__name__, str(e), tb))
             return 1
         self._send(
-            (
-                "ready",
+            protocol.Ready(
                 {
                     "pid": self.pid,
                     "startup_s": time.perf_counter() - _T0,
                     "rss_bytes": _rss_bytes(),
                     "tensorflow_imported": "tensorflow" in sys.modules,
                     "keras_imported": "keras" in sys.modules,
-                },
+                }
             )
         )
         try:
             while True:
                 msg = self._recv()
-                kind = msg[0]
-                if kind == "load":
-                    self.load(*msg[1:])
-                elif kind == "stream":
-                    self.stream(*msg[1:])
-                elif kind == "exit":
-                    return 0
-                # else: a late "credit"/"cancel" for a finished stream.
+                if isinstance(msg, protocol.Load):
+                    self.load(msg)
+                elif isinstance(msg, protocol.StartStream):
+                    self.stream(msg)
+                # else: a late Credit/Cancel for a finished stream.
         except _Exit:
             return 0
 
     # ------------------------------------------------------------ transport
-    def _send(self, message: Any, fds: tuple = ()) -> None:
+    def _send(self, message: protocol.ToParent, fds: tuple = ()) -> None:
         try:
-            self.chan.send(message, fds)
+            self.chan.send(protocol.encode(message), fds)
         except OSError as e:  # the parent closed the channel or died
             raise _Exit() from e
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _recv(self) -> Any:
+    def _recv(self) -> protocol.ToWorker:
         try:
-            msg, fds = self.chan.recv()
+            raw, fds = self.chan.recv()
         except (EOFError, OSError) as e:
             raise _Exit() from e
         for fd in fds:  # the parent never sends fds
             os.close(fd)
-        if msg[0] == "exit":
+        msg = protocol.decode(raw)
+        if isinstance(msg, protocol.Exit):
             raise _Exit()
         return msg
 
@@ -185,7 +180,8 @@ class _Worker:
         return spec_bytes, fds, size, nbytes
 
     # ------------------------------------------------------------ tasks
-    def load(self, req_id: int, index: int, epoch: int, slot: int) -> None:
+    def load(self, request: protocol.Load) -> None:
+        index, epoch, slot = request.index, request.epoch, request.slot
         try:
             if epoch != self.epoch:
                 set_epoch(self.source, epoch)
@@ -194,32 +190,34 @@ class _Worker:
             spec, fds, size, nbytes = self._encode_and_write(slot, item)
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
             err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
-            self._send(("error", req_id, err))
+            self._send(protocol.ItemFailed(request.request_id, err))
             return
-        self._send(("item", req_id, slot, spec, size, nbytes), fds)
+        self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes), fds)
 
-    def _take_messages(self, req_id: int, free: collections.deque, block: bool) -> bool:
-        """Reads credits for stream ``req_id``; returns True if it was cancelled."""
+    def _take_messages(self, stream_id: int, free: collections.deque, block: bool) -> bool:
+        """Reads credits for stream ``stream_id``; returns True if it was cancelled."""
         while block or select.select([self.chan.sock], [], [], 0)[0]:
             msg = self._recv()
-            if msg[1] != req_id:
+            if getattr(msg, "stream_id", None) != stream_id:
                 continue
-            if msg[0] == "credit":
-                free.append(msg[2])
-            elif msg[0] == "cancel":
+            if isinstance(msg, protocol.Credit):
+                free.append(msg.slot)
+            elif isinstance(msg, protocol.Cancel):
                 return True
             block = False
         return False
 
-    def stream(self, req_id: int, payload: bytes, slots: list, name: str) -> None:
-        free = collections.deque(slots)
+    def stream(self, request: protocol.StartStream) -> None:
+        """Counterpart of the parent's ``StreamSessions`` (``stream_sessions.py``)."""
+        stream_id, name = request.stream_id, request.name
+        free = collections.deque(request.slots)
         n = 0
         gen = None
         try:
-            fn, arg = pickle.loads(payload)
+            fn, arg = pickle.loads(request.payload)
             gen = iter(fn(arg))
             while True:
-                if self._take_messages(req_id, free, block=False):
+                if self._take_messages(stream_id, free, block=False):
                     break
                 try:
                     item = next(gen)
@@ -227,22 +225,22 @@ class _Worker:
                     break
                 cancelled = False
                 while not free and not cancelled:
-                    cancelled = self._take_messages(req_id, free, block=True)
+                    cancelled = self._take_messages(stream_id, free, block=True)
                 if cancelled:
                     break
                 slot = free.popleft()
                 spec, fds, size, _ = self._encode_and_write(slot, item)
-                self._send(("stream_item", req_id, n, slot, spec, size), fds)
+                self._send(protocol.StreamItem(stream_id, n, slot, spec, size), fds)
                 n += 1
         except _Exit:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
             err = ItemError.from_exception(n, e, worker_id=self.id, pid=self.pid, source_name=name)
-            self._send(("stream_error", req_id, err))
+            self._send(protocol.StreamFailed(stream_id, err))
             return
         finally:
             close_quietly(gen)
-        self._send(("stream_end", req_id, n))
+        self._send(protocol.StreamEnd(stream_id, n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     chan = Channel(socket.socket(fileno=sock_fd))
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="kerasfeed-parent-watch", daemon=True).start()
     try:
-        msg, _ = chan.recv()
+        raw, _ = chan.recv()
     except (EOFError, OSError):
         return 0
-    return _Worker(chan, msg[1]).run()
+    init = protocol.decode(raw)
+    if not isinstance(init, protocol.Init):
+        return 0
+    return WorkerLoop(chan, init.config).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""What the dispatcher knows of each worker: its requests, stream and death.
+
+Lock-free bookkeeping, like ``PassPlan`` and ``SlotTable``: the owner (the
+``Dispatcher``) holds its lock around every call. A ``WorkerLane`` is the
+parent-side counterpart of one ``WorkerLoop`` (``worker.py``) as far as
+requests go; the process itself is its ``WorkerProcess`` (``process.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple, Optional
+
+from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes.process import WorkerProcess
+from kerasfeed.execution.processes.slots import SlotTable
+
+
+class Request:
+    """One ``Load`` sent to a worker, and its answer once it came.
+
+    The caller waits on ``event``; the reader thread fills ``spec`` and
+    ``nbytes`` (or ``error``) and sets ``done`` before setting it.
+    """
+
+    __slots__ = ("id", "index", "slot", "event", "spec", "nbytes", "error", "done", "abandoned", "planned")
+
+    def __init__(self, request_id: int, index: int, slot: int):
+        self.id = request_id
+        self.index = index
+        self.slot = slot
+        self.event = threading.Event()
+        self.spec: Optional[bytes] = None
+        self.nbytes = 0  # of the slot's segment the answer uses
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.abandoned = False  # nobody will take the answer: its reader frees the slot
+        self.planned = False  # sent by a plan and not taken by a load yet
+
+
+class RequestCounts(NamedTuple):
+    """A snapshot of the requests over all workers (``WorkerPool.request_counts``).
+
+    Attributes:
+        pending: sent and not answered.
+        unreleased: made and not released yet (answered or not).
+        waiting: answered plan requests no load has taken yet.
+        streams: workers running a stream.
+    """
+
+    pending: int
+    unreleased: int
+    waiting: int
+    streams: int
+
+
+class WorkerLane:
+    """One worker as the dispatcher sees it.
+
+    Attributes:
+        process: its ``WorkerProcess``.
+        pending: requests sent and not answered, by id.
+        busy: requests made and not released yet (answered or not).
+        waiting: of those, answered plan requests no load has taken yet.
+        stream: the ``StreamSession`` it runs, if any.
+        death: the ``WorkerError`` that explains its death, once dead.
+    """
+
+    def __init__(self, process: WorkerProcess):
+        self.id = process.id
+        self.process = process
+        self.pending: dict[int, Request] = {}
+        self.busy = 0
+        self.waiting = 0
+        self.stream: Optional[Any] = None
+        self.death: Optional[WorkerError] = None
+
+    def usable(self) -> bool:
+        return self.stream is None and self.death is None
+
+
+class Lanes:
+    """Every worker's lane, and the choice of a worker for a request.
+
+    Args:
+        slots: the pool's slot table (a request holds one slot).
+        in_flight_per_worker: requests one worker may have at once.
+    """
+
+    def __init__(self, slots: SlotTable, in_flight_per_worker: int):
+        self.all: list[WorkerLane] = []
+        self._slots = slots
+        self._limit = in_flight_per_worker
+        self._next_worker = 0  # where the round-robin search starts
+
+    def add(self, process: WorkerProcess) -> WorkerLane:
+        lane = WorkerLane(process)
+        self.all.append(lane)
+        return lane
+
+    def __iter__(self):
+        return iter(self.all)
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def least_busy(self, planned: bool) -> Optional[WorkerLane]:
+        """The least loaded worker that can take one more request.
+
+        A plan (``planned``) counts the requests a worker has not answered:
+        answers waiting for their load must not stall the worker. A direct
+        load counts every request not released, except those answers (a
+        stale plan must never block it), so that its slots stay bounded
+        however many threads call ``load``.
+        """
+        best, best_load = None, 0
+        n = len(self.all)
+        for j in range(n):
+            lane = self.all[(self._next_worker + j) % n]
+            load = len(lane.pending) if planned else lane.busy - lane.waiting
+            if lane.usable() and load < self._limit and (best is None or load < best_load):
+                best, best_load = lane, load
+        if best is not None:
+            self._next_worker = (best.id + 1) % n
+        return best
+
+    def pick_idle(self) -> Optional[WorkerLane]:
+        """A live worker with no request and no stream (for a stream), in turn."""
+        idle = [lane for lane in self.all if lane.usable() and lane.busy == 0]
+        if not idle:
+            return None
+        lane = idle[self._next_worker % len(idle)]
+        self._next_worker += 1
+        return lane
+
+    def new_request(self, lane: WorkerLane, request_id: int, index: int) -> Request:
+        """A request for ``index`` on ``lane``, holding one of its slots."""
+        lane.busy += 1
+        req = Request(request_id, index, self._slots.take(lane.id))
+        lane.pending[req.id] = req
+        return req
+
+    def slot_done(self, lane: WorkerLane, slot: int) -> None:
+        """A request's slot is free again (the owner notifies its waiters)."""
+        lane.busy -= 1
+        self._slots.give_back(lane.id, slot)
+
+    def abandon_pending(self) -> list[Request]:
+        """Marks every unanswered request abandoned; returns them."""
+        out = []
+        for lane in self.all:
+            for req in lane.pending.values():
+                if not req.done:
+                    req.abandoned = True
+                    out.append(req)
+        return out
+
+    # ------------------------------------------------------------ queries
+    def counts(self) -> "RequestCounts":
+        return RequestCounts(
+            sum(len(lane.pending) for lane in self.all),
+            sum(lane.busy for lane in self.all),
+            sum(lane.waiting for lane in self.all),
+            sum(lane.stream is not None for lane in self.all),
+        )
+
+    def idle(self) -> bool:
+        return all(
+            lane.busy == 0 and lane.waiting == 0 and not lane.pending and lane.stream is None for lane in self.all
+        )

@@ -1,0 +1,282 @@
+"""The parent's handle on one worker process: launch, send, diagnose an exit, stop.
+
+Counterpart of the worker loop (``worker.py``: ``WorkerLoop``), which runs in
+the child at the other end of the handle's socket.
+
+NOTE [ Worker process shutdown ]
+================================
+
+How a pool notices that a worker died, and how everything stops. Other
+modules cite this note by its name.
+
+- **One reader thread per worker** (``Dispatcher._read_loop``) blocks on the
+  worker's socket. A worker that dies, however it dies (SIGKILL, segfault,
+  ``os._exit``), closes its end: the reader sees EOF at once. A grandchild
+  that inherited the socket would keep it open, so the reader also polls
+  the process every second (``WorkerProcess.alive``) as a backstop.
+- **Explaining the death** (``WorkerProcess.explain_exit``): the exit code
+  or signal (with the usual cause of SIGKILL, SIGSEGV, SIGBUS, SIGABRT), the
+  ``InitError`` traceback if set-up failed, and the Python stacks that
+  ``faulthandler`` wrote into the worker's crash pipe if native code crashed.
+- **Failure propagation** (``Dispatcher._worker_gone``): the first failure
+  (a death, or a timeout that made the consumer kill a worker) is kept; the
+  item the worker died on (its oldest pending request) is named; every
+  pending request of every worker fails with a fresh copy of that error (one
+  exception object raised in many threads would collect all their
+  tracebacks), a stream on that worker gets ``WorkerDied``, and every later
+  call raises it too. Workers are never restarted: a crash in native code
+  usually repeats, and a loud stop beats a pass that silently loses items.
+- **Shutdown** (``Dispatcher.close``; run by ``WorkerPool.close``, by
+  garbage collection and at interpreter exit through ``weakref.finalize``):
+  under the lock, mark closed, drop the plans and fail what is pending;
+  then, without the lock, shut every socket down (idle workers see EOF and
+  leave at once), give busy ones ``GRACE_S`` to finish their item, then
+  SIGTERM, then SIGKILL, and reap them all (no zombies); join the readers;
+  unmap the segments (a lent one stays mapped until its last view is gone).
+  A forked copy of the owner never closes (the sockets are the owner's).
+- **The other direction**: a worker leaves when its socket reaches EOF, or
+  when a thread of its own sees its parent change (the parent died while
+  the worker was busy). Workers ignore SIGINT: Ctrl-C interrupts the
+  consumer, and the consumer decides what stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes import protocol
+from kerasfeed.execution.processes.channel import Channel
+
+logger = logging.getLogger("kerasfeed")
+
+_BOOT = "from kerasfeed.execution.processes.worker import main; main()"
+GRACE_S = 1.0
+NO_RESTART = (
+    "kerasfeed does not restart workers: create the dataset (or executor) again to retry, "
+    "or use executor='threads' to debug the source in the main process."
+)
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """Why a worker ended, from its exit code (negative: the signal)."""
+    if code is None:
+        return "stopped answering (its channel closed while it kept running) and was killed"
+    if code < 0:
+        sig = -code
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = {
+            signal.SIGKILL: " (SIGKILL: `kill -9` or the kernel's out-of-memory killer)",
+            signal.SIGSEGV: " (a crash in native code, e.g. a C extension)",
+            signal.SIGBUS: " (a crash in native code, or shared memory exhausted)",
+            signal.SIGABRT: " (aborted by native code)",
+        }.get(sig, "")
+        return f"was killed by signal {name} ({sig}){why}"
+    return f"exited unexpectedly with exit code {code}"
+
+
+def fresh_error(err: WorkerError) -> WorkerError:
+    """A copy of ``err`` to raise: one object raised in many threads would
+    collect everyone's traceback."""
+    return WorkerError(str(err), err.worker_id, err.pid, err.exitcode, err.index)
+
+
+class WorkerProcess:
+    """The parent's handle on one worker process (see NOTE [ Worker process shutdown ]).
+
+    Counterpart of ``worker.py``'s ``WorkerLoop``. Never takes the pool's
+    lock: its state is written by its reader thread (``info``,
+    ``init_error``, ``reader_cpu_s``) or once at launch.
+
+    Args:
+        worker_id: the worker's number in its pool.
+        proc: the started process.
+        chan: the parent's end of the worker's socket.
+        crash_fd: the read end of the worker's crash pipe (non-blocking).
+    """
+
+    def __init__(self, worker_id: int, proc: subprocess.Popen, chan: Channel, crash_fd: int):
+        self.id = worker_id
+        self.proc = proc
+        self.pid = proc.pid
+        self.chan = chan
+        self.crash_fd = crash_fd
+        self.launched = time.perf_counter()
+        self.ready = threading.Event()
+        self.info: dict = {}
+        self.init_error: Optional[protocol.InitError] = None
+        self.reader: Optional[threading.Thread] = None
+        self.reader_cpu_s = 0.0  # written by its reader thread only
+        self._poller: Optional[select.poll] = None
+
+    # ------------------------------------------------------------ launch
+    @classmethod
+    def launch(cls, worker_id: int) -> "WorkerProcess":
+        """Starts a fresh interpreter running the worker loop (fork + exec:
+        safe while TensorFlow's threads run; ``__main__`` is never re-imported)."""
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        crash_r, crash_w = os.pipe()
+        env = dict(os.environ)
+        env["KERASFEED_LIGHT_WORKER"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"  # a worker's prints show up before it dies
+        # kerasfeed must import in the child even when the parent found it
+        # through a sys.path tweak rather than an install.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["kerasfeed"].__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(child_sock.fileno()), str(crash_w)],
+                pass_fds=(child_sock.fileno(), crash_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        except BaseException:
+            parent_sock.close()
+            os.close(crash_r)
+            raise
+        finally:
+            child_sock.close()
+            os.close(crash_w)
+        os.set_blocking(crash_r, False)
+        return cls(worker_id, proc, Channel(parent_sock), crash_r)
+
+    # ------------------------------------------------------------ messages
+    def send(self, message: protocol.ToWorker) -> None:
+        """Sends one message (thread-safe).
+
+        Raises:
+            OSError: the worker is gone.
+        """
+        self.chan.send(protocol.encode(message))
+
+    def send_quietly(self, message: protocol.ToWorker, nowait: bool = False) -> bool:
+        """Sends unless the worker is gone; False only if ``nowait`` and
+        another send was under way (a finalizer must not block)."""
+        try:
+            return self.chan.send(protocol.encode(message), nowait=nowait)
+        except OSError:
+            return True
+
+    def wait_readable(self, timeout_s: float) -> bool:
+        """True once a message (or EOF) is there to read; reader thread only."""
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.chan.sock, select.POLLIN)
+        return bool(self._poller.poll(int(timeout_s * 1000)))
+
+    def recv(self) -> tuple[protocol.ToParent, list[int]]:
+        """The next message and the fds sent with it; reader thread only.
+
+        Raises:
+            EOFError: the worker closed its end (or died).
+        """
+        raw, fds = self.chan.recv()
+        return protocol.decode(raw), fds
+
+    def start_reader(self, target: Callable[[Any], None], arg: Any) -> None:
+        """Starts the thread that reads this worker's messages (``target(arg)``)."""
+        self.reader = threading.Thread(
+            target=target, args=(arg,), name=f"kerasfeed-worker-{self.id}-reader", daemon=True
+        )
+        self.reader.start()
+
+    def mark_ready(self, info: dict, pool_name: str) -> None:
+        """Records the worker's ``Ready`` info (its reader thread)."""
+        self.info = dict(info, launch_to_ready_s=time.perf_counter() - self.launched)
+        self.ready.set()
+        if self.info.get("tensorflow_imported") and self.id == 0:
+            logger.warning(
+                "kerasfeed: worker processes of %s imported TensorFlow while unpickling the source or in "
+                "worker_init (start-up %.1f s; about 500 MB per worker). If the source does not need it, "
+                "define it in a module that does not import tensorflow/keras (or in __main__/a notebook).",
+                pool_name,
+                self.info["launch_to_ready_s"],
+            )
+
+    # ------------------------------------------------------------ exit
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def reap(self) -> Optional[int]:
+        """Waits for the exit of a worker whose channel closed; its exit code,
+        or None if it kept running (it is killed then)."""
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+    def explain_exit(self, code: Optional[int]) -> tuple[str, str]:
+        """``(head, details)`` of an error about this worker's exit: what
+        happened, and the traceback or crash stacks (may be empty)."""
+        details = ""
+        if self.init_error is not None:
+            head = f"failed to start: {self.init_error.type_name}: {self.init_error.message}"
+            details = f"Worker traceback:\n{self.init_error.traceback}"
+        elif not self.ready.is_set() and code == 0:
+            head = "exited before it was ready"
+        else:
+            head = describe_exit(code)
+        crash = self._crash_text()
+        if crash:
+            details = f"Python stacks of the worker when it crashed:\n{crash}"
+        return head, details
+
+    def _crash_text(self) -> str:
+        try:
+            data = os.read(self.crash_fd, 1 << 16)
+        except (OSError, ValueError):
+            return ""
+        return data.decode("utf-8", "replace").strip()
+
+    # ------------------------------------------------------------ stop (in this order, over all workers)
+    def ask_to_stop(self) -> None:
+        """EOF on its socket: an idle worker leaves at once."""
+        try:
+            self.chan.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def terminate_after(self, deadline: float) -> None:
+        """SIGTERM if still running at ``deadline`` (``time.monotonic``)."""
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+
+    def kill_after(self, grace_s: float) -> None:
+        """SIGKILL if still running after ``grace_s``; reaps it either way."""
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def release(self) -> None:
+        """Joins the reader (unless called from it) and closes the fds."""
+        me = threading.current_thread()
+        if self.reader is not None and self.reader is not me and self.reader.is_alive():
+            self.reader.join(timeout=2)
+        self.chan.sock.close()
+        try:
+            os.close(self.crash_fd)
+        except OSError:
+            pass
+        self.crash_fd = -1

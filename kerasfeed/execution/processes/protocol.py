@@ -1,0 +1,218 @@
+"""The messages between the pool (parent) and its worker processes.
+
+One small type per message. On the wire each one is still a plain tuple
+``(kind, *fields)`` pickled by ``Channel``, as it always was: ``encode`` and
+``decode`` convert at the two ends, so the bytes and their size do not change
+and the worker needs nothing but this module to read them.
+
+Parent -> worker (in ``process.py``: ``WorkerProcess.send``):
+    ``Init`` once, first; then ``Load``, ``StartStream``, ``Credit``,
+    ``Cancel``; ``Exit`` (EOF on the socket means the same).
+Worker -> parent (in ``worker.py``: ``WorkerLoop``):
+    ``Ready`` or ``InitError`` once; then ``ItemDone`` / ``ItemFailed`` per
+    ``Load``, and ``StreamItem`` ... ``StreamEnd`` / ``StreamFailed`` per
+    ``StartStream``.
+Consumer only (never on the wire): ``WorkerDied``, put on a stream session's
+queue by the reader thread that saw its worker die.
+
+A message that carries a new shared-memory segment (``ItemDone``,
+``StreamItem`` with a ``new_size``) has the segment's fd attached
+(``SCM_RIGHTS``, see ``channel.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Union
+
+# --------------------------------------------------------------- parent -> worker
+
+
+class Init(NamedTuple):
+    """Parent -> worker, first message: who the worker is and what it runs.
+
+    ``config`` keys: ``worker_id``, ``num_workers``, ``seed`` (this worker's),
+    ``sys_path`` (the parent's), ``payload`` (cloudpickled source and
+    ``worker_init``).
+    """
+
+    config: dict
+    kind = "init"
+
+
+class Load(NamedTuple):
+    """Parent -> worker: write ``source[index]`` (after ``set_epoch(epoch)``)
+    into slot ``slot``; answered by ``ItemDone`` or ``ItemFailed`` with the
+    same ``request_id``."""
+
+    request_id: int
+    index: int
+    epoch: int
+    slot: int
+    kind = "load"
+
+
+class StartStream(NamedTuple):
+    """Parent -> worker: iterate ``fn(arg)`` (cloudpickled in ``payload``),
+    writing each item into one of ``slots`` that is free; ``name`` is for
+    error messages."""
+
+    stream_id: int
+    payload: bytes
+    slots: list
+    name: str
+    kind = "stream"
+
+
+class Credit(NamedTuple):
+    """Parent -> worker: the consumer is done with stream ``stream_id``'s
+    item in ``slot``; the worker may write there again."""
+
+    stream_id: int
+    slot: int
+    kind = "credit"
+
+
+class Cancel(NamedTuple):
+    """Parent -> worker: stop stream ``stream_id`` (no more items)."""
+
+    stream_id: int
+    kind = "cancel"
+
+
+class Exit(NamedTuple):
+    """Parent -> worker: leave now."""
+
+    kind = "exit"
+
+
+# --------------------------------------------------------------- worker -> parent
+
+
+class Ready(NamedTuple):
+    """Worker -> parent, once: set up done. ``info``: ``pid``, ``startup_s``,
+    ``rss_bytes``, ``tensorflow_imported``, ``keras_imported``."""
+
+    info: dict
+    kind = "ready"
+
+
+class InitError(NamedTuple):
+    """Worker -> parent, once: unpickling the source or ``worker_init``
+    raised; the worker then exits."""
+
+    type_name: str
+    message: str
+    traceback: str
+    kind = "init_error"
+
+
+class ItemDone(NamedTuple):
+    """Worker -> parent: the item of ``Load`` ``request_id`` is in ``slot``.
+
+    ``spec``: the pickled structure (``shm.dumps_spec``); ``new_size``: the
+    size of a new segment for the slot (its fd attached), or None;
+    ``nbytes``: the bytes of the segment the item uses.
+    """
+
+    request_id: int
+    slot: int
+    spec: bytes
+    new_size: Optional[int]
+    nbytes: int
+    kind = "item"
+
+
+class ItemFailed(NamedTuple):
+    """Worker -> parent: ``source[index]`` of ``Load`` ``request_id`` raised
+    ``error`` (a ``kerasfeed.ItemError``)."""
+
+    request_id: int
+    error: BaseException
+    kind = "error"
+
+
+class StreamItem(NamedTuple):
+    """Worker -> parent: item number ``n`` of stream ``stream_id`` is in
+    ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``)."""
+
+    stream_id: int
+    n: int
+    slot: int
+    spec: bytes
+    new_size: Optional[int]
+    kind = "stream_item"
+
+
+class StreamEnd(NamedTuple):
+    """Worker -> parent: stream ``stream_id`` ended (or was cancelled) after
+    ``n`` items."""
+
+    stream_id: int
+    n: int
+    kind = "stream_end"
+
+
+class StreamFailed(NamedTuple):
+    """Worker -> parent: stream ``stream_id``'s task raised ``error`` (a
+    ``kerasfeed.ItemError`` whose index is the number of items made)."""
+
+    stream_id: int
+    error: BaseException
+    kind = "stream_error"
+
+
+# --------------------------------------------------------------- consumer only
+
+
+class WorkerDied(NamedTuple):
+    """Reader thread -> stream consumer (a queue, never the wire): the
+    stream's worker died or the pool closed; ``error`` is the
+    ``kerasfeed.WorkerError`` to raise."""
+
+    error: BaseException
+    kind = "dead"
+
+
+ToWorker = Union[Init, Load, StartStream, Credit, Cancel, Exit]
+ToParent = Union[Ready, InitError, ItemDone, ItemFailed, StreamItem, StreamEnd, StreamFailed]
+
+_BY_KIND: dict[str, Any] = {
+    cls.kind: cls
+    for cls in (
+        Init,
+        Load,
+        StartStream,
+        Credit,
+        Cancel,
+        Exit,
+        Ready,
+        InitError,
+        ItemDone,
+        ItemFailed,
+        StreamItem,
+        StreamEnd,
+        StreamFailed,
+    )
+}
+
+
+def encode(message: Union[ToWorker, ToParent]) -> tuple:
+    """The wire form of ``message``: ``(kind, *fields)``."""
+    return (message.kind, *message)
+
+
+def decode(raw: tuple) -> Union[ToWorker, ToParent]:
+    """The typed message of a wire tuple.
+
+    Raises:
+        ValueError: an unknown kind or a wrong number of fields.
+    """
+    try:
+        cls = _BY_KIND[raw[0]]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"kerasfeed: unknown worker message. Received: {raw!r:.200}") from None
+    if len(raw) - 1 != len(cls._fields):
+        raise ValueError(
+            f"kerasfeed: message {raw[0]!r} needs {len(cls._fields)} fields {cls._fields}. Received: {len(raw) - 1}"
+        )
+    return tuple.__new__(cls, raw[1:])

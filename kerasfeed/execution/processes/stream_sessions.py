@@ -1,0 +1,223 @@
+"""Generator streams: a worker iterates a task and its items come back in order.
+
+Counterpart of ``worker.py``'s ``WorkerLoop.stream``. A session reserves one
+idle worker (no request pending, no other stream) until the task ends and
+the consumer no longer reads any of its slots, or until it is cancelled. The
+worker writes at most ``in_flight_per_worker`` items ahead: each
+``StreamItem`` takes one of the session's slots, and the consumer gives it
+back with a ``Credit`` once the item is copied out. Failures reach the
+consumer as ``WorkerDied`` on the session's queue (see
+NOTE [ Worker process shutdown ] in ``process.py``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+import time
+from typing import Any, Iterator
+
+from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes import protocol, shm
+from kerasfeed.execution.processes.process import NO_RESTART, fresh_error
+
+_POLL_S = 0.5
+
+
+class StreamSession:
+    """One running stream: its queue of messages for the consumer and its slots.
+
+    Args:
+        stream_id: the id its worker messages carry.
+        name: the task's name, for error messages.
+        slots: the worker's slots the stream writes into.
+    """
+
+    def __init__(self, stream_id: int, name: str, slots: list[int]):
+        self.id = stream_id
+        self.name = name
+        self.slots = slots
+        # StreamItem, StreamEnd, StreamFailed, WorkerDied: filled by the reader thread.
+        self.queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.held: set[int] = set()  # slots whose item the consumer has not copied yet
+        self.ended = False
+        self.cancelled = False
+
+
+class StreamSessions:
+    """Starts, feeds and stops the streams of a pool.
+
+    Holds no lock of its own: it uses its owner's (the ``Dispatcher``'s
+    condition ``cv``), the one lock of the pool, and the owner's lanes
+    (``lane.stream`` is the session a worker runs) and slot table.
+
+    Args:
+        owner: the ``Dispatcher``.
+    """
+
+    def __init__(self, owner: Any):
+        self._owner = owner
+
+    def start(self, payload: bytes, name: str) -> tuple[Any, StreamSession]:
+        """Reserves an idle worker (waiting for one) and starts the task there."""
+        owner = self._owner
+        with owner.cv:
+            while True:
+                owner.check_usable()
+                owner.slots.collect_returned()
+                owner.drop_plans()  # a stream needs an idle worker
+                lane = owner.pick_idle_lane()
+                if lane is not None:
+                    slots = [owner.slots.take(lane.id) for _ in range(owner.in_flight_per_worker)]
+                    st = StreamSession(owner.new_id(), name, slots)
+                    lane.stream = st
+                    break
+                owner.cv.wait(_POLL_S)
+        try:
+            lane.process.send(protocol.StartStream(st.id, payload, list(st.slots), name))
+        except OSError:
+            pass  # the worker died: its reader reports it to the session
+        return lane, st
+
+    def on_message(self, lane: Any, msg: Any, fds: list[int]) -> None:
+        """A stream message from ``lane``'s worker (its reader thread)."""
+        owner = self._owner
+        if isinstance(msg, protocol.StreamItem):
+            owner.slots.map_segment(lane.id, msg.slot, fds, msg.new_size)
+            with owner.lock:
+                st = lane.stream
+                if st is None or st.id != msg.stream_id or st.cancelled:
+                    return
+                st.held.add(msg.slot)
+            st.queue.put(msg)
+        else:  # StreamEnd or StreamFailed
+            with owner.lock:
+                st = lane.stream
+                if st is None or st.id != msg.stream_id:
+                    return
+                st.ended = True
+                self.release_if_done(lane, st)
+            st.queue.put(msg)
+
+    def release_if_done(self, lane: Any, st: StreamSession) -> None:
+        # With the lock held. The worker's slots go back to loads only when
+        # the stream is over AND the consumer no longer reads any slot.
+        if st.ended and (st.cancelled or not st.held) and lane.stream is st:
+            lane.stream = None
+            self._owner.slots.give_back_all(lane.id, st.slots)
+            self._owner.cv.notify_all()
+
+    def next(self, lane: Any, st: StreamSession) -> Any:
+        """The session's next item (blocking); StopIteration at its end."""
+        owner = self._owner
+        proc = lane.process
+        timeout = owner.options.timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                msg = st.queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if owner.closed:
+                    raise WorkerError(f"kerasfeed: the worker pool of {owner.name} is closed.") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    err = WorkerError(
+                        f"kerasfeed: worker {proc.id} (pid {proc.pid}) produced no item of {st.name} within "
+                        f"timeout={timeout} s; the worker was stopped.\n{NO_RESTART}",
+                        worker_id=proc.id,
+                        pid=proc.pid,
+                    )
+                    owner.record_failure(err)
+                    proc.kill()
+                    raise err from None
+        if isinstance(msg, protocol.StreamItem):
+            t1 = time.thread_time()
+            try:
+                item = shm.decode(pickle.loads(msg.spec), owner.slots.segment(lane.id, msg.slot))
+            finally:
+                with owner.lock:
+                    st.held.discard(msg.slot)
+                    ended = st.ended
+                    self.release_if_done(lane, st)
+                if not ended:
+                    proc.send_quietly(protocol.Credit(st.id, msg.slot))
+            owner.count_item(time.thread_time() - t1)
+            return item
+        if isinstance(msg, protocol.StreamEnd):
+            raise StopIteration
+        if isinstance(msg, protocol.StreamFailed):
+            raise msg.error
+        if isinstance(msg, protocol.WorkerDied):
+            raise fresh_error(msg.error)
+        raise WorkerError(f"kerasfeed: unexpected stream message. Received: {msg!r:.200}")
+
+    def cancel(self, lane: Any, st: StreamSession, blocking: bool = True) -> None:
+        """Stops the task if it still runs and frees the worker."""
+        owner = self._owner
+        with owner.lock:
+            if st.cancelled:
+                return
+            st.cancelled = True
+            st.held.clear()
+            ended = st.ended
+            self.release_if_done(lane, st)
+        if not ended and not owner.closed:
+            msg = protocol.Cancel(st.id)
+            if blocking:
+                lane.process.send_quietly(msg)
+            elif not lane.process.send_quietly(msg, nowait=True):
+                # From a finalizer this very thread may hold the send lock:
+                # never block there, send from a helper thread instead.
+                threading.Thread(target=lane.process.send_quietly, args=(msg,), daemon=True).start()
+
+
+class StreamIterator(Iterator[Any]):
+    """Items of one streaming task; close it (or drop it) to stop the task early."""
+
+    def __init__(self, pool: Any, sessions: StreamSessions, lane: Any, session: StreamSession):
+        self._pool = pool  # keeps the pool (and its workers) alive while iterating
+        self._sessions = sessions
+        self._lane = lane
+        self._session = session
+        self._done = False
+
+    @property
+    def name(self) -> str:
+        return self._session.name
+
+    @property
+    def worker_pid(self) -> int:
+        return self._lane.process.pid
+
+    def __iter__(self) -> "StreamIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            return self._sessions.next(self._lane, self._session)
+        except BaseException as e:
+            if not isinstance(e, KeyboardInterrupt):
+                self._done = True
+            raise
+
+    def close(self) -> None:
+        """Stops the task (if still running) and frees its worker."""
+        if not self._done:
+            self._done = True
+            self._sessions.cancel(self._lane, self._session)
+
+    def __del__(self):
+        try:
+            if not self._done:
+                self._done = True
+                self._sessions.cancel(self._lane, self._session, blocking=False)
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+def short_repr(obj: Any, limit: int = 40) -> str:
+    r = repr(obj)
+    return r if len(r) <= limit else r[: limit - 3] + "..."

@@ -1,0 +1,139 @@
+"""Worker failures: crashes, kills, failing ``worker_init``, timeouts and bad
+arguments give a ``WorkerError`` naming the worker, pid and cause.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+from _kit import Kit
+
+from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes import ProcessExecutor
+
+# Classes and functions below reach the workers by value, exactly like code
+# defined in a notebook cell or in `__main__` (the worker never imports this
+# module, its pytest or its TensorFlow import).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# ---------------------------------------------------------------- failures
+
+
+class Crashy:
+    def __init__(self, how):
+        self.how = how
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == 5:
+            if self.how == "segv":
+                ctypes.string_at(0)
+            elif self.how == "exit":
+                os._exit(3)
+            elif self.how == "sleep":
+                time.sleep(60)
+        return np.full(2, i)
+
+
+@pytest.mark.parametrize(
+    "how, expect",
+    [("segv", r"was killed by signal SIGSEGV \(11\)"), ("exit", r"exited unexpectedly with exit code 3")],
+)
+def test_crashing_worker_fails_fast_with_pid_and_cause(how, expect):
+    ex = ProcessExecutor(Crashy(how), workers=2)
+    try:
+        assert ex.load(1, 0)[0] == 1
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=expect) as e:
+            ex.load(5, 0)
+        assert time.monotonic() - t0 < 10
+        err = e.value
+        assert err.pid in ex.pool.pids and f"(pid {err.pid})" in str(err)
+        assert "while loading Crashy[5]" in str(err) and "does not restart workers" in str(err)
+        if how == "segv":  # the worker's Python stack at the crash is in the message
+            assert "in __getitem__" in str(err) and "Segmentation fault" in str(err)
+            assert err.exitcode == -signal.SIGSEGV
+        else:
+            assert err.exitcode == 3
+        # the pass is over: later items fail at once too, they do not hang
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=expect):
+            ex.load(2, 0)
+        assert time.monotonic() - t0 < 10
+    finally:
+        ex.close()
+
+
+def test_sigkilled_busy_worker_fails_pending_and_later_items():
+    ex = ProcessExecutor(Crashy("sleep"), workers=1)
+    try:
+        ex.wait_ready(60)
+        pid = ex.pool.pids[0]
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=rf"worker 0 \(pid {pid}\) of Crashy was killed by signal SIGKILL \(9\)"):
+            ex.load(5, 0)  # sleeps 60 s in the worker
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(WorkerError, match="SIGKILL"):
+            ex.load(1, 0)
+    finally:
+        ex.close()
+
+
+def test_idle_worker_killed_between_items_is_reported():
+    ex = ProcessExecutor(Crashy("none"), workers=2)
+    try:
+        assert ex.load(1, 0)[0] == 1
+        victim = ex.pool.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        with pytest.raises(WorkerError, match=rf"\(pid {victim}\) of Crashy was killed by signal SIGKILL"):
+            while time.monotonic() < deadline:  # the next items fail, well within 10 s
+                ex.load(2, 0)
+    finally:
+        ex.close()
+
+
+def test_failing_worker_init_is_reported_with_its_traceback():
+    def broken_init():
+        raise RuntimeError("cannot reach the bucket")
+
+    ex = ProcessExecutor(Kit(), workers=1, worker_init=broken_init)
+    try:
+        with pytest.raises(WorkerError) as e:
+            ex.load(0, 0)
+        msg = str(e.value)
+        assert "failed to start: RuntimeError: cannot reach the bucket" in msg
+        assert "in broken_init" in msg and "Worker traceback" in msg
+    finally:
+        ex.close()
+
+
+def test_timeout_stops_a_stuck_item():
+    ex = ProcessExecutor(Crashy("sleep"), workers=1, timeout=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"did not return Crashy\[5\] within timeout=0.5 s"):
+            ex.load(5, 0)
+        assert time.monotonic() - t0 < 5
+    finally:
+        ex.close()
+
+
+def test_bad_arguments_say_what_was_received():
+    with pytest.raises(ValueError, match=r"`workers` must be a positive int. Received: workers=0"):
+        ProcessExecutor(Kit(), workers=0)
+    with pytest.raises(ValueError, match=r"Received: in_flight_per_worker=-1"):
+        ProcessExecutor(Kit(), workers=1, in_flight_per_worker=-1)
+    with pytest.raises(TypeError, match=r"`worker_init` must be a callable or None. Received: worker_init=3"):
+        ProcessExecutor(Kit(), workers=1, worker_init=3)

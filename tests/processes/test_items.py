@@ -1,0 +1,265 @@
+"""Items made by worker processes: values, order, seeds, item errors, and the
+source sent to the workers by value.
+
+Most tests drive ``ProcessExecutor`` directly, as tf.data's map threads do
+(many threads calling ``load`` at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import cloudpickle
+import numpy as np
+import pytest
+from _kit import Kit, Point, drive
+
+import kerasfeed
+from kerasfeed.errors import ItemError
+from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed.execution.threads import ThreadExecutor
+
+# Classes and functions below reach the workers by value, exactly like code
+# defined in a notebook cell or in `__main__` (the worker never imports this
+# module, its pytest or its TensorFlow import).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# ---------------------------------------------------------------- items and order
+
+
+def test_items_are_getitem_and_epoch_reaches_workers(kit):
+    import tensorflow  # noqa: F401 - the parent has TF; workers must not
+
+    for epoch in (0, 3):
+        for i, (x, meta) in enumerate(drive(kit, range(20), epoch=epoch)):
+            np.testing.assert_array_equal(x, np.full((4, 3), i, np.float32))
+            assert meta["epoch"] == epoch
+            assert meta["worker"] in (0, 1) and meta["pid"] in kit.pool.pids
+            assert meta["pid"] != os.getpid()
+            # Light workers: neither TensorFlow nor Keras, though this process has both
+            # and the source is a SceneSequence (a keras.utils.PyDataset here).
+            assert meta["tensorflow"] is False and meta["keras"] is False
+    assert "tensorflow" in sys.modules
+    assert kerasfeed.get_worker_info() is None  # main process
+    stats = kit.stats()
+    assert all(w["tensorflow_imported"] is False for w in stats["per_worker"])
+
+
+def _import_tensorflow():
+    import tensorflow  # noqa: F401
+
+
+def test_a_worker_that_imports_tensorflow_is_reported(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        ex = ProcessExecutor(Kit(), workers=1, worker_init=_import_tensorflow)
+        try:
+            ex.wait_ready(120)
+            stats = ex.stats()
+        finally:
+            ex.close()
+    assert stats["per_worker"][0]["tensorflow_imported"] is True
+    assert any("imported TensorFlow" in r.getMessage() for r in caplog.records)
+
+
+class Structures:
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        base = np.arange(24, dtype=np.float64).reshape(4, 6) + i
+        return {
+            "f64": base,
+            "strided": base[:, ::2],  # non-contiguous
+            "fortran": np.asfortranarray(base),
+            "bool": base > 10,
+            "int8": np.arange(5, dtype=np.int8),
+            "str": np.array(["a", "bcd", "é"]),
+            "bytes": np.array([b"x", b"yz"]),
+            "objects": np.array([b"var", b"length!"], dtype=object),
+            "empty": np.zeros((0, 3), np.float32),
+            "scalar": np.float32(1.5),
+            "python": [i, "text", b"raw", None],
+            "nested": (Point(np.ones(2) * i, np.int64(i)), [np.eye(2)]),
+        }
+
+
+def test_nested_structures_dtypes_and_fresh_aligned_arrays():
+    src = Structures()
+    ex = ProcessExecutor(src, workers=1, in_flight_per_worker=1)
+    try:
+        first = ex.load(0, 0)
+        for _ in range(3):  # the same shared-memory slot carries later items
+            ex.load(2, 0)
+        want = src[0]
+        assert list(first) == list(want)
+        for key in ("f64", "strided", "fortran", "bool", "int8", "str", "bytes", "empty"):
+            assert first[key].dtype == want[key].dtype and first[key].shape == want[key].shape, key
+            np.testing.assert_array_equal(first[key], want[key])
+            # a fresh, writable, 64-byte aligned array (TF wraps it without copying),
+            # unchanged although its slot was rewritten since
+            assert first[key].flags.c_contiguous and first[key].flags.writeable
+            assert first[key].size == 0 or first[key].ctypes.data % 64 == 0
+        assert first["objects"].tolist() == [b"var", b"length!"]
+        assert first["scalar"] == np.float32(1.5) and type(first["scalar"]) is np.float32
+        assert first["python"] == [0, "text", b"raw", None]
+        point, eyes = first["nested"]
+        assert isinstance(point, Point) and point.label == 0
+        np.testing.assert_array_equal(eyes[0], np.eye(2))
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_order_equals_threads_executor_for_any_worker_count(workers, kit):
+    order = np.random.default_rng(5).permutation(40)
+    want = [x for x, _ in drive(ThreadExecutor(Kit()), order, threads=8)]
+    ex = kit if workers == 2 else ProcessExecutor(Kit(), workers=workers)
+    try:
+        for ex_ in (ex, kit):
+            got = [x for x, _ in drive(ex_, order)]
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    finally:
+        if ex is not kit:
+            ex.close()
+
+
+def test_worker_init_worker_info_and_deterministic_seeds(kit):
+    seen = {}
+    for _, meta in drive(kit, range(16)):
+        info = json.loads(meta["init"])
+        seen[info["id"]] = info
+        assert meta["worker"] == info["id"]
+    assert sorted(seen) == [0, 1]  # both workers ran items and their worker_init
+    for wid, info in seen.items():
+        assert info["n"] == 2
+        assert info["seed"] == 1000 + wid
+        # numpy / random were seeded with base seed + worker id before worker_init
+        assert info["np"] == np.random.RandomState((1000 + wid) % 2**32).randint(2**31)
+        assert info["py"] == random.Random(1000 + wid).random()
+
+
+def test_item_error_carries_index_worker_type_message_traceback(kit):
+    with pytest.raises(ItemError) as e:
+        kit.load(999, 0)
+    err = e.value
+    assert err.index == 999
+    assert err.exc_type == "ValueError" and err.exc_message == "bad item 999"
+    assert err.worker_id in (0, 1) and err.pid in kit.pool.pids
+    assert 'raise ValueError(f"bad item {i}")' in err.traceback_text
+    msg = str(err)
+    assert "Kit[999] raised ValueError in worker" in msg and f"(pid {err.pid})" in msg
+    assert "bad item 999" in msg and "__getitem__" in msg
+    # an item error does not break the pool
+    x, _ = kit.load(5, 0)
+    assert x[0, 0] == 5
+
+
+# ---------------------------------------------------------------- sending the source
+
+
+def test_unpicklable_source_names_the_attribute():
+    class Holder:
+        def __init__(self):
+            self.path = __file__
+            self.state = {"lock": threading.Lock()}
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return np.zeros(1)
+
+    with pytest.raises(TypeError) as e:
+        ProcessExecutor(Holder(), workers=1)
+    msg = str(e.value)
+    assert "`source.state['lock']`" in msg and "_thread.lock" in msg
+    assert "lazily inside `__getitem__`" in msg and "Received: source=" in msg
+
+
+def test_unpicklable_h5py_file_names_the_attribute(tmp_path):
+    import h5py
+
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(4)
+
+    class Eager:
+        def __init__(self):
+            self.file = h5py.File(path, "r")
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return self.file["x"][i]
+
+    src = Eager()
+    try:
+        with pytest.raises(TypeError, match=r"`source\.file` \(h5py\._hl\.files\.File\) cannot be pickled"):
+            ProcessExecutor(src, workers=1)
+    finally:
+        src.file.close()
+
+
+MAIN_SCRIPT = """
+import sys
+print("MAIN RAN", flush=True)  # a worker must not re-run this module
+import numpy as np
+from kerasfeed.execution.processes import ProcessExecutor
+
+class Defined(object):  # lives only in __main__: must travel by value
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        return np.full(2, i * 10), "tensorflow" in sys.modules
+
+ex = ProcessExecutor(Defined(), workers=1)
+print("ITEM", ex.load(2, 0)[0].tolist(), ex.load(1, 0)[1], flush=True)
+"""
+
+
+def test_class_defined_in_main_reaches_workers_by_value(tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(MAIN_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "ITEM [20, 20] False" in out.stdout
+    assert out.stdout.count("MAIN RAN") == 1
+    # the script exited without close(): its worker went with it (checked by conftest too)
+
+
+NOTEBOOK_CELL = """
+import sys
+import numpy as np
+from kerasfeed.execution.processes import ProcessExecutor
+
+class Cell:  # defined in a notebook cell: lives in the kernel's __main__
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return np.full(3, i * 2), "tensorflow" in sys.modules
+
+ex = ProcessExecutor(Cell(), workers=2)
+print("ITEM", ex.load(3, 0)[0].tolist(), ex.load(2, 0)[1])
+ex.close()
+"""
+
+
+def test_class_defined_in_a_notebook_cell_reaches_workers():
+    import nbclient
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(NOTEBOOK_CELL)]
+    out = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    text = "".join(o.get("text", "") for o in out.cells[0].outputs)
+    assert "ITEM [6, 6, 6] False" in text
