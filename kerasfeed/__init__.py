@@ -43,6 +43,10 @@ _LAZY = {
     "H5SliceSequence": "kerasfeed.sources.hdf5:H5SliceSequence",
     "H5WindowSequence": "kerasfeed.sources.hdf5:H5WindowSequence",
     "ScenePointSampler": "kerasfeed.sources.hdf5:ScenePointSampler",
+    # Observability: live input stats, the Keras/TensorBoard callback, the profiler
+    "stats": "kerasfeed.observe.api:stats",
+    "InputStats": "kerasfeed.observe.callback:InputStats",
+    "profile": "kerasfeed.observe.profile:profile",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -46,6 +46,19 @@ class Executor(abc.ABC):
         ``next_pass``: ``(epoch, indices)`` of the pass likely to follow, given
         only to executors that ``plans_next_pass`` (see there)."""
 
+    def attach_stats(self, collector: Any) -> None:
+        """Gives the executor a ``kerasfeed.observe.stats.StatsCollector``:
+        it reports each item's make time there (``made``) and its instant
+        figures through ``gauges``."""
+        collector.executor = self.name
+        collector.add_gauges(self.gauges)
+
+    def gauges(self) -> dict:
+        """Figures of this instant: ``ahead`` (items made, not taken yet),
+        ``in_flight`` (being made), ``shm_bytes``, ``workers`` (per-worker
+        dicts with ``id``); whichever the executor knows."""
+        return {}
+
     def parallel_calls(self) -> int:
         """How many ``load`` calls tf.data should keep in flight by default."""
         return 1

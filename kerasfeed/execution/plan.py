@@ -97,6 +97,10 @@ class PassPlan:
         self.outstanding -= 1
         return True, handle
 
+    def pending_handles(self) -> list[Any]:
+        """The handles started and not taken yet (for stats)."""
+        return [h for entries in self._started.values() for h in entries]
+
     def drop(self) -> list[Any]:
         """Cancels the plan; returns the handles started and never taken."""
         self.cancelled = True

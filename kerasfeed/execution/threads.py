@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Optional, Sequence
 
@@ -51,12 +52,19 @@ class _Runner:
         self.source = source
         self.name = name
         self.item_bytes = 0  # the largest item seen so far
+        self.stats: Any = None  # a StatsCollector, once attached
 
     def call(self, index: int) -> Any:
+        stats = self.stats
+        t0 = time.perf_counter() if stats is not None else 0.0
         try:
             item = self.source[index]
         except Exception as e:
             raise ItemError.from_exception(index, e, source_name=self.name) from e
+        if stats is not None:
+            end = time.perf_counter()
+            lane = threading.current_thread().name if stats.timeline is not None else None
+            stats.made(end - t0, None, end, lane)
         size = _nbytes(item)
         if size > self.item_bytes:
             self.item_bytes = size
@@ -192,6 +200,17 @@ class ThreadExecutor(Executor):
 
     def parallel_calls(self) -> int:
         return self._parallelism
+
+    def attach_stats(self, collector: Any) -> None:
+        super().attach_stats(collector)
+        self._runner.stats = collector
+
+    def gauges(self) -> dict:
+        with self._lock:
+            plan = self._plan
+            tasks = [] if plan is None else plan.pending_handles()
+        done = sum(1 for t in tasks if t.event.is_set())
+        return {"ahead": done, "in_flight": len(tasks) - done}
 
     def close(self) -> None:
         with self._lock:

@@ -10,12 +10,14 @@ same way from plain Python.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
 import numpy as np
 
 from kerasfeed.execution.base import Executor
+from kerasfeed.observe.stats import new_collector
 from kerasfeed.sources.base import set_epoch
 
 
@@ -37,6 +39,9 @@ class PassPipeline:
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
+        self.stats = new_collector("pipeline")  # None when switched off
+        if self.stats is not None:
+            executor.attach_stats(self.stats)
 
     def begin(self):
         with self._lock:
@@ -46,6 +51,8 @@ class PassPipeline:
         indices = self._order.indices(epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
+        if self.stats is not None:
+            self.stats.pass_begin(epoch)
         set_epoch(self._source, epoch)
         hook = getattr(self._source, "on_epoch_begin", None)
         if callable(hook):
@@ -61,7 +68,19 @@ class PassPipeline:
 
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
-        arrays = self._checker.flat_arrays(index, self.executor.load(index, epoch))
+        stats = self.stats
+        if stats is None:
+            item = self.executor.load(index, epoch)
+        else:  # how long the pick-up blocked
+            t0 = time.perf_counter()
+            try:
+                item = self.executor.load(index, epoch)
+            except BaseException:
+                stats.error()
+                raise
+            t1 = time.perf_counter()
+            stats.picked(epoch, t1 - t0, t1)
+        arrays = self._checker.flat_arrays(index, item)
         with self._lock:
             self._remaining[epoch] -= 1
             last = self._remaining[epoch] == 0

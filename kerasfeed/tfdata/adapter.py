@@ -174,6 +174,8 @@ def to_dataset(
         raise
     checker = ItemChecker(signature)
     pipeline = PassPipeline(source, order, ex, checker, resume.epoch, skip)
+    if pipeline.stats is not None:  # kerasfeed.stats(ds): batches/s from items/s
+        pipeline.stats.kind, pipeline.stats.items_per_batch = "to_dataset", batch_size or 1
     begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]

@@ -19,7 +19,9 @@ Pipeline of one pass::
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -27,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfeed.errors import SignatureError
+from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
@@ -137,9 +140,14 @@ class _ChunkCodec:
         return self.checker.pack(leaves)
 
 
-def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable[[Any], str]):
-    """The generator behind ``from_generator``: one pass, in chunks."""
+def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable[[Any], str], stats: Any = None, epoch: int = 0):
+    """The generator behind ``from_generator``: one pass, in chunks.
+
+    ``stats``: a ``StatsCollector`` that gets each item's pick-up wait."""
     p = open_pass()
+    if stats is not None:
+        stats.pass_begin(epoch)
+    blocked = 0.0  # waited in empty heartbeats since the last item
     pending: Optional[BaseException] = None
     try:
         while True:
@@ -151,7 +159,14 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
             timeout = _HEARTBEAT_S
             while len(rows) < _CHUNK_ITEMS and nbytes < _CHUNK_BYTES:
                 try:
+                    t0 = time.perf_counter() if stats is not None else 0.0
                     r = p.take(timeout)
+                    if stats is not None:
+                        t1 = time.perf_counter()
+                        blocked += t1 - t0
+                        if r is not END and r is not NOT_READY:
+                            stats.picked(epoch, blocked, t1)
+                            blocked = 0.0
                     if r is END:
                         ended = True
                         break
@@ -159,6 +174,8 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
                         break
                     arrays = codec.check(r[0], r[1], describe)
                 except Exception as e:  # noqa: BLE001 - deliver what came before, then raise
+                    if stats is not None:
+                        stats.error()
                     if not rows:
                         raise
                     pending = e
@@ -215,8 +232,10 @@ def _assemble(
     device: Optional[str],
 ) -> tf.data.Dataset:
     codec = _ChunkCodec(signature, api)
+    stats = new_collector(api, batch_size or 1)
+    passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
-        lambda: _chunks(open_pass, codec, describe), output_signature=codec.chunk_signature
+        lambda: _chunks(open_pass, codec, describe, stats, next(passes)), output_signature=codec.chunk_signature
     )
     ds = ds.prefetch(2).unbatch()
     if codec.needs_decode:
@@ -225,7 +244,9 @@ def _assemble(
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=any(codec.variable),
                padding_values=padding_values)
-    return prefetch_tail(ds, prefetch, device)
+    ds = prefetch_tail(ds, prefetch, device)
+    ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
+    return ds
 
 
 def _describe_item(stream: ShardedStream):

@@ -1,0 +1,1 @@
+"""Observability: live input stats, the Keras/TensorBoard callback and the profiler."""

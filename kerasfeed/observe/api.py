@@ -1,0 +1,87 @@
+"""``kerasfeed.stats(ds)``: the live input stats of a kerasfeed dataset (TF-free)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerasfeed.observe.stats import ENABLED, StatsCollector
+from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
+
+# Set by the stream functions (from_generators/from_files/from_queue) on the
+# dataset they return; to_dataset's collector lives on its pipeline.
+STATS_ATTR = "_kerasfeed_stats"
+
+
+def collector_of(ds: Any) -> StatsCollector:
+    """The ``StatsCollector`` behind ``ds`` (see ``stats``)."""
+    found = find_tagged(ds, STATS_ATTR)
+    if found is None:
+        pipeline = find_tagged(ds, PIPELINE_ATTR)
+        found = getattr(pipeline, "stats", None) if pipeline is not None else None
+        if pipeline is not None and found is None:
+            raise ValueError(
+                "kerasfeed stats were switched off when this dataset was built (KERASFEED_STATS=0). "
+                f"Received: {type(ds).__name__}"
+            )
+    if found is None:
+        raise ValueError(
+            "stats() needs a dataset made by kerasfeed (to_dataset, from_generators, from_files, from_queue) "
+            f"or derived from one with .map/.batch/...{'' if ENABLED else ' (stats are switched off: KERASFEED_STATS=0)'}. "
+            f"Received: {type(ds).__name__}"
+        )
+    return found
+
+
+def stats(ds: Any) -> dict:
+    """The input stats of a kerasfeed dataset, as a plain dict.
+
+    Collected all the time at a small cost (a few clock reads per item):
+    how long the consumer's pick-up of each item blocked, how long items take
+    to make, rates per pass, worker figures. Percentiles cover the most
+    recent 4096 items; counts and totals cover the dataset's whole life.
+
+    Keys (``None`` where not known yet or not applicable):
+
+    - ``items``, ``batches``, ``errors``: picked up so far / items that raised.
+    - ``wait_ms``: ``{mean, p50, p95, p99, max, samples}`` of the pick-up's
+      blocking time per item; ``wait_total_s``; ``ready_fraction``: share of
+      pick-ups that found the item ready (blocked < 0.1 ms).
+    - ``make_ms``: the same summary for the time ``source[i]`` took, as timed
+      where it ran (a pool thread, or the worker process itself);
+      ``items_made``.
+    - ``items_per_s``, ``batches_per_s``: of the latest pass with items.
+    - ``passes``: per pass ``{epoch, items, batches, seconds, items_per_s,
+      batches_per_s, wait_s, first_item_s, gap_s}``; ``gap_s`` is the time
+      from the previous pass's last pick-up to this pass's first.
+    - ``workers``: per worker process ``{id, items, busy_s, busy, pid, rss_mb}``
+      (``busy``: share of the time since the first item spent making items);
+      ``threads_busy``: pool threads making items at once, on average.
+    - ``ahead``, ``in_flight``: items made and not taken yet / being made,
+      right now; ``shm_bytes``: shared memory held by worker processes.
+    - ``kind``, ``executor``, ``items_per_batch``, ``uptime_s``.
+
+    Args:
+        ds: a dataset from ``kerasfeed.to_dataset`` or a stream function,
+            or one derived from it (``ds.map(...).batch(...)``).
+
+    Returns:
+        A dict of plain Python values (JSON-able).
+
+    Raises:
+        ValueError: ``ds`` is not a kerasfeed dataset, or stats were
+            switched off (``KERASFEED_STATS=0``) when it was built.
+
+    Example:
+
+    ```python
+    ds = kerasfeed.to_dataset(seq, executor="processes", workers=2).map(lambda x, y: (x / 255, y))
+    for _ in ds:
+        pass
+    s = kerasfeed.stats(ds)
+    print(s["wait_ms"]["p95"], s["make_ms"]["p50"], s["batches_per_s"])
+    ```
+    """
+    return collector_of(ds).snapshot()
+
+
+__all__ = ["stats", "collector_of", "STATS_ATTR"]

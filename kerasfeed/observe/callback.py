@@ -1,0 +1,225 @@
+"""``kerasfeed.InputStats``: input stats in Keras' epoch logs and in TensorBoard."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+import keras
+
+from kerasfeed._validation import positive_int
+from kerasfeed.observe.api import collector_of
+from kerasfeed.observe.stats import StatsCollector, live_collectors
+
+
+def worker_run_dir(log_dir: str) -> str:
+    """The run directory of this process's input scalars under ``log_dir``.
+
+    ``log_dir/input`` for a single process; ``log_dir/input/<task>_<id>``
+    (e.g. ``worker_1``) when ``TF_CONFIG`` describes a cluster, so that no
+    two writers share one run directory (TensorBoard mixes their events).
+    """
+    base = os.path.join(os.fspath(log_dir), "input")
+    if not os.environ.get("TF_CONFIG"):
+        return base
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if not task_type:
+        return base
+    return os.path.join(base, f"{task_type}_{int(task_id or 0)}")
+
+
+class _Totals:
+    """Cumulative figures of a collector at one instant (for interval rates)."""
+
+    def __init__(self, snap: dict, now: float):
+        self.now = now
+        self.items = snap["items"]
+        self.wait = snap["wait_total_s"]
+        self.busy = {w["id"]: w.get("busy_s") or 0.0 for w in snap["workers"]}
+        self.threads_busy_s = snap.get("threads_busy_s")
+
+
+class InputStats(keras.callbacks.Callback):
+    """Puts the input pipeline's figures into Keras' logs and TensorBoard.
+
+    At the end of each epoch it adds to the epoch logs (so Keras' progress
+    bar and ``History`` show them):
+
+    - ``input_wait_ms``: how long the pipeline's pick-up of items blocked,
+      per training step, averaged over the epoch;
+    - ``input_wait_share``: that blocked time as a share of the epoch.
+
+    The pick-up runs on tf.data's thread; prefetching after it can hide a
+    wait from the training step. A wait near zero means the input keeps up.
+
+    With ``log_dir`` it also writes TensorBoard scalars every
+    ``every_n_steps`` training steps and at each epoch end, from this (the
+    main) process, with one writer, into ``worker_run_dir(log_dir)``
+    (``log_dir/input``; ``log_dir/input/worker_<k>`` under a multi-worker
+    ``TF_CONFIG``), step = global training step. Tags:
+
+    - ``input/wait_ms_mean`` (over the interval), ``input/wait_ms_p50``,
+      ``input/wait_ms_p95``, ``input/wait_ms_p99`` (the last 4096 items),
+      ``input/wait_ms_per_step``, ``input/ready_fraction``;
+    - ``input/make_ms_p50``, ``input/make_ms_p95``, ``input/make_ms_p99``;
+    - ``input/items_per_s``, ``input/batches_per_s`` (over the interval);
+    - ``input/worker_<k>/busy`` (share of the interval worker ``k`` spent
+      making items), ``input/worker_<k>/rss_mb``, ``input/threads_busy``;
+    - ``input/ahead``, ``input/in_flight``, ``input/shm_mb``, ``input/errors``;
+    - at epoch ends: ``input/pass_gap_ms``, ``input/first_item_ms``.
+
+    Which dataset: the one given as ``dataset=`` (any kerasfeed dataset or
+    one derived from it). Without it, the kerasfeed dataset that delivered
+    the most items during the first training step (the training data; a
+    validation set is read after it).
+
+    Args:
+        log_dir: where to write TensorBoard scalars; None writes none.
+        every_n_steps: training steps between two writes.
+        dataset: the kerasfeed dataset to follow; None finds it (above).
+
+    Raises:
+        ValueError: a bad ``every_n_steps``, or ``dataset`` is not a
+            kerasfeed dataset.
+
+    Example:
+
+    ```python
+    ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
+    history = model.fit(ds, epochs=3, callbacks=[kerasfeed.InputStats("logs", every_n_steps=20)])
+    print(history.history["input_wait_ms"])  # then: tensorboard --logdir logs
+    ```
+    """
+
+    def __init__(self, log_dir: Optional[str] = None, every_n_steps: int = 50, *, dataset: Any = None):
+        super().__init__()
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.every_n_steps = positive_int("every_n_steps", every_n_steps, owner="InputStats")
+        self._collector: Optional[StatsCollector] = None if dataset is None else collector_of(dataset)
+        self._baseline: dict[int, tuple[StatsCollector, _Totals]] = {}
+        self._writer: Any = None
+        self.run_dir: Optional[str] = None
+        self._step = 0
+        self._epoch_steps = 0
+        self._epoch_start: Optional[_Totals] = None
+        self._last: Optional[_Totals] = None
+
+    # ------------------------------------------------------------ Keras hooks
+    def on_train_begin(self, logs=None):
+        if self._collector is None:
+            now = time.perf_counter()
+            self._baseline = {id(c): (c, _Totals(c.snapshot(), now)) for c in live_collectors()}
+        if self.log_dir is not None and self._writer is None:
+            import tensorflow as tf
+
+            self.run_dir = worker_run_dir(self.log_dir)
+            self._writer = tf.summary.create_file_writer(self.run_dir)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_steps = 0
+        self._epoch_start = self._totals() if self._collector is not None else None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        self._epoch_steps += 1
+        if self._collector is None and not self._find():
+            return
+        if self._epoch_start is None:  # found during this epoch's first step
+            entry = self._baseline.get(id(self._collector))
+            self._epoch_start = entry[1] if entry else _Totals(self._empty(), time.perf_counter())
+        if self._writer is not None and self._step % self.every_n_steps == 0:
+            self._write(self._collector.snapshot(), epoch_end=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._collector is None or self._epoch_start is None:
+            return
+        snap = self._collector.snapshot()
+        now = _Totals(snap, time.perf_counter())
+        waited = now.wait - self._epoch_start.wait
+        steps = max(self._epoch_steps, 1)
+        if logs is not None:
+            logs["input_wait_ms"] = waited / steps * 1e3
+            logs["input_wait_share"] = waited / max(now.now - self._epoch_start.now, 1e-9)
+        if self._writer is not None:
+            self._write(snap, epoch_end=True, totals=now)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    # ------------------------------------------------------------ internals
+    @staticmethod
+    def _empty() -> dict:
+        # A dataset built after fit began: nothing before.
+        return {"items": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
+
+    def _find(self) -> bool:
+        best, grown = None, 0
+        for c in live_collectors():
+            entry = self._baseline.get(id(c))
+            before = entry[1].items if entry else 0
+            if c.items - before > grown:
+                best, grown = c, c.items - before
+        if best is None:
+            return False
+        self._collector = best
+        return True
+
+    def _totals(self) -> _Totals:
+        return _Totals(self._collector.snapshot(), time.perf_counter())
+
+    def _write(self, snap: dict, epoch_end: bool, totals: Optional[_Totals] = None) -> None:
+        import tensorflow as tf
+
+        now = totals or _Totals(snap, time.perf_counter())
+        last = self._last or self._epoch_start
+        scalars: dict[str, float] = {}
+        dt = now.now - last.now if last is not None else 0.0
+        if last is not None and dt > 0:
+            items = now.items - last.items
+            scalars["input/items_per_s"] = items / dt
+            scalars["input/batches_per_s"] = items / dt / snap["items_per_batch"]
+            if items > 0:
+                scalars["input/wait_ms_mean"] = (now.wait - last.wait) / items * 1e3
+                steps = items / snap["items_per_batch"]
+                scalars["input/wait_ms_per_step"] = (now.wait - last.wait) / steps * 1e3
+            for w in snap["workers"]:
+                busy = now.busy.get(w["id"], 0.0) - last.busy.get(w["id"], 0.0)
+                scalars[f"input/worker_{w['id']}/busy"] = min(1.0, max(0.0, busy / dt))
+            if now.threads_busy_s is not None:
+                scalars["input/threads_busy"] = (now.threads_busy_s - (last.threads_busy_s or 0.0)) / dt
+        for name, summary in (("wait_ms", snap["wait_ms"]), ("make_ms", snap["make_ms"])):
+            if summary:
+                for q in ("p50", "p95", "p99"):
+                    scalars[f"input/{name}_{q}"] = summary[q]
+        for w in snap["workers"]:
+            if w.get("rss_mb") is not None:
+                scalars[f"input/worker_{w['id']}/rss_mb"] = w["rss_mb"]
+        optional = {
+            "input/ready_fraction": snap["ready_fraction"],
+            "input/ahead": snap["ahead"],
+            "input/in_flight": snap["in_flight"],
+            "input/shm_mb": None if snap["shm_bytes"] is None else snap["shm_bytes"] / 2**20,
+        }
+        scalars.update({k: v for k, v in optional.items() if v is not None})
+        scalars["input/errors"] = snap["errors"]
+        if epoch_end:
+            passes = [p for p in snap["passes"] if p["first_item_s"] is not None]
+            if passes:
+                p = passes[-1]
+                scalars["input/first_item_ms"] = p["first_item_s"] * 1e3
+                if p["gap_s"] is not None:
+                    scalars["input/pass_gap_ms"] = p["gap_s"] * 1e3
+        with self._writer.as_default():
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, float(value), step=self._step)
+        self._last = now
+
+
+__all__ = ["InputStats", "worker_run_dir"]

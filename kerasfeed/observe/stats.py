@@ -1,0 +1,265 @@
+"""Live input statistics for every kerasfeed pipeline (TF-free).
+
+A ``StatsCollector`` sits next to each pipeline. The consumer side records how
+long every pick-up blocked (``picked``); the executor records how long each
+item took to make and where (``made``: a pool thread, or a worker process that
+timed itself). Recording costs a few hundred nanoseconds: two clock reads, an
+uncontended lock and a write into a fixed-size ring, so it stays on.
+Percentiles come from the most recent ``window`` samples (a ring, never an
+unbounded list); totals count everything since the pipeline was built.
+
+``snapshot()`` turns it all into a plain dict, adding what the executor knows
+right now (items made ahead, in flight, shared memory, worker RSS) through
+the gauge functions registered with ``add_gauges``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+# Stats are on unless KERASFEED_STATS=0; set before a dataset is built.
+ENABLED = os.environ.get("KERASFEED_STATS", "1") not in ("0", "false", "False", "")
+DEFAULT_WINDOW = 4096  # recent samples kept for percentiles
+PASSES_KEPT = 32  # per-pass records kept
+READY_S = 1e-4  # a pick-up shorter than this found its item ready
+_TIMELINE_MAX = 20000
+
+_LIVE: "weakref.WeakSet[StatsCollector]" = weakref.WeakSet()
+
+
+class _Ring:
+    """The last ``size`` float samples."""
+
+    __slots__ = ("values", "count", "size")
+
+    def __init__(self, size: int):
+        self.values = [0.0] * size
+        self.size = size
+        self.count = 0
+
+    def add(self, value: float) -> None:
+        self.values[self.count % self.size] = value
+        self.count += 1
+
+    def recent(self) -> np.ndarray:
+        return np.asarray(self.values[: min(self.count, self.size)], dtype=np.float64)
+
+
+def _summary_ms(ring: _Ring) -> Optional[dict]:
+    v = ring.recent()
+    if not v.size:
+        return None
+    p50, p95, p99 = np.percentile(v, (50, 95, 99)) * 1e3
+    return {
+        "mean": float(v.mean() * 1e3),
+        "p50": float(p50),
+        "p95": float(p95),
+        "p99": float(p99),
+        "max": float(v.max() * 1e3),
+        "samples": int(v.size),
+    }
+
+
+class _Pass:
+    __slots__ = ("epoch", "begin", "first", "last", "items", "wait_s", "gap_s")
+
+    def __init__(self, epoch: int, begin: float, gap_from: Optional[float]):
+        self.epoch, self.begin = epoch, begin
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        self.items = 0
+        self.wait_s = 0.0
+        self.gap_s = gap_from  # the previous pass's last pick-up, until the first one here
+
+    def as_dict(self, per_batch: int) -> dict:
+        end = self.last if self.last is not None else self.begin
+        seconds = end - self.begin
+        rate = self.items / seconds if seconds > 0 and self.items else None
+        return {
+            "epoch": self.epoch,
+            "items": self.items,
+            "batches": self.items / per_batch,
+            "seconds": seconds,
+            "items_per_s": rate,
+            "batches_per_s": rate / per_batch if rate else None,
+            "wait_s": self.wait_s,
+            "first_item_s": None if self.first is None else self.first - self.begin,
+            "gap_s": self.gap_s if self.first is not None else None,
+        }
+
+
+class StatsCollector:
+    """Counters, recent samples and per-pass records of one pipeline.
+
+    Thread-safe; every ``record`` method is cheap enough to call per item.
+
+    Args:
+        kind: what built the pipeline (``"to_dataset"``, ``"from_generators"``...).
+        items_per_batch: items in one consumer batch (``batch_size``, or 1
+            when items are batches): turns items/s into batches/s.
+        window: recent samples kept for percentiles.
+    """
+
+    def __init__(self, kind: str, items_per_batch: int = 1, window: int = DEFAULT_WINDOW):
+        self.kind = kind
+        self.items_per_batch = max(1, int(items_per_batch or 1))
+        self.executor: Optional[str] = None
+        self._lock = threading.Lock()
+        self._created = time.perf_counter()
+        self._wait = _Ring(window)
+        self._make = _Ring(window)
+        self._items = 0
+        self._wait_total = 0.0
+        self._ready = collections.deque(maxlen=window)  # 1 when a pick-up did not block
+        self._errors = 0
+        self._made = 0
+        self._busy: dict[Any, list] = {}  # worker id -> [busy seconds, items]
+        self._first_made: Optional[float] = None
+        self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
+        self._last_pick: Optional[float] = None
+        self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
+        self.timeline: Optional[list] = None  # (lane, start, end) per item when enabled
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------ recording
+    def pass_begin(self, epoch: int) -> None:
+        """A pass starts (its order was handed to the executor)."""
+        now = time.perf_counter()
+        with self._lock:
+            self._passes[int(epoch)] = _Pass(int(epoch), now, self._last_pick)
+            while len(self._passes) > PASSES_KEPT:
+                self._passes.popitem(last=False)
+
+    def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
+        """The consumer got an item of pass ``epoch`` after blocking ``wait_s``."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            self._wait.add(wait_s)
+            self._ready.append(wait_s < READY_S)
+            self._items += 1
+            self._wait_total += wait_s
+            self._last_pick = now
+            p = self._passes.get(epoch)
+            if p is None:
+                return
+            if p.first is None:
+                p.first = now
+                if p.gap_s is not None:
+                    p.gap_s = now - p.gap_s
+            p.last = now
+            p.items += 1
+            p.wait_s += wait_s
+
+    def error(self) -> None:
+        with self._lock:
+            self._errors += 1
+
+    def made(self, make_s: float, worker: Any = None, end: Optional[float] = None, lane: Any = None) -> None:
+        """One item took ``make_s`` seconds to make, on ``worker`` (None: a
+        pool thread). ``end``: when it finished (perf_counter), for the timeline."""
+        with self._lock:
+            self._make.add(make_s)
+            self._made += 1
+            if self._first_made is None:
+                self._first_made = time.perf_counter() - make_s
+            entry = self._busy.get(worker)
+            if entry is None:
+                entry = self._busy[worker] = [0.0, 0]
+            entry[0] += make_s
+            entry[1] += 1
+            if self.timeline is not None and len(self.timeline) < _TIMELINE_MAX:
+                end = time.perf_counter() if end is None else end
+                self.timeline.append((worker if lane is None else lane, end - make_s, end))
+
+    def add_gauges(self, fn: Callable[[], dict]) -> None:
+        """Registers a bound method returning instant figures (held weakly)."""
+        ref = weakref.WeakMethod(fn) if hasattr(fn, "__self__") else (lambda: fn)
+        with self._lock:
+            self._gauges.append(ref)
+
+    # ------------------------------------------------------------ reading
+    @property
+    def items(self) -> int:
+        return self._items
+
+    def snapshot(self) -> dict:
+        """Everything as a plain dict (see ``kerasfeed.stats``)."""
+        now = time.perf_counter()
+        with self._lock:
+            wait = _summary_ms(self._wait)
+            make = _summary_ms(self._make)
+            ready = sum(self._ready) / len(self._ready) if self._ready else None
+            passes = [p.as_dict(self.items_per_batch) for p in self._passes.values()]
+            busy = {k: list(v) for k, v in self._busy.items()}
+            since = self._first_made
+            out = {
+                "kind": self.kind,
+                "executor": self.executor,
+                "items": self._items,
+                "batches": self._items / self.items_per_batch,
+                "items_per_batch": self.items_per_batch,
+                "errors": self._errors,
+                "uptime_s": now - self._created,
+                "wait_total_s": self._wait_total,
+                "wait_ms": wait,
+                "ready_fraction": ready,
+                "items_made": self._made,
+                "make_ms": make,
+            }
+            gauges = list(self._gauges)
+        done = [p for p in passes if p["items_per_s"]]
+        current = done[-1] if done else None
+        out["items_per_s"] = current["items_per_s"] if current else None
+        out["batches_per_s"] = current["batches_per_s"] if current else None
+        out["passes"] = passes
+        elapsed = now - since if since is not None else None
+        workers = []
+        for key in sorted((k for k in busy if k is not None), key=str):
+            busy_s, n = busy[key]
+            workers.append({"id": key, "items": n, "busy_s": busy_s, "busy": busy_s / elapsed if elapsed else None})
+        if None in busy:  # pool threads: how many were making items at once, on average
+            busy_s, _ = busy[None]
+            out["threads_busy"] = busy_s / elapsed if elapsed else None
+            out["threads_busy_s"] = busy_s
+        out["workers"] = workers
+        out.update({"ahead": None, "in_flight": None, "shm_bytes": None})
+        for ref in gauges:
+            fn = ref()
+            if fn is None:
+                continue
+            try:
+                extra = fn()
+            except Exception:  # noqa: BLE001 - a closing executor: report what we have
+                continue
+            for w in extra.pop("workers", []):
+                _merge_worker(out["workers"], w)
+            out.update(extra)
+        return out
+
+
+def _merge_worker(workers: list, info: dict) -> None:
+    for w in workers:
+        if w["id"] == info["id"]:
+            w.update(info)
+            return
+    workers.append({"id": info["id"], "items": 0, "busy_s": 0.0, "busy": 0.0, **info})
+
+
+def live_collectors() -> list[StatsCollector]:
+    """Collectors of pipelines still alive (for callbacks not given a dataset)."""
+    return list(_LIVE)
+
+
+def new_collector(kind: str, items_per_batch: int = 1) -> Optional[StatsCollector]:
+    """A collector, or None when stats are switched off (``ENABLED``)."""
+    return StatsCollector(kind, items_per_batch) if ENABLED else None
+
+
+__all__ = ["StatsCollector", "new_collector", "live_collectors", "ENABLED"]
