@@ -1,0 +1,333 @@
+"""``kerasfeed.profile(source)``: time a source every way, classify it, recommend a setup (TF-free).
+
+1. The probe of ``executor="auto"`` (``kerasfeed.execution.auto.probe_source``)
+   measures one call: wall and CPU time, time queued for a CPU, bytes, the
+   cost of one copy, and how many CPUs two threads use at once. Those figures
+   classify the source:
+
+   - **waiting**: CPU time is a small share of the call (I/O, sleeps);
+   - **transport-bound**: items of 4 MB and more, or a copy costing half the
+     call or more: moving the item is a large part of the work;
+   - **GIL-releasing**: two threads run it on 1.5 CPUs or more at once;
+   - **GIL-bound**: otherwise (pure Python, h5py's lock).
+
+2. The source is then timed serially, on the thread executor and on worker
+   processes at several counts, the way ``to_dataset`` drives them (the pass
+   planned ahead, items picked up in order). The thread runs also pay one
+   copy of each item in the consumer: TensorFlow copies every array a thread
+   returns, while worker processes lend large items without a copy.
+
+3. The executor follows ``executor="auto"``'s decision on the same probe
+   (items of 4 MB and more go to processes); the worker count is the
+   smallest measured one within 10 % of that executor's best; the expected
+   rate is the one measured there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from kerasfeed._validation import positive_int
+from kerasfeed.execution.auto import GIL_FREE_PARALLELISM, LARGE_ITEM_BYTES, WAIT_FRACTION, decide, probe_source
+from kerasfeed.observe.stats import StatsCollector
+from kerasfeed.sources.base import source_length, source_name
+
+CATEGORIES = ("waiting", "transport-bound", "GIL-releasing", "GIL-bound")
+TRANSPORT_COPY_SHARE = 0.5  # a copy costing this share of a call: transport-bound
+NEAR_BEST = 0.9  # the smallest count reaching this share of the best rate is recommended
+
+
+def _cpus() -> int:
+    from kerasfeed.execution.processes.pool import default_workers
+
+    return default_workers()
+
+
+def classify(probe: Any) -> tuple[str, str]:
+    """``(category, the figures that decided it)`` for an ``auto`` probe."""
+    p = probe
+    frac = min(1.0, p.cpu_s / max(p.wall_s - p.runqueue_s, 1e-9))
+    par = p.parallelism_2_threads
+    par_text = "not measured (slow items)" if par is None else f"{par:.2f} CPUs"
+    figures = (
+        f"{p.wall_s * 1e3:.2f} ms/item, {frac:.0%} on the CPU, two threads at once on {par_text}, "
+        f"{p.nbytes / 2**20:.2f} MB/item, one copy {p.copy_s * 1e3:.2f} ms"
+    )
+    if frac < WAIT_FRACTION:
+        why = f"only {frac:.0%} of the call is on the CPU (< {WAIT_FRACTION:.0%})"
+        return "waiting", f"{why}; {figures}"
+    if p.nbytes >= LARGE_ITEM_BYTES or p.copy_s >= TRANSPORT_COPY_SHARE * p.wall_s:
+        why = (
+            f"items carry {p.nbytes / 2**20:.1f} MB (>= {LARGE_ITEM_BYTES / 2**20:.0f} MB)"
+            if p.nbytes >= LARGE_ITEM_BYTES
+            else f"one copy takes {p.copy_s / max(p.wall_s, 1e-9):.0%} of a call"
+        )
+        return "transport-bound", f"{why}; {figures}"
+    if par is not None and par >= GIL_FREE_PARALLELISM:
+        return "GIL-releasing", f"two threads ran it on {par:.2f} CPUs at once (>= {GIL_FREE_PARALLELISM}); {figures}"
+    return "GIL-bound", f"two threads ran it on {par_text} at once (< {GIL_FREE_PARALLELISM}); {figures}"
+
+
+def _copy_out(item: Any) -> None:
+    from kerasfeed.execution.auto import _arrays
+
+    for a in _arrays(item):
+        np.array(a, copy=True)
+
+
+def _time_serial(source: Any, indices: Sequence[int]) -> float:
+    t0 = time.perf_counter()
+    for i in indices:
+        source[i]
+    return time.perf_counter() - t0
+
+
+def _time_executor(ex: Any, indices: Sequence[int], copy: bool) -> tuple[float, StatsCollector]:
+    """One planned pass through ``ex`` (pass 1; pass 0 warmed it up)."""
+    stats = StatsCollector("profile")
+    ex.attach_stats(stats)
+    stats.timeline = []
+    t0 = time.perf_counter()
+    ex.plan(1, indices)
+    for i in indices:
+        item = ex.load(i, 1)
+        if copy:
+            _copy_out(item)
+    seconds = time.perf_counter() - t0
+    stats.timeline = [(lane, s - t0, e - t0) for lane, s, e in stats.timeline if e >= t0]
+    return seconds, stats
+
+
+def _run_threads(source: Any, indices: Sequence[int], count: int) -> dict:
+    from kerasfeed.execution.threads import ThreadExecutor
+
+    ex = ThreadExecutor(source, parallelism=count)
+    try:
+        ex.plan(0, indices[:count])  # starts the threads
+        for i in indices[:count]:
+            ex.load(i, 0)
+        seconds, stats = _time_executor(ex, indices, copy=True)
+    finally:
+        ex.close()
+    lanes = sorted({lane for lane, _, _ in stats.timeline}, key=lambda n: int(str(n).rsplit("-", 1)[-1]))
+    rename = {lane: k for k, lane in enumerate(lanes)}
+    timeline = [(rename[lane], s, e) for lane, s, e in stats.timeline]
+    return {"executor": "threads", "count": count, "seconds": seconds, "items_per_s": len(indices) / seconds,
+            "startup_s": None, "timeline": timeline}
+
+
+def _run_processes(source: Any, indices: Sequence[int], count: int) -> dict:
+    from kerasfeed.execution.processes.executor import ProcessExecutor
+
+    t0 = time.perf_counter()
+    ex = ProcessExecutor(source, workers=count)
+    try:
+        ex.wait_ready()
+        startup = time.perf_counter() - t0
+        warm = indices[: 2 * count]
+        ex.plan(0, warm)
+        for i in warm:
+            ex.load(i, 0)
+        seconds, stats = _time_executor(ex, indices, copy=False)
+    finally:
+        ex.close()
+    return {"executor": "processes", "count": count, "seconds": seconds, "items_per_s": len(indices) / seconds,
+            "startup_s": startup, "timeline": stats.timeline}
+
+
+@dataclasses.dataclass
+class ProfileReport:
+    """What ``kerasfeed.profile`` measured and recommends.
+
+    Attributes:
+        source: the source's name.
+        items: items timed per run.
+        batch_size: items per batch (1 when items are batches).
+        category: ``"waiting"``, ``"transport-bound"``, ``"GIL-releasing"`` or ``"GIL-bound"``.
+        evidence: the figures that decided the category.
+        probe: the probe's measurements (``kerasfeed.execution.auto.Probe`` as a dict).
+        serial_items_per_s: a plain loop over ``source[i]``.
+        runs: one dict per run: ``executor``, ``count``, ``seconds``,
+            ``items_per_s``, ``startup_s`` (processes), ``timeline``
+            (``(lane, start_s, end_s)`` per item, relative to the pass start).
+        executor, workers: the recommendation (``workers``: threads in
+            flight for threads, worker processes for processes).
+        items_per_s, batches_per_s: the rate measured for the recommendation.
+        reason: why.
+        skipped: runs that could not be made, with the reason.
+    """
+
+    source: str
+    items: int
+    batch_size: int
+    category: str
+    evidence: str
+    probe: dict
+    serial_items_per_s: float
+    runs: list
+    executor: str
+    workers: int
+    items_per_s: float
+    batches_per_s: float
+    reason: str
+    skipped: list
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["runs"] = [{k: v for k, v in r.items() if k != "timeline"} for r in self.runs]
+        return out
+
+    def table(self) -> str:
+        """A short table for a terminal."""
+        serial = self.serial_items_per_s
+        lines = [
+            f"kerasfeed profile: {self.source} ({self.items} items per run)",
+            f"  {self.category}: {self.evidence}",
+            "",
+            f"  {'executor':<10} {'count':>5} {'items/s':>10} {'x serial':>9} {'start-up s':>10}",
+            f"  {'serial':<10} {1:>5} {serial:>10,.1f} {1.0:>9.2f} {'':>10}",
+        ]
+        for r in self.runs:
+            start = "" if r["startup_s"] is None else f"{r['startup_s']:.2f}"
+            mark = " <" if (r["executor"], r["count"]) == (self.executor, self.workers) else ""
+            lines.append(
+                f"  {r['executor']:<10} {r['count']:>5} {r['items_per_s']:>10,.1f} "
+                f"{r['items_per_s'] / serial:>9.2f} {start:>10}{mark}"
+            )
+        lines += [f"  ({s})" for s in self.skipped]
+        knob = "threads in flight" if self.executor == "threads" else "workers"
+        lines += [
+            "",
+            f"  recommend: executor={self.executor!r}, {knob}={self.workers}: "
+            f"~{self.batches_per_s:,.1f} batches/s ({self.items_per_s:,.1f} items/s) measured here",
+            f"  why: {self.reason}",
+        ]
+        return "\n".join(lines)
+
+    def plot(self, path: Optional[str] = None):
+        """A matplotlib figure: items/s against count per executor, and the
+        per-worker timeline of the recommended run's pass; saved to ``path``."""
+        from kerasfeed.observe.profile_chart import plot_report
+
+        return plot_report(self, path)
+
+
+def _recommend(probe: Any, category: str, runs: list, cpus: int) -> tuple[str, int, float, str]:
+    by_exec: dict[str, list] = {}
+    for r in runs:
+        by_exec.setdefault(r["executor"], []).append(r)
+    max_workers = max((r["count"] for r in by_exec.get("processes", [])), default=cpus)
+    name, reason = decide(probe, max(2, max_workers), cpus)
+    if category == "transport-bound" and probe.nbytes >= LARGE_ITEM_BYTES and cpus >= 2:
+        name = "processes"
+        reason = (
+            f"items carry {probe.nbytes / 2**20:.1f} MB: TensorFlow copies every array a thread returns in the "
+            "consumer, while worker processes lend theirs to it without a copy"
+        )
+    if name not in by_exec:
+        name = next(iter(by_exec))
+        reason += f" (no {name} run was possible, see skipped)"
+    candidates = sorted(by_exec[name], key=lambda r: r["count"])
+    best = max(r["items_per_s"] for r in candidates)
+    pick = next(r for r in candidates if r["items_per_s"] >= NEAR_BEST * best)
+    other = [r for r in runs if r["executor"] != name]
+    if other:
+        rival = max(other, key=lambda r: r["items_per_s"])
+        if rival["items_per_s"] > 1.2 * pick["items_per_s"]:
+            reason += (
+                f". Note: {rival['executor']} x{rival['count']} measured faster here "
+                f"({rival['items_per_s']:,.0f} items/s); timings on a busy machine vary, the probe decides"
+            )
+    return name, pick["count"], pick["items_per_s"], reason
+
+
+def profile(
+    source: Any,
+    *,
+    items: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    workers: Optional[Sequence[int]] = None,
+    threads: Optional[Sequence[int]] = None,
+    chart: Optional[str] = None,
+) -> ProfileReport:
+    """Times ``source`` every way, classifies it and recommends a setup.
+
+    Runs ``source[i]`` serially, on the thread executor and on worker
+    processes at several counts (see the module docstring for the method),
+    in this process and in short-lived worker processes.
+
+    Args:
+        source: an indexable source (``__len__`` and ``__getitem__``).
+        items: items per timed run (default ``min(len(source), 64)``).
+        batch_size: items per batch when items are samples (as given to
+            ``to_dataset``); None when items are batches.
+        workers: worker process counts (default 1, 2, the CPU count and
+            twice it).
+        threads: thread counts (default 1, 4, 16, 64).
+        chart: if given, the chart is saved there (PNG, SVG...).
+
+    Returns:
+        A ``ProfileReport``: ``print(report.table())``; ``report.plot()``.
+
+    Raises:
+        TypeError, ValueError: a non-indexable or empty source, bad counts.
+        kerasfeed.ItemError: ``source[i]`` raised.
+
+    Example:
+
+    ```python
+    report = kerasfeed.profile(seq, items=32, chart="profile.png")
+    print(report.table())
+    ds = kerasfeed.to_dataset(seq, executor=report.executor,
+                              **({"workers": report.workers} if report.executor == "processes" else {}))
+    ```
+    """
+    n = source_length(source)
+    count = min(n, 64) if items is None else positive_int("items", items, owner="profile")
+    per_batch = positive_int("batch_size", batch_size, allow_none=True, owner="profile") or 1
+    cpus = _cpus()
+    workers = sorted({1, 2, cpus, 2 * cpus}) if workers is None else [positive_int("workers", w, owner="profile") for w in workers]
+    threads = [1, 4, 16, 64] if threads is None else [positive_int("threads", t, owner="profile") for t in threads]
+    indices = [i % n for i in range(count)]
+
+    probe = probe_source(source)
+    category, evidence = classify(probe)
+    serial = count / _time_serial(source, indices)
+    runs, skipped = [], []
+    for k in sorted(set(threads)):
+        runs.append(_run_threads(source, indices, k))
+    for k in sorted(set(workers)):
+        try:
+            runs.append(_run_processes(source, indices, k))
+        except TypeError as e:  # cannot be pickled
+            skipped.append(f"processes: {str(e).split('. ')[0]}")
+            break
+    name, best_count, rate, reason = _recommend(probe, category, runs, cpus)
+    report = ProfileReport(
+        source=source_name(source),
+        items=count,
+        batch_size=per_batch,
+        category=category,
+        evidence=evidence,
+        probe=probe.as_dict(),
+        serial_items_per_s=serial,
+        runs=runs,
+        executor=name,
+        workers=best_count,
+        items_per_s=rate,
+        batches_per_s=rate / per_batch,
+        reason=reason,
+        skipped=skipped,
+    )
+    if chart is not None:
+        import matplotlib.pyplot as plt
+
+        plt.close(report.plot(chart))
+    return report
+
+
+__all__ = ["profile", "ProfileReport", "classify", "CATEGORIES"]
