@@ -1,0 +1,119 @@
+"""The profiler: classification and recommendation on known sources, the table, the chart and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.observe.profile import CATEGORIES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Sleeping:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return np.full((4,), i, np.float32)
+
+
+class PurePython:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        total = 0
+        for k in range(20000):
+            total += k * k % 7
+        return np.full((4,), total, np.float32)
+
+
+class LargeArrays:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.full((8, 256, 256, 3), i, np.float32)  # 6 MB
+
+
+LEAN = {"items": 10, "workers": (2,), "threads": (4,)}
+
+
+@pytest.mark.parametrize(
+    "source, category, executor",
+    [(Sleeping(), "waiting", "threads"), (PurePython(), "GIL-bound", "processes"), (LargeArrays(), "transport-bound", "processes")],
+    ids=["sleeping", "pure-python", "large-array"],
+)
+def test_profile_classifies_and_recommends(source, category, executor):
+    report = kerasfeed.profile(source, **LEAN)
+    assert report.category == category, report.evidence
+    assert report.executor == executor, report.reason
+    assert report.workers in (2, 4)
+    assert {(r["executor"], r["count"]) for r in report.runs} == {("threads", 4), ("processes", 2)}
+    assert report.items_per_s > 0 and report.batches_per_s == report.items_per_s
+    table = report.table()
+    assert category in table and f"executor={executor!r}" in table and "serial" in table
+    json.dumps(report.as_dict(), default=str)
+
+
+def test_profile_figures_and_chart(tmp_path):
+    path = tmp_path / "chart.png"
+    report = kerasfeed.profile(Sleeping(), batch_size=4, chart=str(path), **LEAN)
+    assert path.stat().st_size > 10_000
+    assert report.category in CATEGORIES
+    assert "% on the CPU" in report.evidence
+    assert report.batches_per_s == pytest.approx(report.items_per_s / 4)
+    threads = next(r for r in report.runs if r["executor"] == "threads")
+    # The timeline of the thread run: one bar per item, on at most 4 lanes, inside the pass.
+    assert len(threads["timeline"]) == 10
+    assert {lane for lane, _, _ in threads["timeline"]} <= {0, 1, 2, 3}
+    assert all(0 <= s < e <= threads["seconds"] + 1e-3 for _, s, e in threads["timeline"])
+    processes = next(r for r in report.runs if r["executor"] == "processes")
+    assert processes["startup_s"] > 0
+
+
+def test_profile_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="items.*Received: items=0"):
+        kerasfeed.profile(Sleeping(), items=0)
+    with pytest.raises(TypeError):
+        kerasfeed.profile(object())
+
+
+def test_command_line(tmp_path):
+    (tmp_path / "my_source.py").write_text(textwrap.dedent(
+        """
+        import time
+        import numpy as np
+
+        class Waits:
+            def __len__(self):
+                return 32
+
+            def __getitem__(self, i):
+                time.sleep(0.003)
+                return np.zeros(4, np.float32)
+
+        def make():
+            return Waits()
+        """
+    ))
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg")
+    cmd = [sys.executable, "-m", "kerasfeed", "profile", "my_source:make", "--items", "8", "--workers", "2",
+           "--threads", "4", "--chart", "out.png"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "waiting" in done.stdout and "recommend: executor='threads'" in done.stdout
+    assert (tmp_path / "out.png").exists()
+    bad = subprocess.run([sys.executable, "-m", "kerasfeed", "profile", "nocolon"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "MODULE:FACTORY" in bad.stderr and "Received: 'nocolon'" in bad.stderr

@@ -1,0 +1,198 @@
+"""Live input stats: kerasfeed.stats(ds) on known workloads, and the InputStats callback."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.execution.threads import ThreadExecutor
+from kerasfeed.observe import stats as stats_module
+from kerasfeed.observe.callback import worker_run_dir
+from kerasfeed.observe.stats import StatsCollector
+
+
+class Sleepy:
+    """Sleeps ``delay`` seconds per item; item i is a small float vector."""
+
+    def __init__(self, n=24, delay=0.005, fail_at=None):
+        self.n, self.delay, self.fail_at = n, delay, fail_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"no item {i}")
+        time.sleep(self.delay)
+        return np.full((3,), i, np.float32), np.int64(i % 2)
+
+
+def drain(ds, per_element_s=0.0):
+    n = 0
+    for _ in ds:
+        n += 1
+        if per_element_s:
+            time.sleep(per_element_s)
+    return n
+
+
+def test_sleeping_source_reports_make_time_p50_near_its_sleep():
+    ds = kerasfeed.to_dataset(Sleepy(delay=0.005))
+    drain(ds)
+    s = kerasfeed.stats(ds)
+    assert s["executor"] == "threads"
+    assert s["items"] == 24
+    assert s["items_made"] >= 24
+    # Loose bounds: the machine is shared, sleeps overshoot.
+    assert 4.5 <= s["make_ms"]["p50"] <= 40, s["make_ms"]
+    assert s["make_ms"]["p50"] <= s["make_ms"]["p95"] <= s["make_ms"]["p99"] <= s["make_ms"]["max"]
+
+
+def test_consumer_slower_than_the_workers_reports_near_zero_wait():
+    # Items take 2 ms on 64 threads; the consumer spends 25 ms per element.
+    ds = kerasfeed.to_dataset(Sleepy(n=12, delay=0.002), prefetch=0)
+    drain(ds, per_element_s=0.025)
+    s = kerasfeed.stats(ds)
+    assert s["wait_ms"]["p50"] < 1.0, s["wait_ms"]
+    assert s["ready_fraction"] >= 0.5
+    assert s["wait_total_s"] < 0.25 * 12 * 0.025
+
+
+def test_slow_source_with_a_fast_consumer_reports_high_wait():
+    # One item at a time (parallelism=1), 20 ms each, a consumer that takes no time.
+    src = Sleepy(n=10, delay=0.02)
+    ds = kerasfeed.to_dataset(src, executor=ThreadExecutor(src, parallelism=1))
+    drain(ds)
+    s = kerasfeed.stats(ds)
+    assert s["wait_ms"]["p50"] >= 10.0, s["wait_ms"]
+    assert s["ready_fraction"] <= 0.5
+    # A pass's wait is most of its duration.
+    last = s["passes"][-1]
+    assert last["wait_s"] >= 0.5 * last["seconds"], last
+
+
+def test_stats_of_a_derived_dataset_and_per_pass_records():
+    ds = kerasfeed.to_dataset(Sleepy(n=20, delay=0.001), batch_size=4, shuffle=True, seed=0)
+    derived = ds.map(lambda x, y: (x * 2, y)).unbatch().batch(5)
+    for _ in range(2):
+        drain(derived)
+    s = kerasfeed.stats(derived)
+    json.dumps(s)  # plain data
+    assert s["kind"] == "to_dataset" and s["items_per_batch"] == 4
+    assert s["items"] == 40 and s["batches"] == 10
+    assert [p["epoch"] for p in s["passes"]] == [0, 1]
+    first, second = s["passes"]
+    assert first["items"] == second["items"] == 20 and second["batches"] == 5
+    assert first["gap_s"] is None and second["gap_s"] is not None and second["gap_s"] >= 0
+    assert second["items_per_s"] > 0 and second["batches_per_s"] == pytest.approx(second["items_per_s"] / 4)
+    assert s["batches_per_s"] == pytest.approx(second["batches_per_s"])
+    assert s["ahead"] == 0 and s["in_flight"] == 0  # all consumed
+    assert s["threads_busy"] > 0
+
+
+def test_errors_are_counted():
+    import tensorflow as tf
+
+    signature = (tf.TensorSpec((3,), "float32"), tf.TensorSpec((), "int64"))
+    ds = kerasfeed.to_dataset(Sleepy(n=8, delay=0.0, fail_at=5), output_signature=signature)
+    with pytest.raises(Exception, match="no item 5"):
+        drain(ds)
+    s = kerasfeed.stats(ds)
+    assert s["errors"] == 1
+    assert s["items"] == 5
+
+
+def test_stream_datasets_have_stats():
+    def gen(k):
+        for j in range(5):
+            yield np.full((2,), k * 10 + j, np.float32)
+
+    ds = kerasfeed.from_generators(gen, 4, batch_size=2)
+    drain(ds)
+    s = kerasfeed.stats(ds.map(lambda x: x + 1))
+    assert s["kind"] == "from_generators"
+    assert s["items"] == 20 and s["batches"] == 10 and s["errors"] == 0
+    assert s["passes"][0]["items"] == 20
+    assert s["wait_ms"]["samples"] == 20
+
+
+def test_stats_refuses_other_objects_and_switched_off_stats(monkeypatch):
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match="Received: _?RangeDataset"):
+        kerasfeed.stats(tf.data.Dataset.range(3))
+    monkeypatch.setattr(stats_module, "ENABLED", False)
+    ds = kerasfeed.to_dataset(Sleepy(n=4, delay=0.0))
+    with pytest.raises(ValueError, match="KERASFEED_STATS=0"):
+        kerasfeed.stats(ds)
+    assert drain(ds) == 4  # the pipeline works without stats
+
+
+def test_collector_keeps_a_fixed_window_and_exact_recent_percentiles():
+    c = StatsCollector("unit", window=1000)
+    c.pass_begin(0)
+    for k in range(5000):
+        c.picked(0, k / 1e3)  # 0..4999 ms; the last 1000 are 4000..4999 ms
+        c.made(0.001, worker=k % 2)
+    s = c.snapshot()
+    assert s["wait_ms"]["samples"] == 1000
+    assert s["wait_ms"]["p50"] == pytest.approx(4499.5, abs=1)
+    assert s["items"] == 5000
+    assert len(c._wait.values) == 1000  # bounded memory
+    assert [w["id"] for w in s["workers"]] == [0, 1]
+    assert all(w["items"] == 2500 and w["busy_s"] == pytest.approx(2.5) for w in s["workers"])
+
+
+def test_worker_run_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "input")
+    config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "input", "worker_1")
+
+
+def test_input_stats_callback_logs_and_tensorboard_tags(tmp_path):
+    import keras
+    from tbparse import SummaryReader
+
+    ds = kerasfeed.to_dataset(Sleepy(n=32, delay=0.002), batch_size=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    cb = kerasfeed.InputStats(str(tmp_path), every_n_steps=2)
+    history = model.fit(ds, epochs=2, callbacks=[cb], verbose=0, shuffle=False)
+    assert len(history.history["input_wait_ms"]) == 2
+    assert all(v >= 0 for v in history.history["input_wait_share"])
+    assert cb.run_dir == os.path.join(str(tmp_path), "input")
+
+    frame = SummaryReader(str(tmp_path), pivot=False).tensors
+    tags = set(frame["tag"])
+    documented = {
+        "input/wait_ms_p50", "input/wait_ms_p95", "input/wait_ms_p99", "input/wait_ms_mean",
+        "input/wait_ms_per_step", "input/make_ms_p50", "input/make_ms_p95", "input/make_ms_p99",
+        "input/items_per_s", "input/batches_per_s", "input/ready_fraction", "input/threads_busy",
+        "input/ahead", "input/in_flight", "input/errors", "input/pass_gap_ms", "input/first_item_ms",
+    }
+    assert documented <= tags, documented - tags
+    steps = sorted(set(frame[frame["tag"] == "input/wait_ms_p95"]["step"]))
+    assert steps[:2] == [2, 4] and steps[-1] == 16  # every 2 steps, and at each epoch end (8 steps an epoch)
+    p50 = frame[frame["tag"] == "input/make_ms_p50"]["value"]
+    assert (p50 >= 1.5).all()
+
+
+def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
+    import keras
+
+    with pytest.raises(ValueError, match="every_n_steps"):
+        kerasfeed.InputStats(every_n_steps=0)
+    train = kerasfeed.to_dataset(Sleepy(n=16, delay=0.0), batch_size=4)
+    val = kerasfeed.to_dataset(Sleepy(n=8, delay=0.0), batch_size=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    found, given = kerasfeed.InputStats(), kerasfeed.InputStats(dataset=train.map(lambda x, y: (x, y)))
+    model.fit(train, validation_data=val, epochs=1, callbacks=[found, given], verbose=0, shuffle=False)
+    assert found._collector is given._collector is kerasfeed.observe.api.collector_of(train)
