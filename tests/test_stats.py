@@ -196,3 +196,17 @@ def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
     found, given = kerasfeed.InputStats(), kerasfeed.InputStats(dataset=train.map(lambda x, y: (x, y)))
     model.fit(train, validation_data=val, epochs=1, callbacks=[found, given], verbose=0, shuffle=False)
     assert found._collector is given._collector is kerasfeed.observe.api.collector_of(train)
+
+
+def test_overhead_benchmark_runs_on_tiny_settings():
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import stats_overhead
+
+    res = stats_overhead.run(items=40, pairs=1, executors=["threads"], workers=1, calls=2000)
+    assert res["recording_us_per_item"] > 0
+    row = res["executors"]["threads"]
+    assert row["on_us_per_item"] > 0 and row["off_us_per_item"] > 0
+    assert "| threads |" in stats_overhead.to_table(res)
+    assert stats_module.ENABLED  # restored

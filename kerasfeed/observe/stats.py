@@ -117,7 +117,6 @@ class StatsCollector:
         self._make = _Ring(window)
         self._items = 0
         self._wait_total = 0.0
-        self._ready = collections.deque(maxlen=window)  # 1 when a pick-up did not block
         self._errors = 0
         self._made = 0
         self._busy: dict[Any, list] = {}  # worker id -> [busy seconds, items]
@@ -142,7 +141,6 @@ class StatsCollector:
         now = time.perf_counter() if now is None else now
         with self._lock:
             self._wait.add(wait_s)
-            self._ready.append(wait_s < READY_S)
             self._items += 1
             self._wait_total += wait_s
             self._last_pick = now
@@ -195,7 +193,8 @@ class StatsCollector:
         with self._lock:
             wait = _summary_ms(self._wait)
             make = _summary_ms(self._make)
-            ready = sum(self._ready) / len(self._ready) if self._ready else None
+            recent = self._wait.recent()
+            ready = float((recent < READY_S).mean()) if recent.size else None
             passes = [p.as_dict(self.items_per_batch) for p in self._passes.values()]
             busy = {k: list(v) for k, v in self._busy.items()}
             since = self._first_made
