@@ -64,8 +64,6 @@ def recording_cost_us(calls: int = 200_000) -> float:
 
 
 def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: int) -> float:
-    import tensorflow as tf
-
     import kerasfeed
     from kerasfeed.observe import stats as stats_module
 
