@@ -42,7 +42,7 @@ NEAR_BEST = 0.9  # the smallest count reaching this share of the best rate is re
 
 
 def _cpus() -> int:
-    from kerasfeed.execution.processes.pool import default_workers
+    from kerasfeed.execution.processes.options import default_workers
 
     return default_workers()
 

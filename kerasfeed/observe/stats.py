@@ -159,22 +159,28 @@ class StatsCollector:
         with self._lock:
             self._errors += 1
 
-    def made(self, make_s: float, worker: Any = None, end: Optional[float] = None, lane: Any = None) -> None:
+    def made(
+        self, make_s: float, worker: Any = None, end: Optional[float] = None, lane: Any = None, busy_s: Optional[float] = None
+    ) -> None:
         """One item took ``make_s`` seconds to make, on ``worker`` (None: a
-        pool thread). ``end``: when it finished (perf_counter), for the timeline."""
+        pool thread). ``end``: when it finished (perf_counter), for the
+        timeline; ``lane``: its timeline row (default ``worker``); ``busy_s``:
+        the worker's whole time on it (default ``make_s``; a worker process
+        also writes the item into shared memory)."""
+        busy = make_s if busy_s is None else busy_s
         with self._lock:
             self._make.add(make_s)
             self._made += 1
             if self._first_made is None:
-                self._first_made = time.perf_counter() - make_s
+                self._first_made = time.perf_counter() - busy
             entry = self._busy.get(worker)
             if entry is None:
                 entry = self._busy[worker] = [0.0, 0]
-            entry[0] += make_s
+            entry[0] += busy
             entry[1] += 1
             if self.timeline is not None and len(self.timeline) < _TIMELINE_MAX:
                 end = time.perf_counter() if end is None else end
-                self.timeline.append((worker if lane is None else lane, end - make_s, end))
+                self.timeline.append((worker if lane is None else lane, end - busy, end))
 
     def add_gauges(self, fn: Callable[[], dict]) -> None:
         """Registers a bound method returning instant figures (held weakly)."""

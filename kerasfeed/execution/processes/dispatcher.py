@@ -64,6 +64,7 @@ class Dispatcher:
         self._ids = itertools.count()
         self.items = 0
         self.consumer_cpu_s = 0.0
+        self.stats: Any = None  # a kerasfeed StatsCollector: gets each item's make time
         self.slots = SlotTable(options.workers, self.in_flight_per_worker)
         self.streams = StreamSessions(self)
         self.lanes = Lanes(self.slots, self.in_flight_per_worker)
@@ -122,6 +123,9 @@ class Dispatcher:
         if isinstance(msg, (protocol.ItemDone, protocol.ItemFailed)):
             if isinstance(msg, protocol.ItemDone):
                 self.slots.map_segment(lane.id, msg.slot, fds, msg.new_size)
+                stats = self.stats
+                if stats is not None:  # timed by the worker itself
+                    stats.made(msg.make_s, lane.id, time.perf_counter(), busy_s=msg.make_s + msg.write_s)
             with self.lock:
                 req = lane.pending.pop(msg.request_id, None)
                 if req is None:

@@ -85,6 +85,14 @@ class ProcessExecutor(Executor):
     def workers(self) -> int:
         return self.pool.num_workers
 
+    def attach_stats(self, collector: Any) -> None:
+        super().attach_stats(collector)
+        self.pool.observe(collector)
+
+    def gauges(self) -> dict:
+        """See ``WorkerPool.gauges``."""
+        return self.pool.gauges()
+
     def stats(self) -> dict:
         """See ``WorkerPool.stats``."""
         return self.pool.stats()

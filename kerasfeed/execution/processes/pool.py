@@ -195,6 +195,18 @@ class WorkerPool:
         """
         return _stats(self._dispatcher)
 
+    def observe(self, collector: Any) -> None:
+        """Sends each item's make time, as the worker timed it, to
+        ``collector`` (a ``kerasfeed.observe.stats.StatsCollector``)."""
+        self._dispatcher.stats = collector
+
+    def gauges(self) -> dict:
+        """Figures of this instant, cheap enough to poll: ``ahead`` (items made
+        for the plan and not taken yet), ``in_flight`` (requested, not
+        answered), ``shm_bytes``, and per worker ``id``, ``pid``, ``alive``,
+        ``rss_mb``."""
+        return _gauges(self._dispatcher)
+
     def close(self) -> None:
         """Stops the workers and frees the shared memory. Idempotent."""
         self._finalizer()
@@ -209,6 +221,29 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
         return f"<WorkerPool {self.name!r} workers={self.num_workers} {state}>"
+
+
+def _gauges(d: Dispatcher) -> dict:
+    # See WorkerPool.gauges. RSS from /proc/<pid>/statm (memory_info), not the
+    # slower smaps walk stats() does for USS.
+    import psutil
+
+    workers = []
+    for lane in d.lanes:
+        w = lane.process
+        alive = w.proc.poll() is None
+        rss = None
+        if alive:
+            try:
+                rss = psutil.Process(w.pid).memory_info().rss / 2**20
+            except (psutil.Error, OSError):
+                pass
+        workers.append({"id": w.id, "pid": w.pid, "alive": alive, "rss_mb": rss})
+    counts = d.request_counts()
+    with d.lock:
+        d.slots.collect_returned()
+        shm_bytes = d.slots.shm_bytes()
+    return {"ahead": counts.waiting, "in_flight": counts.pending, "shm_bytes": shm_bytes, "workers": workers}
 
 
 def _stats(d: Dispatcher) -> dict:

@@ -111,7 +111,9 @@ class ItemDone(NamedTuple):
 
     ``spec``: the pickled structure (``shm.dumps_spec``); ``new_size``: the
     size of a new segment for the slot (its fd attached), or None;
-    ``nbytes``: the bytes of the segment the item uses.
+    ``nbytes``: the bytes of the segment the item uses; ``make_s``: the
+    worker's own time for ``source[index]``; ``write_s``: its time to write
+    the item into shared memory (for ``kerasfeed.stats``).
     """
 
     request_id: int
@@ -119,6 +121,8 @@ class ItemDone(NamedTuple):
     spec: bytes
     new_size: Optional[int]
     nbytes: int
+    make_s: float = 0.0
+    write_s: float = 0.0
     kind = "item"
 
 

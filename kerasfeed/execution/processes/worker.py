@@ -186,13 +186,16 @@ class WorkerLoop:
             if epoch != self.epoch:
                 set_epoch(self.source, epoch)
                 self.epoch = epoch
+            t0 = time.perf_counter()
             item = self.source[index]
+            t1 = time.perf_counter()
             spec, fds, size, nbytes = self._encode_and_write(slot, item)
+            t2 = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - re-raised in the consumer
             err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
             self._send(protocol.ItemFailed(request.request_id, err))
             return
-        self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes), fds)
+        self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes, t1 - t0, t2 - t1), fds)
 
     def _take_messages(self, stream_id: int, free: collections.deque, block: bool) -> bool:
         """Reads credits for stream ``stream_id``; returns True if it was cancelled."""
