@@ -80,6 +80,9 @@ def test_profile_figures_and_chart(tmp_path):
     assert all(0 <= s < e <= threads["seconds"] + 1e-3 for _, s, e in threads["timeline"])
     processes = next(r for r in report.runs if r["executor"] == "processes")
     assert processes["startup_s"] > 0
+    # Worker processes time their own items: one bar per item, on the 2 workers' lanes.
+    assert len(processes["timeline"]) == 10
+    assert {lane for lane, _, _ in processes["timeline"]} <= {0, 1}
 
 
 def test_profile_rejects_bad_arguments():

@@ -23,7 +23,7 @@ WIRE = [
     (protocol.Exit(), ("exit",)),
     (protocol.Ready({"pid": 12}), ("ready", {"pid": 12})),
     (protocol.InitError("ValueError", "bad", "Traceback..."), ("init_error", "ValueError", "bad", "Traceback...")),
-    (protocol.ItemDone(7, 1, b"spec", 8192, 4000), ("item", 7, 1, b"spec", 8192, 4000)),
+    (protocol.ItemDone(7, 1, b"spec", 8192, 4000, 0.25, 0.5), ("item", 7, 1, b"spec", 8192, 4000, 0.25, 0.5)),
     (
         protocol.ItemFailed(7, ItemError.from_exception(3, ValueError("boom"), worker_id=0, pid=1, source_name="src")),
         None,
@@ -55,8 +55,9 @@ def test_each_message_encodes_to_its_tuple_and_decodes_back(message, wire):
 
 
 def test_fields_are_read_by_name():
-    msg = protocol.decode(("item", 3, 2, b"s", None, 10))
+    msg = protocol.decode(("item", 3, 2, b"s", None, 10, 0.25, 0.5))
     assert (msg.request_id, msg.slot, msg.spec, msg.new_size, msg.nbytes) == (3, 2, b"s", None, 10)
+    assert (msg.make_s, msg.write_s) == (0.25, 0.5)  # the worker's own timing (kerasfeed.stats)
     msg = protocol.decode(("stream_item", 4, 9, 0, b"s", 4096))
     assert (msg.stream_id, msg.n, msg.slot, msg.new_size) == (4, 9, 0, 4096)
 
