@@ -123,6 +123,7 @@ class StatsCollector:
         self._first_made: Optional[float] = None
         self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
         self._last_pick: Optional[float] = None
+        self._current: Optional[_Pass] = None  # the pass picked from last
         self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
         self.timeline: Optional[list] = None  # (lane, start, end) per item when enabled
         _LIVE.add(self)
@@ -133,6 +134,7 @@ class StatsCollector:
         now = time.perf_counter()
         with self._lock:
             self._passes[int(epoch)] = _Pass(int(epoch), now, self._last_pick)
+            self._current = None
             while len(self._passes) > PASSES_KEPT:
                 self._passes.popitem(last=False)
 
@@ -140,13 +142,17 @@ class StatsCollector:
         """The consumer got an item of pass ``epoch`` after blocking ``wait_s``."""
         now = time.perf_counter() if now is None else now
         with self._lock:
-            self._wait.add(wait_s)
+            ring = self._wait  # _Ring.add, inlined: this runs once per item on the consumer's thread
+            ring.values[ring.count % ring.size] = wait_s
+            ring.count += 1
             self._items += 1
             self._wait_total += wait_s
             self._last_pick = now
-            p = self._passes.get(epoch)
-            if p is None:
-                return
+            p = self._current
+            if p is None or p.epoch != epoch:
+                p = self._current = self._passes.get(epoch)
+                if p is None:
+                    return
             if p.first is None:
                 p.first = now
                 if p.gap_s is not None:
@@ -169,7 +175,9 @@ class StatsCollector:
         also writes the item into shared memory)."""
         busy = make_s if busy_s is None else busy_s
         with self._lock:
-            self._make.add(make_s)
+            ring = self._make
+            ring.values[ring.count % ring.size] = make_s
+            ring.count += 1
             self._made += 1
             if self._first_made is None:
                 self._first_made = time.perf_counter() - busy
