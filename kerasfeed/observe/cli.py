@@ -58,6 +58,12 @@ def _counts(name: str, text: Optional[str]) -> Optional[list]:
 def run_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from kerasfeed.observe.profile import profile
 
+    if args.chart:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("kerasfeed profile: matplotlib is not installed; no chart (pip install matplotlib).", file=sys.stderr)
+            args.chart = ""
     try:
         source = load_target(args.target)
         report = profile(
