@@ -43,6 +43,11 @@ _LAZY = {
     "H5SliceSequence": "kerasfeed.sources.hdf5:H5SliceSequence",
     "H5WindowSequence": "kerasfeed.sources.hdf5:H5WindowSequence",
     "ScenePointSampler": "kerasfeed.sources.hdf5:ScenePointSampler",
+    # Sampling at the index level: balanced and weighted orders, mixing sources.
+    "BalancedOrder": "kerasfeed.sampling.balanced:BalancedOrder",
+    "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
+    "mix": "kerasfeed.sampling.mix:mix",
+    "H5RowSequence": "kerasfeed.sources.hdf5_rows:H5RowSequence",
 }
 
 __all__ = ["__version__", *_LAZY]
