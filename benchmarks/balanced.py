@@ -61,7 +61,7 @@ def write_shards(workdir: pathlib.Path, shards: int, per_shard: int, dim: int) -
     workdir.mkdir(parents=True, exist_ok=True)
     meta_path = workdir / "meta.json"
     meta = {"shards": shards, "per_shard": per_shard, "dim": dim}
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("config") == meta:
+    if meta_path.exists() and json.loads(meta_path.read_text()).get("config") == meta:  # written already
         return json.loads(meta_path.read_text())
     rng = np.random.default_rng(0)
     files, labels = [], []
@@ -222,9 +222,11 @@ def main(argv=None) -> int:
     if args.workdir is None:
         args.workdir = os.path.join(tempfile.gettempdir(), f"kerasfeed-balanced-{args.shards}x{args.records_per_shard}x{args.dim}")
     if args.run:
+        # The shards are written by the first method's process (reused after):
+        # this parent process never imports TensorFlow.
+        write_shards(pathlib.Path(args.workdir), args.shards, args.records_per_shard, args.dim)
         print(json.dumps(run_one(args.run, args)))
         return 0
-    meta = write_shards(pathlib.Path(args.workdir), args.shards, args.records_per_shard, args.dim)
     rows = []
     for method in args.methods.split(","):
         if method not in METHODS:
@@ -237,6 +239,7 @@ def main(argv=None) -> int:
             print(f"{method} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
             return 1
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    meta = json.loads((pathlib.Path(args.workdir) / "meta.json").read_text())
     print(f"{args.shards} TFRecord shards, {meta['records']} records (1:{RARE_EVERY - 1}), {args.dim} floats each; "
           f"batches of {args.batch_size}; {args.batches} timed batches. kerasfeed's offset index: "
           f"{meta['index_scan_s']:.2f} s to scan once (not included below).\n")

@@ -296,3 +296,19 @@ def test_weighted_order_bad_input(weights, kwargs, message):
 def test_labels_must_be_one_per_item():
     with pytest.raises(ValueError, match=r"`labels` must be a non-empty 1-D array.*Received: labels of shape \(2, 3\)"):
         kerasfeed.BalancedOrder(np.zeros((2, 3)))
+
+
+def test_orders_and_mix_stay_free_of_tensorflow_and_keras():
+    import subprocess
+
+    code = (
+        "import sys, numpy as np, kerasfeed\n"
+        "from kerasfeed.sampling.protocol import resolve_order, order_fingerprint\n"
+        "o = kerasfeed.BalancedOrder(np.array([0, 0, 0, 1]), seed=0); o.indices(0)\n"
+        "w = kerasfeed.WeightedOrder([1.0, 2.0], seed=0); w.indices(0)\n"
+        "m = kerasfeed.mix([np.arange(4), np.arange(4)]); m[3]\n"
+        "order_fingerprint(resolve_order(4, o))\n"
+        "assert not {'tensorflow', 'keras', 'h5py'} & set(sys.modules), sorted({'tensorflow', 'keras', 'h5py'} & set(sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
