@@ -8,8 +8,13 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed.sampling.protocol import hash_parts
-from kerasfeed.sampling.weighted import STREAM_CLASS, STREAM_COUNTS, STREAM_MIX, SampledOrder, sample_without_replacement
+from kerasfeed.sampling.weighted import (
+    STREAM_CLASS,
+    STREAM_COUNTS,
+    STREAM_MIX,
+    SampledOrder,
+    sample_without_replacement,
+)
 
 OWNER = "BalancedOrder"
 

@@ -198,4 +198,4 @@ class WeightedOrder(SampledOrder):
         )
 
 
-__all__ = ["WeightedOrder", "SampledOrder"]
+__all__ = ["SampledOrder", "WeightedOrder"]
