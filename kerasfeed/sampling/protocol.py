@@ -81,7 +81,8 @@ def resolve_order(
         for name, value, default in (
             ("shuffle", shuffle, False), ("seed", seed, None), ("num_shards", num_shards, 1), ("shard_index", shard_index, 0)
         )
-        if not (value is default or value == default)
+        # None counts as not given: front ends that derive shards later pass None.
+        if not (value is None or value is default or value == default)
     }
     if given:
         detail = ", ".join(f"{k}={val!r}" for k, val in given.items())
