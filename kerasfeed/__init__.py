@@ -47,6 +47,11 @@ _LAZY = {
     "stats": "kerasfeed.observe.api:stats",
     "InputStats": "kerasfeed.observe.callback:InputStats",
     "profile": "kerasfeed.observe.profile:profile",
+    # Sampling at the index level: balanced and weighted orders, mixing sources.
+    "BalancedOrder": "kerasfeed.sampling.balanced:BalancedOrder",
+    "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
+    "mix": "kerasfeed.sampling.mix:mix",
+    "H5RowSequence": "kerasfeed.sources.hdf5_rows:H5RowSequence",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -92,3 +92,35 @@ def device(value: Any) -> Optional[str]:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"`device` must be a device name such as '/gpu:0'. Received: device={value!r}")
     return value
+
+
+def summarize(value: Any, limit: int = 8) -> str:
+    """A short repr of a possibly huge array or sequence, for ``Received:`` parts."""
+    if isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and len(value) > limit):
+        a = np.asarray(value)
+        if a.size > limit:
+            head = ", ".join(repr(x) for x in a.ravel()[:limit].tolist())
+            return f"array of {a.size} ({a.dtype}): [{head}, ...]"
+        return f"array({a.tolist()!r})"
+    return repr(value)
+
+
+def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarray:
+    """A non-empty 1-D float64 array of finite, non-negative numbers, not all zero."""
+    where = _where(owner)
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}`{name}` must be numbers. Received: {name}={summarize(values)}") from e
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{where}`{name}` must be a non-empty 1-D sequence of numbers. Received: {name} of shape {a.shape}")
+    bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{where}`{name}` must be finite and non-negative; {name}[{i}] is {float(a[i])!r} ({bad.size} bad "
+            f"entr{'y' if bad.size == 1 else 'ies'}). Received: {name}={summarize(values)}"
+        )
+    if not a.any():
+        raise ValueError(f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}")
+    return a

@@ -24,6 +24,15 @@ class TrainingProgress(keras.callbacks.Callback):
         path: if given, the state is written there as JSON every
             ``save_every`` batches and at the end of every epoch.
         save_every: batches between writes to ``path``.
+        order: the order being trained on (an ``IndexOrder``,
+            ``BalancedOrder``, ... or the dataset ``to_dataset`` returned):
+            its fingerprint is saved in the state, and ``to_dataset`` then
+            refuses to resume from that state with a different order.
+            Without it, the fingerprint of ``initial_state`` (if any) is kept.
+
+    Raises:
+        ValueError: ``order`` differs from the order ``initial_state`` was
+            saved with, or bad arguments.
 
     Example:
 
@@ -54,18 +63,34 @@ class TrainingProgress(keras.callbacks.Callback):
         initial_state: Optional[Mapping[str, int]] = None,
         path: Optional[Union[str, os.PathLike]] = None,
         save_every: int = 1,
+        *,
+        order: Any = None,
     ):
         super().__init__()
         if not isinstance(save_every, int) or save_every <= 0:
             raise ValueError(f"`save_every` must be a positive int. Received: save_every={save_every!r}")
         start = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
         self._resume = start
+        self._order = start.order
+        if order is not None:
+            from kerasfeed.sampling.protocol import fingerprint_of
+
+            current = fingerprint_of(order)
+            if start.order is not None and start.order != current:
+                raise ValueError(
+                    f"`initial_state` was saved with a different order (fingerprint {start.order!r}; `order` has "
+                    f"{current!r}). Received: initial_state={start.to_dict()}, order={order!r}"
+                )
+            self._order = current
         self._epoch, self._batches = start.epoch, start.batches
         self.path, self.save_every = path, save_every
 
     def state(self) -> dict:
-        """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e."""
-        return ResumeState(self._epoch, self._batches).to_dict()
+        """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e.
+
+        With an order fingerprint (see ``order``) the dict also has ``"order"``.
+        """
+        return ResumeState(self._epoch, self._batches, self._order).to_dict()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch

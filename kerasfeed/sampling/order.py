@@ -78,6 +78,14 @@ class IndexOrder:
         """Number of indices in every pass of this shard."""
         return self.length // self.num_shards
 
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the pass sequence over all shards (kept in resume states)."""
+        from kerasfeed.sampling.protocol import hash_parts
+
+        seed = int(self.seed) if self.shuffle else None  # unused when not shuffling
+        return hash_parts("IndexOrder", int(self.length), bool(self.shuffle), seed, int(self.num_shards))
+
     def indices(self, epoch: int) -> np.ndarray:
         """Returns the int64 item indices of pass ``epoch`` for this shard."""
         if self.shuffle:

@@ -10,7 +10,7 @@ import tensorflow as tf
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
-from kerasfeed.sampling.order import IndexOrder
+from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.common import (
@@ -46,6 +46,7 @@ def to_dataset(
     shard_index: int = 0,
     input_context: Optional[tf.distribute.InputContext] = None,
     initial_state: Optional[Mapping[str, int]] = None,
+    order: Any = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -96,7 +97,14 @@ def to_dataset(
             starts after its first ``b`` elements, exactly where the saved run
             stopped; later passes are whole. Use the same source, seed,
             batch size and shards as the saved run, and
-            ``model.fit(..., initial_epoch=e)``.
+            ``model.fit(..., initial_epoch=e)``. A state that carries an
+            order fingerprint (``TrainingProgress(order=...)``) is refused
+            with a different order.
+        order: the index order of every pass instead of
+            ``shuffle``/``seed``/``num_shards``/``shard_index``: any object
+            with ``shard_length`` and ``indices(epoch)``, such as
+            ``kerasfeed.BalancedOrder`` or ``kerasfeed.WeightedOrder`` (see
+            ``kerasfeed.sampling.protocol``). Indices may repeat.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality. Its executor is
@@ -144,7 +152,7 @@ def to_dataset(
                 f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
             )
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
-    order = IndexOrder(total, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index)
+    order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
     n = order.shard_length  # items per pass
     if batch_size is not None and drop_remainder and batch_size > n:
         raise ValueError(
@@ -152,6 +160,7 @@ def to_dataset(
         )
 
     resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    check_resume_order(resume, order)
     per_element = batch_size or 1
     per_pass = n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
     if resume.batches >= per_pass:

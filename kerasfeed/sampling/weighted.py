@@ -1,0 +1,201 @@
+"""Weighted per-pass orders: the sharded, resumable form of a weighted random sampler."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed import _validation as v
+from kerasfeed.sampling.protocol import hash_parts
+
+# Distinct generator streams, so that no two uses of (seed, pass) share draws.
+STREAM_WEIGHTED, STREAM_COUNTS, STREAM_CLASS, STREAM_MIX = 11, 12, 13, 14
+
+
+class SampledOrder:
+    """What the sampled orders share: pass length, seed, shards, a pass cache.
+
+    Every pass is computed whole (over all shards) from ``(seed, pass)``;
+    shard ``k`` takes every ``num_shards``-th entry, cut to
+    ``num_samples // num_shards`` so that all shards have the same length.
+    Subclasses implement ``_pass(epoch)``.
+    """
+
+    def _init_common(self, owner: str, length: int, num_samples: Any, seed: Any, num_shards: Any, shard_index: Any) -> None:
+        self.length = int(length)
+        self.num_samples = v.positive_int("num_samples", num_samples, allow_none=True, owner=owner) or self.length
+        self.num_shards = v.positive_int("num_shards", num_shards, owner=owner)
+        self.shard_index = v.non_negative_int("shard_index", shard_index, owner=owner)
+        if self.num_shards > self.num_samples:
+            raise ValueError(
+                f"{owner}: `num_shards` must be at most num_samples={self.num_samples} (every shard needs an item "
+                f"per pass). Received: num_shards={self.num_shards}"
+            )
+        if self.shard_index >= self.num_shards:
+            raise ValueError(
+                f"{owner}: `shard_index` must be in [0, {self.num_shards}). Received: shard_index={self.shard_index}"
+            )
+        seed = v.seed("seed", seed, owner=owner)
+        if seed is None:
+            if self.num_shards > 1:
+                raise ValueError(
+                    f"{owner}: several shards need an explicit `seed` so that they all draw the same passes "
+                    f"and stay disjoint. Received: seed=None, num_shards={self.num_shards}"
+                )
+            seed = int(np.random.SeedSequence().entropy % (2**63))  # fixed for this object
+        self.seed = seed
+        self._cache: dict = {}
+        self._cache_lock = threading.Lock()
+        self._fingerprint: Optional[str] = None
+
+    @property
+    def shard_length(self) -> int:
+        """Number of indices in every pass of this shard."""
+        return self.num_samples // self.num_shards
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """Returns the int64 item indices of pass ``epoch`` for this shard.
+
+        A pure function of ``(seed, epoch)`` and the arguments; the last two
+        passes asked for are cached.
+        """
+        epoch = v.non_negative_int("epoch", epoch)
+        with self._cache_lock:
+            full = self._cache.get(epoch)
+        if full is None:
+            full = self._pass(epoch)
+            full.setflags(write=False)
+            with self._cache_lock:
+                if len(self._cache) >= 2:
+                    self._cache.pop(min(self._cache))
+                self._cache[epoch] = full
+        if self.num_shards == 1:
+            return full
+        return full[self.shard_index :: self.num_shards][: self.shard_length]
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the pass sequence over all shards (kept in resume states)."""
+        if self._fingerprint is None:
+            self._fingerprint = hash_parts(type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards)
+        return self._fingerprint
+
+    def _rng(self, stream: int, epoch: int, *more: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, stream, int(epoch), *more])
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        state.pop("_cache_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cache_lock = threading.Lock()
+
+    def _pass(self, epoch: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _fingerprint_parts(self) -> tuple:
+        raise NotImplementedError
+
+
+def sample_without_replacement(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
+    """``k`` distinct positions drawn one after another with probability
+    proportional to ``weights`` among those not drawn yet, in draw order.
+
+    Exponential keys ``E / w``: the ``k`` smallest, sorted, have exactly that
+    distribution (zero weights get infinite keys and are never drawn).
+    """
+    with np.errstate(divide="ignore"):
+        keys = rng.standard_exponential(len(weights)) / weights
+    part = np.argpartition(keys, k - 1)[:k] if k < len(weights) else np.arange(len(weights))
+    return part[np.argsort(keys[part], kind="stable")]
+
+
+class WeightedOrder(SampledOrder):
+    """Each pass draws items with probability proportional to per-item weights.
+
+    The sharded, resumable form of PyTorch's ``WeightedRandomSampler``: pass
+    ``epoch`` is a pure function of ``(seed, epoch)``, every shard computes
+    the same pass and takes its own equal, disjoint share of positions, and
+    the state needed to resume is just ``(epoch, position)``. Memory is 8
+    bytes per item (the cumulative weights), with no limit at 2^24 items.
+
+    Args:
+        weights: one non-negative, finite weight per item of the source
+            (not all zero). Items with weight 0 are never drawn.
+        num_samples: indices per pass over all shards; defaults to the
+            number of items.
+        replacement: True: independent draws (an item may come several times
+            per pass). False: every item at most once per pass, drawn one
+            after another in proportion to the weights of those left.
+        seed: seed of every pass; None draws one for this object (not allowed
+            with several shards).
+        num_shards: number of equal, disjoint shards each pass is split into.
+        shard_index: the shard this order yields.
+
+    Raises:
+        ValueError: negative, NaN or all-zero weights, ``num_samples`` not a
+            positive int, or ``replacement=False`` with more samples than
+            items of non-zero weight. Messages name the argument.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import kerasfeed
+
+    weights = np.array([1.0, 1.0, 8.0, 0.0])
+    order = kerasfeed.WeightedOrder(weights, num_samples=10, seed=0)
+    order.indices(0)  # mostly 2, never 3
+    ```
+    """
+
+    def __init__(
+        self,
+        weights: Any,
+        *,
+        num_samples: Optional[int] = None,
+        replacement: bool = True,
+        seed: Optional[int] = None,
+        num_shards: int = 1,
+        shard_index: int = 0,
+    ):
+        owner = "WeightedOrder"
+        w = v.weights("weights", weights, owner=owner)
+        self.replacement = v.flag("replacement", replacement, owner=owner)
+        self._init_common(owner, len(w), num_samples, seed, num_shards, shard_index)
+        positive = int(np.count_nonzero(w))
+        if not self.replacement and self.num_samples > positive:
+            raise ValueError(
+                f"{owner}: replacement=False draws every item at most once per pass, but num_samples="
+                f"{self.num_samples} is more than the {positive} items of non-zero weight. "
+                f"Received: num_samples={self.num_samples}, replacement=False"
+            )
+        self._weights = w if not self.replacement else None
+        self._cdf = np.cumsum(w) if self.replacement else None
+        self._weights_digest = hash_parts(w)
+
+    def _pass(self, epoch: int) -> np.ndarray:
+        rng = self._rng(STREAM_WEIGHTED, epoch)
+        if self.replacement:
+            u = rng.random(self.num_samples) * self._cdf[-1]
+            # side="right": an item of weight 0 spans no interval of u.
+            idx = np.searchsorted(self._cdf, u, side="right")
+            return np.minimum(idx, self.length - 1).astype(np.int64)
+        return sample_without_replacement(rng, self._weights, self.num_samples).astype(np.int64)
+
+    def _fingerprint_parts(self) -> tuple:
+        return (self._weights_digest, self.replacement)
+
+    def __repr__(self) -> str:
+        return (
+            f"WeightedOrder(<{self.length} weights>, num_samples={self.num_samples}, replacement={self.replacement}, "
+            f"seed={self.seed}, num_shards={self.num_shards}, shard_index={self.shard_index})"
+        )
+
+
+__all__ = ["SampledOrder", "WeightedOrder"]

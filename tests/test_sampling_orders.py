@@ -1,0 +1,314 @@
+"""Balanced and weighted per-pass orders, the order protocol of to_dataset, and order-aware resume."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import cloudpickle
+import keras
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.sampling.protocol import order_fingerprint, resolve_order
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# 1:50 imbalance, three classes: 1000 / 100 / 20 items.
+LABELS = np.repeat(np.array([0, 1, 2], dtype=np.int64), [1000, 100, 20])
+
+
+class Items(kerasfeed.SceneSequence):
+    """Item i: (i as a 2-vector, label of i): the stream says which items came."""
+
+    def __init__(self, labels=LABELS):
+        super().__init__()
+        self.labels = np.asarray(labels)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return np.array([i, i], dtype=np.int64), np.int64(self.labels[i])
+
+
+def _stream(ds):
+    return [int(i) for x, _ in ds.as_numpy_iterator() for i in np.atleast_2d(x)[:, 0]]
+
+
+# ---- proportions ----------------------------------------------------------------
+
+
+def test_exact_balanced_passes_are_within_one_item_per_class():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=1000, seed=0)
+    for epoch in range(6):
+        counts = np.bincount(LABELS[order.indices(epoch)], minlength=3)
+        assert counts.sum() == 1000
+        assert np.all(np.abs(counts - 1000 / 3) <= 1), counts
+
+
+def test_class_weights_set_the_proportions():
+    order = kerasfeed.BalancedOrder(LABELS, class_weights={0: 2, 1: 1, 2: 1}, num_samples=999, seed=1)
+    counts = np.bincount(LABELS[order.indices(0)], minlength=3)
+    assert np.all(np.abs(counts - np.array([499.5, 249.75, 249.75])) <= 1), counts
+    left_out = kerasfeed.BalancedOrder(LABELS, class_weights=[1, 0, 1], seed=1)
+    assert set(LABELS[left_out.indices(0)].tolist()) == {0, 2}
+
+
+def test_independent_draws_stay_within_statistical_bounds():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=3000, exact=False, seed=2)
+    passes = [np.bincount(LABELS[order.indices(e)], minlength=3) for e in range(8)]
+    sigma = np.sqrt(3000 * (1 / 3) * (2 / 3))
+    for counts in passes:
+        assert np.all(np.abs(counts - 1000) < 5 * sigma), counts
+    assert len({tuple(c) for c in passes}) > 1  # counts really vary: independent draws
+
+
+def test_weighted_order_frequencies_follow_the_weights():
+    weights = np.array([1.0, 2.0, 0.0, 5.0, 2.0])
+    order = kerasfeed.WeightedOrder(weights, num_samples=20000, seed=3)
+    freq = sum(np.bincount(order.indices(e), minlength=5) for e in range(4)) / 80000
+    p = weights / weights.sum()
+    sigma = np.sqrt(p * (1 - p) / 80000)
+    assert freq[2] == 0
+    assert np.all(np.abs(freq - p) <= 5 * sigma + 1e-12), (freq, p)
+
+
+def test_rare_class_items_repeat_only_after_the_whole_class_came():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=3000, seed=4)  # class 2: 1000 draws of 20 items
+    for epoch in range(3):
+        idx = order.indices(epoch)
+        for c in range(3):
+            per_item = np.bincount(idx[LABELS[idx] == c], minlength=len(LABELS))[LABELS == c]
+            k = (LABELS[idx] == c).sum()
+            n = (LABELS == c).sum()
+            # every item k // n or k // n + 1 times: none twice before all came once
+            assert per_item.min() >= k // n and per_item.max() <= -(-k // n), (c, per_item.min(), per_item.max())
+
+
+def test_without_replacement_every_item_at_most_once_per_pass():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=60, replacement=False, seed=5)
+    idx = order.indices(0)
+    assert len(set(idx.tolist())) == 60 and np.all(np.bincount(LABELS[idx]) == 20)
+    draws = kerasfeed.BalancedOrder(LABELS, num_samples=500, replacement=False, exact=False, seed=5)
+    assert len(set(draws.indices(1).tolist())) == 500
+    weighted = kerasfeed.WeightedOrder(np.ones(50), num_samples=50, replacement=False, seed=5)
+    assert sorted(weighted.indices(0).tolist()) == list(range(50))
+
+
+# ---- determinism and shards -----------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda seed: kerasfeed.BalancedOrder(LABELS, num_samples=500, seed=seed),
+    lambda seed: kerasfeed.BalancedOrder(LABELS, num_samples=500, exact=False, replacement=False, seed=seed),
+    lambda seed: kerasfeed.WeightedOrder(np.arange(1, 101.0), num_samples=300, seed=seed),
+    lambda seed: kerasfeed.WeightedOrder(np.arange(1, 101.0), num_samples=60, replacement=False, seed=seed),
+])
+def test_same_seed_same_passes_and_passes_differ(make):
+    a, b, other = make(7), make(7), make(8)
+    for epoch in (0, 1, 5):
+        np.testing.assert_array_equal(a.indices(epoch), b.indices(epoch))
+    assert not np.array_equal(a.indices(0), a.indices(1))
+    assert not np.array_equal(a.indices(0), other.indices(0))
+    assert a.indices(0).dtype == np.int64
+    assert a.fingerprint == b.fingerprint != other.fingerprint
+
+
+def test_shards_are_disjoint_equal_and_cover_the_pass():
+    full = kerasfeed.BalancedOrder(LABELS, num_samples=1001, seed=9)
+    shards = [kerasfeed.BalancedOrder(LABELS, num_samples=1001, seed=9, num_shards=3, shard_index=k) for k in range(3)]
+    for epoch in (0, 3):
+        parts = [s.indices(epoch) for s in shards]
+        assert [len(p) for p in parts] == [333, 333, 333] == [s.shard_length for s in shards]
+        # each position of the pass goes to exactly one shard
+        joined = np.empty(999, dtype=np.int64)
+        for k, p in enumerate(parts):
+            joined[k::3] = p
+        np.testing.assert_array_equal(joined, full.indices(epoch)[:999])
+    # without replacement, the shards' items are disjoint
+    unique = [kerasfeed.WeightedOrder(np.ones(100), num_samples=90, replacement=False, seed=1, num_shards=3, shard_index=k)
+              for k in range(3)]
+    sets = [set(o.indices(2).tolist()) for o in unique]
+    assert all(len(s) == 30 for s in sets) and not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    assert shards[0].fingerprint == shards[2].fingerprint  # one run, every shard resumes from one state
+
+
+def test_more_than_two_to_the_24_items():
+    n = 2**24 + 1_000_000
+    labels = np.zeros(n, dtype=np.int8)
+    labels[::51] = 1  # 1:50
+    labels[-5:] = 2  # a tiny class at the very end
+    order = kerasfeed.BalancedOrder(labels, num_samples=300_000, seed=0, num_shards=2, shard_index=1)
+    idx = order.indices(0)
+    assert idx.dtype == np.int64 and len(idx) == 150_000
+    assert idx.max() >= 2**24 and idx.max() < n
+    counts = np.bincount(labels[order.indices(0)], minlength=3)
+    assert np.all(np.abs(counts - 50_000) <= 200), counts  # one shard of an exact pass
+    assert set(np.flatnonzero(labels == 2).tolist()) <= set(order.indices(1).tolist()) | set(idx.tolist())
+    weighted = kerasfeed.WeightedOrder(labels.astype(np.float64), num_samples=1000, seed=0)
+    w_idx = weighted.indices(0)
+    assert np.all(labels[w_idx] > 0) and w_idx.max() >= 2**24
+
+
+# ---- to_dataset: the order protocol ------------------------------------------------
+
+
+def test_to_dataset_reads_the_order_and_batches_it():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=300, seed=11)
+    ds = kerasfeed.to_dataset(Items(), batch_size=32, order=order)
+    assert int(ds.cardinality()) == 10
+    for epoch in range(2):
+        assert _stream(ds) == order.indices(epoch).tolist()
+
+
+def test_a_custom_order_object_works_and_is_checked():
+    class EveryOther:
+        shard_length = 560
+
+        def indices(self, epoch):
+            return np.arange(epoch % 2, 1120, 2)
+
+    ds = kerasfeed.to_dataset(Items(), order=EveryOther())
+    assert _stream(ds) == list(range(0, 1120, 2)) and _stream(ds) == list(range(1, 1120, 2))
+
+    class OutOfRange(EveryOther):
+        def indices(self, epoch):
+            return np.arange(560) * 3
+
+    with pytest.raises(Exception, match=r"OutOfRange.indices\(0\) returned index 1677, outside the source's items \[0, 1120\)"):
+        list(kerasfeed.to_dataset(Items(), order=OutOfRange()))
+    with pytest.raises(TypeError, match="`order` must be an order object.*Received: order=5"):
+        kerasfeed.to_dataset(Items(), order=5)
+
+
+def test_order_and_order_arguments_together_is_an_error():
+    order = kerasfeed.BalancedOrder(LABELS, seed=0)
+    with pytest.raises(ValueError, match="Pass either `order` or `shuffle`.*not both.*Received: order=BalancedOrder.*shuffle=True, seed=3"):
+        kerasfeed.to_dataset(Items(), order=order, shuffle=True, seed=3)
+    with pytest.raises(ValueError, match="num_shards=2, shard_index=1"):
+        kerasfeed.to_dataset(Items(), order=order, num_shards=2, shard_index=1)
+    # without `order` the old arguments still work as before
+    assert _stream(kerasfeed.to_dataset(Items(), shuffle=True, seed=3)) == kerasfeed.IndexOrder(1120, True, 3).indices(0).tolist()
+
+
+def test_labels_whose_length_differs_from_the_source():
+    order = kerasfeed.BalancedOrder(LABELS[:-1], seed=0)
+    with pytest.raises(ValueError, match=r"`order` picks from 1119 items .* but the source has 1120 items.*Received: order=BalancedOrder\(<1119 labels"):
+        kerasfeed.to_dataset(Items(), order=order)
+
+
+def test_threads_and_processes_give_the_same_stream():
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=200, seed=12)
+    threads = _stream(kerasfeed.to_dataset(Items(), batch_size=16, order=order))
+    ds = kerasfeed.to_dataset(Items(), batch_size=16, order=order, executor="processes", workers=2)
+    try:
+        assert _stream(ds) == threads == order.indices(0).tolist()
+        assert _stream(ds) == order.indices(1).tolist()
+    finally:
+        kerasfeed.executor_of(ds).close()
+        del ds
+        gc.collect()
+
+
+# ---- resume -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: kerasfeed.BalancedOrder(LABELS, num_samples=200, seed=13),
+    lambda: kerasfeed.WeightedOrder(np.linspace(0, 1, 1120), num_samples=200, seed=13),
+])
+def test_resume_exactly_mid_pass(make):
+    ref = kerasfeed.to_dataset(Items(), batch_size=16, order=make())
+    passes = [_stream(ref) for _ in range(3)]
+    progress = kerasfeed.TrainingProgress({"epoch": 1, "batches": 5}, order=ref)
+    state = progress.state()
+    assert state["order"] == make().fingerprint and json.loads(json.dumps(state)) == state
+    resumed = kerasfeed.to_dataset(Items(), batch_size=16, order=make(), initial_state=state)
+    assert _stream(resumed) == passes[1][5 * 16:]
+    assert _stream(resumed) == passes[2]
+
+
+def test_resume_with_a_different_order_is_refused_and_old_states_still_load():
+    saved = kerasfeed.TrainingProgress({"epoch": 0, "batches": 2}, order=kerasfeed.BalancedOrder(LABELS, seed=1)).state()
+    with pytest.raises(ValueError, match=r"`initial_state` was saved with a different order .*Received: initial_state=\{'epoch': 0, 'batches': 2, 'order': "):
+        kerasfeed.to_dataset(Items(), order=kerasfeed.BalancedOrder(LABELS, seed=2), initial_state=saved)
+    with pytest.raises(ValueError, match="saved with a different order"):
+        kerasfeed.to_dataset(Items(), shuffle=True, seed=1, initial_state=saved)
+    with pytest.raises(ValueError, match="saved with a different order"):
+        kerasfeed.TrainingProgress(saved, order=kerasfeed.BalancedOrder(LABELS, class_weights=[1, 1, 2], seed=1))
+    # a state without a fingerprint (saved before orders had one) resumes with any order
+    old = {"epoch": 0, "batches": 2}
+    ds = kerasfeed.to_dataset(Items(), batch_size=16, order=kerasfeed.BalancedOrder(LABELS, num_samples=64, seed=2), initial_state=old)
+    assert len(_stream(ds)) == 32
+    assert kerasfeed.TrainingProgress(old).state() == old
+    # IndexOrder fingerprints: shuffle and seed matter, the shard index does not
+    a = resolve_order(10, None, shuffle=True, seed=1, num_shards=2, shard_index=0)
+    b = resolve_order(10, None, shuffle=True, seed=1, num_shards=2, shard_index=1)
+    assert order_fingerprint(a) == order_fingerprint(b) != order_fingerprint(resolve_order(10, None, shuffle=True, seed=2))
+
+
+def test_fit_records_the_order_and_learns_from_a_balanced_stream(tmp_path):
+    order = kerasfeed.BalancedOrder(LABELS, num_samples=256, seed=14)
+    ds = kerasfeed.to_dataset(Items(), batch_size=32, order=order).map(lambda x, y: (keras.ops.cast(x, "float32") / 1000.0, y))
+    progress = kerasfeed.TrainingProgress(path=tmp_path / "state.json", order=ds)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=2, verbose=0, shuffle=False, callbacks=[progress])
+    assert kerasfeed.TrainingProgress.load(tmp_path / "state.json") == {"epoch": 2, "batches": 0, "order": order.fingerprint}
+
+
+# ---- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(class_weights={0: 1, 1: 1, 2: 1, 7: 1}), r"`class_weights` has a weight for class 7, which no label has; the labels' classes are \[0, 1, 2\]"),
+    (dict(class_weights={0: 1, 1: 1}), r"`class_weights` must give a weight for every class .*class 2 has none"),
+    (dict(class_weights=[0, 0, 0]), r"`class_weights` are all zero.*Received: class_weights=\[0, 0, 0\]"),
+    (dict(class_weights={0: 1, 1: -2, 2: 1}), r"`class_weights` must be finite and non-negative; class 1 has -2"),
+    (dict(class_weights=[1, float("nan"), 1]), r"class_weights\[1\] is nan"),
+    (dict(class_weights=[1, 1]), r"one weight per class.*3 classes.*Received: class_weights=\[1, 1\]"),
+    (dict(num_samples=0), r"BalancedOrder: `num_samples` must be a positive int. Received: num_samples=0"),
+    (dict(replacement=False, num_samples=100), r"replacement=False .* needs up to 34 items of class 2, which has only 20.*Received: num_samples=100, replacement=False"),
+    (dict(replacement=False, exact=False, num_samples=2000), r"num_samples=2000 is more than the 1120 items.*Received: num_samples=2000, replacement=False"),
+    (dict(num_shards=2), r"several shards need an explicit `seed`.*Received: seed=None, num_shards=2"),
+])
+def test_balanced_order_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kerasfeed.BalancedOrder(LABELS, **kwargs)
+
+
+@pytest.mark.parametrize("weights, kwargs, message", [
+    ([0.0, 0.0], {}, r"WeightedOrder: `weights` are all zero: nothing could ever be drawn. Received: weights=\[0.0, 0.0\]"),
+    ([1.0, -1.0], {}, r"`weights` must be finite and non-negative; weights\[1\] is -1.0"),
+    ([1.0, float("nan")], {}, r"weights\[1\] is nan"),
+    ([1.0, 1.0], dict(num_samples=0), r"`num_samples` must be a positive int. Received: num_samples=0"),
+    ([1.0, 0.0, 1.0], dict(replacement=False, num_samples=3), r"num_samples=3 is more than the 2 items of non-zero weight.*Received: num_samples=3, replacement=False"),
+    ([[1.0, 2.0]], {}, r"`weights` must be a non-empty 1-D sequence"),
+])
+def test_weighted_order_bad_input(weights, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kerasfeed.WeightedOrder(weights, **kwargs)
+
+
+def test_labels_must_be_one_per_item():
+    with pytest.raises(ValueError, match=r"`labels` must be a non-empty 1-D array.*Received: labels of shape \(2, 3\)"):
+        kerasfeed.BalancedOrder(np.zeros((2, 3)))
+
+
+def test_orders_and_mix_stay_free_of_tensorflow_and_keras():
+    import subprocess
+
+    code = (
+        "import sys, numpy as np, kerasfeed\n"
+        "from kerasfeed.sampling.protocol import resolve_order, order_fingerprint\n"
+        "o = kerasfeed.BalancedOrder(np.array([0, 0, 0, 1]), seed=0); o.indices(0)\n"
+        "w = kerasfeed.WeightedOrder([1.0, 2.0], seed=0); w.indices(0)\n"
+        "m = kerasfeed.mix([np.arange(4), np.arange(4)]); m[3]\n"
+        "order_fingerprint(resolve_order(4, o))\n"
+        "assert not {'tensorflow', 'keras', 'h5py'} & set(sys.modules), sorted({'tensorflow', 'keras', 'h5py'} & set(sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
