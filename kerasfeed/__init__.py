@@ -52,6 +52,12 @@ _LAZY = {
     "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
     "mix": "kerasfeed.sampling.mix:mix",
     "H5RowSequence": "kerasfeed.sources.hdf5_rows:H5RowSequence",
+    # Exports: sharded TFRecord/ArrayRecord files written in parallel (kerasfeed/exporting)
+    "export": "kerasfeed.exporting.exporter:export",
+    "load_export": "kerasfeed.exporting.reader:load_export",
+    "verify_export": "kerasfeed.exporting.reader:verify_export",
+    "ExportSource": "kerasfeed.exporting.arrayrecord:ExportSource",
+    "ExportError": "kerasfeed.exporting.manifest:ExportError",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,0 +1,156 @@
+"""The random-access format (ArrayRecord) and ``ExportSource``, an export read back by index.
+
+TFRecord is sequential: reading item ``i`` means reading every record before
+it. ArrayRecord (the ``array-record`` package, the format Grain reads)
+stores an index of its records, so any record is one seek away; with
+``group_size:1`` each record is its own compressed chunk. The records are the
+same ``tf.train.Example`` bytes as in a TFRecord export.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any, Optional
+
+from kerasfeed.exporting import encoding
+from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, read_manifest
+from kerasfeed.exporting.spec import ExportSpec
+
+_COMPRESSION = {None: "uncompressed", "ZSTD": "zstd:3", "SNAPPY": "snappy", "BROTLI": "brotli:6"}
+_READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # tuned for random access
+
+
+def _module():
+    try:
+        from array_record.python import array_record_module
+    except ImportError as e:  # pragma: no cover - the `export` extra installs it
+        raise ImportError(
+            "format='arrayrecord' needs the `array-record` package: pip install 'kerasfeed[export]'. "
+            f"Received: ImportError: {e}"
+        ) from e
+    return array_record_module
+
+
+class ArrayRecordFile:
+    """Writes one ArrayRecord shard (same interface as ``writer.TFRecordFile``)."""
+
+    def __init__(self, path: pathlib.Path, compression: Optional[str]):
+        self.path = path
+        self._writer = _module().ArrayRecordWriter(str(path), f"group_size:1,max_parallelism:1,{_COMPRESSION[compression]}")
+
+    def write(self, spec: ExportSpec, arrays: list) -> None:
+        self._writer.write(encoding.encode(spec, arrays))
+
+    def close(self) -> tuple[int, str]:
+        self._writer.close()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        size, crc = file_crc32c(self.path)
+        return size, crc
+
+    def abort(self) -> None:
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001 - the file is removed anyway
+            pass
+
+
+class ExportSource:
+    """A ``format="arrayrecord"`` export as an indexable source: ``src[i]`` is item ``i``.
+
+    Use it with ``kerasfeed.to_dataset`` (shuffled, sharded, on threads or
+    worker processes) or anything that takes a random-access source. Items
+    are nests of numpy arrays (strings as object arrays of bytes), equal to
+    what was exported. It pickles small: each process opens the shard files
+    lazily, on first use.
+
+    Args:
+        directory: the export directory.
+        verify: ``"size"`` (default) checks every shard's size against the
+            manifest when the source is built; ``"checksum"`` also reads every
+            file and checks its CRC32C; ``False`` checks nothing.
+
+    Raises:
+        kerasfeed.ExportError: not a finished ArrayRecord export, or a shard
+            is missing or damaged (named).
+
+    Example:
+
+    ```python
+    src = kerasfeed.ExportSource("/tmp/scenes_ar")   # kerasfeed.export(..., format="arrayrecord")
+    x, y = src[3]
+    ds = kerasfeed.to_dataset(src, shuffle=True, seed=0, executor="threads")
+    ```
+    """
+
+    def __init__(self, directory: Any, *, verify: Any = "size"):
+        self.directory, manifest = read_manifest(directory)
+        if manifest["file_format"] != "arrayrecord":
+            raise ExportError(
+                f"ExportSource reads exports written with format='arrayrecord' (random access); '{self.directory}' holds "
+                f"{manifest['file_format']} files: read it with kerasfeed.load_export, or export again with "
+                f"format='arrayrecord'. Received: file_format={manifest['file_format']!r}"
+            )
+        check_verify(verify)
+        if verify:
+            raise_bad(self.directory, bad_shards(self.directory, manifest, checksum=verify == "checksum"))
+        self.spec = ExportSpec.from_json(manifest["element_spec"])
+        self.num_items = manifest["num_items"]
+        self.num_shards = manifest["num_shards"]
+        self.files = [str(self.directory / s["file"]) for s in manifest["shards"]]
+        self._readers: Optional[tuple] = None
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    def __getitem__(self, index: int) -> Any:
+        i = int(index)
+        if not -self.num_items <= i < self.num_items:
+            raise IndexError(f"ExportSource index out of range: the export holds {self.num_items} items. Received: index={index}")
+        i %= self.num_items
+        k, position = i % self.num_shards, i // self.num_shards
+        record = self._reader(k).read([position])[0]
+        try:
+            return encoding.decode(self.spec, record)
+        except ValueError as e:
+            raise ExportError(f"Record {position} of '{self.files[k]}' (item {i}) cannot be decoded: {e}") from e
+
+    def _reader(self, k: int) -> Any:
+        if self._readers is None or self._readers[0] != os.getpid():
+            self._readers = (os.getpid(), {})
+        readers = self._readers[1]
+        reader = readers.get(k)
+        if reader is None:
+            reader = readers[k] = _module().ArrayRecordReader(self.files[k], _READ_OPTIONS)
+        return reader
+
+    def close(self) -> None:
+        if self._readers is not None and self._readers[0] == os.getpid():
+            for reader in self._readers[1].values():
+                reader.close()
+        self._readers = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_readers": None}
+
+    def __repr__(self) -> str:
+        return f"ExportSource('{self.directory}', items={self.num_items}, shards={self.num_shards}, spec={self.spec})"
+
+
+def check_verify(verify: Any) -> None:
+    if verify not in (False, "size", "checksum"):
+        raise ValueError(f"`verify` must be 'size', 'checksum' or False. Received: verify={verify!r}")
+
+
+def raise_bad(directory: pathlib.Path, bad: list) -> None:
+    if bad:
+        listing = "; ".join(f"{name}: {problem}" for name, problem in bad)
+        raise ExportError(
+            f"The export in '{directory}' is damaged: {len(bad)} shard(s) fail their check: {listing}. "
+            f"Re-export those shards with kerasfeed.export(..., resume=True) (it keeps the good ones). "
+            f"Received: directory='{directory}'"
+        )

@@ -1,0 +1,277 @@
+"""``kerasfeed.export``: write any source to sharded TFRecord (or ArrayRecord) files in parallel."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from kerasfeed import _validation as _v
+from kerasfeed.errors import ItemError
+from kerasfeed.exporting import manifest as mf
+from kerasfeed.exporting.spec import ExportSpec
+from kerasfeed.exporting.writer import Progress, ShardTask, remove
+from kerasfeed.loading.pipeline import probe_indices
+from kerasfeed.sources.base import source_length, source_name
+
+_EXECUTORS = ("threads", "processes")
+
+
+def export(
+    source: Any,
+    directory: Any,
+    *,
+    num_shards: int,
+    executor: str = "processes",
+    workers: Optional[int] = None,
+    compression: Optional[str] = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = True,
+    format: str = "tfrecord",
+    output_signature: Any = None,
+    worker_init: Optional[Callable[[], None]] = None,
+) -> dict:
+    """Writes every item of ``source`` once to ``num_shards`` files in ``directory``.
+
+    Item ``i`` (``source[i]``, a nest of arrays: any dtype including
+    bytes/str, any shape, shapes may vary) becomes one ``tf.train.Example``
+    record, losslessly, in shard ``i % num_shards``. Each shard is one task on
+    the executor: the thread or worker process that runs it makes the shard's
+    items in order and writes them with its own writer, so the loading, the
+    encoding, the compression and the checksums all run in parallel and no
+    writer is ever shared. A shard is written to ``<name>.tmp``, fsync'd,
+    and renamed by this process once complete; ``manifest.json`` (element
+    spec, per-shard counts, byte sizes and CRC32C, kerasfeed version) is
+    rewritten after every shard, so a crash never leaves a shard that looks
+    whole and ``resume=True`` can go on from the finished ones.
+
+    Args:
+        source: an indexable source (``__len__``/``__getitem__``), e.g. a
+            ``kerasfeed.SceneSequence``. Its items are the ones
+            ``to_dataset(source)`` yields in its first pass.
+        directory: the target directory; created if needed; must be empty
+            unless ``overwrite`` or ``resume``.
+        num_shards: number of files, at most ``len(source)``. Use a multiple
+            of ``workers`` (and of the number of training workers that will
+            read it) so that every worker gets the same share.
+        executor: ``"processes"`` (worker processes: past the GIL and
+            h5py's lock) or ``"threads"``.
+        workers: number of worker processes; None = the usable CPU count
+            (at most one per shard).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"`` (TFRecord);
+            ``None``, ``"ZSTD"``, ``"SNAPPY"`` or ``"BROTLI"`` (ArrayRecord).
+        overwrite: replace an existing export in ``directory``.
+        resume: keep the shards of an earlier, interrupted run that pass
+            their checksum and write the rest (same source and settings).
+        progress: show a progress bar (tqdm, else Keras' Progbar).
+        format: ``"tfrecord"`` (read with ``load_export``: pure TensorFlow)
+            or ``"arrayrecord"`` (random access: ``ExportSource``).
+        output_signature: a nest of ``tf.TensorSpec`` for one item; inferred
+            from items 0, 1, 2 and the last when None (a dimension that
+            differs becomes None).
+        worker_init: run once in each worker process.
+
+    Returns:
+        The manifest (also in ``directory/manifest.json``) as a dict.
+
+    Raises:
+        ValueError, TypeError: bad arguments, or a non-empty ``directory``
+            without ``overwrite``/``resume``.
+        kerasfeed.ItemError: ``source[i]`` raised (``.index`` is ``i``).
+        kerasfeed.SignatureError: item ``i`` does not fit the element spec.
+        kerasfeed.ExportError: a write failed (disk full, read-only
+            directory), or ``resume`` found an export of other settings.
+        kerasfeed.WorkerError: a worker process died.
+        KeyboardInterrupt: Ctrl-C. In every failure the workers are stopped,
+            no ``.tmp`` file is left, and the finished shards stay recorded.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import kerasfeed
+
+    class Squares(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return {"x": np.full((i + 1, 2), i, "float32"), "name": f"item-{i}"}
+
+    kerasfeed.export(Squares(), "/tmp/squares", num_shards=2, executor="threads", overwrite=True)
+    ds = kerasfeed.load_export("/tmp/squares")   # x: (None, 2) float32, name: string
+    ```
+    """
+    n = source_length(source)
+    num_shards = _v.positive_int("num_shards", num_shards, owner="export")
+    if num_shards > n:
+        raise ValueError(f"export: `num_shards` must be at most len(source) = {n}. Received: num_shards={num_shards}")
+    if executor not in _EXECUTORS:
+        raise ValueError(f"export: `executor` must be one of {_EXECUTORS}. Received: executor={executor!r}")
+    workers = _v.positive_int("workers", workers, allow_none=True, owner="export")
+    overwrite, resume = _v.flag("overwrite", overwrite, owner="export"), _v.flag("resume", resume, owner="export")
+    progress = _v.flag("progress", progress, owner="export")
+    if overwrite and resume:
+        raise ValueError("export: pass `overwrite=True` (start again) or `resume=True` (go on), not both. Received: overwrite=True, resume=True")
+    if format not in mf.FORMATS:
+        raise ValueError(f"export: `format` must be one of {tuple(mf.FORMATS)}. Received: format={format!r}")
+    compression = compression.upper() if isinstance(compression, str) else compression
+    if compression not in mf.COMPRESSIONS[format]:
+        raise ValueError(f"export: `compression` for format={format!r} must be one of {mf.COMPRESSIONS[format]}. Received: compression={compression!r}")
+    from kerasfeed.exporting.encoding import require_crc32c
+
+    require_crc32c()
+    directory = pathlib.Path(os.fspath(directory))
+    name = source_name(source)
+
+    spec, probed = _spec(source, n, output_signature)
+    hint = (
+        f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
+        if probed else " (the spec given as `output_signature`)"
+    )  # fmt: skip
+    manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=format, compression=compression,
+                        source=name, overwrite=overwrite, resume=resume)  # fmt: skip
+    todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
+    if todo:
+        task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
+                         compression=compression, source_name=name, hint=hint)  # fmt: skip
+        _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init, progress=progress)
+    manifest["complete"] = True
+    mf.write_manifest(directory, manifest)
+    return manifest
+
+
+def _spec(source: Any, n: int, output_signature: Any) -> tuple[ExportSpec, list]:
+    if output_signature is not None:
+        return ExportSpec.from_tensor_specs(output_signature), []
+    indices = probe_indices(n, 3)
+    probes = []
+    for i in indices:
+        try:
+            probes.append((i, source[i]))
+        except Exception as e:  # noqa: BLE001
+            raise ItemError.from_exception(i, e, source_name=source_name(source)) from e
+    return ExportSpec.infer(probes), indices
+
+
+def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: int, file_format: str,
+             compression: Optional[str], source: str, overwrite: bool, resume: bool) -> dict:  # fmt: skip
+    """Checks the target directory; returns the manifest to complete (finished shards kept on resume)."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"export: `directory` is a file, not a directory. Received: directory='{directory}'")
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = sorted(os.listdir(directory))
+    if entries and not (overwrite or resume):
+        raise ValueError(
+            f"export: the target directory is not empty ({len(entries)} entries, e.g. {entries[:3]}); pass "
+            f"overwrite=True to replace it or resume=True to finish an interrupted export. Received: directory='{directory}'"
+        )
+    foreign = [e for e in entries if not mf.is_own_file(e)]
+    if foreign:
+        raise ValueError(
+            f"export: the target directory holds files that no export wrote ({foreign[:5]}); they are not deleted: "
+            f"choose an empty directory or remove them. Received: directory='{directory}'"
+        )
+    fresh = mf.new_manifest(spec, num_items=n, num_shards=num_shards, file_format=file_format, compression=compression, source=source)
+    keep: set = set()
+    if resume and (directory / mf.MANIFEST).is_file():
+        _, old = mf.read_manifest(directory, need_complete=False)
+        for key in ("num_items", "num_shards", "file_format", "compression", "element_spec"):
+            if old.get(key) != fresh[key]:
+                raise mf.ExportError(
+                    f"export(resume=True): the export in '{directory}' was written with other settings: {key} is "
+                    f"{old.get(key)!r} there and {fresh[key]!r} now; use overwrite=True to start again. Received: {key}={fresh[key]!r}"
+                )
+        bad = {name for name, _ in mf.bad_shards(directory, old, checksum=True)}
+        fresh["created"] = old.get("created", fresh["created"])
+        for k, entry in enumerate(old["shards"]):
+            if entry is not None and entry["file"] not in bad:
+                fresh["shards"][k] = entry
+                keep.add(entry["file"])
+    for e in entries:
+        if e not in keep and e != mf.MANIFEST:
+            remove(directory / e)
+    mf.write_manifest(directory, fresh)
+    return fresh
+
+
+def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *, executor: str,
+         workers: Optional[int], worker_init: Any, progress: bool) -> None:  # fmt: skip
+    from kerasfeed.execution.factory import make_executor
+
+    shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
+    if executor == "processes" and workers is None:
+        workers = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, len(todo)))
+    total = sum(mf.shard_count(k, task.num_shards, task.num_items) for k in todo)
+    bar = _Bar(shared, todo, total) if progress else None
+    ex = None
+    try:
+        ex = make_executor(executor, task, workers=workers, worker_init=worker_init)
+        ex.plan(0, todo)
+        for k in todo:
+            report = ex.load(k, 0)
+            if "error" in report:
+                raise report["error"]
+            if report.get("stopped"):  # pragma: no cover - only after a stop this process asked for
+                raise mf.ExportError(f"export: shard {k} was stopped. Received: directory='{directory}'")
+            final = directory / report["file"]
+            os.replace(directory / (report["file"] + mf.TMP), final)
+            mf.fsync_dir(directory)
+            manifest["shards"][k] = {key: report[key] for key in ("file", "count", "bytes", "crc32c")}
+            mf.write_manifest(directory, manifest)
+    finally:
+        shared.stop()  # tasks still running stop at their next item
+        if ex is not None:
+            ex.close()
+        deadline = time.monotonic() + 30
+        while task.active and time.monotonic() < deadline:  # threads cannot be killed: wait for them
+            time.sleep(0.01)
+        if bar is not None:
+            bar.close()
+        shared.close()
+        for e in os.listdir(directory):
+            if e.endswith(mf.TMP) or e == mf.PROGRESS:
+                remove(directory / e)
+
+
+class _Bar:
+    """A progress bar fed from the shared per-shard counts by a small thread."""
+
+    def __init__(self, shared: Progress, todo: list, total: int):
+        self._shared, self._todo, self._done = shared, todo, 0
+        try:
+            import tqdm
+
+            self._bar = tqdm.tqdm(total=total, unit="item", desc="export", smoothing=0.1)
+            self._tqdm = True
+        except ImportError:  # pragma: no cover - the `export` extra installs tqdm
+            import keras
+
+            self._bar = keras.utils.Progbar(total, unit_name="item")
+            self._tqdm = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kerasfeed-export-progress", daemon=True)
+        self._thread.start()
+
+    def _update(self) -> None:
+        counts = self._shared.counts()
+        done = sum(counts[k] for k in self._todo)
+        if self._tqdm:
+            self._bar.update(done - self._done)
+        else:
+            self._bar.update(done)
+        self._done = done
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self._update()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._update()
+        if self._tqdm:
+            self._bar.close()

@@ -1,0 +1,169 @@
+"""``manifest.json``: what an export holds, and the checks that it is whole.
+
+Layout of an export directory::
+
+    manifest.json                        written first, rewritten as shards complete
+    shard-00000-of-00008.tfrecord        (or .arrayrecord) item i is record i // 8 of shard i % 8
+    shard-00003-of-00008.tfrecord.tmp    a shard being written (never read)
+
+The manifest records the element spec, the number of items, the file format
+and compression, and for every finished shard its item count, byte size and
+CRC32C (of the file as stored); ``complete`` turns true with the last one.
+Every write of it goes to a temporary name, is fsync'd and renamed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+from typing import Any, Optional
+
+from kerasfeed._version import __version__
+from kerasfeed.exporting.spec import ExportSpec
+
+MANIFEST = "manifest.json"
+PROGRESS = ".kerasfeed-progress"
+TMP = ".tmp"
+FORMATS = {"tfrecord": "tfrecord", "arrayrecord": "arrayrecord"}
+COMPRESSIONS = {"tfrecord": (None, "GZIP", "ZLIB"), "arrayrecord": (None, "ZSTD", "SNAPPY", "BROTLI")}
+FORMAT_VERSION = 1
+_CHUNK = 8 << 20
+
+
+class ExportError(RuntimeError):
+    """An export could not be written, or one on disk is incomplete or damaged.
+
+    The message names the directory and, when one is to blame, the shard file.
+    """
+
+
+def shard_name(k: int, num_shards: int, file_format: str) -> str:
+    return f"shard-{k:05d}-of-{num_shards:05d}.{file_format}"
+
+
+def shard_count(k: int, num_shards: int, num_items: int) -> int:
+    """Items in shard ``k``: item ``i`` goes to shard ``i % num_shards``."""
+    return len(range(k, num_items, num_shards))
+
+
+def is_own_file(name: str) -> bool:
+    """A file an export writes (and ``overwrite``/``resume`` may delete)."""
+    return name in (MANIFEST, MANIFEST + TMP, PROGRESS) or (
+        name.startswith("shard-") and any(f".{fmt}" in name for fmt in FORMATS)
+    )
+
+
+def new_manifest(spec: ExportSpec, *, num_items: int, num_shards: int, file_format: str, compression: Optional[str], source: str) -> dict:
+    return {
+        "format": "kerasfeed-export",
+        "format_version": FORMAT_VERSION,
+        "kerasfeed_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "file_format": file_format,
+        "compression": compression,
+        "num_items": num_items,
+        "num_shards": num_shards,
+        "layout": "item i is record i // num_shards of shard i % num_shards",
+        "element_spec": spec.to_json(),
+        "complete": False,
+        "shards": [None] * num_shards,
+    }
+
+
+def fsync_dir(directory: pathlib.Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(directory: pathlib.Path, manifest: dict) -> None:
+    tmp = directory / (MANIFEST + TMP)
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, directory / MANIFEST)
+    fsync_dir(directory)
+
+
+def read_manifest(directory: Any, *, need_complete: bool = True) -> tuple[pathlib.Path, dict]:
+    """Returns ``(directory, manifest)``; raises ExportError if it is missing or (optionally) incomplete."""
+    directory = pathlib.Path(os.fspath(directory))
+    path = directory / MANIFEST
+    if not path.is_file():
+        why = "the directory does not exist" if not directory.exists() else "no manifest.json in it"
+        raise ExportError(f"Not a kerasfeed export: {why}. Received: directory='{directory}'")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"The export's manifest cannot be read ({type(e).__name__}: {e}). Received: '{path}'") from e
+    if manifest.get("format") != "kerasfeed-export" or manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise ExportError(
+            f"'{path}' is not a kerasfeed export manifest this version ({__version__}) reads. "
+            f"Received: format={manifest.get('format')!r}, format_version={manifest.get('format_version')!r}"
+        )
+    if need_complete and not manifest.get("complete"):
+        missing = [k for k, s in enumerate(manifest["shards"]) if s is None]
+        raise ExportError(
+            f"The export in '{directory}' is incomplete: {len(missing)} of {manifest['num_shards']} shards were never "
+            f"finished (shards {_ranges(missing)}); run kerasfeed.export(..., resume=True) with the same source to "
+            f"finish it. Received: directory='{directory}'"
+        )
+    return directory, manifest
+
+
+def file_crc32c(path: pathlib.Path) -> tuple[int, str]:
+    """``(size, crc32c hex)`` of a file, read in chunks."""
+    from kerasfeed.exporting.encoding import crc32c
+
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                return size, f"{crc:08x}"
+            crc = crc32c(chunk, crc)
+            size += len(chunk)
+
+
+def check_shard(directory: pathlib.Path, entry: dict, *, checksum: bool) -> Optional[str]:
+    """None when the shard file matches its manifest entry, else what is wrong with it."""
+    path = directory / entry["file"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "the file is missing"
+    if size != entry["bytes"]:
+        return f"the file has {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
+    if checksum:
+        _, crc = file_crc32c(path)
+        if crc != entry["crc32c"]:
+            return f"its CRC32C is {crc}, the manifest says {entry['crc32c']} (the data changed on disk)"
+    return None
+
+
+def bad_shards(directory: pathlib.Path, manifest: dict, *, checksum: bool) -> list[tuple[str, str]]:
+    """``[(file, problem), ...]`` for every finished shard that fails its check."""
+    out = []
+    for k, entry in enumerate(manifest["shards"]):
+        if entry is None:
+            continue
+        expected = shard_count(k, manifest["num_shards"], manifest["num_items"])
+        if entry["count"] != expected:
+            out.append((entry["file"], f"it holds {entry['count']} items, the layout needs {expected}"))
+            continue
+        problem = check_shard(directory, entry, checksum=checksum)
+        if problem:
+            out.append((entry["file"], problem))
+    return out
+
+
+def _ranges(ks: list) -> str:
+    if len(ks) > 8:
+        return ", ".join(map(str, ks[:8])) + f", ... ({len(ks)} in all)"
+    return ", ".join(map(str, ks))
