@@ -132,15 +132,21 @@ def export(
         f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
         if probed else " (the spec given as `output_signature`)"
     )  # fmt: skip
-    manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=format, compression=compression,
-                        source=name, overwrite=overwrite, resume=resume)  # fmt: skip
-    todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
-    if todo:
-        task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
-                         compression=compression, source_name=name, hint=hint)  # fmt: skip
-        _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init, progress=progress)
-    manifest["complete"] = True
-    mf.write_manifest(directory, manifest)
+    try:
+        manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=format, compression=compression,
+                            source=name, overwrite=overwrite, resume=resume)  # fmt: skip
+        todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
+        if todo:
+            task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
+                             compression=compression, source_name=name, hint=hint)  # fmt: skip
+            _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init, progress=progress)
+        manifest["complete"] = True
+        mf.write_manifest(directory, manifest)
+    except OSError as e:  # the main process's own writes: directory, manifest, renames
+        raise mf.ExportError(
+            f"kerasfeed.export: cannot write in the target directory: {type(e).__name__}: {e}. No shard is left "
+            f"looking complete; finished shards stay in the manifest. Received: directory='{directory}'"
+        ) from e
     return manifest
 
 

@@ -1,0 +1,55 @@
+"""Sources for the export tests, in a module without TensorFlow: worker processes import it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import kerasfeed
+
+NUMERIC = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+           "float16", "float32", "float64", "complex64", "complex128")  # fmt: skip
+
+
+class Mixed(kerasfeed.SceneSequence):
+    """Tuples, dicts, bytes, str, variable shapes, scalars and every numeric dtype."""
+
+    def __init__(self, n=13, **kwargs):
+        super().__init__(**kwargs)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(i)
+        numbers = {d: (rng.standard_normal((2, i % 3 + 1)) * 100).astype(d) for d in NUMERIC}
+        numbers["uint64"] = np.array([[2**64 - 1 - i, i]], dtype="uint64")  # extremes survive
+        words = np.array([f"w{j}-é" for j in range(i % 4)], dtype=object)  # may be empty
+        return (
+            {"numbers": numbers, "words": words, "raw": bytes([i, 0, 255]) * i, "id": np.int64(i)},
+            (np.full((i % 5, 3), i, np.float32), f"item {i}"),
+        )
+
+
+class Slow(kerasfeed.SceneSequence):
+    """Item i is (i, a payload of `size` bytes) after `delay` seconds; `bad`: index -> what goes wrong."""
+
+    def __init__(self, n, delay=0.0, size=16, bad=None, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.delay, self.size, self.bad = n, delay, size, bad or {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        what = self.bad.get(i)
+        if what == "raise":
+            raise KeyError(f"no row {i}")
+        if what == "exit":
+            os._exit(3)
+        size = self.size + 1 if what == "shape" else self.size
+        return np.int64(i), np.full(size, i % 256, np.uint8)

@@ -1,0 +1,143 @@
+"""kerasfeed.export / load_export / verify_export / ExportSource: what goes in comes out."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+from kerasfeed.exporting import encoding
+from kerasfeed.exporting.spec import ExportSpec, as_array
+
+from _export_sources import Mixed
+
+
+def _items(ds):
+    return list(ds.as_numpy_iterator())
+
+
+def _assert_same(a, b):
+    tf.nest.assert_same_structure(a, b)
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def _op_types(ds):
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    ops = {n.op for n in graph.node}
+    for f in graph.library.function:
+        ops |= {n.op for n in f.node_def}
+    return ops
+
+
+@pytest.mark.parametrize("executor,compression", [("threads", None), ("processes", "GZIP")])
+def test_load_export_equals_to_dataset_item_for_item(tmp_path, executor, compression):
+    src = Mixed()
+    workers = 2 if executor == "processes" else None
+    manifest = kerasfeed.export(src, tmp_path / "out", num_shards=4, executor=executor, workers=workers,
+                                compression=compression, progress=False)  # fmt: skip
+    assert manifest["complete"] and [s["count"] for s in manifest["shards"]] == [4, 3, 3, 3]
+    ref = kerasfeed.to_dataset(src)
+    ds = kerasfeed.load_export(tmp_path / "out")
+    assert ds.element_spec == ref.element_spec
+    assert ds.cardinality().numpy() == 13
+    got, want = _items(ds), _items(ref)
+    assert len(got) == len(want) == 13
+    for a, b in zip(got, want):
+        _assert_same(a, b)
+    ops = _op_types(ds)
+    assert "TFRecordDataset" in ops and "ParseExampleV2" in ops
+    assert not {"PyFunc", "EagerPyFunc", "PyFuncStateless"} & ops
+
+
+def test_records_are_plain_tf_train_examples(tmp_path):
+    kerasfeed.export(Mixed(3), tmp_path, num_shards=1, executor="threads", progress=False)
+    records = list(tf.data.TFRecordDataset(str(tmp_path / "shard-00000-of-00001.tfrecord")).as_numpy_iterator())
+    assert len(records) == 3
+    example = tf.train.Example.FromString(records[2])
+    feature = example.features.feature
+    assert list(feature["y/1"].bytes_list.value) == [b"item 2"]
+    assert list(feature["x/numbers/int16:shape"].int64_list.value) == [2, 3]
+    assert np.frombuffer(feature["x/numbers/float32"].bytes_list.value[0], "<f4").tolist() == Mixed()[2][0]["numbers"]["float32"].ravel().tolist()
+    # TensorFlow's own serialization of the same message parses back to the same item.
+    spec = ExportSpec.from_json(json.loads((tmp_path / "manifest.json").read_text())["element_spec"])
+    _assert_same(encoding.decode(spec, example.SerializeToString()), encoding.decode(spec, records[2]))
+
+
+def test_manifest_records_spec_counts_sizes_and_checksums(tmp_path):
+    kerasfeed.export(Mixed(7), tmp_path, num_shards=3, executor="threads", progress=False)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert (m["num_items"], m["num_shards"], m["file_format"], m["kerasfeed_version"]) == (7, 3, "tfrecord", kerasfeed.__version__)
+    fields = {f["name"]: f for f in m["element_spec"]["fields"]}
+    assert fields["y[0]"]["shape"] == [None, 3] and fields["x['numbers']['uint32']"]["dtype"] == "uint32"
+    for k, shard in enumerate(m["shards"]):
+        path = tmp_path / shard["file"]
+        assert shard["count"] == len(range(k, 7, 3)) and path.stat().st_size == shard["bytes"]
+        assert shard["crc32c"] == f"{encoding.crc32c(path.read_bytes()):08x}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"] + [s["file"] for s in m["shards"]]
+    assert kerasfeed.verify_export(tmp_path) == {"items": 7, "shards": 3, "bytes": sum(s["bytes"] for s in m["shards"])}
+
+
+def test_sharded_and_shuffled_reads(tmp_path):
+    class Ids(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 21
+
+        def __getitem__(self, i):
+            return np.int64(i)
+
+    kerasfeed.export(Ids(), tmp_path, num_shards=6, executor="threads", progress=False)
+    for w in range(3):  # 6 files over 3 pipelines: exactly to_dataset's shards
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=w)
+        ds = kerasfeed.load_export(tmp_path, input_context=ctx)
+        assert ds.cardinality().numpy() == 7
+        assert _items(ds) == _items(kerasfeed.to_dataset(Ids(), input_context=ctx))
+    uneven = [_items(kerasfeed.load_export(tmp_path, num_shards=4, shard_index=w)) for w in range(4)]
+    assert {len(u) for u in uneven} == {3}  # the smallest share: files {0,4}/{1,5}/{2}/{3} hold 8/7/3/3
+    assert len(set(sum(uneven, []))) == 12
+    ds = kerasfeed.load_export(tmp_path, shuffle_files=True, seed=3)
+    first, second = _items(ds), _items(ds)
+    assert sorted(first) == sorted(second) == list(range(21)) and first != second
+    with pytest.raises(ValueError, match="the export has 6 files, fewer than `num_shards`.*Received: num_shards=7"):
+        kerasfeed.load_export(tmp_path, num_shards=7)
+
+
+def test_fit_from_an_export(tmp_path):
+    import keras
+
+    class Xy(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            x = np.random.default_rng(i).standard_normal(4).astype("float32")
+            return x, np.float32(x.sum())
+
+    kerasfeed.export(Xy(), tmp_path, num_shards=2, executor="threads", progress=False)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(kerasfeed.load_export(tmp_path).batch(8), epochs=2, verbose=0, shuffle=False)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+
+
+def test_arrayrecord_export_as_a_random_access_source(tmp_path):
+    src = Mixed(9)
+    kerasfeed.export(src, tmp_path, num_shards=2, executor="threads", format="arrayrecord", compression="ZSTD", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir())[-1] == "shard-00001-of-00002.arrayrecord"
+    back = kerasfeed.ExportSource(tmp_path, verify="checksum")
+    assert len(back) == 9
+    _assert_same(back[7], tf.nest.map_structure(as_array, src[7]))  # text as object arrays of bytes
+    _assert_same(back[-1], tf.nest.map_structure(as_array, src[8]))
+    back = pickle.loads(pickle.dumps(back))  # no open reader travels
+    ds = kerasfeed.to_dataset(back, executor="processes", workers=2, shuffle=True, seed=1)
+    ref = kerasfeed.to_dataset(src, shuffle=True, seed=1)
+    for a, b in zip(_items(ds), _items(ref)):
+        _assert_same(a, b)
+    with pytest.raises(IndexError, match="holds 9 items. Received: index=9"):
+        back[9]
+    with pytest.raises(kerasfeed.ExportError, match="load_export reads TFRecord exports.*ExportSource"):
+        kerasfeed.load_export(tmp_path)
