@@ -1,4 +1,5 @@
-"""Sources for the export tests, in a module without TensorFlow: worker processes import it."""
+"""Sources for the export tests: plain indexables in a module that imports neither TensorFlow
+nor Keras, so worker processes and exporting scripts that import it start fast."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ import time
 
 import numpy as np
 
-import kerasfeed
-
 NUMERIC = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
            "float16", "float32", "float64", "complex64", "complex128")  # fmt: skip
 
 
-class Mixed(kerasfeed.SceneSequence):
+class Mixed:
     """Tuples, dicts, bytes, str, variable shapes, scalars and every numeric dtype."""
 
-    def __init__(self, n=13, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, n=13):
         self.n = n
 
     def __len__(self):
@@ -34,11 +32,12 @@ class Mixed(kerasfeed.SceneSequence):
         )
 
 
-class Slow(kerasfeed.SceneSequence):
-    """Item i is (i, a payload of `size` bytes) after `delay` seconds; `bad`: index -> what goes wrong."""
+class Slow:
+    """Item i is (i, a payload of `size` bytes) after `delay` seconds; `bad`: index -> what goes wrong.
 
-    def __init__(self, n, delay=0.0, size=16, bad=None, **kwargs):
-        super().__init__(**kwargs)
+    A plain indexable (not a Keras PyDataset), so that a script using it never imports TensorFlow."""
+
+    def __init__(self, n, delay=0.0, size=16, bad=None):
         self.n, self.delay, self.size, self.bad = n, delay, size, bad or {}
 
     def __len__(self):

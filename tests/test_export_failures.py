@@ -1,0 +1,178 @@
+"""kerasfeed.export under bad input: full or read-only disks, damaged shards, bad items, Ctrl-C, killed workers."""
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import kerasfeed
+from _export_sources import Slow
+from _util import wait_until
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _files(directory):
+    return sorted(p.name for p in pathlib.Path(directory).iterdir())
+
+
+def _manifest(directory):
+    return json.loads((pathlib.Path(directory) / "manifest.json").read_text())
+
+
+def _ids(directory):
+    return [int(i) for i, _ in kerasfeed.load_export(directory).as_numpy_iterator()]
+
+
+@contextlib.contextmanager
+def _tmpfs(path, options):
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"this machine does not let the tests mount a tmpfs (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_target_directory_must_be_empty_or_an_export(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"not empty \(1 entries.*overwrite=True.*resume=True.*Received: directory="):
+        kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    with pytest.raises(ValueError, match=r"files that no export wrote \(\['notes.txt'\]\); they are not deleted"):
+        kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, overwrite=True)
+    out = tmp_path / "out"
+    kerasfeed.export(Slow(4), out, num_shards=2, executor="threads", progress=False)
+    kerasfeed.export(Slow(6), out, num_shards=3, executor="threads", progress=False, overwrite=True)
+    assert _ids(out) == list(range(6)) and len(_files(out)) == 4
+    with pytest.raises(kerasfeed.ExportError, match="num_shards is 3 there and 2 now.*Received: num_shards=2"):
+        kerasfeed.export(Slow(6), out, num_shards=2, executor="threads", progress=False, resume=True)
+    with pytest.raises(ValueError, match="not both"):
+        kerasfeed.export(Slow(6), out, num_shards=2, overwrite=True, resume=True)
+    with pytest.raises(ValueError, match="must be at most len\\(source\\) = 6. Received: num_shards=7"):
+        kerasfeed.export(Slow(6), out, num_shards=7)
+
+
+def test_damaged_shards_are_named(tmp_path):
+    kerasfeed.export(Slow(12, size=100), tmp_path, num_shards=3, executor="threads", progress=False)
+    shard = tmp_path / "shard-00001-of-00003.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40  # same size, one bit changed
+    shard.write_bytes(bytes(data))
+    with pytest.raises(kerasfeed.ExportError, match="shard-00001-of-00003.tfrecord: its CRC32C is .* the manifest says"):
+        kerasfeed.verify_export(tmp_path)
+    with pytest.raises(kerasfeed.ExportError, match="1 shard\\(s\\) fail.*shard-00001-of-00003.tfrecord: its CRC32C"):
+        kerasfeed.load_export(tmp_path, verify="checksum")
+    ds = kerasfeed.load_export(tmp_path)  # sizes match: TFRecord's own record CRC catches it while reading
+    with pytest.raises(Exception, match="corrupted record"):
+        list(ds)
+    shard.write_bytes(bytes(data[:-7]))  # truncated: the default up-front check names it
+    with pytest.raises(kerasfeed.ExportError, match="shard-00001-of-00003.tfrecord: the file has .* bytes, the manifest says"):
+        kerasfeed.load_export(tmp_path)
+    shard.unlink()
+    with pytest.raises(kerasfeed.ExportError, match="shard-00001-of-00003.tfrecord: the file is missing"):
+        kerasfeed.load_export(tmp_path)
+    # resume keeps the two good shards and rewrites the damaged one
+    before = {n: (tmp_path / n).stat().st_mtime_ns for n in ("shard-00000-of-00003.tfrecord", "shard-00002-of-00003.tfrecord")}
+    kerasfeed.export(Slow(12, size=100), tmp_path, num_shards=3, executor="threads", progress=False, resume=True)
+    assert {n: (tmp_path / n).stat().st_mtime_ns for n in before} == before
+    assert kerasfeed.verify_export(tmp_path)["items"] == 12 and _ids(tmp_path) == list(range(12))
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_bad_items_name_their_index(tmp_path, executor):
+    workers = 2 if executor == "processes" else None
+    with pytest.raises(kerasfeed.SignatureError, match=r"Item 7, field y: expected shape \(16,\), received shape \(17,\)\. \(the export's spec was inferred from items \[0, 1, 2, 11\]"):
+        kerasfeed.export(Slow(12, bad={7: "shape"}), tmp_path / "a", num_shards=3, executor=executor, workers=workers, progress=False)
+    with pytest.raises(kerasfeed.ItemError, match=r"Slow\[9\] raised KeyError.*no row 9") as info:
+        kerasfeed.export(Slow(12, bad={9: "raise"}), tmp_path / "b", num_shards=3, executor=executor, workers=workers, progress=False)
+    assert info.value.index == 9
+    for d in ("a", "b"):  # nothing that looks like a shard of a bad item, no temporary file
+        m = _manifest(tmp_path / d)
+        assert not m["complete"] and not any(n.endswith(".tmp") for n in _files(tmp_path / d))
+        assert set(_files(tmp_path / d)) == {"manifest.json"} | {s["file"] for s in m["shards"] if s}
+        with pytest.raises(kerasfeed.ExportError, match="is incomplete.*resume=True"):
+            kerasfeed.load_export(tmp_path / d)
+
+
+def test_full_disk_and_read_only_directory(tmp_path):
+    with _tmpfs(tmp_path / "small", "size=1m") as small:
+        with pytest.raises(kerasfeed.ExportError, match="writing shard \\d .* failed while writing item \\d+: OSError: .*No space left on device"):
+            kerasfeed.export(Slow(40, size=100_000), small, num_shards=4, executor="processes", workers=2, progress=False)
+        m = _manifest(small)
+        assert not m["complete"] and not any(n.endswith(".tmp") for n in _files(small))
+        assert set(_files(small)) == {"manifest.json"} | {s["file"] for s in m["shards"] if s}
+    with _tmpfs(tmp_path / "ro", "size=1m,ro") as ro:
+        with pytest.raises(kerasfeed.ExportError, match="cannot write in the target directory: OSError: .*Read-only file system"):
+            kerasfeed.export(Slow(4), ro, num_shards=2, executor="threads", progress=False)
+
+
+def test_killed_workers_then_resume_writes_every_item_once(tmp_path):
+    me = psutil.Process()
+
+    def kill_workers_after_first_shard():
+        wait_until(lambda: (tmp_path / "manifest.json").exists() and any(_manifest(tmp_path)["shards"]), timeout=60)
+        for child in me.children():
+            if "kerasfeed" in " ".join(child.cmdline()):
+                child.kill()
+
+    killer = threading.Thread(target=kill_workers_after_first_shard)
+    killer.start()
+    with pytest.raises(kerasfeed.WorkerError, match="killed by signal SIGKILL"):
+        kerasfeed.export(Slow(48, delay=0.02), tmp_path, num_shards=8, executor="processes", workers=2, progress=False)
+    killer.join()
+    done = [s for s in _manifest(tmp_path)["shards"] if s]
+    assert 1 <= len(done) < 8 and not any(n.endswith(".tmp") for n in _files(tmp_path))
+    kept = {s["file"]: (tmp_path / s["file"]).stat().st_mtime_ns for s in done}
+    kerasfeed.export(Slow(48, delay=0.02), tmp_path, num_shards=8, executor="processes", workers=2, progress=False, resume=True)
+    assert {n: (tmp_path / n).stat().st_mtime_ns for n in kept} == kept  # finished shards were not rewritten
+    assert kerasfeed.verify_export(tmp_path)["items"] == 48
+    assert _ids(tmp_path) == list(range(48))  # every item exactly once, in order
+
+
+_EXPORT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    import kerasfeed
+    from _export_sources import Slow
+    kerasfeed.export(Slow(60, delay=0.05), {out!r}, num_shards=6, executor="processes", workers=2, resume=True)
+    """
+)
+
+
+def test_ctrl_c_stops_workers_and_leaves_no_tmp_then_resume(tmp_path):
+    out = tmp_path / "out"
+    script = _EXPORT_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: any(n.endswith(".tmp") for n in (_files(out) if out.exists() else [])), timeout=60)
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert "export: 100%" not in err  # interrupted: the progress bar stopped short
+    gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive
+    assert not any(n.endswith(".tmp") or n.startswith(".") for n in _files(out))
+    m = _manifest(out)
+    assert not m["complete"]
+    kerasfeed.export(Slow(60, delay=0.05), out, num_shards=6, executor="processes", workers=2, progress=False, resume=True)
+    assert _ids(out) == list(range(60))
