@@ -1,0 +1,246 @@
+"""Export benchmark: writing the gzip HDF5 scene file to TFRecord shards, then training input from them.
+
+Run on its own: ``python benchmarks/export_bench.py`` (``--quick`` for a tiny
+run; ``--json PATH`` to keep the numbers). Two parts:
+
+1. **Export throughput** (batches/s written, each batch = 8 scenes x 4096
+   points x 6 float32 from ``H5SliceSequence`` over a gzip-chunked file):
+   - ``serial``: the usual single loop, one ``tf.io.TFRecordWriter``,
+     ``tf.train.Example`` built in the loop;
+   - ``pool``: the process-pool recipe written correctly: a ``spawn``
+     ``multiprocessing.Pool`` whose workers open the file once each and
+     return serialized Examples in order (``imap``), written round-robin to
+     one ``TFRecordWriter`` per shard, all in the main process (writers
+     never cross processes);
+   - ``kerasfeed.export`` on worker processes and on threads.
+   Start-up is inside the time (the pool's spawned workers import TensorFlow
+   to build Examples; kerasfeed's workers import neither); this process's
+   own imports are not.
+2. **Training-input throughput** (batches/s into a compiled drain loop, the
+   way ``model.fit`` pulls them; the second pass is timed): ``load_export``
+   of the export vs ``to_dataset`` over the Python source on worker
+   processes (the best executor for this workload in benchmarks/README.md).
+
+Numbers from a busy machine mean nothing; compare rows of one quiet run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+SCENES_PER_BATCH = 8
+
+# --- the pool recipe's worker side (module level: spawn workers import it) -----
+
+_POOL_STATE: Dict[str, Any] = {}
+
+
+def _pool_init(path: str) -> None:
+    import h5py
+
+    f = h5py.File(path, "r")
+    _POOL_STATE.update(file=f, points=f["points"], labels=f["labels"])
+
+
+def _example(points, labels) -> bytes:
+    import tensorflow as tf
+
+    feature = {
+        "points": tf.train.Feature(bytes_list=tf.train.BytesList(value=[points.tobytes()])),
+        "points_shape": tf.train.Feature(int64_list=tf.train.Int64List(value=list(points.shape))),
+        "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=labels.tolist())),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def _pool_record(i: int) -> bytes:
+    rows = slice(i * SCENES_PER_BATCH, (i + 1) * SCENES_PER_BATCH)
+    return _example(_POOL_STATE["points"][rows], _POOL_STATE["labels"][rows])
+
+
+# --- the ways of exporting ----------------------------------------------------
+
+
+def export_serial(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+    import h5py
+    import tensorflow as tf
+
+    with h5py.File(path, "r") as f, tf.io.TFRecordWriter(str(out / "all.tfrecord")) as w:
+        for i in range(n):
+            rows = slice(i * SCENES_PER_BATCH, (i + 1) * SCENES_PER_BATCH)
+            w.write(_example(f["points"][rows], f["labels"][rows]))
+
+
+def export_pool(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+    import tensorflow as tf
+
+    writers = [tf.io.TFRecordWriter(str(out / f"shard-{k:05d}.tfrecord")) for k in range(shards)]
+    try:
+        with multiprocessing.get_context("spawn").Pool(workers, initializer=_pool_init, initargs=(str(path),)) as pool:
+            for i, record in enumerate(pool.imap(_pool_record, range(n), chunksize=4)):
+                writers[i % shards].write(record)
+    finally:
+        for w in writers:
+            w.close()
+
+
+def _sequence(path: pathlib.Path):
+    import kerasfeed
+
+    return kerasfeed.H5SliceSequence(str(path), ("points", "labels"), batch_size=SCENES_PER_BATCH)
+
+
+def export_kerasfeed(executor: str) -> Callable:
+    def run(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+        import kerasfeed
+
+        kerasfeed.export(_sequence(path), out, num_shards=shards, executor=executor,
+                         workers=workers if executor == "processes" else None, progress=False)  # fmt: skip
+
+    return run
+
+
+EXPORT_WAYS = {
+    "serial loop, one TFRecordWriter": export_serial,
+    "multiprocessing.Pool (spawn) + round-robin writers in the main process": export_pool,
+    "kerasfeed.export, processes": export_kerasfeed("processes"),
+    "kerasfeed.export, threads": export_kerasfeed("threads"),
+}
+
+
+def _size(directory: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in directory.iterdir())
+
+
+def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, workers: int) -> List[Dict[str, Any]]:
+    # This process's imports are not timed; worker start-up is (spawned pool workers
+    # import TensorFlow to build Examples; kerasfeed's workers import neither).
+    import h5py  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    import kerasfeed.exporting.exporter  # noqa: F401
+
+    rows = []
+    for name, fn in EXPORT_WAYS.items():
+        out = work / f"export-{len(rows)}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        start = time.perf_counter()
+        fn(path, n, out, shards, workers)
+        seconds = time.perf_counter() - start
+        rows.append({"way": name, "seconds": seconds, "batches_per_s": n / seconds, "mb_written": _size(out) / 2**20})
+        print(f"  export  {name}: {n / seconds:,.1f} batches/s ({seconds:.2f} s)", flush=True)
+    return rows
+
+
+def time_training_input(path: pathlib.Path, export_dir: pathlib.Path, n: int, workers: int, epochs: int) -> List[Dict[str, Any]]:
+    import kerasfeed
+    from benchmarks.peers import graph_drainer
+
+    ways = {
+        "kerasfeed.load_export (pure tf.data)": lambda: kerasfeed.load_export(export_dir).prefetch(2),
+        f"kerasfeed.to_dataset(H5SliceSequence), processes (workers={workers})": lambda: kerasfeed.to_dataset(
+            _sequence(path), executor="processes", workers=workers
+        ),
+    }
+    rows = []
+    for name, build in ways.items():
+        start = time.perf_counter()
+        ds = build()
+        drain = graph_drainer(ds)
+        count, _ = drain()  # first pass: start-up, tracing, file opening
+        first = time.perf_counter() - start
+        best = min(_timed(drain) for _ in range(epochs))
+        assert count == n, (name, count, n)
+        rows.append({"way": name, "batches_per_s": n / best, "epoch_s": best, "first_pass_s": first})
+        print(f"  input   {name}: {n / best:,.1f} batches/s", flush=True)
+        ex = getattr(ds, "_kerasfeed_executor", None)
+        if ex is not None:
+            ex.close()
+        del ds, drain
+    return rows
+
+
+def _timed(drain: Callable) -> float:
+    start = time.perf_counter()
+    drain()
+    return time.perf_counter() - start
+
+
+def to_markdown(res: Dict[str, Any]) -> str:
+    cfg = res["config"]
+    lines = [
+        f"### Export benchmark ({res['date']})",
+        "",
+        f"{cfg['batches']} batches of {SCENES_PER_BATCH} scenes x {cfg['points']} points x 6 float32 from a gzip-chunked "
+        f"HDF5 file; {cfg['shards']} shards, {cfg['workers']} workers, {os.cpu_count()} CPUs.",
+        "",
+        "| export way | batches/s | x serial | seconds | MB written |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    serial = res["export"][0]["batches_per_s"]
+    for r in res["export"]:
+        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['batches_per_s'] / serial:.2f}x | {r['seconds']:.2f} | {r['mb_written']:.1f} |")
+    lines += ["", "| training input | batches/s | timed pass s | first pass s |", "| --- | --- | --- | --- |"]
+    for r in res["input"]:
+        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['epoch_s']:.3f} | {r['first_pass_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=200, help="batches (of 8 scenes) in the file")
+    parser.add_argument("--points", type=int, default=4096, help="points per scene")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3, help="timed passes of the input part (best kept)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
+    parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
+    parser.add_argument("--workdir", type=pathlib.Path, help="where the files go (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.points, args.shards, args.epochs = 12, 256, 4, 1
+
+    from kerasfeed.datasets import make_synthetic_scenes
+
+    work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="kerasfeed-export-bench-"))
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        path = make_synthetic_scenes(work / "scenes.h5", num_scenes=args.batches * SCENES_PER_BATCH,
+                                     points_per_scene=args.points, chunk_scenes=SCENES_PER_BATCH, compression="gzip")  # fmt: skip
+        print(f"export benchmark: {args.batches} batches, {args.shards} shards, {args.workers} workers", flush=True)
+        exports = time_exports(path, args.batches, work, args.shards, args.workers)
+        kf_dir = work / "export-2"  # the kerasfeed.export (processes) one
+        inputs = time_training_input(path, kf_dir, args.batches, args.workers, args.epochs)
+        res = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config": {"batches": args.batches, "points": args.points, "shards": args.shards, "workers": args.workers},
+            "export": exports,
+            "input": inputs,
+        }
+        print()
+        print(to_markdown(res))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
