@@ -251,7 +251,7 @@ class _Bar:
         try:
             import tqdm
 
-            self._bar = tqdm.tqdm(total=total, unit="item", desc="export", smoothing=0.1)
+            self._bar = tqdm.tqdm(total=total, unit="item", desc="export", smoothing=0.1, mininterval=0.5)
             self._tqdm = True
         except ImportError:  # pragma: no cover - the `export` extra installs tqdm
             import keras
