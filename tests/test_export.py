@@ -1,6 +1,7 @@
 """kerasfeed.export / load_export / verify_export / ExportSource: what goes in comes out."""
 
 import json
+import pathlib
 import pickle
 
 import numpy as np
@@ -141,3 +142,17 @@ def test_arrayrecord_export_as_a_random_access_source(tmp_path):
         back[9]
     with pytest.raises(kerasfeed.ExportError, match="load_export reads TFRecord exports.*ExportSource"):
         kerasfeed.load_export(tmp_path)
+
+
+def test_export_runs_without_tensorflow(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import kerasfeed; from _export_sources import Slow; "
+        f"kerasfeed.export(Slow(8), {str(tmp_path)!r}, num_shards=2, executor='processes', workers=2, progress=False); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'google.protobuf')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(pathlib.Path(__file__).parent.parent))
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
+    assert kerasfeed.verify_export(tmp_path)["items"] == 8

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 from typing import Any, Optional
 
 from kerasfeed.exporting import encoding
@@ -102,7 +103,8 @@ class ExportSource:
         self.num_items = manifest["num_items"]
         self.num_shards = manifest["num_shards"]
         self.files = [str(self.directory / s["file"]) for s in manifest["shards"]]
-        self._readers: Optional[tuple] = None
+        self._readers: Optional[tuple] = None  # (pid, {shard: reader}): readers are thread-safe
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.num_items
@@ -120,13 +122,14 @@ class ExportSource:
             raise ExportError(f"Record {position} of '{self.files[k]}' (item {i}) cannot be decoded: {e}") from e
 
     def _reader(self, k: int) -> Any:
-        if self._readers is None or self._readers[0] != os.getpid():
-            self._readers = (os.getpid(), {})
-        readers = self._readers[1]
-        reader = readers.get(k)
-        if reader is None:
-            reader = readers[k] = _module().ArrayRecordReader(self.files[k], _READ_OPTIONS)
-        return reader
+        with self._lock:
+            if self._readers is None or self._readers[0] != os.getpid():
+                self._readers = (os.getpid(), {})
+            readers = self._readers[1]
+            reader = readers.get(k)
+            if reader is None:
+                reader = readers[k] = _module().ArrayRecordReader(self.files[k], _READ_OPTIONS)
+            return reader
 
     def close(self) -> None:
         if self._readers is not None and self._readers[0] == os.getpid():
@@ -135,7 +138,10 @@ class ExportSource:
         self._readers = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_readers": None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _readers=None, _lock=threading.Lock())
 
     def __repr__(self) -> str:
         return f"ExportSource('{self.directory}', items={self.num_items}, shards={self.num_shards}, spec={self.spec})"

@@ -167,7 +167,7 @@ class ExportSpec:
         for path, s in leaves:
             if not (hasattr(s, "dtype") and hasattr(s, "shape")):
                 raise TypeError(f"`output_signature` must be a nest of tf.TensorSpec; the entry at {list(path)} is not. Received: {s!r}")
-            name = "string" if s.dtype.name == "string" else s.dtype.name
+            name = s.dtype.name
             if name != STRING and name not in NUMERIC:
                 raise SignatureError(f"Unsupported dtype in `output_signature` at {list(path)}. Received: {s!r}")
             dtypes.append(name)
