@@ -104,6 +104,13 @@ def test_bad_items_name_their_index(tmp_path, executor):
         assert set(_files(tmp_path / d)) == {"manifest.json"} | {s["file"] for s in m["shards"] if s}
         with pytest.raises(kerasfeed.ExportError, match="is incomplete.*resume=True"):
             kerasfeed.load_export(tmp_path / d)
+    if executor == "threads":  # a wider spec given up front takes the odd item
+        import tensorflow as tf
+
+        wide = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.uint8))
+        kerasfeed.export(Slow(12, bad={7: "shape"}), tmp_path / "c", num_shards=3, executor=executor, progress=False, output_signature=wide)
+        sizes = [len(x) for _, x in kerasfeed.load_export(tmp_path / "c").as_numpy_iterator()]
+        assert sizes == [16] * 7 + [17] + [16] * 4
 
 
 def test_full_disk_and_read_only_directory(tmp_path):
@@ -152,7 +159,7 @@ _EXPORT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_workers_and_leaves_no_tmp_then_resume(tmp_path):
+def test_ctrl_c_and_a_crash_of_the_exporting_process_then_resume(tmp_path):
     out = tmp_path / "out"
     script = _EXPORT_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
@@ -172,7 +179,24 @@ def test_ctrl_c_stops_workers_and_leaves_no_tmp_then_resume(tmp_path):
     gone, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive
     assert not any(n.endswith(".tmp") or n.startswith(".") for n in _files(out))
+    assert not _manifest(out)["complete"]
+    # A crash (SIGKILL: no clean-up at all) leaves .tmp files, never a shard that looks whole;
+    # the workers leave by themselves when their parent dies.
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: any(n.endswith(".tmp") for n in _files(out)), timeout=60)
+        workers = psutil.Process(proc.pid).children()
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert any(n.endswith(".tmp") for n in _files(out))
     m = _manifest(out)
-    assert not m["complete"]
+    unfinished = {f"shard-{k:05d}-of-00006.tfrecord" for k, s in enumerate(m["shards"]) if s is None}
+    assert unfinished and not unfinished & set(_files(out))
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
     kerasfeed.export(Slow(60, delay=0.05), out, num_shards=6, executor="processes", workers=2, progress=False, resume=True)
-    assert _ids(out) == list(range(60))
+    assert _ids(out) == list(range(60)) and not any(n.endswith(".tmp") or n.startswith(".") for n in _files(out))

@@ -209,8 +209,9 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
     from kerasfeed.execution.factory import make_executor
 
     shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
-    if executor == "processes" and workers is None:
-        workers = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, len(todo)))
+    if executor == "processes":  # one worker per shard at most: a shard is one task
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = max(1, min(workers or cpus, len(todo)))
     total = sum(mf.shard_count(k, task.num_shards, task.num_items) for k in todo)
     bar = _Bar(shared, todo, total) if progress else None
     ex = None
