@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -75,20 +75,20 @@ def _pool_record(i: int) -> bytes:
 # --- the ways of exporting ----------------------------------------------------
 
 
-def export_serial(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+def export_serial(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
     import h5py
     import tensorflow as tf
 
-    with h5py.File(path, "r") as f, tf.io.TFRecordWriter(str(out / "all.tfrecord")) as w:
+    with h5py.File(path, "r") as f, tf.io.TFRecordWriter(str(out / "all.tfrecord"), compression or "") as w:
         for i in range(n):
             rows = slice(i * SCENES_PER_BATCH, (i + 1) * SCENES_PER_BATCH)
             w.write(_example(f["points"][rows], f["labels"][rows]))
 
 
-def export_pool(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+def export_pool(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
     import tensorflow as tf
 
-    writers = [tf.io.TFRecordWriter(str(out / f"shard-{k:05d}.tfrecord")) for k in range(shards)]
+    writers = [tf.io.TFRecordWriter(str(out / f"shard-{k:05d}.tfrecord"), compression or "") for k in range(shards)]
     try:
         with multiprocessing.get_context("spawn").Pool(workers, initializer=_pool_init, initargs=(str(path),)) as pool:
             for i, record in enumerate(pool.imap(_pool_record, range(n), chunksize=4)):
@@ -105,11 +105,11 @@ def _sequence(path: pathlib.Path):
 
 
 def export_kerasfeed(executor: str) -> Callable:
-    def run(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int) -> None:
+    def run(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
         import kerasfeed
 
         kerasfeed.export(_sequence(path), out, num_shards=shards, executor=executor,
-                         workers=workers if executor == "processes" else None, progress=False)  # fmt: skip
+                         workers=workers if executor == "processes" else None, compression=compression, progress=False)  # fmt: skip
 
     return run
 
@@ -127,7 +127,8 @@ def _size(directory: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir())
 
 
-def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, workers: int) -> List[Dict[str, Any]]:
+def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, workers: int,
+                 compression: Optional[str] = None) -> List[Dict[str, Any]]:
     # This process's imports are not timed; worker start-up is (spawned pool workers
     # import TensorFlow to build Examples; kerasfeed's workers import neither).
     import h5py  # noqa: F401
@@ -141,7 +142,7 @@ def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, wo
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         start = time.perf_counter()
-        fn(path, n, out, shards, workers)
+        fn(path, n, out, shards, workers, compression)
         seconds = time.perf_counter() - start
         rows.append({"way": name, "seconds": seconds, "batches_per_s": n / seconds, "mb_written": _size(out) / 2**20})
         print(f"  export  {name}: {n / seconds:,.1f} batches/s ({seconds:.2f} s)", flush=True)
@@ -190,7 +191,7 @@ def to_markdown(res: Dict[str, Any]) -> str:
         f"### Export benchmark ({res['date']})",
         "",
         f"{cfg['batches']} batches of {SCENES_PER_BATCH} scenes x {cfg['points']} points x 6 float32 from a gzip-chunked "
-        f"HDF5 file; {cfg['shards']} shards, {cfg['workers']} workers, {os.cpu_count()} CPUs.",
+        f"HDF5 file; {cfg['shards']} shards, {cfg['workers']} workers, compression {cfg['compression']}, {os.cpu_count()} CPUs.",
         "",
         "| export way | batches/s | x serial | seconds | MB written |",
         "| --- | --- | --- | --- | --- |",
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3, help="timed passes of the input part (best kept)")
+    parser.add_argument("--compression", choices=["GZIP", "ZLIB"], help="TFRecord compression, for every way")
     parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
     parser.add_argument("--workdir", type=pathlib.Path, help="where the files go (default: a temporary directory)")
@@ -226,12 +228,13 @@ def main(argv=None) -> int:
         path = make_synthetic_scenes(work / "scenes.h5", num_scenes=args.batches * SCENES_PER_BATCH,
                                      points_per_scene=args.points, chunk_scenes=SCENES_PER_BATCH, compression="gzip")  # fmt: skip
         print(f"export benchmark: {args.batches} batches, {args.shards} shards, {args.workers} workers", flush=True)
-        exports = time_exports(path, args.batches, work, args.shards, args.workers)
+        exports = time_exports(path, args.batches, work, args.shards, args.workers, args.compression)
         kf_dir = work / "export-2"  # the kerasfeed.export (processes) one
         inputs = time_training_input(path, kf_dir, args.batches, args.workers, args.epochs)
         res = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "config": {"batches": args.batches, "points": args.points, "shards": args.shards, "workers": args.workers},
+            "config": {"batches": args.batches, "points": args.points, "shards": args.shards, "workers": args.workers,
+                       "compression": args.compression},
             "export": exports,
             "input": inputs,
         }
