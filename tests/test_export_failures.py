@@ -30,6 +30,11 @@ def _manifest(directory):
     return json.loads((pathlib.Path(directory) / "manifest.json").read_text())
 
 
+def _shard_tmps(directory):
+    """Shards being written (created by the workers)."""
+    return [n for n in (_files(directory) if pathlib.Path(directory).exists() else []) if n.startswith("shard-") and n.endswith(".tmp")]
+
+
 def _ids(directory):
     return [int(i) for i, _ in kerasfeed.load_export(directory).as_numpy_iterator()]
 
@@ -164,7 +169,7 @@ def test_ctrl_c_and_a_crash_of_the_exporting_process_then_resume(tmp_path):
     script = _EXPORT_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: any(n.endswith(".tmp") for n in (_files(out) if out.exists() else [])), timeout=60)
+        assert wait_until(lambda: _shard_tmps(out), timeout=60)
         workers = psutil.Process(proc.pid).children()
         assert len(workers) == 2
         time.sleep(0.3)
@@ -184,7 +189,7 @@ def test_ctrl_c_and_a_crash_of_the_exporting_process_then_resume(tmp_path):
     # the workers leave by themselves when their parent dies.
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: any(n.endswith(".tmp") for n in _files(out)), timeout=60)
+        assert wait_until(lambda: _shard_tmps(out), timeout=60)
         workers = psutil.Process(proc.pid).children()
         proc.kill()
         proc.wait()
@@ -192,7 +197,7 @@ def test_ctrl_c_and_a_crash_of_the_exporting_process_then_resume(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert any(n.endswith(".tmp") for n in _files(out))
+    assert _shard_tmps(out)
     m = _manifest(out)
     unfinished = {f"shard-{k:05d}-of-00006.tfrecord" for k, s in enumerate(m["shards"]) if s is None}
     assert unfinished and not unfinished & set(_files(out))

@@ -208,14 +208,14 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
          workers: Optional[int], worker_init: Any, progress: bool) -> None:  # fmt: skip
     from kerasfeed.execution.factory import make_executor
 
-    shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
     if executor == "processes":  # one worker per shard at most: a shard is one task
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = max(1, min(workers or cpus, len(todo)))
     total = sum(mf.shard_count(k, task.num_shards, task.num_items) for k in todo)
-    bar = _Bar(shared, todo, total) if progress else None
-    ex = None
+    shared = bar = ex = None
     try:
+        shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
+        bar = _Bar(shared, todo, total) if progress else None
         ex = make_executor(executor, task, workers=workers, worker_init=worker_init)
         ex.plan(0, todo)
         for k in todo:
@@ -230,7 +230,8 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
             manifest["shards"][k] = {key: report[key] for key in ("file", "count", "bytes", "crc32c")}
             mf.write_manifest(directory, manifest)
     finally:
-        shared.stop()  # tasks still running stop at their next item
+        if shared is not None:
+            shared.stop()  # tasks still running stop at their next item
         if ex is not None:
             ex.close()
         deadline = time.monotonic() + 30
@@ -238,7 +239,8 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
             time.sleep(0.01)
         if bar is not None:
             bar.close()
-        shared.close()
+        if shared is not None:
+            shared.close()
         for e in os.listdir(directory):
             if e.endswith(mf.TMP) or e == mf.PROGRESS:
                 remove(directory / e)

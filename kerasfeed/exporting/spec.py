@@ -188,6 +188,10 @@ class ExportSpec:
             got = STRING if a.dtype.kind in "OSU" else a.dtype.name
             if got != self.dtypes[k]:
                 self._fail(index, k, f"dtype {self.dtypes[k]}, received {got}", hint)
+            if got == STRING:
+                odd = next((v for v in a.reshape(-1) if not isinstance(v, bytes)), b"")
+                if not isinstance(odd, bytes):
+                    self._fail(index, k, f"strings, received an element of type {type(odd).__name__}: {odd!r}", hint)
             shape = self.shapes[k]
             if a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape)):
                 self._fail(index, k, f"shape {_shape_text(shape)}, received shape {a.shape}", hint)
