@@ -138,6 +138,8 @@ def test_arrayrecord_export_as_a_random_access_source(tmp_path):
     ref = kerasfeed.to_dataset(src, shuffle=True, seed=1)
     for a, b in zip(_items(ds), _items(ref)):
         _assert_same(a, b)
+    mixed = kerasfeed.mix([back, kerasfeed.ExportSource(tmp_path)], [2, 1])  # any indexable-source tool takes it
+    assert len(_items(kerasfeed.to_dataset(mixed))) == len(mixed) > 0
     with pytest.raises(IndexError, match="holds 9 items. Received: index=9"):
         back[9]
     with pytest.raises(kerasfeed.ExportError, match="load_export reads TFRecord exports.*ExportSource"):
