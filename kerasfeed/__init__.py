@@ -58,6 +58,10 @@ _LAZY = {
     "verify_export": "kerasfeed.exporting.reader:verify_export",
     "ExportSource": "kerasfeed.exporting.arrayrecord:ExportSource",
     "ExportError": "kerasfeed.exporting.manifest:ExportError",
+    # multi-worker training (tf.distribute): one shard per worker, per-worker summaries
+    "distribute": "kerasfeed.integrations.distribute:distribute",
+    "worker_run_dir": "kerasfeed.integrations.distribute:worker_run_dir",
+    "WorkerSummaries": "kerasfeed.integrations.summaries:WorkerSummaries",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -47,6 +47,10 @@ class ShardedStream:
         shuffle: open the shards in a new seeded order every pass.
         seed: seed of that order (and of the worker processes' RNGs).
         worker_init: run once in each worker process.
+        num_workers, worker_index: this input pipeline opens only the shards
+            ``worker_index, worker_index + num_workers, ...`` of each pass's
+            order (``len(args) // num_workers`` of them), as one worker of a
+            multi-worker strategy.
 
     Raises:
         TypeError, ValueError: bad arguments; TypeError also when the task
@@ -68,6 +72,8 @@ class ShardedStream:
         shuffle: bool = False,
         seed: Optional[int] = None,
         worker_init: Optional[Callable[[], None]] = None,
+        num_workers: int = 1,
+        worker_index: int = 0,
     ):
         if not callable(task):
             raise TypeError(f"The shard task must be callable. Received: {task!r}")
@@ -114,7 +120,14 @@ class ShardedStream:
             buffer_size=buffer_size,
             ordered_start=processes,
         )
-        self.order = IndexOrder(n, shuffle=shuffle, seed=seed) if shuffle else None
+        # Under a multi-worker strategy this worker opens only its own shards:
+        # every num_workers-th of each pass's order, cut to equal counts.
+        sharded = num_workers > 1
+        self.order = (
+            IndexOrder(n, shuffle=shuffle, seed=seed, num_shards=num_workers, shard_index=worker_index)
+            if shuffle or sharded
+            else None
+        )
         self._lock = threading.Lock()
         self._passes = 0
         if executor == "processes":
@@ -165,9 +178,11 @@ class ShardedStream:
         Raises:
             kerasfeed.StreamError: a shard raised.
         """
-        cycle = max(1, min(count, len(self.args), self.workers))
+        cycle = max(1, min(count, len(self.args) if self.order is None else self.order.shard_length, self.workers))
         opts = InterleaveOptions(cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None)
-        p = ShardPass(range(len(self.args)), self._open_shard, opts, self.describe, name="probe")
+        # This pipeline's own shards (the first pass's order) when sharded.
+        order = range(len(self.args)) if self.order is None else self.order.indices(0).tolist()
+        p = ShardPass(order, self._open_shard, opts, self.describe, name="probe")
         items = []
         try:
             while len(items) < count:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
@@ -42,8 +43,8 @@ def to_dataset(
     ragged: bool = False,
     padding_values: Any = None,
     probe: int = 3,
-    num_shards: int = 1,
-    shard_index: int = 0,
+    num_shards: Optional[int] = None,
+    shard_index: Optional[int] = None,
     input_context: Optional[tf.distribute.InputContext] = None,
     initial_state: Optional[Mapping[str, int]] = None,
     order: Any = None,
@@ -88,7 +89,13 @@ def to_dataset(
             to infer the signature; dimensions that differ become None.
         num_shards: split every pass into this many disjoint, equal shards
             (see ``IndexOrder``); this dataset yields shard ``shard_index``.
-        shard_index: the shard this dataset yields.
+            None (with ``shard_index=None``): one shard per worker when the
+            dataset is created under a multi-worker strategy (in its scope,
+            or in a process that created a ``MultiWorkerMirroredStrategy``;
+            tf.data's auto-sharding is then turned off for this pipeline),
+            otherwise the whole source.
+        shard_index: the shard this dataset yields (None: 0, or this
+            worker's under a multi-worker strategy).
         input_context: a ``tf.distribute.InputContext`` (as given to the
             function of ``strategy.distribute_datasets_from_function``); sets
             ``num_shards``/``shard_index`` to its input pipelines.
@@ -145,13 +152,15 @@ def to_dataset(
         check_flag(name, flag)
     if drop_remainder and batch_size is None:
         raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
-    if input_context is not None:
-        if num_shards != 1 or shard_index != 0:
-            raise ValueError(
-                "Pass either `input_context` or `num_shards`/`shard_index`, not both. "
-                f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
-            )
-        num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    # One shard per worker under a multi-worker strategy unless told otherwise
+    # (an `order` fixes its own shards); the workers check that they agree
+    # (see integrations/distribute.py).
+    num_shards, shard_index, shard_opts = _distribute.prepare(
+        "to_dataset", total, num_shards, shard_index, input_context, order=order, seed=seed, shuffle=shuffle,
+        batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch, batches=resume.batches,
+    )
+    sharded = order is None and num_shards > 1  # this pipeline reads one shard of an IndexOrder
     order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
     n = order.shard_length  # items per pass
     if batch_size is not None and drop_remainder and batch_size > n:
@@ -159,7 +168,6 @@ def to_dataset(
             f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has {n} items."
         )
 
-    resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
     check_resume_order(resume, order)
     per_element = batch_size or 1
     per_pass = n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
@@ -173,7 +181,12 @@ def to_dataset(
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
     try:
         if output_signature is None:
-            probes = [(i, ex.load(i, 0)) for i in probe_indices(total, probe)]
+            at = (
+                _distribute.shard_probe_indices(order, total, probe, resume.epoch, skip, batches=batch_size is None)
+                if sharded
+                else probe_indices(total, probe)
+            )
+            probes = [(i, ex.load(i, 0)) for i in at]
             signature = infer_signature(probes)
         else:
             signature = normalize_signature(output_signature)
@@ -223,7 +236,7 @@ def to_dataset(
         # (FIELD_NOTES #3); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
-    ds = ds.with_options(options)
+    ds = ds.with_options(options).with_options(shard_opts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
     ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)

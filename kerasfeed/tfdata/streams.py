@@ -257,7 +257,18 @@ def _describe_item(stream: ShardedStream):
     return describe
 
 
-def _sharded_dataset(stream: ShardedStream, api: str, output_signature: Any, probe: int, **tail) -> tf.data.Dataset:
+def _worker_shards(api: str, n: int, **fields) -> tuple:
+    """``(num_workers, worker_index, options)``: this worker's part of the shards.
+
+    One part per worker under a multi-worker strategy (the workers check
+    that they agree); ``(1, 0, options)`` otherwise.
+    """
+    from kerasfeed.integrations import distribute
+
+    return distribute.prepare(api, n, None, None, None, **fields)
+
+
+def _sharded_dataset(stream: ShardedStream, api: str, output_signature: Any, probe: int, shard_options: Any = None, **tail) -> tf.data.Dataset:
     describe = _describe_item(stream)
     try:
         if output_signature is None:
@@ -265,6 +276,8 @@ def _sharded_dataset(stream: ShardedStream, api: str, output_signature: Any, pro
         else:
             signature = normalize_signature(output_signature)
         ds = _assemble(stream.open_pass, signature, describe, api, **tail)
+        if shard_options is not None:
+            ds = ds.with_options(shard_options)
     except BaseException:
         stream.close()
         raise
@@ -378,6 +391,10 @@ def from_generators(
         raise ValueError(f"`num_shards` must be a positive int. Received: num_shards={num_shards!r}")
     _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
     check_flag("deterministic", deterministic)
+    num_workers, worker_index, shard_options = _worker_shards(
+        "from_generators", int(num_shards), seed=seed, batch_size=batch_size, drop_remainder=drop_remainder,
+        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length, block_length=block_length,
+    )
     stream = ShardedStream(
         factory,
         range(int(num_shards)),
@@ -390,12 +407,15 @@ def from_generators(
         buffer_size=buffer_size,
         seed=seed,
         worker_init=worker_init,
+        num_workers=num_workers,
+        worker_index=worker_index,
     )
     return _sharded_dataset(
         stream,
         "from_generators",
         output_signature,
         probe,
+        shard_options,
         batch_size=batch_size,
         drop_remainder=drop_remainder,
         ragged=ragged,
@@ -496,6 +516,11 @@ def from_files(
     _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
     check_flag("deterministic", deterministic)
     check_flag("shuffle_files", shuffle_files)
+    num_workers, worker_index, shard_options = _worker_shards(
+        "from_files", len(paths), seed=seed, shuffle=shuffle_files, batch_size=batch_size,
+        drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
+        block_length=block_length,
+    )
     stream = ShardedStream(
         read_fn,
         paths,
@@ -509,12 +534,15 @@ def from_files(
         shuffle=bool(shuffle_files),
         seed=seed,
         worker_init=worker_init,
+        num_workers=num_workers,
+        worker_index=worker_index,
     )
     return _sharded_dataset(
         stream,
         "from_files",
         output_signature,
         probe,
+        shard_options,
         batch_size=batch_size,
         drop_remainder=drop_remainder,
         ragged=ragged,

@@ -1,0 +1,138 @@
+"""``WorkerSummaries``: every worker writes its own TensorBoard scalars."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import time
+from typing import Any, Optional, Union
+
+import keras
+
+from kerasfeed.integrations.distribute import worker_run_dir
+
+
+class WorkerSummaries(keras.callbacks.Callback):
+    """Writes this worker's scalars to TensorBoard, under its own run directory.
+
+    Under a multi-worker strategy Keras' ``TensorBoard`` callback is meant for
+    the chief; this callback runs on every worker and writes to
+    ``worker_run_dir(log_dir)`` (``log_dir/worker_<k>``), so two writers never
+    share a run directory and TensorBoard shows one run per worker.
+
+    Scalars written (``tag``: value at ``step``):
+
+    - ``epoch/<name>`` for every number in the ``logs`` of ``on_epoch_end``
+      (at the epoch number);
+    - ``batch/<name>`` for every number in the ``logs`` of
+      ``on_train_batch_end``, every ``update_freq`` batches (at the global
+      batch count) when ``update_freq`` is an int;
+    - ``input/batches_per_s``: the batches this worker's pipeline delivered
+      per second of the epoch (its input rate, bounded by the step time), and
+      ``input/batches``: how many, at the epoch number.
+
+    In a custom loop, pass each worker's own figures in ``logs`` (for example
+    its loss on its shard, the mean of ``strategy.experimental_local_results``
+    of the per-replica losses); under ``model.fit`` the logs are what Keras
+    reports (global, already reduced across workers).
+
+    Args:
+        log_dir: the common TensorBoard directory; each worker writes under
+            its ``worker_<k>`` subdirectory.
+        update_freq: ``"epoch"`` (per-epoch scalars only) or an int: also
+            write the batch logs every that many batches.
+
+    Example:
+
+    ```python
+    import keras
+    import kerasfeed
+
+    summaries = kerasfeed.WorkerSummaries("logs", update_freq=10)
+    callbacks = keras.callbacks.CallbackList([summaries], model=keras.Sequential())
+    callbacks.on_train_begin()
+    callbacks.on_epoch_begin(0)
+    callbacks.on_train_batch_end(0, {"loss": 0.5})
+    callbacks.on_epoch_end(0, {"loss": 0.5})
+    callbacks.on_train_end()   # logs/worker_0 holds the events
+    ```
+    """
+
+    def __init__(self, log_dir: Union[str, os.PathLike], update_freq: Union[str, int] = "epoch"):
+        super().__init__()
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"`log_dir` must be a directory path. Received: log_dir={log_dir!r}")
+        ok_int = isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq > 0
+        if update_freq != "epoch" and not ok_int:
+            raise ValueError(f"`update_freq` must be 'epoch' or a positive int. Received: update_freq={update_freq!r}")
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = update_freq
+        self.run_dir: Optional[str] = None
+        self._writer = None
+        self._global_batches = 0
+        self._epoch_start = 0.0
+        self._epoch_batches = 0
+
+    def _ensure_writer(self):
+        if self._writer is None:
+            import tensorflow as tf
+
+            # Resolved when training starts: the strategy (and so the worker
+            # index) is known by then.
+            self.run_dir = worker_run_dir(self.log_dir)
+            self._writer = tf.summary.create_file_writer(self.run_dir)
+        return self._writer
+
+    def _write(self, prefix: str, logs: Any, step: int) -> None:
+        import tensorflow as tf
+
+        with self._ensure_writer().as_default():
+            for name, value in (logs or {}).items():
+                value = _number(value)
+                if value is not None:
+                    tf.summary.scalar(f"{prefix}/{name}", value, step=step)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._ensure_writer()
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch_start = time.perf_counter()
+        self._epoch_batches = 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._epoch_batches += 1
+        self._global_batches += 1
+        if self.update_freq != "epoch" and self._global_batches % self.update_freq == 0:
+            self._write("batch", logs, self._global_batches)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
+        self._write("epoch", logs, epoch)
+        rate = {"batches_per_s": self._epoch_batches / elapsed, "batches": self._epoch_batches}
+        self._write("input", rate, epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _number(value: Any) -> Optional[float]:
+    """A Python float from a number, numpy scalar or scalar tensor; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Number):
+        return float(value)
+    try:
+        import numpy as np
+
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - not array-like: not a scalar to write
+        return None
+    if arr.shape == () and np.issubdtype(arr.dtype, np.number):
+        return float(arr)
+    return None
+
+
+__all__ = ["WorkerSummaries"]
