@@ -119,7 +119,25 @@ def auto_shard_pass(strategy, args, worker_id):
     indices = []
     for _x, _y, i in dist:
         indices.append(np.concatenate([t.numpy() for t in strategy.experimental_local_results(i)]).tolist())
-    return {"steps": len(indices), "indices": indices, "cardinality": int(ds.cardinality())}
+    result = {"steps": len(indices), "indices": indices, "cardinality": int(ds.cardinality())}
+
+    # from_generators, created in the strategy's scope: generator shards are
+    # split between the workers the same way.
+    opened = os.path.join(args.out, f"generators_worker_{worker_id}.txt")
+
+    def make_gen(k):
+        with open(opened, "a") as f:
+            f.write(f"{k}\n")
+        for j in range(4):
+            yield np.float32(10 * k + j)
+
+    with strategy.scope():
+        gds = kerasfeed.from_generators(make_gen, 6, batch_size=4)
+    values = []
+    for v in strategy.experimental_distribute_dataset(gds):
+        values.append(np.concatenate([t.numpy() for t in strategy.experimental_local_results(v)]).tolist())
+    result["generators"] = values
+    return result
 
 
 def check_errors(strategy, args, worker_id):

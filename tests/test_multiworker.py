@@ -91,6 +91,13 @@ def test_two_workers_shard_train_resume_and_write_summaries(tmp_path):
         assert auto["steps"] == steps_per_epoch  # the global batch is split between the workers
         assert sum(auto["indices"], []) == _shard(k, 0)
     assert sorted(_shard(0, 0) + _shard(1, 0)) == list(range(ITEMS))
+    # from_generators: each worker opens only its own generator shards.
+    for k in range(WORKERS):
+        own = {k, k + 2, k + 4}
+        assert set(_calls(tmp_path / f"generators_worker_{k}.txt")[1]) == own
+        values = sum(first[k]["auto"]["generators"], [])
+        assert sorted(values) == sorted(10 * g + j for g in own for j in range(4))
+    assert len(first[0]["auto"]["generators"]) == len(first[1]["auto"]["generators"])
 
     # kerasfeed.distribute: disjoint shards of every pass, equal step counts,
     # identical weights, a falling loss.
