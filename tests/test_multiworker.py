@@ -187,3 +187,33 @@ def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
         kerasfeed.distribute(strategy, Samples(), num_shards=2)
     with pytest.raises(ValueError, match="batch_size"):
         kerasfeed.distribute(strategy, Samples(), batch_size=0)
+
+
+def test_file_shards_split_between_workers_every_pass():
+    """One input pipeline per worker opens only its files of each (reshuffled) pass."""
+    from kerasfeed.streams.interleave import END
+    from kerasfeed.streams.shards import ShardedStream
+
+    paths = [f"f{i}" for i in range(7)]
+
+    def read(path):
+        yield path
+
+    def one_pass(k):
+        stream = ShardedStream(read, paths, kind="file", shuffle=True, seed=3, num_workers=2, worker_index=k)
+        passes = []
+        for _ in range(2):
+            p, got = stream.open_pass(), []
+            while (r := p.take(timeout=None)) is not END:
+                got.append(r[0])
+            p.close()
+            passes.append(got)
+        return passes
+
+    per_worker = [one_pass(k) for k in range(2)]
+    for e in range(2):
+        a, b = per_worker[0][e], per_worker[1][e]
+        assert len(a) == len(b) == 3 and not set(a) & set(b)  # 7 // 2 files each, disjoint
+        order = IndexOrder(7, shuffle=True, seed=3).indices(e)
+        assert sorted(a + b) == sorted(paths[i] for i in order[:6])  # the pass's first 6; one left over
+    assert per_worker[0][0] != per_worker[0][1]  # reshuffled every pass
