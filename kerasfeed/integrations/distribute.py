@@ -97,7 +97,11 @@ def current_worker() -> Optional[WorkerIdentity]:
     import tensorflow as tf
 
     if tf.distribute.has_strategy():
-        return _strategy_identity(tf.distribute.get_strategy())
+        strategy = tf.distribute.get_strategy()
+        # Only MultiWorkerMirroredStrategy runs an input pipeline per worker
+        # in this process; a ParameterServerStrategy coordinator does not.
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return _strategy_identity(strategy)
     return _cluster_identity()
 
 
