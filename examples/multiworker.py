@@ -170,6 +170,35 @@ def check_errors(strategy, args, worker_id):
     return out
 
 
+def check_alone(args, worker_id):
+    """A sharded dataset that only worker 0 creates fails there after the
+    (shortened) agreement timeout instead of hanging. TensorFlow then aborts
+    the worker's collective ops ("Restart your program to reset") and its
+    teardown can crash, so both workers leave with ``os._exit`` afterwards."""
+    import time
+
+    import kerasfeed
+    from kerasfeed.integrations import distribute
+
+    done = os.path.join(args.out, "alone_worker_0.txt")
+    if worker_id == 0:
+        distribute.AGREEMENT_TIMEOUT_S = 5.0
+        try:
+            kerasfeed.to_dataset(LinearSamples(args.items), shuffle=True, seed=args.seed)
+            message = "created"
+        except RuntimeError as e:
+            message = str(e)
+        with open(done + ".tmp", "w") as f:
+            f.write(message)
+        os.replace(done + ".tmp", done)
+    else:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def train(strategy, args, worker_id, phase, stop_after=None, resume=False):
     """One training run (custom loop); returns what the test checks."""
     import keras
@@ -248,6 +277,8 @@ def main(argv=None):
     run = results[args.phase]
     print(f"worker {worker_id}: {len(run['steps'])} steps, epoch losses {run['losses']}, "
           f"summaries in {run['run_dir']}", flush=True)
+    if args.check_errors:
+        check_alone(args, worker_id)
     return 0
 
 

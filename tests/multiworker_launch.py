@@ -30,6 +30,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies, however it dies (Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the timeout and finally still apply
+        pass
+
+
 def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout: float = 240.0, cwd=None) -> list[str]:
     """Runs ``script args`` once per worker; returns each worker's output.
 
@@ -45,7 +56,7 @@ def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout:
         log = open(os.path.join(cwd or ".", f"worker_{k}.log"), "w+") if cwd else subprocess.PIPE
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, script, *args], env=env, cwd=cwd, stdout=log,
-                                      stderr=subprocess.STDOUT, text=True))
+                                      stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent))
     deadline = time.monotonic() + timeout
     failed = None
     try:

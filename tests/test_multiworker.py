@@ -147,6 +147,9 @@ def test_two_workers_shard_train_resume_and_write_summaries(tmp_path):
         # (keras-team/keras#20585). When this assertion breaks, fit works:
         # update docs/multiworker.md and test fit here.
         assert errors["fit"].startswith("ValueError") and "PerReplica" in errors["fit"], errors["fit"]
+    # A sharded dataset created on one worker only fails there, not a hang.
+    alone = open(tmp_path / "alone_worker_0.txt").read()
+    assert "worker 0 of 2 waited 5 s for the other workers" in alone, alone
 
 
 def test_explicit_shards_win_and_too_many_shards_are_refused():

@@ -29,6 +29,8 @@ import os
 import threading
 from typing import Any, Optional
 
+from kerasfeed import _validation as _v
+
 # Collective group of the agreement check; far above the keys tf.distribute
 # allocates for its own groups (they count up from 1).
 _GROUP_KEY = 0x6B660000
@@ -128,7 +130,9 @@ def resolve_shards(
             )
         return input_context.num_input_pipelines, input_context.input_pipeline_id, worker
     if explicit:
-        return (1 if num_shards is None else num_shards), (0 if shard_index is None else shard_index), worker
+        num_shards = 1 if num_shards is None else _v.positive_int("num_shards", num_shards)
+        shard_index = 0 if shard_index is None else _v.non_negative_int("shard_index", shard_index)
+        return num_shards, shard_index, worker
     if worker is None:
         return 1, 0, None
     if worker.num_workers > length:
@@ -172,22 +176,25 @@ def fingerprint(**fields: Any) -> dict:
     return out
 
 
-def check_agreement(worker: WorkerIdentity, fields: dict, api: str, timeout: float = AGREEMENT_TIMEOUT_S) -> None:
+def check_agreement(worker: WorkerIdentity, fields: dict, api: str, timeout: Optional[float] = None) -> None:
     """All-gathers ``fields`` over the cluster; raises if workers disagree.
 
-    Every worker must create its pipelines in the same order (each creation
-    is one collective instance).
+    Every worker must create its sharded pipelines in the same order (each
+    creation is one collective instance); whole-source ones (``num_shards=1``)
+    are not checked.
 
     Raises:
         ValueError: some field differs between workers (names the field and
             every worker's value).
         RuntimeError: not every worker created a matching pipeline within
-            ``timeout`` seconds.
+            ``timeout`` seconds (default ``AGREEMENT_TIMEOUT_S``), or the
+            exchange failed.
     """
     import numpy as np
     import tensorflow as tf
     from tensorflow.python.ops import collective_ops
 
+    timeout = AGREEMENT_TIMEOUT_S if timeout is None else timeout
     names = list(fields)
     values = tf.constant([[fields[n] for n in names]], tf.int64)
     with _instance_lock:
@@ -198,11 +205,12 @@ def check_agreement(worker: WorkerIdentity, fields: dict, api: str, timeout: flo
                 values, group_size=worker.num_workers, group_key=_GROUP_KEY, instance_key=instance, timeout=timeout
             )
         table = np.asarray(gathered.numpy())
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError) as e:
+    except tf.errors.OpError as e:  # timed out, or a peer left: never a hang
         raise RuntimeError(
             f"{api}: worker {worker.worker_id} of {worker.num_workers} waited {timeout:.0f} s for the other workers "
             "to create the same pipeline (the check that they agree on source length, seed and shards). Every worker "
-            "must create its kerasfeed datasets in the same order. "
+            "must create its sharded kerasfeed datasets in the same order; for a dataset on one worker only, pass "
+            "`num_shards=1`. "
             f"Received: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         ) from None
     if table.shape != (worker.num_workers, len(names)):
@@ -235,7 +243,9 @@ def prepare(api: str, length: int, num_shards, shard_index, input_context, order
     if order is not None:
         return _prepare_order(api, length, num_shards, shard_index, input_context, order, fields)
     num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length)
-    if worker is not None:
+    # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
+    # does not involve the other workers.
+    if worker is not None and num_shards > 1:
         check_agreement(worker, fingerprint(length=length, num_shards=num_shards, **fields), api)
     return num_shards, shard_index, shard_options(num_shards)
 
@@ -334,7 +344,6 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
             f"kerasfeed.distribute shards by the strategy's input pipelines; do not pass {', '.join(taken)}. "
             f"Received: {', '.join(f'{k}={to_dataset_kwargs[k]!r}' for k in taken)}"
         )
-    from kerasfeed import _validation as _v
     from kerasfeed.tfdata.adapter import to_dataset
 
     batch_size = _v.positive_int("batch_size", batch_size, allow_none=True, owner="kerasfeed.distribute")
