@@ -315,6 +315,12 @@ def from_generators(
     overlap; tf.data pulls whatever is ready. Every pass over the dataset
     (every epoch) calls ``factory`` again for new generators.
 
+    Under ``MultiWorkerMirroredStrategy`` (a dataset created in a worker
+    process) each worker runs only its own generators: shards ``k, k + W,
+    ...`` (``num_shards // W`` of them), with tf.data's auto-sharding off;
+    the workers check that they agree on ``num_shards``, ``seed`` and
+    batching (see ``docs/multiworker.md``).
+
     Order: with ``deterministic=True`` the items come in exactly the order of
     ``tf.data.Dataset.range(num_shards).interleave(..., cycle_length,
     block_length)``, run after run, whatever the timing; with
@@ -456,7 +462,9 @@ def from_files(
     their shapes may vary from file to file. Files are read in parallel
     (threads or worker processes), their samples interleaved (like
     ``from_generators``, one file per shard), optionally shuffled in a buffer
-    and batched: zero-padded by default when shapes vary, or ragged.
+    and batched: zero-padded by default when shapes vary, or ragged. Under
+    ``MultiWorkerMirroredStrategy`` each worker reads only its own files of
+    every pass (``len(paths) // W`` of them), as in ``from_generators``.
 
     Args:
         paths: the files (str or ``os.PathLike``), at least one.
