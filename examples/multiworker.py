@@ -137,6 +137,13 @@ def auto_shard_pass(strategy, args, worker_id):
     for v in strategy.experimental_distribute_dataset(gds):
         values.append(np.concatenate([t.numpy() for t in strategy.experimental_local_results(v)]).tolist())
     result["generators"] = values
+
+    # An order object fixes its own shards: one per worker, checked to agree.
+    labels = np.arange(args.items) % 3
+    order = kerasfeed.BalancedOrder(labels, seed=args.seed, num_shards=2, shard_index=worker_id)
+    ods = kerasfeed.to_dataset(LinearSamples(args.items), order=order, batch_size=4)
+    result["order"] = {"policy": ods.options().experimental_distribute.auto_shard_policy.name,
+                       "indices": [int(i) for _x, _y, batch in ods for i in batch.numpy()]}
     return result
 
 

@@ -98,6 +98,11 @@ def test_two_workers_shard_train_resume_and_write_summaries(tmp_path):
         values = sum(first[k]["auto"]["generators"], [])
         assert sorted(values) == sorted(10 * g + j for g in own for j in range(4))
     assert len(first[0]["auto"]["generators"]) == len(first[1]["auto"]["generators"])
+    # An order object sharded per worker: its own shard, auto-sharding off.
+    labels = np.arange(ITEMS) % 3
+    for k in range(WORKERS):
+        own = kerasfeed.BalancedOrder(labels, seed=SEED, num_shards=2, shard_index=k).indices(0).tolist()
+        assert first[k]["auto"]["order"] == {"policy": "OFF", "indices": own}
 
     # kerasfeed.distribute: disjoint shards of every pass, equal step counts,
     # identical weights, a falling loss.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 import threading
 from typing import Any, Optional
@@ -256,6 +257,14 @@ def _prepare_order(api, length, num_shards, shard_index, input_context, order, f
     shards = getattr(order, "num_shards", 1)
     shards = shards if isinstance(shards, int) and shards > 0 else 1
     worker = current_worker()
+    if worker is not None and shards == 1 and num_shards is None and input_context is None:
+        # An order object cannot be re-cut here; say so instead of letting
+        # tf.data's DATA fallback make every item on every worker.
+        logging.getLogger("kerasfeed").warning(
+            "%s: the `order` is not sharded but this is worker %d of %d of a MultiWorkerMirroredStrategy: every "
+            "worker will read the whole order. Build it with num_shards=%d, shard_index=%d to read one shard each.",
+            api, worker.worker_id, worker.num_workers, worker.num_workers, worker.worker_id,
+        )
     if worker is not None and shards > 1:
         import hashlib
 
