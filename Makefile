@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kerasfeed-installed
+# A second environment without TensorFlow (JAX backend only), for the test
+# that trains through kerasfeed.to_loader where TensorFlow cannot be imported.
+NOTF_VENV ?= .venv-notf
+NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
 .PHONY: demo test bench clean
 
@@ -12,14 +16,19 @@ $(STAMP): setup.cfg setup.py
 	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $(STAMP)
 
+$(NOTF_STAMP): setup.cfg setup.py
+	$(PYTHON) -m venv $(NOTF_VENV)
+	$(NOTF_VENV)/bin/python -m pip install --quiet -e ".[jax]"
+	touch $(NOTF_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m kerasfeed demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+test: $(STAMP) $(NOTF_STAMP)
+	KERASFEED_NOTF_PYTHON=$(NOTF_VENV)/bin/python $(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(NOTF_VENV) build *.egg-info

@@ -62,6 +62,9 @@ _LAZY = {
     "distribute": "kerasfeed.integrations.distribute:distribute",
     "worker_run_dir": "kerasfeed.integrations.distribute:worker_run_dir",
     "WorkerSummaries": "kerasfeed.integrations.summaries:WorkerSummaries",
+    # Keras 3 backends without TensorFlow: numpy batches and a Keras data adapter.
+    "to_loader": "kerasfeed.loader.loader:to_loader",
+    "Loader": "kerasfeed.loader.loader:Loader",
 }
 
 __all__ = ["__version__", *_LAZY]

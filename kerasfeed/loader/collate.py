@@ -1,0 +1,193 @@
+"""Items as numpy, without TensorFlow: structure checks and batching samples.
+
+The rules follow ``to_dataset`` so that both front ends yield the same
+batches: dicts are read in sorted key order and lists become tuples (as
+``tf.nest`` packs them), strings become object arrays of ``bytes`` (what a
+``tf.string`` tensor gives back), a dimension that differs between probed
+items may vary, and samples whose shapes vary are zero-padded to the largest
+in their batch (``padded_batch``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from kerasfeed.errors import SignatureError
+
+_KERAS_NAMES = ("x", "y", "sample_weight")
+
+
+def _flatten(item: Any, path: tuple, out: list) -> Any:
+    if isinstance(item, dict):
+        return {k: _flatten(item[k], path + (k,), out) for k in sorted(item)}
+    if isinstance(item, (tuple, list)):
+        return tuple(_flatten(v, path + (i,), out) for i, v in enumerate(item))
+    out.append((path, item))
+    return None
+
+
+def flatten(item: Any) -> tuple[Any, list]:
+    """Returns ``(skeleton, [(path, leaf), ...])``: leaves in ``tf.nest`` order."""
+    out: list = []
+    return _flatten(item, (), out), out
+
+
+def pack(skeleton: Any, leaves: Sequence[Any]) -> Any:
+    """Rebuilds a nest shaped like ``skeleton`` (None marks a leaf)."""
+    it = iter(leaves)
+
+    def build(s):
+        if s is None:
+            return next(it)
+        if isinstance(s, dict):
+            return {k: build(v) for k, v in s.items()}
+        return tuple(build(v) for v in s)
+
+    return build(skeleton)
+
+
+def field_name(path: tuple, skeleton: Any) -> str:
+    """``x``, ``y['mask']``, ``[3][0]`` or ``item``, as in ``to_dataset``'s errors."""
+    if not path:
+        return "item"
+    head, rest = path[0], path[1:]
+    if isinstance(skeleton, tuple) and len(skeleton) <= 3 and isinstance(head, int):
+        first = _KERAS_NAMES[head]
+    else:
+        first = f"[{head!r}]"
+    return first + "".join(f"[{p!r}]" for p in rest)
+
+
+def describe(skeleton: Any) -> str:
+    if skeleton is None:
+        return "array"
+    if isinstance(skeleton, dict):
+        return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in skeleton.items()) + "}"
+    return "(" + ", ".join(describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
+
+
+def as_array(leaf: Any) -> np.ndarray:
+    """A leaf as an ndarray; strings as object arrays of ``bytes``."""
+    a = np.asarray(leaf)
+    if a.dtype.kind == "U":
+        return np.char.encode(a, "utf-8").astype(object)
+    if a.dtype.kind == "S":
+        return a.astype(object)
+    if a.dtype.kind == "O":
+        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(a)
+    return a
+
+
+def _shape_text(shape: Sequence) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class Signature:
+    """The structure, dtypes and shapes every item must have (TF-free).
+
+    Inferred from probed items like ``to_dataset``'s signature: a dimension
+    that differs between probes becomes None (any size).
+    """
+
+    def __init__(self, skeleton: Any, names: list, dtypes: list, shapes: list):
+        self.skeleton = skeleton
+        self.names = names
+        self.dtypes = dtypes
+        self.shapes = shapes
+
+    @classmethod
+    def infer(cls, probes: Sequence[tuple[int, Any]]) -> "Signature":
+        """Raises ``SignatureError`` naming both items when probes disagree."""
+        first_index, first = probes[0]
+        skeleton, leaves = flatten(first)
+        arrays = [as_array(v) for _, v in leaves]
+        shapes = [list(a.shape) for a in arrays]
+        dtypes = [a.dtype for a in arrays]
+        names = [field_name(path, skeleton) for path, _ in leaves]
+        for index, item in probes[1:]:
+            other, other_leaves = flatten(item)
+            if other != skeleton:
+                raise SignatureError(
+                    f"Items have different structures: item {first_index} is {describe(skeleton)} but item "
+                    f"{index} is {describe(other)}. Every item must have the same nesting of tuples/dicts."
+                )
+            for k, (_, leaf) in enumerate(other_leaves):
+                a = as_array(leaf)
+                if a.dtype != dtypes[k]:
+                    raise SignatureError(
+                        f"Field {names[k]} changes dtype: item {first_index} has {dtypes[k].name}, "
+                        f"item {index} has {a.dtype.name}."
+                    )
+                if a.ndim != len(shapes[k]):
+                    raise SignatureError(
+                        f"Field {names[k]} changes rank: item {first_index} has shape {tuple(shapes[k])}, "
+                        f"item {index} has shape {a.shape}."
+                    )
+                shapes[k] = [d if d == e else None for d, e in zip(shapes[k], a.shape)]
+        return cls(skeleton, names, dtypes, shapes)
+
+    def flat_arrays(self, index: int, item: Any) -> list:
+        """The item's leaves as arrays; ``SignatureError`` on a mismatch."""
+        skeleton, leaves = flatten(item)
+        if skeleton != self.skeleton:
+            raise SignatureError(
+                f"Item {index} does not match the loader's structure: expected "
+                f"{describe(self.skeleton)}, received {describe(skeleton)}."
+            )
+        out = []
+        for k, (_, leaf) in enumerate(leaves):
+            a = as_array(leaf)
+            if a.dtype != self.dtypes[k]:
+                self._fail(index, k, f"dtype {self.dtypes[k].name}, received {a.dtype.name}")
+            shape = self.shapes[k]
+            if a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape)):
+                self._fail(index, k, f"shape {_shape_text(shape)}, received shape {a.shape}")
+            out.append(a)
+        return out
+
+    def _fail(self, index: int, k: int, what: str) -> None:
+        raise SignatureError(
+            f"Item {index}, field {self.names[k]}: expected {what}. (None in a shape means any size; "
+            "probe more items with `probe=` to widen the signature.)"
+        )
+
+    def padding(self, padding_values: Any) -> list:
+        """One padding value per leaf: 0 (``b""`` for strings), a scalar for all
+        leaves, or a nest shaped like the items."""
+        if padding_values is None:
+            return [b"" if d == object else 0 for d in self.dtypes]
+        if np.ndim(padding_values) == 0 and not isinstance(padding_values, (dict, tuple, list)):
+            return [padding_values] * len(self.dtypes)
+        skeleton, leaves = flatten(padding_values)
+        if skeleton != self.skeleton:
+            raise ValueError(
+                "`padding_values` must be one scalar or a nest shaped like the items "
+                f"({describe(self.skeleton)}). Received: padding_values={padding_values!r}"
+            )
+        return [v for _, v in leaves]
+
+
+def collate(rows: Sequence[list], padding: Sequence[Any]) -> list:
+    """Stacks the k-th leaf of every sample into one array per leaf.
+
+    Leaves whose shapes differ within the batch are padded at the end of
+    every dimension to the largest size in the batch, with ``padding[k]``.
+    """
+    out = []
+    for k in range(len(padding)):
+        arrays = [r[k] for r in rows]
+        shape = arrays[0].shape
+        if all(a.shape == shape for a in arrays):
+            out.append(np.stack(arrays))
+            continue
+        full = tuple(max(a.shape[d] for a in arrays) for d in range(len(shape)))
+        batch = np.full((len(arrays),) + full, padding[k], dtype=arrays[0].dtype)
+        for j, a in enumerate(arrays):
+            batch[(j,) + tuple(slice(0, n) for n in a.shape)] = a
+        out.append(batch)
+    return out
+
+
+__all__ = ["Signature", "collate", "flatten", "pack"]

@@ -1,0 +1,73 @@
+"""The Keras side of ``to_loader``: a data adapter that ``fit`` takes as is.
+
+Keras >= 3.7 passes an instance of ``keras.src.trainers.data_adapters.
+data_adapter.DataAdapter`` given to ``fit``/``evaluate``/``predict`` straight
+through to its epoch iterator, which then drains ``get_jax_iterator()``
+(JAX), ``get_torch_dataloader()`` (PyTorch), ``get_numpy_iterator()``
+(NumPy) or ``get_tf_dataset()`` (TensorFlow) once per epoch. That class is
+private Keras API: the version is checked here, and the test suite runs
+``fit`` through it on every backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+# The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
+MIN_KERAS = (3, 7)
+
+
+def check_keras_version(version: str) -> None:
+    """Raises RuntimeError when Keras ``version`` cannot take a data adapter."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or tuple(int(g) for g in match.groups()) < MIN_KERAS:
+        need = ".".join(map(str, MIN_KERAS))
+        raise RuntimeError(
+            f"kerasfeed.to_loader needs Keras >= {need}: older Keras does not accept a data adapter in "
+            f"`model.fit` (pip install -U keras), or use kerasfeed.to_dataset with TensorFlow. "
+            f"Received: keras {version}"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def loader_class() -> type:
+    """``Loader`` with Keras' ``DataAdapter`` as a second base (made once)."""
+    import keras
+
+    check_keras_version(keras.version())
+    from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+
+    from kerasfeed.loader.loader import Loader
+
+    # Loader comes first: its methods implement the adapter's.
+    return type("Loader", (Loader, DataAdapter), {"__module__": Loader.__module__, "__doc__": Loader.__doc__})
+
+
+def tf_dataset(loader: Any) -> Any:
+    """What the TensorFlow backend drains: ``to_dataset`` with the loader's
+    arguments on the loader's executor (same batches, same order).
+
+    Its passes are counted by that dataset, from the loader's
+    ``initial_state``; made once per loader.
+    """
+    from kerasfeed.tfdata.adapter import to_dataset
+
+    order = loader._order
+    return to_dataset(
+        loader._source,
+        batch_size=loader.batch_size,
+        shuffle=order.shuffle,
+        seed=order.seed,
+        executor=loader.executor,
+        drop_remainder=loader._drop_remainder,
+        padding_values=loader._padding_values,
+        probe=loader._probe,
+        num_shards=order.num_shards,
+        shard_index=order.shard_index,
+        initial_state=loader._resume.to_dict(),
+    )
+
+
+__all__ = ["MIN_KERAS", "check_keras_version", "loader_class", "tf_dataset"]

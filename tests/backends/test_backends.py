@@ -1,0 +1,78 @@
+"""kerasfeed.to_loader under every Keras 3 backend, each in its own process.
+
+``scenario.py`` does the work (fit/evaluate/predict, batch parity with the
+to_dataset batches saved here, shuffle per epoch, exact resume, an error in
+``__getitem__``); these tests run it under each backend. The JAX run uses a
+virtualenv without TensorFlow (``make test`` builds ``.venv-notf``); the
+PyTorch run blocks any TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SCENARIO = HERE / "scenario.py"
+
+
+def _notf_python() -> str:
+    path = os.environ.get("KERASFEED_NOTF_PYTHON") or str(REPO / ".venv-notf" / "bin" / "python")
+    if not Path(path).exists():
+        pytest.fail(
+            "The JAX backend test runs in a virtualenv without TensorFlow: build it with `make .venv-notf/"
+            f".kerasfeed-installed` (or point KERASFEED_NOTF_PYTHON at one). Received: {path} does not exist"
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The batches to_dataset yields (TensorFlow), saved as arrays."""
+    spec = importlib.util.spec_from_file_location("kerasfeed_backend_scenario", SCENARIO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path_factory.mktemp("backends") / "reference.npz"
+    module.write_reference(path)
+    return path
+
+
+def _run(python: str, backend: str, reference: Path, tmp_path: Path, **env_extra) -> dict:
+    result = tmp_path / f"{backend}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **env_extra)
+    proc = subprocess.run(
+        [python, str(SCENARIO), str(reference), str(result)], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert proc.returncode == 0, f"{backend} scenario failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(result.read_text())
+
+
+def test_jax_without_tensorflow(reference, tmp_path):
+    """JAX in an environment without TensorFlow: fit/evaluate/predict through
+    to_loader on worker processes train on exactly the to_dataset batches,
+    epoch k reads pass k, resume is exact, item errors name the index."""
+    python = _notf_python()
+    probe = subprocess.run([python, "-c", "import tensorflow"], capture_output=True, text=True)
+    assert probe.returncode != 0, "the no-TensorFlow environment has TensorFlow installed"
+    out = _run(python, "jax", reference, tmp_path)
+    assert out == {"backend": "jax", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError", "tensorflow_imported": False}
+
+
+def test_torch(reference, tmp_path):
+    """The same under PyTorch, with every TensorFlow import failing."""
+    out = _run(sys.executable, "torch", reference, tmp_path, KERASFEED_BLOCK_TENSORFLOW="1")
+    assert out == {"backend": "torch", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError", "tensorflow_imported": False}
+
+
+def test_tensorflow(reference, tmp_path):
+    """The same under TensorFlow: the loader hands fit a to_dataset pipeline."""
+    out = _run(sys.executable, "tensorflow", reference, tmp_path)
+    assert out["backend"] == "tensorflow" and out["passes_begun"] == [0, 1, 2, 3]
