@@ -1,0 +1,125 @@
+"""kerasfeed.to_loader in this process: passes, batching, arguments, the Keras hooks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.loader.keras_adapter import check_keras_version
+
+
+class Items(kerasfeed.SceneSequence):
+    def __init__(self, n=10, bad=None):
+        super().__init__()
+        self.n, self.bad, self.hooks = n, bad, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"no item {i}")
+        return np.full((2,), i, "int64"), np.float32(self.epoch)
+
+    def on_epoch_begin(self):
+        self.hooks.append(("begin", self.epoch))
+
+    def on_epoch_end(self):
+        self.hooks.append(("end", self.epoch))
+
+
+def _firsts(batches):
+    return [int(x[0]) for x, _ in batches]
+
+
+def test_passes_follow_the_index_order_and_run_the_hooks_once():
+    """Each iter() reads the next pass in IndexOrder's order; hooks once per pass."""
+    src = Items()
+    with kerasfeed.to_loader(src, shuffle=True, seed=3) as loader:
+        passes = [list(loader) for _ in range(3)]
+    for e, batches in enumerate(passes):
+        assert _firsts(batches) == kerasfeed.IndexOrder(10, True, 3).indices(e).tolist()
+        assert all(float(y) == e for _, y in batches)
+    assert src.hooks == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1), ("begin", 2), ("end", 2)]
+
+
+def test_samples_are_stacked_padded_and_the_remainder_dropped():
+    """batch_size stacks samples; varying shapes are padded; drop_remainder drops the short batch."""
+
+    class Varying(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return np.arange(1, i + 2, dtype="float32"), np.int64(i)
+
+    loader = kerasfeed.to_loader(Varying(), batch_size=2, padding_values=-1.0)
+    (x0, y0), (x1, y1), (x2, y2) = list(loader)
+    np.testing.assert_array_equal(x0, [[1, -1], [1, 2]])
+    np.testing.assert_array_equal(x2, [[1, 2, 3, 4, 5]])
+    assert y1.tolist() == [2, 3] and loader.num_batches == 3 and loader.partial_batch_size == 1
+    dropped = kerasfeed.to_loader(Varying(), batch_size=2, drop_remainder=True)
+    assert [y.tolist() for _, y in dropped] == [[0, 1], [2, 3]] and dropped.num_batches == 2
+    assert [y.tolist() for _, y in dropped] == [[0, 1], [2, 3]]  # the dropped sample ended pass 0
+
+
+def test_resume_starts_inside_the_pass_then_reads_whole_passes():
+    """initial_state: pass e from batch b, then whole passes; num_batches follows."""
+    loader = kerasfeed.to_loader(Items(), batch_size=3, shuffle=True, seed=1, initial_state={"epoch": 2, "batches": 2})
+    assert loader.num_batches == 2
+    first = list(loader)
+    order = kerasfeed.IndexOrder(10, True, 1)
+    assert [int(x[0, 0]) for x, _ in first] == order.indices(2)[6::3].tolist()
+    assert loader.num_batches == 4 and len(list(loader)) == 4
+
+
+def test_keras_reset_after_one_batch_replays_that_batch():
+    """The build batch Keras takes is served again by the next iterator (no pass lost);
+    without Keras' reset, every iterator reads a new pass."""
+    src = Items()
+    loader = kerasfeed.to_loader(src, shuffle=True, seed=0)
+    build = iter(loader)
+    peeked = next(build)
+    loader.on_epoch_end()  # what Keras' EpochIterator.reset() calls after the build
+    epoch0 = list(loader)
+    assert np.array_equal(epoch0[0][0], peeked[0]) and len(epoch0) == 10
+    assert _firsts(epoch0) == kerasfeed.IndexOrder(10, True, 0).indices(0).tolist()
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(build)
+    one = next(iter(loader))  # no reset in between: a new pass each time
+    two = next(iter(loader))
+    assert (float(one[1]), float(two[1])) == (1.0, 2.0)
+    assert [h for h in src.hooks if h[0] == "begin"] == [("begin", 0), ("begin", 1), ("begin", 2)]
+
+
+def test_item_error_names_the_index():
+    """An exception in __getitem__ reaches the loop as ItemError naming the index."""
+    loader = kerasfeed.to_loader(Items(bad=6))
+    with pytest.raises(kerasfeed.ItemError, match=r"Items\[6\] raised KeyError") as info:
+        list(loader)
+    assert info.value.index == 6
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"ragged": True}, ValueError, "no ragged arrays"),
+        ({"batch_size": 0}, ValueError, "to_loader: `batch_size` must be a positive int"),
+        ({"drop_remainder": True}, ValueError, "needs `batch_size`"),
+        ({"initial_state": {"epoch": 0, "batches": 10}}, ValueError, "a pass has only 10"),
+        ({"executor": "gpu"}, ValueError, "`executor` must be one of"),
+        ({"batch_size": 2, "padding_values": (1, 2, 3)}, ValueError, "`padding_values` must be one scalar"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        kerasfeed.to_loader(Items(), **kwargs)
+
+
+def test_keras_version_guard():
+    """Keras < 3.7 cannot take a data adapter: a clear error, not Keras' 'Unrecognized data type'."""
+    check_keras_version("3.7.0")
+    check_keras_version("3.15.1")
+    with pytest.raises(RuntimeError, match=r"needs Keras >= 3.7.*Received: keras 3.6.0"):
+        check_keras_version("3.6.0")
