@@ -1,4 +1,4 @@
-"""Batches/s under the JAX and PyTorch backends, drained the way their ``fit`` drains them.
+"""Batches/s under the JAX, PyTorch and TensorFlow backends, drained the way their ``fit`` drains them.
 
 Every way of feeding is handed to Keras' own data-adapter machinery, which is
 what ``model.fit`` does with it: a ``kerasfeed.to_loader`` loader (itself a
@@ -7,8 +7,11 @@ threads or processes), a Grain dataset (``GrainDatasetAdapter``, JAX) and a
 PyTorch ``DataLoader`` (``TorchDataLoaderAdapter``, PyTorch). Each epoch then
 calls the adapter's ``on_epoch_begin``, drains ``get_jax_iterator()`` (JAX:
 numpy batches, each leaf put on the device as the jitted step would) or
-``get_torch_dataloader()`` (PyTorch: torch tensors) and calls
-``on_epoch_end``. The workloads are the four of ``benchmarks/workloads.py``.
+``get_torch_dataloader()`` (PyTorch: torch tensors) or ``get_tf_dataset()``
+(TensorFlow: a compiled loop pulls every batch, ``peers.graph_drainer``; for
+a loader this is ``to_dataset`` with the same arguments) and calls
+``on_epoch_end``. The TensorFlow rows are the reference the other backends
+are compared with, in the same run. The workloads are the four of ``benchmarks/workloads.py``.
 
 Usage (each backend runs in its own process: ``KERAS_BACKEND`` is fixed when
 Keras is imported)::
@@ -40,31 +43,16 @@ if str(REPO) not in sys.path:
 
 from benchmarks import workloads  # noqa: E402
 
-BACKENDS = ("jax", "torch")
+BACKENDS = ("jax", "torch", "tensorflow")
 DEFAULT_BATCHES = {"cpu": 300, "h5": 200, "io": 1000, "big": 150}
 
 
 # --- ways of feeding: each returns a Keras data adapter ---------------------------------
 
 
-class _Serial:
-    """``seq[i]`` in a loop, as numpy: the reference every rate is divided by."""
-
-    def __init__(self, seq):
-        self.seq = seq
-
-    def __iter__(self):
-        for i in range(len(self.seq)):
-            yield self.seq[i]
-
-
-def _adapter_for_serial(seq):
-    from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter  # noqa: F401
-
-    return _SerialAdapter(seq)
-
-
 class _SerialAdapter:
+    """``seq[i]`` in a plain loop, as numpy: the reference every rate is divided by."""
+
     def __init__(self, seq):
         self.seq = seq
 
@@ -75,14 +63,14 @@ class _SerialAdapter:
         pass
 
     def get_jax_iterator(self):
-        return iter(_Serial(self.seq))
+        return (self.seq[i] for i in range(len(self.seq)))
 
     def get_torch_dataloader(self):
         import torch
 
-        from kerasfeed.loader.loader import _map_arrays
+        from kerasfeed.loader.loader import _map_arrays  # the loader's own nest walk
 
-        return (_map_arrays(torch.from_numpy, b) for b in _Serial(self.seq))
+        return (_map_arrays(torch.from_numpy, b) for b in self.get_jax_iterator())
 
     def close(self):
         pass
@@ -136,7 +124,7 @@ def _torch(workers: int) -> Callable[[Any], Any]:
 
 def ways(backend: str, workers: int) -> Dict[str, Callable[[Any], Any]]:
     out = {
-        "serial": _adapter_for_serial,
+        "serial": _SerialAdapter,
         "kerasfeed-threads": _kerasfeed("threads", workers),
         "kerasfeed-processes": _kerasfeed("processes", workers),
         "kerasfeed-auto": _kerasfeed("auto", workers),
@@ -146,7 +134,7 @@ def ways(backend: str, workers: int) -> Dict[str, Callable[[Any], Any]]:
     if backend == "jax":
         out["grain-threads"] = _grain(16, None)
         out["grain-processes"] = _grain(None, workers)
-    else:
+    elif backend == "torch":
         out["torch-dataloader"] = _torch(workers)
     return out
 
@@ -166,6 +154,20 @@ def _drainer(backend: str) -> Callable[[Any], int]:
                 leaves = jax.tree_util.tree_leaves(batch)
                 jax.block_until_ready([jax.device_put(a) for a in leaves])
                 n += 1
+            adapter.on_epoch_end()
+            return n
+    elif backend == "tensorflow":
+        from benchmarks import peers
+
+        def drain(adapter):
+            adapter.on_epoch_begin()
+            if isinstance(adapter, _SerialAdapter):
+                n = sum(1 for _ in adapter.get_jax_iterator())
+            else:
+                run = getattr(adapter, "_bench_drain", None)
+                if run is None:  # traced once per adapter, in the untimed first epoch
+                    run = adapter._bench_drain = peers.graph_drainer(adapter.get_tf_dataset())
+                n, _ = run()
             adapter.on_epoch_end()
             return n
     else:

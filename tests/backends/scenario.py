@@ -177,7 +177,7 @@ def main(reference_path, result_path):
         if backend == "torch":
             import torch
 
-            tx, ty = next(iter(plain.torch()))
+            tx, _ = next(iter(plain.torch()))
             assert isinstance(tx, torch.Tensor) and tx.shape == (ROWS, 3) and bool(torch.all(tx[:, 1] == 0.5)), tx
         if backend == "jax":
             import jax
@@ -198,7 +198,6 @@ if __name__ == "__main__":
             def find_spec(self, name, path=None, target=None):
                 if name == "tensorflow" or name.startswith("tensorflow."):
                     raise ImportError(f"TensorFlow is blocked in this test process. Received: import {name}")
-                return None
 
         sys.meta_path.insert(0, _Block())
     main(sys.argv[1], sys.argv[2])

@@ -55,7 +55,7 @@ def test_samples_are_stacked_padded_and_the_remainder_dropped():
             return np.arange(1, i + 2, dtype="float32"), np.int64(i)
 
     loader = kerasfeed.to_loader(Varying(), batch_size=2, padding_values=-1.0)
-    (x0, y0), (x1, y1), (x2, y2) = list(loader)
+    (x0, _), (_, y1), (x2, _) = list(loader)
     np.testing.assert_array_equal(x0, [[1, -1], [1, 2]])
     np.testing.assert_array_equal(x2, [[1, 2, 3, 4, 5]])
     assert y1.tolist() == [2, 3] and loader.num_batches == 3 and loader.partial_batch_size == 1
