@@ -148,10 +148,20 @@ def main(reference_path, result_path):
     model = _model(keras)
     model.set_weights([w1.astype("float32"), b1.astype("float32")])
     state = {"epoch": 1, "batches": 3}
+    progress = kerasfeed.TrainingProgress(state)
     with kerasfeed.to_loader(Rows(), shuffle=True, seed=SEED, initial_state=state) as resumed:
         assert resumed.num_batches == BATCHES - 3
-        model.fit(resumed, initial_epoch=1, epochs=2, verbose=0)
+        model.fit(resumed, initial_epoch=1, epochs=2, verbose=0, callbacks=[progress])
     _close(model.get_weights()[0], w, "resumed weights")
+    assert progress.state() == {"epoch": 2, "batches": 0}, progress.state()
+
+    # The HDF5 readers: one pass of a gzip-chunked scene file on worker processes.
+    path = kerasfeed.datasets.make_synthetic_scenes(
+        os.path.join(os.path.dirname(result_path), f"scenes-{backend}.h5"), num_scenes=12, points_per_scene=16
+    )
+    with kerasfeed.to_loader(kerasfeed.H5SliceSequence(path, ("points", "labels"), 4), executor="processes", workers=2) as h5:
+        shapes = [(p.shape, labels.shape) for p, labels in h5]
+    assert shapes == [((4, 16, 6), (4,))] * 3, shapes
 
     # An error in __getitem__ names the index.
     with kerasfeed.to_loader(Rows(bad_index=5), executor="processes", workers=2) as bad:
