@@ -126,11 +126,14 @@ def main(reference_path, result_path):
 
     assert get_data_adapter(loader) is loader
     model = _model(keras)
-    model.fit(loader, epochs=EPOCHS, verbose=0)
+    val_seq = Rows()
+    with kerasfeed.to_loader(val_seq, shuffle=True, seed=SEED + 1) as val:
+        model.fit(loader, epochs=EPOCHS, verbose=0, validation_data=val)
     w, b = sgd(W0, B0, rows[0] + rows[1])
     _close(model.get_weights()[0], w, "fit weights")
     _close(model.get_weights()[1], b, "fit bias")
     assert seq.passes_begun == [0, 1], seq.passes_begun
+    assert val_seq.passes_begun == [0, 1], val_seq.passes_begun  # one validation pass per epoch
     # evaluate / predict read the next pass (pass 2: a third permutation).
     pass2 = list(kerasfeed.to_loader(Rows(), shuffle=True, seed=SEED, initial_state={"epoch": 2, "batches": 0}))
     x2 = np.concatenate([x for x, _ in pass2])
