@@ -68,9 +68,9 @@ class _SerialAdapter:
     def get_torch_dataloader(self):
         import torch
 
-        from kerasfeed.loader.loader import _map_arrays  # the loader's own nest walk
+        from kerasfeed.loader.convert import map_arrays
 
-        return (_map_arrays(torch.from_numpy, b) for b in self.get_jax_iterator())
+        return (map_arrays(torch.from_numpy, b) for b in self.get_jax_iterator())
 
     def close(self):
         pass

@@ -20,6 +20,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.loader.collate import Signature, collate, pack
+from kerasfeed.loader.convert import TorchBatches, map_arrays
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.state import ResumeState
@@ -239,7 +240,7 @@ class Loader:
         """One pass of numpy batches (the same as ``iter(loader)``)."""
         return iter(self)
 
-    def torch(self) -> "TorchBatches":
+    def torch(self) -> TorchBatches:
         """An iterable of torch tensors, one pass per ``iter()`` (shares memory
         with the numpy batches: ``torch.from_numpy``)."""
         return TorchBatches(self)
@@ -249,7 +250,7 @@ class Loader:
         import jax
 
         for batch in self:
-            yield _map_arrays(lambda a: jax.device_put(a, device) if a.dtype != object else a, batch)
+            yield map_arrays(lambda a: jax.device_put(a, device) if a.dtype != object else a, batch)
 
     # -- Keras data adapter (keras.src.trainers.data_adapters.DataAdapter) ----
 
@@ -260,7 +261,7 @@ class Loader:
         # Keras' JAX trainer moves numpy batches to the device itself.
         return iter(self)
 
-    def get_torch_dataloader(self) -> "TorchBatches":
+    def get_torch_dataloader(self) -> TorchBatches:
         return TorchBatches(self)
 
     def get_tf_dataset(self) -> Any:
@@ -323,41 +324,6 @@ class Loader:
             f"<kerasfeed.Loader batches={self._per_pass} batch_size={self.batch_size} "
             f"executor={self.executor.name!r}>"
         )
-
-
-def _map_arrays(fn: Callable[[np.ndarray], Any], batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return {k: _map_arrays(fn, v) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(_map_arrays(fn, v) for v in batch)
-    return fn(batch)
-
-
-class TorchBatches:
-    """A loader's batches as torch tensors; ``iter()`` reads one pass.
-
-    What Keras' PyTorch trainer iterates; usable in a custom torch loop like
-    a ``torch.utils.data.DataLoader`` (``len()`` is the number of batches).
-    """
-
-    def __init__(self, loader: Loader):
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[Any]:
-        import torch
-
-        def to_tensor(a: np.ndarray) -> Any:
-            if a.dtype == object:
-                return a  # strings: torch has no such tensor
-            if not a.flags.writeable:
-                a = a.copy()  # torch.from_numpy needs writable memory
-            return torch.from_numpy(a)
-
-        for batch in self.loader:
-            yield _map_arrays(to_tensor, batch)
-
-    def __len__(self) -> int:
-        return self.loader.num_batches
 
 
 def to_loader(
@@ -468,4 +434,4 @@ def to_loader(
     )
 
 
-__all__ = ["Loader", "TorchBatches", "to_loader"]
+__all__ = ["Loader", "to_loader"]
