@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kerasfeed-installed
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-backends clean
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: $(STAMP) $(NOTF_STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+bench-backends: $(STAMP)
+	$(PY) benchmarks/backends.py
 
 clean:
 	rm -rf $(VENV) $(NOTF_VENV) build *.egg-info

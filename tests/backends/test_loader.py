@@ -123,3 +123,25 @@ def test_keras_version_guard():
     check_keras_version("3.15.1")
     with pytest.raises(RuntimeError, match=r"needs Keras >= 3.7.*Received: keras 3.6.0"):
         check_keras_version("3.6.0")
+
+
+class Large(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.full((64, 64, 16), i, "float32"), np.int64(i)  # 256 KB: lent from shared memory
+
+
+def test_worker_arrays_are_handed_over_without_a_copy():
+    """With worker processes and batch_size=None, large arrays are views of the
+    shared memory the worker wrote (no copy in this process), and the workers
+    stop when the loader is closed."""
+    with kerasfeed.to_loader(Large(), executor="processes", workers=2) as loader:
+        batches = list(loader)
+        assert [int(y) for _, y in batches] == list(range(6))
+        assert all(float(x[0, 0, 0]) == i for i, (x, _) in enumerate(batches))
+        owner = batches[0][0].base
+        assert owner is not None and not isinstance(owner, np.ndarray), type(owner)  # a shared-memory buffer
+        assert len(loader.executor.stats()["per_worker"]) == 2
+    assert loader.executor.pool.closed
