@@ -75,7 +75,18 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'kerasfeed' has no attribute {name!r}")
     module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != "tensorflow" and not (e.name or "").startswith("tensorflow."):
+            raise
+        # TensorFlow is optional (to_dataset and the stream functions need it).
+        raise ModuleNotFoundError(
+            f"kerasfeed.{name} needs TensorFlow, which is not installed: pip install 'kerasfeed[tensorflow]' "
+            "(or 'kerasfeed[cpu]' for tensorflow-cpu). Under the JAX or PyTorch backend, kerasfeed.to_loader "
+            f"feeds model.fit without TensorFlow. Received: {e}",
+            name="tensorflow",
+        ) from e
     value = getattr(module, attr) if attr else module
     globals()[name] = value
     return value

@@ -54,19 +54,18 @@ def tf_dataset(loader: Any) -> Any:
     """
     from kerasfeed.tfdata.adapter import to_dataset
 
-    order = loader._order
+    args = dict(loader._order_args)
+    if args["order"] is None and args["seed"] is None:
+        args["seed"] = loader._order.seed  # the seed IndexOrder drew: the same permutations
     return to_dataset(
         loader._source,
         batch_size=loader.batch_size,
-        shuffle=order.shuffle,
-        seed=order.seed,
         executor=loader.executor,
         drop_remainder=loader._drop_remainder,
         padding_values=loader._padding_values,
         probe=loader._probe,
-        num_shards=order.num_shards,
-        shard_index=order.shard_index,
         initial_state=loader._resume.to_dict(),
+        **args,
     )
 
 

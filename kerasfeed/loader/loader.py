@@ -22,7 +22,7 @@ from kerasfeed.execution.factory import make_executor
 from kerasfeed.loader.collate import Signature, collate, pack
 from kerasfeed.loader.convert import TorchBatches, map_arrays
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
-from kerasfeed.sampling.order import IndexOrder
+from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
 
@@ -120,6 +120,7 @@ class Loader:
         num_shards: int,
         shard_index: int,
         initial_state: Optional[Mapping[str, int]],
+        order: Any = None,
     ):
         total = source_length(source)
         batch_size = _v.positive_int("batch_size", batch_size, allow_none=True, owner="to_loader")
@@ -131,7 +132,8 @@ class Loader:
                 "to_loader: `drop_remainder=True` needs `batch_size`; items are already batches when "
                 "batch_size=None. Received: drop_remainder=True, batch_size=None"
             )
-        order = IndexOrder(total, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
+        order_args = dict(order=order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
+        order = resolve_order(total, **order_args)
         n = order.shard_length
         per_element = batch_size or 1
         if drop_remainder and batch_size > n:
@@ -140,6 +142,7 @@ class Loader:
                 f"{n} items. Received: batch_size={batch_size}"
             )
         resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+        check_resume_order(resume, order)
         self._per_pass = self._count(n, batch_size, drop_remainder)
         if resume.batches >= self._per_pass:
             raise ValueError(
@@ -149,6 +152,7 @@ class Loader:
         skip = resume.batches * per_element
         self._source = source
         self._order = order
+        self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
         self._owns_executor = not isinstance(executor, Executor)
         self.executor = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
         try:
@@ -166,6 +170,10 @@ class Loader:
         self._resume = resume
         self._first_length = self._count(n - skip, batch_size, drop_remainder)
         self._pipeline = PassPipeline(source, order, self.executor, self._signature, resume.epoch, skip)
+        if self._pipeline.stats is not None:  # kerasfeed.stats(loader)
+            self._pipeline.stats.kind, self._pipeline.stats.items_per_batch = "to_loader", batch_size or 1
+        # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
+        self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._newest = 0  # id of the newest iterator
@@ -342,6 +350,7 @@ def to_loader(
     num_shards: int = 1,
     shard_index: int = 0,
     initial_state: Optional[Mapping[str, int]] = None,
+    order: Any = None,
 ) -> Loader:
     """Turns an indexable source into numpy batches for any Keras 3 backend.
 
@@ -376,6 +385,11 @@ def to_loader(
         initial_state: ``{"epoch": e, "batches": b}`` (from
             ``TrainingProgress``): the first pass is pass ``e`` and starts
             after its first ``b`` batches; use ``fit(..., initial_epoch=e)``.
+            A state saved with an order fingerprint is refused with another order.
+        order: the index order of every pass instead of ``shuffle``/``seed``/
+            ``num_shards``/``shard_index``: any object with ``shard_length``
+            and ``indices(epoch)``, such as ``kerasfeed.BalancedOrder`` or
+            ``kerasfeed.WeightedOrder`` (as in ``to_dataset``).
 
     Returns:
         A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
@@ -431,6 +445,7 @@ def to_loader(
         num_shards=num_shards,
         shard_index=shard_index,
         initial_state=initial_state,
+        order=order,
     )
 
 

@@ -197,6 +197,19 @@ def main(reference_path, result_path):
 
             jx, _ = next(plain.jax())
             assert isinstance(jx, jax.Array) and jx.shape == (ROWS, 3) and bool((jx[:, 1] == 0.5).all()), jx
+    try:
+        import tensorflow  # noqa: F401
+    except ModuleNotFoundError:  # not installed (JAX run) or blocked (PyTorch run)
+        try:
+            kerasfeed.to_dataset  # noqa: B018 - the lazy attribute import is what is tested
+        except ModuleNotFoundError as e:
+            assert "pip install 'kerasfeed[tensorflow]'" in str(e) and "to_loader" in str(e), str(e)
+            out["to_dataset_error"] = "names the extra"
+        else:
+            raise AssertionError("kerasfeed.to_dataset imported without TensorFlow")
+    with kerasfeed.to_loader(Rows(), executor="processes", workers=2) as observed:
+        list(observed)
+        assert kerasfeed.stats(observed)["items"] == BATCHES
     out["tensorflow_imported"] = "tensorflow" in sys.modules
     with open(result_path, "w") as f:
         json.dump(out, f)
@@ -210,7 +223,7 @@ if __name__ == "__main__":
         class _Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name == "tensorflow" or name.startswith("tensorflow."):
-                    raise ImportError(f"TensorFlow is blocked in this test process. Received: import {name}")
+                    raise ModuleNotFoundError(f"TensorFlow is blocked in this test process. Received: import {name}", name=name)
 
         sys.meta_path.insert(0, _Block())
     main(sys.argv[1], sys.argv[2])

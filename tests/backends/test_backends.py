@@ -63,16 +63,18 @@ def test_jax_without_tensorflow(reference, tmp_path):
     probe = subprocess.run([python, "-c", "import tensorflow"], check=False, capture_output=True, text=True)
     assert probe.returncode != 0, "the no-TensorFlow environment has TensorFlow installed"
     out = _run(python, "jax", reference, tmp_path)
-    assert out == {"backend": "jax", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError", "tensorflow_imported": False}
+    assert out == {"backend": "jax", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError",
+                   "to_dataset_error": "names the extra", "tensorflow_imported": False}
 
 
 def test_torch(reference, tmp_path):
     """The same under PyTorch, with every TensorFlow import failing."""
     out = _run(sys.executable, "torch", reference, tmp_path, KERASFEED_BLOCK_TENSORFLOW="1")
-    assert out == {"backend": "torch", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError", "tensorflow_imported": False}
+    assert out == {"backend": "torch", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError",
+                   "to_dataset_error": "names the extra", "tensorflow_imported": False}
 
 
 def test_tensorflow(reference, tmp_path):
     """The same under TensorFlow: the loader hands fit a to_dataset pipeline."""
     out = _run(sys.executable, "tensorflow", reference, tmp_path)
-    assert out["backend"] == "tensorflow" and out["passes_begun"] == [0, 1, 2, 3]
+    assert out["backend"] == "tensorflow" and out["passes_begun"] == [0, 1, 2, 3] and "to_dataset_error" not in out

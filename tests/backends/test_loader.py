@@ -145,3 +145,31 @@ def test_worker_arrays_are_handed_over_without_a_copy():
         assert owner is not None and not isinstance(owner, np.ndarray), type(owner)  # a shared-memory buffer
         assert len(loader.executor.stats()["per_worker"]) == 2
     assert loader.executor.pool.closed
+
+
+def test_order_gives_the_batches_of_to_dataset_and_is_checked_on_resume():
+    """order= (a BalancedOrder): the same batches as to_dataset with that order;
+    a resume state saved with another order's fingerprint is refused."""
+    labels = [0] * 8 + [1] * 2
+    order = kerasfeed.BalancedOrder(labels, seed=4)
+    loader = kerasfeed.to_loader(Items(), batch_size=4, order=order)
+    ds = kerasfeed.to_dataset(Items(), batch_size=4, order=order)
+    for _ in range(2):
+        got, want = list(loader), list(ds)
+        assert [x.tolist() for x, _ in got] == [x.numpy().tolist() for x, _ in want]
+    with pytest.raises(ValueError, match="not both"):
+        kerasfeed.to_loader(Items(), order=order, shuffle=True)
+    other = kerasfeed.BalancedOrder(labels, seed=5)
+    state = {"epoch": 1, "batches": 1, "order": order.fingerprint}
+    kerasfeed.to_loader(Items(), batch_size=4, order=order, initial_state=state).close()
+    with pytest.raises(ValueError, match="different order"):
+        kerasfeed.to_loader(Items(), batch_size=4, order=other, initial_state=state)
+
+
+def test_stats_and_executor_of_find_the_loader_pipeline():
+    """kerasfeed.stats(loader) and executor_of(loader) work as for a dataset."""
+    with kerasfeed.to_loader(Items(), batch_size=5) as loader:
+        list(loader)
+        assert kerasfeed.executor_of(loader) is loader.executor
+        s = kerasfeed.stats(loader)
+        assert s["kind"] == "to_loader" and s["items"] == 10 and s["batches"] == 2, s
