@@ -187,6 +187,34 @@ def _drainer(backend: str) -> Callable[[Any], int]:
     return drain
 
 
+def _measure(make, seq, drain, way, min_time, max_epochs):
+    """Builds the way, drains an untimed first epoch, then times epochs; returns
+    ``(batches/s of the best timed epoch, first epoch s, timed epochs)``."""
+    t0 = time.perf_counter()
+    adapter = make(seq)
+    try:
+        first = drain(adapter)
+        startup = time.perf_counter() - t0
+        timed, best, epochs = 0.0, None, 0
+        while epochs < max(1, max_epochs - 1) and (epochs == 0 or timed < min_time):
+            t = time.perf_counter()
+            n = drain(adapter)
+            dt = time.perf_counter() - t
+            assert n == first == len(seq), f"{way}: {n} batches, expected {len(seq)}"
+            timed += dt
+            best = dt if best is None else min(best, dt)
+            epochs += 1
+    finally:
+        close = getattr(adapter, "close", None)
+        if callable(close):
+            close()
+        loader = getattr(adapter, "_dataloader", None)
+        it = getattr(loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+    return len(seq) / best, startup, epochs
+
+
 def run_backend(backend: str, names: Sequence[str], batches: Dict[str, int], workers: int, min_time: float,
                 max_epochs: int, only: Optional[Sequence[str]]) -> List[Dict[str, Any]]:
     import keras
@@ -202,29 +230,13 @@ def run_backend(backend: str, names: Sequence[str], batches: Dict[str, int], wor
             if only and way not in only and way != "serial":
                 continue
             seq = workloads.make_workload(name, batches[name], cache)
-            t0 = time.perf_counter()
-            adapter = make(seq)
             try:
-                first = drain(adapter)
-                startup = time.perf_counter() - t0
-                timed, best, epochs = 0.0, None, 0
-                while epochs < max(1, max_epochs - 1) and (epochs == 0 or timed < min_time):
-                    t = time.perf_counter()
-                    n = drain(adapter)
-                    dt = time.perf_counter() - t
-                    assert n == first == len(seq), f"{way}: {n} batches, expected {len(seq)}"
-                    timed += dt
-                    best = dt if best is None else min(best, dt)
-                    epochs += 1
-            finally:
-                close = getattr(adapter, "close", None)
-                if callable(close):
-                    close()
-                loader = getattr(adapter, "_dataloader", None)
-                it = getattr(loader, "_iterator", None)
-                if it is not None and hasattr(it, "_shutdown_workers"):
-                    it._shutdown_workers()
-            rate = len(seq) / best
+                rate, startup, epochs = _measure(make, seq, drain, way, min_time, max_epochs)
+            except Exception as e:  # noqa: BLE001 - one way failing (a missing package) must not end the run
+                print(f"  {backend:5s} {name:4s} {way:20s} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                rows.append({"backend": backend, "workload": name, "way": way, "batches_per_s": None,
+                             "x_serial": None, "error": f"{type(e).__name__}: {e}"})
+                continue
             if way == "serial":
                 serial_rate = rate
             rows.append({"backend": backend, "workload": name, "way": way, "batches_per_s": rate,
@@ -247,7 +259,11 @@ def to_markdown(rows: List[Dict[str, Any]]) -> str:
             cells = []
             for name in names:
                 r = next((r for r in mine if r["workload"] == name and r["way"] == way), None)
-                cells.append("–" if r is None else f"{r['batches_per_s']:,.0f} ({r['x_serial']:.2f}×)")
+                if r is None or r["batches_per_s"] is None:
+                    cells.append("–" if r is None else "failed")
+                else:
+                    ratio = "" if r["x_serial"] is None else f" ({r['x_serial']:.2f}×)"
+                    cells.append(f"{r['batches_per_s']:,.0f}{ratio}")
             lines.append(f"| {way} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -76,6 +76,7 @@ class _PassIterator:
             return p.first
         if p.position >= p.batches:
             self._done = True
+            p.first = None  # read to its end: never taken over (a one-batch pass included)
             raise StopIteration
         batch = loader._read(p)
         p.position += 1

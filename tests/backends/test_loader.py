@@ -93,6 +93,17 @@ def test_keras_reset_after_one_batch_replays_that_batch():
     assert [h for h in src.hooks if h[0] == "begin"] == [("begin", 0), ("begin", 1), ("begin", 2)]
 
 
+def test_one_batch_passes_replay_only_an_unfinished_read():
+    """With one batch per pass, Keras' build (one next(), then a reset) is replayed, but a
+    pass read to its end (StopIteration) is not, even when on_epoch_end follows."""
+    loader = kerasfeed.to_loader(Items(n=3), batch_size=3)
+    peeked = next(iter(loader))
+    loader.on_epoch_end()
+    assert [float(y[0]) for _, y in loader] == [float(peeked[1][0])] == [0.0]
+    loader.on_epoch_end()
+    assert [float(y[0]) for _, y in loader] == [1.0]
+
+
 def test_item_error_names_the_index():
     """An exception in __getitem__ reaches the loop as ItemError naming the index."""
     loader = kerasfeed.to_loader(Items(bad=6))
