@@ -127,8 +127,8 @@ def probe_source(source: Any, calls: int = 3) -> Probe:
     Returns:
         A ``Probe``.
     """
-    n = source_length(source)
-    indices = [i % n for i in range(1, calls + 1)]
+    n = source_length(source, allow_infinite=True, owner="executor='auto'")
+    indices = [i % n if n is not None else i for i in range(1, calls + 1)]
     _, _, _, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
     walls, cpus, queued = [], [], []
     for i in indices:

@@ -59,6 +59,12 @@ class Executor(abc.ABC):
         dicts with ``id``); whichever the executor knows."""
         return {}
 
+    def before_hook(self, name: str) -> None:
+        """Called in the consumer just before a pass runs the source's hook
+        ``name`` (``"set_epoch"``, then ``"on_epoch_begin"``); ``plan``
+        follows the hooks. Executors whose items run on a copy of the source
+        use it to tell what each hook changed."""
+
     def parallel_calls(self) -> int:
         """How many ``load`` calls tf.data should keep in flight by default."""
         return 1

@@ -53,10 +53,7 @@ class PassPipeline:
             self._remaining[epoch] = len(indices)
         if self.stats is not None:
             self.stats.pass_begin(epoch)
-        set_epoch(self._source, epoch)
-        hook = getattr(self._source, "on_epoch_begin", None)
-        if callable(hook):
-            hook()
+        self._run_begin_hooks(epoch)
         # After the hooks: an executor in this process makes items from now on.
         # Worker processes may also go on with the next pass's first items
         # when this one is all requested (its order is known: seeded).
@@ -66,21 +63,34 @@ class PassPipeline:
             self.executor.plan(epoch, indices)
         return indices, np.int64(epoch)
 
-    def load(self, i, epoch):
-        index, epoch = int(i), int(epoch)
+    def _run_begin_hooks(self, epoch: int) -> None:
+        # The executor hears when each hook is about to run: one whose items
+        # run on a copy of the source (worker processes) tells from that what
+        # the hooks changed and carries it over (see execution/state_sync.py).
+        self.executor.before_hook("set_epoch")
+        set_epoch(self._source, epoch)
+        self.executor.before_hook("on_epoch_begin")
+        hook = getattr(self._source, "on_epoch_begin", None)
+        if callable(hook):
+            hook()
+
+    def _pick(self, index: int, epoch: int) -> Any:
         stats = self.stats
         if stats is None:
+            return self.executor.load(index, epoch)
+        t0 = time.perf_counter()  # how long the pick-up blocked
+        try:
             item = self.executor.load(index, epoch)
-        else:  # how long the pick-up blocked
-            t0 = time.perf_counter()
-            try:
-                item = self.executor.load(index, epoch)
-            except BaseException:
-                stats.error()
-                raise
-            t1 = time.perf_counter()
-            stats.picked(epoch, t1 - t0, t1)
-        arrays = self._checker.flat_arrays(index, item)
+        except BaseException:
+            stats.error()
+            raise
+        t1 = time.perf_counter()
+        stats.picked(epoch, t1 - t0, t1)
+        return item
+
+    def load(self, i, epoch):
+        index, epoch = int(i), int(epoch)
+        arrays = self._checker.flat_arrays(index, self._pick(index, epoch))
         with self._lock:
             self._remaining[epoch] -= 1
             last = self._remaining[epoch] == 0

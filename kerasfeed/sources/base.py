@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import numbers
+from typing import Any, Optional, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class RandomAccessSource(Protocol):
-    """What ``to_dataset`` needs: a length and items by integer index.
+    """What ``to_dataset`` needs: items by integer index and a length.
+
+    The length is ``len(source)`` or, like Keras 3's ``PyDataset``, the
+    ``num_batches`` property when the source has no ``__len__``;
+    ``num_batches`` is None for an infinite source.
 
     Optional hooks, used when present:
       - ``set_epoch(epoch)``: called in every process that runs items before
@@ -21,33 +26,70 @@ class RandomAccessSource(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
-def source_length(source: Any) -> int:
-    """Returns ``len(source)`` after checking that ``source`` is indexable.
+def _has_num_batches(source: Any) -> bool:
+    # Defined by the user's class (or instance). Keras' own PyDataset
+    # defines a default that only forwards to ``__len__``: not a length.
+    for c in type(source).__mro__:
+        if "num_batches" in vars(c):
+            return not (c.__name__ == "PyDataset" and c.__module__.startswith(("keras.", "kerasfeed.")))
+    return "num_batches" in getattr(source, "__dict__", {})
+
+
+def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "kerasfeed") -> Optional[int]:
+    """Returns the number of items of ``source``; None for an infinite one.
+
+    ``len(source)`` when the source has ``__len__``, else its
+    ``num_batches`` property (Keras 3's ``PyDataset`` protocol), where None
+    means infinite.
+
+    Args:
+        source: the object to check.
+        allow_infinite: accept ``num_batches`` None (returns None).
+        owner: who asks, for error messages.
 
     Raises:
-        TypeError: ``source`` lacks ``__len__``/``__getitem__``.
-        ValueError: the length is not a positive integer.
+        TypeError: ``source`` lacks ``__getitem__`` or a length, or the
+            length is not an int.
+        ValueError: the length is not positive, or the source is infinite
+            and ``allow_infinite`` is False.
     """
-    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+    name = type(source).__name__
+    has_len = hasattr(source, "__len__")
+    has_nb = not has_len and _has_num_batches(source)
+    missing = [m for m, ok in (("`__getitem__`", hasattr(source, "__getitem__")), ("length (neither `__len__` nor a `num_batches` property)", has_len or has_nb)) if not ok]
+    if missing:
         raise TypeError(
-            "kerasfeed needs an indexable source: an object with `__len__` and "
-            "`__getitem__` (e.g. a kerasfeed.SceneSequence or keras.utils.PyDataset). "
-            f"Received: {source!r} of type {type(source).__name__}"
+            f"{owner} needs an indexable source: an object with `__getitem__(index)` returning item `index`, "
+            "and `__len__()` or a `num_batches` property giving the number of items (None: infinite). "
+            f"{type(source).__module__}.{type(source).__qualname__} has no {' and no '.join(missing)}. "
+            f"Received: {_short(source)}"
         )
+    what = f"len({name})" if has_len else f"{name}.num_batches"
     try:
-        n = len(source)
-    except Exception as e:  # a PyDataset without __len__, say
-        raise TypeError(
-            f"len(source) failed for {type(source).__name__}: {type(e).__name__}: {e}"
-        ) from e
-    if not isinstance(n, int) or isinstance(n, bool):
-        raise TypeError(f"len(source) must return an int. Received: {n!r}")
-    if n <= 0:
+        n = len(source) if has_len else source.num_batches
+    except Exception as e:  # noqa: BLE001 - e.g. a PyDataset that defines neither
+        raise TypeError(f"{owner}: {what} raised {type(e).__name__}: {e}. Received: {_short(source)}") from e
+    if n is None and has_nb:
+        if allow_infinite:
+            return None
         raise ValueError(
-            f"The source is empty: len({type(source).__name__}) is {n}; "
-            "it must hold at least one item."
+            f"{owner} needs a finite source, but {what} is None (an infinite source). Received: {_short(source)}"
         )
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{owner}: {what} must return an int{' or None' if has_nb else ''}. Received: {n!r}")
+    n = int(n)
+    if n <= 0:
+        raise ValueError(f"The source is empty: {what} is {n}; it must hold at least one item. Received: {_short(source)}")
     return n
+
+
+def _short(obj: Any, limit: int = 120) -> str:
+    try:
+        r = repr(obj)
+    except Exception:  # noqa: BLE001
+        r = f"<{type(obj).__name__} object>"
+    r = r if len(r) <= limit else r[: limit - 3] + "..."
+    return f"{r} of type {type(obj).__name__}"
 
 
 def source_name(source: Any) -> str:
@@ -59,6 +101,10 @@ def set_epoch(source: Any, epoch: int) -> None:
     hook = getattr(source, "set_epoch", None)
     if callable(hook):
         hook(epoch)
+    if "_kf_epoch" in getattr(source, "__dict__", ()):
+        # A SceneSequence whose set_epoch override skipped super(): its
+        # ``epoch`` is still the pass in every process.
+        source._kf_epoch = int(epoch)
 
 
 def close_quietly(iterator: Any) -> None:

@@ -10,6 +10,7 @@ import tensorflow as tf
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.integrations import distribute as _distribute
+from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
@@ -23,8 +24,12 @@ from kerasfeed.tfdata.common import (
     inline_map,
     prefetch_tail,
 )
-from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
+from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature, open_leading_dimension
 
+
+# The length an endless source counts as when shards are resolved: items for
+# any number of workers.
+_ENDLESS = 2**62
 
 def to_dataset(
     source: Any,
@@ -143,7 +148,8 @@ def to_dataset(
         print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
     ```
     """
-    total = source_length(source)
+    total = source_length(source, allow_infinite=True, owner="to_dataset")
+    endless = total is None  # num_batches is None: one endless pass per iterator
     check_positive_int("batch_size", batch_size)
     check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
     check_positive_int("probe", probe, allow_none=False)
@@ -153,25 +159,31 @@ def to_dataset(
     if drop_remainder and batch_size is None:
         raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
     resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    if endless:
+        check_endless_arguments(source, shuffle, initial_state, order)
     # One shard per worker under a multi-worker strategy unless told otherwise
     # (an `order` fixes its own shards); the workers check that they agree
-    # (see integrations/distribute.py).
+    # (see integrations/distribute.py). An endless source has items for any
+    # number of workers.
     num_shards, shard_index, shard_opts = _distribute.prepare(
-        "to_dataset", total, num_shards, shard_index, input_context, order=order, seed=seed, shuffle=shuffle,
-        batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch, batches=resume.batches,
+        "to_dataset", _ENDLESS if endless else total, num_shards, shard_index, input_context, order=order, seed=seed,
+        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch, batches=resume.batches,
     )
-    sharded = order is None and num_shards > 1  # this pipeline reads one shard of an IndexOrder
-    order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
-    n = order.shard_length  # items per pass
-    if batch_size is not None and drop_remainder and batch_size > n:
+    sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
+    if endless:
+        order, n = None, None  # an endless pass reads shard_index, shard_index + num_shards, ...
+    else:
+        order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
+        n = order.shard_length  # items per pass
+    if batch_size is not None and drop_remainder and n is not None and batch_size > n:
         raise ValueError(
             f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has {n} items."
         )
 
     check_resume_order(resume, order)
     per_element = batch_size or 1
-    per_pass = n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
-    if resume.batches >= per_pass:
+    per_pass = None if endless else n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
+    if per_pass is not None and resume.batches >= per_pass:
         raise ValueError(
             f"`initial_state` resumes after {resume.batches} elements but a pass has only {per_pass}; "
             f"resume at the next epoch instead. Received: initial_state={resume.to_dict()}"
@@ -181,13 +193,18 @@ def to_dataset(
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
     try:
         if output_signature is None:
-            at = (
-                _distribute.shard_probe_indices(order, total, probe, resume.epoch, skip, batches=batch_size is None)
-                if sharded
-                else probe_indices(total, probe)
-            )
+            if endless:
+                at = range(shard_index, shard_index + probe * num_shards, num_shards)
+            elif sharded:
+                at = _distribute.shard_probe_indices(order, total, probe, resume.epoch, skip, batches=batch_size is None)
+            else:
+                at = probe_indices(total, probe)
             probes = [(i, ex.load(i, 0)) for i in at]
             signature = infer_signature(probes)
+            if batch_size is None:
+                # Items are batches: their size may vary anywhere (a short
+                # batch mid-pass), as under Keras, which keeps it open too.
+                signature = open_leading_dimension(signature)
         else:
             signature = normalize_signature(output_signature)
     except BaseException:
@@ -195,7 +212,10 @@ def to_dataset(
             ex.close()
         raise
     checker = ItemChecker(signature)
-    pipeline = PassPipeline(source, order, ex, checker, resume.epoch, skip)
+    if endless:
+        pipeline = EndlessPipeline(source, ex, checker, num_shards, shard_index)
+    else:
+        pipeline = PassPipeline(source, order, ex, checker, resume.epoch, skip)
     if pipeline.stats is not None:  # kerasfeed.stats(ds): batches/s from items/s
         pipeline.stats.kind, pipeline.stats.items_per_batch = "to_dataset", batch_size or 1
     begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
@@ -206,6 +226,11 @@ def to_dataset(
         idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         idx = tf.ensure_shape(idx, [None if skip else n])
         return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
+
+    def endless_stream(_):
+        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
+        indices = tf.data.Dataset.counter(start=pipeline.first_index(), step=pipeline.step())
+        return indices.map(lambda i: (i, epoch))
 
     def load_item(i, epoch):
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
@@ -218,7 +243,7 @@ def to_dataset(
     # a tf.data thread per call in flight.
     sequential = num_parallel_calls is None and ex.prefetches
     parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
-    ds = tf.data.Dataset.range(1).flat_map(index_stream)
+    ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)
     if sequential:
         ds = inline_map(ds, load_item)
     else:
@@ -226,7 +251,9 @@ def to_dataset(
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
-    if not skip:  # a resumed dataset's first pass is shorter than the others
+    if endless:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    elif not skip:  # a resumed dataset's first pass is shorter than the others
         ds = ds.apply(tf.data.experimental.assert_cardinality(per_pass))
 
     options = tf.data.Options()

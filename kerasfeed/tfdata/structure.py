@@ -128,6 +128,17 @@ def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
     return _pack(skeleton, specs)
 
 
+def open_leading_dimension(signature: Any) -> Any:
+    """The signature with the first dimension of every leaf of rank >= 1 set
+    to None: the batch dimension of items that are batches."""
+    skeleton, leaves = flatten(signature)
+    specs = [
+        tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype) if spec.shape.rank else spec
+        for _, spec in leaves
+    ]
+    return _pack(skeleton, specs)
+
+
 def normalize_signature(signature: Any) -> Any:
     """Checks a user ``output_signature`` and turns lists into tuples."""
 

@@ -1,0 +1,287 @@
+"""Carrying what the consumer's epoch hooks change to worker processes (TF-free).
+
+Keras documents ``on_epoch_end`` as the place to change a dataset between
+epochs (re-shuffle its own index list, switch a curriculum stage, swap the
+file list). Those hooks run in the consumer process; worker processes hold
+a copy of the source made when they started. ``StateTracker`` (consumer
+side) tells, at every pass boundary, whether the source changed since the
+workers' copy was made, and if so pickles what changed; ``apply_state``
+(worker side) applies it before any item of the pass.
+
+**Detecting a change cheaply.** The source's pickled state
+(``__getstate__()``, usually its ``__dict__``) is fingerprinted attribute by
+attribute: numbers and strings by value; anything else by its pickle, with
+array buffers taken out of band (protocol 5, no copy) and fingerprinted on
+their own: small ones by content, large read-only ones (``flags.writeable``
+False down their base chain) by identity, large writeable ones by a CRC-32
+of their bytes (in place changes are common: ``rng.shuffle(self.indices)``).
+A source that never changes pays the fingerprint only, never a pickle of its
+arrays; making a large array read-only makes its check free.
+
+**What is sent.** Only the attributes that changed, in one pickle (shared
+references among them survive), applied with ``__dict__.update``. A class
+with its own ``__setstate__`` gets its whole state and rebuilds a fresh
+object with it, as unpickling does; a class with its own ``__reduce__``
+is sent whole.
+
+**Items made ahead.** Worker processes start the next pass's first items
+before the consumer runs that pass's hooks (``Executor.plans_next_pass``),
+calling ``set_epoch`` themselves. Those items stay valid only if nothing
+but ``set_epoch`` changed the source since the last sync: checked from
+fingerprints taken before ``set_epoch`` and before ``on_epoch_begin`` when
+the source overrides them (one fingerprint a pass otherwise).
+``SceneSequence``'s own epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``)
+is not a change: every process sets it itself.
+
+**Cannot be pickled.** A changed attribute that cannot be pickled fails the
+pass at its start (``TypeError`` naming the attribute); workers never read
+stale state silently.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+
+# Bookkeeping every process keeps for itself (see SceneSequence).
+_OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})
+_SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
+_ATOMIC = (type(None), bool, int, float, complex, str, bytes)
+_WHOLE = "<source>"  # the one key of a source sent whole
+
+
+class _Same:
+    """Equal to another ``_Same`` holding the very same object."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Value(_Same):
+    """Equal to another ``_Value`` of the same type and value."""
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, _Value):
+            return False
+        a, b = self.obj, other.obj
+        return a is b or (type(a) is type(b) and a == b)
+
+
+class _Unpicklable(_Same):
+    """A value that cannot be pickled: equal only to itself (same object)."""
+
+    def __init__(self, obj: Any, error: BaseException):
+        super().__init__(obj)
+        self.error = error
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Unpicklable) and other.obj is self.obj
+
+
+def _frozen(obj: Any) -> bool:
+    """The buffer cannot change: read-only arrays down to an immutable base."""
+    while isinstance(obj, np.ndarray):
+        if obj.flags.writeable:
+            return False
+        obj = obj.base
+    return obj is None or isinstance(obj, bytes)
+
+
+def fingerprint(value: Any) -> Any:
+    """A comparable summary of ``value``: equal fingerprints mean the same
+    pickled content (up to a CRC-32 collision on a large writeable buffer)."""
+    if type(value) in _ATOMIC:
+        return _Value(value)
+    buffers: list = []
+    try:
+        skeleton = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    except Exception:  # noqa: BLE001 - lambdas, classes in __main__: cloudpickle
+        import cloudpickle
+
+        buffers = []
+        try:
+            skeleton = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        except Exception as e:  # noqa: BLE001 - reported if it must be sent
+            return _Unpicklable(value, e)
+    parts = []
+    for pb in buffers:
+        raw = pb.raw()
+        if raw.nbytes <= _SMALL_BUFFER:
+            parts.append(bytes(raw))
+        elif _frozen(raw.obj):
+            parts.append((raw.nbytes, _Same(raw.obj)))
+        else:
+            parts.append((raw.nbytes, zlib.crc32(raw)))
+    return (skeleton, tuple(parts))
+
+
+def _overrides(source: Any, name: str) -> bool:
+    """``source`` has hook ``name`` from a class other than kerasfeed's or Keras' own."""
+    fn = getattr(type(source), name, None)
+    if fn is None:
+        return False
+    module = getattr(fn, "__module__", "") or ""
+    return not module.startswith(("kerasfeed.sources.sequence", "kerasfeed.sources._light_pydataset", "keras."))
+
+
+class StateTracker:
+    """Tells what changed in ``source`` since the worker processes' copy.
+
+    Create it when the workers receive the source (the baseline); call
+    ``before_hook`` around the pass hooks and ``check`` at every pass
+    boundary. Consumer side, not thread-safe: the pass pipeline calls it
+    from one thread at a time.
+
+    Args:
+        source: the source the workers got.
+    """
+
+    def __init__(self, source: Any):
+        self.source = source
+        cls = type(source)
+        standard = cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+        self.mode = "keys" if standard and isinstance(self._state(), dict) else "whole"
+        if self.mode == "keys" and getattr(cls, "__setstate__", None) is not None:
+            self.mode = "setstate"
+        self._custom_set_epoch = _overrides(source, "set_epoch")
+        self._custom_begin = _overrides(source, "on_epoch_begin")
+        self._synced = self.fingerprints()
+        self._pre: Optional[dict] = None
+        self._mid: Optional[dict] = None
+        self.syncs = 0  # passes that sent state
+        self.sent_bytes = 0
+
+    def _state(self) -> Any:
+        getstate = getattr(self.source, "__getstate__", None)
+        return getstate() if getstate is not None else dict(self.source.__dict__)
+
+    def fingerprints(self) -> dict:
+        """``{attribute: fingerprint}`` of the source now."""
+        if self.mode == "whole":
+            return {_WHOLE: fingerprint(self.source)}
+        return {k: fingerprint(v) for k, v in self._state().items()}
+
+    def before_hook(self, name: str) -> None:
+        """Called just before the consumer runs hook ``name`` of a pass."""
+        # Only a set_epoch of the user's may change what the workers compute
+        # by themselves; only then is the state around it needed.
+        if not self._custom_set_epoch:
+            return
+        if name == "set_epoch":
+            self._pre, self._mid = self.fingerprints(), None
+        elif name == "on_epoch_begin" and self._custom_begin and self._pre is not None:
+            self._mid = self.fingerprints()
+
+    @staticmethod
+    def _differ(a: dict, b: dict, skip: frozenset = frozenset()) -> set:
+        return {k for k in a.keys() | b.keys() if k not in skip and a.get(k, _MISSING) != b.get(k, _MISSING)}
+
+    def check(self) -> tuple[Optional[bytes], bool]:
+        """At a pass boundary, after the pass's hooks ran.
+
+        Returns:
+            ``(payload, keep_ahead)``: ``payload`` is None when the workers'
+            copy is current, else the pickled change for ``apply_state``;
+            ``keep_ahead`` tells whether items the workers made ahead for
+            this pass (from their copy, after their own ``set_epoch``) may
+            be used.
+
+        Raises:
+            TypeError: a changed attribute cannot be pickled; names it.
+        """
+        post = self.fingerprints()
+        pre, mid = self._pre, self._mid
+        self._pre = self._mid = None
+        own = _OWN_KEYS if self.mode != "whole" else frozenset()
+        if pre is None:
+            # No set_epoch of the user's ran since the last check: the workers
+            # hold the synced state (plus their own bookkeeping).
+            keep = not self._differ(post, self._synced, own)
+            set_epoch_keys: set = set()
+        else:
+            # The workers ran the same set_epoch on the synced state: valid if
+            # the state before it was the synced one, and on_epoch_begin
+            # changed nothing after it.
+            keep = not self._differ(pre, self._synced, own) and (mid is None or not self._differ(post, mid, own))
+            set_epoch_keys = self._differ(post, pre, own)
+        if keep:
+            self._synced = post
+            return None, True
+        send = self._differ(post, self._synced) | set_epoch_keys
+        payload = self._payload(post, send)
+        self._synced = post
+        self.syncs += 1
+        self.sent_bytes += len(payload)
+        return payload, False
+
+    def _payload(self, post: dict, send: set) -> bytes:
+        import cloudpickle
+
+        from kerasfeed.execution.processes.pickling import find_unpicklable
+
+        for key in sorted(send, key=str):
+            fp = post.get(key)
+            if isinstance(fp, _Unpicklable):
+                where = "source" if key == _WHOLE else f"source.{key}"
+                found = find_unpicklable(fp.obj, where)
+                path, value, err = found if found is not None else (where, fp.obj, fp.error)
+                cls = type(value)
+                raise TypeError(
+                    f"kerasfeed: `{key if key != _WHOLE else 'the source'}` of {type(self.source).__name__} changed in "
+                    "this process (in on_epoch_end, set_epoch or on_epoch_begin, or between passes) and must reach the "
+                    f"worker processes before the next pass, but `{path}` ({cls.__module__}.{cls.__qualname__}) cannot "
+                    f"be pickled: {type(err).__name__}: {err}. Keep such objects out of the pickled state (open them "
+                    "lazily in `__getitem__` and drop them in `__getstate__`), or use executor='threads'. "
+                    f"Received: {path}={_short(value)}"
+                )
+        if self.mode == "whole":
+            change: tuple = ("whole", self.source)
+        elif self.mode == "setstate":
+            change = ("setstate", self._state())
+        else:
+            state = self._state()
+            change = ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
+        return cloudpickle.dumps(change, protocol=5)
+
+
+_MISSING = _Same(object())
+
+
+def _short(obj: Any, limit: int = 120) -> str:
+    try:
+        r = repr(obj)
+    except Exception:  # noqa: BLE001
+        r = f"<{type(obj).__name__} object>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def apply_state(source: Any, payload: bytes) -> Any:
+    """Worker side: applies a change made by ``StateTracker.check``; returns
+    the source to use from now on (a new object unless only attributes changed)."""
+    change = pickle.loads(payload)
+    kind = change[0]
+    if kind == "keys":
+        _, changed, removed = change
+        state = source.__dict__
+        state.update(changed)
+        for key in removed:
+            state.pop(key, None)
+        return source
+    if kind == "setstate":
+        fresh = type(source).__new__(type(source))
+        fresh.__setstate__(change[1])
+        return fresh
+    return change[1]
+
+
+__all__ = ["StateTracker", "apply_state", "fingerprint"]
