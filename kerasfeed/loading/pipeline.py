@@ -97,6 +97,9 @@ class PassPipeline:
             if last:
                 del self._remaining[epoch]
         if last:
+            # The hook may change in place arrays this item views (TensorFlow
+            # only copies them once this call returns): hand over copies.
+            arrays = [a.copy() if isinstance(a, np.ndarray) else a for a in arrays]
             # Every item of the pass is loaded (whatever order the parallel
             # calls finished in): the pass is over for the source, without
             # waiting for a consumer that may never ask past the last element.

@@ -1,0 +1,274 @@
+"""to_dataset against model.fit(seq): state changed by epoch hooks reaches worker
+processes, Keras 3 style sources (num_batches, infinite), short batches mid-pass."""
+
+from __future__ import annotations
+
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+from kerasfeed.execution.processes.executor import ProcessExecutor
+
+EPOCHS = 3
+WORKER_COUNTS = (1, 2, 3)
+
+
+def _recording_fit(seq, epochs=EPOCHS, **fit_kwargs):
+    """Trains a tiny model on ``seq`` and returns the sample ids of every
+    batch the train step saw, in order (x[:, 0] carries the ids)."""
+    seen: list[list[int]] = []
+
+    class Recording(keras.Sequential):
+        def train_step(self, data):
+            seen.append([int(v) for v in np.asarray(data[0])[:, 0]])
+            return super().train_step(data)
+
+    model = Recording([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    history = model.fit(seq, epochs=epochs, verbose=0, **fit_kwargs)
+    assert np.all(np.isfinite(history.history["loss"]))
+    return seen
+
+
+def _passes(ds, passes=EPOCHS):
+    return [[int(v) for v in x.numpy()[:, 0]] for _ in range(passes) for x, _ in ds]
+
+
+def _batch(ids):
+    ids = np.asarray(ids, np.float32)
+    return np.stack([ids, ids * 0 + 1], axis=1), ids[:, None] * 0.01
+
+
+class Reshuffling(kerasfeed.SceneSequence):
+    """Re-shuffles its own index list, in place, with its own generator,
+    at the end of every epoch (the Keras documentation's pattern)."""
+
+    def __init__(self, samples=12, batch=2):
+        super().__init__()
+        self.batch = batch
+        self.indices = np.arange(samples)
+        self.rng = np.random.default_rng(7)
+
+    def __len__(self):
+        return len(self.indices) // self.batch
+
+    def __getitem__(self, i):
+        return _batch(self.indices[i * self.batch : (i + 1) * self.batch])
+
+    def on_epoch_end(self):
+        self.rng.shuffle(self.indices)
+
+
+class Curriculum(kerasfeed.SceneSequence):
+    """Reads the easy file, then the hard one from epoch 2 on (switched in
+    on_epoch_begin); items read the file on every call."""
+
+    def __init__(self, easy, hard, batches=6):
+        super().__init__()
+        self.files, self.path, self.batches = (easy, hard), easy, batches
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, i):
+        data = np.load(self.path, mmap_mode="r")
+        return _batch(data[2 * i : 2 * i + 2])
+
+    def on_epoch_begin(self):
+        self.path = self.files[1] if self.epoch >= 2 else self.files[0]
+
+
+def _executors(source):
+    """Process executors over ``source`` with 1, 2 and 3 workers, started at once."""
+    return {n: ProcessExecutor(source, workers=n, seed=0) for n in WORKER_COUNTS}
+
+
+def test_reshuffling_source_same_batches_threads_processes_and_fit():
+    # model.fit(seq) calls on_epoch_end once before its first epoch (EpochIterator.reset):
+    # a source that re-shuffles on every call is one shuffle ahead there, so the
+    # to_dataset runs below make that call too (see docs/keras_parity.md).
+    reference = _recording_fit(Reshuffling(), shuffle=False)
+    orders = [sorted(map(tuple, reference[k * 6 : (k + 1) * 6])) for k in range(EPOCHS)]
+    assert len(reference) == 6 * EPOCHS and orders[0] != orders[1] != orders[2]  # the source really changes
+
+    def run(executor):
+        seq = Reshuffling()
+        seq.on_epoch_end()
+        return _passes(kerasfeed.to_dataset(seq, executor=executor(seq) if callable(executor) else executor))
+
+    assert run("threads") == reference
+    sources = {n: Reshuffling() for n in WORKER_COUNTS}
+    for seq in sources.values():
+        seq.on_epoch_end()
+    executors = {n: ProcessExecutor(seq, workers=n, seed=0) for n, seq in sources.items()}
+    try:
+        for n, ex in executors.items():
+            assert _passes(kerasfeed.to_dataset(sources[n], executor=ex)) == reference, f"workers={n}"
+            assert ex.stats()["state"]["syncs"] == EPOCHS - 1  # one per pass boundary where it changed
+    finally:
+        for ex in executors.values():
+            ex.close()
+
+
+def test_curriculum_switching_files_same_batches_threads_processes_and_fit(tmp_path):
+    easy, hard = tmp_path / "easy.npy", tmp_path / "hard.npy"
+    np.save(easy, np.arange(12))
+    np.save(hard, np.arange(100, 112))
+    reference = _recording_fit(Curriculum(easy, hard), shuffle=False)
+    assert [b[0] for b in reference[::6]] == [0, 0, 100]
+    assert _passes(kerasfeed.to_dataset(Curriculum(easy, hard))) == reference
+    sources = {n: Curriculum(easy, hard) for n in WORKER_COUNTS}
+    executors = {n: ProcessExecutor(seq, workers=n, seed=0) for n, seq in sources.items()}
+    try:
+        for n, ex in executors.items():
+            # Workers start pass 2 ahead from the easy file: those items must be dropped.
+            assert _passes(kerasfeed.to_dataset(sources[n], executor=ex)) == reference, f"workers={n}"
+    finally:
+        for ex in executors.values():
+            ex.close()
+
+
+def test_unpicklable_state_changed_in_a_hook_fails_at_the_pass_boundary():
+    class Opens(Reshuffling):
+        def on_epoch_end(self):
+            self.handle = threading.Lock()  # e.g. a file or connection opened here
+
+    seq = Opens()
+    ds = kerasfeed.to_dataset(seq, executor="processes", workers=1)
+    assert len(_passes(ds, 1)) == 6  # the first pass is whole
+    with pytest.raises(tf.errors.OpError, match=r"`source\.handle` \(_thread\.lock\) cannot be pickled"):
+        _passes(ds, 1)
+
+
+def test_unchanged_large_array_is_not_resent_and_changed_in_place_is():
+    class Holds(kerasfeed.SceneSequence):
+        def __init__(self):
+            super().__init__()
+            self.table = np.arange(2**21, dtype=np.float64)  # 16 MB, writeable
+            self.offset = 0
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            ids = self.table[[2 * i, 2 * i + 1]] + self.offset
+            return _batch(ids)
+
+    seq = Holds()
+    ex = ProcessExecutor(seq, workers=1, seed=0)
+    try:
+        ds = kerasfeed.to_dataset(seq, executor=ex)
+        assert _passes(ds, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]] * 2
+        assert ex.stats()["state"]["syncs"] == 0  # nothing changed: nothing sent
+        seq.table[:8] += 10  # in place, between passes
+        assert _passes(ds, 1) == [[10, 11], [12, 13], [14, 15], [16, 17]]
+        state = ex.stats()["state"]
+        assert state["syncs"] == 1 and state["sent_bytes"] > seq.table.nbytes
+        seq.offset = 100  # a small attribute: only it travels
+        assert _passes(ds, 1)[0] == [110, 111]
+        assert ex.stats()["state"]["sent_bytes"] - state["sent_bytes"] < 10_000
+    finally:
+        ex.close()
+
+
+def test_last_item_survives_on_epoch_end_changing_its_arrays_in_place():
+    class Views(kerasfeed.SceneSequence):
+        def __init__(self):
+            super().__init__()
+            self.table = np.repeat(np.arange(8, dtype=np.float32), 4096)[:, None] * np.ones(16, np.float32)
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return self.table[i * 4096 : (i + 1) * 4096]  # a view of the source's array
+
+        def on_epoch_end(self):
+            self.table[:] = -1  # runs as the last item is handed over
+
+    firsts = [float(b[0, 0]) for b in kerasfeed.to_dataset(Views())]
+    assert firsts == [float(i) for i in range(8)]
+
+
+class Counted(kerasfeed.SceneSequence):
+    """Keras 3 style: ``num_batches`` instead of ``__len__``."""
+
+    def __init__(self, batches=None):
+        super().__init__()
+        self._batches = batches
+
+    @property
+    def num_batches(self):
+        return self._batches
+
+    def __getitem__(self, i):
+        return _batch([2 * i, 2 * i + 1])
+
+
+def test_num_batches_only_source_trains_with_fit():
+    seq = Counted(batches=5)
+    assert not hasattr(seq, "__len__")
+    ds = kerasfeed.to_dataset(seq)
+    assert int(ds.cardinality()) == 5
+    assert _recording_fit(ds, epochs=2) == _recording_fit(Counted(batches=5), epochs=2, shuffle=False)
+
+
+def test_infinite_source_trains_with_fit_and_counts_up():
+    ds = kerasfeed.to_dataset(Counted(batches=None))
+    assert int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY
+    seen = _recording_fit(ds, epochs=2, steps_per_epoch=3)
+    # Keras keeps one iterator across the epochs of a fit: the indices go on counting.
+    assert seen == [[2 * i, 2 * i + 1] for i in range(6)]
+    assert seen == _recording_fit(Counted(batches=None), epochs=2, steps_per_epoch=3)
+    with pytest.raises(ValueError, match="shuffle=True` needs a finite source.*num_batches is None"):
+        kerasfeed.to_dataset(Counted(batches=None), shuffle=True)
+
+
+def test_infinite_source_on_processes_crosses_blocks():
+    from kerasfeed.loading.endless import BLOCK
+
+    ds = kerasfeed.to_dataset(Counted(batches=None), executor="processes", workers=2)
+    it = iter(ds)
+    firsts = [int(next(it)[0][0, 0]) for _ in range(BLOCK + 20)]
+    assert firsts == [2 * i for i in range(BLOCK + 20)]
+
+
+class ShortMiddle(kerasfeed.SceneSequence):
+    """Batches of 8, 8, 8, 5, 8, 8: the short one is not probed."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        n = 5 if i == 3 else 8
+        return np.full((n, 2), i, np.float32), np.zeros((n, 1), np.float32)
+
+
+def test_short_batch_mid_pass_is_yielded():
+    ds = kerasfeed.to_dataset(ShortMiddle())
+    assert ds.element_spec[0].shape.as_list() == [None, 2]
+    assert [int(x.shape[0]) for x, _ in ds] == [8, 8, 8, 5, 8, 8]
+    pinned = kerasfeed.to_dataset(
+        ShortMiddle(), output_signature=(tf.TensorSpec([8, 2], tf.float32), tf.TensorSpec([8, 1], tf.float32))
+    )
+    with pytest.raises(tf.errors.OpError, match=r"Item 3, field x: expected shape \(8, 2\), received shape \(5, 2\)"):
+        list(pinned)
+
+
+def test_non_indexable_sources_say_what_is_missing():
+    with pytest.raises(TypeError) as info:
+        kerasfeed.to_dataset(42)
+    msg = str(info.value)
+    assert "has no `__getitem__` and no length" in msg and msg.endswith("Received: 42 of type int")
+    assert "SceneSequence" not in msg and "PyDataset" not in msg
+
+    class Neither(keras.utils.PyDataset):
+        def __getitem__(self, i):
+            return _batch([i])
+
+    with pytest.raises(TypeError, match=r"Neither has no length \(neither `__len__` nor a `num_batches` property\)"):
+        kerasfeed.to_dataset(Neither())
