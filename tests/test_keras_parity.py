@@ -3,8 +3,10 @@ processes, Keras 3 style sources (num_batches, infinite), short batches mid-pass
 
 from __future__ import annotations
 
+import sys
 import threading
 
+import cloudpickle
 import keras
 import numpy as np
 import pytest
@@ -12,6 +14,10 @@ import tensorflow as tf
 
 import kerasfeed
 from kerasfeed.execution.processes.executor import ProcessExecutor
+
+# The sources below reach the workers by value, like code in a notebook: the
+# workers do not import this module (nor TensorFlow with it).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EPOCHS = 3
 WORKER_COUNTS = (1, 2, 3)
@@ -82,11 +88,6 @@ class Curriculum(kerasfeed.SceneSequence):
         self.path = self.files[1] if self.epoch >= 2 else self.files[0]
 
 
-def _executors(source):
-    """Process executors over ``source`` with 1, 2 and 3 workers, started at once."""
-    return {n: ProcessExecutor(source, workers=n, seed=0) for n in WORKER_COUNTS}
-
-
 def test_reshuffling_source_same_batches_threads_processes_and_fit():
     # model.fit(seq) calls on_epoch_end once before its first epoch (EpochIterator.reset):
     # a source that re-shuffles on every call is one shuffle ahead there, so the
@@ -138,10 +139,14 @@ def test_unpicklable_state_changed_in_a_hook_fails_at_the_pass_boundary():
             self.handle = threading.Lock()  # e.g. a file or connection opened here
 
     seq = Opens()
-    ds = kerasfeed.to_dataset(seq, executor="processes", workers=1)
-    assert len(_passes(ds, 1)) == 6  # the first pass is whole
-    with pytest.raises(tf.errors.OpError, match=r"`source\.handle` \(_thread\.lock\) cannot be pickled"):
-        _passes(ds, 1)
+    ex = ProcessExecutor(seq, workers=1, seed=0)
+    try:
+        ds = kerasfeed.to_dataset(seq, executor=ex)
+        assert len(_passes(ds, 1)) == 6  # the first pass is whole
+        with pytest.raises(tf.errors.OpError, match=r"`source\.handle` \(_thread\.lock\) cannot be pickled"):
+            _passes(ds, 1)
+    finally:
+        ex.close()
 
 
 def test_unchanged_large_array_is_not_resent_and_changed_in_place_is():
@@ -231,10 +236,14 @@ def test_infinite_source_trains_with_fit_and_counts_up():
 def test_infinite_source_on_processes_crosses_blocks():
     from kerasfeed.loading.endless import BLOCK
 
-    ds = kerasfeed.to_dataset(Counted(batches=None), executor="processes", workers=2)
-    it = iter(ds)
-    firsts = [int(next(it)[0][0, 0]) for _ in range(BLOCK + 20)]
-    assert firsts == [2 * i for i in range(BLOCK + 20)]
+    seq = Counted(batches=None)
+    ex = ProcessExecutor(seq, workers=2, seed=0)
+    try:
+        it = iter(kerasfeed.to_dataset(seq, executor=ex))
+        firsts = [int(next(it)[0][0, 0]) for _ in range(BLOCK + 20)]
+        assert firsts == [2 * i for i in range(BLOCK + 20)]
+    finally:
+        ex.close()
 
 
 class ShortMiddle(kerasfeed.SceneSequence):

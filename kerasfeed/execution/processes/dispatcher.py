@@ -247,10 +247,27 @@ class Dispatcher:
 
     # ------------------------------------------------------------ plans
     def start_plan(
-        self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        next_pass: Optional[tuple[int, Sequence[int]]] = None,
+        state: Optional[bytes] = None,
     ) -> None:
         """Starts requesting the items of pass ``epoch`` in this order; then,
-        once all are requested, the first ones of ``next_pass``."""
+        once all are requested, the first ones of ``next_pass``.
+
+        ``state``: the source changed (``state_sync``): every worker gets it
+        before any request of this pass, and what was made ahead from the old
+        state is dropped."""
+        if state is not None:
+            with self.cv:
+                self.check_usable()
+                self.drop_plans()  # nothing new is requested until the state is out
+            for lane in self.lanes:
+                try:
+                    lane.process.send(protocol.SetState(epoch, state))
+                except OSError:
+                    pass  # the worker died: its reader reports it
         with self.cv:
             self.check_usable()
             self.plans.start(epoch, indices, next_pass)

@@ -24,7 +24,9 @@ class ProcessExecutor(Executor):
     Args:
         source: the indexable source; sent to each worker by value
             (cloudpickle), so classes defined in ``__main__`` or a notebook
-            work. Open files lazily in ``__getitem__``.
+            work. Open files lazily in ``__getitem__``. What the epoch
+            hooks change in it later reaches the workers at the next pass
+            boundary (``plan``): only the attributes that changed.
         workers: number of worker processes; None = the usable CPU count.
         worker_init: run once in each worker after the source arrives.
         seed: base seed of the workers' ``random``/``numpy.random``
@@ -45,9 +47,10 @@ class ProcessExecutor(Executor):
 
     name = "processes"
     prefetches = True
-    # Workers hold their own copy of the source: the main process's
-    # on_epoch_begin never reached them, so starting the next pass early
-    # changes nothing they compute (each request carries its epoch).
+    # Workers hold their own copy of the source and call set_epoch
+    # themselves (each request carries its epoch), so they may start the next
+    # pass early; its ``plan`` keeps those items only if the consumer's hooks
+    # changed nothing else (see execution/state_sync.py).
     plans_next_pass = True
 
     def __init__(
@@ -74,6 +77,9 @@ class ProcessExecutor(Executor):
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         self.pool.plan(int(epoch), indices, next_pass)
+
+    def before_hook(self, name: str) -> None:
+        self.pool.before_hook(name)
 
     def parallel_calls(self) -> int:
         # For a parallel map (when the caller asks for one instead of the

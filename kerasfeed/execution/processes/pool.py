@@ -31,6 +31,7 @@ from kerasfeed.execution.processes.options import PoolOptions, default_workers
 from kerasfeed.execution.processes.pass_plans import PlanStatus
 from kerasfeed.execution.processes.pickling import dumps_for_workers, dumps_task
 from kerasfeed.execution.processes.stream_sessions import StreamIterator, short_repr
+from kerasfeed.execution.state_sync import StateTracker
 
 __all__ = ["WorkerPool", "PoolOptions", "StreamIterator", "default_workers"]
 
@@ -89,6 +90,8 @@ class WorkerPool:
         )
         self.name = name or (type(source).__name__ if source is not None else "pool")
         payload = dumps_for_workers(source, worker_init)
+        # What the workers' copy is: later passes send what changed since.
+        self._state = StateTracker(source) if source is not None else None
         self._dispatcher = Dispatcher(payload, self.options, self.name)
         # Runs on close(), on garbage collection and at interpreter exit.
         self._finalizer = weakref.finalize(self, self._dispatcher.close)
@@ -158,7 +161,21 @@ class WorkerPool:
         # PassPlan converts the indices, once per pass (they may be a long array).
         if next_pass is not None:
             next_pass = (int(next_pass[0]), next_pass[1])
-        self._dispatcher.start_plan(int(epoch), indices, next_pass)
+        # A pass boundary: whatever changed in the source since the workers'
+        # copy reaches them before any item of this pass (TypeError if it
+        # cannot be pickled); items made ahead from the old copy are dropped.
+        state = None
+        if self._state is not None:
+            self._dispatcher.check_usable()
+            state, _ = self._state.check()
+        self._dispatcher.start_plan(int(epoch), indices, next_pass, state=state)
+
+    def before_hook(self, name: str) -> None:
+        """The consumer is about to run the source's pass hook ``name`` (see
+        ``Executor.before_hook``); what it changes reaches the workers at the
+        next ``plan``."""
+        if self._state is not None:
+            self._state.before_hook(name)
 
     def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> "StreamIterator":
         """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.
@@ -191,9 +208,14 @@ class WorkerPool:
             consumer process spent per item: dispatch, answer handling and the
             copy out of shared memory), ``shm_bytes``, ``in_flight_limit``,
             ``items`` and ``per_worker`` details (pid, alive, whether
-            TensorFlow/Keras were imported).
+            TensorFlow/Keras were imported), and ``state``: how the source's
+            state reaches the workers (``mode``, ``syncs``: passes that sent
+            a change, ``sent_bytes``).
         """
-        return _stats(self._dispatcher)
+        out = _stats(self._dispatcher)
+        if self._state is not None:
+            out["state"] = {"mode": self._state.mode, "syncs": self._state.syncs, "sent_bytes": self._state.sent_bytes}
+        return out
 
     def observe(self, collector: Any) -> None:
         """Sends each item's make time, as the worker timed it, to

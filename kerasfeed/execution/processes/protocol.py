@@ -6,8 +6,8 @@ One small type per message. On the wire each one is still a plain tuple
 and the worker needs nothing but this module to read them.
 
 Parent -> worker (in ``process.py``: ``WorkerProcess.send``):
-    ``Init`` once, first; then ``Load``, ``StartStream``, ``Credit``,
-    ``Cancel``; ``Exit`` (EOF on the socket means the same).
+    ``Init`` once, first; then ``Load``, ``SetState``, ``StartStream``,
+    ``Credit``, ``Cancel``; ``Exit`` (EOF on the socket means the same).
 Worker -> parent (in ``worker.py``: ``WorkerLoop``):
     ``Ready`` or ``InitError`` once; then ``ItemDone`` / ``ItemFailed`` per
     ``Load``, and ``StreamItem`` ... ``StreamEnd`` / ``StreamFailed`` per
@@ -49,6 +49,18 @@ class Load(NamedTuple):
     epoch: int
     slot: int
     kind = "load"
+
+
+class SetState(NamedTuple):
+    """Parent -> worker, at a pass boundary before any ``Load`` of pass
+    ``epoch``: what the consumer's epoch hooks changed in the source
+    (``payload`` from ``state_sync.StateTracker.check``, applied with
+    ``state_sync.apply_state``). The state already includes the consumer's
+    ``set_epoch(epoch)``: the worker does not call it again for that pass."""
+
+    epoch: int
+    payload: bytes
+    kind = "state"
 
 
 class StartStream(NamedTuple):
@@ -177,7 +189,7 @@ class WorkerDied(NamedTuple):
     kind = "dead"
 
 
-ToWorker = Union[Init, Load, StartStream, Credit, Cancel, Exit]
+ToWorker = Union[Init, Load, SetState, StartStream, Credit, Cancel, Exit]
 ToParent = Union[Ready, InitError, ItemDone, ItemFailed, StreamItem, StreamEnd, StreamFailed]
 
 _BY_KIND: dict[str, Any] = {
@@ -185,6 +197,7 @@ _BY_KIND: dict[str, Any] = {
     for cls in (
         Init,
         Load,
+        SetState,
         StartStream,
         Credit,
         Cancel,

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 _T0 = time.perf_counter()
 
@@ -37,6 +37,7 @@ from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import worker_info  # noqa: E402
 from kerasfeed.execution.processes import protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
+from kerasfeed.execution.state_sync import apply_state  # noqa: E402
 from kerasfeed.sources.base import close_quietly, set_epoch, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5
@@ -82,6 +83,7 @@ class WorkerLoop:
         self.source: Any = None
         self.name = "source"
         self.epoch: Any = None
+        self.state_error: Optional[BaseException] = None  # a SetState that failed here
 
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
@@ -123,6 +125,8 @@ class WorkerLoop:
                 msg = self._recv()
                 if isinstance(msg, protocol.Load):
                     self.load(msg)
+                elif isinstance(msg, protocol.SetState):
+                    self.set_state(msg)
                 elif isinstance(msg, protocol.StartStream):
                     self.stream(msg)
                 # else: a late Credit/Cancel for a finished stream.
@@ -180,9 +184,22 @@ class WorkerLoop:
         return spec_bytes, fds, size, nbytes
 
     # ------------------------------------------------------------ tasks
+    def set_state(self, msg: protocol.SetState) -> None:
+        try:
+            self.source = apply_state(self.source, msg.payload)
+            self.state_error = None
+        except Exception as e:  # noqa: BLE001 - every later item fails with it
+            self.state_error = e
+        self.epoch = msg.epoch  # the state carries the consumer's set_epoch(epoch)
+
     def load(self, request: protocol.Load) -> None:
         index, epoch, slot = request.index, request.epoch, request.slot
         try:
+            if self.state_error is not None:
+                raise RuntimeError(
+                    "the source's state sent at the start of this pass could not be applied in the worker: "
+                    f"{type(self.state_error).__name__}: {self.state_error}"
+                ) from self.state_error
             if epoch != self.epoch:
                 set_epoch(self.source, epoch)
                 self.epoch = epoch
