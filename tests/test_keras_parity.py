@@ -281,3 +281,17 @@ def test_non_indexable_sources_say_what_is_missing():
 
     with pytest.raises(TypeError, match=r"Neither has no length \(neither `__len__` nor a `num_batches` property\)"):
         kerasfeed.to_dataset(Neither())
+
+
+def test_state_sync_benchmark_prints_the_cost_per_pass(capsys):
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    from benchmarks import state_sync
+
+    state_sync.main(["--mb", "2", "--passes", "2", "--no-passes"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line and "---" not in line]
+    assert len(rows) == 5 and all(float(r.split("|")[2]) >= 0 for r in rows)
+    changed = [r for r in rows if "changed in place" in r][0]
+    assert int(changed.split("|")[4].replace(",", "")) > 2 * 2**20  # the changed array was sent
