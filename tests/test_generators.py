@@ -56,18 +56,27 @@ def producer_threads():
 
 
 def test_classic_100_sleepy_generators_overlap():
-    """100 generators x 0.1 s: from_generator needs ~10 s; the loose bound here is 2 s (>= 5x).
+    """100 generators x 0.1 s run concurrently (from_generator runs them one after another).
 
-    The benchmark reports the real ratio (>= 20x)."""
-    factory = functools.partial(sleepy_image_mask, delay=0.1, size=16)
+    Counted, not timed: the benchmark reports the speed-up."""
+    lock, state = threading.Lock(), {"running": 0, "peak": 0}
+
+    def factory(k):
+        with lock:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+        try:
+            yield from sleepy_image_mask(k, delay=0.1, size=16)
+        finally:
+            with lock:
+                state["running"] -= 1
+
     ds = kerasfeed.from_generators(factory, 100)
     assert ds.element_spec[0].shape.as_list() == [16, 16, 3]
     assert ds.element_spec[1].shape.as_list() == [16, 16] and ds.element_spec[1].dtype == tf.int32
-    start = time.perf_counter()
     got = [(image.numpy(), mask.numpy()) for image, mask in ds]
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"100 generators of 0.1 s took {elapsed:.2f} s"
     assert len(got) == 100
+    assert state["peak"] >= 16, f"only {state['peak']} generators ran at once"
     for i, (image, mask) in enumerate(got):  # every pair once, in shard order, right content
         assert image.shape == (16, 16, 3) and np.all(image == i)
         assert mask.sum() == (16 * 8 if i % 2 else 0)
