@@ -43,8 +43,25 @@ def test_each_pass_reads_one_epoch_and_the_probed_item_is_not_lost():
         got = [(x.numpy(), int(y)) for x, y in ds]
         assert [y for _, y in got] == [100 * epoch + k for k in range(n)]
         assert all(np.all(x == epoch) for x, _ in got)
-    # the producer returned: the data is over, later passes are empty
-    assert ids(ds) == [] and ids(ds) == []
+    # the producer returned: the data is over; the next pass says so instead of being empty
+    with pytest.raises(tf.errors.OpError, match=r"has stopped: it returned after 16 items, so epoch 3 has no data"):
+        ids(ds)
+    with pytest.raises(tf.errors.OpError, match="build a new dataset"):
+        ids(ds)
+
+
+def test_fit_past_the_producer_s_epochs_fails_clearly_instead_of_training_on_nothing():
+    ds = kerasfeed.from_queue(epochs_producer([8, 8]), batch_size=4)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(tf.errors.OpError) as info:
+        model.fit(ds, epochs=3, verbose=0)
+    message = str(info.value)
+    assert "has stopped" in message and "epoch 2 has no data" in message
+    # the documented restart: a new dataset over a new producer reads the data again
+    again = kerasfeed.from_queue(epochs_producer([8, 8]), batch_size=4)
+    hist = model.fit(again, epochs=2, verbose=0)
+    assert len(hist.history["loss"]) == 2
 
 
 def test_end_of_epoch_is_a_picklable_singleton():

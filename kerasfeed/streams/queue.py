@@ -9,8 +9,9 @@ Two kinds of producer:
 - a callable ``producer(put)``, run by kerasfeed in a daemon thread that
   starts at the first pass (or when the signature is inferred) and keeps
   running across epochs. ``put(item)`` blocks while the queue is full. When
-  ``producer`` returns, the data is over: the current epoch ends and later
-  passes are empty. If it raises, the pass that reaches that point raises a
+  ``producer`` returns, the data is over: the current epoch ends and a later
+  pass raises a ``StreamError`` saying that the producer has stopped (never a
+  silently empty epoch). If it raises, the pass that reaches that point raises a
   ``StreamError`` with the original error (after the items put before it).
 - a bounded queue (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``,
   anything with ``get(timeout=)``) that the user's own threads fill. An
@@ -57,6 +58,19 @@ class _ProducerDone:
 
     def __init__(self, error: Optional[BaseException]):
         self.error = error
+
+
+class ProducerStopped(StreamError):
+    """A pass started after a callable producer returned: there is no data left."""
+
+    def _subject(self) -> str:
+        return f"{self.what} has stopped"
+
+    def __str__(self) -> str:  # no traceback: nothing raised
+        return f"kerasfeed: {self._subject()}: {self.exc_message}"
+
+    def __reduce__(self):
+        return (ProducerStopped, StreamError.__reduce__(self)[1])
 
 
 class QueueClosed(RuntimeError):
@@ -263,6 +277,8 @@ class QueuePass:
                 self._end()
                 if got.error is not None:
                     raise got.error
+                if self._n == 0:
+                    raise self._stopped_error()
                 return END
             if got is END_OF_EPOCH:
                 if self._skipping:
@@ -280,6 +296,19 @@ class QueuePass:
             n = self._n
             self._n += 1
             return got, (self._epoch, n)
+
+    def _stopped_error(self) -> "ProducerStopped":
+        # An empty pass would train on nothing and Keras would report loss 0.
+        feed = self._feed
+        return ProducerStopped(
+            feed.name, "ProducerStopped",
+            f"it returned after {feed.produced} items, so epoch {self._epoch} has no data. "
+            "A callable producer runs once across all epochs: make it put `kerasfeed.END_OF_EPOCH` after "
+            "each epoch and loop for as many epochs as you train, or build a new dataset with "
+            "`kerasfeed.from_queue(producer)` to read the data again. "
+            f"Received: a pass started after the producer returned (epoch {self._epoch})",
+            "(none: the producer returned normally)\n", None, 0,
+        )
 
     def _end(self) -> None:
         self._ended = True

@@ -588,7 +588,8 @@ def from_queue(
     Args:
         producer: either a callable ``producer(put)`` that kerasfeed runs in a
             daemon thread across epochs (``put(item)`` blocks while the queue
-            is full; returning ends the data: later passes are empty; raising
+            is full; returning ends the data: a later pass raises a
+            ``StreamError`` saying the producer has stopped; raising
             fails the pass that reaches that point), or a bounded queue
             (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``) filled
             by your own threads; put an exception instance into it to fail
