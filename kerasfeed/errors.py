@@ -14,19 +14,30 @@ def _traceback_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def _failure_message(subject: str, exc_message: str, traceback_text: str, worker_id, pid) -> str:
-    """``kerasfeed: <subject> [in worker k (pid p)]: <message>`` + the traceback."""
-    where = "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
-    return f"kerasfeed: {subject}{where}: {exc_message}\n\nOriginal traceback{where}:\n{traceback_text}"
+def _where(worker_id, pid) -> str:
+    return "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
+
+
+class ItemTraceback(Exception):
+    """The original traceback of a failed item or stream, as text.
+
+    It is the ``__cause__`` of every ``ItemError``, so Python and TensorFlow
+    print the original traceback once, right before the kerasfeed error,
+    whose own message stays one line (TensorFlow repeats that message).
+    """
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
 
 
 class ItemError(RuntimeError):
     """``source[index]`` raised; carries the index and the original error.
 
-    Inside a ``tf.data`` pipeline TensorFlow re-raises this as
-    ``tf.errors.UnknownError`` whose message is this exception's message, so
-    the index, original type, message and traceback text always reach the
-    caller.
+    Its message is one line (index, worker, original type and message); the
+    original traceback is its ``__cause__`` (an ``ItemTraceback``), which
+    Python prints once, just before it. Inside a ``tf.data`` pipeline
+    TensorFlow re-raises it as ``tf.errors.UnknownError`` whose text holds
+    that line and the original traceback once. ``full_message`` gives both.
 
     Attributes:
         index: the item index that failed.
@@ -54,7 +65,15 @@ class ItemError(RuntimeError):
         self.worker_id = worker_id
         self.pid = pid
         self.source_name = source_name
-        super().__init__(_failure_message(self._subject(), exc_message, traceback_text, worker_id, pid))
+        where = _where(worker_id, pid)
+        super().__init__(f"kerasfeed: {self._subject()}{where}: {exc_message}")
+        # The traceback travels as the cause, not in the message: one copy.
+        self.__cause__ = ItemTraceback(f"Original traceback{where}:\n{traceback_text.rstrip()}")
+
+    @property
+    def full_message(self) -> str:
+        """The one-line message followed by the original traceback."""
+        return f"{self}\n\n{self.__cause__}" if self.__cause__ is not None else str(self)
 
     def _subject(self) -> str:
         return f"{self.source_name}[{self.index}] raised {self.exc_type}"

@@ -60,7 +60,7 @@ class _Runner:
         try:
             item = self.source[index]
         except Exception as e:
-            raise ItemError.from_exception(index, e, source_name=self.name) from e
+            raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
         if stats is not None:
             end = time.perf_counter()
             lane = threading.current_thread().name if stats.timeline is not None else None

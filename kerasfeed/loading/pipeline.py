@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sources.base import set_epoch
@@ -90,7 +91,13 @@ class PassPipeline:
 
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
-        arrays = self._checker.flat_arrays(index, self._pick(index, epoch))
+        try:
+            item = self._pick(index, epoch)
+        except ItemError as e:
+            # The executor's own frames say nothing to the user (TensorFlow
+            # prints them under the original traceback): start from here.
+            raise e.with_traceback(None) from e.__cause__
+        arrays = self._checker.flat_arrays(index, item)
         with self._lock:
             self._remaining[epoch] -= 1
             last = self._remaining[epoch] == 0

@@ -63,11 +63,12 @@ class _ProducerDone:
 class ProducerStopped(StreamError):
     """A pass started after a callable producer returned: there is no data left."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__cause__ = None  # nothing raised: no traceback to show
+
     def _subject(self) -> str:
         return f"{self.what} has stopped"
-
-    def __str__(self) -> str:  # no traceback: nothing raised
-        return f"kerasfeed: {self._subject()}: {self.exc_message}"
 
     def __reduce__(self):
         return (ProducerStopped, StreamError.__reduce__(self)[1])
