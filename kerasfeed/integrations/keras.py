@@ -114,14 +114,27 @@ class TrainingProgress(keras.callbacks.Callback):
             self.save(self.path)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes ``state()`` as JSON, atomically."""
+        """Writes ``state()`` as JSON, atomically (parent directories are created)."""
+        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.state(), f)
         os.replace(tmp, path)
 
     @staticmethod
-    def load(path: Union[str, os.PathLike]) -> dict:
-        """Reads a state written by ``save``."""
+    def load(path: Union[str, os.PathLike], missing_ok: bool = True) -> dict:
+        """Reads a state written by ``save``.
+
+        Args:
+            path: the JSON file ``TrainingProgress(path=...)`` writes.
+            missing_ok: when the file does not exist (a first run), return
+                the start state ``{"epoch": 0, "batches": 0}``; with False,
+                raise ``FileNotFoundError`` instead.
+
+        Returns:
+            ``{"epoch": int, "batches": int}``.
+        """
+        if missing_ok and not os.path.exists(path):
+            return ResumeState(0, 0).to_dict()
         with open(path) as f:
             return ResumeState.from_dict(json.load(f)).to_dict()
