@@ -91,6 +91,17 @@ class _Rate:
         return Rate()
 
 
+def _describe_executor(ds, asked: str) -> str:
+    """``"processes (2 workers): auto chose processes: ..."`` for the table."""
+    ex = kerasfeed.executor_of(ds)
+    workers = getattr(getattr(ex, "pool", None), "num_workers", None)
+    name = f"{ex.name} ({workers} workers)" if ex.name == "processes" and workers else ex.name
+    reason = getattr(ex, "reason", None)
+    if asked != "auto" or not reason:
+        return f"{name}: asked for with executor={asked!r}"
+    return f"{name}: {reason}"
+
+
 def run_demo(
     workdir: Optional[str] = None,
     *,
@@ -98,10 +109,15 @@ def run_demo(
     num_points: int = 512,
     epochs: int = 6,
     batch_size: int = 16,
-    executor: str = "threads",
+    executor: str = "auto",
     verbose: bool = True,
 ) -> dict[str, Any]:
     """Runs the demo and returns its results per way of feeding.
+
+    Three training runs of the same model: ``model.fit(seq)`` (Keras' own
+    workers), ``model.fit(to_dataset(seq, executor=executor))``, and
+    ``to_dataset`` with the other executor (worker processes if the first
+    ran on threads, threads otherwise), so both paths run every time.
 
     Args:
         workdir: where the scene file goes; a cache directory by default.
@@ -109,16 +125,20 @@ def run_demo(
         num_points: points per scene read by the model.
         epochs: epochs of each training run.
         batch_size: scenes per batch.
-        executor: ``to_dataset``'s executor.
+        executor: the first ``to_dataset`` run's executor: ``"auto"``
+            (measures the source and picks), ``"threads"`` or ``"processes"``.
         verbose: print progress and the results table.
 
     Returns:
-        ``{"fit(seq)": {...}, "fit(to_dataset(seq))": {...}}`` with
-        ``loss``, ``accuracy`` (training, last epoch), ``val_accuracy`` (held
-        out) and ``batches_per_s`` (last epoch).
+        ``{label: {...}}`` per run, with ``loss``, ``accuracy`` (training,
+        last epoch), ``val_accuracy`` (held out), ``batches_per_s`` (last
+        epoch), ``seconds``, ``ran_on`` (``"keras"``, ``"threads"`` or
+        ``"processes"``) and ``executor`` (what ran and why).
     """
     from kerasfeed.datasets import make_synthetic_scenes
 
+    if executor not in ("auto", "threads", "processes"):
+        raise ValueError(f"`executor` must be 'auto', 'threads' or 'processes'. Received: executor={executor!r}")
     say = print if verbose else (lambda *a, **k: None)
     if workdir is None:
         workdir = os.environ.get("KERASFEED_CACHE") or os.path.join(tempfile.gettempdir(), "kerasfeed-demo")
@@ -135,15 +155,22 @@ def run_demo(
     say(f"{len(train)} training batches of {batch_size} scenes x {num_points} points, {len(val_y)} held-out scenes, 4 classes")
 
     results: dict[str, Any] = {}
-    for label in ("fit(seq)", "fit(to_dataset(seq))"):
+    runs = [("fit(seq)", None), (f"fit(to_dataset(seq, executor='{executor}'))", executor)]
+    for label, asked in runs:
         model = build_model(num_points, 6, 4)
         rate = _Rate()
-        if label == "fit(seq)":
-            data = train
-            fit_kwargs = {"shuffle": True}
+        if asked is None:
+            data, fit_kwargs, ran_on = train, {}, "keras"
+            how = "Keras' own loader (a PyDataset with workers=2 threads)"
         else:
-            data = kerasfeed.to_dataset(train, shuffle=True, seed=0, executor=executor)
-            fit_kwargs = {"shuffle": False}  # to_dataset shuffles; Keras would only warn
+            extra = {} if asked == "threads" else {"workers": 2}
+            data = kerasfeed.to_dataset(train, shuffle=True, seed=0, executor=asked, **extra)
+            fit_kwargs = {"shuffle": False}  # the dataset shuffles itself; Keras would only warn
+            how, ran_on = _describe_executor(data, asked), kerasfeed.executor_of(data).name
+            if len(runs) == 2:  # then the other executor, so that both paths run
+                other = "threads" if kerasfeed.executor_of(data).name == "processes" else "processes"
+                runs.append((f"fit(to_dataset(seq, executor='{other}'))", other))
+        say(f"training with {label}: {how}")
         t = time.perf_counter()
         hist = model.fit(data, epochs=epochs, verbose=0, callbacks=[rate], **fit_kwargs)
         seconds = time.perf_counter() - t
@@ -154,11 +181,17 @@ def run_demo(
             "val_accuracy": float(val_acc),
             "batches_per_s": float(rate.rate),
             "seconds": seconds,
+            "ran_on": ran_on,
+            "executor": how,
         }
-        say(f"trained with {label} in {seconds:.1f} s")
+        del data  # stops this run's worker processes
+        say(f"  done in {seconds:.1f} s")
+    width = max(len(label) for label in results) + 2
     say("")
-    say(f"{'way of feeding':24} {'loss':>7} {'acc':>6} {'val acc':>8} {'batches/s':>10}")
+    say(f"{'way of feeding':{width}} {'ran on':>9} {'loss':>7} {'acc':>6} {'val acc':>8} {'batches/s':>10}")
     for label, r in results.items():
-        say(f"{label:24} {r['loss']:7.3f} {r['accuracy']:6.3f} {r['val_accuracy']:8.3f} {r['batches_per_s']:10.1f}")
-    say(f"(chance accuracy is 0.25; {epochs} epochs each)")
+        say(f"{label:{width}} {r['ran_on']:>9} {r['loss']:7.3f} {r['accuracy']:6.3f} {r['val_accuracy']:8.3f} "
+            f"{r['batches_per_s']:10.1f}")
+    say(f"(chance accuracy is 0.25; {epochs} epochs each; batches/s on a busy machine are not a benchmark: "
+        "see `make bench`)")
     return results
