@@ -10,11 +10,16 @@ NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
 .PHONY: demo test bench bench-backends clean
 
+# First run only (later runs find $(STAMP) and start at once): says what it
+# does and shows pip's progress, since it downloads about 1.7 GB.
 $(STAMP): setup.cfg setup.py
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[dev]"
-	$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
-	touch $(STAMP)
+	@echo "kerasfeed set-up: creating $(VENV)/ and installing kerasfeed with TensorFlow (CPU), Keras, h5py"
+	@echo "and the test tools (the dev extra). About 1.7 GB to download: a minute or two. Only the first run does this."
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[dev]"
+	@$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	@touch $(STAMP)
+	@echo "kerasfeed set-up done."
 
 $(NOTF_STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(NOTF_VENV)
