@@ -32,7 +32,7 @@ Convention for writers of README.md and docs/*.md
   (and the ones after it), ``env=NAME=VALUE`` (with ``fresh``) sets an
   environment variable for that process (e.g. ``KERAS_BACKEND=jax``), and
   ``skip="reason"`` skips a block that cannot run here (several hosts, a
-  GPU). A skip needs a reason; skipped blocks are listed in the test output.
+  GPU). A skip needs a reason; skipped blocks show in pytest's warnings summary.
 - Keras warnings are errors in these runs: documented ``fit`` calls must not
   make Keras warn (``shuffle=True ... ignored``, ``ran out of data``).
 - Keep data tiny: the whole test should take well under a minute.
@@ -45,6 +45,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -231,8 +232,8 @@ def add_fixture(run, name):
 def run_file(path, tmp_path):
     blocks = extract_blocks(path)
     skipped = [f"{b.where}: {b.options['skip']}" for b in blocks if b.options["skip"] is not None]
-    for line in skipped:
-        print(f"skipped block {line}")
+    for line in skipped:  # visible in pytest's warnings summary: nothing is skipped silently
+        warnings.warn(f"code block not run: {line}", UserWarning, stacklevel=1)
     for k, run in enumerate(build_runs(blocks)):
         workdir = tmp_path / f"run{k}"
         workdir.mkdir()
