@@ -103,24 +103,26 @@ class WorkerLoop:
             self.name = source_name(source)
 
     def run(self) -> int:
+        # _Exit (the parent closed the channel, e.g. a pool closed while its
+        # workers start) ends the worker quietly wherever it is raised.
         try:
-            self.setup()
-        except BaseException as e:  # noqa: BLE001 - reported to the parent
-            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-            self._send(protocol.InitError(type(e).__name__, str(e), tb))
-            return 1
-        self._send(
-            protocol.Ready(
-                {
-                    "pid": self.pid,
-                    "startup_s": time.perf_counter() - _T0,
-                    "rss_bytes": _rss_bytes(),
-                    "tensorflow_imported": "tensorflow" in sys.modules,
-                    "keras_imported": "keras" in sys.modules,
-                }
+            try:
+                self.setup()
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+                self._send(protocol.InitError(type(e).__name__, str(e), tb))
+                return 1
+            self._send(
+                protocol.Ready(
+                    {
+                        "pid": self.pid,
+                        "startup_s": time.perf_counter() - _T0,
+                        "rss_bytes": _rss_bytes(),
+                        "tensorflow_imported": "tensorflow" in sys.modules,
+                        "keras_imported": "keras" in sys.modules,
+                    }
+                )
             )
-        )
-        try:
             while True:
                 msg = self._recv()
                 if isinstance(msg, protocol.Load):
