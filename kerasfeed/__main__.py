@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 _DESCRIPTION = """\
@@ -15,7 +16,7 @@ commands:
   profile   time your source serially, on threads and on worker processes, and
             recommend a set-up
 
-Run `python -m kerasfeed COMMAND --help` for a command's options.
+Run "python -m kerasfeed COMMAND --help" for the options of a command.
 TensorFlow's start-up log lines are hidden; set TF_CPP_MIN_LOG_LEVEL=0 to see them."""
 
 
@@ -57,10 +58,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from kerasfeed._quiet import import_tensorflow_quietly
-
-    import_tensorflow_quietly()  # before anything imports TensorFlow
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.command == "demo":
+        from kerasfeed._quiet import import_tensorflow_quietly
+
+        import_tensorflow_quietly()  # before anything else imports TensorFlow
         from kerasfeed.demo import run_demo
 
         run_demo(args.workdir, epochs=args.epochs, executor=args.executor)

@@ -29,10 +29,11 @@ def import_tensorflow_quietly() -> None:
 
     Sets ``TF_CPP_MIN_LOG_LEVEL=2`` unless already set (warnings and errors of
     TensorFlow's C++ side stay visible) and absl's Python logging to errors.
+    With ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user it filters nothing.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" in sys.modules:
-        return
+    if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0":
+        return  # already imported, or the user asked to see everything
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:
@@ -40,6 +41,8 @@ def import_tensorflow_quietly() -> None:
         try:
             import tensorflow  # noqa: F401
             import keras  # noqa: F401
+        except ImportError:  # not installed: kerasfeed's own message comes when it is needed
+            return
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
