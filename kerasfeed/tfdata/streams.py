@@ -612,7 +612,9 @@ def from_queue(
         learns the number of steps from the first epoch (and warns that the
         input "ran out of data", as for any dataset of unknown length); a
         later, longer epoch is cut at that many steps and its rest skipped;
-        a shorter one ends early.
+        a shorter one ends early. When every epoch has the same, known number
+        of batches ``n``, ``ds.apply(tf.data.experimental.assert_cardinality(n))``
+        tells Keras, and it does not warn.
 
     Raises:
         TypeError, ValueError: bad arguments or an unbounded queue.
