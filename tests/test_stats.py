@@ -166,14 +166,14 @@ def test_collector_keeps_a_fixed_window_and_exact_recent_percentiles():
     assert all(w["items"] == 2500 and w["busy_s"] == pytest.approx(2.5) for w in s["workers"])
 
 
-def test_worker_run_dir(monkeypatch, tmp_path):
-    from kerasfeed.observe.callback import worker_run_dir
+def test_input_run_dir_is_per_worker_beside_worker_summaries(monkeypatch, tmp_path):
+    from kerasfeed.observe.callback import input_run_dir as worker_run_dir
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "input")
     config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
-    assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "input", "worker_1")
+    assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "worker_1", "input")
 
 
 def test_input_stats_callback_logs_and_tensorboard_tags(tmp_path):

@@ -24,6 +24,7 @@ message naming what differs, and a worker that never joins fails after
 from __future__ import annotations
 
 import dataclasses
+import json
 import itertools
 import logging
 import os
@@ -77,6 +78,17 @@ def _strategy_identity(strategy: Any) -> Optional[WorkerIdentity]:
         return None
     jobs = {name: len(tasks) for name, tasks in spec.items()}
     return _identity(jobs, resolver.task_type, resolver.task_id)
+
+
+def _tf_config_identity() -> Optional[WorkerIdentity]:
+    # What TF_CONFIG says this process is, before (or without) a strategy.
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        jobs = {name: len(tasks) for name, tasks in config.get("cluster", {}).items()}
+        task = config.get("task", {})
+        return _identity(jobs, task.get("type"), task.get("index"))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _cluster_identity() -> Optional[WorkerIdentity]:
@@ -290,7 +302,7 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
     kerasfeed.worker_run_dir("logs")  # 'logs/worker_0' outside a cluster
     ```
     """
-    worker = current_worker()
+    worker = current_worker() or _tf_config_identity()
     return os.path.join(os.fspath(log_dir), f"worker_{0 if worker is None else worker.worker_id}")
 
 

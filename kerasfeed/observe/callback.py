@@ -13,23 +13,20 @@ from kerasfeed.observe.api import collector_of
 from kerasfeed.observe.stats import StatsCollector, live_collectors
 
 
-def worker_run_dir(log_dir: str) -> str:
+def input_run_dir(log_dir: "str | os.PathLike") -> str:
     """The run directory of this process's input scalars under ``log_dir``.
 
-    ``log_dir/input`` for a single process; ``log_dir/input/<task>_<id>``
-    (e.g. ``worker_1``) when ``TF_CONFIG`` describes a cluster, so that no
-    two writers share one run directory (TensorBoard mixes their events).
+    ``log_dir/input`` for a single process; under a multi-worker cluster
+    (``TF_CONFIG``), ``kerasfeed.worker_run_dir(log_dir)/input`` (e.g.
+    ``log_dir/worker_1/input``), beside that worker's ``WorkerSummaries`` run:
+    no two writers ever share one run directory (TensorBoard mixes their
+    events).
     """
-    base = os.path.join(os.fspath(log_dir), "input")
     if not os.environ.get("TF_CONFIG"):
-        return base
-    import tensorflow as tf
+        return os.path.join(os.fspath(log_dir), "input")
+    from kerasfeed.integrations.distribute import worker_run_dir
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    task_type, task_id = resolver.task_type, resolver.task_id
-    if not task_type:
-        return base
-    return os.path.join(base, f"{task_type}_{int(task_id or 0)}")
+    return os.path.join(worker_run_dir(log_dir), "input")
 
 
 class _Totals:
@@ -58,7 +55,7 @@ class InputStats(keras.callbacks.Callback):
 
     With ``log_dir`` it also writes TensorBoard scalars every
     ``every_n_steps`` training steps and at each epoch end, from this (the
-    main) process, with one writer, into ``worker_run_dir(log_dir)``
+    main) process, with one writer, into ``input_run_dir(log_dir)``
     (``log_dir/input``; ``log_dir/input/worker_<k>`` under a multi-worker
     ``TF_CONFIG``), step = global training step. Tags:
 
@@ -116,7 +113,7 @@ class InputStats(keras.callbacks.Callback):
         if self.log_dir is not None and self._writer is None:
             import tensorflow as tf
 
-            self.run_dir = worker_run_dir(self.log_dir)
+            self.run_dir = input_run_dir(self.log_dir)
             self._writer = tf.summary.create_file_writer(self.run_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -222,4 +219,4 @@ class InputStats(keras.callbacks.Callback):
         self._last = now
 
 
-__all__ = ["InputStats", "worker_run_dir"]
+__all__ = ["InputStats", "input_run_dir"]
