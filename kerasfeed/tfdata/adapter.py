@@ -11,6 +11,7 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
+from kerasfeed.loading.groups import GroupLoader
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
@@ -24,6 +25,7 @@ from kerasfeed.tfdata.common import (
     inline_map,
     prefetch_tail,
 )
+from kerasfeed.tfdata.grouped import group_size, grouped_items
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature, open_leading_dimension
 
 
@@ -53,6 +55,7 @@ def to_dataset(
     input_context: Optional[tf.distribute.InputContext] = None,
     initial_state: Optional[Mapping[str, int]] = None,
     order: Any = None,
+    group_items: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -117,6 +120,15 @@ def to_dataset(
             with ``shard_length`` and ``indices(epoch)``, such as
             ``kerasfeed.BalancedOrder`` or ``kerasfeed.WeightedOrder`` (see
             ``kerasfeed.sampling.protocol``). Indices may repeat.
+        group_items: items handed to tf.data per Python call. None (the
+            default): 16 for small fixed-shape items (at most 64 KB) when the
+            executor makes items ahead, else 1. Each call costs the consumer
+            process ~0.3 ms of CPU and a GIL hand-off whatever the item's
+            size, which ``model.fit``'s own Python competes for; grouping
+            spreads that over the group (see ``docs/performance.md``). 1
+            turns it off. An item error inside a group still surfaces at the
+            item's own position, except in a pass's last group, where it
+            drops the items before it in that group.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality. Its executor is
@@ -153,6 +165,7 @@ def to_dataset(
     check_positive_int("batch_size", batch_size)
     check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
     check_positive_int("probe", probe, allow_none=False)
+    check_positive_int("group_items", group_items)
     check_prefetch_and_device(prefetch, device)
     for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder), ("ragged", ragged)):
         check_flag(name, flag)
@@ -243,11 +256,27 @@ def to_dataset(
     # a tf.data thread per call in flight.
     sequential = num_parallel_calls is None and ex.prefetches
     parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
-    ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)
-    if sequential:
-        ds = inline_map(ds, load_item)
+    try:
+        if endless and group_items not in (None, 1):
+            raise ValueError(
+                f"`group_items={group_items}` cannot group the items of an endless source "
+                f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
+            )
+        group = 1 if endless else group_size(group_items, flat_specs, sequential)
+    except BaseException:
+        if ex is not executor:
+            ex.close()
+        raise
+    groups = None
+    if group > 1:
+        groups = GroupLoader(pipeline.load)  # owned by the dataset, held weakly by TensorFlow
+        ds = grouped_items(begin, weak_method(groups, "load"), checker, n, skip, group)
     else:
-        ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
+        ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)
+        if sequential:
+            ds = inline_map(ds, load_item)
+        else:
+            ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
@@ -268,6 +297,8 @@ def to_dataset(
     ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
     ds._kerasfeed_executor = ex
+    ds._kerasfeed_groups = groups
+    ds._kerasfeed_group_items = group
     return ds
 
 

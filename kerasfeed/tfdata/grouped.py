@@ -1,0 +1,61 @@
+"""The tf.data side of grouped hand-over (see ``kerasfeed.loading.groups``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from kerasfeed import _validation as _v
+from kerasfeed.loading.groups import auto_group_size
+from kerasfeed.tfdata.common import inline_map
+
+
+def group_size(group_items: Optional[int], specs: list, sequential: bool) -> int:
+    """Items per ``numpy_function`` call: ``group_items``, or chosen by item size when None.
+
+    Grouping needs items that stack (every leaf of fixed shape, no strings)
+    and an executor that makes items ahead (the map is then sequential).
+    """
+    _v.positive_int("group_items", group_items, allow_none=True)
+    stackable = all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)
+    if group_items is None:
+        if not sequential:
+            return 1
+        item_bytes = sum(s.shape.num_elements() * s.dtype.size for s in specs) if stackable else 0
+        return auto_group_size(item_bytes, stackable)
+    if group_items > 1 and not (stackable and sequential):
+        why = ("every leaf of an item must have a fixed shape and a numeric dtype"
+               if not stackable else "it needs the executor's own prefetching (num_parallel_calls=None)")
+        raise ValueError(
+            f"`group_items={group_items}` cannot group these items: {why}. Use group_items=1 or None. "
+            f"Received: group_items={group_items}, item signature={[str(s) for s in specs]}"
+        )
+    return int(group_items)
+
+
+def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int) -> tf.data.Dataset:
+    """Each pass: ``begin`` gives the order; ``group`` items per ``load_group`` call; split again in C++."""
+    specs = checker.specs
+    out_types = [s.dtype for s in specs]
+
+    def index_stream(_):
+        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
+        idx = tf.ensure_shape(idx, [None if skip else n])
+        size = tf.size(idx, out_type=tf.int64)
+        last = tf.range(size) >= size - 1  # the pass's last item: its group is the last call
+        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch), last)).batch(group)
+
+    def load(idx, epoch, last):
+        flat = tf.numpy_function(
+            load_group, [idx, epoch[0], tf.reduce_any(last)], out_types, stateful=True, name="kerasfeed_load_group"
+        )
+        for t, spec in zip(flat, specs):
+            t.set_shape([None] + spec.shape.as_list())
+        return checker.pack(list(flat))
+
+    ds = tf.data.Dataset.range(1).flat_map(index_stream)
+    return inline_map(ds, load).unbatch()
+
+
+__all__ = ["group_size", "grouped_items"]
