@@ -209,7 +209,7 @@ def tiny_model(x: np.ndarray, num_classes: int, steps_per_execution: int) -> Any
 class _EpochClock:
     """A Keras callback recording when each epoch starts and how many batches ran."""
 
-    def __new__(cls, steps_per_execution: int):
+    def __new__(cls, num_batches: int):
         import keras
 
         class Clock(keras.callbacks.Callback):
@@ -223,7 +223,9 @@ class _EpochClock:
                 self.batches.append(0)
 
             def on_train_batch_end(self, batch, logs=None):
-                self.batches[-1] += steps_per_execution
+                # Keras passes the last step of each execution, uncapped when
+                # steps_per_execution does not divide the epoch.
+                self.batches[-1] = min(batch + 1, num_batches)
 
             def on_train_end(self, logs=None):
                 self.marks.append((time.perf_counter(), time.process_time()))
@@ -283,7 +285,7 @@ def run_fit(way: str, seq: Any, epochs: int, steps_per_execution: int = 1) -> Di
     num_classes = int(max(10, np.max(np.asarray(y0)) + 1))
     model = tiny_model(np.asarray(x0), num_classes, steps_per_execution)
     x, close, info = fit_input(way, seq)
-    clock = _EpochClock(steps_per_execution)
+    clock = _EpochClock(n)
     try:
         model.fit(x, epochs=epochs, verbose=0, callbacks=[clock], shuffle=False)
     finally:

@@ -1,0 +1,56 @@
+"""Smoke test of the fit benchmark's measurements (benchmarks/fit_ways.py, fit.py) on tiny sizes.
+
+Structure, not speed: model.fit runs every batch of every epoch through the
+in-memory limit and a kerasfeed dataset, the numpy view iterates kerasfeed's
+numpy path and Grain, ratios and the markdown come out of a result.
+"""
+
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import fit, fit_ways, workloads  # noqa: E402
+
+
+@pytest.mark.parametrize("way", ["memory", "kerasfeed-threads"])
+def test_fit_view_times_every_epoch_after_the_first(way, tmp_path):
+    res = fit_ways.run_fit(way, workloads.make_workload("io", 12, tmp_path), epochs=3, steps_per_execution=5)
+    assert res["status"] == "ok" and res["batches"] == 12
+    assert len(res["timed_epochs_s"]) == 2 and min(res["timed_epochs_s"]) > 0
+    assert res["batches_per_s"] == pytest.approx(12 / min(res["timed_epochs_s"]))
+    assert res["main_cpu_us_per_batch"] > 0
+
+
+@pytest.mark.parametrize("way", ["kerasfeed-threads", "grain-threads"])
+def test_numpy_view_iterates_whole_passes(way, tmp_path):
+    res = fit_ways.run_numpy(way, workloads.make_workload("io", 10, tmp_path), epochs=2)
+    assert res["status"] == "ok" and res["batches"] == 10 and len(res["timed_epochs_s"]) == 1
+
+
+def test_ratios_and_markdown_from_rows():
+    rows = [
+        {"view": "fit", "way": "memory", "workload": "io", "status": "ok", "batches_per_s": 800.0},
+        {"view": "fit", "way": "kerasfeed-threads", "workload": "io", "status": "ok", "batches_per_s": 640.0},
+        {"view": "fit", "way": "torch", "workload": "io", "status": "n/a", "note": fit_ways.TORCH_FIT_NA},
+    ]
+    fit._ratios(rows)
+    assert rows[1]["ratio"] == pytest.approx(0.8)
+    res = {"machine": fit.machine_info(), "date": "d", "loadavg_end": [0, 0, 0], "rows": rows,
+           "settings": {"quick": True, "batches": {"io": 8}, "timed_epochs": 1, "steps_per_execution": 1,
+                        "workloads": ["io"], "views": ["fit"]}}
+    md = fit.to_markdown(res)
+    assert "| kerasfeed `to_dataset`, threads | 640 (0.80) |" in md
+    assert "| PyTorch `DataLoader` | n/a |" in md and "does not accept a torch DataLoader" in md
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="Unknown workload 'gpu'"):
+        fit.run_fit_benchmark(workloads_=["gpu"], output_dir=None)
+    with pytest.raises(ValueError, match="Unknown way 'tf-magic'"):
+        fit.run_fit_benchmark(only=["tf-magic"], output_dir=None)
+    with pytest.raises(ValueError, match="at least 2"):
+        fit.run_fit_benchmark(epochs=1, output_dir=None)
