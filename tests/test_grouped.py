@@ -34,8 +34,17 @@ class Small(kerasfeed.SceneSequence):
 
 
 class Ragged(Small):
+    """Batches of 1-3 rows: the leading (batch) dimension varies."""
+
     def __getitem__(self, i):
-        return np.full((1 + i % 3,), i, np.float32), np.int64(i)
+        return np.full((1 + i % 3, 2), i, np.float32), np.full((1 + i % 3,), i, np.int64)
+
+
+class Wide(Small):
+    """An inner dimension varies: such items cannot be grouped."""
+
+    def __getitem__(self, i):
+        return np.full((2, 1 + i % 3), i, np.float32), np.int64(i)
 
 
 def _ys(ds):
@@ -70,18 +79,28 @@ def test_grouping_applies_to_processes_and_to_batched_samples():
         ds._kerasfeed_executor.close()
 
 
+def test_batches_of_varying_size_are_grouped_and_split_back_exactly():
+    ds = kerasfeed.to_dataset(Ragged(n=20))
+    assert ds._kerasfeed_group_items == MAX_GROUP
+    assert ds.element_spec == (tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None], tf.int64))
+    for i, (x, y) in enumerate(ds.as_numpy_iterator()):
+        np.testing.assert_array_equal(x, np.full((1 + i % 3, 2), i, np.float32))
+        np.testing.assert_array_equal(y, np.full((1 + i % 3,), i, np.int64))
+    assert i == 19
+
+
 def test_large_variable_or_parallel_items_are_not_grouped():
     assert kerasfeed.to_dataset(Small(n=4, shape=(128, 128)))._kerasfeed_group_items == 1  # 64 KB + 8 B
-    assert kerasfeed.to_dataset(Ragged(n=6))._kerasfeed_group_items == 1
+    assert kerasfeed.to_dataset(Wide(n=6))._kerasfeed_group_items == 1
     assert kerasfeed.to_dataset(Small(n=4), num_parallel_calls=2)._kerasfeed_group_items == 1
-    assert _ys(kerasfeed.to_dataset(Ragged(n=6))) == list(range(6))
+    assert _ys(kerasfeed.to_dataset(Wide(n=6))) == list(range(6))
 
 
 def test_group_items_argument_errors():
     with pytest.raises(ValueError, match=r"`group_items` must be a positive int. Received: group_items=0"):
         kerasfeed.to_dataset(Small(), group_items=0)
-    with pytest.raises(ValueError, match=r"fixed shape and a numeric dtype.*Received: group_items=4"):
-        kerasfeed.to_dataset(Ragged(), group_items=4)
+    with pytest.raises(ValueError, match=r"fixed shape \(but for a leading batch dimension\) and a numeric dtype.*Received: group_items=4"):
+        kerasfeed.to_dataset(Wide(), group_items=4)
     with pytest.raises(ValueError, match=r"num_parallel_calls=None.*Received: group_items=4"):
         kerasfeed.to_dataset(Small(), group_items=4, num_parallel_calls=2)
 

@@ -13,7 +13,7 @@ grouped: stacking would add a copy of every byte.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -31,9 +31,25 @@ def auto_group_size(item_bytes: int, stackable: bool) -> int:
     return MAX_GROUP
 
 
-def stack_flat(items: Sequence[list]) -> list:
-    """``[[a0, b0], [a1, b1], ...]`` -> ``[stack(a), stack(b)]``."""
-    return [np.stack(column) for column in zip(*items)]
+def stack_flat(items: Sequence[list], open_leading: Optional[Sequence[bool]] = None) -> list:
+    """``[[a0, b0], [a1, b1], ...]`` -> ``[stack(a), stack(b)]``.
+
+    Leaves whose leading dimension varies (``open_leading[j]``: the batch
+    dimension of items that are batches) are concatenated along it instead,
+    and one more array is appended: their lengths, shape ``(items, open leaves)``.
+    """
+    columns = list(zip(*items))
+    if not open_leading or not any(open_leading):
+        return [np.stack(column) for column in columns]
+    out, lengths = [], []
+    for column, is_open in zip(columns, open_leading):
+        if is_open:
+            out.append(np.concatenate(column))
+            lengths.append([len(a) for a in column])
+        else:
+            out.append(np.stack(column))
+    out.append(np.asarray(lengths, dtype=np.int64).T.reshape(len(items), len(lengths)))
+    return out
 
 
 class GroupLoader:
@@ -51,10 +67,13 @@ class GroupLoader:
 
     Args:
         load_one: ``(index, epoch) -> list of arrays`` for one item.
+        open_leading: per leaf, whether its leading dimension varies (see
+            ``stack_flat``).
     """
 
-    def __init__(self, load_one: Callable[[int, int], list]):
+    def __init__(self, load_one: Callable[[int, int], list], open_leading: Optional[Sequence[bool]] = None):
         self._load_one = load_one
+        self._open = list(open_leading) if open_leading else None
         self._carry: dict[int, list[tuple[int, Any]]] = {}  # epoch -> [(index, error or None)]
 
     def load(self, indices: Any, epoch: Any, last: Any = False) -> list:
@@ -79,7 +98,7 @@ class GroupLoader:
                     raise
                 self._carry[epoch] = [(index, e)] + todo[k + 1:]
                 break
-        return stack_flat(loaded)
+        return stack_flat(loaded, self._open)
 
 
 __all__ = ["GROUP_ITEM_BYTES", "MAX_GROUP", "GroupLoader", "auto_group_size", "stack_flat"]

@@ -25,8 +25,8 @@ from kerasfeed.tfdata.common import (
     inline_map,
     prefetch_tail,
 )
-from kerasfeed.tfdata.grouped import group_size, grouped_items
-from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature, open_leading_dimension
+from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
+from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
 
 
 # The length an endless source counts as when shards are resolved: items for
@@ -204,6 +204,7 @@ def to_dataset(
     skip = resume.batches * per_element
 
     ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
+    probes: list = []
     try:
         if output_signature is None:
             if endless:
@@ -262,14 +263,15 @@ def to_dataset(
                 f"`group_items={group_items}` cannot group the items of an endless source "
                 f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
             )
-        group = 1 if endless else group_size(group_items, flat_specs, sequential)
+        probed = [sum(np.asarray(leaf).nbytes for _, leaf in flatten(item)[1]) for _, item in probes] if probes else []
+        group = 1 if endless else group_size(group_items, flat_specs, sequential, max(probed) if probed else None)
     except BaseException:
         if ex is not executor:
             ex.close()
         raise
     groups = None
     if group > 1:
-        groups = GroupLoader(pipeline.load)  # owned by the dataset, held weakly by TensorFlow
+        groups = GroupLoader(pipeline.load, open_leading(flat_specs))  # owned by the dataset, held weakly by TensorFlow
         ds = grouped_items(begin, weak_method(groups, "load"), checker, n, skip, group)
     else:
         ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)

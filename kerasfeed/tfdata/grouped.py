@@ -11,21 +11,34 @@ from kerasfeed.loading.groups import auto_group_size
 from kerasfeed.tfdata.common import inline_map
 
 
-def group_size(group_items: Optional[int], specs: list, sequential: bool) -> int:
+def open_leading(specs: list) -> list:
+    """Per leaf: its leading dimension varies (the batch dimension of batches)."""
+    return [bool(s.shape.rank) and s.shape[0] is None for s in specs]
+
+
+def group_size(group_items: Optional[int], specs: list, sequential: bool, item_bytes: Optional[int] = None) -> int:
     """Items per ``numpy_function`` call: ``group_items``, or chosen by item size when None.
 
-    Grouping needs items that stack (every leaf of fixed shape, no strings)
-    and an executor that makes items ahead (the map is then sequential).
+    Grouping needs items that stack (every dimension but a leading one fixed,
+    no strings) and an executor that makes items ahead (the map is then
+    sequential). ``item_bytes``: the largest probed item's size, needed when
+    a leading dimension varies.
     """
     _v.positive_int("group_items", group_items, allow_none=True)
-    stackable = all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)
+    stackable = all(
+        s.dtype != tf.string and s.shape.rank is not None and (s.shape.rank == 0 or s.shape[1:].is_fully_defined())
+        for s in specs
+    )
     if group_items is None:
-        if not sequential:
+        if not sequential or not stackable:
             return 1
-        item_bytes = sum(s.shape.num_elements() * s.dtype.size for s in specs) if stackable else 0
+        if all(s.shape.is_fully_defined() for s in specs):
+            item_bytes = sum(s.shape.num_elements() * s.dtype.size for s in specs)
+        if item_bytes is None:
+            return 1
         return auto_group_size(item_bytes, stackable)
     if group_items > 1 and not (stackable and sequential):
-        why = ("every leaf of an item must have a fixed shape and a numeric dtype"
+        why = ("every leaf of an item must have a fixed shape (but for a leading batch dimension) and a numeric dtype"
                if not stackable else "it needs the executor's own prefetching (num_parallel_calls=None)")
         raise ValueError(
             f"`group_items={group_items}` cannot group these items: {why}. Use group_items=1 or None. "
@@ -37,7 +50,8 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool) -> int
 def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int) -> tf.data.Dataset:
     """Each pass: ``begin`` gives the order; ``group`` items per ``load_group`` call; split again in C++."""
     specs = checker.specs
-    out_types = [s.dtype for s in specs]
+    opened = open_leading(specs)
+    out_types = [s.dtype for s in specs] + ([tf.int64] if any(opened) else [])
 
     def index_stream(_):
         idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
@@ -50,12 +64,24 @@ def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, s
         flat = tf.numpy_function(
             load_group, [idx, epoch[0], tf.reduce_any(last)], out_types, stateful=True, name="kerasfeed_load_group"
         )
-        for t, spec in zip(flat, specs):
-            t.set_shape([None] + spec.shape.as_list())
-        return checker.pack(list(flat))
+        leaves = []
+        lengths = flat[-1] if any(opened) else None
+        k = 0
+        for t, spec, is_open in zip(flat, specs, opened):
+            if is_open:  # concatenated along the varying leading dimension
+                t.set_shape([None] + spec.shape.as_list()[1:])
+                t = tf.RaggedTensor.from_row_lengths(t, lengths[:, k], validate=False)
+                k += 1
+            else:
+                t.set_shape([None] + spec.shape.as_list())
+            leaves.append(t)
+        return checker.pack(leaves)
 
     ds = tf.data.Dataset.range(1).flat_map(index_stream)
-    return inline_map(ds, load).unbatch()
+    ds = inline_map(ds, load).unbatch()
+    if any(opened):  # unbatched ragged rows are dense tensors; say so in the element spec
+        ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
+    return ds
 
 
-__all__ = ["group_size", "grouped_items"]
+__all__ = ["group_size", "grouped_items", "open_leading"]
