@@ -121,8 +121,9 @@ def to_dataset(
             ``kerasfeed.BalancedOrder`` or ``kerasfeed.WeightedOrder`` (see
             ``kerasfeed.sampling.protocol``). Indices may repeat.
         group_items: items handed to tf.data per Python call. None (the
-            default): 16 for small fixed-shape items (at most 64 KB) when the
-            executor makes items ahead, else 1. Each call costs the consumer
+            default): 16 for small items (at most 64 KB, every dimension but
+            the leading batch one fixed) when the executor makes items ahead,
+            else 1. Batches of varying size are concatenated and split back. Each call costs the consumer
             process ~0.3 ms of CPU and a GIL hand-off whatever the item's
             size, which ``model.fit``'s own Python competes for; grouping
             spreads that over the group (see ``docs/performance.md``). 1
