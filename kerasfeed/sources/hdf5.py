@@ -481,10 +481,12 @@ class H5SliceSequence(_H5Base):
         self.shuffle_window_chunks = shuffle_window_chunks
         self._len = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
         if self._len == 0:
-            raise ValueError(
-                f"{cls}: no batches: the files hold {n} rows in total, fewer than batch_size="
-                f"{self.batch_size} with drop_remainder=True. Received: paths={list(self._paths)}"
+            why = (
+                f"the datasets {list(self._leaves)} have 0 rows in every file"
+                if n == 0
+                else f"the files hold {n} rows in total, fewer than batch_size={self.batch_size} with drop_remainder=True"
             )
+            raise ValueError(f"{cls}: no batches: {why}. Received: paths={list(self._paths)}, rows per file={self.file_lengths}")
 
     def __len__(self) -> int:
         return self._len

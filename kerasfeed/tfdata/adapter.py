@@ -22,6 +22,7 @@ from kerasfeed.tfdata.common import (
     check_flag,
     check_positive_int,
     check_prefetch_and_device,
+    graph_fn,
     inline_map,
     prefetch_tail,
 )
@@ -237,16 +238,19 @@ def to_dataset(
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
 
+    @graph_fn
     def index_stream(_):
         idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         idx = tf.ensure_shape(idx, [None if skip else n])
         return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
 
+    @graph_fn
     def endless_stream(_):
         epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
         indices = tf.data.Dataset.counter(start=pipeline.first_index(), step=pipeline.step())
-        return indices.map(lambda i: (i, epoch))
+        return indices.map(graph_fn(lambda i: (i, epoch)))
 
+    @graph_fn
     def load_item(i, epoch):
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
         for t, spec in zip(flat, flat_specs):

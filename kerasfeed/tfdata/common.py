@@ -24,6 +24,20 @@ def check_prefetch_and_device(prefetch: Any, device: Any) -> None:
     _v.device(device)
 
 
+def graph_fn(fn: Any) -> Any:
+    """Marks a function kerasfeed gives to tf.data as not for AutoGraph.
+
+    tf.data converts every function it traces with AutoGraph, which writes a
+    ``__autograph_generated_file*.py`` per function into ``$TMPDIR``; they are
+    removed at a normal exit only, so a killed process leaves them behind.
+    kerasfeed's functions have no tensor-dependent Python control flow, so
+    they need no conversion: every function passed to ``map``, ``flat_map``
+    and the like goes through this (and what it calls is not converted
+    either).
+    """
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def batch(
     ds: tf.data.Dataset,
     batch_size: Optional[int],
@@ -76,6 +90,7 @@ def inline_map(ds: tf.data.Dataset, fn: Any) -> tf.data.Dataset:
     elements). Only the private ``_MapDataset`` exposes the switch; if a
     TensorFlow version lacks it, this is ``ds.map(fn)``.
     """
+    fn = graph_fn(fn)
     try:
         from tensorflow.python.data.ops import map_op
 

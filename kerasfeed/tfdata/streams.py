@@ -33,7 +33,15 @@ from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
-from kerasfeed.tfdata.common import AUTOTUNE, batch, check_flag, check_positive_int, check_prefetch_and_device, prefetch_tail
+from kerasfeed.tfdata.common import (
+    AUTOTUNE,
+    batch,
+    check_flag,
+    check_positive_int,
+    check_prefetch_and_device,
+    graph_fn,
+    prefetch_tail,
+)
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
 
 _CHUNK_ITEMS = 64
@@ -239,7 +247,7 @@ def _assemble(
     )
     ds = ds.prefetch(2).unbatch()
     if codec.needs_decode:
-        ds = ds.map(codec.decode)
+        ds = ds.map(graph_fn(codec.decode))
     if shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=any(codec.variable),

@@ -57,16 +57,83 @@ def _describe(skeleton: Any) -> str:
     return "(" + ", ".join(_describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
 
 
+class UnsupportedLeaf(ValueError):
+    """A leaf TensorFlow cannot hold; the caller adds the index and field."""
+
+
+def _short_repr(obj: Any, limit: int = 80) -> str:
+    r = repr(obj)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _to_bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    raise UnsupportedLeaf(v)
+
+
 def as_array(leaf: Any) -> np.ndarray:
-    """Converts a leaf to an ndarray that ``tf.numpy_function`` accepts."""
-    a = np.asarray(leaf)
+    """Converts a leaf to an ndarray that ``tf.numpy_function`` accepts.
+
+    Raises:
+        UnsupportedLeaf: the leaf is None, an arbitrary Python object, an
+            object array holding anything but str/bytes, or a ragged nested
+            list; its ``args`` are (what is wrong, the offending value).
+    """
+    if leaf is None:
+        raise UnsupportedLeaf("is None", leaf)
+    try:
+        a = np.asarray(leaf)
+    except ValueError as e:  # numpy >= 1.24: ragged nested sequences
+        raise UnsupportedLeaf(f"cannot become an array ({e})", leaf) from None
     if a.dtype.kind == "U":
         return np.char.encode(a, "utf-8").astype(object)
     if a.dtype.kind == "S":
         return a.astype(object)
     if a.dtype.kind == "O":
-        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(a)
+        # TensorFlow holds only strings in object arrays; anything else (None,
+        # Python ints, nested arrays) would fail inside tf.data with
+        # "Unsupported object type" and no index. One pass converts and checks.
+        out = np.empty(a.shape, object)
+        flat_in, flat_out = a.reshape(-1), out.reshape(-1)
+        for j, v in enumerate(flat_in):
+            try:
+                flat_out[j] = _to_bytes(v)
+            except UnsupportedLeaf:
+                if not a.ndim:
+                    what = f"is an object of type {type(v).__name__}, which TensorFlow cannot hold"
+                else:
+                    at = tuple(int(d) for d in np.unravel_index(j, a.shape))
+                    what = (
+                        f"is an object array (dtype=object) whose element {at} is {type(v).__name__} "
+                        f"{_short_repr(v, 40)}; TensorFlow holds only str/bytes in object arrays"
+                    )
+                raise UnsupportedLeaf(what, leaf) from None
+        return out
     return a
+
+
+def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
+    """The SignatureError for an unsupported leaf, naming item and field."""
+    what, value = problem.args
+    field = "" if name == "item" else f", field {name}"
+    hint = (
+        "Return numeric arrays, numbers, str or bytes (convert object arrays with "
+        "np.asarray(v, dtype=...); use a padded array or ragged=True for varying lengths)."
+    )
+    return SignatureError(f"Item {index}{field} {what}. {hint} Received: {_short_repr(value)}")
+
+
+def _leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
+    out = []
+    for path, leaf in leaves:
+        try:
+            out.append(as_array(leaf))
+        except UnsupportedLeaf as e:
+            raise leaf_error(index, field_name(path, skeleton), e) from None
+    return out
 
 
 def tf_dtype(a: np.ndarray) -> tf.DType:
@@ -79,16 +146,19 @@ def tf_dtype(a: np.ndarray) -> tf.DType:
 
 
 def _pack(skeleton: Any, leaves: list) -> Any:
-    it = iter(leaves)
+    return _build(skeleton, iter(leaves))
 
-    def build(s):
-        if s is None:
-            return next(it)
-        if isinstance(s, dict):
-            return {k: build(v) for k, v in s.items()}
-        return tuple(build(v) for v in s)
 
-    return build(skeleton)
+def _build(skeleton: Any, leaves: Any) -> Any:
+    # A module-level function, not a recursive closure: a closure that calls
+    # itself is a reference cycle (function -> cell -> function) holding the
+    # leaves' iterator, so every packed chunk's arrays would live until the
+    # cyclic garbage collector runs (gigabytes with large items).
+    if skeleton is None:
+        return next(leaves)
+    if isinstance(skeleton, dict):
+        return {k: _build(v, leaves) for k, v in skeleton.items()}
+    return tuple(_build(v, leaves) for v in skeleton)
 
 
 def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
@@ -99,7 +169,7 @@ def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
     """
     first_index, first = probes[0]
     skeleton, leaves = flatten(first)
-    arrays = [as_array(v) for _, v in leaves]
+    arrays = _leaf_arrays(first_index, leaves, skeleton)
     shapes = [list(a.shape) for a in arrays]
     dtypes = [tf_dtype(a) for a in arrays]
     for index, item in probes[1:]:
@@ -110,8 +180,9 @@ def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
                 f"{_describe(skeleton)} but item {index} is {_describe(other_skeleton)}. "
                 "Every item must have the same nesting of tuples/dicts."
             )
-        for k, (path, leaf) in enumerate(other_leaves):
-            a = as_array(leaf)
+        other_arrays = _leaf_arrays(index, other_leaves, skeleton)
+        for k, (path, _) in enumerate(other_leaves):
+            a = other_arrays[k]
             name = field_name(path, skeleton)
             if tf_dtype(a) != dtypes[k]:
                 raise SignatureError(
@@ -181,7 +252,10 @@ class ItemChecker:
             )
         out = []
         for k, (_, leaf) in enumerate(leaves):
-            a = as_array(leaf)
+            try:
+                a = as_array(leaf)
+            except UnsupportedLeaf as e:
+                raise leaf_error(index, self.names[k], e) from None
             want = self.np_dtypes[k]
             if want is None:
                 if a.dtype != object:

@@ -1,0 +1,155 @@
+"""Reliability: bounded stream memory, refused object/None items, HDF5 0-row
+message, no AutoGraph temp files, prompt interpreter exit (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+
+SCRIPTS = Path(__file__).parent / "reliability_scripts"
+ROOT = Path(__file__).resolve().parents[1]
+MB = 2**20
+
+
+def run_script(name, *args, env=None, timeout=240):
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- memory
+def test_packed_chunk_is_freed_by_reference_counting_alone():
+    from kerasfeed.tfdata.streams import _ChunkCodec
+
+    sig = {"a": tf.TensorSpec([4], tf.float32), "b": (tf.TensorSpec([None], tf.int64),)}
+    codec = _ChunkCodec(sig, "from_queue")
+    rows = [codec.check({"a": np.ones(4, np.float32), "b": (np.arange(k + 1),)}, (0, k), str) for k in range(3)]
+    gc.disable()
+    try:
+        chunk = codec.encode(rows)
+        refs = [weakref.ref(a) for a in tf.nest.flatten(chunk)]
+        del chunk
+        assert [r() for r in refs] == [None] * len(refs), "a packed chunk is kept alive by a reference cycle"
+    finally:
+        gc.enable()
+
+
+def test_stream_peak_memory_stays_within_the_documented_bound():
+    """48 items of 8 MB through from_queue(maxsize=4) and 80 items of 4 MB through
+    from_generators(processes, workers=2, buffer_size=2), with the cyclic GC off.
+
+    Bound (docs/reliability.md): from_queue holds maxsize + 1 items plus at
+    most 5 chunks in tf.data (one item each at this size); from_generators
+    holds max_open * buffer_size items (max_open = 2 * workers) plus
+    workers * 2 shared-memory slots and 5 chunks. Slack: 64 MB.
+    """
+    got = run_script("stream_memory.py")
+    n, growth = got["from_queue"]
+    assert n == 48
+    assert growth <= (4 + 1 + 5) * 8 + 64, got
+    n, growth = got["from_generators"]
+    assert n == 80
+    assert growth <= (2 * 2 * 2 + 2 * 2 + 5) * 4 + 64, got
+
+
+# ---------------------------------------------------------------- object / None items
+class _Items:
+    def __init__(self, bad, at):
+        self.bad, self.at = bad, at
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        x = np.zeros(3, np.float32)
+        return ({"a": x, "b": self.bad if i == self.at else x}, np.int64(i))
+
+
+class _Thing:
+    pass
+
+
+BAD_LEAVES = [
+    (None, r"is None"),
+    (np.array([1, 2], dtype=object), r"is an object array \(dtype=object\) whose element \(0,\) is int 1"),
+    (np.array([np.zeros(2), np.zeros(3)], dtype=object), r"is an object array \(dtype=object\) whose element \(0,\) is ndarray"),
+    (_Thing(), r"is an object of type _Thing"),
+]
+
+
+@pytest.mark.parametrize("bad,what", BAD_LEAVES)
+def test_object_and_none_leaves_are_refused_while_probing(bad, what):
+    with pytest.raises(kerasfeed.SignatureError, match=rf"^Item 0, field x\['b'\] {what}.*Received: "):
+        kerasfeed.to_dataset(_Items(bad, 0))
+
+
+@pytest.mark.parametrize("bad,what", BAD_LEAVES[:2])
+def test_object_and_none_leaves_are_refused_per_item(bad, what):
+    ds = kerasfeed.to_dataset(_Items(bad, 3))  # item 3 is not probed
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"Item 3, field x\['b'\] {what}"):
+        list(ds)
+
+
+def test_a_none_item_and_object_items_in_streams_are_named():
+    def nones(k):
+        yield None
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 0 of nones\(0\) \(generator shard 0 of 2\) is None"):
+        kerasfeed.from_generators(nones, 2)
+
+    def make(k):
+        yield np.zeros(2, np.float32)
+        yield np.array(["a", 3], dtype=object) if k == 1 else np.zeros(2, np.float32)
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 1 of make\(1\) .* whose element \(1,\) is int 3"):
+        kerasfeed.from_generators(make, 2, output_signature=None, probe=4)
+
+
+def test_string_leaves_still_work():
+    class Text:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return np.array(["a", "bc"], dtype=object), f"item {i}", b"raw"
+
+    last = [t.numpy() for t in list(kerasfeed.to_dataset(Text()))[2]]
+    assert last[0].tolist() == [b"a", b"bc"] and last[1:] == [b"item 2", b"raw"]
+
+
+# ---------------------------------------------------------------- HDF5
+def test_zero_row_hdf5_message_does_not_blame_drop_remainder(tmp_path):
+    path = tmp_path / "empty.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=(0, 3), dtype="f4")
+        f.create_dataset("y", shape=(0,), dtype="i8")
+    with pytest.raises(ValueError) as info:
+        kerasfeed.H5SliceSequence(str(path), ("x", "y"), batch_size=4)
+    msg = str(info.value)
+    assert "have 0 rows in every file" in msg and "drop_remainder" not in msg, msg
+    assert msg.endswith("rows per file=(0,)")
+
+
+# ---------------------------------------------------------------- AutoGraph files
+def test_no_autograph_files_are_written(tmp_path):
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    got = run_script("every_dataset.py", "iterate", env={"TMPDIR": str(tmpdir)})
+    assert len(got["datasets"]) == 11
+    assert got["autograph_files"] == [], got
