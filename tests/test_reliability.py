@@ -153,3 +153,22 @@ def test_no_autograph_files_are_written(tmp_path):
     got = run_script("every_dataset.py", "iterate", env={"TMPDIR": str(tmpdir)})
     assert len(got["datasets"]) == 11
     assert got["autograph_files"] == [], got
+
+
+# ---------------------------------------------------------------- interpreter exit
+def test_interpreter_exit_with_live_iterators_of_every_kind_does_not_hang():
+    """8 interpreters at once, each with a live iterator of every kind of
+    kerasfeed dataset (3 elements taken, nothing closed), must all exit.
+
+    Without the exit hook most of them hang for ever in the iterators'
+    destructors. The bound here only tells a hang from a slow exit on a
+    loaded machine; ``benchmarks/exit_check.py`` checks the 5 s promise.
+    """
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.exit_check import run_batch
+    finally:
+        sys.path.remove(str(ROOT))
+    results = run_batch(8, hard_timeout=120)
+    assert all(r["printed"] for r in results), results
+    assert all(r["exit_s"] is not None and r["exit_s"] < 120 for r in results), results

@@ -235,6 +235,7 @@ def make_auto_executor(
     worker_init: Optional[Callable[[], None]] = None,
     seed: Optional[int] = None,
     calls: int = 3,
+    timeout: Optional[float] = None,
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
@@ -248,6 +249,7 @@ def make_auto_executor(
         worker_init: run in each worker if processes are chosen.
         seed: base seed of the workers if processes are chosen.
         calls: timed probe calls.
+        timeout: passed to the executor chosen (seconds per item, or None).
 
     Example:
 
@@ -265,13 +267,13 @@ def make_auto_executor(
     ex: Executor
     if name == "processes":
         try:
-            ex = ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed)
+            ex = ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
         except TypeError as e:  # cannot be pickled: threads still work
             first = str(e).split(". ")[0]
             name, reason = "threads", f"processes would help ({reason}), but {first}"
-            ex = ThreadExecutor(source)
+            ex = ThreadExecutor(source, timeout=timeout)
     else:
-        ex = ThreadExecutor(source)
+        ex = ThreadExecutor(source, timeout=timeout)
     ex.reason = f"auto chose {name}: {reason}"
     ex.probe = probe  # type: ignore[attr-defined]
     logger.info("kerasfeed: executor='auto' for %s: %s", type(source).__name__, ex.reason)

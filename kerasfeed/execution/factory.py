@@ -17,6 +17,7 @@ def make_executor(
     workers: Optional[int] = None,
     worker_init: Optional[Callable[[], None]] = None,
     seed: Optional[int] = None,
+    timeout: Optional[float] = None,
 ) -> Executor:
     """Returns an Executor for ``source``.
 
@@ -26,6 +27,8 @@ def make_executor(
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process at start-up.
         seed: base seed of the worker processes (worker k gets seed + k).
+        timeout: seconds one item may take once its thread or worker is
+            ready; None = no limit. Ignored for an ``Executor`` instance.
     """
     if isinstance(executor, Executor):
         return executor
@@ -35,16 +38,16 @@ def make_executor(
                 "`workers` and `worker_init` apply to worker processes; "
                 f"executor='threads' received workers={workers!r}, worker_init={worker_init!r}"
             )
-        return ThreadExecutor(source)
+        return ThreadExecutor(source, timeout=timeout)
     if executor == "processes":
         # Imported here: keeps subprocess/socket machinery out of `import kerasfeed`.
         from kerasfeed.execution.processes.executor import ProcessExecutor
 
-        return ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed)
+        return ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
     if executor == "auto":
         from kerasfeed.execution.auto import make_auto_executor
 
-        return make_auto_executor(source, workers=workers, worker_init=worker_init, seed=seed)
+        return make_auto_executor(source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
     raise ValueError(
         f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
         f"Received: {executor!r}"

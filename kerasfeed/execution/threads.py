@@ -5,11 +5,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import time
 import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.plan import PassPlan
@@ -21,6 +23,9 @@ DEFAULT_THREAD_PARALLELISM = 64
 # Items made ahead and not consumed yet hold memory: with large items (3D
 # volumes, big batches) fewer are made ahead, at least 2.
 DEFAULT_BYTES_AHEAD = 256 * 2**20
+# A load waits for its item in slices of this long, so that closing the
+# executor (at exit, or to stop a stuck pass) and ``timeout`` get through.
+_WAIT_SLICE_S = 0.1
 
 
 def _nbytes(item: Any) -> int:
@@ -34,7 +39,7 @@ def _nbytes(item: Any) -> int:
 
 
 class _Task:
-    __slots__ = ("index", "event", "value", "error", "taken")
+    __slots__ = ("index", "event", "value", "error", "taken", "started")
 
     def __init__(self, index: int):
         self.index = index
@@ -42,6 +47,7 @@ class _Task:
         self.value: Any = None
         self.error: Optional[BaseException] = None
         self.taken = False
+        self.started: Optional[float] = None  # when a pool thread began it
 
 
 class _Runner:
@@ -80,6 +86,7 @@ def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
         if plan.cancelled and not task.taken:
             task.event.set()  # a dropped pass: nobody will ask for it
             continue
+        task.started = time.monotonic()
         try:
             task.value = runner.call(task.index)
         except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
@@ -113,15 +120,24 @@ class ThreadExecutor(Executor):
         source: the indexable source.
         parallelism: items in flight at once (pool threads).
         bytes_ahead: memory that items made ahead may take.
+        timeout: seconds one item may run (counted from when a pool thread
+            starts it) before its load fails with ``TimeoutError``; None
+            waits as long as it takes. A thread cannot be stopped: the stuck
+            call runs on, and the executor is closed (the pass fails).
     """
 
     name = "threads"
     prefetches = True
 
     def __init__(
-        self, source: Any, parallelism: int = DEFAULT_THREAD_PARALLELISM, bytes_ahead: int = DEFAULT_BYTES_AHEAD
+        self,
+        source: Any,
+        parallelism: int = DEFAULT_THREAD_PARALLELISM,
+        bytes_ahead: int = DEFAULT_BYTES_AHEAD,
+        timeout: Optional[float] = None,
     ):
         self._runner = _Runner(source, source_name(source))
+        self._timeout = _v.seconds("timeout", timeout)
         self._parallelism = int(parallelism)
         self._bytes_ahead = int(bytes_ahead)
         self._lock = threading.Lock()
@@ -129,18 +145,40 @@ class ThreadExecutor(Executor):
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._failure: Optional[TimeoutError] = None
         self._finalizer: Optional[weakref.finalize] = None
 
     def load(self, index: int, epoch: int) -> Any:
         # The consumer's source already saw set_epoch for this pass.
+        if self._failure is not None:  # a timed-out item stopped the executor
+            raise TimeoutError(str(self._failure))
         task = self._take(index, epoch)
         if task is None:
             return self._runner.call(index)
-        task.event.wait()
+        self._wait(task)
         if task.error is not None:
             raise task.error
         value, task.value = task.value, None
         return value
+
+    def _wait(self, task: _Task) -> None:
+        # In slices, never one unbounded wait: a closed executor (dataset
+        # released, interpreter exit) or a timeout ends it.
+        while not task.event.wait(_WAIT_SLICE_S):
+            if self._closed:
+                raise RuntimeError(
+                    f"kerasfeed: the thread executor of {self._runner.name} was closed while "
+                    f"{self._runner.name}[{task.index}] was loading. Received: index={task.index}"
+                )
+            started = task.started
+            if self._timeout is not None and started is not None and time.monotonic() - started > self._timeout:
+                self._failure = TimeoutError(
+                    f"kerasfeed: {self._runner.name}[{task.index}] did not return within timeout={self._timeout} s "
+                    "(counted from when a thread started it); the call runs on in its thread and the dataset's "
+                    f"executor is closed. Received: index={task.index}, timeout={self._timeout}"
+                )
+                self.close()  # the pass cannot go on without this item
+                raise self._failure
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started here: these threads share the source

@@ -57,6 +57,7 @@ def to_dataset(
     initial_state: Optional[Mapping[str, int]] = None,
     order: Any = None,
     group_items: Optional[int] = None,
+    timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -132,6 +133,13 @@ def to_dataset(
             item's own position, except in a pass's last group, where it
             drops the items before it in that group.
 
+        timeout: seconds one item may take, counted from when its thread or
+            worker process is ready to run it (start-up and ``worker_init``
+            are not counted); the pass then fails (``TimeoutError`` from
+            threads, ``kerasfeed.WorkerError`` from a worker, which is
+            killed). None (the default) waits as long as the worker lives.
+            Ignored when ``executor`` is an ``Executor`` instance.
+
     Returns:
         A ``tf.data.Dataset`` with known cardinality. Its executor is
         available as ``dataset._kerasfeed_executor``.
@@ -205,7 +213,7 @@ def to_dataset(
         )
     skip = resume.batches * per_element
 
-    ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
+    ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
     probes: list = []
     try:
         if output_signature is None:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from kerasfeed import _validation as _v
+from kerasfeed.tfdata import exit_guard
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -69,6 +70,9 @@ def prefetch_tail(
     parallelism here is fixed anyway, and an AUTOTUNE prefetch buffer still
     adapts (tf.data's legacy prefetch autotuner does not need the model).
     """
+    # Every kerasfeed dataset passes here: its live iterators must be
+    # retired before the interpreter finalizes (see exit_guard).
+    exit_guard.install()
     if not autotune:
         options = tf.data.Options()
         options.autotune.enabled = False

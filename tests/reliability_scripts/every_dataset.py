@@ -74,10 +74,13 @@ def datasets(workdir):
     yield "from_queue", kerasfeed.from_queue(produce, maxsize=4, batch_size=2)
 
 
+KEEP = []  # module globals: alive until the interpreter finalizes
+
+
 def main():
     mode = sys.argv[1]
     workdir = tempfile.mkdtemp(dir=os.environ.get("KERASFEED_TEST_WORKDIR"))
-    names, keep = [], []
+    names = []
     for name, ds in datasets(workdir):
         names.append(name)
         it = iter(ds)
@@ -87,7 +90,7 @@ def main():
         else:
             for _ in range(3):
                 next(it)
-            keep.append((ds, it))  # alive at exit, never closed
+            KEEP.append((ds, it))  # alive at exit, never closed
     tmp = tempfile.gettempdir()
     leftovers = sorted(n for _, _, fs in os.walk(tmp) for n in fs if n.startswith("__autograph_generated_file"))
     print(json.dumps({"datasets": names, "autograph_files": leftovers}), flush=True)

@@ -1,0 +1,106 @@
+"""Interpreter exit with kerasfeed iterators still alive.
+
+A script that stops iterating without closing its iterator (``it =
+iter(ds)``, a few ``next(it)``, the end of the script) leaves the iterator to
+Python's finalization. There it is destroyed while the interpreter clears
+module globals, after Python has stopped handing the GIL to other threads: a
+thread that asks for it from then on is ended on the spot (3.11:
+``PyThread_exit_thread``). The iterator's destructor cancels its prefetch
+thread and waits for it to return. When that thread is inside a kerasfeed
+Python call (a ``numpy_function`` load waiting for an item, a generator
+chunk) it can never return, so the wait never ends: the process hangs at
+exit. On a busy machine the prefetch thread is more often mid-call at that
+moment, hence "sometimes, under load".
+
+The fix is to destroy those iterators while Python still runs every thread:
+an ``atexit`` hook (registered when the first kerasfeed dataset is built, so
+it runs before TensorFlow's own exit hooks) finds every live tf.data
+iterator over a kerasfeed dataset, stops the Python side of its pipeline (so
+a load waiting for a stuck item returns at once), and points the iterator at
+an empty dataset, which destroys its old state, threads joined, right there.
+Finalization then has nothing left to wait for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import threading
+from typing import Any
+
+from kerasfeed.tfdata.lookup import find_tagged
+
+logger = logging.getLogger("kerasfeed")
+
+# Attributes by which a front end tags the dataset it returns, and how to
+# stop the Python side they name.
+_OWNERS = (
+    ("_kerasfeed_pipeline", lambda p: p.executor.close()),
+    ("_kerasfeed_stream", lambda s: s.close()),
+    ("_kerasfeed_feed", lambda f: f.close()),
+)
+
+_lock = threading.Lock()
+_installed = False
+
+
+def install() -> None:
+    """Registers the exit hook once (called for every dataset kerasfeed builds)."""
+    global _installed
+    if _installed:
+        return
+    with _lock:
+        if not _installed:
+            atexit.register(retire_live_iterators)
+            _installed = True
+
+
+def _owners(dataset: Any) -> list:
+    found = []
+    for attr, stop in _OWNERS:
+        owner = find_tagged(dataset, attr)
+        if owner is not None:
+            found.append((owner, stop))
+    return found
+
+
+def retire_live_iterators() -> int:
+    """Destroys the state of every live iterator over a kerasfeed dataset.
+
+    The iterator objects stay valid (a later ``next`` ends the iteration);
+    their threads are joined here. Returns how many were retired. Never
+    raises: it runs at exit.
+    """
+    try:
+        from tensorflow.python.data.ops import iterator_ops
+        from tensorflow.python.ops import gen_dataset_ops
+    except Exception:  # noqa: BLE001 - TensorFlow half torn down, or absent
+        return 0
+    ours = []
+    for obj in gc.get_objects():
+        if isinstance(obj, iterator_ops.OwnedIterator):
+            ds = getattr(obj, "_dataset", None)
+            owners = _owners(ds) if ds is not None else []
+            if owners:
+                ours.append((obj, owners))
+    # The Python side first: a load waiting on a stuck item gives up, so the
+    # joins below wait at most for calls already returning.
+    for _, owners in ours:
+        for owner, stop in owners:
+            try:
+                stop(owner)
+            except Exception:  # noqa: BLE001
+                logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
+    retired = 0
+    for it, _ in ours:
+        try:
+            empty = it._dataset.take(0)  # same element spec, no input iterator
+            gen_dataset_ops.make_iterator(empty._variant_tensor, it._iterator_resource)
+            retired += 1
+        except Exception:  # noqa: BLE001 - e.g. an iterator already deleted
+            logger.debug("kerasfeed: retiring an iterator at exit failed", exc_info=True)
+    return retired
+
+
+__all__ = ["install", "retire_live_iterators"]
