@@ -34,9 +34,13 @@ modules cite this note by its name.
   SIGTERM, then SIGKILL, and reap them all (no zombies); join the readers;
   unmap the segments (a lent one stays mapped until its last view is gone).
   A forked copy of the owner never closes (the sockets are the owner's).
-- **The other direction**: a worker leaves when its socket reaches EOF, or
-  when a thread of its own sees its parent change (the parent died while
-  the worker was busy). Workers ignore SIGINT: Ctrl-C interrupts the
+- **The other direction**: a worker leaves when its socket reaches EOF, and
+  is SIGKILLed by the kernel when its parent dies (Linux
+  ``PR_SET_PDEATHSIG``, set by the worker at start-up: works even inside a
+  C call that holds the GIL, or while the worker is stopped). The kernel
+  sends it when the *thread* that started the worker ends, so workers are
+  always started from the main thread or from one long-lived launcher
+  thread. Elsewhere a thread of the worker's own watches its parent. Workers ignore SIGINT: Ctrl-C interrupts the
   consumer, and the consumer decides what stops.
 """
 
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import signal
 import socket
@@ -93,6 +98,46 @@ def fresh_error(err: WorkerError) -> WorkerError:
     return WorkerError(str(err), err.worker_id, err.pid, err.exitcode, err.index)
 
 
+_launcher: Optional["queue.SimpleQueue"] = None
+_launcher_lock = threading.Lock()
+
+
+def _launcher_loop(jobs: "queue.SimpleQueue") -> None:
+    while True:
+        fn, box, done = jobs.get()
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the caller
+            box.append((False, e))
+        done.set()
+        del fn, box, done
+
+
+def _from_a_lasting_thread(fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` (a process launch) on a thread that lives as long as the process.
+
+    The parent-death signal fires when the thread that forked the worker
+    ends, not the process: a worker started from a short-lived thread (a
+    tf.data thread, a user's thread) would be killed with it.
+    """
+    global _launcher
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    with _launcher_lock:
+        if _launcher is None:
+            _launcher = queue.SimpleQueue()
+            threading.Thread(target=_launcher_loop, args=(_launcher,), name="kerasfeed-launcher", daemon=True).start()
+        jobs = _launcher
+    box: list = []
+    done = threading.Event()
+    jobs.put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 class WorkerProcess:
     """The parent's handle on one worker process (see NOTE [ Worker process shutdown ]).
 
@@ -136,12 +181,14 @@ class WorkerProcess:
         root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["kerasfeed"].__file__)))
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(child_sock.fileno()), str(crash_w)],
-                pass_fds=(child_sock.fileno(), crash_w),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                close_fds=True,
+            proc = _from_a_lasting_thread(
+                lambda: subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, str(child_sock.fileno()), str(crash_w), str(os.getpid())],
+                    pass_fds=(child_sock.fileno(), crash_w),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    close_fds=True,
+                )
             )
         except BaseException:
             parent_sock.close()

@@ -57,6 +57,29 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _die_with_parent(parent_pid: int) -> bool:
+    """Asks the kernel to SIGKILL this process when its parent dies (Linux).
+
+    Unlike a watching thread this works while the worker is inside a C call
+    that holds the GIL, or stopped (SIGSTOP). Returns False where it is not
+    available. The parent may have died before the request took effect:
+    checked right after, and then the worker leaves at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        ok = libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        ok = False
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    return ok
+
+
 def _watch_parent(parent_pid: int) -> None:
     # A busy worker does not read its socket, so it would not see the parent's
     # death (EOF) until the item is done; this thread makes it leave promptly.
@@ -268,6 +291,8 @@ class WorkerLoop:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv if argv is None else argv
     sock_fd, crash_fd = int(argv[1]), int(argv[2])
+    parent_pid = int(argv[3]) if len(argv) > 3 else os.getppid()
+    _die_with_parent(parent_pid)
     # Ctrl-C reaches the whole process group (terminal, Jupyter); the parent
     # decides what stops, so a worker never dies half-way through an item.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -277,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     crash_file = os.fdopen(crash_fd, "w")
     faulthandler.enable(crash_file, all_threads=False)
     chan = Channel(socket.socket(fileno=sock_fd))
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="kerasfeed-parent-watch", daemon=True).start()
+    # Also where the kernel signal exists: it cannot tell a re-parenting to a
+    # subreaper from a death, but a changed parent pid can.
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="kerasfeed-parent-watch", daemon=True).start()
     try:
         raw, _ = chan.recv()
     except (EOFError, OSError):

@@ -1,0 +1,92 @@
+"""Reliability of worker processes: they die with their parent (even inside
+a GIL-holding C call or stopped), the timeout counts from ready, running out
+of file descriptors is reported as such (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parent / "reliability_scripts"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if all(_gone(p) for p in pids):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return float("inf")
+
+
+@pytest.mark.parametrize("stop_one", [False, True], ids=["in-C-call", "one-stopped"])
+def test_workers_die_with_a_killed_parent(tmp_path, stop_one):
+    """The parent is SIGKILLed while both workers are inside a 60 s libc
+    ``sleep`` called with the GIL held (and, in one case, one worker is also
+    SIGSTOPped): the kernel's parent-death signal must end them at once."""
+    env = {**os.environ, "MARKS": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, str(SCRIPTS / "orphan_workers.py")], stdout=subprocess.PIPE, env=env, text=True)
+    workers = []
+    try:
+        info = json.loads(parent.stdout.readline())
+        workers = info["workers"]
+        if stop_one:
+            os.kill(workers[0], signal.SIGSTOP)
+        parent.kill()
+        parent.wait()
+        took = _wait_gone(workers, 20)
+        assert took < 10, f"workers {workers} outlived their SIGKILLed parent by more than 10 s"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class _Square:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        return np.full(2, i * i)
+
+
+def test_workers_started_from_a_short_lived_thread_outlive_that_thread():
+    """The parent-death signal follows the thread that forked the worker;
+    workers are launched from a lasting thread, so the pool keeps working."""
+    import threading
+
+    from kerasfeed.execution.processes.executor import ProcessExecutor
+
+    box = []
+    t = threading.Thread(target=lambda: box.append(ProcessExecutor(_Square(), workers=1)))
+    t.start()
+    t.join()
+    ex = box[0]
+    try:
+        ex.wait_ready(60)
+        time.sleep(0.5)  # the thread is long gone
+        assert [int(ex.load(i, 0)[0]) for i in range(4)] == [0, 1, 4, 9]
+    finally:
+        ex.close()
