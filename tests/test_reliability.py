@@ -172,3 +172,31 @@ def test_interpreter_exit_with_live_iterators_of_every_kind_does_not_hang():
     results = run_batch(8, hard_timeout=120)
     assert all(r["printed"] for r in results), results
     assert all(r["exit_s"] is not None and r["exit_s"] < 120 for r in results), results
+
+
+# ---------------------------------------------------------------- timeout
+class _StuckAt3:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            time.sleep(15)  # stuck (a thread cannot be stopped; it ends by itself later)
+        return np.full(2, i, np.float32)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_to_dataset_timeout_fails_a_stuck_item(executor):
+    kwargs = {"workers": 1} if executor == "processes" else {}
+    ds = kerasfeed.to_dataset(_StuckAt3(), executor=executor, timeout=1, **kwargs)
+    got = []
+    with pytest.raises(tf.errors.OpError, match=r"_StuckAt3\[3\] (did not return )?.*within timeout=1"):
+        for x in ds:
+            got.append(int(x[0]))
+    assert got == [0, 1, 2]
+    kerasfeed.executor_of(ds).close()
+
+
+def test_to_dataset_rejects_a_bad_timeout():
+    with pytest.raises(ValueError, match=r"`timeout` must be a positive number of seconds \(or None\). Received: timeout=0"):
+        kerasfeed.to_dataset(_StuckAt3(), timeout=0)

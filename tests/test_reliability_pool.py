@@ -90,3 +90,34 @@ def test_workers_started_from_a_short_lived_thread_outlive_that_thread():
         assert [int(ex.load(i, 0)[0]) for i in range(4)] == [0, 1, 4, 9]
     finally:
         ex.close()
+
+
+def _slow_init():
+    time.sleep(2.5)
+
+
+class _StuckAt3:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        if i == 3:
+            time.sleep(60)
+        return np.full(2, i)
+
+
+def test_timeout_starts_when_the_worker_is_ready():
+    """A 2.5 s worker_init with timeout=1 must not fail the first item; an
+    item stuck after that does fail, naming the index."""
+    from kerasfeed.errors import WorkerError
+    from kerasfeed.execution.processes.executor import ProcessExecutor
+
+    ex = ProcessExecutor(_StuckAt3(), workers=1, worker_init=_slow_init, timeout=1)
+    try:
+        assert int(ex.load(0, 0)[0]) == 0  # waited through the start-up
+        with pytest.raises(WorkerError, match=r"did not return _StuckAt3\[3\] within timeout=1"):
+            ex.load(3, 0)
+    finally:
+        ex.close()

@@ -327,10 +327,11 @@ class Dispatcher:
 
     def _wait(self, lane: WorkerLane, req: Request) -> None:
         timeout = self.options.timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        since = time.monotonic()
         proc = lane.process
         try:
             while not req.event.wait(_POLL_S):
+                deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
                 if deadline is not None and time.monotonic() > deadline and not req.event.is_set():
                     err = WorkerError(
                         f"kerasfeed: worker {lane.id} (pid {proc.pid}) did not return {self.name}[{req.index}] within "

@@ -160,6 +160,7 @@ class WorkerProcess:
         self.crash_fd = crash_fd
         self.launched = time.perf_counter()
         self.ready = threading.Event()
+        self.ready_at: Optional[float] = None  # time.monotonic() when it said ready
         self.info: dict = {}
         self.init_error: Optional[protocol.InitError] = None
         self.reader: Optional[threading.Thread] = None
@@ -199,6 +200,16 @@ class WorkerProcess:
             os.close(crash_w)
         os.set_blocking(crash_r, False)
         return cls(worker_id, proc, Channel(parent_sock), crash_r)
+
+    def deadline(self, since: float, timeout: Optional[float]) -> Optional[float]:
+        """When a request waited on since ``since`` times out: ``timeout``
+        seconds after the later of ``since`` and the moment the worker was
+        ready (start-up and ``worker_init`` do not count). None while the
+        worker is not ready, or without a timeout."""
+        ready_at = self.ready_at
+        if timeout is None or ready_at is None:
+            return None
+        return max(since, ready_at) + timeout
 
     # ------------------------------------------------------------ messages
     def send(self, message: protocol.ToWorker) -> None:
@@ -243,6 +254,7 @@ class WorkerProcess:
     def mark_ready(self, info: dict, pool_name: str) -> None:
         """Records the worker's ``Ready`` info (its reader thread)."""
         self.info = dict(info, launch_to_ready_s=time.perf_counter() - self.launched)
+        self.ready_at = time.monotonic()
         self.ready.set()
         if self.info.get("tensorflow_imported") and self.id == 0:
             logger.warning(

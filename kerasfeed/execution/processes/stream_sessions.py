@@ -113,7 +113,7 @@ class StreamSessions:
         owner = self._owner
         proc = lane.process
         timeout = owner.options.timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        since = time.monotonic()
         while True:
             try:
                 msg = st.queue.get(timeout=_POLL_S)
@@ -121,6 +121,7 @@ class StreamSessions:
             except queue.Empty:
                 if owner.closed:
                     raise WorkerError(f"kerasfeed: the worker pool of {owner.name} is closed.") from None
+                deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
                 if deadline is not None and time.monotonic() > deadline:
                     err = WorkerError(
                         f"kerasfeed: worker {proc.id} (pid {proc.pid}) produced no item of {st.name} within "
