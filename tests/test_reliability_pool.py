@@ -121,3 +121,16 @@ def test_timeout_starts_when_the_worker_is_ready():
             ex.load(3, 0)
     finally:
         ex.close()
+
+
+def test_running_out_of_file_descriptors_is_reported_as_such():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "fd_limit.py")], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < got["kept"] < 400, got
+    err = got["error"]
+    assert err.startswith("WorkerError: kerasfeed: this process ran out of file descriptors"), err
+    assert f"RLIMIT_NOFILE) is {got['limit']}" in err and "ulimit -n" in err and err.endswith(f"open fds={err.rsplit('=', 1)[1]}"), err

@@ -20,6 +20,7 @@ it drives hold none: ``WorkerProcess`` (``process.py``), ``SlotTable``
 from __future__ import annotations
 
 import itertools
+import errno
 import logging
 import os
 import pickle
@@ -33,7 +34,7 @@ from kerasfeed.execution.processes import protocol, shm
 from kerasfeed.execution.processes.lanes import Lanes, Request, RequestCounts, WorkerLane
 from kerasfeed.execution.processes.pass_plans import PassPlans, PlanStatus, Send
 from kerasfeed.execution.processes.process import GRACE_S, NO_RESTART, WorkerProcess, fresh_error
-from kerasfeed.execution.processes.slots import SlotTable
+from kerasfeed.execution.processes.slots import SlotTable, fd_limit_message
 from kerasfeed.execution.processes.stream_sessions import StreamSessions
 
 logger = logging.getLogger("kerasfeed")
@@ -112,7 +113,14 @@ class Dispatcher:
                 msg, fds = proc.recv()
                 self._handle(lane, msg, fds)
                 proc.reader_cpu_s += time.thread_time() - t0
-        except (EOFError, OSError, ValueError):
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                # At the fd limit the kernel silently drops passed fds; report
+                # that, not a dead worker (this one is fine: stop it).
+                what = f"a shared-memory segment from worker {lane.id} (pid {proc.pid}) of {self.name} could not be received ({e.strerror})"
+                self.record_failure(WorkerError(fd_limit_message(what), worker_id=lane.id, pid=proc.pid))
+                proc.kill()
+        except (EOFError, ValueError):
             pass
         except BaseException:  # noqa: BLE001 - never lose the reason silently
             logger.exception("kerasfeed: reader thread of worker %d failed", lane.id)

@@ -20,6 +20,7 @@ rest are copied too. Shared memory is thus bounded by
 from __future__ import annotations
 
 import collections
+import errno
 import os
 from typing import Callable, Optional
 
@@ -78,8 +79,16 @@ class SlotTable:
 
     # ------------------------------------------------------------ segments
     def map_segment(self, worker: int, slot: int, fds: list[int], size: Optional[int]) -> None:
-        """Maps the new segment a worker sent for ``slot`` (its reader thread only)."""
+        """Maps the new segment a worker sent for ``slot`` (its reader thread only).
+
+        Raises:
+            FdsDropped: a new segment was announced but its fd did not come
+                (the kernel drops passed fds when this process is at its
+                file-descriptor limit).
+        """
         if not fds:
+            if size is not None:
+                raise FdsDropped(errno.EMFILE, f"the fd of a new segment for slot {slot} of worker {worker} was dropped")
             return
         for extra in fds[1:]:
             os.close(extra)
@@ -143,3 +152,28 @@ class SlotTable:
     def shm_bytes(self) -> int:
         """Bytes of shared memory mapped (every worker's segments)."""
         return sum(s.size for segments in self._segments for s in segments.values())
+
+
+class FdsDropped(OSError):
+    """A segment's fd was dropped on its way to this process (fd limit)."""
+
+
+def fd_limit_message(what: str) -> str:
+    """Explains running out of file descriptors, with the limit and a hint."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_fds = "?"
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    target = 4 * soft if hard == resource.RLIM_INFINITY else min(hard, 4 * soft)
+    return (
+        f"kerasfeed: this process ran out of file descriptors: {what}. Every shared-memory segment a worker "
+        f"sends is an fd (up to in_flight_per_worker + {MAX_LENT_PER_WORKER} per worker while the consumer "
+        f"keeps items); {open_fds} are open, and the limit (RLIMIT_NOFILE) is {soft} (hard limit {hard_text}). "
+        f"Raise it (`ulimit -n {target}` before starting Python, or resource.setrlimit(resource.RLIMIT_NOFILE, "
+        f"({target}, hard)) at start-up), keep fewer items alive, or use fewer workers. "
+        f"Received: RLIMIT_NOFILE=({soft}, {hard_text}), open fds={open_fds}"
+    )
