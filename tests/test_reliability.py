@@ -200,3 +200,20 @@ def test_to_dataset_timeout_fails_a_stuck_item(executor):
 def test_to_dataset_rejects_a_bad_timeout():
     with pytest.raises(ValueError, match=r"`timeout` must be a positive number of seconds \(or None\). Received: timeout=0"):
         kerasfeed.to_dataset(_StuckAt3(), timeout=0)
+
+
+def _stuck_second_shard(k):
+    yield np.full(2, k, np.float32)
+    if k == 1:
+        time.sleep(30)
+    yield np.full(2, k, np.float32)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_from_generators_timeout_fails_a_stuck_pass(executor):
+    kwargs = {"workers": 2} if executor == "processes" else {}
+    spec = tf.TensorSpec([2], tf.float32)  # no probe: the pass itself meets the stuck shard
+    ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=4, output_signature=spec, **kwargs)
+    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=4|_stuck_second_shard\(1\).* within timeout=4)"):
+        list(ds)
+    del ds

@@ -51,6 +51,8 @@ class ShardedStream:
             ``worker_index, worker_index + num_workers, ...`` of each pass's
             order (``len(args) // num_workers`` of them), as one worker of a
             multi-worker strategy.
+        timeout: seconds a worker process may take for an item, from when it
+            is ready (processes executor; the pass-level check is in tf.data).
 
     Raises:
         TypeError, ValueError: bad arguments; TypeError also when the task
@@ -74,6 +76,7 @@ class ShardedStream:
         worker_init: Optional[Callable[[], None]] = None,
         num_workers: int = 1,
         worker_index: int = 0,
+        timeout: Optional[float] = None,
     ):
         if not callable(task):
             raise TypeError(f"The shard task must be callable. Received: {task!r}")
@@ -144,6 +147,7 @@ class ShardedStream:
                 # The consumer-side buffer (buffer_size) does the read-ahead;
                 # two slots let a worker make the next item while one travels.
                 in_flight_per_worker=2,
+                timeout=timeout,
                 name=f"{kind}s of {_task_name(task)}",
             )
 

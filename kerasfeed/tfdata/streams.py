@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from kerasfeed.errors import SignatureError
+from kerasfeed import _validation as _v
+from kerasfeed.errors import SignatureError, StreamError
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
@@ -148,11 +149,22 @@ class _ChunkCodec:
         return self.checker.pack(leaves)
 
 
-def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable[[Any], str], stats: Any = None, epoch: int = 0):
+def _chunks(
+    open_pass: Callable[[], Any],
+    codec: _ChunkCodec,
+    describe: Callable[[Any], str],
+    stats: Any = None,
+    epoch: int = 0,
+    pass_timeout: Optional[float] = None,
+    api: str = "",
+):
     """The generator behind ``from_generator``: one pass, in chunks.
 
-    ``stats``: a ``StatsCollector`` that gets each item's pick-up wait."""
+    ``stats``: a ``StatsCollector`` that gets each item's pick-up wait.
+    ``pass_timeout``: seconds the pass may go without an item before it fails."""
     p = open_pass()
+    quiet_since = time.monotonic()
+    made = 0
     if stats is not None:
         stats.pass_begin(epoch)
     blocked = 0.0  # waited in empty heartbeats since the last item
@@ -179,7 +191,17 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
                         ended = True
                         break
                     if r is NOT_READY:
+                        if pass_timeout is not None and not rows and time.monotonic() - quiet_since > pass_timeout:
+                            raise StreamError(
+                                f"{api} (pass {epoch})", "TimeoutError",
+                                f"no item for timeout={pass_timeout} s after {made} items; a generator, reader or "
+                                f"worker is stuck. Received: timeout={pass_timeout}",
+                                "(none: nothing raised, no item came)\n",
+                                None, made,
+                            )
                         break
+                    quiet_since = time.monotonic()
+                    made += 1
                     arrays = codec.check(r[0], r[1], describe)
                 except Exception as e:  # noqa: BLE001 - deliver what came before, then raise
                     if stats is not None:
@@ -238,12 +260,14 @@ def _assemble(
     seed: Optional[int],
     prefetch: Any,
     device: Optional[str],
+    timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
     codec = _ChunkCodec(signature, api)
     stats = new_collector(api, batch_size or 1)
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
-        lambda: _chunks(open_pass, codec, describe, stats, next(passes)), output_signature=codec.chunk_signature
+        lambda: _chunks(open_pass, codec, describe, stats, next(passes), timeout, api),
+        output_signature=codec.chunk_signature,
     )
     ds = ds.prefetch(2).unbatch()
     if codec.needs_decode:
@@ -315,6 +339,7 @@ def from_generators(
     worker_init: Optional[Callable[[], None]] = None,
     prefetch: Optional[int] = AUTOTUNE,
     device: Optional[str] = None,
+    timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
     """Runs ``factory(i)`` generators in parallel and interleaves their items.
 
@@ -368,6 +393,10 @@ def from_generators(
         worker_init: run once in every worker process (processes only).
         prefetch: elements prefetched at the end; 0 disables.
         device: e.g. ``"/gpu:0"``: prefetch onto that device as the last step.
+        timeout: seconds a pass may go without an item before it fails with
+            a ``StreamError`` (worker processes: an item taking longer, counted
+            from when the worker is ready, also stops that worker). None (the
+            default) waits as long as it takes.
 
     Returns:
         A ``tf.data.Dataset`` of unknown cardinality.
@@ -423,6 +452,7 @@ def from_generators(
         worker_init=worker_init,
         num_workers=num_workers,
         worker_index=worker_index,
+        timeout=_v.seconds("timeout", timeout),
     )
     return _sharded_dataset(
         stream,
@@ -438,6 +468,7 @@ def from_generators(
         seed=seed,
         prefetch=prefetch,
         device=device,
+        timeout=timeout,
     )
 
 
@@ -463,6 +494,7 @@ def from_files(
     worker_init: Optional[Callable[[], None]] = None,
     prefetch: Optional[int] = AUTOTUNE,
     device: Optional[str] = None,
+    timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
     """Reads files in parallel with ``read_fn`` and flattens them to samples.
 
@@ -480,8 +512,8 @@ def from_files(
         executor: ``"threads"`` (I/O-bound readers, numpy/C parsers) or
             ``"processes"`` (pure-Python parsing such as ``json``).
         workers, cycle_length, block_length, deterministic, buffer_size,
-            output_signature, probe, worker_init, prefetch, device: as in
-            ``from_generators`` (a shard is a file).
+            output_signature, probe, worker_init, prefetch, device, timeout:
+            as in ``from_generators`` (a shard is a file).
         shuffle_files: open the files in a new seeded order every pass.
         seed: seed of the file order and of the shuffle buffer: the same seed
             gives the same sequence of per-pass orders.
@@ -552,6 +584,7 @@ def from_files(
         worker_init=worker_init,
         num_workers=num_workers,
         worker_index=worker_index,
+        timeout=_v.seconds("timeout", timeout),
     )
     return _sharded_dataset(
         stream,
@@ -567,6 +600,7 @@ def from_files(
         seed=seed,
         prefetch=prefetch,
         device=device,
+        timeout=timeout,
     )
 
 
