@@ -151,7 +151,7 @@ def test_no_autograph_files_are_written(tmp_path):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     got = run_script("every_dataset.py", "iterate", env={"TMPDIR": str(tmpdir)})
-    assert len(got["datasets"]) == 11
+    assert len(got["datasets"]) == 12
     assert got["autograph_files"] == [], got
 
 

@@ -115,6 +115,8 @@ def load_export(
     """
     import tensorflow as tf
 
+    from kerasfeed.tfdata.common import graph_fn
+
     directory, manifest = read_manifest(directory)
     if manifest["file_format"] != "tfrecord":
         raise ExportError(
@@ -161,7 +163,7 @@ def load_export(
         cycle = min(cycle, 16)
     parallel = AUTOTUNE if reads == AUTOTUNE else min(reads, cycle)
     ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=buffer_size),
+        graph_fn(lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=buffer_size)),
         cycle_length=cycle,
         block_length=1,
         num_parallel_calls=parallel,
@@ -171,7 +173,7 @@ def load_export(
         ds = ds.take(count)  # every pipeline takes the same number of steps
     # Records are parsed in groups (one vectorized ParseExample per group costs far
     # less than one per record), then each item's arrays are decoded and shaped.
-    parse, decode = make_parser(spec)
+    parse, decode = (graph_fn(f) for f in make_parser(spec))  # no AutoGraph temp files
     ds = ds.batch(_PARSE_GROUP).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.apply(tf.data.experimental.assert_cardinality(count))

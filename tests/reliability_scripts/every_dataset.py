@@ -72,6 +72,9 @@ def datasets(workdir):
     yield "from_generators processes", kerasfeed.from_generators(gen, 4, executor="processes", workers=1)
     yield "from_files", kerasfeed.from_files(files, read, shuffle_files=True, seed=0, shuffle_buffer=8)
     yield "from_queue", kerasfeed.from_queue(produce, maxsize=4, batch_size=2)
+    export_dir = os.path.join(workdir, "export")
+    kerasfeed.export(seq, export_dir, num_shards=2, executor="threads", progress=False)
+    yield "load_export", kerasfeed.load_export(export_dir)
 
 
 KEEP = []  # module globals: alive until the interpreter finalizes
