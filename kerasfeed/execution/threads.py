@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import time
 import weakref
 from typing import Any, Optional, Sequence
 
