@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
-from kerasfeed.tfdata.common import inline_map
+from kerasfeed.tfdata.common import graph_fn, inline_map
 
 
 def open_leading(specs: list) -> list:
@@ -77,7 +77,7 @@ def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, s
             leaves.append(t)
         return checker.pack(leaves)
 
-    ds = tf.data.Dataset.range(1).flat_map(index_stream)
+    ds = tf.data.Dataset.range(1).flat_map(graph_fn(index_stream))
     ds = inline_map(ds, load).unbatch()
     if any(opened):  # unbatched ragged rows are dense tensors; say so in the element spec
         ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
