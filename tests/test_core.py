@@ -418,3 +418,20 @@ def test_executor_of_finds_the_executor_of_derived_datasets():
     assert kerasfeed.executor_of(derived) is ex
     with pytest.raises(ValueError, match=r"needs a dataset made by kerasfeed\.to_dataset.*Received: _RangeDataset"):
         kerasfeed.executor_of(tf.data.Dataset.range(3))
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_text_leaves_keep_trailing_nul_bytes(executor):
+    """bytes and str items reach TensorFlow byte for byte (numpy's S/U dtypes drop trailing NULs)."""
+
+    class Texts:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"raw": b"ab\x00\x00" * (i + 1), "text": "\u00e9\x00", "many": np.array([b"x\x00", b"\x00"], dtype=object)}
+
+    got = list(kerasfeed.to_dataset(Texts(), executor=executor))
+    assert [x["raw"].numpy() for x in got] == [b"ab\x00\x00" * (i + 1) for i in range(3)]
+    assert got[0]["text"].numpy() == "\u00e9\x00".encode("utf-8")
+    assert list(got[1]["many"].numpy()) == [b"x\x00", b"\x00"]

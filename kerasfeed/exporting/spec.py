@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed._leaves import as_array
 from kerasfeed.errors import SignatureError
 
 STRING = "string"
@@ -79,18 +80,6 @@ def feature_key(path: tuple, skeleton: Any) -> str:
     head, rest = path[0], path[1:]
     first = _KERAS_NAMES[head] if isinstance(skeleton, list) and len(skeleton) <= 3 and isinstance(head, int) else str(head)
     return "/".join([first] + [str(p) for p in rest])
-
-
-def as_array(leaf: Any) -> np.ndarray:
-    """A leaf as an ndarray; text becomes object arrays of UTF-8 bytes (as in ``to_dataset``)."""
-    a = np.asarray(leaf)
-    if a.dtype.kind == "U":
-        return np.char.encode(a, "utf-8").astype(object)
-    if a.dtype.kind == "S":
-        return a.astype(object)
-    if a.dtype.kind == "O":
-        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(a)
-    return a
 
 
 def dtype_name(a: np.ndarray) -> str:

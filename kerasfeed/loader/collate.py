@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kerasfeed._leaves import as_array
 from kerasfeed.errors import SignatureError
 
 _KERAS_NAMES = ("x", "y", "sample_weight")
@@ -66,18 +67,6 @@ def describe(skeleton: Any) -> str:
     if isinstance(skeleton, dict):
         return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in skeleton.items()) + "}"
     return "(" + ", ".join(describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
-
-
-def as_array(leaf: Any) -> np.ndarray:
-    """A leaf as an ndarray; strings as object arrays of ``bytes``."""
-    a = np.asarray(leaf)
-    if a.dtype.kind == "U":
-        return np.char.encode(a, "utf-8").astype(object)
-    if a.dtype.kind == "S":
-        return a.astype(object)
-    if a.dtype.kind == "O":
-        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(a)
-    return a
 
 
 def _shape_text(shape: Sequence) -> str:

@@ -13,6 +13,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from kerasfeed._leaves import UnsupportedLeaf, as_array
+from kerasfeed._leaves import short_repr as _short_repr
 from kerasfeed.errors import SignatureError
 
 _KERAS_NAMES = ("x", "y", "sample_weight")
@@ -55,64 +57,6 @@ def _describe(skeleton: Any) -> str:
     if isinstance(skeleton, dict):
         return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in skeleton.items()) + "}"
     return "(" + ", ".join(_describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
-
-
-class UnsupportedLeaf(ValueError):
-    """A leaf TensorFlow cannot hold; the caller adds the index and field."""
-
-
-def _short_repr(obj: Any, limit: int = 80) -> str:
-    r = repr(obj)
-    return r if len(r) <= limit else r[: limit - 3] + "..."
-
-
-def _to_bytes(v: Any) -> bytes:
-    if isinstance(v, bytes):
-        return v
-    if isinstance(v, str):
-        return v.encode("utf-8")
-    raise UnsupportedLeaf(v)
-
-
-def as_array(leaf: Any) -> np.ndarray:
-    """Converts a leaf to an ndarray that ``tf.numpy_function`` accepts.
-
-    Raises:
-        UnsupportedLeaf: the leaf is None, an arbitrary Python object, an
-            object array holding anything but str/bytes, or a ragged nested
-            list; its ``args`` are (what is wrong, the offending value).
-    """
-    if leaf is None:
-        raise UnsupportedLeaf("is None", leaf)
-    try:
-        a = np.asarray(leaf)
-    except ValueError as e:  # numpy >= 1.24: ragged nested sequences
-        raise UnsupportedLeaf(f"cannot become an array ({e})", leaf) from None
-    if a.dtype.kind == "U":
-        return np.char.encode(a, "utf-8").astype(object)
-    if a.dtype.kind == "S":
-        return a.astype(object)
-    if a.dtype.kind == "O":
-        # TensorFlow holds only strings in object arrays; anything else (None,
-        # Python ints, nested arrays) would fail inside tf.data with
-        # "Unsupported object type" and no index. One pass converts and checks.
-        out = np.empty(a.shape, object)
-        flat_in, flat_out = a.reshape(-1), out.reshape(-1)
-        for j, v in enumerate(flat_in):
-            try:
-                flat_out[j] = _to_bytes(v)
-            except UnsupportedLeaf:
-                if not a.ndim:
-                    what = f"is an object of type {type(v).__name__}, which TensorFlow cannot hold"
-                else:
-                    at = tuple(int(d) for d in np.unravel_index(j, a.shape))
-                    what = (
-                        f"is an object array (dtype=object) whose element {at} is {type(v).__name__} "
-                        f"{_short_repr(v, 40)}; TensorFlow holds only str/bytes in object arrays"
-                    )
-                raise UnsupportedLeaf(what, leaf) from None
-        return out
-    return a
 
 
 def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
