@@ -124,3 +124,10 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
     if not a.any():
         raise ValueError(f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}")
     return a
+
+
+def optional_callable(name: str, value: Any, *, owner: Optional[str] = None) -> Any:
+    """None or a callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{_where(owner)}`{name}` must be a callable or None. Received: {name}={value!r}")
+    return value

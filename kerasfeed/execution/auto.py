@@ -30,12 +30,12 @@ import logging
 import statistics
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.processes.pool import default_workers
+from kerasfeed.execution.processes.options import PoolOptions, default_workers
 from kerasfeed.execution.threads import ThreadExecutor
 from kerasfeed.sources.base import source_length
 
@@ -230,10 +230,8 @@ def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
 
 def make_auto_executor(
     source: Any,
+    options: Optional[PoolOptions] = None,
     *,
-    workers: Optional[int] = None,
-    worker_init: Optional[Callable[[], None]] = None,
-    seed: Optional[int] = None,
     calls: int = 3,
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
@@ -244,9 +242,8 @@ def make_auto_executor(
 
     Args:
         source: the indexable source.
-        workers: worker processes if processes are chosen (None = CPU count).
-        worker_init: run in each worker if processes are chosen.
-        seed: base seed of the workers if processes are chosen.
+        options: the ``PoolOptions`` of the workers if processes are chosen
+            (None: one worker per CPU).
         calls: timed probe calls.
 
     Example:
@@ -258,14 +255,15 @@ def make_auto_executor(
     """
     from kerasfeed.execution.processes.executor import ProcessExecutor
 
+    options = options or PoolOptions()
     cpus = default_workers()
-    n_workers = workers if workers is not None else cpus
+    n_workers = options.workers if options.workers is not None else cpus
     probe = probe_source(source, calls=calls)
     name, reason = decide(probe, n_workers, cpus)
     ex: Executor
     if name == "processes":
         try:
-            ex = ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed)
+            ex = ProcessExecutor.from_options(source, options)
         except TypeError as e:  # cannot be pickled: threads still work
             first = str(e).split(". ")[0]
             name, reason = "threads", f"processes would help ({reason}), but {first}"

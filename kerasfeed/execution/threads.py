@@ -10,13 +10,15 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.plan import PassPlan
 from kerasfeed.sources.base import source_name
 
 # Latency-bound sources (network stores, sleeps) need many calls in flight;
-# tf.data's default pool stops near the core count (FIELD_NOTES #3).
+# tf.data's default pool stops near the core count (docs/field_notes.md,
+# *tf.data thread pool*).
 DEFAULT_THREAD_PARALLELISM = 64
 # Items made ahead and not consumed yet hold memory: with large items (3D
 # volumes, big batches) fewer are made ahead, at least 2.
@@ -122,8 +124,8 @@ class ThreadExecutor(Executor):
         self, source: Any, parallelism: int = DEFAULT_THREAD_PARALLELISM, bytes_ahead: int = DEFAULT_BYTES_AHEAD
     ):
         self._runner = _Runner(source, source_name(source))
-        self._parallelism = int(parallelism)
-        self._bytes_ahead = int(bytes_ahead)
+        self._parallelism = _v.positive_int("parallelism", parallelism, owner="ThreadExecutor")
+        self._bytes_ahead = _v.positive_int("bytes_ahead", bytes_ahead, owner="ThreadExecutor")
         self._lock = threading.Lock()
         self._plan: Optional[PassPlan] = None
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()

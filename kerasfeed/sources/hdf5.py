@@ -10,7 +10,7 @@ Three public classes:
   each scene into blocks on the ground plane and samples a fixed number of
   points per block (PointNet's training recipe), with per-point labels.
 
-How files are opened (why it matters: FIELD_NOTES 2):
+How files are opened (why it matters: docs/field_notes.md, *h5py lock*):
   h5py serialises every call in a process behind one lock and its handles
   must not cross a fork or pickling. These sequences therefore open their
   files lazily, in the process that reads, on the first read there, and
@@ -54,6 +54,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from kerasfeed import _validation as _v
 from kerasfeed.sources.sequence import SceneSequence
 
 PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -91,19 +92,15 @@ class _H5Base(SceneSequence):
         cls = type(self).__name__
         self._paths = _check_paths(paths, cls)
         self._keys_structure, self._leaves = _parse_keys(keys, cls)
-        self.batch_size = _check_positive_int("batch_size", batch_size, cls)
-        for name, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder), ("swmr", swmr)):
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{cls}: `{name}` must be True or False. Received: {name}={value!r}")
-        self.shuffle = bool(shuffle)
-        self.drop_remainder = bool(drop_remainder)
-        self.swmr = bool(swmr)
+        self.batch_size = _v.positive_int("batch_size", batch_size, owner=cls)
+        self.shuffle = _v.flag("shuffle", shuffle, owner=cls)
+        self.drop_remainder = _v.flag("drop_remainder", drop_remainder, owner=cls)
+        self.swmr = _v.flag("swmr", swmr, owner=cls)
+        seed = _v.seed("seed", seed, owner=cls)
         if seed is None:
             # Drawn once here, so pickled copies in workers agree on every order.
             seed = int(np.random.SeedSequence().entropy % (2**63))
-        elif not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-            raise TypeError(f"{cls}: `seed` must be a non-negative int or None. Received: seed={seed!r}")
-        self.seed = int(seed)
+        self.seed = seed
         if transform is not None and not callable(transform):
             raise TypeError(
                 f"{cls}: `transform` must be a callable `transform(batch, rng)` or None. "
@@ -202,7 +199,8 @@ class _H5Base(SceneSequence):
     def _check_process(self) -> None:
         if self._h5_pid != os.getpid():
             # A forked child: forget the parent's handles without closing them
-            # (FIELD_NOTES 2); the lock may have been held by a parent thread.
+            # (docs/field_notes.md, *h5py lock*); the lock may have been held by a
+            # parent thread.
             self._reset_handles()
 
     def _identity(self, path: str) -> tuple:
@@ -473,7 +471,7 @@ class H5SliceSequence(_H5Base):
         cls = type(self).__name__
         n = self.num_rows
         if shuffle_window_chunks is not None:
-            k = _check_positive_int("shuffle_window_chunks", shuffle_window_chunks, cls)
+            k = _v.positive_int("shuffle_window_chunks", shuffle_window_chunks, owner=cls)
             chunk = self._chunk_rows or self.batch_size  # contiguous layout: no chunks
             self.window_rows = math.ceil(k * chunk / self.batch_size) * self.batch_size
         else:
@@ -600,8 +598,8 @@ class H5WindowSequence(_H5Base):
         max_queue_size: int = 10,
     ):
         cls = type(self).__name__
-        self.window = _check_positive_int("window", window, cls)
-        self.stride = _check_positive_int("stride", stride, cls)
+        self.window = _v.positive_int("window", window, owner=cls)
+        self.stride = _v.positive_int("stride", stride, owner=cls)
         super().__init__(
             paths, keys, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
             transform=transform, swmr=swmr, open_kwargs=open_kwargs, workers=workers,
@@ -716,13 +714,13 @@ class ScenePointSampler:
         center: bool = True,
     ):
         cls = type(self).__name__
-        self.num_points = _check_positive_int("num_points", num_points, cls)
-        self.block_size = _check_positive_float("block_size", block_size, cls)
-        self.stride = self.block_size if stride is None else _check_positive_float("stride", stride, cls)
+        self.num_points = _v.positive_int("num_points", num_points, owner=cls)
+        self.block_size = _v.positive_float("block_size", block_size, owner=cls)
+        self.stride = self.block_size if stride is None else _v.positive_float("stride", stride, owner=cls)
         self.blocks_per_scene = (
-            None if blocks_per_scene is None else _check_positive_int("blocks_per_scene", blocks_per_scene, cls)
+            None if blocks_per_scene is None else _v.positive_int("blocks_per_scene", blocks_per_scene, owner=cls)
         )
-        self.min_block_points = _check_positive_int("min_block_points", min_block_points, cls)
+        self.min_block_points = _v.positive_int("min_block_points", min_block_points, owner=cls)
         self.center = bool(center)
 
     def blocks(self, xy: np.ndarray) -> list:
@@ -933,15 +931,3 @@ def _list_datasets(f, limit: int = 20) -> list:
     f.visititems(visit)
     return names
 
-
-def _check_positive_int(name, value, cls) -> int:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
-        return int(value)
-    raise ValueError(f"{cls}: `{name}` must be a positive int. Received: {name}={value!r}")
-
-
-def _check_positive_float(name, value, cls) -> float:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if ok and math.isfinite(value) and value > 0:
-        return float(value)
-    raise ValueError(f"{cls}: `{name}` must be a positive number. Received: {name}={value!r}")

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.groups import GroupLoader
@@ -163,6 +164,8 @@ def to_dataset(
     """
     total = source_length(source, allow_infinite=True, owner="to_dataset")
     endless = total is None  # num_batches is None: one endless pass per iterator
+    # Built (and checked) once here, used whole by every process executor.
+    pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed)
     check_positive_int("batch_size", batch_size)
     check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
     check_positive_int("probe", probe, allow_none=False)
@@ -204,7 +207,7 @@ def to_dataset(
         )
     skip = resume.batches * per_element
 
-    ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
+    ex = make_executor(executor, source, pool_options)
     probes: list = []
     try:
         if output_signature is None:
@@ -292,7 +295,7 @@ def to_dataset(
     options.deterministic = True
     if parallel is not None:
         # tf.data's shared pool caps Python calls in flight near the core count
-        # (FIELD_NOTES #3); a private pool lets `parallel` calls really overlap.
+        # (docs/field_notes.md, *tf.data thread pool*); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = ds.with_options(options).with_options(shard_opts)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from kerasfeed import _validation as _v
 from kerasfeed.errors import SignatureError
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
@@ -192,8 +193,7 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
 
 
 def _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"`seed` must be an int or None. Received: seed={seed!r}")
+    _v.seed("seed", seed)
     check_positive_int("batch_size", batch_size)
     check_positive_int("shuffle_buffer", shuffle_buffer)
     check_positive_int("probe", probe, allow_none=False)
@@ -393,8 +393,7 @@ def from_generators(
     """
     if not callable(factory):
         raise TypeError(f"`factory` must be a callable returning an iterable of items. Received: factory={factory!r}")
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards <= 0:
-        raise ValueError(f"`num_shards` must be a positive int. Received: num_shards={num_shards!r}")
+    num_shards = _v.positive_int("num_shards", num_shards)
     _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
     check_flag("deterministic", deterministic)
     num_workers, worker_index, shard_options = _worker_shards(
