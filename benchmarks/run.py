@@ -1,4 +1,4 @@
-"""kerasfeed benchmark: every way of feeding the four FIELD_NOTES workloads, in one run.
+"""kerasfeed benchmark: every way of feeding the four workloads (docs/field_notes.md, *Four workloads*), in one run.
 
 Run ``make bench`` (or ``python benchmarks/run.py``); ``--quick`` for a small
 run. It prints markdown tables of batches/s and the ratio to a plain serial
@@ -358,7 +358,7 @@ def _h5slice_available() -> bool:
 def h5file_section(path: pathlib.Path, n: int, main_rows: List[Dict[str, Any]],
                    only: Optional[Sequence[str]], process_workers: int, timing: Dict[str, Any],
                    progress: Callable[[str], None]) -> Dict[str, Any]:
-    """Issue 4: kerasfeed vs Keras vs serial vs raw h5py on a gzip-chunked scene file."""
+    """Gzip-chunked scene file: kerasfeed vs Keras vs serial vs raw h5py on a gzip-chunked scene file."""
     names = ("serial", "kerasfeed-processes", "kerasfeed-threads",
              "keras-threads", "keras-processes")
     chosen = [w for w in peers.ways(process_workers) if w.name in names]
@@ -401,7 +401,7 @@ def h5file_section(path: pathlib.Path, n: int, main_rows: List[Dict[str, Any]],
 
 
 def classic_section(quick: bool, progress: Callable[[str], None]) -> Dict[str, Any]:
-    """Issue 5 (a): 100 generators that each sleep 0.1 s then yield one image/mask pair."""
+    """100 slow generators: 100 generators that each sleep 0.1 s then yield one image/mask pair."""
     try:
         import kerasfeed
 
@@ -495,8 +495,8 @@ def run_benchmark(*, quick: bool = False, workloads_: Sequence[str] = workloads.
         batches: batches per epoch: an int for every workload, or a dict
             such as ``{"io": 60}`` overriding some of the sizes.
         process_workers: worker processes for kerasfeed processes and PyTorch.
-        sections: among ``main`` (the table), ``h5file`` (issue 4's scene file
-            rows) and ``classic`` (issue 5's 100 slow generators).
+        sections: among ``main`` (the table), ``h5file`` (the gzip-chunked scene file
+            rows) and ``classic`` (100 slow generators).
         output_dir: where ``latest.json`` / ``latest.md`` go (and the cached
             HDF5 file, under ``cache/``); None writes nothing (the HDF5 file
             then goes to a temporary directory).
@@ -721,7 +721,7 @@ def to_markdown(res: Dict[str, Any]) -> str:
         out += ["", "#### Details", ""] + _detail_rows(rows)
     h5 = res.get("h5file")
     if h5:
-        out += ["", "#### Gzip-chunked scene file (issue 4)", "",
+        out += ["", "#### Gzip-chunked scene file", "",
                 f"Source: {h5['source']}; {h5['batches']} batches of 8 scenes × 4096 points × 6 float32, "
                 "gzip, chunks of 8 scenes.", ""]
         out += _detail_rows(h5["rows"], with_workload=False)
@@ -731,7 +731,7 @@ def to_markdown(res: Dict[str, Any]) -> str:
                         f"{'met' if t['met'] else 'NOT met'}."]
     c = res.get("classic")
     if c:
-        out += ["", "#### 100 slow generators (issue 5)", ""]
+        out += ["", "#### 100 slow generators", ""]
         if c.get("status") == "ok":
             fg, kf = c["from_generator"], c["kerasfeed"]
             out += [f"Each of {c['generators']} generators sleeps {c['sleep_s']} s, then yields one "
@@ -776,7 +776,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="comma-separated, among cpu,h5,io,big")
     parser.add_argument("--only", default=None,
                         help="comma-separated way names, e.g. kerasfeed-threads,keras-threads "
-                             "(serial always runs); 'classic' selects issue 5's section")
+                             "(serial always runs); 'classic' selects the 100 slow generators")
     parser.add_argument("--batches", type=int, default=None, help="batches per epoch for every workload")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes for kerasfeed processes and PyTorch (default 2)")

@@ -1,4 +1,4 @@
-"""SceneSequence and to_dataset with the threads executor (issue 2)."""
+"""SceneSequence and to_dataset with the threads executor: values, order, shuffling, epochs, errors."""
 
 import threading
 import time

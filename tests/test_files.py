@@ -1,4 +1,4 @@
-"""kerasfeed.from_files: per-file readers, flattened, shuffled and batched (issue 5)."""
+"""kerasfeed.from_files: per-file readers, flattened, shuffled and batched."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""kerasfeed.from_generators: parallel generators, interleave order, errors (issue 5)."""
+"""kerasfeed.from_generators: parallel generators, interleave order, errors."""
 
 import functools
 import gc

@@ -1,4 +1,4 @@
-"""HDF5 sources: H5SliceSequence, H5WindowSequence, ScenePointSampler (issue 4)."""
+"""HDF5 sources: H5SliceSequence, H5WindowSequence, ScenePointSampler."""
 
 import gc
 import multiprocessing

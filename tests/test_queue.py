@@ -1,4 +1,4 @@
-"""kerasfeed.from_queue: producer-fed epochs of unknown length (issue 5)."""
+"""kerasfeed.from_queue: producer-fed epochs of unknown length."""
 
 import gc
 import pickle

@@ -46,7 +46,7 @@ def batch(
 def prefetch_tail(
     ds: tf.data.Dataset, prefetch: Optional[int], device: Optional[str], *, autotune: bool = False
 ) -> tf.data.Dataset:
-    """Prefetches, then (always last: FIELD_NOTES #10) prefetches onto ``device``.
+    """Prefetches, then (always last: docs/field_notes.md, *Prefetch to device*) prefetches onto ``device``.
 
     Unless ``autotune``, it also turns tf.data's autotuning model off. Its
     optimization thread takes CPU that worker processes need on a small
