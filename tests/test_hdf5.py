@@ -427,7 +427,7 @@ def test_missing_key_group_and_length_mismatch(files, tmp_path):
         ((), dict(keys=("points", 3), batch_size=4), TypeError, "found int at keys[1]"),
         ((), dict(keys="labels", batch_size=0), ValueError, "`batch_size` must be a positive int. Received: batch_size=0"),
         ((), dict(keys="labels", batch_size=4, shuffle="yes"), TypeError, "Received: shuffle='yes'"),
-        ((), dict(keys="labels", batch_size=4, seed=-2), TypeError, "Received: seed=-2"),
+        ((), dict(keys="labels", batch_size=4, seed=-2), ValueError, "Received: seed=-2"),
         ((), dict(keys="labels", batch_size=4, shuffle_window_chunks=0), ValueError, "Received: shuffle_window_chunks=0"),
         ((), dict(keys="labels", batch_size=4, open_kwargs={"mode": "a"}), ValueError, "may not set 'mode'"),
         ((), dict(keys="labels", batch_size=64, drop_remainder=True), ValueError, "no batches: the files hold 20 rows in total, fewer than batch_size=64"),

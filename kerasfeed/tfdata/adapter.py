@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import numpy as np
 import tensorflow as tf
 
+from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
@@ -17,17 +18,10 @@ from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
-from kerasfeed.tfdata.common import (
-    AUTOTUNE,
-    batch,
-    check_flag,
-    check_positive_int,
-    check_prefetch_and_device,
-    inline_map,
-    prefetch_tail,
-)
+from kerasfeed.tfdata.common import AUTOTUNE, inline_map
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
 from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
+from kerasfeed.tfdata.tail import TailOptions
 
 
 # The length an endless source counts as when shards are resolved: items for
@@ -166,15 +160,18 @@ def to_dataset(
     endless = total is None  # num_batches is None: one endless pass per iterator
     # Built (and checked) once here, used whole by every process executor.
     pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
-    check_positive_int("probe", probe, allow_none=False)
-    check_positive_int("group_items", group_items)
-    check_prefetch_and_device(prefetch, device)
-    for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder), ("ragged", ragged)):
-        check_flag(name, flag)
-    if drop_remainder and batch_size is None:
-        raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
+    tail = TailOptions(
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        ragged=ragged,
+        padding_values=padding_values,
+        prefetch=prefetch,
+        device=device,
+    )
+    _v.positive_int("num_parallel_calls", num_parallel_calls, allow_none=True, allow_autotune=True)
+    _v.positive_int("probe", probe)
+    _v.positive_int("group_items", group_items, allow_none=True)
+    _v.flag("shuffle", shuffle)
     resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
     if endless:
         check_endless_arguments(source, shuffle, initial_state, order)
@@ -285,7 +282,7 @@ def to_dataset(
             ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
-    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
+    ds = tail.shuffle_and_batch(ds, variable=variable)
     if endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not skip:  # a resumed dataset's first pass is shorter than the others
@@ -300,7 +297,7 @@ def to_dataset(
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = ds.with_options(options).with_options(shard_opts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
-    ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
+    ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
     ds._kerasfeed_executor = ex
     ds._kerasfeed_groups = groups

@@ -19,6 +19,7 @@ Pipeline of one pass::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -34,7 +35,8 @@ from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
-from kerasfeed.tfdata.common import AUTOTUNE, batch, check_flag, check_positive_int, check_prefetch_and_device, prefetch_tail
+from kerasfeed.tfdata.common import AUTOTUNE
+from kerasfeed.tfdata.tail import TailOptions
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
 
 _CHUNK_ITEMS = 64
@@ -192,18 +194,6 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
         p.close()
 
 
-def _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed) -> None:
-    _v.seed("seed", seed)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("shuffle_buffer", shuffle_buffer)
-    check_positive_int("probe", probe, allow_none=False)
-    check_flag("drop_remainder", drop_remainder)
-    check_flag("ragged", ragged)
-    if drop_remainder and batch_size is None:
-        raise ValueError("`drop_remainder=True` needs `batch_size`.")
-    check_prefetch_and_device(prefetch, device)
-
-
 def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
     if not probes:
         raise ValueError(
@@ -221,18 +211,10 @@ def _assemble(
     signature: Any,
     describe: Callable[[Any], str],
     api: str,
-    *,
-    batch_size: Optional[int],
-    drop_remainder: bool,
-    ragged: bool,
-    padding_values: Any,
-    shuffle_buffer: Optional[int],
-    seed: Optional[int],
-    prefetch: Any,
-    device: Optional[str],
+    tail: TailOptions,
 ) -> tf.data.Dataset:
     codec = _ChunkCodec(signature, api)
-    stats = new_collector(api, batch_size or 1)
+    stats = new_collector(api, tail.batch_size or 1)
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
         lambda: _chunks(open_pass, codec, describe, stats, next(passes)), output_signature=codec.chunk_signature
@@ -240,13 +222,14 @@ def _assemble(
     ds = ds.prefetch(2).unbatch()
     if codec.needs_decode:
         ds = ds.map(codec.decode)
-    if shuffle_buffer:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=any(codec.variable),
-               padding_values=padding_values)
-    ds = prefetch_tail(ds, prefetch, device)
+    ds = tail.apply(ds, variable=any(codec.variable))
     ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
     return ds
+
+
+def _tail_options(arguments: dict) -> TailOptions:
+    """The ``TailOptions`` among a stream function's (flat, public) arguments."""
+    return TailOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(TailOptions)})
 
 
 def _describe_item(stream: ShardedStream):
@@ -268,14 +251,16 @@ def _worker_shards(api: str, n: int, **fields) -> tuple:
     return distribute.prepare(api, n, None, None, None, **fields)
 
 
-def _sharded_dataset(stream: ShardedStream, api: str, output_signature: Any, probe: int, shard_options: Any = None, **tail) -> tf.data.Dataset:
+def _sharded_dataset(
+    stream: ShardedStream, api: str, output_signature: Any, probe: int, tail: TailOptions, shard_options: Any = None
+) -> tf.data.Dataset:
     describe = _describe_item(stream)
     try:
         if output_signature is None:
             signature = _infer(stream.probe(probe), describe, api)
         else:
             signature = normalize_signature(output_signature)
-        ds = _assemble(stream.open_pass, signature, describe, api, **tail)
+        ds = _assemble(stream.open_pass, signature, describe, api, tail)
         if shard_options is not None:
             ds = ds.with_options(shard_options)
     except BaseException:
@@ -394,8 +379,9 @@ def from_generators(
     if not callable(factory):
         raise TypeError(f"`factory` must be a callable returning an iterable of items. Received: factory={factory!r}")
     num_shards = _v.positive_int("num_shards", num_shards)
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    check_flag("deterministic", deterministic)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
+    _v.flag("deterministic", deterministic)
     num_workers, worker_index, shard_options = _worker_shards(
         "from_generators", int(num_shards), seed=seed, batch_size=batch_size, drop_remainder=drop_remainder,
         shuffle_buffer=shuffle_buffer, cycle_length=cycle_length, block_length=block_length,
@@ -420,15 +406,8 @@ def from_generators(
         "from_generators",
         output_signature,
         probe,
+        tail,
         shard_options,
-        batch_size=batch_size,
-        drop_remainder=drop_remainder,
-        ragged=ragged,
-        padding_values=padding_values,
-        shuffle_buffer=shuffle_buffer,
-        seed=seed,
-        prefetch=prefetch,
-        device=device,
     )
 
 
@@ -520,9 +499,10 @@ def from_files(
     if not callable(read_fn):
         raise TypeError(f"`read_fn` must be a callable `read_fn(path)`. Received: read_fn={read_fn!r}")
     paths = [os.fspath(p) for p in paths]
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    check_flag("deterministic", deterministic)
-    check_flag("shuffle_files", shuffle_files)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
+    _v.flag("deterministic", deterministic)
+    _v.flag("shuffle_files", shuffle_files)
     num_workers, worker_index, shard_options = _worker_shards(
         "from_files", len(paths), seed=seed, shuffle=shuffle_files, batch_size=batch_size,
         drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
@@ -549,15 +529,8 @@ def from_files(
         "from_files",
         output_signature,
         probe,
+        tail,
         shard_options,
-        batch_size=batch_size,
-        drop_remainder=drop_remainder,
-        ragged=ragged,
-        padding_values=padding_values,
-        shuffle_buffer=shuffle_buffer,
-        seed=seed,
-        prefetch=prefetch,
-        device=device,
     )
 
 
@@ -637,7 +610,8 @@ def from_queue(
         print(sum(1 for _ in ds))  # batches of this epoch
     ```
     """
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
     feed = QueueFeed(producer, maxsize=maxsize, timeout=timeout)
 
     def describe(origin: tuple) -> str:
@@ -655,14 +629,7 @@ def from_queue(
             signature,
             describe,
             "from_queue",
-            batch_size=batch_size,
-            drop_remainder=drop_remainder,
-            ragged=ragged,
-            padding_values=padding_values,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            prefetch=prefetch,
-            device=device,
+            tail,
         )
     except BaseException:
         feed.close()
