@@ -7,11 +7,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import fit_step_counter
 
 import kerasfeed
 from kerasfeed.datasets.streams import read_jsonl_records, write_jsonl_records
-
-from _util import fit_step_counter
 
 
 @pytest.fixture

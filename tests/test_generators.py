@@ -13,10 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import wait_until
 
 import kerasfeed
-
-from _util import wait_until
 from kerasfeed.datasets.streams import busy_generator, sleepy_image_mask
 
 INT = tf.TensorSpec([], tf.int64)

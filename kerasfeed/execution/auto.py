@@ -181,7 +181,8 @@ def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
     p = probe
     ms = f"{p.wall_s * 1e3:.2f} ms/item"
     if cpus < 2 or workers < 2:
-        return "threads", f"{ms}; only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
+        why = f"only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
+        return "threads", f"{ms}; {why}"
     # Waiting for a CPU (a busy machine) is not waiting for I/O.
     frac = min(1.0, p.cpu_s / max(p.wall_s - p.runqueue_s, 1e-9))
     if frac < WAIT_FRACTION:

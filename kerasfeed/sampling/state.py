@@ -51,6 +51,7 @@ class ResumeState:
         if not isinstance(state, Mapping) or not _KEYS <= set(state) or not set(state) <= _KEYS | {"order"}:
             raise ValueError(
                 "A resume state is a dict with exactly the keys 'epoch' and 'batches' (and 'order', the "
-                f"order's fingerprint, when it was saved with one) as saved from TrainingProgress.state. Received: {state!r}"
+                "order's fingerprint, when it was saved with one) as saved from TrainingProgress.state. "
+                f"Received: {state!r}"
             )
         return cls(epoch=state["epoch"], batches=state["batches"], order=state.get("order"))

@@ -167,7 +167,7 @@ class _H5Base(SceneSequence):
     def __del__(self):
         try:
             self.close()
-        except Exception:  # during interpreter shutdown, say
+        except Exception:  # noqa: BLE001 - during interpreter shutdown, say
             pass
 
     def __getstate__(self) -> dict:
@@ -236,7 +236,7 @@ class _H5Base(SceneSequence):
         except Exception as e:
             try:
                 is_hdf5 = h5py.is_hdf5(path)
-            except Exception:
+            except Exception:  # noqa: BLE001 - only refines the message of the error raised below
                 is_hdf5 = False
             what = (
                 "could not be opened as HDF5 (corrupt or truncated, held open for writing "
@@ -855,7 +855,7 @@ class _FileRegistry:
             del self._entries[ident]
         try:
             entry[0].close()
-        except Exception:  # closing during interpreter shutdown, say
+        except Exception:  # noqa: BLE001 - closing during interpreter shutdown, say
             pass
 
     def open_count(self) -> int:

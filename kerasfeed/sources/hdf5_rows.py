@@ -97,7 +97,10 @@ class H5RowSequence(_H5Base):
         )
         cls = type(self).__name__
         if order is None:
-            raise TypeError(f"{cls}: `order` is required (e.g. kerasfeed.BalancedOrder.from_hdf5(paths, 'labels')). Received: order=None")
+            raise TypeError(
+                f"{cls}: `order` is required (e.g. kerasfeed.BalancedOrder.from_hdf5(paths, 'labels')). "
+                "Received: order=None"
+            )
         try:
             self.order = resolve_order(self.num_rows, order)
         except (TypeError, ValueError) as e:

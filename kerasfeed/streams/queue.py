@@ -25,7 +25,7 @@ import collections
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError

@@ -176,7 +176,9 @@ class ShardedStream:
             kerasfeed.StreamError: a shard raised.
         """
         cycle = max(1, min(count, len(self.args) if self.order is None else self.order.shard_length, self.workers))
-        opts = InterleaveOptions(cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None)
+        opts = InterleaveOptions(
+            cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None
+        )
         # This pipeline's own shards (the first pass's order) when sharded.
         order = range(len(self.args)) if self.order is None else self.order.indices(0).tolist()
         p = ShardPass(order, self._open_shard, opts, self.describe, name="probe")

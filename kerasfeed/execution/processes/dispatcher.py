@@ -114,7 +114,7 @@ class Dispatcher:
                 proc.reader_cpu_s += time.thread_time() - t0
         except (EOFError, OSError, ValueError):
             pass
-        except BaseException:  # noqa: BLE001 - never lose the reason silently
+        except BaseException:  # never lose the reason silently
             logger.exception("kerasfeed: reader thread of worker %d failed", lane.id)
         finally:
             self._worker_gone(lane)
