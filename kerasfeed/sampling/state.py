@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
+from kerasfeed import _validation as _v
+
 _KEYS = {"epoch", "batches"}
 
 
@@ -32,9 +34,7 @@ class ResumeState:
 
     def __post_init__(self):
         for name in ("epoch", "batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"ResumeState.{name} must be a non-negative int. Received: {name}={value!r}")
+            object.__setattr__(self, name, _v.non_negative_int(name, getattr(self, name), owner="ResumeState"))
         if self.order is not None and not isinstance(self.order, str):
             raise ValueError(f"ResumeState.order must be a fingerprint string or None. Received: order={self.order!r}")
 

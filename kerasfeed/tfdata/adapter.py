@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Union
 
-import numpy as np
 import tensorflow as tf
 
 from kerasfeed import _validation as _v

@@ -36,8 +36,8 @@ from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
 from kerasfeed.tfdata.common import AUTOTUNE
-from kerasfeed.tfdata.tail import TailOptions
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
+from kerasfeed.tfdata.tail import TailOptions
 
 _CHUNK_ITEMS = 64
 _CHUNK_BYTES = 8 << 20
@@ -62,7 +62,7 @@ class _Label:
     def __format__(self, spec: str) -> str:
         return self.describe(self.origin)
 
-    __str__ = __repr__ = lambda self: self.describe(self.origin)  # noqa: E731
+    __str__ = __repr__ = lambda self: self.describe(self.origin)
 
 
 class _ChunkCodec:
@@ -143,7 +143,9 @@ class _ChunkCodec:
         return self.checker.pack(leaves)
 
 
-def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable[[Any], str], stats: Any = None, epoch: int = 0):
+def _chunks(
+    open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable[[Any], str], stats: Any = None, epoch: int = 0
+):
     """The generator behind ``from_generator``: one pass, in chunks.
 
     ``stats``: a ``StatsCollector`` that gets each item's pick-up wait."""
@@ -176,7 +178,7 @@ def _chunks(open_pass: Callable[[], Any], codec: _ChunkCodec, describe: Callable
                     if r is NOT_READY:
                         break
                     arrays = codec.check(r[0], r[1], describe)
-                except Exception as e:  # noqa: BLE001 - deliver what came before, then raise
+                except Exception as e:
                     if stats is not None:
                         stats.error()
                     if not rows:
@@ -203,7 +205,9 @@ def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
     try:
         return infer_signature([(_Label(origin, describe), item) for item, origin in probes])
     except SignatureError as e:
-        raise SignatureError(f"{e} (while probing the first items; pass `output_signature=` to {api} to set it)") from None
+        raise SignatureError(
+            f"{e} (while probing the first items; pass `output_signature=` to {api} to set it)"
+        ) from None
 
 
 def _assemble(
