@@ -22,7 +22,6 @@ from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
 from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
 from kerasfeed.tfdata.tail import TailOptions
 
-
 # The length an endless source counts as when shards are resolved: items for
 # any number of workers.
 _ENDLESS = 2**62
@@ -180,7 +179,8 @@ def to_dataset(
     # number of workers.
     num_shards, shard_index, shard_opts = _distribute.prepare(
         "to_dataset", _ENDLESS if endless else total, num_shards, shard_index, input_context, order=order, seed=seed,
-        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch, batches=resume.batches,
+        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch,
+        batches=resume.batches,
     )
     sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
     if endless:
@@ -210,7 +210,9 @@ def to_dataset(
             if endless:
                 at = range(shard_index, shard_index + probe * num_shards, num_shards)
             elif sharded:
-                at = _distribute.shard_probe_indices(order, total, probe, resume.epoch, skip, batches=batch_size is None)
+                at = _distribute.shard_probe_indices(
+                    order, total, probe, resume.epoch, skip, batches=batch_size is None
+                )
             else:
                 at = probe_indices(total, probe)
             probes = [(i, ex.load(i, 0)) for i in at]
