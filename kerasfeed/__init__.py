@@ -42,7 +42,7 @@ _LAZY = {
     "datasets": "kerasfeed.datasets:",
     "H5SliceSequence": "kerasfeed.sources.hdf5:H5SliceSequence",
     "H5WindowSequence": "kerasfeed.sources.hdf5:H5WindowSequence",
-    "ScenePointSampler": "kerasfeed.sources.hdf5:ScenePointSampler",
+    "ScenePointSampler": "kerasfeed.transforms:ScenePointSampler",
     # Observability: live input stats, the Keras/TensorBoard callback, the profiler
     "stats": "kerasfeed.observe.api:stats",
     "InputStats": "kerasfeed.observe.callback:InputStats",
@@ -51,7 +51,7 @@ _LAZY = {
     "BalancedOrder": "kerasfeed.sampling.balanced:BalancedOrder",
     "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
     "mix": "kerasfeed.sampling.mix:mix",
-    "H5RowSequence": "kerasfeed.sources.hdf5_rows:H5RowSequence",
+    "H5RowSequence": "kerasfeed.sources.hdf5:H5RowSequence",
     # Exports: sharded TFRecord/ArrayRecord files written in parallel (kerasfeed/exporting)
     "export": "kerasfeed.exporting.exporter:export",
     "load_export": "kerasfeed.exporting.reader:load_export",

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.sources.hdf5 import _REGISTRY
+from kerasfeed.sources.hdf5.handles import REGISTRY
 
 PPS = 32  # points per scene: small files, fast tests
 
@@ -306,31 +306,31 @@ def test_forked_child_opens_its_own_handles(files):
 
 def test_close_context_manager_and_gc_release_files(files):
     a, b, _ = files
-    base = _REGISTRY.open_count()
+    base = REGISTRY.open_count()
     with kerasfeed.H5SliceSequence([a, b], "labels", batch_size=8) as seq:
-        assert _REGISTRY.open_count() == base  # construction closed its files again
+        assert REGISTRY.open_count() == base  # construction closed its files again
         seq[2]  # straddles: opens both files
-        assert _REGISTRY.open_count() == base + 2
-    assert _REGISTRY.open_count() == base
+        assert REGISTRY.open_count() == base + 2
+    assert REGISTRY.open_count() == base
     seq[0]  # a later read reopens
-    assert _REGISTRY.open_count() == base + 1
+    assert REGISTRY.open_count() == base + 1
     seq.close()
     seq.close()  # idempotent
-    assert _REGISTRY.open_count() == base
+    assert REGISTRY.open_count() == base
 
     # Two sequences over one file share its handle; it closes with the last.
     s1 = kerasfeed.H5SliceSequence(a, "labels", batch_size=4)
     s2 = kerasfeed.H5SliceSequence(a, "points", batch_size=4)
     s1[0], s2[0]
-    assert _REGISTRY.open_count() == base + 1
+    assert REGISTRY.open_count() == base + 1
     ids = [i for i in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE) if i.name and os.path.samefile(i.name, a)]
     assert ids
     s1.close()
-    assert _REGISTRY.open_count() == base + 1
+    assert REGISTRY.open_count() == base + 1
     np.testing.assert_array_equal(s2[1].shape, (4, PPS, 6))
     del s2
     gc.collect()
-    assert _REGISTRY.open_count() == base
+    assert REGISTRY.open_count() == base
     assert not any(i.valid for i in ids)
 
 

@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from kerasfeed.sampling.protocol import resolve_order
-from kerasfeed.sources.hdf5 import KeysLike, PathsLike, _H5Base
+from kerasfeed.sources.hdf5.base import H5Base
+from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
 
 
-class H5RowSequence(_H5Base):
+class H5RowSequence(H5Base):
     """Batches of HDF5 rows in the sequence an order picks them, pass after pass.
 
     Pass ``epoch`` reads rows ``order.indices(epoch)`` (global row numbers
