@@ -10,7 +10,7 @@ import tensorflow as tf
 from _util import fit_step_counter
 
 import kerasfeed
-from kerasfeed.datasets.streams import read_jsonl_records, write_jsonl_records
+from kerasfeed.datasets.synthetic_streams import read_jsonl_records, write_jsonl_records
 
 
 @pytest.fixture

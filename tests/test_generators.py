@@ -16,7 +16,7 @@ import tensorflow as tf
 from _util import wait_until
 
 import kerasfeed
-from kerasfeed.datasets.streams import busy_generator, sleepy_image_mask
+from kerasfeed.datasets.synthetic_streams import busy_generator, sleepy_image_mask
 
 INT = tf.TensorSpec([], tf.int64)
 

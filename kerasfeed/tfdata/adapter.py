@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Union
 
+import numpy as np
 import tensorflow as tf
 
 from kerasfeed import _validation as _v
+from kerasfeed._validation import AUTOTUNE
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
@@ -17,8 +19,8 @@ from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
-from kerasfeed.tfdata.common import AUTOTUNE, inline_map
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
+from kerasfeed.tfdata.inline_map import inline_map
 from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
 from kerasfeed.tfdata.tail import TailOptions
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
-from kerasfeed.tfdata.common import inline_map
+from kerasfeed.tfdata.inline_map import inline_map
 
 
 def open_leading(specs: list) -> list:

@@ -72,7 +72,7 @@ class TailOptions:
 
     def shuffle_and_batch(self, ds: Any, *, variable: bool) -> Any:
         """The shuffle buffer (if any), then batching; ``variable``: some shape varies."""
-        from kerasfeed.tfdata.common import batch
+        from kerasfeed.tfdata.batching import batch
 
         if self.shuffle_buffer:
             ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
@@ -87,10 +87,31 @@ class TailOptions:
 
     def finish(self, ds: Any, *, autotune: bool = False) -> Any:
         """The prefetch buffer, then the prefetch onto ``device`` (see ``prefetch_tail``)."""
-        from kerasfeed.tfdata.common import prefetch_tail
-
         return prefetch_tail(ds, self.prefetch, self.device, autotune=autotune)
 
     def apply(self, ds: Any, *, variable: bool, autotune: bool = False) -> Any:
         """``shuffle_and_batch`` then ``finish``."""
         return self.finish(self.shuffle_and_batch(ds, variable=variable), autotune=autotune)
+
+
+def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, autotune: bool = False) -> Any:
+    """Prefetches, then (always last: docs/field_notes.md, *Prefetch to device*) prefetches onto ``device``.
+
+    Unless ``autotune``, it also turns tf.data's autotuning model off. Its
+    optimization thread takes CPU that worker processes need on a small
+    machine, and deleting an iterator waits for it: measured 70-300 ms at the
+    end of one epoch in four on 2 cores, in every tf.data pipeline. The
+    parallelism here is fixed anyway, and an AUTOTUNE prefetch buffer still
+    adapts (tf.data's legacy prefetch autotuner does not need the model).
+    """
+    import tensorflow as tf
+
+    if not autotune:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        ds = ds.with_options(options)
+    if prefetch:
+        ds = ds.prefetch(prefetch)
+    if device is not None:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+    return ds

@@ -30,12 +30,12 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfeed import _validation as _v
+from kerasfeed._validation import AUTOTUNE
 from kerasfeed.errors import SignatureError
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
-from kerasfeed.tfdata.common import AUTOTUNE
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
 from kerasfeed.tfdata.tail import TailOptions
 

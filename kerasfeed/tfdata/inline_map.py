@@ -1,0 +1,25 @@
+"""``inline_map``: a sequential tf.data map whose function runs on the calling thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+def inline_map(ds: tf.data.Dataset, fn: Any) -> tf.data.Dataset:
+    """A sequential ``ds.map(fn)`` whose function runs on the calling thread.
+
+    A plain sequential map hands each call's ops to TensorFlow's inter-op
+    pool: one more thread wake-up per element, whose spinning workers take
+    CPU that worker processes need on a small machine (measured on 2 cores:
+    ~100 us less main-process CPU per element inline, with the same
+    elements). Only the private ``_MapDataset`` exposes the switch; if a
+    TensorFlow version lacks it, this is ``ds.map(fn)``.
+    """
+    try:
+        from tensorflow.python.data.ops import map_op
+
+        return map_op._MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other TensorFlow versions
+        return ds.map(fn)
