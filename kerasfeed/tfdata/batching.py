@@ -24,3 +24,6 @@ def batch(
     if variable:
         return ds.padded_batch(batch_size, padding_values=padding_values, drop_remainder=drop_remainder)
     return ds.batch(batch_size, drop_remainder=drop_remainder)
+
+
+__all__ = ["batch"]

@@ -23,3 +23,6 @@ def inline_map(ds: tf.data.Dataset, fn: Any) -> tf.data.Dataset:
         return map_op._MapDataset(ds, fn, use_inter_op_parallelism=False, preserve_cardinality=True)
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other TensorFlow versions
         return ds.map(fn)
+
+
+__all__ = ["inline_map"]

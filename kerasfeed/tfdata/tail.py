@@ -115,3 +115,6 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
     if device is not None:
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
     return ds
+
+
+__all__ = ["TailOptions", "prefetch_tail"]

@@ -329,3 +329,6 @@ class H5Base(SceneSequence):
         order = np.random.default_rng([self.seed, epoch, ORDER_STREAM]).permutation(n)
         self._order_cache = ((epoch, n), order)  # one tuple: safe to swap under threads
         return order
+
+
+__all__ = ["H5Base", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

@@ -74,3 +74,6 @@ class FileRegistry:
 
 _INHERITED: list = []
 REGISTRY = FileRegistry()
+
+
+__all__ = ["FileRegistry", "REGISTRY"]

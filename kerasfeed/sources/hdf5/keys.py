@@ -10,6 +10,7 @@ KeysLike = Union[str, Sequence[Any], Mapping[str, Any]]
 
 
 def check_paths(paths, cls) -> tuple:
+    """The paths as a tuple of ``os.PathLike``/str, at least one; ``cls`` names the caller in errors."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, Mapping)) or not isinstance(paths, Sequence) or not len(paths):
@@ -25,6 +26,7 @@ def check_paths(paths, cls) -> tuple:
 
 
 def parse_keys(keys, cls):
+    """``(structure, leaves)``: the keys' nest and the dataset names in it, in order."""
     """Validates a nest of dataset names; returns (structure, unique leaves)."""
     leaves: list = []
 
@@ -53,6 +55,7 @@ def parse_keys(keys, cls):
 
 
 def build_structure(structure, arrays):
+    """The arrays read (by dataset name) packed into the nest of ``keys``."""
     if isinstance(structure, str):
         return arrays[structure]
     if isinstance(structure, dict):
@@ -61,6 +64,7 @@ def build_structure(structure, arrays):
 
 
 def list_datasets(f, limit: int = 20) -> list:
+    """Up to ``limit`` dataset names in an open file, for error messages."""
     names: list = []
 
     def visit(name, obj):
@@ -70,3 +74,6 @@ def list_datasets(f, limit: int = 20) -> list:
 
     f.visititems(visit)
     return names
+
+
+__all__ = ["PathsLike", "KeysLike", "check_paths", "parse_keys", "build_structure", "list_datasets"]

@@ -179,3 +179,6 @@ class H5SliceSequence(H5Base):
                 while len(self._window_cache) > 2:  # keep the two most recent
                     self._window_cache.pop(next(iter(self._window_cache)))
         return {key: arr[rows] for key, arr in cached.items()}
+
+
+__all__ = ["H5SliceSequence"]

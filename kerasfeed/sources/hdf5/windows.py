@@ -129,3 +129,6 @@ class H5WindowSequence(H5Base):
                 f += 1
             out[key] = arr
         return self._finish(i, out)
+
+
+__all__ = ["H5WindowSequence"]
