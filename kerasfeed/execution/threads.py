@@ -61,7 +61,7 @@ class _Runner:
         t0 = time.perf_counter() if stats is not None else 0.0
         try:
             item = self.source[index]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
         if stats is not None:
             end = time.perf_counter()
