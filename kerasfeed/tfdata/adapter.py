@@ -21,7 +21,13 @@ from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
 from kerasfeed.tfdata.inline_map import inline_map
-from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
+from kerasfeed.tfdata.structure import (
+    ItemChecker,
+    flatten,
+    infer_signature,
+    normalize_signature,
+    open_leading_dimension,
+)
 from kerasfeed.tfdata.tail import TailOptions
 
 # The length an endless source counts as when shards are resolved: items for

@@ -47,7 +47,9 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int) -> tf.data.Dataset:
+def grouped_items(
+    begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int
+) -> tf.data.Dataset:
     """Each pass: ``begin`` gives the order; ``group`` items per ``load_group`` call; split again in C++."""
     specs = checker.specs
     opened = open_leading(specs)
