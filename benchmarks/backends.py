@@ -233,7 +233,8 @@ def run_backend(backend: str, names: Sequence[str], batches: Dict[str, int], wor
             try:
                 rate, startup, epochs = _measure(make, seq, drain, way, min_time, max_epochs)
             except Exception as e:  # noqa: BLE001 - one way failing (a missing package) must not end the run
-                print(f"  {backend:5s} {name:4s} {way:20s} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                print(f"  {backend:5s} {name:4s} {way:20s} failed: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
                 rows.append({"backend": backend, "workload": name, "way": way, "batches_per_s": None,
                              "x_serial": None, "error": f"{type(e).__name__}: {e}"})
                 continue
@@ -271,7 +272,8 @@ def to_markdown(rows: List[Dict[str, Any]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--backend", choices=BACKENDS, help="run one backend in this process (default: each in a subprocess)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="run one backend in this process (default: each in a subprocess)")
     p.add_argument("--workloads", default=",".join(workloads.WORKLOADS))
     p.add_argument("--ways", default="", help="comma-separated subset of ways (serial always runs)")
     p.add_argument("--batches", type=int, help="batches per epoch for every workload (default: per workload)")

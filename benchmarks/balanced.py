@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     if args.tiny:
         args.shards, args.records_per_shard, args.dim, args.batch_size, args.batches = 4, 200, 16, 32, 3
     if args.workdir is None:
-        args.workdir = os.path.join(tempfile.gettempdir(), f"kerasfeed-balanced-{args.shards}x{args.records_per_shard}x{args.dim}")
+        name = f"kerasfeed-balanced-{args.shards}x{args.records_per_shard}x{args.dim}"
+        args.workdir = os.path.join(tempfile.gettempdir(), name)
     if args.run:
         # The shards are written by the first method's process (reused after):
         # this parent process never imports TensorFlow.
@@ -231,9 +232,9 @@ def main(argv=None) -> int:
     for method in args.methods.split(","):
         if method not in METHODS:
             p.error(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        cmd = [sys.executable, __file__, "--run", method, "--workdir", args.workdir, "--batch-size", str(args.batch_size),
-               "--batches", str(args.batches), "--shards", str(args.shards), "--records-per-shard",
-               str(args.records_per_shard), "--dim", str(args.dim)]
+        cmd = [sys.executable, __file__, "--run", method, "--workdir", args.workdir,
+               "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--shards", str(args.shards),
+               "--records-per-shard", str(args.records_per_shard), "--dim", str(args.dim)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
             print(f"{method} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)

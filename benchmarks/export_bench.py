@@ -75,7 +75,9 @@ def _pool_record(i: int) -> bytes:
 # --- the ways of exporting ----------------------------------------------------
 
 
-def export_serial(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
+def export_serial(
+    path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]
+) -> None:
     import h5py
     import tensorflow as tf
 
@@ -85,7 +87,9 @@ def export_serial(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, wo
             w.write(_example(f["points"][rows], f["labels"][rows]))
 
 
-def export_pool(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
+def export_pool(
+    path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]
+) -> None:
     import tensorflow as tf
 
     writers = [tf.io.TFRecordWriter(str(out / f"shard-{k:05d}.tfrecord"), compression or "") for k in range(shards)]
@@ -105,11 +109,14 @@ def _sequence(path: pathlib.Path):
 
 
 def export_kerasfeed(executor: str) -> Callable:
-    def run(path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]) -> None:
+    def run(
+        path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]
+    ) -> None:
         import kerasfeed
 
         kerasfeed.export(_sequence(path), out, num_shards=shards, executor=executor,
-                         workers=workers if executor == "processes" else None, compression=compression, progress=False)  # fmt: skip
+                         workers=workers if executor == "processes" else None, compression=compression,
+                         progress=False)  # fmt: skip
 
     return run
 
@@ -151,7 +158,9 @@ def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, wo
     return rows
 
 
-def time_training_input(path: pathlib.Path, export_dir: pathlib.Path, n: int, workers: int, epochs: int) -> List[Dict[str, Any]]:
+def time_training_input(
+    path: pathlib.Path, export_dir: pathlib.Path, n: int, workers: int, epochs: int
+) -> List[Dict[str, Any]]:
     import kerasfeed
     from benchmarks.peers import graph_drainer
 
@@ -190,15 +199,18 @@ def to_markdown(res: Dict[str, Any]) -> str:
     lines = [
         f"### Export benchmark ({res['date']})",
         "",
-        f"{cfg['batches']} batches of {SCENES_PER_BATCH} scenes x {cfg['points']} points x 6 float32 from a gzip-chunked "
-        f"HDF5 file; {cfg['shards']} shards, {cfg['workers']} workers, compression {cfg['compression']}, {os.cpu_count()} CPUs.",
+        f"{cfg['batches']} batches of {SCENES_PER_BATCH} scenes x {cfg['points']} points x 6 float32 from a "
+        "gzip-chunked "
+        f"HDF5 file; {cfg['shards']} shards, {cfg['workers']} workers, compression {cfg['compression']}, "
+        f"{os.cpu_count()} CPUs.",
         "",
         "| export way | batches/s | x serial | seconds | MB written |",
         "| --- | --- | --- | --- | --- |",
     ]
     serial = res["export"][0]["batches_per_s"]
     for r in res["export"]:
-        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['batches_per_s'] / serial:.2f}x | {r['seconds']:.2f} | {r['mb_written']:.1f} |")
+        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['batches_per_s'] / serial:.2f}x | "
+                     f"{r['seconds']:.2f} | {r['mb_written']:.1f} |")
     lines += ["", "| training input | batches/s | timed pass s | first pass s |", "| --- | --- | --- | --- |"]
     for r in res["input"]:
         lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['epoch_s']:.3f} | {r['first_pass_s']:.2f} |")
@@ -226,7 +238,8 @@ def main(argv=None) -> int:
     try:
         work.mkdir(parents=True, exist_ok=True)
         path = make_synthetic_scenes(work / "scenes.h5", num_scenes=args.batches * SCENES_PER_BATCH,
-                                     points_per_scene=args.points, chunk_scenes=SCENES_PER_BATCH, compression="gzip")  # fmt: skip
+                                     points_per_scene=args.points, chunk_scenes=SCENES_PER_BATCH,
+                                     compression="gzip")  # fmt: skip
         print(f"export benchmark: {args.batches} batches, {args.shards} shards, {args.workers} workers", flush=True)
         exports = time_exports(path, args.batches, work, args.shards, args.workers, args.compression)
         kf_dir = work / "export-2"  # the kerasfeed.export (processes) one

@@ -61,7 +61,7 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
             result.update(fit_ways.run_fit(spec["way"], seq, spec["epochs"], spec["steps_per_execution"]))
         else:
             result.update(fit_ways.run_numpy(spec["way"], seq, spec["epochs"]))
-    except Exception as e:  # one broken configuration must not lose the others
+    except Exception as e:  # noqa: BLE001 - one broken configuration must not lose the others
         result.update(status="error", note=f"error: {type(e).__name__}: {str(e)[:300]}")
     seq = None
     killed = run._wait_for_exit(before)
@@ -197,7 +197,9 @@ def _ratios(rows: List[Dict[str, Any]]) -> None:
     for r in rows:
         if r.get("status") != "ok":
             continue
-        same = [o for o in rows if o["view"] == r["view"] and o["workload"] == r["workload"] and o.get("status") == "ok"]
+        same = [
+            o for o in rows if o["view"] == r["view"] and o["workload"] == r["workload"] and o.get("status") == "ok"
+        ]
         if r["view"] == "fit":
             ref = [o["batches_per_s"] for o in same if o["way"] == "memory"]
         else:

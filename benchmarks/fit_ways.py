@@ -105,10 +105,11 @@ class _ExecutorLoop:
             self.how = "kerasfeed.to_loader"
         else:
             from kerasfeed.execution.factory import make_executor
+            from kerasfeed.execution.processes.options import PoolOptions
 
             self.loader = None
             self.seq = seq
-            self.executor = make_executor(executor, seq, workers=workers)
+            self.executor = make_executor(executor, seq, PoolOptions(workers=workers))
             self.how = "executor.plan + executor.load (kerasfeed.to_loader not available)"
         self.epoch = 0
 

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kerasfeed  # noqa: E402
+import kerasfeed
 
 
 class Batches(kerasfeed.SceneSequence):

@@ -325,7 +325,7 @@ def executor_stats(ex: Any) -> Dict[str, Any]:
             continue
         try:
             value = value() if callable(value) else value
-        except Exception as e:  # stats are a bonus; never fail the run for them
+        except Exception as e:  # noqa: BLE001 - stats are a bonus; never fail the run for them
             value = f"error: {type(e).__name__}: {e}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)

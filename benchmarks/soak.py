@@ -159,7 +159,9 @@ def main(argv=None) -> int:
         progress = kerasfeed.TrainingProgress(state)
         epoch = state["epoch"]
         try:
-            model.fit(ds, initial_epoch=epoch, epochs=epoch + 1, callbacks=[progress, EpochMark()], verbose=0, shuffle=False)
+            model.fit(
+                ds, initial_epoch=epoch, epochs=epoch + 1, callbacks=[progress, EpochMark()], verbose=0, shuffle=False
+            )
         except Exception as e:  # noqa: BLE001 - a killed worker: resume
             failures += 1
             after_failure[0] = True
@@ -200,7 +202,9 @@ def main(argv=None) -> int:
         "rss_mb_per_min": slope_per_min(warm),
         "fds_per_min": slope_per_min([s for s in samples["fds"] if s[0] > 60] or samples["fds"]),
         "threads_per_min": slope_per_min([s for s in samples["threads"] if s[0] > 60] or samples["threads"]),
-        "rss_mb_first_last": [round(samples["rss_mb"][0][1], 1), round(samples["rss_mb"][-1][1], 1)] if samples["rss_mb"] else None,
+        "rss_mb_first_last": (
+            [round(samples["rss_mb"][0][1], 1), round(samples["rss_mb"][-1][1], 1)] if samples["rss_mb"] else None
+        ),
         "fds_first_last": [samples["fds"][0][1], samples["fds"][-1][1]] if samples["fds"] else None,
         "threads_first_last": [samples["threads"][0][1], samples["threads"][-1][1]] if samples["threads"] else None,
     }

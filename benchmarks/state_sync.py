@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kerasfeed  # noqa: E402
-from kerasfeed.execution.state_sync import StateTracker  # noqa: E402
+import kerasfeed
+from kerasfeed.execution.state_sync import StateTracker
 
 
 class Small(kerasfeed.SceneSequence):

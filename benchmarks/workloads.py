@@ -1,4 +1,4 @@
-"""The four FIELD_NOTES workloads as ``kerasfeed.SceneSequence`` classes.
+"""The four workloads of docs/field_notes.md (*Four workloads*) as ``kerasfeed.SceneSequence`` classes.
 
 They live in an importable module (not in ``run.py``'s ``__main__``) so that
 every peer can ship them to its worker processes: Keras' and PyTorch's pools
@@ -34,8 +34,8 @@ import numpy as np
 from kerasfeed.sources.sequence import SceneSequence
 
 # Iterations of the pure-Python loop of the cpu workload: ~1.7 ms on the
-# 2-core reference machine (FIELD_NOTES). Fixed, so every way of feeding does
-# the same work whatever the machine.
+# 2-core reference machine (docs/field_notes.md, *Four workloads*). Fixed, so
+# every way of feeding does the same work whatever the machine.
 CPU_LOOP_ITERATIONS = 20_000
 H5_SCENES_PER_BATCH = 8
 H5_POINTS_PER_SCENE = 4096
@@ -71,7 +71,7 @@ class H5Scenes(SceneSequence):
     """``h5``: batch ``i`` is scenes ``[8i, 8i + 8)`` of a gzip-chunked file.
 
     The file handle is opened on the first read in each process (and reopened
-    after a fork: FIELD_NOTES 2 says h5py handles must not cross one) and is
+    after a fork: docs/field_notes.md, *h5py lock*: h5py handles must not cross one) and is
     never pickled.
     """
 
@@ -159,7 +159,7 @@ class BigBatches(SceneSequence):
         return x, y
 
 
-# --- issue 5's classic case: many slow one-item generators ---------------------
+# --- the classic case: many slow one-item generators ----------------------------
 
 CLASSIC_SLEEP_S = 0.1
 CLASSIC_IMAGE_SHAPE = (128, 128, 3)

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         "(waiting, GIL-bound, GIL-releasing) and recommend an executor and worker count.",
     )
     prof.add_argument("target", metavar="MODULE:FACTORY",
-                      help="a module (importable, or a .py file) and a callable returning the source (or the source itself)")
+                      help="a module (importable, or a .py file) and a callable returning the source "
+                      "(or the source itself)")
     prof.add_argument("--items", type=int, default=None, help="items per timed run (default: min(len, 64))")
     prof.add_argument("--batch-size", type=int, default=None, help="items per batch when items are samples")
     prof.add_argument("--workers", default=None, help="worker process counts, e.g. 1,2,4")

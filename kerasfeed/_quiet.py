@@ -39,8 +39,8 @@ def import_tensorflow_quietly() -> None:
     with tempfile.TemporaryFile(mode="w+b") as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
             import keras  # noqa: F401
+            import tensorflow  # noqa: F401
         except ImportError:  # not installed: kerasfeed's own message comes when it is needed
             return
         finally:

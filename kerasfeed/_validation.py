@@ -21,7 +21,9 @@ def _where(owner: Optional[str]) -> str:
     return f"{owner}: " if owner else ""
 
 
-def positive_int(name: str, value: Any, *, allow_none: bool = False, allow_autotune: bool = False, owner: Optional[str] = None) -> Optional[int]:
+def positive_int(
+    name: str, value: Any, *, allow_none: bool = False, allow_autotune: bool = False, owner: Optional[str] = None
+) -> Optional[int]:
     """A positive int (numpy integers accepted), or None/AUTOTUNE when allowed."""
     if value is None and allow_none:
         return None
@@ -50,11 +52,16 @@ def flag(name: str, value: Any, *, owner: Optional[str] = None) -> bool:
 
 
 def seed(name: str, value: Any, *, owner: Optional[str] = None) -> Optional[int]:
-    """None or an int that numpy's generators accept (0 <= seed < 2**64)."""
+    """None or an int that numpy's generators accept (0 <= seed < 2**64).
+
+    TypeError for a value that is not an int, ValueError for one out of range.
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**64:
-        raise ValueError(f"{_where(owner)}`{name}` must be None or an int in [0, 2**64). Received: {name}={value!r}")
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, np.integer))
+    if wrong_type or not 0 <= int(value) < 2**64:
+        error = TypeError if wrong_type else ValueError
+        raise error(f"{_where(owner)}`{name}` must be None or an int in [0, 2**64). Received: {name}={value!r}")
     return int(value)
 
 
@@ -65,7 +72,9 @@ def seconds(name: str, value: Any, *, allow_none: bool = True, owner: Optional[s
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value <= 0:
         none = " (or None)" if allow_none else ""
-        raise ValueError(f"{_where(owner)}`{name}` must be a positive number of seconds{none}. Received: {name}={value!r}")
+        raise ValueError(
+            f"{_where(owner)}`{name}` must be a positive number of seconds{none}. Received: {name}={value!r}"
+        )
     return float(value)
 
 
@@ -113,7 +122,9 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}`{name}` must be numbers. Received: {name}={summarize(values)}") from e
     if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"{where}`{name}` must be a non-empty 1-D sequence of numbers. Received: {name} of shape {a.shape}")
+        raise ValueError(
+            f"{where}`{name}` must be a non-empty 1-D sequence of numbers. Received: {name} of shape {a.shape}"
+        )
     bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
     if bad.size:
         i = int(bad[0])
@@ -122,5 +133,14 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
             f"entr{'y' if bad.size == 1 else 'ies'}). Received: {name}={summarize(values)}"
         )
     if not a.any():
-        raise ValueError(f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}")
+        raise ValueError(
+            f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}"
+        )
     return a
+
+
+def optional_callable(name: str, value: Any, *, owner: Optional[str] = None) -> Any:
+    """None or a callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{_where(owner)}`{name}` must be a callable or None. Received: {name}={value!r}")
+    return value

@@ -152,7 +152,10 @@ def run_demo(
     held_out = SceneFile(path, range(split, num_scenes), batch_size, num_points)
     val_x = np.concatenate([held_out[i][0] for i in range(len(held_out))])
     val_y = np.concatenate([held_out[i][1] for i in range(len(held_out))])
-    say(f"{len(train)} training batches of {batch_size} scenes x {num_points} points, {len(val_y)} held-out scenes, 4 classes")
+    say(
+        f"{len(train)} training batches of {batch_size} scenes x {num_points} points, "
+        f"{len(val_y)} held-out scenes, 4 classes"
+    )
 
     results: dict[str, Any] = {}
     runs = [("fit(seq)", None), (f"fit(to_dataset(seq, executor='{executor}'))", executor)]

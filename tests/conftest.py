@@ -2,8 +2,7 @@
 
 After EVERY test, ``_no_leftover_processes_or_shared_memory`` checks that the
 test left no child process and no kerasfeed shared-memory segment behind
-(issue 3: worker processes never outlive their owner; shared memory is never
-leaked).
+(worker processes never outlive their owner; shared memory is never leaked).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``executor="auto"``: threads or processes, chosen by probing (issue 3, item 5)."""
+"""``executor="auto"``: threads or processes, chosen by probing the source, with the reason."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import kerasfeed
 from kerasfeed.execution.auto import Probe, decide, make_auto_executor, probe_source
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.execution.processes.options import PoolOptions
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -123,7 +124,7 @@ def test_auto_picks_threads_for_a_waiting_source(caplog):
 
 
 def test_auto_picks_processes_for_pure_python_work():
-    ex = make_auto_executor(PurePython(), workers=2)
+    ex = make_auto_executor(PurePython(), PoolOptions(workers=2))
     try:
         assert ex.name == "processes", ex.reason
         assert ex.reason.startswith("auto chose processes:") and "GIL-bound" in ex.reason
@@ -134,7 +135,7 @@ def test_auto_picks_processes_for_pure_python_work():
 
 
 def test_auto_falls_back_to_threads_when_the_source_cannot_be_pickled():
-    ex = make_auto_executor(LockedPurePython(), workers=2)
+    ex = make_auto_executor(LockedPurePython(), PoolOptions(workers=2))
     try:
         assert ex.name == "threads"
         assert "processes would help" in ex.reason and "`source.lock`" in ex.reason

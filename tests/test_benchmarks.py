@@ -7,10 +7,10 @@ reference, the markdown and JSON are written, and no worker is left behind.
 
 import json
 import os
+import pathlib
 import pickle
 import subprocess
 import sys
-import pathlib
 
 import numpy as np
 import pytest

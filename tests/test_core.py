@@ -1,4 +1,4 @@
-"""SceneSequence and to_dataset with the threads executor (issue 2)."""
+"""SceneSequence and to_dataset with the threads executor: values, order, shuffling, epochs, errors."""
 
 import threading
 import time
@@ -309,7 +309,8 @@ def test_bad_sources_and_arguments():
         (dict(num_parallel_calls=-5), ValueError, "num_parallel_calls=-5"),
         (dict(prefetch=-3), ValueError, "prefetch=-3"),
         (dict(shuffle="yes"), TypeError, "shuffle='yes'"),
-        (dict(seed="abc", shuffle=True), TypeError, "Received: 'abc'"),
+        (dict(seed="abc", shuffle=True), TypeError, "Received: seed='abc'"),
+        (dict(seed=-1, shuffle=True), ValueError, "Received: seed=-1"),
         (dict(executor="gpu"), ValueError, "Received: 'gpu'"),
         (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
         (dict(batch_size=5, drop_remainder=True), ValueError, "each pass has 2 items"),
@@ -374,9 +375,9 @@ def test_index_order_validation_and_purity():
     order = kerasfeed.IndexOrder(10, shuffle=True, seed=3)
     np.testing.assert_array_equal(order.indices(4), kerasfeed.IndexOrder(10, shuffle=True, seed=3).indices(4))
     assert kerasfeed.IndexOrder(4).indices(9).tolist() == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="Received: 0"):
+    with pytest.raises(ValueError, match="Received: length=0"):
         kerasfeed.IndexOrder(0)
-    with pytest.raises(TypeError, match="Received: 1.5"):
+    with pytest.raises(TypeError, match="Received: seed=1.5"):
         kerasfeed.IndexOrder(3, shuffle=True, seed=1.5)
 
 

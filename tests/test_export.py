@@ -7,12 +7,11 @@ import pickle
 import numpy as np
 import pytest
 import tensorflow as tf
+from _export_sources import Mixed
 
 import kerasfeed
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.spec import ExportSpec, as_array
-
-from _export_sources import Mixed
 
 
 def _items(ds):

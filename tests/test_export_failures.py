@@ -2,7 +2,6 @@
 
 import contextlib
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -11,13 +10,12 @@ import textwrap
 import threading
 import time
 
-import numpy as np
 import psutil
 import pytest
-
-import kerasfeed
 from _export_sources import Slow
 from _util import wait_until
+
+import kerasfeed
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

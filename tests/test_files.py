@@ -1,4 +1,4 @@
-"""kerasfeed.from_files: per-file readers, flattened, shuffled and batched (issue 5)."""
+"""kerasfeed.from_files: per-file readers, flattened, shuffled and batched."""
 
 import json
 import os
@@ -7,11 +7,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import fit_step_counter
 
 import kerasfeed
-from kerasfeed.datasets.streams import read_jsonl_records, write_jsonl_records
-
-from _util import fit_step_counter
+from kerasfeed.datasets.synthetic_streams import read_jsonl_records, write_jsonl_records
 
 
 @pytest.fixture

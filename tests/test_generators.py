@@ -1,4 +1,4 @@
-"""kerasfeed.from_generators: parallel generators, interleave order, errors (issue 5)."""
+"""kerasfeed.from_generators: parallel generators, interleave order, errors."""
 
 import functools
 import gc
@@ -13,11 +13,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import wait_until
 
 import kerasfeed
-
-from _util import wait_until
-from kerasfeed.datasets.streams import busy_generator, sleepy_image_mask
+from kerasfeed.datasets.synthetic_streams import busy_generator, sleepy_image_mask
 
 INT = tf.TensorSpec([], tf.int64)
 

@@ -7,9 +7,9 @@ inside each worker), twice: an uninterrupted run plus a run stopped after
 """
 
 import json
-from collections import Counter
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ import kerasfeed
 from kerasfeed.sampling.order import IndexOrder
 
 sys.path.insert(0, os.path.dirname(__file__))
-from multiworker_launch import run_workers  # noqa: E402
+from multiworker_launch import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "multiworker.py")

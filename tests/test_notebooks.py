@@ -1,6 +1,5 @@
 """Executes every notebook under notebooks/; a failing cell fails the test."""
 
-import os
 import pathlib
 
 import nbformat

@@ -1,4 +1,4 @@
-"""kerasfeed.from_queue: producer-fed epochs of unknown length (issue 5)."""
+"""kerasfeed.from_queue: producer-fed epochs of unknown length."""
 
 import gc
 import pickle
@@ -10,10 +10,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import fit_step_counter, wait_until
 
 import kerasfeed
-
-from _util import fit_step_counter, wait_until
 
 LENGTHS = [5, 3, 8]  # items per epoch; the consumer does not know them
 

@@ -35,7 +35,7 @@ def run_script(name, *args, env=None, timeout=240):
 
 # ---------------------------------------------------------------- memory
 def test_packed_chunk_is_freed_by_reference_counting_alone():
-    from kerasfeed.tfdata.streams import _ChunkCodec
+    from kerasfeed.tfdata.chunks import ChunkCodec as _ChunkCodec
 
     sig = {"a": tf.TensorSpec([4], tf.float32), "b": (tf.TensorSpec([None], tf.int64),)}
     codec = _ChunkCodec(sig, "from_queue")

@@ -1,4 +1,4 @@
-"""kerasfeed.datasets.make_synthetic_scenes (issue 4, item 4)."""
+"""kerasfeed.datasets.make_synthetic_scenes: file layout, labels, determinism and bad arguments."""
 
 import h5py
 import numpy as np

@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from _util import wait_until
 
 import kerasfeed
-
-from _util import wait_until
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.threads import ThreadExecutor
 

@@ -8,8 +8,8 @@ per-point Dense layers + a global max pool) learns it in a few epochs; each
 point is also labelled ``ground`` or with the object's shape, for
 segmentation.
 
-Reading it (the workload of FIELD_NOTES' "h5" column: 8 scenes x 4096
-points x 6 float32 per batch, gzip chunks of 8 scenes):
+Reading it (the **h5** workload of docs/field_notes.md, *Four workloads*:
+8 scenes x 4096 points x 6 float32 per batch, gzip chunks of 8 scenes):
 
 ```python
 import kerasfeed

@@ -30,12 +30,12 @@ import logging
 import statistics
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.processes.pool import default_workers
+from kerasfeed.execution.processes.options import PoolOptions, default_workers
 from kerasfeed.execution.threads import ThreadExecutor
 from kerasfeed.sources.base import source_length
 
@@ -181,7 +181,8 @@ def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
     p = probe
     ms = f"{p.wall_s * 1e3:.2f} ms/item"
     if cpus < 2 or workers < 2:
-        return "threads", f"{ms}; only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
+        why = f"only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
+        return "threads", f"{ms}; {why}"
     # Waiting for a CPU (a busy machine) is not waiting for I/O.
     frac = min(1.0, p.cpu_s / max(p.wall_s - p.runqueue_s, 1e-9))
     if frac < WAIT_FRACTION:
@@ -230,12 +231,9 @@ def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
 
 def make_auto_executor(
     source: Any,
+    options: Optional[PoolOptions] = None,
     *,
-    workers: Optional[int] = None,
-    worker_init: Optional[Callable[[], None]] = None,
-    seed: Optional[int] = None,
     calls: int = 3,
-    timeout: Optional[float] = None,
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
@@ -245,11 +243,10 @@ def make_auto_executor(
 
     Args:
         source: the indexable source.
-        workers: worker processes if processes are chosen (None = CPU count).
-        worker_init: run in each worker if processes are chosen.
-        seed: base seed of the workers if processes are chosen.
+        options: the ``PoolOptions`` of the workers if processes are chosen
+            (None: one worker per CPU); its ``timeout`` applies to whichever
+            executor is chosen.
         calls: timed probe calls.
-        timeout: passed to the executor chosen (seconds per item, or None).
 
     Example:
 
@@ -260,20 +257,21 @@ def make_auto_executor(
     """
     from kerasfeed.execution.processes.executor import ProcessExecutor
 
+    options = options or PoolOptions()
     cpus = default_workers()
-    n_workers = workers if workers is not None else cpus
+    n_workers = options.workers if options.workers is not None else cpus
     probe = probe_source(source, calls=calls)
     name, reason = decide(probe, n_workers, cpus)
     ex: Executor
     if name == "processes":
         try:
-            ex = ProcessExecutor(source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
+            ex = ProcessExecutor.from_options(source, options)
         except TypeError as e:  # cannot be pickled: threads still work
             first = str(e).split(". ")[0]
             name, reason = "threads", f"processes would help ({reason}), but {first}"
-            ex = ThreadExecutor(source, timeout=timeout)
+            ex = ThreadExecutor(source, timeout=options.timeout)
     else:
-        ex = ThreadExecutor(source, timeout=timeout)
+        ex = ThreadExecutor(source, timeout=options.timeout)
     ex.reason = f"auto chose {name}: {reason}"
     ex.probe = probe  # type: ignore[attr-defined]
     logger.info("kerasfeed: executor='auto' for %s: %s", type(source).__name__, ex.reason)

@@ -17,7 +17,8 @@ from kerasfeed.execution.plan import PassPlan
 from kerasfeed.sources.base import source_name
 
 # Latency-bound sources (network stores, sleeps) need many calls in flight;
-# tf.data's default pool stops near the core count (FIELD_NOTES #3).
+# tf.data's default pool stops near the core count (docs/field_notes.md,
+# *tf.data thread pool*).
 DEFAULT_THREAD_PARALLELISM = 64
 # Items made ahead and not consumed yet hold memory: with large items (3D
 # volumes, big batches) fewer are made ahead, at least 2.
@@ -64,7 +65,7 @@ class _Runner:
         t0 = time.perf_counter() if stats is not None else 0.0
         try:
             item = self.source[index]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
         if stats is not None:
             end = time.perf_counter()
@@ -137,8 +138,8 @@ class ThreadExecutor(Executor):
     ):
         self._runner = _Runner(source, source_name(source))
         self._timeout = _v.seconds("timeout", timeout)
-        self._parallelism = int(parallelism)
-        self._bytes_ahead = int(bytes_ahead)
+        self._parallelism = _v.positive_int("parallelism", parallelism, owner="ThreadExecutor")
+        self._bytes_ahead = _v.positive_int("bytes_ahead", bytes_ahead, owner="ThreadExecutor")
         self._lock = threading.Lock()
         self._plan: Optional[PassPlan] = None
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()

@@ -38,7 +38,8 @@ class ArrayRecordFile:
 
     def __init__(self, path: pathlib.Path, compression: Optional[str]):
         self.path = path
-        self._writer = _module().ArrayRecordWriter(str(path), f"group_size:1,max_parallelism:1,{_COMPRESSION[compression]}")
+        options = f"group_size:1,max_parallelism:1,{_COMPRESSION[compression]}"
+        self._writer = _module().ArrayRecordWriter(str(path), options)
 
     def write(self, spec: ExportSpec, arrays: list) -> None:
         self._writer.write(encoding.encode(spec, arrays))
@@ -92,7 +93,8 @@ class ExportSource:
         self.directory, manifest = read_manifest(directory)
         if manifest["file_format"] != "arrayrecord":
             raise ExportError(
-                f"ExportSource reads exports written with format='arrayrecord' (random access); '{self.directory}' holds "
+                "ExportSource reads exports written with format='arrayrecord' (random access); "
+                f"'{self.directory}' holds "
                 f"{manifest['file_format']} files: read it with kerasfeed.load_export, or export again with "
                 f"format='arrayrecord'. Received: file_format={manifest['file_format']!r}"
             )
@@ -112,7 +114,9 @@ class ExportSource:
     def __getitem__(self, index: int) -> Any:
         i = int(index)
         if not -self.num_items <= i < self.num_items:
-            raise IndexError(f"ExportSource index out of range: the export holds {self.num_items} items. Received: index={index}")
+            raise IndexError(
+                f"ExportSource index out of range: the export holds {self.num_items} items. Received: index={index}"
+            )
         i %= self.num_items
         k, position = i % self.num_shards, i // self.num_shards
         record = self._reader(k).read([position])[0]

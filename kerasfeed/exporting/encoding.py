@@ -88,7 +88,9 @@ def encode_pieces(spec: ExportSpec, arrays: Sequence[np.ndarray]) -> list:
             values = list(a.reshape(-1))
             bad = [v for v in values if not isinstance(v, bytes)]
             if bad:
-                raise TypeError(f"field {key!r} holds strings and {type(bad[0]).__name__} objects. Received: {bad[0]!r}")
+                raise TypeError(
+                    f"field {key!r} holds strings and {type(bad[0]).__name__} objects. Received: {bad[0]!r}"
+                )
         else:
             values = [_little_endian(a).tobytes()]  # google_crc32c takes bytes only
         blist: list = []

@@ -115,12 +115,18 @@ def export(
     overwrite, resume = _v.flag("overwrite", overwrite, owner="export"), _v.flag("resume", resume, owner="export")
     progress = _v.flag("progress", progress, owner="export")
     if overwrite and resume:
-        raise ValueError("export: pass `overwrite=True` (start again) or `resume=True` (go on), not both. Received: overwrite=True, resume=True")
+        raise ValueError(
+            "export: pass `overwrite=True` (start again) or `resume=True` (go on), not both. "
+            "Received: overwrite=True, resume=True"
+        )
     if format not in mf.FORMATS:
         raise ValueError(f"export: `format` must be one of {tuple(mf.FORMATS)}. Received: format={format!r}")
     compression = compression.upper() if isinstance(compression, str) else compression
     if compression not in mf.COMPRESSIONS[format]:
-        raise ValueError(f"export: `compression` for format={format!r} must be one of {mf.COMPRESSIONS[format]}. Received: compression={compression!r}")
+        raise ValueError(
+            f"export: `compression` for format={format!r} must be one of {mf.COMPRESSIONS[format]}. "
+            f"Received: compression={compression!r}"
+        )
     from kerasfeed.exporting.encoding import require_crc32c
 
     require_crc32c()
@@ -139,7 +145,8 @@ def export(
         if todo:
             task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
                              compression=compression, source_name=name, hint=hint)  # fmt: skip
-            _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init, progress=progress)
+            _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
+                 progress=progress)
         manifest["complete"] = True
         mf.write_manifest(directory, manifest)
     except OSError as e:  # the main process's own writes: directory, manifest, renames
@@ -158,7 +165,7 @@ def _spec(source: Any, n: int, output_signature: Any) -> tuple[ExportSpec, list]
     for i in indices:
         try:
             probes.append((i, source[i]))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ItemError.from_exception(i, e, source_name=source_name(source)) from e
     return ExportSpec.infer(probes), indices
 
@@ -173,7 +180,8 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
     if entries and not (overwrite or resume):
         raise ValueError(
             f"export: the target directory is not empty ({len(entries)} entries, e.g. {entries[:3]}); pass "
-            f"overwrite=True to replace it or resume=True to finish an interrupted export. Received: directory='{directory}'"
+            "overwrite=True to replace it or resume=True to finish an interrupted export. "
+            f"Received: directory='{directory}'"
         )
     foreign = [e for e in entries if not mf.is_own_file(e)]
     if foreign:
@@ -181,7 +189,9 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
             f"export: the target directory holds files that no export wrote ({foreign[:5]}); they are not deleted: "
             f"choose an empty directory or remove them. Received: directory='{directory}'"
         )
-    fresh = mf.new_manifest(spec, num_items=n, num_shards=num_shards, file_format=file_format, compression=compression, source=source)
+    fresh = mf.new_manifest(
+        spec, num_items=n, num_shards=num_shards, file_format=file_format, compression=compression, source=source
+    )
     keep: set = set()
     if resume and (directory / mf.MANIFEST).is_file():
         _, old = mf.read_manifest(directory, need_complete=False)
@@ -189,7 +199,8 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
             if old.get(key) != fresh[key]:
                 raise mf.ExportError(
                     f"export(resume=True): the export in '{directory}' was written with other settings: {key} is "
-                    f"{old.get(key)!r} there and {fresh[key]!r} now; use overwrite=True to start again. Received: {key}={fresh[key]!r}"
+                    f"{old.get(key)!r} there and {fresh[key]!r} now; use overwrite=True to start again. "
+                    f"Received: {key}={fresh[key]!r}"
                 )
         bad = {name for name, _ in mf.bad_shards(directory, old, checksum=True)}
         fresh["created"] = old.get("created", fresh["created"])
@@ -207,6 +218,7 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
 def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *, executor: str,
          workers: Optional[int], worker_init: Any, progress: bool) -> None:  # fmt: skip
     from kerasfeed.execution.factory import make_executor
+    from kerasfeed.execution.processes.options import PoolOptions
 
     if executor == "processes":  # one worker per shard at most: a shard is one task
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -216,7 +228,7 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
     try:
         shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
         bar = _Bar(shared, todo, total) if progress else None
-        ex = make_executor(executor, task, workers=workers, worker_init=worker_init)
+        ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init))
         ex.plan(0, todo)
         for k in todo:
             report = ex.load(k, 0)

@@ -55,7 +55,9 @@ def is_own_file(name: str) -> bool:
     )
 
 
-def new_manifest(spec: ExportSpec, *, num_items: int, num_shards: int, file_format: str, compression: Optional[str], source: str) -> dict:
+def new_manifest(
+    spec: ExportSpec, *, num_items: int, num_shards: int, file_format: str, compression: Optional[str], source: str
+) -> dict:
     return {
         "format": "kerasfeed-export",
         "format_version": FORMAT_VERSION,

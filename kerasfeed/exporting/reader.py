@@ -42,7 +42,10 @@ def verify_export(directory: Any) -> dict:
     raise_bad(directory, bad_shards(directory, manifest, checksum=True))
     counted = sum(s["count"] for s in manifest["shards"])
     if counted != manifest["num_items"]:  # pragma: no cover - per-shard counts are checked above
-        raise ExportError(f"The shards of '{directory}' hold {counted} items, the manifest says {manifest['num_items']}. Received: directory='{directory}'")
+        raise ExportError(
+            f"The shards of '{directory}' hold {counted} items, the manifest says {manifest['num_items']}. "
+            f"Received: directory='{directory}'"
+        )
     return {"items": counted, "shards": manifest["num_shards"], "bytes": sum(s["bytes"] for s in manifest["shards"])}
 
 
@@ -115,13 +118,14 @@ def load_export(
     """
     import tensorflow as tf
 
-    from kerasfeed.tfdata.common import graph_fn
+    from kerasfeed.tfdata.inline_map import graph_fn
 
     directory, manifest = read_manifest(directory)
     if manifest["file_format"] != "tfrecord":
         raise ExportError(
             f"load_export reads TFRecord exports; '{directory}' holds {manifest['file_format']} files: read it with "
-            f"kerasfeed.to_dataset(kerasfeed.ExportSource(directory)). Received: file_format={manifest['file_format']!r}"
+            "kerasfeed.to_dataset(kerasfeed.ExportSource(directory)). "
+            f"Received: file_format={manifest['file_format']!r}"
         )
     _v.flag("shuffle_files", shuffle_files, owner="load_export")
     seed = _v.seed("seed", seed, owner="load_export")
@@ -143,7 +147,9 @@ def load_export(
         )
     shard_index = _v.non_negative_int("shard_index", shard_index, owner="load_export")
     if shard_index >= num_shards:
-        raise ValueError(f"load_export: `shard_index` must be in [0, {num_shards}). Received: shard_index={shard_index}")
+        raise ValueError(
+            f"load_export: `shard_index` must be in [0, {num_shards}). Received: shard_index={shard_index}"
+        )
     if verify:
         raise_bad(directory, bad_shards(directory, manifest, checksum=verify == "checksum"))
 
@@ -199,7 +205,8 @@ def make_parser(spec: ExportSpec):
             if dtype == STRING:
                 value = parsed[key]
             elif dtype in ("uint32", "uint64"):  # decode_raw has no unsigned 32/64-bit types
-                value = tf.bitcast(tf.io.decode_raw(parsed[key], tf.int32 if dtype == "uint32" else tf.int64), tf.as_dtype(dtype))
+                raw = tf.io.decode_raw(parsed[key], tf.int32 if dtype == "uint32" else tf.int64)
+                value = tf.bitcast(raw, tf.as_dtype(dtype))
             else:
                 value = tf.io.decode_raw(parsed[key], tf.as_dtype(dtype))
             value = tf.reshape(value, parsed[key + ":shape"] if shape else [])

@@ -78,7 +78,8 @@ def feature_key(path: tuple, skeleton: Any) -> str:
     if not path:
         return "item"
     head, rest = path[0], path[1:]
-    first = _KERAS_NAMES[head] if isinstance(skeleton, list) and len(skeleton) <= 3 and isinstance(head, int) else str(head)
+    keras_tuple = isinstance(skeleton, list) and len(skeleton) <= 3 and isinstance(head, int)
+    first = _KERAS_NAMES[head] if keras_tuple else str(head)
     return "/".join([first] + [str(p) for p in rest])
 
 
@@ -87,7 +88,9 @@ def dtype_name(a: np.ndarray) -> str:
         return STRING
     name = a.dtype.name
     if name not in NUMERIC:
-        raise SignatureError(f"Unsupported dtype {a.dtype}: an export holds {', '.join(NUMERIC)} or strings. Received: dtype {a.dtype}")
+        raise SignatureError(
+            f"Unsupported dtype {a.dtype}: an export holds {', '.join(NUMERIC)} or strings. Received: dtype {a.dtype}"
+        )
     return name
 
 
@@ -106,7 +109,9 @@ class ExportSpec:
         shapes: lists of ints and None.
     """
 
-    def __init__(self, skeleton: Any, paths: Sequence[tuple], dtypes: Sequence[str], shapes: Sequence[Sequence[Optional[int]]]):
+    def __init__(
+        self, skeleton: Any, paths: Sequence[tuple], dtypes: Sequence[str], shapes: Sequence[Sequence[Optional[int]]]
+    ):
         self.skeleton = skeleton
         self.paths = [tuple(p) for p in paths]
         self.dtypes = list(dtypes)
@@ -138,11 +143,13 @@ class ExportSpec:
                 a = as_array(leaf)
                 if dtype_name(a) != dtypes[k]:
                     raise SignatureError(
-                        f"Field {spec.names[k]} changes dtype: item {first_index} has {dtypes[k]}, item {index} has {dtype_name(a)}."
+                        f"Field {spec.names[k]} changes dtype: item {first_index} has {dtypes[k]}, "
+                        f"item {index} has {dtype_name(a)}."
                     )
                 if a.ndim != len(shapes[k]):
                     raise SignatureError(
-                        f"Field {spec.names[k]} changes rank: item {first_index} has shape {tuple(shapes[k])}, item {index} has shape {a.shape}."
+                        f"Field {spec.names[k]} changes rank: item {first_index} has shape {tuple(shapes[k])}, "
+                        f"item {index} has shape {a.shape}."
                     )
                 shapes[k] = [d if d == e else None for d, e in zip(shapes[k], a.shape)]
         spec.shapes = shapes
@@ -155,7 +162,10 @@ class ExportSpec:
         dtypes, shapes = [], []
         for path, s in leaves:
             if not (hasattr(s, "dtype") and hasattr(s, "shape")):
-                raise TypeError(f"`output_signature` must be a nest of tf.TensorSpec; the entry at {list(path)} is not. Received: {s!r}")
+                raise TypeError(
+                    f"`output_signature` must be a nest of tf.TensorSpec; the entry at {list(path)} is not. "
+                    f"Received: {s!r}"
+                )
             name = s.dtype.name
             if name != STRING and name not in NUMERIC:
                 raise SignatureError(f"Unsupported dtype in `output_signature` at {list(path)}. Received: {s!r}")
@@ -202,7 +212,8 @@ class ExportSpec:
     @classmethod
     def from_json(cls, data: dict) -> "ExportSpec":
         fields = data["fields"]
-        spec = cls(data["structure"], [f["path"] for f in fields], [f["dtype"] for f in fields], [f["shape"] for f in fields])
+        paths, dtypes, shapes = ([f[k] for f in fields] for k in ("path", "dtype", "shape"))
+        spec = cls(data["structure"], paths, dtypes, shapes)
         spec.keys = [f["key"] for f in fields]
         return spec
 
@@ -210,7 +221,8 @@ class ExportSpec:
         """The nest of ``tf.TensorSpec`` (imports TensorFlow)."""
         import tensorflow as tf
 
-        specs = [tf.TensorSpec(s, tf.string if d == STRING else tf.as_dtype(d)) for s, d in zip(self.shapes, self.dtypes)]
+        dtypes = [tf.string if d == STRING else tf.as_dtype(d) for d in self.dtypes]
+        specs = [tf.TensorSpec(s, d) for s, d in zip(self.shapes, dtypes)]
         return pack(self.skeleton, specs)
 
     def __eq__(self, other: Any) -> bool:

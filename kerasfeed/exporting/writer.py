@@ -187,7 +187,7 @@ class ShardTask:
                     raise _Stopped
                 try:
                     item = self.source[index]
-                except Exception as e:  # noqa: BLE001 - reported with its index
+                except Exception as e:
                     raise ItemError.from_exception(index, e, source_name=self.source_name) from e
                 writer.write(self.spec, self.spec.arrays(index, item, self.hint))
                 n += 1

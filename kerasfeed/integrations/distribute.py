@@ -24,8 +24,8 @@ message naming what differs, and a worker that never joins fails after
 from __future__ import annotations
 
 import dataclasses
-import json
 import itertools
+import json
 import logging
 import os
 import threading

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional, Union
 
 import keras
 
+from kerasfeed import _validation as _v
 from kerasfeed.sampling.state import ResumeState
 
 
@@ -67,8 +68,7 @@ class TrainingProgress(keras.callbacks.Callback):
         order: Any = None,
     ):
         super().__init__()
-        if not isinstance(save_every, int) or save_every <= 0:
-            raise ValueError(f"`save_every` must be a positive int. Received: save_every={save_every!r}")
+        save_every = _v.positive_int("save_every", save_every)
         start = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
         self._resume = start
         self._order = start.order

@@ -146,7 +146,7 @@ class Signature:
         """One padding value per leaf: 0 (``b""`` for strings), a scalar for all
         leaves, or a nest shaped like the items."""
         if padding_values is None:
-            return [b"" if d == object else 0 for d in self.dtypes]
+            return [b"" if d == np.dtype(object) else 0 for d in self.dtypes]
         if np.ndim(padding_values) == 0 and not isinstance(padding_values, (dict, tuple, list)):
             return [padding_values] * len(self.dtypes)
         skeleton, leaves = flatten(padding_values)

@@ -19,6 +19,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.loader.collate import Signature, collate, pack
 from kerasfeed.loader.convert import TorchBatches, map_arrays
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
@@ -124,6 +125,8 @@ class Loader:
         order: Any = None,
     ):
         total = source_length(source)
+        # Built (and checked) once here, used whole by every process executor.
+        pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed)
         batch_size = _v.positive_int("batch_size", batch_size, allow_none=True, owner="to_loader")
         probe = _v.positive_int("probe", probe, owner="to_loader")
         shuffle = _v.flag("shuffle", shuffle, owner="to_loader")
@@ -155,7 +158,7 @@ class Loader:
         self._order = order
         self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
         self._owns_executor = not isinstance(executor, Executor)
-        self.executor = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed)
+        self.executor = make_executor(executor, source, pool_options)
         try:
             probes = [(i, self.executor.load(i, 0)) for i in probe_indices(total, probe)]
             self._signature = Signature.infer(probes)

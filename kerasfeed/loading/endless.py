@@ -56,7 +56,15 @@ class EndlessPipeline(PassPipeline):
     ``set_epoch`` and ``on_epoch_begin`` and plans the first block;
     ``on_epoch_end`` is never called (the pass never ends)."""
 
-    def __init__(self, source: Any, executor: Executor, checker: Any, num_shards: int = 1, shard_index: int = 0, block: int = BLOCK):
+    def __init__(
+        self,
+        source: Any,
+        executor: Executor,
+        checker: Any,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        block: int = BLOCK,
+    ):
         super().__init__(source, None, executor, checker, 0, 0)
         self._num_shards = int(num_shards)
         self._shard_index = int(shard_index)

@@ -290,7 +290,10 @@ def profile(
     count = min(n, 64) if items is None else positive_int("items", items, owner="profile")
     per_batch = positive_int("batch_size", batch_size, allow_none=True, owner="profile") or 1
     cpus = _cpus()
-    workers = sorted({1, 2, cpus, 2 * cpus}) if workers is None else [positive_int("workers", w, owner="profile") for w in workers]
+    if workers is None:
+        workers = sorted({1, 2, cpus, 2 * cpus})
+    else:
+        workers = [positive_int("workers", w, owner="profile") for w in workers]
     threads = [1, 4, 16, 64] if threads is None else [positive_int("threads", t, owner="profile") for t in threads]
     indices = [i % n for i in range(count)]
 

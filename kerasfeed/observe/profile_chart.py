@@ -50,7 +50,9 @@ def plot_report(report: Any, path: Optional[str] = None):
         ax_time.set_yticklabels([f"{'thread' if report.executor == 'threads' else 'worker'} {lane}" for lane in lanes],
                                 fontsize=7 if len(lanes) > 16 else 9)
     else:
-        ax_time.text(0.5, 0.5, "no per-item timeline for this run", ha="center", va="center", transform=ax_time.transAxes)
+        ax_time.text(
+            0.5, 0.5, "no per-item timeline for this run", ha="center", va="center", transform=ax_time.transAxes
+        )
     ax_time.set_xlabel("ms since the pass started")
     ax_time.set_title(f"one pass, {report.executor} x{report.workers}: each bar is one item being made")
     fig.tight_layout()

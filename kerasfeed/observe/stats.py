@@ -166,7 +166,12 @@ class StatsCollector:
             self._errors += 1
 
     def made(
-        self, make_s: float, worker: Any = None, end: Optional[float] = None, lane: Any = None, busy_s: Optional[float] = None
+        self,
+        make_s: float,
+        worker: Any = None,
+        end: Optional[float] = None,
+        lane: Any = None,
+        busy_s: Optional[float] = None,
     ) -> None:
         """One item took ``make_s`` seconds to make, on ``worker`` (None: a
         pool thread). ``end``: when it finished (perf_counter), for the

@@ -143,7 +143,9 @@ class BalancedOrder(SampledOrder):
             with h5py.File(path, "r") as f:
                 ds = f.get(key)
                 if ds is None or not hasattr(ds, "shape"):
-                    raise ValueError(f"{OWNER}.from_hdf5: file '{os.fspath(path)}' has no dataset {key!r}. Received: key={key!r}")
+                    raise ValueError(
+                        f"{OWNER}.from_hdf5: file '{os.fspath(path)}' has no dataset {key!r}. Received: key={key!r}"
+                    )
                 if not (ds.ndim == 1 or (ds.ndim == 2 and ds.shape[1] == 1)):
                     raise ValueError(
                         f"{OWNER}.from_hdf5: dataset {key!r} in '{os.fspath(path)}' must hold one label per row, "
@@ -163,7 +165,8 @@ class BalancedOrder(SampledOrder):
                 c = int(over[0])
                 raise ValueError(
                     f"{OWNER}: replacement=False takes each item at most once per pass, but a pass of "
-                    f"num_samples={s} needs up to {int(need[c])} items of class {self.classes.tolist()[c]!r}, which has only "
+                    f"num_samples={s} needs up to {int(need[c])} items of class {self.classes.tolist()[c]!r}, "
+                    "which has only "
                     f"{int(n[c])}; lower num_samples or allow replacement. Received: num_samples={s}, replacement=False"
                 )
         else:

@@ -14,7 +14,9 @@ from kerasfeed.sources.base import set_epoch, source_length
 MAX_PERIOD = 10_000
 
 
-def mix(sources: Sequence[Any], weights: Optional[Sequence[float]] = None, *, seed: Optional[int] = None, check: bool = True) -> Any:
+def mix(
+    sources: Sequence[Any], weights: Optional[Sequence[float]] = None, *, seed: Optional[int] = None, check: bool = True
+) -> Any:
     """Several indexable sources as one indexable source, in the given proportions.
 
     The mix is a block of ``P`` slots repeated: part ``k`` owns ``w_k`` slots
@@ -67,7 +69,9 @@ def mix(sources: Sequence[Any], weights: Optional[Sequence[float]] = None, *, se
     """
     parts = list(sources) if isinstance(sources, (list, tuple)) else sources
     if not isinstance(parts, list) or len(parts) < 2:
-        raise ValueError(f"mix: `sources` must be a list or tuple of two or more indexable sources. Received: sources={sources!r}")
+        raise ValueError(
+            f"mix: `sources` must be a list or tuple of two or more indexable sources. Received: sources={sources!r}"
+        )
     if any(_is_pydataset(p) for p in parts):
         from kerasfeed.sampling.mixseq import MixedSequence
 
@@ -94,7 +98,9 @@ class MixCore:
             weights = [1] * len(parts)
         w = v.weights("weights", weights, owner="mix")
         if len(w) != len(parts):
-            raise ValueError(f"mix: `weights` needs one weight per part ({len(parts)} parts). Received: weights={list(weights)!r}")
+            raise ValueError(
+                f"mix: `weights` needs one weight per part ({len(parts)} parts). Received: weights={list(weights)!r}"
+            )
         self.parts = parts
         self.seed = v.seed("seed", seed, owner="mix")
         self.slots = _whole_slots(w)  # slots of part k per block
@@ -182,7 +188,10 @@ class MixCore:
         return state
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {len(self.parts)} parts, slots per block {self.slots.tolist()}, {self._length} elements>"
+        return (
+            f"<{type(self).__name__} of {len(self.parts)} parts, slots per block {self.slots.tolist()}, "
+            f"{self._length} elements>"
+        )
 
 
 class Mix(MixCore):

@@ -7,6 +7,8 @@ from typing import Optional
 
 import numpy as np
 
+from kerasfeed import _validation as _v
+
 
 @dataclasses.dataclass(frozen=True)
 class IndexOrder:
@@ -45,10 +47,10 @@ class IndexOrder:
     shard_index: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.length, (int, np.integer)) or self.length <= 0:
-            raise ValueError(f"IndexOrder.length must be a positive int. Received: {self.length!r}")
-        if not isinstance(self.shuffle, (bool, np.bool_)):
-            raise TypeError(f"`shuffle` must be True or False. Received: {self.shuffle!r}")
+        _v.positive_int("length", self.length, owner="IndexOrder")
+        _v.flag("shuffle", self.shuffle)
+        # Checked here, not when the first pass draws its permutation.
+        _v.seed("seed", self.seed)
         for name in ("num_shards", "shard_index"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
@@ -70,8 +72,6 @@ class IndexOrder:
         if self.seed is None:
             # Fixed once per order object: passes still differ from each other.
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
-        elif not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool):
-            raise TypeError(f"`seed` must be an int or None. Received: {self.seed!r}")
 
     @property
     def shard_length(self) -> int:

@@ -79,7 +79,10 @@ def resolve_order(
     given = {
         name: value
         for name, value, default in (
-            ("shuffle", shuffle, False), ("seed", seed, None), ("num_shards", num_shards, 1), ("shard_index", shard_index, 0)
+            ("shuffle", shuffle, False),
+            ("seed", seed, None),
+            ("num_shards", num_shards, 1),
+            ("shard_index", shard_index, 0),
         )
         # None counts as not given: front ends that derive shards later pass None.
         if not (value is None or value is default or value == default)
@@ -97,7 +100,8 @@ def resolve_order(
     if not callable(getattr(order, "indices", None)) or not hasattr(order, "shard_length"):
         raise TypeError(
             "`order` must be an order object with `shard_length` and `indices(epoch)` (e.g. "
-            f"kerasfeed.IndexOrder, BalancedOrder, WeightedOrder). Received: order={order!r} of type {type(order).__name__}"
+            "kerasfeed.IndexOrder, BalancedOrder, WeightedOrder). "
+            f"Received: order={order!r} of type {type(order).__name__}"
         )
     n = v.positive_int("order.shard_length", order.shard_length)
     length = getattr(order, "length", None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
+from kerasfeed import _validation as _v
+
 _KEYS = {"epoch", "batches"}
 
 
@@ -32,9 +34,7 @@ class ResumeState:
 
     def __post_init__(self):
         for name in ("epoch", "batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"ResumeState.{name} must be a non-negative int. Received: {name}={value!r}")
+            object.__setattr__(self, name, _v.non_negative_int(name, getattr(self, name), owner="ResumeState"))
         if self.order is not None and not isinstance(self.order, str):
             raise ValueError(f"ResumeState.order must be a fingerprint string or None. Received: order={self.order!r}")
 
@@ -51,6 +51,7 @@ class ResumeState:
         if not isinstance(state, Mapping) or not _KEYS <= set(state) or not set(state) <= _KEYS | {"order"}:
             raise ValueError(
                 "A resume state is a dict with exactly the keys 'epoch' and 'batches' (and 'order', the "
-                f"order's fingerprint, when it was saved with one) as saved from TrainingProgress.state. Received: {state!r}"
+                "order's fingerprint, when it was saved with one) as saved from TrainingProgress.state. "
+                f"Received: {state!r}"
             )
         return cls(epoch=state["epoch"], batches=state["batches"], order=state.get("order"))

@@ -23,7 +23,9 @@ class SampledOrder:
     Subclasses implement ``_pass(epoch)``.
     """
 
-    def _init_common(self, owner: str, length: int, num_samples: Any, seed: Any, num_shards: Any, shard_index: Any) -> None:
+    def _init_common(
+        self, owner: str, length: int, num_samples: Any, seed: Any, num_shards: Any, shard_index: Any
+    ) -> None:
         self.length = int(length)
         self.num_samples = v.positive_int("num_samples", num_samples, allow_none=True, owner=owner) or self.length
         self.num_shards = v.positive_int("num_shards", num_shards, owner=owner)
@@ -79,7 +81,9 @@ class SampledOrder:
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if self._fingerprint is None:
-            self._fingerprint = hash_parts(type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards)
+            self._fingerprint = hash_parts(
+                type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards
+            )
         return self._fingerprint
 
     def _rng(self, stream: int, epoch: int, *more: int) -> np.random.Generator:

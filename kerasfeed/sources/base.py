@@ -56,7 +56,11 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
     name = type(source).__name__
     has_len = hasattr(source, "__len__")
     has_nb = not has_len and _has_num_batches(source)
-    missing = [m for m, ok in (("`__getitem__`", hasattr(source, "__getitem__")), ("length (neither `__len__` nor a `num_batches` property)", has_len or has_nb)) if not ok]
+    needs = (
+        ("`__getitem__`", hasattr(source, "__getitem__")),
+        ("length (neither `__len__` nor a `num_batches` property)", has_len or has_nb),
+    )
+    missing = [m for m, ok in needs if not ok]
     if missing:
         raise TypeError(
             f"{owner} needs an indexable source: an object with `__getitem__(index)` returning item `index`, "
@@ -67,7 +71,7 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
     what = f"len({name})" if has_len else f"{name}.num_batches"
     try:
         n = len(source) if has_len else source.num_batches
-    except Exception as e:  # noqa: BLE001 - e.g. a PyDataset that defines neither
+    except Exception as e:  # re-raised below, naming the source
         raise TypeError(f"{owner}: {what} raised {type(e).__name__}: {e}. Received: {_short(source)}") from e
     if n is None and has_nb:
         if allow_infinite:
@@ -79,7 +83,9 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
         raise TypeError(f"{owner}: {what} must return an int{' or None' if has_nb else ''}. Received: {n!r}")
     n = int(n)
     if n <= 0:
-        raise ValueError(f"The source is empty: {what} is {n}; it must hold at least one item. Received: {_short(source)}")
+        raise ValueError(
+            f"The source is empty: {what} is {n}; it must hold at least one item. Received: {_short(source)}"
+        )
     return n
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
     # TensorFlow, ~2 s and ~500 MB per process) just to unpickle a subclass.

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, StreamError, WorkerError
 from kerasfeed.sources.base import close_quietly
 
@@ -40,11 +41,6 @@ class _Marker:
 
 NOT_READY = _Marker("NOT_READY")  # take(): nothing arrived within the timeout
 END = _Marker("END")  # take(): the pass is over
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +69,9 @@ class InterleaveOptions:
 
     def __post_init__(self):
         for name in ("cycle_length", "block_length", "max_open", "buffer_size"):
-            _positive_int(name, getattr(self, name))
-        if not isinstance(self.deterministic, bool):
-            raise TypeError(f"`deterministic` must be True or False. Received: deterministic={self.deterministic!r}")
+            object.__setattr__(self, name, _v.positive_int(name, getattr(self, name)))
+        object.__setattr__(self, "deterministic", _v.flag("deterministic", self.deterministic))
+        object.__setattr__(self, "ordered_start", _v.flag("ordered_start", self.ordered_start))
         if self.max_open < self.cycle_length:
             raise ValueError(
                 f"`cycle_length={self.cycle_length}` is larger than the number of shards that can run at "

@@ -25,8 +25,9 @@ import collections
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError
 from kerasfeed.streams.interleave import END, NOT_READY
 
@@ -100,11 +101,8 @@ class QueueFeed:
     """
 
     def __init__(self, producer: Any, *, maxsize: int = 64, timeout: Optional[float] = None):
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize <= 0:
-            raise ValueError(f"`maxsize` must be a positive int. Received: maxsize={maxsize!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"`timeout` must be a positive number of seconds or None. Received: timeout={timeout!r}")
-        self.timeout = timeout
+        maxsize = _v.positive_int("maxsize", maxsize)
+        self.timeout = _v.seconds("timeout", timeout)
         self._lock = threading.Lock()
         self._peeked: collections.deque = collections.deque()
         self._done: Optional[_ProducerDone] = None  # sticky once the producer finished

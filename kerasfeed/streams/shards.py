@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from kerasfeed import _validation as _v
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.streams.interleave import END, NOT_READY, InterleaveOptions, ShardPass
 
@@ -82,9 +83,10 @@ class ShardedStream:
             raise TypeError(f"The shard task must be callable. Received: {task!r}")
         if executor not in EXECUTORS:
             raise ValueError(f"`executor` must be one of {EXECUTORS}. Received: executor={executor!r}")
-        for name, value in (("workers", workers), ("cycle_length", cycle_length)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"`{name}` must be a positive int or None. Received: {name}={value!r}")
+        workers = _v.positive_int("workers", workers, allow_none=True)
+        cycle_length = _v.positive_int("cycle_length", cycle_length, allow_none=True)
+        _v.optional_callable("worker_init", worker_init)
+        seed = _v.seed("seed", seed)
         if executor == "threads" and worker_init is not None:
             raise ValueError(
                 "`worker_init` runs in worker processes; executor='threads' has none. "
@@ -134,22 +136,18 @@ class ShardedStream:
         self._lock = threading.Lock()
         self._passes = 0
         if executor == "processes":
+            from kerasfeed.execution.processes.options import PoolOptions
             from kerasfeed.execution.processes.pickling import dumps_task
             from kerasfeed.execution.processes.pool import WorkerPool
 
             # Fail now, naming the culprit, rather than in the first pass.
             dumps_task(task, self.args[0], self.describe(0))
-            self.pool = WorkerPool(
-                None,
-                workers=workers,
-                worker_init=worker_init,
-                seed=seed,
-                # The consumer-side buffer (buffer_size) does the read-ahead;
-                # two slots let a worker make the next item while one travels.
-                in_flight_per_worker=2,
-                timeout=timeout,
-                name=f"{kind}s of {_task_name(task)}",
+            # The consumer-side buffer (buffer_size) does the read-ahead; two
+            # slots let a worker make the next item while one travels.
+            options = PoolOptions(
+                workers=workers, worker_init=worker_init, seed=seed, in_flight_per_worker=2, timeout=timeout
             )
+            self.pool = WorkerPool(None, options, name=f"{kind}s of {_task_name(task)}")
 
     def __len__(self) -> int:
         return len(self.args)
@@ -183,7 +181,9 @@ class ShardedStream:
             kerasfeed.StreamError: a shard raised.
         """
         cycle = max(1, min(count, len(self.args) if self.order is None else self.order.shard_length, self.workers))
-        opts = InterleaveOptions(cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None)
+        opts = InterleaveOptions(
+            cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None
+        )
         # This pipeline's own shards (the first pass's order) when sharded.
         order = range(len(self.args)) if self.order is None else self.order.indices(0).tolist()
         p = ShardPass(order, self._open_shard, opts, self.describe, name="probe")

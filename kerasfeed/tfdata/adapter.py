@@ -7,8 +7,11 @@ from typing import Any, Callable, Mapping, Optional, Union
 import numpy as np
 import tensorflow as tf
 
+from kerasfeed import _validation as _v
+from kerasfeed._validation import AUTOTUNE
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.groups import GroupLoader
@@ -16,19 +19,16 @@ from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
-from kerasfeed.tfdata.common import (
-    AUTOTUNE,
-    batch,
-    check_flag,
-    check_positive_int,
-    check_prefetch_and_device,
-    graph_fn,
-    inline_map,
-    prefetch_tail,
-)
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
-from kerasfeed.tfdata.structure import ItemChecker, flatten, infer_signature, normalize_signature, open_leading_dimension
-
+from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.structure import (
+    ItemChecker,
+    flatten,
+    infer_signature,
+    normalize_signature,
+    open_leading_dimension,
+)
+from kerasfeed.tfdata.tail import TailOptions
 
 # The length an endless source counts as when shards are resolved: items for
 # any number of workers.
@@ -172,15 +172,20 @@ def to_dataset(
     """
     total = source_length(source, allow_infinite=True, owner="to_dataset")
     endless = total is None  # num_batches is None: one endless pass per iterator
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True)
-    check_positive_int("probe", probe, allow_none=False)
-    check_positive_int("group_items", group_items)
-    check_prefetch_and_device(prefetch, device)
-    for name, flag in (("shuffle", shuffle), ("drop_remainder", drop_remainder), ("ragged", ragged)):
-        check_flag(name, flag)
-    if drop_remainder and batch_size is None:
-        raise ValueError("`drop_remainder=True` needs `batch_size`; items are already batches when batch_size=None.")
+    # Built (and checked) once here, used whole by every process executor.
+    pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
+    tail = TailOptions(
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        ragged=ragged,
+        padding_values=padding_values,
+        prefetch=prefetch,
+        device=device,
+    )
+    _v.positive_int("num_parallel_calls", num_parallel_calls, allow_none=True, allow_autotune=True)
+    _v.positive_int("probe", probe)
+    _v.positive_int("group_items", group_items, allow_none=True)
+    _v.flag("shuffle", shuffle)
     resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
     if endless:
         check_endless_arguments(source, shuffle, initial_state, order)
@@ -190,7 +195,8 @@ def to_dataset(
     # number of workers.
     num_shards, shard_index, shard_opts = _distribute.prepare(
         "to_dataset", _ENDLESS if endless else total, num_shards, shard_index, input_context, order=order, seed=seed,
-        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch, batches=resume.batches,
+        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch,
+        batches=resume.batches,
     )
     sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
     if endless:
@@ -213,14 +219,16 @@ def to_dataset(
         )
     skip = resume.batches * per_element
 
-    ex = make_executor(executor, source, workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
+    ex = make_executor(executor, source, pool_options)
     probes: list = []
     try:
         if output_signature is None:
             if endless:
                 at = range(shard_index, shard_index + probe * num_shards, num_shards)
             elif sharded:
-                at = _distribute.shard_probe_indices(order, total, probe, resume.epoch, skip, batches=batch_size is None)
+                at = _distribute.shard_probe_indices(
+                    order, total, probe, resume.epoch, skip, batches=batch_size is None
+                )
             else:
                 at = probe_indices(total, probe)
             probes = [(i, ex.load(i, 0)) for i in at]
@@ -294,7 +302,7 @@ def to_dataset(
             ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
     variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
-    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=variable, padding_values=padding_values)
+    ds = tail.shuffle_and_batch(ds, variable=variable)
     if endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not skip:  # a resumed dataset's first pass is shorter than the others
@@ -304,12 +312,12 @@ def to_dataset(
     options.deterministic = True
     if parallel is not None:
         # tf.data's shared pool caps Python calls in flight near the core count
-        # (FIELD_NOTES #3); a private pool lets `parallel` calls really overlap.
+        # (docs/field_notes.md, *tf.data thread pool*); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = ds.with_options(options).with_options(shard_opts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
-    ds = prefetch_tail(ds, prefetch, device, autotune=parallel == AUTOTUNE)
+    ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
     ds._kerasfeed_executor = ex
     ds._kerasfeed_groups = groups

@@ -90,7 +90,7 @@ def retire_live_iterators() -> int:
         for owner, stop in owners:
             try:
                 stop(owner)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
     retired = 0
     for it, _ in ours:
@@ -98,7 +98,7 @@ def retire_live_iterators() -> int:
             empty = it._dataset.take(0)  # same element spec, no input iterator
             gen_dataset_ops.make_iterator(empty._variant_tensor, it._iterator_resource)
             retired += 1
-        except Exception:  # noqa: BLE001 - e.g. an iterator already deleted
+        except Exception:
             logger.debug("kerasfeed: retiring an iterator at exit failed", exc_info=True)
     return retired
 

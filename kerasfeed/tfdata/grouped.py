@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
-from kerasfeed.tfdata.common import graph_fn, inline_map
+from kerasfeed.tfdata.inline_map import graph_fn, inline_map
 
 
 def open_leading(specs: list) -> list:
@@ -47,7 +47,9 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int) -> tf.data.Dataset:
+def grouped_items(
+    begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int
+) -> tf.data.Dataset:
     """Each pass: ``begin`` gives the order; ``group`` items per ``load_group`` call; split again in C++."""
     specs = checker.specs
     opened = open_leading(specs)

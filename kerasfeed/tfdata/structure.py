@@ -210,7 +210,8 @@ class ItemChecker:
             if shape is not None and (
                 a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape))
             ):
-                expected = "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+                dims = ", ".join("None" if d is None else str(d) for d in shape)
+                expected = "(" + dims + ("," if len(shape) == 1 else "") + ")"
                 self._fail(index, k, f"shape {expected}, received shape {a.shape}")
             out.append(a)
         return out

@@ -201,7 +201,7 @@ def main(reference_path, result_path):
         import tensorflow  # noqa: F401
     except ModuleNotFoundError:  # not installed (JAX run) or blocked (PyTorch run)
         try:
-            kerasfeed.to_dataset  # noqa: B018 - the lazy attribute import is what is tested
+            kerasfeed.to_dataset  # the lazy attribute import is what is tested
         except ModuleNotFoundError as e:
             assert "pip install 'kerasfeed[tensorflow]'" in str(e) and "to_loader" in str(e), str(e)
             out["to_dataset_error"] = "names the extra"

@@ -15,7 +15,7 @@ from _kit import count_up, drive
 from _util import wait_until
 
 from kerasfeed.errors import ItemError, WorkerError
-from kerasfeed.execution.processes import WorkerPool
+from kerasfeed.execution.processes import PoolOptions, WorkerPool
 
 # Classes and functions below reach the workers by value, exactly like code
 # defined in a notebook cell or in `__main__` (the worker never imports this
@@ -81,7 +81,7 @@ def dies_after_one(_):
 
 
 def test_stream_worker_death_is_reported():
-    pool = WorkerPool(None, workers=1)
+    pool = WorkerPool(None, PoolOptions(workers=1))
     try:
         it = pool.stream(dies_after_one, None)
         assert next(it)[0] == 0
@@ -113,7 +113,7 @@ def slow_start(_):
 
 
 def test_stream_timeout_stops_a_stuck_task():
-    pool = WorkerPool(None, workers=1, timeout=0.5)
+    pool = WorkerPool(None, PoolOptions(workers=1, timeout=0.5))
     try:
         it = pool.stream(slow_start, None, name="stuck()")
         t0 = time.monotonic()

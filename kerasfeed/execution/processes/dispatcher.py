@@ -19,8 +19,8 @@ it drives hold none: ``WorkerProcess`` (``process.py``), ``SlotTable``
 
 from __future__ import annotations
 
-import itertools
 import errno
+import itertools
 import logging
 import os
 import pickle
@@ -117,12 +117,15 @@ class Dispatcher:
             if e.errno in (errno.EMFILE, errno.ENFILE):
                 # At the fd limit the kernel silently drops passed fds; report
                 # that, not a dead worker (this one is fine: stop it).
-                what = f"a shared-memory segment from worker {lane.id} (pid {proc.pid}) of {self.name} could not be received ({e.strerror})"
+                what = (
+                    f"a shared-memory segment from worker {lane.id} (pid {proc.pid}) of {self.name} "
+                    f"could not be received ({e.strerror})"
+                )
                 self.record_failure(WorkerError(fd_limit_message(what), worker_id=lane.id, pid=proc.pid))
                 proc.kill()
         except (EOFError, ValueError):
             pass
-        except BaseException:  # noqa: BLE001 - never lose the reason silently
+        except BaseException:  # never lose the reason silently
             logger.exception("kerasfeed: reader thread of worker %d failed", lane.id)
         finally:
             self._worker_gone(lane)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.processes.pool import WorkerPool
 
 
@@ -63,14 +64,24 @@ class ProcessExecutor(Executor):
         in_flight_per_worker: int = 2,
         timeout: Optional[float] = None,
     ):
-        self.pool = WorkerPool(
-            source,
+        options = PoolOptions(
             workers=workers,
             worker_init=worker_init,
             seed=seed,
             in_flight_per_worker=in_flight_per_worker,
             timeout=timeout,
         )
+        self._start(source, options)
+
+    @classmethod
+    def from_options(cls, source: Any, options: PoolOptions) -> "ProcessExecutor":
+        """The executor for ``source`` with options built (and checked) already."""
+        ex = cls.__new__(cls)
+        ex._start(source, options)
+        return ex
+
+    def _start(self, source: Any, options: PoolOptions) -> None:
+        self.pool = WorkerPool(source, options)
 
     def load(self, index: int, epoch: int) -> Any:
         return self.pool.load(int(index), int(epoch))

@@ -83,7 +83,7 @@ def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
 
     try:
         return cloudpickle.dumps((source, worker_init), protocol=5)
-    except Exception as e:  # noqa: BLE001 - re-raised with a better message
+    except Exception as e:  # re-raised with a better message
         for obj, path, what in ((source, "source", "source"), (worker_init, "worker_init", "`worker_init`")):
             found = find_unpicklable(obj, path)
             if found is None:
@@ -107,7 +107,7 @@ def dumps_task(fn: Any, arg: Any, name: str) -> bytes:
 
     try:
         return cloudpickle.dumps((fn, arg), protocol=5)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         found = find_unpicklable(fn, "task") or find_unpicklable(arg, "arg")
         where, value, err = found if found else ("task", fn, e)
         cls = type(value)

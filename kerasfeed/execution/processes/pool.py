@@ -46,14 +46,11 @@ class WorkerPool:
     Args:
         source: an indexable source (sent to every worker by value, with
             cloudpickle), or None for a pool that only runs streaming tasks.
-        workers: number of worker processes; None = the usable CPU count.
-        worker_init: a callable run once in each worker, after the source is
+        options: a ``PoolOptions`` (workers, worker_init, seed,
+            in_flight_per_worker, timeout), built once by the caller; the
+            pool keeps a resolved copy (``workers``/``seed`` made concrete).
+            ``worker_init`` runs once in each worker, after the source is
             unpickled; ``kerasfeed.get_worker_info()`` works inside it.
-        seed: base seed; worker ``k`` seeds ``random`` and ``numpy.random``
-            with ``seed + k``.
-        in_flight_per_worker: items requested from one worker at a time.
-        timeout: seconds an item may take before the pass fails; None = no
-            limit (a dead worker is always detected).
         name: a name for error messages; defaults to the source's class name.
 
     Raises:
@@ -64,7 +61,7 @@ class WorkerPool:
     Example:
 
     ```python
-    pool = WorkerPool(my_source, workers=2)
+    pool = WorkerPool(my_source, PoolOptions(workers=2))
     x, y = pool.load(3, epoch=0)             # my_source[3], made in a worker
     for item in pool.stream(make_items, 7):  # iterates make_items(7) in a worker
         ...
@@ -75,21 +72,17 @@ class WorkerPool:
     def __init__(
         self,
         source: Any = None,
+        options: Optional[PoolOptions] = None,
         *,
-        workers: Optional[int] = None,
-        worker_init: Optional[Callable[[], None]] = None,
-        seed: Optional[int] = None,
-        in_flight_per_worker: int = 2,
-        timeout: Optional[float] = None,
         name: Optional[str] = None,
     ):
-        if worker_init is not None and not callable(worker_init):
-            raise TypeError(f"`worker_init` must be a callable or None. Received: worker_init={worker_init!r}")
-        self.options = PoolOptions(
-            workers=workers, in_flight_per_worker=in_flight_per_worker, seed=seed, timeout=timeout
-        )
+        if options is None:
+            options = PoolOptions()
+        elif not isinstance(options, PoolOptions):
+            raise TypeError(f"`options` must be a PoolOptions or None. Received: options={options!r}")
+        self.options = options.resolved()
         self.name = name or (type(source).__name__ if source is not None else "pool")
-        payload = dumps_for_workers(source, worker_init)
+        payload = dumps_for_workers(source, self.options.worker_init)
         # What the workers' copy is: later passes send what changed since.
         self._state = StateTracker(source) if source is not None else None
         self._dispatcher = Dispatcher(payload, self.options, self.name)

@@ -32,9 +32,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import weakref
 import pickle
 import secrets
+import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -241,7 +241,7 @@ def dumps_spec(spec: Any) -> bytes:
     that only exist by value in this process (e.g. defined in a notebook)."""
     try:
         return pickle.dumps(spec, protocol=5)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever pickle refuses, cloudpickle tries
         import cloudpickle
 
         return cloudpickle.dumps(spec, protocol=5)

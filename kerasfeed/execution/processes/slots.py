@@ -88,7 +88,9 @@ class SlotTable:
         """
         if not fds:
             if size is not None:
-                raise FdsDropped(errno.EMFILE, f"the fd of a new segment for slot {slot} of worker {worker} was dropped")
+                raise FdsDropped(
+                    errno.EMFILE, f"the fd of a new segment for slot {slot} of worker {worker} was dropped"
+                )
             return
         for extra in fds[1:]:
             os.close(extra)

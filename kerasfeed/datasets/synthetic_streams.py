@@ -17,7 +17,7 @@ Example:
 ```python
 import functools
 import kerasfeed
-from kerasfeed.datasets.streams import sleepy_image_mask, write_jsonl_records, read_jsonl_records
+from kerasfeed.datasets.synthetic_streams import sleepy_image_mask, write_jsonl_records, read_jsonl_records
 
 ds = kerasfeed.from_generators(functools.partial(sleepy_image_mask, delay=0.1), 100)
 paths = write_jsonl_records("/tmp/records", counts=(3, 5, 7))

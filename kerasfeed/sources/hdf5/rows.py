@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from kerasfeed.sampling.protocol import resolve_order
-from kerasfeed.sources.hdf5 import KeysLike, PathsLike, _H5Base
+from kerasfeed.sources.hdf5.base import H5Base
+from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
 
 
-class H5RowSequence(_H5Base):
+class H5RowSequence(H5Base):
     """Batches of HDF5 rows in the sequence an order picks them, pass after pass.
 
     Pass ``epoch`` reads rows ``order.indices(epoch)`` (global row numbers
@@ -97,7 +98,10 @@ class H5RowSequence(_H5Base):
         )
         cls = type(self).__name__
         if order is None:
-            raise TypeError(f"{cls}: `order` is required (e.g. kerasfeed.BalancedOrder.from_hdf5(paths, 'labels')). Received: order=None")
+            raise TypeError(
+                f"{cls}: `order` is required (e.g. kerasfeed.BalancedOrder.from_hdf5(paths, 'labels')). "
+                "Received: order=None"
+            )
         try:
             self.order = resolve_order(self.num_rows, order)
         except (TypeError, ValueError) as e:

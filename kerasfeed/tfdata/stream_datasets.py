@@ -2,16 +2,13 @@
 
 The Python side (``kerasfeed.streams``) runs the generators ahead in threads
 or worker processes and hands items out in order. The tf.data side pulls
-them in *chunks*: each call of the pull function takes every item that is
-ready (up to ``_CHUNK_ITEMS`` items or ``_CHUNK_BYTES`` bytes), stacks them
-(variable shapes zero-padded, true shapes sent alongside), and tf.data
-unbatches and slices them back in C++. One Python call per chunk instead of
-per item keeps the per-item cost at a few microseconds.
+them in *chunks* (``chunks.py``): every item that is ready, stacked, in one
+Python call, unbatched again in C++.
 
 Pipeline of one pass::
 
     from_generator(chunks of one pass)     # new generators every pass
-      -> prefetch(2)                       # see _HEARTBEAT_S
+      -> prefetch(2)                       # see chunks.HEARTBEAT_S
       -> unbatch -> map(slice padded leaves back, pack the structure)
       -> [shuffle(shuffle_buffer, seed)] -> [batch | padded_batch | ragged_batch]
       -> [prefetch] -> [prefetch_to_device]
@@ -19,219 +16,24 @@ Pipeline of one pass::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from kerasfeed import _validation as _v
-from kerasfeed.errors import SignatureError, StreamError
+from kerasfeed._validation import AUTOTUNE
+from kerasfeed.errors import SignatureError
 from kerasfeed.observe.stats import new_collector
-from kerasfeed.streams.interleave import END, NOT_READY
 from kerasfeed.streams.queue import END_OF_EPOCH, QueueFeed
 from kerasfeed.streams.shards import ShardedStream
-from kerasfeed.tfdata.common import (
-    AUTOTUNE,
-    batch,
-    check_flag,
-    check_positive_int,
-    check_prefetch_and_device,
-    graph_fn,
-    prefetch_tail,
-)
-from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature
-
-_CHUNK_ITEMS = 64
-_CHUNK_BYTES = 8 << 20
-# When nothing is ready, the pull returns an empty chunk after this long
-# instead of blocking on. A tf.data thread blocked inside a Python function
-# cannot be cancelled, so dropping an iterator (a `break`, the end of `fit`)
-# would wait for the next item, forever for an idle queue; with heartbeats it
-# waits at most this long. The prefetch(2) right after the pull keeps the
-# empty chunks in a cancellable tf.data buffer.
-_HEARTBEAT_S = 0.1
-
-
-class _Label:
-    """Names an item in a SignatureError; formatted only when one is raised."""
-
-    __slots__ = ("origin", "describe")
-
-    def __init__(self, origin: Any, describe: Callable[[Any], str]):
-        self.origin = origin
-        self.describe = describe
-
-    def __format__(self, spec: str) -> str:
-        return self.describe(self.origin)
-
-    __str__ = __repr__ = lambda self: self.describe(self.origin)  # noqa: E731
-
-
-class _ChunkCodec:
-    """Checks items against the signature and packs them into chunks."""
-
-    def __init__(self, signature: Any, api: str):
-        self.api = api
-        self.checker = ItemChecker(signature)
-        self.specs = self.checker.specs
-        for name, spec in zip(self.checker.names, self.specs):
-            if spec.shape.rank is None:
-                raise ValueError(
-                    f"`output_signature` needs a known rank for every field; field {name} has an "
-                    f"unknown rank. Received: {spec}"
-                )
-        self.variable = [None in s.shape.as_list() for s in self.specs]
-        chunk_specs = []
-        for spec, var in zip(self.specs, self.variable):
-            shape = spec.shape.as_list()
-            chunk_specs.append(tf.TensorSpec([None, *shape], spec.dtype))
-            if var:
-                chunk_specs.append(tf.TensorSpec([None, len(shape)], tf.int64))
-        # Without variable shapes the chunks carry the item's own structure, so
-        # unbatch alone restores the items (no per-item map).
-        self.needs_decode = any(self.variable)
-        self.chunk_signature = tuple(chunk_specs) if self.needs_decode else self.checker.pack(chunk_specs)
-        self.empty = self.encode([])
-
-    def check(self, item: Any, origin: Any, describe: Callable[[Any], str]) -> list:
-        try:
-            return self.checker.flat_arrays(_Label(origin, describe), item)
-        except SignatureError as e:
-            raise SignatureError(str(e).replace("to_dataset", self.api)) from None
-
-    def _encode_leaf(self, k: int, col: list) -> tuple:
-        spec = self.specs[k]
-        dtype = object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype
-        shape = spec.shape.as_list()
-        if not col:
-            empty = np.zeros((0, *[d or 0 for d in shape]), dtype)
-            return (empty, np.zeros((0, len(shape)), np.int64)) if self.variable[k] else (empty,)
-        if len(col) == 1:
-            stacked = col[0][None]
-        elif not self.variable[k]:
-            stacked = np.stack(col)
-        else:
-            shapes = np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
-            top = shapes.max(axis=0)
-            if (shapes == top).all():
-                stacked = np.stack(col)
-            else:
-                stacked = np.full((len(col), *top), b"" if dtype is object else 0, dtype)
-                for j, a in enumerate(col):
-                    stacked[(j, *[slice(0, d) for d in a.shape])] = a
-            return stacked, shapes
-        if self.variable[k]:
-            return stacked, np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
-        return (stacked,)
-
-    def encode(self, rows: list) -> Any:
-        out = []
-        for k in range(len(self.specs)):
-            out.extend(self._encode_leaf(k, [r[k] for r in rows]))
-        return tuple(out) if self.needs_decode else self.checker.pack(out)
-
-    def decode(self, *flat) -> Any:
-        """One unbatched element: slices padded leaves to their true shape."""
-        leaves, i = [], 0
-        for spec, var in zip(self.specs, self.variable):
-            x = flat[i]
-            i += 1
-            if var:
-                shape = flat[i]
-                i += 1
-                x = tf.slice(x, tf.zeros_like(shape), shape)
-                x.set_shape(spec.shape)
-            leaves.append(x)
-        return self.checker.pack(leaves)
-
-
-def _chunks(
-    open_pass: Callable[[], Any],
-    codec: _ChunkCodec,
-    describe: Callable[[Any], str],
-    stats: Any = None,
-    epoch: int = 0,
-    pass_timeout: Optional[float] = None,
-    api: str = "",
-):
-    """The generator behind ``from_generator``: one pass, in chunks.
-
-    ``stats``: a ``StatsCollector`` that gets each item's pick-up wait.
-    ``pass_timeout``: seconds the pass may go without an item before it fails."""
-    p = open_pass()
-    quiet_since = time.monotonic()
-    made = 0
-    if stats is not None:
-        stats.pass_begin(epoch)
-    blocked = 0.0  # waited in empty heartbeats since the last item
-    pending: Optional[BaseException] = None
-    try:
-        while True:
-            if pending is not None:
-                raise pending
-            rows: list = []
-            nbytes = 0
-            ended = False
-            timeout = _HEARTBEAT_S
-            while len(rows) < _CHUNK_ITEMS and nbytes < _CHUNK_BYTES:
-                try:
-                    t0 = time.perf_counter() if stats is not None else 0.0
-                    r = p.take(timeout)
-                    if stats is not None:
-                        t1 = time.perf_counter()
-                        blocked += t1 - t0
-                        if r is not END and r is not NOT_READY:
-                            stats.picked(epoch, blocked, t1)
-                            blocked = 0.0
-                    if r is END:
-                        ended = True
-                        break
-                    if r is NOT_READY:
-                        if pass_timeout is not None and not rows and time.monotonic() - quiet_since > pass_timeout:
-                            raise StreamError(
-                                f"{api} (pass {epoch})", "TimeoutError",
-                                f"no item for timeout={pass_timeout} s after {made} items; a generator, reader or "
-                                f"worker is stuck. Received: timeout={pass_timeout}",
-                                "(none: nothing raised, no item came)\n",
-                                None, made,
-                            )
-                        break
-                    quiet_since = time.monotonic()
-                    made += 1
-                    arrays = codec.check(r[0], r[1], describe)
-                except Exception as e:  # noqa: BLE001 - deliver what came before, then raise
-                    if stats is not None:
-                        stats.error()
-                    if not rows:
-                        raise
-                    pending = e
-                    break
-                rows.append(arrays)
-                nbytes += sum(a.nbytes for a in arrays)
-                timeout = 0  # then take only what is ready already
-            if rows or not ended:
-                yield codec.encode(rows) if rows else codec.empty
-            if ended:
-                return
-    finally:
-        p.close()
-
-
-def _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"`seed` must be an int or None. Received: seed={seed!r}")
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("shuffle_buffer", shuffle_buffer)
-    check_positive_int("probe", probe, allow_none=False)
-    check_flag("drop_remainder", drop_remainder)
-    check_flag("ragged", ragged)
-    if drop_remainder and batch_size is None:
-        raise ValueError("`drop_remainder=True` needs `batch_size`.")
-    check_prefetch_and_device(prefetch, device)
+from kerasfeed.tfdata.chunks import ChunkCodec, Label, chunks
+from kerasfeed.tfdata.inline_map import graph_fn
+from kerasfeed.tfdata.structure import infer_signature, normalize_signature
+from kerasfeed.tfdata.tail import TailOptions
 
 
 def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
@@ -241,9 +43,11 @@ def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
             "Pass `output_signature=` (a nest of tf.TensorSpec) to create the dataset anyway."
         )
     try:
-        return infer_signature([(_Label(origin, describe), item) for item, origin in probes])
+        return infer_signature([(Label(origin, describe), item) for item, origin in probes])
     except SignatureError as e:
-        raise SignatureError(f"{e} (while probing the first items; pass `output_signature=` to {api} to set it)") from None
+        raise SignatureError(
+            f"{e} (while probing the first items; pass `output_signature=` to {api} to set it)"
+        ) from None
 
 
 def _assemble(
@@ -251,34 +55,27 @@ def _assemble(
     signature: Any,
     describe: Callable[[Any], str],
     api: str,
-    *,
-    batch_size: Optional[int],
-    drop_remainder: bool,
-    ragged: bool,
-    padding_values: Any,
-    shuffle_buffer: Optional[int],
-    seed: Optional[int],
-    prefetch: Any,
-    device: Optional[str],
+    tail: TailOptions,
     timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
-    codec = _ChunkCodec(signature, api)
-    stats = new_collector(api, batch_size or 1)
+    codec = ChunkCodec(signature, api)
+    stats = new_collector(api, tail.batch_size or 1)
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
-        lambda: _chunks(open_pass, codec, describe, stats, next(passes), timeout, api),
+        lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api),
         output_signature=codec.chunk_signature,
     )
     ds = ds.prefetch(2).unbatch()
     if codec.needs_decode:
         ds = ds.map(graph_fn(codec.decode))
-    if shuffle_buffer:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = batch(ds, batch_size, drop_remainder=drop_remainder, ragged=ragged, variable=any(codec.variable),
-               padding_values=padding_values)
-    ds = prefetch_tail(ds, prefetch, device)
+    ds = tail.apply(ds, variable=any(codec.variable))
     ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
     return ds
+
+
+def _tail_options(arguments: dict) -> TailOptions:
+    """The ``TailOptions`` among a stream function's (flat, public) arguments."""
+    return TailOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(TailOptions)})
 
 
 def _describe_item(stream: ShardedStream):
@@ -300,14 +97,22 @@ def _worker_shards(api: str, n: int, **fields) -> tuple:
     return distribute.prepare(api, n, None, None, None, **fields)
 
 
-def _sharded_dataset(stream: ShardedStream, api: str, output_signature: Any, probe: int, shard_options: Any = None, **tail) -> tf.data.Dataset:
+def _sharded_dataset(
+    stream: ShardedStream,
+    api: str,
+    output_signature: Any,
+    probe: int,
+    tail: TailOptions,
+    shard_options: Any = None,
+    timeout: Optional[float] = None,
+) -> tf.data.Dataset:
     describe = _describe_item(stream)
     try:
         if output_signature is None:
             signature = _infer(stream.probe(probe), describe, api)
         else:
             signature = normalize_signature(output_signature)
-        ds = _assemble(stream.open_pass, signature, describe, api, **tail)
+        ds = _assemble(stream.open_pass, signature, describe, api, tail, timeout)
         if shard_options is not None:
             ds = ds.with_options(shard_options)
     except BaseException:
@@ -430,10 +235,10 @@ def from_generators(
     """
     if not callable(factory):
         raise TypeError(f"`factory` must be a callable returning an iterable of items. Received: factory={factory!r}")
-    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) or num_shards <= 0:
-        raise ValueError(f"`num_shards` must be a positive int. Received: num_shards={num_shards!r}")
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    check_flag("deterministic", deterministic)
+    num_shards = _v.positive_int("num_shards", num_shards)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
+    _v.flag("deterministic", deterministic)
     num_workers, worker_index, shard_options = _worker_shards(
         "from_generators", int(num_shards), seed=seed, batch_size=batch_size, drop_remainder=drop_remainder,
         shuffle_buffer=shuffle_buffer, cycle_length=cycle_length, block_length=block_length,
@@ -459,15 +264,8 @@ def from_generators(
         "from_generators",
         output_signature,
         probe,
+        tail,
         shard_options,
-        batch_size=batch_size,
-        drop_remainder=drop_remainder,
-        ragged=ragged,
-        padding_values=padding_values,
-        shuffle_buffer=shuffle_buffer,
-        seed=seed,
-        prefetch=prefetch,
-        device=device,
         timeout=timeout,
     )
 
@@ -561,9 +359,10 @@ def from_files(
     if not callable(read_fn):
         raise TypeError(f"`read_fn` must be a callable `read_fn(path)`. Received: read_fn={read_fn!r}")
     paths = [os.fspath(p) for p in paths]
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
-    check_flag("deterministic", deterministic)
-    check_flag("shuffle_files", shuffle_files)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
+    _v.flag("deterministic", deterministic)
+    _v.flag("shuffle_files", shuffle_files)
     num_workers, worker_index, shard_options = _worker_shards(
         "from_files", len(paths), seed=seed, shuffle=shuffle_files, batch_size=batch_size,
         drop_remainder=drop_remainder, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
@@ -591,15 +390,8 @@ def from_files(
         "from_files",
         output_signature,
         probe,
+        tail,
         shard_options,
-        batch_size=batch_size,
-        drop_remainder=drop_remainder,
-        ragged=ragged,
-        padding_values=padding_values,
-        shuffle_buffer=shuffle_buffer,
-        seed=seed,
-        prefetch=prefetch,
-        device=device,
         timeout=timeout,
     )
 
@@ -680,7 +472,8 @@ def from_queue(
         print(sum(1 for _ in ds))  # batches of this epoch
     ```
     """
-    _check_tail(batch_size, drop_remainder, ragged, shuffle_buffer, prefetch, device, probe, seed)
+    tail = _tail_options(locals())
+    _v.positive_int("probe", probe)
     feed = QueueFeed(producer, maxsize=maxsize, timeout=timeout)
 
     def describe(origin: tuple) -> str:
@@ -698,14 +491,7 @@ def from_queue(
             signature,
             describe,
             "from_queue",
-            batch_size=batch_size,
-            drop_remainder=drop_remainder,
-            ragged=ragged,
-            padding_values=padding_values,
-            shuffle_buffer=shuffle_buffer,
-            seed=seed,
-            prefetch=prefetch,
-            device=device,
+            tail,
         )
     except BaseException:
         feed.close()

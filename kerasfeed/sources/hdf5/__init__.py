@@ -1,0 +1,56 @@
+"""HDF5 sources: contiguous row slices, time windows, and PointNet-style block sampling.
+
+Public classes (each in a module of its own):
+
+- ``H5SliceSequence``: batch ``i`` is a contiguous slice of rows (axis 0) of
+  one or more HDF5 datasets; several files form one index space.
+- ``H5WindowSequence``: each sample is a window of ``window`` consecutive
+  rows (time steps) of a dataset, windows start every ``stride`` rows.
+- ``ScenePointSampler``: a ``transform`` for ``H5SliceSequence`` that cuts
+  each scene into blocks on the ground plane and samples a fixed number of
+  points per block (PointNet's training recipe), with per-point labels.
+
+How files are opened (why it matters: docs/field_notes.md, *h5py lock*):
+  h5py serialises every call in a process behind one lock and its handles
+  must not cross a fork or pickling. These sequences therefore open their
+  files lazily, in the process that reads, on the first read there, and
+  remember that process id. Pickling drops the handles (the copy reopens on
+  its first read); a forked child sees a different pid and opens its own
+  handles, leaving the inherited ones untouched. The constructor opens each
+  file briefly to check keys and shapes and closes it again. Within a
+  process, sequences reading the same file share one handle per file and
+  dataset (see ``handles.FileRegistry`` for why). ``close()``, a ``with`` block and
+  garbage collection release it; the file closes when no sequence of the
+  process uses it any more, and a later read simply reopens it. h5py's lock
+  serialises threads, so parallel reads come from worker processes
+  (``to_dataset(seq, executor="processes")`` or ``model.fit`` with
+  ``use_multiprocessing=True``), not from threads.
+
+Files that grow while training (SWMR):
+  The sequence takes a snapshot of every dataset's length at construction:
+  ``len(seq)`` is fixed, as Keras and tf.data require within an epoch, and
+  rows appended later are not read. To read a file that another process is
+  appending to, the writer must use HDF5's single-writer/multiple-reader
+  mode (``h5py.File(..., "a", libver="latest")`` then
+  ``f.swmr_mode = True``, and ``flush()`` after appending) and the reader
+  must pass ``swmr=True``, which opens files with ``swmr=True``: the rows of
+  the snapshot then read correctly while the writer appends. Without SWMR,
+  HDF5 gives no guarantee: opening fails while a writer holds the file
+  ("file is already open for write" or "unable to lock file"), and a file
+  changed under an open reader may read inconsistent metadata. To train on
+  the new rows, build a new sequence (cheap: it only reads shapes), e.g.
+  once per epoch; in one process both share handles, which HDF5 needs to
+  read appended chunks correctly (see ``handles.FileRegistry``).
+
+Modules: ``slices.py`` (``H5SliceSequence``), ``windows.py``
+(``H5WindowSequence``), ``rows.py`` (``H5RowSequence``), ``base.py`` (what
+they share), ``handles.py`` (the per-process handle registry), ``keys.py``
+(paths and keys). ``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.
+"""
+
+from kerasfeed.sources.hdf5.rows import H5RowSequence
+from kerasfeed.sources.hdf5.slices import H5SliceSequence
+from kerasfeed.sources.hdf5.windows import H5WindowSequence
+from kerasfeed.transforms import ScenePointSampler
+
+__all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler"]

@@ -1,0 +1,334 @@
+"""``H5Base``: what the HDF5 sequences share (paths, keys, inspection, lazy per-process handles, seeded orders).
+
+See the package docstring (``kerasfeed/sources/hdf5/__init__.py``) for how files are opened.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import pathlib
+import threading
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from kerasfeed import _validation as _v
+from kerasfeed.sources.hdf5.handles import REGISTRY
+from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
+from kerasfeed.sources.sequence import SceneSequence
+
+# Distinct streams of the seeded generators, so that the batch order, the
+# sample order and the transform's randomness never share draws.
+ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
+
+
+class H5Base(SceneSequence):
+    """Shared machinery: paths, keys, inspection, lazy per-process handles."""
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        keys: KeysLike,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: Optional[int] = None,
+        drop_remainder: bool = False,
+        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
+        swmr: bool = False,
+        open_kwargs: Optional[Mapping[str, Any]] = None,
+        workers: int = 1,
+        use_multiprocessing: bool = False,
+        max_queue_size: int = 10,
+    ):
+        super().__init__(
+            workers=workers,
+            use_multiprocessing=use_multiprocessing,
+            max_queue_size=max_queue_size,
+        )
+        cls = type(self).__name__
+        self._paths = check_paths(paths, cls)
+        self._keys_structure, self._leaves = parse_keys(keys, cls)
+        self.batch_size = _v.positive_int("batch_size", batch_size, owner=cls)
+        self.shuffle = _v.flag("shuffle", shuffle, owner=cls)
+        self.drop_remainder = _v.flag("drop_remainder", drop_remainder, owner=cls)
+        self.swmr = _v.flag("swmr", swmr, owner=cls)
+        seed = _v.seed("seed", seed, owner=cls)
+        if seed is None:
+            # Drawn once here, so pickled copies in workers agree on every order.
+            seed = int(np.random.SeedSequence().entropy % (2**63))
+        self.seed = seed
+        if transform is not None and not callable(transform):
+            raise TypeError(
+                f"{cls}: `transform` must be a callable `transform(batch, rng)` or None. "
+                f"Received: transform={transform!r}"
+            )
+        self.transform = transform
+        if open_kwargs is not None and not isinstance(open_kwargs, Mapping):
+            raise TypeError(f"{cls}: `open_kwargs` must be a dict or None. Received: open_kwargs={open_kwargs!r}")
+        self._open_kwargs = dict(open_kwargs or {})
+        for reserved in ("name", "mode", "swmr"):
+            if reserved in self._open_kwargs:
+                raise ValueError(
+                    f"{cls}: `open_kwargs` may not set {reserved!r}: files are opened read-only "
+                    f"(use `swmr=` for SWMR). Received: open_kwargs={dict(open_kwargs)!r}"
+                )
+        self._reset_handles()
+        # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype).
+        self._lengths, self._specs, self._chunk_rows = self._inspect()
+        self._row_offsets = [0, *np.cumsum(self._lengths).tolist()]
+
+    # ---- public ------------------------------------------------------------
+
+    @property
+    def paths(self) -> tuple:
+        """The files, in index order."""
+        return self._paths
+
+    @property
+    def keys(self) -> Any:
+        """The output structure of dataset names, as given."""
+        return self._keys_structure
+
+    @property
+    def file_lengths(self) -> tuple:
+        """Rows (axis 0) of each file, as seen at construction."""
+        return tuple(int(n) for n in self._lengths)
+
+    @property
+    def num_rows(self) -> int:
+        """Total rows over all files."""
+        return self._row_offsets[-1]
+
+    def close(self) -> None:
+        """Releases this object's files in the current process.
+
+        Handles are shared by every sequence of the process that reads the
+        same file (see ``FileRegistry``); a file closes when the last of
+        them releases it. A later read reopens it.
+        """
+        if getattr(self, "_h5_pid", None) != os.getpid():
+            return  # state inherited through fork belongs to the parent
+        with self._h5_lock:
+            held, self._h5_held, self._h5_datasets = self._h5_held, {}, {}
+            self._window_cache = {}
+        for ident in held.values():
+            REGISTRY.release(ident)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - during interpreter shutdown, say
+            pass
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_h5_held", "_h5_datasets", "_h5_lock", "_h5_pid", "_window_cache"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset_handles()
+
+    def __repr__(self) -> str:
+        files = self._paths[0] if len(self._paths) == 1 else f"{len(self._paths)} files"
+        return (
+            f"<{type(self).__name__} {files!s}, keys={self._keys_structure!r}, "
+            f"batch_size={self.batch_size}, batches={len(self)}>"
+        )
+
+    # ---- handles -----------------------------------------------------------
+
+    def _reset_handles(self) -> None:
+        self._h5_held = {}  # file index -> registry identity
+        self._h5_datasets = {}  # (file index, key) -> h5py.Dataset
+        self._h5_lock = threading.Lock()
+        self._h5_pid = os.getpid()
+        self._window_cache = {}
+
+    def _check_process(self) -> None:
+        if self._h5_pid != os.getpid():
+            # A forked child: forget the parent's handles without closing them
+            # (docs/field_notes.md, *h5py lock*); the lock may have been held by a
+            # parent thread.
+            self._reset_handles()
+
+    def _identity(self, path: str) -> tuple:
+        return (os.path.realpath(path), self.swmr, repr(sorted(self._open_kwargs.items())))
+
+    def _dataset(self, file_index: int, key: str):
+        self._check_process()
+        ds = self._h5_datasets.get((file_index, key))
+        if ds is not None:
+            return ds
+        with self._h5_lock:
+            ident = self._h5_held.get(file_index)
+            if ident is None:
+                ident = self._identity(self._paths[file_index])
+                REGISTRY.acquire(ident, lambda: self._open(self._paths[file_index]))
+                self._h5_held[file_index] = ident
+            ds = self._h5_datasets[(file_index, key)] = REGISTRY.dataset(ident, key)
+            return ds
+
+    def _open(self, path: str):
+        import h5py  # lazily: `import kerasfeed` and light workers skip it
+
+        cls = type(self).__name__
+        p = pathlib.Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"{cls}: HDF5 file not found. Received: path='{path}'")
+        if p.is_dir():
+            raise IsADirectoryError(
+                f"{cls}: expected an HDF5 file but got a directory. Received: path='{path}'"
+            )
+        try:
+            return h5py.File(path, "r", swmr=self.swmr, **self._open_kwargs)
+        except Exception as e:
+            try:
+                is_hdf5 = h5py.is_hdf5(path)
+            except Exception:  # noqa: BLE001 - only refines the message of the error raised below
+                is_hdf5 = False
+            what = (
+                "could not be opened as HDF5 (corrupt or truncated, held open for writing "
+                "by another process without SWMR, or not written for SWMR while swmr=True)"
+                if is_hdf5
+                else "is not an HDF5 file (no HDF5 signature)"
+            )
+            raise OSError(f"{cls}: file '{path}' {what}: {type(e).__name__}: {e}") from e
+
+    def _inspect(self):
+        """Opens each file briefly: checks keys and shapes, returns the layout."""
+        cls = type(self).__name__
+        lengths, specs, first_file, chunk_rows = [], {}, {}, None
+        for path in self._paths:
+            ident = self._identity(path)
+            f = REGISTRY.acquire(ident, lambda: self._open(path))
+            try:
+                shapes = {}
+                for key in self._leaves:
+                    ds = f.get(key)
+                    if ds is None or not hasattr(ds, "shape"):
+                        kind = "no dataset" if ds is None else "a group, not a dataset, at"
+                        raise ValueError(
+                            f"{cls}: file '{path}' has {kind} key '{key}'. "
+                            f"Datasets in the file: {list_datasets(f)}. Received: keys={self._keys_structure!r}"
+                        )
+                    ds = REGISTRY.dataset(ident, key)
+                    if self.swmr:
+                        ds.refresh()
+                    if ds.ndim == 0:
+                        raise ValueError(
+                            f"{cls}: dataset '{key}' in file '{path}' is a scalar; rows need at least "
+                            f"one axis. Received: shape={ds.shape}"
+                        )
+                    shapes[key] = ds.shape
+                    spec = (tuple(ds.shape[1:]), ds.dtype)
+                    if key not in specs:
+                        specs[key], first_file[key] = spec, path
+                    elif specs[key] != spec:
+                        raise ValueError(
+                            f"{cls}: dataset '{key}' differs between files: '{first_file[key]}' has rows "
+                            f"of shape {specs[key][0]} and dtype {specs[key][1]}, but '{path}' has "
+                            f"rows of shape {spec[0]} and dtype {spec[1]}."
+                        )
+                    if chunk_rows is None:
+                        chunk_rows = ds.chunks[0] if ds.chunks else None
+                lens = {key: s[0] for key, s in shapes.items()}
+                if len(set(lens.values())) > 1:
+                    detail = ", ".join(f"'{k}': {n}" for k, n in lens.items())
+                    raise ValueError(
+                        f"{cls}: the datasets in file '{path}' have different lengths along "
+                        f"axis 0; every key must have the same number of rows. Received: {detail}"
+                    )
+                lengths.append(next(iter(lens.values())))
+            finally:
+                REGISTRY.release(ident)
+        return np.asarray(lengths, dtype=np.int64), specs, chunk_rows
+
+    # ---- reading -----------------------------------------------------------
+
+    def _read_rows(self, file_index: int, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of ``key`` in one file."""
+        try:
+            ds = self._dataset(file_index, key)
+            if self.swmr and stop > ds.shape[0]:
+                ds.refresh()  # rows appended since this process last looked
+            # Plain slicing takes h5py's fast path (read_direct costs ~10x more
+            # per call on small datasets).
+            return ds[start:stop]
+        except (FileNotFoundError, IsADirectoryError):
+            raise
+        except Exception as e:
+            raise OSError(
+                f"{type(self).__name__}: reading rows {start}:{stop} of dataset '{key}' in file "
+                f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
+            ) from e
+
+    def _read_global_rows(self, start: int, stop: int) -> dict:
+        """Rows [start, stop) of the concatenated index space, for every key."""
+        offsets = self._row_offsets
+        # (file, first row, stop row) of every file the range touches.
+        parts = []
+        f = bisect.bisect_right(offsets, start) - 1
+        pos = start
+        while pos < stop:
+            f_stop = min(stop, offsets[f + 1])
+            if f_stop > pos:
+                parts.append((f, pos - offsets[f], f_stop - offsets[f]))
+            pos = f_stop
+            f += 1
+        out = {}
+        for key in self._leaves:
+            arrays = [self._read_rows(f, key, a, b) for f, a, b in parts]
+            out[key] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return out
+
+    def _finish(self, index: int, arrays: dict) -> Any:
+        batch = build_structure(self._keys_structure, arrays)
+        if self.transform is not None:
+            batch = self.transform(batch, self.rng(index))
+        return batch
+
+    def rng(self, index: int) -> np.random.Generator:
+        """The generator passed to ``transform`` for batch ``index`` of this epoch.
+
+        A pure function of ``(seed, epoch, index)``: the same in every
+        process and on every run.
+        """
+        return np.random.default_rng([self.seed, self.epoch, TRANSFORM_STREAM, int(index)])
+
+    def _check_index(self, index: Any) -> int:
+        n = len(self)
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(
+                f"{type(self).__name__} indices must be integers. Received: index={index!r}"
+            )
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(
+                f"{type(self).__name__}: batch index {int(index)} is out of range for {n} batches."
+            )
+        return i
+
+    def _batch_order(self, n: int) -> np.ndarray:
+        """The permutation of ``n`` batches (or windows) of this epoch."""
+        cached = getattr(self, "_order_cache", None)
+        epoch = self.epoch
+        if cached is not None and cached[0] == (epoch, n):
+            return cached[1]
+        order = np.random.default_rng([self.seed, epoch, ORDER_STREAM]).permutation(n)
+        self._order_cache = ((epoch, n), order)  # one tuple: safe to swap under threads
+        return order
+
+
+__all__ = ["H5Base", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

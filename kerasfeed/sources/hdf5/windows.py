@@ -1,0 +1,134 @@
+"""``H5WindowSequence``: samples are windows of consecutive rows (time steps) of HDF5 datasets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from kerasfeed import _validation as _v
+from kerasfeed.sources.hdf5.base import H5Base
+from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
+
+
+class H5WindowSequence(H5Base):
+    """Batches of time windows over axis 0 of HDF5 datasets (sequence data).
+
+    Axis 0 of every dataset in ``keys`` is time. A sample is ``window``
+    consecutive rows starting at ``0, stride, 2 * stride, ...`` in each file;
+    windows never cross a file boundary (each file is one recording), and a
+    file shorter than ``window`` contributes none. All keys are windowed the
+    same way, so a batch of a key shaped ``(T, *f)`` is ``(batch_size,
+    window, *f)``. A batch of consecutive windows is read as one contiguous
+    slice and cut in memory. To derive per-window targets (the next value,
+    the last label), use ``transform``.
+
+    ``shuffle=True`` permutes the batch order per epoch (seeded by
+    ``(seed, epoch)``); samples within a batch stay consecutive windows.
+
+    Args:
+        paths: one HDF5 file or a sequence of files.
+        keys: dataset names (a name, tuple/list, dict, or a nest of them).
+        batch_size: windows per batch.
+        window: rows (time steps) per window.
+        stride: rows between the starts of consecutive windows.
+        shuffle, seed, drop_remainder, transform, swmr, open_kwargs,
+        workers, use_multiprocessing, max_queue_size: as for
+            ``H5SliceSequence``.
+
+    Example:
+
+    ```python
+    # "signal": (T, 3) float32, "label": (T,) int64 in each file
+    seq = kerasfeed.H5WindowSequence(
+        ["day1.h5", "day2.h5"], ("signal", "label"), batch_size=32,
+        window=100, stride=10,
+        transform=lambda b, rng: (b[0], b[1][:, -1]))  # label at the window end
+    x, y = seq[0]  # (32, 100, 3), (32,)
+    ```
+    """
+
+    def __init__(
+        self,
+        paths: PathsLike,
+        keys: KeysLike,
+        batch_size: int,
+        *,
+        window: int,
+        stride: int = 1,
+        shuffle: bool = False,
+        seed: Optional[int] = None,
+        drop_remainder: bool = False,
+        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
+        swmr: bool = False,
+        open_kwargs: Optional[Mapping[str, Any]] = None,
+        workers: int = 1,
+        use_multiprocessing: bool = False,
+        max_queue_size: int = 10,
+    ):
+        cls = type(self).__name__
+        self.window = _v.positive_int("window", window, owner=cls)
+        self.stride = _v.positive_int("stride", stride, owner=cls)
+        super().__init__(
+            paths, keys, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
+            transform=transform, swmr=swmr, open_kwargs=open_kwargs, workers=workers,
+            use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size,
+        )
+        counts = np.maximum(0, (self._lengths - self.window) // self.stride + 1)
+        counts[self._lengths < self.window] = 0
+        self._window_counts = counts
+        self._window_offsets = np.concatenate([[0], np.cumsum(counts)])
+        self.num_windows = int(counts.sum())
+        n = self.num_windows
+        self._len = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
+        if self._len == 0:
+            raise ValueError(
+                f"{cls}: no batches: the files have {self.file_lengths} rows, giving {n} windows of "
+                f"window={self.window}, stride={self.stride}; batch_size={self.batch_size}, "
+                f"drop_remainder={self.drop_remainder}. Received: paths={list(self._paths)}"
+            )
+
+    def __len__(self) -> int:
+        return self._len
+
+    def window_starts(self, index: int) -> list:
+        """``(file_index, start_row)`` of each window of batch ``index`` this epoch."""
+        s0, s1 = self._sample_range(self._check_index(index))
+        out = []
+        for s in range(s0, s1):
+            f = int(np.searchsorted(self._window_offsets, s, side="right")) - 1
+            out.append((f, int(s - self._window_offsets[f]) * self.stride))
+        return out
+
+    def _sample_range(self, i: int):
+        b = int(self._batch_order(self._len)[i]) if self.shuffle else i
+        s0 = b * self.batch_size
+        return s0, min(s0 + self.batch_size, self.num_windows)
+
+    def __getitem__(self, index: int) -> Any:
+        i = self._check_index(index)
+        s0, s1 = self._sample_range(i)
+        offsets = self._window_offsets
+        out = {}
+        for key in self._leaves:
+            trailing, dtype = self._specs[key]
+            arr = np.empty((s1 - s0, self.window, *trailing), dtype=dtype)
+            s = s0
+            f = int(np.searchsorted(offsets, s, side="right")) - 1
+            while s < s1:
+                f_stop = min(s1, int(offsets[f + 1]))
+                if f_stop > s:
+                    first = int(s - offsets[f]) * self.stride
+                    last = int(f_stop - 1 - offsets[f]) * self.stride
+                    rows = self._read_rows(f, key, first, last + self.window)
+                    # (n, *trailing, window) view -> (n, window, *trailing) copy
+                    view = np.lib.stride_tricks.sliding_window_view(rows, self.window, axis=0)
+                    arr[s - s0 : f_stop - s0] = np.moveaxis(view[:: self.stride], -1, 1)
+                s = f_stop
+                f += 1
+            out[key] = arr
+        return self._finish(i, out)
+
+
+__all__ = ["H5WindowSequence"]

@@ -1,0 +1,198 @@
+"""Chunks: how the stream datasets move items from Python into tf.data.
+
+Each call of the pull function takes every item that is ready (up to
+``CHUNK_ITEMS`` items or ``CHUNK_BYTES`` bytes), stacks them (variable shapes
+zero-padded, true shapes sent alongside), and tf.data unbatches and slices
+them back in C++. One Python call per chunk instead of per item keeps the
+per-item cost at a few microseconds. Used by ``stream_datasets.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from kerasfeed.errors import SignatureError, StreamError
+from kerasfeed.streams.interleave import END, NOT_READY
+from kerasfeed.tfdata.structure import ItemChecker
+
+CHUNK_ITEMS = 64
+CHUNK_BYTES = 8 << 20
+# When nothing is ready, the pull returns an empty chunk after this long
+# instead of blocking on. A tf.data thread blocked inside a Python function
+# cannot be cancelled, so dropping an iterator (a `break`, the end of `fit`)
+# would wait for the next item, forever for an idle queue; with heartbeats it
+# waits at most this long. The prefetch(2) right after the pull keeps the
+# empty chunks in a cancellable tf.data buffer.
+HEARTBEAT_S = 0.1
+
+
+class Label:
+    """Names an item in a SignatureError; formatted only when one is raised."""
+
+    __slots__ = ("origin", "describe")
+
+    def __init__(self, origin: Any, describe: Callable[[Any], str]):
+        self.origin = origin
+        self.describe = describe
+
+    def __format__(self, spec: str) -> str:
+        return self.describe(self.origin)
+
+    __str__ = __repr__ = lambda self: self.describe(self.origin)
+
+
+class ChunkCodec:
+    """Checks items against the signature and packs them into chunks."""
+
+    def __init__(self, signature: Any, api: str):
+        self.api = api
+        self.checker = ItemChecker(signature)
+        self.specs = self.checker.specs
+        for name, spec in zip(self.checker.names, self.specs):
+            if spec.shape.rank is None:
+                raise ValueError(
+                    f"`output_signature` needs a known rank for every field; field {name} has an "
+                    f"unknown rank. Received: {spec}"
+                )
+        self.variable = [None in s.shape.as_list() for s in self.specs]
+        chunk_specs = []
+        for spec, var in zip(self.specs, self.variable):
+            shape = spec.shape.as_list()
+            chunk_specs.append(tf.TensorSpec([None, *shape], spec.dtype))
+            if var:
+                chunk_specs.append(tf.TensorSpec([None, len(shape)], tf.int64))
+        # Without variable shapes the chunks carry the item's own structure, so
+        # unbatch alone restores the items (no per-item map).
+        self.needs_decode = any(self.variable)
+        self.chunk_signature = tuple(chunk_specs) if self.needs_decode else self.checker.pack(chunk_specs)
+        self.empty = self.encode([])
+
+    def check(self, item: Any, origin: Any, describe: Callable[[Any], str]) -> list:
+        try:
+            return self.checker.flat_arrays(Label(origin, describe), item)
+        except SignatureError as e:
+            raise SignatureError(str(e).replace("to_dataset", self.api)) from None
+
+    def _encode_leaf(self, k: int, col: list) -> tuple:
+        spec = self.specs[k]
+        dtype = object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype
+        shape = spec.shape.as_list()
+        if not col:
+            empty = np.zeros((0, *[d or 0 for d in shape]), dtype)
+            return (empty, np.zeros((0, len(shape)), np.int64)) if self.variable[k] else (empty,)
+        if len(col) == 1:
+            stacked = col[0][None]
+        elif not self.variable[k]:
+            stacked = np.stack(col)
+        else:
+            shapes = np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
+            top = shapes.max(axis=0)
+            if (shapes == top).all():
+                stacked = np.stack(col)
+            else:
+                stacked = np.full((len(col), *top), b"" if dtype is object else 0, dtype)
+                for j, a in enumerate(col):
+                    stacked[(j, *[slice(0, d) for d in a.shape])] = a
+            return stacked, shapes
+        if self.variable[k]:
+            return stacked, np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
+        return (stacked,)
+
+    def encode(self, rows: list) -> Any:
+        out = []
+        for k in range(len(self.specs)):
+            out.extend(self._encode_leaf(k, [r[k] for r in rows]))
+        return tuple(out) if self.needs_decode else self.checker.pack(out)
+
+    def decode(self, *flat) -> Any:
+        """One unbatched element: slices padded leaves to their true shape."""
+        leaves, i = [], 0
+        for spec, var in zip(self.specs, self.variable):
+            x = flat[i]
+            i += 1
+            if var:
+                shape = flat[i]
+                i += 1
+                x = tf.slice(x, tf.zeros_like(shape), shape)
+                x.set_shape(spec.shape)
+            leaves.append(x)
+        return self.checker.pack(leaves)
+
+
+def chunks(
+    open_pass: Callable[[], Any],
+    codec: ChunkCodec,
+    describe: Callable[[Any], str],
+    stats: Any = None,
+    epoch: int = 0,
+    pass_timeout: Optional[float] = None,
+    api: str = "",
+):
+    """The generator behind ``from_generator``: one pass, in chunks.
+
+    ``stats``: a ``StatsCollector`` that gets each item's pick-up wait.
+    ``pass_timeout``: seconds the pass may go without an item before it fails."""
+    p = open_pass()
+    quiet_since = time.monotonic()
+    made = 0
+    if stats is not None:
+        stats.pass_begin(epoch)
+    blocked = 0.0  # waited in empty heartbeats since the last item
+    pending: Optional[BaseException] = None
+    try:
+        while True:
+            if pending is not None:
+                raise pending
+            rows: list = []
+            nbytes = 0
+            ended = False
+            timeout = HEARTBEAT_S
+            while len(rows) < CHUNK_ITEMS and nbytes < CHUNK_BYTES:
+                try:
+                    t0 = time.perf_counter() if stats is not None else 0.0
+                    r = p.take(timeout)
+                    if stats is not None:
+                        t1 = time.perf_counter()
+                        blocked += t1 - t0
+                        if r is not END and r is not NOT_READY:
+                            stats.picked(epoch, blocked, t1)
+                            blocked = 0.0
+                    if r is END:
+                        ended = True
+                        break
+                    if r is NOT_READY:
+                        if pass_timeout is not None and not rows and time.monotonic() - quiet_since > pass_timeout:
+                            raise StreamError(
+                                f"{api} (pass {epoch})", "TimeoutError",
+                                f"no item for timeout={pass_timeout} s after {made} items; a generator, reader or "
+                                f"worker is stuck. Received: timeout={pass_timeout}",
+                                "(none: nothing raised, no item came)\n",
+                                None, made,
+                            )
+                        break
+                    quiet_since = time.monotonic()
+                    made += 1
+                    arrays = codec.check(r[0], r[1], describe)
+                except Exception as e:
+                    if stats is not None:
+                        stats.error()
+                    if not rows:
+                        raise
+                    pending = e
+                    break
+                rows.append(arrays)
+                nbytes += sum(a.nbytes for a in arrays)
+                timeout = 0  # then take only what is ready already
+            if rows or not ended:
+                yield codec.encode(rows) if rows else codec.empty
+            if ended:
+                return
+    finally:
+        p.close()
+
+
+__all__ = ["ChunkCodec", "Label", "chunks", "CHUNK_ITEMS", "CHUNK_BYTES", "HEARTBEAT_S"]

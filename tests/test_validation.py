@@ -1,0 +1,153 @@
+"""Argument checks: the same bad value gets the same message from every entry point, up front."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed import _validation as v
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.execution.processes import PoolOptions, ProcessExecutor
+
+
+class Small(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.full((2,), i, np.float32)
+
+
+def one_item(i):
+    yield np.full((2,), i, np.float32)
+
+
+def read_one(path):
+    yield np.zeros((2,), np.float32)
+
+
+@pytest.fixture(scope="module")
+def h5file(tmp_path_factory):
+    return make_synthetic_scenes(tmp_path_factory.mktemp("v") / "s.h5", num_scenes=4, points_per_scene=8, seed=0)
+
+
+# Each entry point with the keyword under test; `h5` is filled in by the test.
+ENTRY_POINTS = {
+    "to_dataset": lambda h5, **kw: kerasfeed.to_dataset(Small(), **kw),
+    "to_dataset/processes": lambda h5, **kw: kerasfeed.to_dataset(Small(), executor="processes", **kw),
+    "from_generators": lambda h5, **kw: kerasfeed.from_generators(one_item, 2, **kw),
+    "from_files": lambda h5, **kw: kerasfeed.from_files(["a", "b"], read_one, **kw),
+    "from_queue": lambda h5, **kw: kerasfeed.from_queue(lambda put: None, **kw),
+    "ProcessExecutor": lambda h5, **kw: ProcessExecutor(Small(), **kw),
+    "H5SliceSequence": lambda h5, **kw: kerasfeed.H5SliceSequence(h5, "points", batch_size=2, **kw),
+}
+
+# (keyword arguments, the message every entry point gives, entry points that take them)
+BAD = [
+    (dict(workers=0), "`workers` must be a positive int. Received: workers=0",
+     ["to_dataset/processes", "from_generators", "from_files", "ProcessExecutor"]),
+    (dict(workers=2.0), "`workers` must be a positive int. Received: workers=2.0",
+     ["to_dataset/processes", "from_generators", "from_files", "ProcessExecutor"]),
+    (dict(seed=-1), "`seed` must be None or an int in [0, 2**64). Received: seed=-1",
+     ["to_dataset", "to_dataset/processes", "from_generators", "from_files", "from_queue", "ProcessExecutor",
+      "H5SliceSequence"]),
+    (dict(seed=2**64), f"`seed` must be None or an int in [0, 2**64). Received: seed={2**64}",
+     ["to_dataset", "from_generators", "from_files", "ProcessExecutor", "H5SliceSequence"]),
+    (dict(seed="1"), "`seed` must be None or an int in [0, 2**64). Received: seed='1'",
+     ["to_dataset", "from_generators", "ProcessExecutor", "H5SliceSequence"]),
+    (dict(timeout=0), "`timeout` must be a positive number of seconds (or None). Received: timeout=0",
+     ["ProcessExecutor", "from_queue"]),
+    (dict(drop_remainder="yes", batch_size=2), "`drop_remainder` must be True or False. Received: drop_remainder='yes'",
+     ["to_dataset", "from_generators", "from_files", "from_queue"]),
+    (dict(shuffle="yes"), "`shuffle` must be True or False. Received: shuffle='yes'", ["to_dataset", "H5SliceSequence"]),
+    (dict(deterministic="yes"), "`deterministic` must be True or False. Received: deterministic='yes'",
+     ["from_generators", "from_files"]),
+    (dict(prefetch=-2), "`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch=-2",
+     ["to_dataset", "from_generators", "from_files", "from_queue"]),
+]
+CASES = [pytest.param(kw, msg, name, id=f"{name}-{next(iter(kw))}={kw[next(iter(kw))]!r}") for kw, msg, names in BAD for name in names]
+
+
+@pytest.mark.parametrize("kwargs, message, entry", CASES)
+def test_same_bad_value_same_message_from_every_entry_point(kwargs, message, entry, h5file):
+    with pytest.raises((TypeError, ValueError)) as e:
+        ENTRY_POINTS[entry](h5file, **kwargs)
+    # The HDF5 readers prefix their class name; the rest is the same everywhere.
+    assert str(e.value).endswith(message), str(e.value)
+    if entry == "H5SliceSequence":
+        assert str(e.value) == f"H5SliceSequence: {message}"
+
+
+def test_a_seed_numpy_refuses_fails_when_the_dataset_is_made_not_mid_iteration():
+    # On threads the permutation is drawn in the first pass, inside tf.data:
+    # the seed must be refused before that, with the same message as processes.
+    for executor in ("threads", "processes"):
+        with pytest.raises(ValueError, match=re.escape("`seed` must be None or an int in [0, 2**64). Received: seed=-1")):
+            kerasfeed.to_dataset(Small(), shuffle=True, seed=-1, executor=executor)
+    # The largest seed numpy takes is fine, on both executors and for the orders.
+    top = np.uint64(2**64 - 1)
+    ds = kerasfeed.to_dataset(Small(), shuffle=True, seed=top, batch_size=6)
+    assert sorted(next(iter(ds)).numpy()[:, 0].tolist()) == [0, 1, 2, 3, 4, 5]
+    assert sorted(kerasfeed.IndexOrder(6, shuffle=True, seed=top).indices(0).tolist()) == [0, 1, 2, 3, 4, 5]
+
+
+def test_numpy_integer_workers_are_taken_by_every_entry_point():
+    w = np.int64(2)
+    gen = kerasfeed.from_generators(one_item, 4, workers=w, batch_size=4)
+    assert sorted(next(iter(gen)).numpy()[:, 0].tolist()) == [0, 1, 2, 3]
+    files = kerasfeed.from_files(["a", "b"], read_one, workers=w, batch_size=2)
+    assert next(iter(files)).shape == (2, 2)
+    ds = kerasfeed.to_dataset(Small(), executor="processes", workers=w, batch_size=6)
+    try:
+        assert kerasfeed.executor_of(ds).workers == 2 and type(kerasfeed.executor_of(ds).workers) is int
+        assert next(iter(ds)).numpy()[:, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    finally:
+        kerasfeed.executor_of(ds).close()
+    assert PoolOptions(workers=np.int32(3), seed=np.uint64(5)).resolved() == PoolOptions(workers=3, seed=5)
+
+
+def test_pool_options_resolve_defaults_once():
+    opts = PoolOptions()
+    assert opts.workers is None and opts.seed is None and not opts.given
+    r = opts.resolved()
+    assert r.workers >= 1 and isinstance(r.seed, int) and r.resolved() == r
+    assert PoolOptions(worker_init=print).given
+    with pytest.raises(TypeError, match=r"`worker_init` must be a callable or None. Received: worker_init=3"):
+        PoolOptions(worker_init=3)
+    with pytest.raises(ValueError, match=r"`workers` and `worker_init` apply to worker processes"):
+        kerasfeed.to_dataset(Small(), workers=2)
+
+
+@pytest.mark.parametrize(
+    "check, args, ok",
+    [
+        (v.positive_int, ("n", np.int8(3)), 3),
+        (v.non_negative_int, ("n", np.uint16(0)), 0),
+        (v.flag, ("f", np.bool_(True)), True),
+        (v.seed, ("seed", np.uint64(2**64 - 1)), 2**64 - 1),
+        (v.seconds, ("timeout", np.float32(0.5)), 0.5),
+        (v.positive_float, ("x", 2), 2.0),
+    ],
+)
+def test_checks_normalize_numpy_values_to_python(check, args, ok):
+    out = check(*args)
+    assert out == ok and type(out) is type(ok)
+
+
+@pytest.mark.parametrize(
+    "check, args, message",
+    [
+        (v.positive_int, ("n", True), "`n` must be a positive int. Received: n=True"),
+        (v.non_negative_int, ("n", -1), "`n` must be a non-negative int. Received: n=-1"),
+        (v.flag, ("f", 1), "`f` must be True or False. Received: f=1"),
+        (v.seconds, ("t", float("inf")), "`t` must be a positive number of seconds (or None). Received: t=inf"),
+        (v.positive_float, ("x", float("nan")), "`x` must be a positive number. Received: x=nan"),
+    ],
+)
+def test_checks_refuse_with_what_was_received(check, args, message):
+    with pytest.raises((TypeError, ValueError)) as e:
+        check(*args)
+    assert str(e.value) == message
