@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
 
-from benchmarks import fit_ways, run, workloads  # noqa: E402
+from benchmarks import fit_ways, harness, workloads  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = ROOT / "benchmarks" / "results"
 VIEWS = ("fit", "numpy")
@@ -53,7 +53,7 @@ _MARK = "FITBENCH-RESULT "
 
 def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     """Runs one configuration here and returns its result (never raises)."""
-    before = {p.pid for p in run._descendants()}
+    before = {p.pid for p in harness.descendants()}
     result: Dict[str, Any] = {"view": spec["view"], "way": spec["way"], "workload": spec["workload"]}
     try:
         seq = workloads.make_workload(spec["workload"], spec["batches"], spec["cache_dir"])
@@ -64,7 +64,7 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - one broken configuration must not lose the others
         result.update(status="error", note=f"error: {type(e).__name__}: {str(e)[:300]}")
     seq = None
-    killed = run._wait_for_exit(before)
+    killed = harness.wait_for_exit(before)
     if killed:
         result["killed_after_close"] = killed
     return result
@@ -95,16 +95,16 @@ def machine_info() -> Dict[str, Any]:
     except AttributeError:
         usable = os.cpu_count()
     return {
-        "cpu": run._cpu_model(),
+        "cpu": harness._cpu_model(),
         "cores": os.cpu_count(),
         "cores_usable": usable,
         "python": sys.version.split()[0],
-        "tensorflow": run._version("tensorflow", "tensorflow-cpu"),
-        "keras": run._version("keras"),
-        "grain": run._version("grain"),
-        "torch": run._version("torch"),
-        "numpy": run._version("numpy"),
-        "kerasfeed": run._version("kerasfeed"),
+        "tensorflow": harness._version("tensorflow", "tensorflow-cpu"),
+        "keras": harness._version("keras"),
+        "grain": harness._version("grain"),
+        "torch": harness._version("torch"),
+        "numpy": harness._version("numpy"),
+        "kerasfeed": harness._version("kerasfeed"),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -144,7 +144,7 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
     epochs = int(epochs or (QUICK_EPOCHS if quick else FULL_EPOCHS))
     if epochs < 2:
         raise ValueError(f"`epochs` must be at least 2 (the first is never timed). Received: epochs={epochs}")
-    sizes = dict(run.QUICK_BATCHES if quick else run.FULL_BATCHES)
+    sizes = dict(harness.QUICK_BATCHES if quick else harness.FULL_BATCHES)
     if batches is not None:
         sizes = {k: int(batches) for k in sizes}
     cache_dir = pathlib.Path(output_dir or DEFAULT_OUTPUT_DIR) / "cache"

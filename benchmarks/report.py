@@ -157,3 +157,31 @@ def update_readme(path: os.PathLike, markdown: str) -> None:
                          f"on its line) to replace. Received: path={str(path)!r}")
     new = f"{README_START}\n{markdown.strip()}\n{README_END}"
     path.write_text(block.sub(lambda _: new, text, count=1))
+
+
+def save_chart(res: Dict[str, Any], path: os.PathLike) -> None:
+    """Draws the main table as a PNG: × the serial loop per workload and way (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls, rows = res["workloads"], res["rows"]
+    ways = [w for w in res["ways"] if any(r["way"] == w["name"] and r["status"] == "ok" for r in rows)]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / max(len(ways), 1)
+    for k, way in enumerate(ways):
+        by = {r["workload"]: r for r in rows if r["way"] == way["name"] and r["status"] == "ok"}
+        xs = [i + (k - (len(ways) - 1) / 2) * width for i in range(len(wls))]
+        ax.bar(xs, [by[w]["x_serial"] if w in by else 0 for w in wls], width, label=way["label"].replace("`", ""))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(wls)), wls)
+    ax.set_xlabel("workload")
+    ax.set_ylabel("batches/s, × the serial loop (log scale)")
+    m = res["machine"]
+    ax.set_title(f"Pipeline drain, {m['cores_usable']} cores ({m['cpu']}), {res['date'][:10]}")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

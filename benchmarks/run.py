@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports Te
 
 from benchmarks import workloads  # noqa: E402
 from benchmarks.harness import DEFAULT_OUTPUT_DIR, SECTIONS  # noqa: E402
-from benchmarks.report import README_END, README_START, to_markdown, update_readme  # noqa: E402
+from benchmarks.report import README_END, README_START, save_chart, to_markdown, update_readme  # noqa: E402
 from benchmarks.sections import run_benchmark  # noqa: E402
 
 __all__ = ["run_benchmark", "to_markdown", "update_readme", "README_START", "README_END", "main"]
@@ -51,6 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--update-readme", metavar="PATH", action="append", default=[],
                         help=f"replace the {README_START} ... {README_END} block of PATH with the "
                              "results (repeatable), e.g. benchmarks/README.md")
+    parser.add_argument("--chart", metavar="PNG", default=None, help="also draw the main table as a PNG chart")
     args = parser.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     if args.render:
@@ -67,6 +68,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"Wrote {pathlib.Path(args.output_dir) / 'latest.json'} and latest.md")
     print()
     print(res["markdown"])
+    if args.chart and res.get("rows"):
+        save_chart(res, args.chart)
+        print(f"Drew {args.chart}")
     for path in args.update_readme:
         update_readme(path, res["markdown"])
         print(f"Updated the results block of {path}")
