@@ -168,7 +168,7 @@ def save_chart(res: Dict[str, Any], path: os.PathLike) -> None:
 
     wls, rows = res["workloads"], res["rows"]
     ways = [w for w in res["ways"] if any(r["way"] == w["name"] and r["status"] == "ok" for r in rows)]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 5.6))
     width = 0.8 / max(len(ways), 1)
     for k, way in enumerate(ways):
         by = {r["workload"]: r for r in rows if r["way"] == way["name"] and r["status"] == "ok"}
@@ -181,7 +181,7 @@ def save_chart(res: Dict[str, Any], path: os.PathLike) -> None:
     ax.set_ylabel("batches/s, × the serial loop (log scale)")
     m = res["machine"]
     ax.set_title(f"Pipeline drain, {m['cores_usable']} cores ({m['cpu']}), {res['date'][:10]}")
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
