@@ -8,7 +8,7 @@
 - ``queue.py``       ``QueueFeed`` and ``END_OF_EPOCH``: a producer that does
                      not know the epoch length feeding a bounded queue
 
-This package is TensorFlow-free; ``kerasfeed.tfdata.stream_datasets`` turns a stream
+This package is TensorFlow-free; ``kerasfeed.tfdata.stream_assembly`` turns a stream
 into a ``tf.data.Dataset`` (``from_generators``, ``from_files``,
 ``from_queue``).
 """

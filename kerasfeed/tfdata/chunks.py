@@ -4,7 +4,7 @@ Each call of the pull function takes every item that is ready (up to
 ``CHUNK_ITEMS`` items or ``CHUNK_BYTES`` bytes), stacks them (variable shapes
 zero-padded, true shapes sent alongside), and tf.data unbatches and slices
 them back in C++. One Python call per chunk instead of per item keeps the
-per-item cost at a few microseconds. Used by ``stream_datasets.py``.
+per-item cost at a few microseconds. Used by ``stream_assembly.py``.
 """
 
 from __future__ import annotations
