@@ -118,22 +118,25 @@ def main(argv=None) -> int:
     stop = threading.Event()
 
     def killer():
-        while not stop.wait(args.kill_every):
+        # A kill is due every --kill-every seconds; when no live worker can be
+        # killed at that moment (between two fit calls), retry every second
+        # rather than skipping a whole interval, and say why.
+        wait = args.kill_every
+        while not stop.wait(wait):
+            wait = 1.0
             ds = live["ds"]
             if ds is None:
                 continue
             try:
                 pids = kerasfeed.executor_of(ds).pool.pids
-            except Exception as e:  # noqa: BLE001 - between datasets
-                print(f"killer: no workers to kill now ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
-                continue
-            pid = random.choice(pids)
-            try:
+                pid = random.choice(pids)
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
+            except Exception as e:  # noqa: BLE001 - between datasets, or the worker already gone
+                print(f"killer: no worker to kill now ({type(e).__name__}: {e}); retrying", file=sys.stderr, flush=True)
                 continue
             kills.append({"pid": pid, "at": time.monotonic()})
             print(f"killer: SIGKILLed worker {pid}", file=sys.stderr, flush=True)
+            wait = args.kill_every
 
     me = psutil.Process()
     samples: dict[str, list] = {"rss_mb": [], "fds": [], "threads": []}
