@@ -113,3 +113,138 @@ def test_an_item_error_in_fit_shows_index_and_the_original_traceback_once(execut
     err = direct.value
     assert "\n" not in str(err) and err.index == 5 and err.exc_type == "ValueError"
     assert 'raise ValueError(f"row block {i} is corrupt")' in err.full_message
+
+
+# --- streams and resumed datasets: what fit trains on, and no "ran out of data" ---------------------
+
+class Recorder(keras.layers.Layer):
+    """Records the first feature of every sample the model trains on (eager steps only)."""
+
+    def __init__(self, record, **kwargs):
+        super().__init__(**kwargs)
+        self.record = record  # a function: Keras would copy a list into a tracked one
+
+    def call(self, x):
+        if not isinstance(x, keras.KerasTensor):
+            self.record(np.asarray(x)[:, 0].astype(int).tolist())
+        return x
+
+
+def recording_model(features):
+    keras.utils.set_random_seed(0)
+    seen = []
+    model = keras.Sequential([keras.Input((features,)), Recorder(seen.append), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    return model, seen
+
+
+def fit_quietly(model, ds, capfd, **kwargs):
+    """`model.fit` with Keras warnings as errors; asserts no "ran out of data" on stderr either."""
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", module=r"keras(\.|$)")
+        model.fit(ds, shuffle=False, verbose=0, **kwargs)
+    assert "ran out of data" not in capfd.readouterr().err
+
+
+def numbered(value):
+    return np.full(6, value, np.float32), np.float32(value % 3)
+
+
+def count_producer(put):
+    for epoch in range(2):
+        for j in range(10):
+            put(numbered(100 * epoch + j))
+        put(kerasfeed.END_OF_EPOCH)
+
+
+def shard_items(k):
+    for j in range(5):
+        yield numbered(10 * k + j)
+
+
+def read_numbers(path):
+    with open(path) as f:
+        return [numbered(int(line)) for line in f]
+
+
+def make_stream(kind, tmp_path, **kwargs):
+    if kind == "from_queue":
+        return kerasfeed.from_queue(count_producer, batch_size=4, **kwargs)
+    if kind == "from_generators":
+        return kerasfeed.from_generators(shard_items, 2, batch_size=4, **kwargs)
+    paths = []
+    for k in range(2):
+        paths.append(tmp_path / f"part{k}.txt")
+        paths[-1].write_text("".join(f"{10 * k + j}\n" for j in range(5)))
+    return kerasfeed.from_files(paths, read_numbers, batch_size=4, **kwargs)
+
+
+# Every pass, in the stream's deterministic order (queue: the producer's epochs).
+STREAM_EPOCHS = {
+    "from_queue": [list(range(10)), list(range(100, 110))],
+    "from_generators": [[0, 10, 1, 11, 2, 12, 3, 13, 4, 14]] * 2,
+    "from_files": [[0, 10, 1, 11, 2, 12, 3, 13, 4, 14]] * 2,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STREAM_EPOCHS))
+def test_a_stream_with_items_per_epoch_fits_two_epochs_warning_free_on_every_item(kind, tmp_path, capfd):
+    ds = make_stream(kind, tmp_path, items_per_epoch=10)
+    assert int(ds.cardinality()) == 3  # ceil(10 / 4) batches: Keras knows the steps
+    model, seen = recording_model(6)
+    fit_quietly(model, ds, capfd, epochs=2)
+    expected = [e[i : i + 4] for e in STREAM_EPOCHS[kind] for i in range(0, 10, 4)]
+    assert seen == expected
+
+
+def test_without_a_declared_length_keras_warns_ran_out_of_data_every_epoch(tmp_path):
+    # What items_per_epoch avoids (Keras 3 learns one step too many from the first epoch).
+    model, _ = recording_model(6)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.fit(make_stream("from_generators", tmp_path), epochs=2, shuffle=False, verbose=0)
+    assert sum("ran out of data" in m for m in keras_warnings(record)) == 2
+
+
+@pytest.mark.parametrize("declared, how", [(9, "more than 9"), (11, "fewer than 11")])
+def test_a_pass_that_differs_from_items_per_epoch_fails_naming_both_counts(declared, how, tmp_path):
+    ds = make_stream("from_generators", tmp_path, items_per_epoch=declared)
+    model, _ = recording_model(6)
+    with pytest.raises(tf.errors.OpError, match=rf"from_generators \(pass 0\) had {how} items.*"
+                       rf"Received: items_per_epoch={declared}"):
+        model.fit(ds, epochs=1, shuffle=False, verbose=0)
+    # outside fit too, whatever the batching
+    with pytest.raises(tf.errors.OpError, match=f"had {how} items"):
+        list(make_stream("from_queue", tmp_path, items_per_epoch=declared))
+
+
+def test_items_per_epoch_is_checked_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match=r"`items_per_epoch` must be a positive int. Received: items_per_epoch=0"):
+        make_stream("from_generators", tmp_path, items_per_epoch=0)
+    with pytest.raises(ValueError, match=r"leaves no batch. Received: items_per_epoch=3"):
+        make_stream("from_queue", tmp_path, items_per_epoch=3, drop_remainder=True)
+
+
+def test_a_resumed_dataset_trains_the_rest_of_its_epoch_then_whole_epochs_warning_free(capfd):
+    class Numbered(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return np.full((2, 6), i, np.float32), np.full((2, 1), i, np.float32)
+
+    seq = Numbered()
+    reference = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
+    passes = [[int(x[0, 0]) for x, _ in reference] for _ in range(4)]  # passes 0..3 of an uninterrupted run
+    state = {"epoch": 1, "batches": 4}  # stopped after 4 batches of epoch 1
+    model, seen = recording_model(6)
+    progress = kerasfeed.TrainingProgress(state)
+    # the documented path: the interrupted epoch on its remaining steps, then whole epochs
+    fit_quietly(model, kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state), capfd,
+                initial_epoch=1, epochs=2, steps_per_epoch=len(seq) - state["batches"], callbacks=[progress])
+    assert progress.state() == {"epoch": 2, "batches": 0}
+    fit_quietly(model, kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=progress.state()), capfd,
+                initial_epoch=2, epochs=4, callbacks=[progress])
+    assert [batch[0] for batch in seen] == passes[1][4:] + passes[2] + passes[3]
+    assert progress.state() == {"epoch": 4, "batches": 0}

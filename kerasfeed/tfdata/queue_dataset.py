@@ -31,6 +31,7 @@ def from_queue(
     seed: Optional[int] = None,
     prefetch: Optional[int] = AUTOTUNE,
     device: Optional[str] = None,
+    items_per_epoch: Optional[int] = None,
 ) -> tf.data.Dataset:
     """A dataset fed by a producer that does not know the epoch length.
 
@@ -59,16 +60,19 @@ def from_queue(
             queue object, whose producer kerasfeed cannot watch.
         batch_size, drop_remainder, ragged, padding_values, shuffle_buffer,
             seed, prefetch, device: as in ``from_generators``.
+        items_per_epoch: the number of items the producer puts in every
+            epoch, if it is always the same: the dataset then has a known
+            cardinality, ``model.fit`` knows its steps and does not warn; an
+            epoch with another count fails with a ``kerasfeed.StreamError``.
 
     Returns:
-        A ``tf.data.Dataset`` of unknown cardinality. Dropping it stops a
-        callable producer (its next ``put`` raises). Note that ``model.fit``
-        learns the number of steps from the first epoch (and warns that the
-        input "ran out of data", as for any dataset of unknown length); a
-        later, longer epoch is cut at that many steps and its rest skipped;
-        a shorter one ends early. When every epoch has the same, known number
-        of batches ``n``, ``ds.apply(tf.data.experimental.assert_cardinality(n))``
-        tells Keras, and it does not warn.
+        A ``tf.data.Dataset`` of unknown cardinality (known with
+        ``items_per_epoch``). Dropping it stops a callable producer (its next
+        ``put`` raises). Without ``items_per_epoch``, ``model.fit`` (Keras
+        3.15, TensorFlow) learns the number of steps from the first epoch,
+        one too many, and warns "Your input ran out of data" at the end of
+        every epoch; a later, longer epoch is cut at that many steps and its
+        rest skipped; a shorter one ends early.
 
     Raises:
         TypeError, ValueError: bad arguments or an unbounded queue.

@@ -107,6 +107,7 @@ def from_generators(
     prefetch: Optional[int] = AUTOTUNE,
     device: Optional[str] = None,
     timeout: Optional[float] = None,
+    items_per_epoch: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Runs ``factory(i)`` generators in parallel and interleaves their items.
 
@@ -164,9 +165,18 @@ def from_generators(
             a ``StreamError`` (worker processes: an item taking longer, counted
             from when the worker is ready, also stops that worker). None (the
             default) waits as long as it takes.
+        items_per_epoch: the number of items every pass yields (all shards
+            together; under a multi-worker strategy, this worker's part), if
+            you know it. The dataset then has a known cardinality
+            (``ceil(items_per_epoch / batch_size)`` batches, or floor with
+            ``drop_remainder``), so ``model.fit`` knows its steps and does not
+            warn "Your input ran out of data"; a pass with another count
+            fails with a ``kerasfeed.StreamError`` naming both counts. None
+            (the default): unknown length.
 
     Returns:
-        A ``tf.data.Dataset`` of unknown cardinality.
+        A ``tf.data.Dataset`` of unknown cardinality (known with
+        ``items_per_epoch``).
 
     Raises:
         TypeError, ValueError: bad arguments, or a factory that cannot be
@@ -224,6 +234,7 @@ def from_files(
     prefetch: Optional[int] = AUTOTUNE,
     device: Optional[str] = None,
     timeout: Optional[float] = None,
+    items_per_epoch: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Reads files in parallel with ``read_fn`` and flattens them to samples.
 
@@ -241,8 +252,9 @@ def from_files(
         executor: ``"threads"`` (I/O-bound readers, numpy/C parsers) or
             ``"processes"`` (pure-Python parsing such as ``json``).
         workers, cycle_length, block_length, deterministic, buffer_size,
-            output_signature, probe, worker_init, prefetch, device, timeout:
-            as in ``from_generators`` (a shard is a file).
+            output_signature, probe, worker_init, prefetch, device, timeout,
+            items_per_epoch: as in ``from_generators`` (a shard is a file;
+            ``items_per_epoch`` counts the samples of all files).
         shuffle_files: open the files in a new seeded order every pass.
         seed: seed of the file order and of the shuffle buffer: the same seed
             gives the same sequence of per-pass orders.
@@ -253,7 +265,8 @@ def from_files(
         padding_values: passed to ``padded_batch``.
 
     Returns:
-        A ``tf.data.Dataset`` of samples (or batches), of unknown cardinality.
+        A ``tf.data.Dataset`` of samples (or batches), of unknown cardinality
+        (known with ``items_per_epoch``).
 
     Raises:
         TypeError, ValueError: bad paths or arguments.

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from kerasfeed.errors import SignatureError
 from kerasfeed.observe.stats import new_collector
+from kerasfeed.streams.declared import counted_passes
 from kerasfeed.tfdata.chunks import ChunkCodec, Label, chunks
 from kerasfeed.tfdata.inline_map import graph_fn
 from kerasfeed.tfdata.structure import infer_signature, normalize_signature
@@ -69,6 +70,7 @@ def _assemble(
     timeout: Optional[float],
 ) -> tf.data.Dataset:
     codec = ChunkCodec(signature, api)
+    open_pass = counted_passes(open_pass, tail.items_per_epoch, api)  # checked against a declared length
     stats = new_collector(api, tail.batch_size or 1)
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(

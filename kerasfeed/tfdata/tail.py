@@ -31,6 +31,10 @@ class TailOptions:
         prefetch: elements prefetched at the end; 0 or None disables;
             ``tf.data.AUTOTUNE`` lets tf.data size the buffer.
         device: e.g. ``"/gpu:0"``: prefetch onto that device as the last step.
+        items_per_epoch: items every pass yields, when the caller declares it
+            (stream functions only): the batched dataset then has that
+            known cardinality (``batches_per_epoch``), so ``model.fit`` knows
+            its steps (see ``kerasfeed/streams/declared.py``).
 
     Raises:
         TypeError, ValueError: a bad value (the message names it and ends
@@ -52,6 +56,7 @@ class TailOptions:
     seed: Optional[int] = None
     prefetch: Optional[int] = AUTOTUNE
     device: Optional[str] = None
+    items_per_epoch: Optional[int] = None
 
     def __post_init__(self):
         def put(name, value):
@@ -69,6 +74,20 @@ class TailOptions:
                 "`drop_remainder=True` needs `batch_size`; elements are already batches when batch_size=None. "
                 "Received: drop_remainder=True, batch_size=None"
             )
+        put("items_per_epoch", _v.positive_int("items_per_epoch", self.items_per_epoch, allow_none=True))
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"`items_per_epoch={self.items_per_epoch}` with `batch_size={self.batch_size}` and "
+                f"`drop_remainder=True` leaves no batch. Received: items_per_epoch={self.items_per_epoch}"
+            )
+
+    @property
+    def batches_per_epoch(self) -> Optional[int]:
+        """Elements per pass after batching when ``items_per_epoch`` is declared, else None."""
+        n, size = self.items_per_epoch, self.batch_size
+        if n is None or size is None:
+            return n
+        return n // size if self.drop_remainder else -(-n // size)
 
     def shuffle_and_batch(self, ds: Any, *, variable: bool) -> Any:
         """The shuffle buffer (if any), then batching; ``variable``: some shape varies."""
@@ -76,7 +95,7 @@ class TailOptions:
 
         if self.shuffle_buffer:
             ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
-        return batch(
+        ds = batch(
             ds,
             self.batch_size,
             drop_remainder=self.drop_remainder,
@@ -84,6 +103,11 @@ class TailOptions:
             variable=variable,
             padding_values=self.padding_values,
         )
+        if self.items_per_epoch is not None:  # a declared length: fit knows its steps
+            import tensorflow as tf
+
+            ds = ds.apply(tf.data.experimental.assert_cardinality(self.batches_per_epoch))
+        return ds
 
     def finish(self, ds: Any, *, autotune: bool = False) -> Any:
         """The prefetch buffer, then the prefetch onto ``device`` (see ``prefetch_tail``)."""
