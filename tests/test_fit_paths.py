@@ -248,3 +248,38 @@ def test_a_resumed_dataset_trains_the_rest_of_its_epoch_then_whole_epochs_warnin
                 initial_epoch=2, epochs=4, callbacks=[progress])
     assert [batch[0] for batch in seen] == passes[1][4:] + passes[2] + passes[3]
     assert progress.state() == {"epoch": 4, "batches": 0}
+
+
+def test_every_documented_fit_on_a_dataset_passes_shuffle_false():
+    """README.md, docs/, examples/ and the notebooks: `fit(dataset)` always says `shuffle=False`."""
+    import ast
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sources = []
+    for md in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        blocks = re.findall(r"^```python\n(.*?)^```", md.read_text(), re.S | re.M)
+        sources += [(md.name, b) for b in blocks]
+    sources += [(p.name, p.read_text()) for p in sorted((root / "examples").glob("*.py"))]
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        for c in cells:  # IPython magics (`%matplotlib inline`) are not Python
+            if c["cell_type"] == "code":
+                lines = "".join(c["source"]).splitlines()
+                sources.append((nb.name, "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))))
+    # Keras' own inputs: a PyDataset (`fit` shuffles its batch order) or a kerasfeed Loader (a data adapter)
+    keras_own = {"seq", "mixed", "loader"}
+    calls, missing = 0, []
+    for name, code in sources:
+        for node in ast.walk(ast.parse(code)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "fit" and node.args):
+                continue
+            calls += 1
+            x = node.args[0]
+            own = (isinstance(x, ast.Name) and x.id in keras_own) or "to_loader(" in ast.unparse(x)
+            shuffle = [k.value for k in node.keywords if k.arg == "shuffle"]
+            if not own and not (shuffle and isinstance(shuffle[0], ast.Constant) and shuffle[0].value is False):
+                missing.append(f"{name}: fit({ast.unparse(node)[:80]}...)")
+    assert calls >= 20, calls  # the scan found the documented calls
+    assert missing == []

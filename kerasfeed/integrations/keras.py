@@ -39,7 +39,7 @@ class TrainingProgress(keras.callbacks.Callback):
 
     ```python
     progress = kerasfeed.TrainingProgress(path="run/data_state.json")
-    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0), epochs=10,
+    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0), epochs=10, shuffle=False,
               callbacks=[progress, keras.callbacks.BackupAndRestore("run/backup")])
     # ... later, after a crash (weights restored from your checkpoint):
     state = kerasfeed.TrainingProgress.load("run/data_state.json")
@@ -47,16 +47,22 @@ class TrainingProgress(keras.callbacks.Callback):
     epoch = state["epoch"]
     if state["batches"]:  # finish the interrupted epoch on its remaining batches
         model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state),
-                  initial_epoch=epoch, epochs=epoch + 1, callbacks=[progress])
+                  initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=len(seq) - state["batches"],
+                  shuffle=False, callbacks=[progress])
         epoch += 1
     model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0,
                                    initial_state={"epoch": epoch, "batches": 0}),
-              initial_epoch=epoch, epochs=10, callbacks=[progress])
+              initial_epoch=epoch, epochs=10, shuffle=False, callbacks=[progress])
     ```
 
-    The interrupted epoch gets a ``fit`` call of its own because Keras takes
-    the length of every epoch from the first one when a dataset's length is
-    unknown, and a resumed pass is shorter than the others.
+    The interrupted epoch gets a ``fit`` call of its own, with its remaining
+    steps (``len(seq)`` batches per pass; ``ceil(items / batch_size)`` when
+    ``to_dataset`` batches), because a resumed pass is shorter than the
+    others and Keras gives every epoch of one ``fit`` the same number of
+    steps. The resumed dataset's length is unknown to tf.data (its passes
+    differ), so without ``steps_per_epoch`` Keras would warn "Your input ran
+    out of data" and, in a longer ``fit``, cut every later epoch to one step
+    more than the resumed pass had.
     """
 
     def __init__(

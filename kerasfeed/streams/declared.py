@@ -70,7 +70,8 @@ class CountedPass:
 
     def _error(self, how: str) -> EpochLengthError:
         what = f"{self._api} (pass {self._number})"
-        got = f"at least {self._expected + 1} items arrived" if how == "more than" else f"it ended after {self._n} items"
+        more = how == "more than"
+        got = f"at least {self._expected + 1} items arrived" if more else f"it ended after {self._n} items"
         return EpochLengthError(
             what,
             f"had {how} {self._expected} items",
