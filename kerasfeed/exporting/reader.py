@@ -113,7 +113,7 @@ def load_export(
 
     ```python
     ds = kerasfeed.load_export("/tmp/squares")           # written by kerasfeed.export
-    model.fit(ds.padded_batch(4), epochs=3)              # assumes a `model`
+    model.fit(ds.padded_batch(4), epochs=3, shuffle=False)  # assumes a `model`
     ```
     """
     import tensorflow as tf

@@ -87,7 +87,8 @@ class InputStats(keras.callbacks.Callback):
 
     ```python
     ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
-    history = model.fit(ds, epochs=3, callbacks=[kerasfeed.InputStats("logs", every_n_steps=20)])
+    history = model.fit(ds, epochs=3, shuffle=False,
+                        callbacks=[kerasfeed.InputStats("logs", every_n_steps=20)])
     print(history.history["input_wait_ms"])  # then: tensorboard --logdir logs
     ```
     """

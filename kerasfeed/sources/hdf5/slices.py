@@ -81,7 +81,7 @@ class H5SliceSequence(H5Base):
                                     shuffle=True, seed=0)
     x, y = seq[0]          # (16, 1024, 6) float32, (16,) int64
     model.fit(seq, epochs=2)
-    model.fit(kerasfeed.to_dataset(seq, executor="processes"), epochs=2)
+    model.fit(kerasfeed.to_dataset(seq, executor="processes"), epochs=2, shuffle=False)
     ```
     """
 
