@@ -3,6 +3,7 @@
 import contextlib
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -77,8 +78,10 @@ def test_damaged_shards_are_named(tmp_path):
         kerasfeed.verify_export(tmp_path)
     with pytest.raises(kerasfeed.ExportError, match="1 shard\\(s\\) fail.*shard-00001-of-00003.tfrecord: its CRC32C"):
         kerasfeed.load_export(tmp_path, verify="checksum")
+    import tensorflow as tf
+
     ds = kerasfeed.load_export(tmp_path)  # sizes match: TFRecord's own record CRC catches it while reading
-    with pytest.raises(Exception, match="corrupted record"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"kerasfeed: damaged shard shard-00001-of-00003.tfrecord: one of its 4 records failed its TFRecord checksum.*verify_export.*resume=True.*Received: file={re.escape(str(shard))}"):
         list(ds)
     shard.write_bytes(bytes(data[:-7]))  # truncated: the default up-front check names it
     with pytest.raises(kerasfeed.ExportError, match="shard-00001-of-00003.tfrecord: the file has .* bytes, the manifest says"):
@@ -91,6 +94,36 @@ def test_damaged_shards_are_named(tmp_path):
     kerasfeed.export(Slow(12, size=100), tmp_path, num_shards=3, executor="threads", progress=False, resume=True)
     assert {n: (tmp_path / n).stat().st_mtime_ns for n in before} == before
     assert kerasfeed.verify_export(tmp_path)["items"] == 12 and _ids(tmp_path) == list(range(12))
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+def test_same_size_corruption_is_named_while_reading(tmp_path, compression):
+    """A byte changed in the middle of a shard (same size) passes the default size check; iterating
+    load_export then fails naming the shard file, after yielding only intact items in index order."""
+    import tensorflow as tf
+
+    kerasfeed.export(Slow(120, size=200), tmp_path, num_shards=3, executor="threads", progress=False,
+                     compression=compression)  # fmt: skip
+    shard = tmp_path / "shard-00001-of-00003.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    message = rf"kerasfeed: damaged shard shard-00001-of-00003.tfrecord: .*Received: file={re.escape(str(shard))}"
+    got = []
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        for i, _ in kerasfeed.load_export(tmp_path).as_numpy_iterator():
+            got.append(int(i))
+    assert got == list(range(len(got))) and len(got) < 61  # item 61 is shard 1's record 20, mid-file
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):  # every way of reading it
+        list(kerasfeed.load_export(tmp_path, shuffle_files=True, seed=3, num_shards=3, shard_index=1))
+    if compression is None:  # the error reaches model.fit's caller too
+        import keras
+
+        model = keras.Sequential([keras.Input((200,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        xy = kerasfeed.load_export(tmp_path).map(lambda i, x: (tf.cast(x, "float32"), tf.cast(i, "float32")))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            model.fit(xy.batch(8), epochs=1, verbose=0, shuffle=False)
 
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])

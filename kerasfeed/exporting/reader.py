@@ -13,6 +13,10 @@ from kerasfeed.exporting.spec import STRING, ExportSpec, pack
 AUTOTUNE = _v.AUTOTUNE
 _TF_COMPRESSION = {None: "", "GZIP": "GZIP", "ZLIB": "ZLIB"}
 _PARSE_GROUP = 32
+# Stands in for the records a damaged shard could not give. Every record
+# kerasfeed writes is a serialized tf.train.Example, whose first byte is
+# b"\n" (field 1), so no record starts with this.
+_DAMAGED = "kerasfeed: damaged shard "
 
 
 def verify_export(directory: Any) -> dict:
@@ -80,10 +84,12 @@ def load_export(
     exists with the size in the manifest, which is cheap and catches
     truncated, missing and replaced files, naming them. ``verify="checksum"``
     also reads every file once and checks its CRC32C. Bytes that change
-    later, or inside a file of the right size, are caught by TFRecord's own
-    per-record CRC while reading: TensorFlow raises ``DataLossError``
-    ("corrupted record at ...", without the file name); ``verify_export``
-    then names the shard.
+    later, or inside a file of the right size, are caught while reading by
+    TFRecord's own per-record CRC, at no extra cost: iterating raises
+    ``tf.errors.InvalidArgumentError`` ("kerasfeed: damaged shard
+    shard-00001-of-00008.tfrecord: ... Received: file=...") where the first
+    damaged record would have come (every element before it is intact);
+    ``verify_export`` then lists every damaged shard.
 
     Args:
         directory: an export written by ``kerasfeed.export`` (TFRecord).
@@ -162,14 +168,26 @@ def load_export(
     compression = _TF_COMPRESSION[manifest["compression"]]
     buffer_size = max(64 << 10, min(1 << 20, (32 << 20) // len(files)))
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
+    counts = [s["count"] for s in mine]
+    notes = [_damage_note(directory, s, str(f)) for s, f in zip(mine, files)]
+
+    def read(file, count, note):
+        # TFRecordDataset checks each record's CRC32C but its DataLossError names no file. A
+        # failing record (or read) ends this shard's reader quietly instead, and the records it
+        # could not give are replaced by the shard's note, which the parse step below raises:
+        # the error names the file, at the position of the first bad record.
+        records = tf.data.TFRecordDataset(file, compression_type=compression, buffer_size=buffer_size)
+        filler = tf.data.Dataset.from_tensors(note).repeat()
+        return records.ignore_errors().concatenate(filler).take(count)
+
+    ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64), notes))
     cycle = len(files)
     if shuffle_files:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         cycle = min(cycle, 16)
     parallel = AUTOTUNE if reads == AUTOTUNE else min(reads, cycle)
     ds = ds.interleave(
-        graph_fn(lambda f: tf.data.TFRecordDataset(f, compression_type=compression, buffer_size=buffer_size)),
+        graph_fn(read),
         cycle_length=cycle,
         block_length=1,
         num_parallel_calls=parallel,
@@ -185,6 +203,16 @@ def load_export(
     return ds.apply(tf.data.experimental.assert_cardinality(count))
 
 
+def _damage_note(directory: Any, entry: dict, path: str) -> str:
+    # No quotes: TensorFlow escapes them when it prints the assertion's data.
+    return (
+        f"{_DAMAGED}{entry['file']}: one of its {entry['count']} records failed its TFRecord checksum (or the file "
+        f"could not be read), so the file changed after the export. kerasfeed.verify_export(directory) checks "
+        f"every shard of {directory}; kerasfeed.export(..., resume=True) rewrites the damaged ones. "
+        f"Received: file={path}"
+    )
+
+
 def make_parser(spec: ExportSpec):
     """Two TensorFlow functions: a batch of serialized records -> their features,
     and one record's features -> the item's nest of tensors."""
@@ -197,7 +225,11 @@ def make_parser(spec: ExportSpec):
             features[key + ":shape"] = tf.io.FixedLenFeature([len(shape)], tf.int64)
 
     def parse(records):
-        return tf.io.parse_example(records, features)
+        damaged = tf.strings.substr(records, 0, len(_DAMAGED)) == _DAMAGED
+        first = tf.argmax(tf.cast(damaged, tf.int32))
+        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(damaged)), [records[first]])
+        with tf.control_dependencies([check]):
+            return tf.io.parse_example(records, features)
 
     def decode(parsed):
         leaves = []
