@@ -52,3 +52,27 @@ class Slow:
             os._exit(3)
         size = self.size + 1 if what == "shape" else self.size
         return np.int64(i), np.full(size, i % 256, np.uint8)
+
+
+class Work:
+    """Item i is (i, the pid that made it) after 5 ms of `work`: "wait" (a sleep) or "spin"
+    (pure Python, GIL-bound). `lock=True` adds a lock: the source cannot go to worker processes."""
+
+    def __init__(self, n, work, lock=False):
+        self.n, self.work = n, work
+        if lock:
+            import threading
+
+            self.lock = threading.Lock()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.work == "wait":
+            time.sleep(0.005)
+        else:
+            end = time.thread_time() + 0.005
+            while time.thread_time() < end:
+                sum(range(100))
+        return np.int64(i), np.int64(os.getpid())

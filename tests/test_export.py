@@ -1,13 +1,16 @@
 """kerasfeed.export / load_export / verify_export / ExportSource: what goes in comes out."""
 
 import json
+import logging
+import os
 import pathlib
 import pickle
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from _export_sources import Mixed
+from _export_sources import Mixed, Work
 
 import kerasfeed
 from kerasfeed.exporting import encoding
@@ -164,3 +167,25 @@ def test_export_runs_without_tensorflow(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(pathlib.Path(__file__).parent.parent))
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
     assert kerasfeed.verify_export(tmp_path)["items"] == 8
+
+
+@pytest.mark.parametrize(
+    "work, lock, chosen, why",
+    [
+        ("wait", False, "threads", "mostly waits"),
+        ("spin", False, "processes", "GIL-bound"),
+        ("spin", True, "threads", "falls back to threads: .*lock"),
+    ],
+)
+def test_export_auto_executor_chooses_like_to_dataset(tmp_path, caplog, work, lock, chosen, why):
+    """executor="auto" probes the source (not the shard tasks), logs its choice and exports every item."""
+    with caplog.at_level(logging.INFO, logger="kerasfeed"):
+        kerasfeed.export(Work(16, work, lock), tmp_path, num_shards=4, executor="auto", workers=2, progress=False)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(why, logged) and "export(executor='auto') for Work: auto chose" in logged, logged
+    items = list(kerasfeed.load_export(tmp_path).as_numpy_iterator())
+    assert [int(i) for i, _ in items] == list(range(16))
+    in_here = {int(pid) for _, pid in items} == {os.getpid()}
+    assert in_here == (chosen == "threads"), (chosen, {int(pid) for _, pid in items})
+    with pytest.raises(ValueError, match=r"`executor` must be one of \('threads', 'processes', 'auto'\). Received: executor='fork'"):
+        kerasfeed.export(Work(4, "wait"), tmp_path / "x", num_shards=2, executor="fork")

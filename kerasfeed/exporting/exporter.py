@@ -16,7 +16,7 @@ from kerasfeed.exporting.writer import Progress, ShardTask, remove
 from kerasfeed.loading.pipeline import probe_indices
 from kerasfeed.sources.base import source_length, source_name
 
-_EXECUTORS = ("threads", "processes")
+_EXECUTORS = ("threads", "processes", "auto")
 
 
 def export(
@@ -58,7 +58,12 @@ def export(
             of ``workers`` (and of the number of training workers that will
             read it) so that every worker gets the same share.
         executor: ``"processes"`` (worker processes: past the GIL and
-            h5py's lock) or ``"threads"``.
+            h5py's lock), ``"threads"``, or ``"auto"``: probe a few
+            ``source[i]`` calls here and choose as ``to_dataset`` does
+            (threads for sources that wait or release the GIL, processes
+            for GIL-bound ones; the choice and why is logged on the
+            ``kerasfeed`` logger). Items never move between processes in an
+            export, so the transport terms of that choice are left out.
         workers: number of worker processes; None = the usable CPU count
             (at most one per shard).
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"`` (TFRecord);
@@ -138,6 +143,11 @@ def export(
         f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
         if probed else " (the spec given as `output_signature`)"
     )  # fmt: skip
+    auto = executor == "auto"
+    if auto:
+        executor = _auto_executor(source, workers)
+        if executor == "threads":  # as in to_dataset: the process options do not apply
+            workers = worker_init = None
     try:
         manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=format, compression=compression,
                             source=name, overwrite=overwrite, resume=resume)  # fmt: skip
@@ -146,7 +156,7 @@ def export(
             task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
                              compression=compression, source_name=name, hint=hint)  # fmt: skip
             _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
-                 progress=progress)
+                 progress=progress, auto=auto)
         manifest["complete"] = True
         mf.write_manifest(directory, manifest)
     except OSError as e:  # the main process's own writes: directory, manifest, renames
@@ -155,6 +165,22 @@ def export(
             f"looking complete; finished shards stay in the manifest. Received: directory='{directory}'"
         ) from e
     return manifest
+
+
+def _auto_executor(source: Any, workers: Optional[int]) -> str:
+    """``executor="auto"``: ``to_dataset``'s choice, from a probe of ``source`` (not of the shard tasks)."""
+    import dataclasses
+
+    from kerasfeed.execution.auto import decide, logger, probe_source
+    from kerasfeed.execution.processes.options import default_workers
+
+    cpus = default_workers()
+    probe = probe_source(source)
+    # Each item is written where it is made: no copy into shared memory, no hand-over
+    # (large GIL-free items still go to processes: their encoding then runs in parallel too).
+    name, reason = decide(dataclasses.replace(probe, copy_s=0.0), workers or cpus, cpus)
+    logger.info("kerasfeed: export(executor='auto') for %s: auto chose %s: %s", source_name(source), name, reason)
+    return name
 
 
 def _spec(source: Any, n: int, output_signature: Any) -> tuple[ExportSpec, list]:
@@ -216,7 +242,7 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
 
 
 def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *, executor: str,
-         workers: Optional[int], worker_init: Any, progress: bool) -> None:  # fmt: skip
+         workers: Optional[int], worker_init: Any, progress: bool, auto: bool = False) -> None:  # fmt: skip
     from kerasfeed.execution.factory import make_executor
     from kerasfeed.execution.processes.options import PoolOptions
 
@@ -228,7 +254,15 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
     try:
         shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
         bar = _Bar(shared, todo, total) if progress else None
-        ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init))
+        try:
+            ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init))
+        except TypeError as e:  # "auto" chose processes, but the source cannot be sent to them
+            if not auto:
+                raise
+            from kerasfeed.execution.auto import logger
+
+            logger.info("kerasfeed: export(executor='auto') falls back to threads: %s", str(e).split(". ")[0])
+            ex = make_executor("threads", task)
         ex.plan(0, todo)
         for k in todo:
             report = ex.load(k, 0)
