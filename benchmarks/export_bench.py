@@ -7,20 +7,26 @@ run; ``--json PATH`` to keep the numbers). Two parts:
    points x 6 float32 from ``H5SliceSequence`` over a gzip-chunked file):
    - ``serial``: the usual single loop, one ``tf.io.TFRecordWriter``,
      ``tf.train.Example`` built in the loop;
-   - ``pool``: the process-pool recipe written correctly: a ``spawn``
-     ``multiprocessing.Pool`` whose workers open the file once each and
-     return serialized Examples in order (``imap``), written round-robin to
-     one ``TFRecordWriter`` per shard, all in the main process (writers
-     never cross processes);
+   - the process-pool round-robin recipe written correctly, two ways (a
+     ``spawn`` ``multiprocessing.Pool`` whose workers open the file once
+     each; writers never cross processes):
+     ``pool, writers in main``: workers return serialized Examples in order
+     (``imap``), written round-robin to one ``TFRecordWriter`` per shard in
+     the main process; ``pool, shard per task``: each task writes one whole
+     shard (items ``k, k + S, ...``) with its own writer to ``*.tmp`` and
+     renames it when complete;
    - ``kerasfeed.export`` on worker processes and on threads.
    Start-up is inside the time (the pool's spawned workers import TensorFlow
    to build Examples; kerasfeed's workers import neither); this process's
-   own imports are not.
+   own imports are not. At a few hundred batches start-up dominates the
+   parallel ways: ``--target-seconds 30`` sizes the file so the serial loop
+   takes about that long (calibrated on a small file first).
 2. **Training-input throughput** (batches/s into a compiled drain loop, the
-   way ``model.fit`` pulls them; the second pass is timed): ``load_export``
-   of the export vs ``to_dataset`` over the Python source on worker
-   processes (the best executor for this workload in benchmarks/README.md).
+   way ``model.fit`` pulls them; first pass untimed, best of ``--epochs``):
+   ``load_export`` of the export vs ``to_dataset`` over the Python source on
+   worker processes and on threads (the best of them is the reference).
 
+Prints a table and one JSON line (``--json PATH`` also writes the JSON).
 Numbers from a busy machine mean nothing; compare rows of one quiet run.
 """
 
@@ -72,6 +78,18 @@ def _pool_record(i: int) -> bytes:
     return _example(_POOL_STATE["points"][rows], _POOL_STATE["labels"][rows])
 
 
+def _pool_shard(args: tuple) -> int:
+    k, shards, n, out, compression = args
+    import tensorflow as tf
+
+    final = os.path.join(out, f"shard-{k:05d}-of-{shards:05d}.tfrecord")
+    with tf.io.TFRecordWriter(final + ".tmp", compression or "") as w:
+        for i in range(k, n, shards):
+            w.write(_pool_record(i))
+    os.replace(final + ".tmp", final)  # a crash never leaves a shard that looks whole
+    return k
+
+
 # --- the ways of exporting ----------------------------------------------------
 
 
@@ -102,6 +120,15 @@ def export_pool(
             w.close()
 
 
+def export_pool_shards(
+    path: pathlib.Path, n: int, out: pathlib.Path, shards: int, workers: int, compression: Optional[str]
+) -> None:
+    tasks = [(k, shards, n, str(out), compression) for k in range(shards)]
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_pool_init, initargs=(str(path),)) as pool:
+        for _ in pool.imap_unordered(_pool_shard, tasks):
+            pass
+
+
 def _sequence(path: pathlib.Path):
     import kerasfeed
 
@@ -124,7 +151,8 @@ def export_kerasfeed(executor: str) -> Callable:
 KEPT = export_kerasfeed("processes")
 EXPORT_WAYS = {
     "serial loop, one TFRecordWriter": export_serial,
-    "multiprocessing.Pool (spawn) + round-robin writers in the main process": export_pool,
+    "multiprocessing.Pool (spawn), round-robin writers in the main process": export_pool,
+    "multiprocessing.Pool (spawn), one task per shard writing it": export_pool_shards,
     "kerasfeed.export, processes": KEPT,
     "kerasfeed.export, threads": export_kerasfeed("threads"),
 }
@@ -169,6 +197,9 @@ def time_training_input(
         f"kerasfeed.to_dataset(H5SliceSequence), processes (workers={workers})": lambda: kerasfeed.to_dataset(
             _sequence(path), executor="processes", workers=workers
         ),
+        "kerasfeed.to_dataset(H5SliceSequence), threads": lambda: kerasfeed.to_dataset(
+            _sequence(path), executor="threads"
+        ),
     }
     rows = []
     for name, build in ways.items():
@@ -185,6 +216,9 @@ def time_training_input(
         if ex is not None:
             ex.close()
         del ds, drain
+    best_source = max(r["batches_per_s"] for r in rows[1:])
+    for r in rows:
+        r["x_best_source"] = r["batches_per_s"] / best_source
     return rows
 
 
@@ -211,19 +245,64 @@ def to_markdown(res: Dict[str, Any]) -> str:
     for r in res["export"]:
         lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['batches_per_s'] / serial:.2f}x | "
                      f"{r['seconds']:.2f} | {r['mb_written']:.1f} |")
-    lines += ["", "| training input | batches/s | timed pass s | first pass s |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "| training input | batches/s | x best Python source | timed pass s | first pass s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in res["input"]:
-        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['epoch_s']:.3f} | {r['first_pass_s']:.2f} |")
+        lines.append(f"| {r['way']} | {r['batches_per_s']:,.1f} | {r['x_best_source']:.2f}x | {r['epoch_s']:.3f} | "
+                     f"{r['first_pass_s']:.2f} |")
     return "\n".join(lines)
+
+
+def _batch_bytes(points: int) -> int:
+    return SCENES_PER_BATCH * points * 6 * 4
+
+
+def calibrate(work: pathlib.Path, points: int, seconds: float, compression: Optional[str]) -> int:
+    """Batches for which the serial loop takes about ``seconds`` (timed on a small file)."""
+    from kerasfeed.datasets import make_synthetic_scenes
+
+    sample = 64
+    path = make_synthetic_scenes(work / "calibrate.h5", num_scenes=sample * SCENES_PER_BATCH, points_per_scene=points,
+                                 chunk_scenes=SCENES_PER_BATCH, compression="gzip")  # fmt: skip
+    out = work / "calibrate"
+    out.mkdir(parents=True, exist_ok=True)
+    export_serial(path, sample, out, 1, 1, compression)  # warm-up: imports, first file opens
+    start = time.perf_counter()
+    export_serial(path, sample, out, 1, 1, compression)
+    rate = sample / (time.perf_counter() - start)
+    shutil.rmtree(out, ignore_errors=True)
+    os.remove(path)
+    batches = max(16, int(rate * seconds))
+    print(f"calibration: serial loop ~{rate:,.0f} batches/s -> {batches} batches for ~{seconds:g} s", flush=True)
+    return batches
+
+
+def check_disk(work: pathlib.Path, batches: int, points: int) -> None:
+    # The source file, the kept export and one more export at a time, each about the raw size.
+    need = int(3.1 * batches * _batch_bytes(points))
+    free = shutil.disk_usage(work).free
+    if need > free:
+        raise SystemExit(
+            f"export_bench: {batches} batches need about {need / 2**30:.1f} GiB in {work} (the scene file and two "
+            f"exports), {free / 2**30:.1f} GiB are free; pass fewer --batches or another --workdir. "
+            f"Received: batches={batches}"
+        )
+    print(f"disk: about {need / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free in {work}", flush=True)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=400, help="batches (of 8 scenes) in the file (~300 MB per copy)")
+    parser.add_argument("--target-seconds", type=float,
+                        help="size the file so the serial loop takes about this long (overrides --batches; "
+                             "20-40 s lets the parallel ways get past start-up)")  # fmt: skip
     parser.add_argument("--points", type=int, default=4096, help="points per scene")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3, help="timed passes of the input part (best kept)")
+    parser.add_argument("--epochs", type=int, default=2, help="timed passes of the input part (best kept)")
     parser.add_argument("--compression", choices=["GZIP", "ZLIB"], help="TFRecord compression, for every way")
     parser.add_argument("--quick", action="store_true", help="tiny settings (a smoke run)")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
@@ -237,22 +316,30 @@ def main(argv=None) -> int:
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="kerasfeed-export-bench-"))
     try:
         work.mkdir(parents=True, exist_ok=True)
+        if args.target_seconds:
+            args.batches = calibrate(work, args.points, args.target_seconds, args.compression)
+        check_disk(work, args.batches, args.points)
+        start = time.perf_counter()
         path = make_synthetic_scenes(work / "scenes.h5", num_scenes=args.batches * SCENES_PER_BATCH,
                                      points_per_scene=args.points, chunk_scenes=SCENES_PER_BATCH,
                                      compression="gzip")  # fmt: skip
-        print(f"export benchmark: {args.batches} batches, {args.shards} shards, {args.workers} workers", flush=True)
+        print(f"export benchmark: {args.batches} batches ({args.batches * _batch_bytes(args.points) / 2**20:,.0f} MB), "
+              f"{args.shards} shards, {args.workers} workers; scene file made in {time.perf_counter() - start:.0f} s",
+              flush=True)  # fmt: skip
         exports = time_exports(path, args.batches, work, args.shards, args.workers, args.compression)
-        kf_dir = work / "export-2"  # the kerasfeed.export (processes) one
+        kf_dir = work / f"export-{list(EXPORT_WAYS.values()).index(KEPT)}"  # the kerasfeed.export (processes) one
         inputs = time_training_input(path, kf_dir, args.batches, args.workers, args.epochs)
         res = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "config": {"batches": args.batches, "points": args.points, "shards": args.shards, "workers": args.workers,
-                       "compression": args.compression},
+                       "compression": args.compression, "mb_per_copy": args.batches * _batch_bytes(args.points) / 2**20,
+                       "target_seconds": args.target_seconds, "cpus": os.cpu_count()},
             "export": exports,
             "input": inputs,
         }
         print()
         print(to_markdown(res))
+        print(json.dumps(res))
         if args.json:
             args.json.write_text(json.dumps(res, indent=1))
     finally:
