@@ -134,18 +134,11 @@ def resolve_shards(
         ValueError: both ways of sharding given, or more workers than items.
     """
     worker = current_worker()
-    explicit = num_shards is not None or shard_index is not None
-    if input_context is not None:
-        if explicit:
-            raise ValueError(
-                "Pass either `input_context` or `num_shards`/`shard_index`, not both. "
-                f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
-            )
-        return input_context.num_input_pipelines, input_context.input_pipeline_id, worker
-    if explicit:
-        num_shards = 1 if num_shards is None else _v.positive_int("num_shards", num_shards)
-        shard_index = 0 if shard_index is None else _v.non_negative_int("shard_index", shard_index)
-        return num_shards, shard_index, worker
+    if input_context is not None or num_shards is not None or shard_index is not None:
+        from kerasfeed.loading.arguments import shards_from  # the same reading as to_loader's
+
+        num_shards, shard_index = shards_from(num_shards, shard_index, input_context)
+        return 1 if num_shards is None else num_shards, 0 if shard_index is None else shard_index, worker
     if worker is None:
         return 1, 0, None
     if worker.num_workers > length:

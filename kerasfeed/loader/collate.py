@@ -5,12 +5,13 @@ batches: dicts are read in sorted key order and lists become tuples (as
 ``tf.nest`` packs them), strings become object arrays of ``bytes`` (what a
 ``tf.string`` tensor gives back), a dimension that differs between probed
 items may vary, and samples whose shapes vary are zero-padded to the largest
-in their batch (``padded_batch``).
+in their batch (``padded_batch``), while the batch is assembled in place
+(``BatchBuilder``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -35,18 +36,21 @@ def flatten(item: Any) -> tuple[Any, list]:
     return _flatten(item, (), out), out
 
 
+def _build(skeleton: Any, leaves: Iterator[Any]) -> Any:
+    # A module-level function, not a recursive closure: a closure that calls
+    # itself is a reference cycle holding ``leaves``, so every batch would
+    # live until the garbage collector runs (lent shared memory not given
+    # back, freed arrays not reused by malloc).
+    if skeleton is None:
+        return next(leaves)
+    if isinstance(skeleton, dict):
+        return {k: _build(v, leaves) for k, v in skeleton.items()}
+    return tuple(_build(v, leaves) for v in skeleton)
+
+
 def pack(skeleton: Any, leaves: Sequence[Any]) -> Any:
     """Rebuilds a nest shaped like ``skeleton`` (None marks a leaf)."""
-    it = iter(leaves)
-
-    def build(s):
-        if s is None:
-            return next(it)
-        if isinstance(s, dict):
-            return {k: build(v) for k, v in s.items()}
-        return tuple(build(v) for v in s)
-
-    return build(skeleton)
+    return _build(skeleton, iter(leaves))
 
 
 def field_name(path: tuple, skeleton: Any) -> str:
@@ -158,25 +162,61 @@ class Signature:
         return [v for _, v in leaves]
 
 
-def collate(rows: Sequence[list], padding: Sequence[Any]) -> list:
-    """Stacks the k-th leaf of every sample into one array per leaf.
+def _padded(arrays: Sequence[np.ndarray], value: Any) -> np.ndarray:
+    shape = arrays[0].shape
+    if all(a.shape == shape for a in arrays):
+        return np.stack(arrays)
+    full = tuple(max(a.shape[d] for a in arrays) for d in range(len(shape)))
+    batch = np.full((len(arrays),) + full, value, dtype=arrays[0].dtype)
+    for j, a in enumerate(arrays):
+        batch[(j,) + tuple(slice(0, n) for n in a.shape)] = a
+    return batch
 
-    Leaves whose shapes differ within the batch are padded at the end of
-    every dimension to the largest size in the batch, with ``padding[k]``.
+
+class BatchBuilder:
+    """One batch of ``size`` samples, assembled as the samples arrive.
+
+    A leaf whose shape the signature fixes is written straight into one
+    array allocated for the whole batch (one copy per sample, and each
+    sample's own arrays can be freed as soon as it is written). A leaf whose
+    shape may vary is kept until the batch is complete, then padded at the
+    end of every dimension to the largest size in the batch with its
+    padding value (``padded_batch``'s rule).
+
+    Args:
+        signature: the loader's ``Signature`` (shapes and dtypes per leaf).
+        size: samples in this batch.
+        padding: one padding value per leaf (``Signature.padding``).
     """
-    out = []
-    for k in range(len(padding)):
-        arrays = [r[k] for r in rows]
-        shape = arrays[0].shape
-        if all(a.shape == shape for a in arrays):
-            out.append(np.stack(arrays))
-            continue
-        full = tuple(max(a.shape[d] for a in arrays) for d in range(len(shape)))
-        batch = np.full((len(arrays),) + full, padding[k], dtype=arrays[0].dtype)
-        for j, a in enumerate(arrays):
-            batch[(j,) + tuple(slice(0, n) for n in a.shape)] = a
-        out.append(batch)
-    return out
+
+    def __init__(self, signature: Signature, size: int, padding: Sequence[Any]):
+        self._out = [
+            None if None in shape else np.empty((size, *shape), dtype)
+            for shape, dtype in zip(signature.shapes, signature.dtypes)
+        ]
+        self._varying: list = [[] if out is None else None for out in self._out]
+        self._padding = padding
+        self._size = size
+        self._count = 0
+
+    def add(self, arrays: Sequence[np.ndarray]) -> None:
+        """Writes the next sample (its leaves, checked against the signature)."""
+        j = self._count
+        for k, a in enumerate(arrays):
+            out = self._out[k]
+            if out is None:
+                self._varying[k].append(a)
+            else:
+                out[j, ...] = a  # also right for 0-d object (string) leaves
+        self._count = j + 1
+
+    def finish(self) -> list:
+        """The batch's arrays, one per leaf."""
+        if self._count != self._size:
+            raise RuntimeError(f"kerasfeed: a batch of {self._size} got {self._count} samples. Received: {self._count}")
+        return [
+            _padded(self._varying[k], self._padding[k]) if out is None else out for k, out in enumerate(self._out)
+        ]
 
 
-__all__ = ["Signature", "collate", "flatten", "pack"]
+__all__ = ["BatchBuilder", "Signature", "flatten", "pack"]

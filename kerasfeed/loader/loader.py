@@ -14,75 +14,17 @@ import itertools
 import threading
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
-import numpy as np
-
 from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
-from kerasfeed.loader.collate import Signature, collate, pack
+from kerasfeed.loader.batches import BatchReader
+from kerasfeed.loader.collate import Signature
 from kerasfeed.loader.convert import TorchBatches, map_arrays
+from kerasfeed.loader.passes import Pass, PassIterator
+from kerasfeed.loading.arguments import resolve_passes, resume_state
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
-from kerasfeed.sampling.protocol import check_resume_order, resolve_order
-from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
-
-
-class _Pass:
-    """One pass being read: its order, how far it was read, its first batch.
-
-    The first batch is kept while it is the only one read, so that a pass
-    Keras opened only to build the model can be read again from the start.
-    """
-
-    __slots__ = ("epoch", "indices", "batches", "position", "first", "reader")
-
-    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int):
-        self.epoch = epoch
-        self.indices = indices
-        self.batches = batches
-        self.position = 0  # batches of this pass delivered
-        self.first: Any = None
-        self.reader = reader  # id of the iterator reading it
-
-
-class _PassIterator:
-    """Iterates one pass; the pass starts (hooks, executor plan) on the first ``next``."""
-
-    def __init__(self, loader: "Loader", ident: int, adopted: Optional[_Pass]):
-        self._loader = loader
-        self._id = ident
-        self._pass = adopted
-        self._replay = adopted is not None
-        self._done = False
-
-    def __iter__(self) -> "_PassIterator":
-        return self
-
-    def __next__(self) -> Any:
-        if self._done:
-            raise StopIteration
-        loader = self._loader
-        p = self._pass
-        if p is None:
-            p = self._pass = loader._begin(self._id)
-        elif p.reader != self._id:
-            raise RuntimeError(
-                "kerasfeed: this loader iterator was superseded: a newer iterator took over its pass "
-                f"(pass {p.epoch}). Iterate the newest one. Received: a call to next() on the older iterator."
-            )
-        loader._continue(p)
-        if self._replay:
-            self._replay = False
-            return p.first
-        if p.position >= p.batches:
-            self._done = True
-            p.first = None  # read to its end: never taken over (a one-batch pass included)
-            raise StopIteration
-        batch = loader._read(p)
-        p.position += 1
-        p.first = batch if p.position == 1 else None
-        return batch
 
 
 class Loader:
@@ -123,6 +65,7 @@ class Loader:
         shard_index: int,
         initial_state: Optional[Mapping[str, int]],
         order: Any = None,
+        copy: bool = False,
     ):
         total = source_length(source)
         # Built (and checked) once here, used whole by every process executor.
@@ -130,6 +73,7 @@ class Loader:
         batch_size = _v.positive_int("batch_size", batch_size, allow_none=True, owner="to_loader")
         probe = _v.positive_int("probe", probe, owner="to_loader")
         shuffle = _v.flag("shuffle", shuffle, owner="to_loader")
+        copy = _v.flag("copy", copy, owner="to_loader")
         drop_remainder = _v.flag("drop_remainder", drop_remainder, owner="to_loader")
         if drop_remainder and batch_size is None:
             raise ValueError(
@@ -137,23 +81,12 @@ class Loader:
                 "batch_size=None. Received: drop_remainder=True, batch_size=None"
             )
         order_args = dict(order=order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
-        order = resolve_order(total, **order_args)
-        n = order.shard_length
-        per_element = batch_size or 1
-        if drop_remainder and batch_size > n:
-            raise ValueError(
-                f"to_loader: `batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has "
-                f"{n} items. Received: batch_size={batch_size}"
-            )
-        resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
-        check_resume_order(resume, order)
-        self._per_pass = self._count(n, batch_size, drop_remainder)
-        if resume.batches >= self._per_pass:
-            raise ValueError(
-                f"`initial_state` resumes after {resume.batches} batches but a pass has only {self._per_pass}; "
-                f"resume at the next epoch instead. Received: initial_state={resume.to_dict()}"
-            )
-        skip = resume.batches * per_element
+        passes = resolve_passes(
+            total, **order_args, batch_size=batch_size, drop_remainder=drop_remainder,
+            resume=resume_state(initial_state), owner="to_loader",
+        )
+        order, resume = passes.order, passes.resume
+        self._per_pass = passes.per_pass
         self._source = source
         self._order = order
         self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
@@ -172,8 +105,9 @@ class Loader:
         self._padding_values = padding_values
         self._probe = probe
         self._resume = resume
-        self._first_length = self._count(n - skip, batch_size, drop_remainder)
-        self._pipeline = PassPipeline(source, order, self.executor, self._signature, resume.epoch, skip)
+        self._first_length = passes.first_pass
+        self._pipeline = PassPipeline(source, order, self.executor, self._signature, resume.epoch, passes.skip)
+        self._reader = BatchReader(self._pipeline.load, self._signature, batch_size, self._padding, copy)
         if self._pipeline.stats is not None:  # kerasfeed.stats(loader)
             self._pipeline.stats.kind, self._pipeline.stats.items_per_batch = "to_loader", batch_size or 1
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
@@ -181,16 +115,10 @@ class Loader:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._newest = 0  # id of the newest iterator
-        self._open: Optional[_Pass] = None  # the pass begun last
-        self._peek: Optional[_Pass] = None  # a pass the next iterator takes over
+        self._open: Optional[Pass] = None  # the pass begun last
+        self._peek: Optional[Pass] = None  # a pass the next iterator takes over
         self._begun = False
         self._tf_dataset = None
-
-    @staticmethod
-    def _count(items: int, batch_size: Optional[int], drop_remainder: bool) -> int:
-        if batch_size is None:
-            return items
-        return items // batch_size if drop_remainder else -(-items // batch_size)
 
     # -- iteration -----------------------------------------------------------
 
@@ -202,23 +130,23 @@ class Loader:
             adopted, self._peek = self._peek, None
             if adopted is not None:
                 adopted.reader = ident
-        return _PassIterator(self, ident, adopted)
+        return PassIterator(self, ident, adopted)
 
     def __len__(self) -> int:
         """Batches in a whole pass (a resumed first pass has fewer: ``num_batches``)."""
         return self._per_pass
 
-    def _begin(self, reader: int) -> _Pass:
+    def _begin(self, reader: int) -> Pass:
         with self._lock:
             if self._open is not None and self._open is not self._peek:
                 self._open.first = None  # no longer replayable: release it
             indices, epoch = self._pipeline.begin()
             batches = self._first_length if not self._begun else self._per_pass
             self._begun = True
-            p = self._open = _Pass(int(epoch), indices, batches, reader)
+            p = self._open = Pass(int(epoch), indices, batches, reader)
             return p
 
-    def _continue(self, p: _Pass) -> None:
+    def _continue(self, p: Pass) -> None:
         # The reader went on with its own iterator (Keras with steps_per_epoch):
         # the pass is no longer one to take over.
         if self._peek is p:
@@ -226,21 +154,10 @@ class Loader:
                 if self._peek is p:
                     self._peek = None
 
-    def _read(self, p: _Pass) -> Any:
-        load = self._pipeline.load
-        if self.batch_size is None:
-            return pack(self._signature.skeleton, load(p.indices[p.position], p.epoch))
-        k = self.batch_size
-        start = p.position * k
-        rows = [load(i, p.epoch) for i in p.indices[start : start + k]]
-        if p.position + 1 == p.batches:
-            # The dropped remainder still passes through the pipeline (as in
-            # to_dataset), so the pass ends for the source and the executor.
-            for i in p.indices[start + k :]:
-                load(i, p.epoch)
-        return pack(self._signature.skeleton, collate(rows, self._padding))
+    def _read(self, p: Pass) -> Any:
+        return self._reader.read(p)
 
-    def _replayable(self) -> Optional[_Pass]:
+    def _replayable(self) -> Optional[Pass]:
         p = self._open
         if p is not None and p.position == 1 and p.first is not None and p.reader == self._newest:
             return p
@@ -351,10 +268,12 @@ def to_loader(
     padding_values: Any = None,
     ragged: bool = False,
     probe: int = 3,
-    num_shards: int = 1,
-    shard_index: int = 0,
+    num_shards: Optional[int] = None,
+    shard_index: Optional[int] = None,
     initial_state: Optional[Mapping[str, int]] = None,
     order: Any = None,
+    input_context: Any = None,
+    copy: bool = False,
 ) -> Loader:
     """Turns an indexable source into numpy batches for any Keras 3 backend.
 
@@ -384,8 +303,9 @@ def to_loader(
             whole batches with ``batch_size=None``).
         probe: leading items probed (and the last) to learn the structure,
             dtypes and which dimensions may vary.
-        num_shards: split every pass into this many disjoint, equal shards.
-        shard_index: the shard this loader yields.
+        num_shards: split every pass into this many disjoint, equal shards
+            (None: 1), as ``to_dataset`` splits them.
+        shard_index: the shard this loader yields (None: 0).
         initial_state: ``{"epoch": e, "batches": b}`` (from
             ``TrainingProgress``): the first pass is pass ``e`` and starts
             after its first ``b`` batches; use ``fit(..., initial_epoch=e)``.
@@ -394,6 +314,17 @@ def to_loader(
             ``num_shards``/``shard_index``: any object with ``shard_length``
             and ``indices(epoch)``, such as ``kerasfeed.BalancedOrder`` or
             ``kerasfeed.WeightedOrder`` (as in ``to_dataset``).
+        input_context: a ``tf.distribute.InputContext``, or any object with
+            ``num_input_pipelines`` and ``input_pipeline_id`` (TensorFlow is
+            not needed): sets ``num_shards``/``shard_index`` to them, as in
+            ``to_dataset``.
+        copy: False (the default): batches are handed over without a copy
+            where that is safe: with ``batch_size=None``, the arrays
+            ``source[i]`` returned (threads) or views of the worker's shared
+            memory, which stays lent to the batch until the batch and every
+            view of it are gone (processes). True: every batch is made of
+            fresh arrays that share nothing with the source or the workers
+            (one copy per batch). See ``kerasfeed/loader/batches.py``.
 
     Returns:
         A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
@@ -434,7 +365,9 @@ def to_loader(
             "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
         )
     from kerasfeed.loader.keras_adapter import loader_class
+    from kerasfeed.loading.arguments import shards_from
 
+    num_shards, shard_index = shards_from(num_shards, shard_index, input_context, owner="to_loader")
     return loader_class()(
         source,
         batch_size=batch_size,
@@ -446,10 +379,11 @@ def to_loader(
         drop_remainder=drop_remainder,
         padding_values=padding_values,
         probe=probe,
-        num_shards=num_shards,
-        shard_index=shard_index,
+        num_shards=1 if num_shards is None else num_shards,
+        shard_index=0 if shard_index is None else shard_index,
         initial_state=initial_state,
         order=order,
+        copy=copy,
     )
 
 

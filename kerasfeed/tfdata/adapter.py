@@ -13,11 +13,10 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.integrations import distribute as _distribute
+from kerasfeed.loading.arguments import resolve_passes, resume_state
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.groups import GroupLoader
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
-from kerasfeed.sampling.protocol import check_resume_order, resolve_order
-from kerasfeed.sampling.state import ResumeState
 from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
@@ -186,7 +185,7 @@ def to_dataset(
     _v.positive_int("probe", probe)
     _v.positive_int("group_items", group_items, allow_none=True)
     _v.flag("shuffle", shuffle)
-    resume = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    resume = resume_state(initial_state)
     if endless:
         check_endless_arguments(source, shuffle, initial_state, order)
     # One shard per worker under a multi-worker strategy unless told otherwise
@@ -199,25 +198,11 @@ def to_dataset(
         batches=resume.batches,
     )
     sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
-    if endless:
-        order, n = None, None  # an endless pass reads shard_index, shard_index + num_shards, ...
-    else:
-        order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
-        n = order.shard_length  # items per pass
-    if batch_size is not None and drop_remainder and n is not None and batch_size > n:
-        raise ValueError(
-            f"`batch_size={batch_size}` with `drop_remainder=True` leaves no batch: each pass has {n} items."
-        )
-
-    check_resume_order(resume, order)
-    per_element = batch_size or 1
-    per_pass = None if endless else n // per_element if drop_remainder or batch_size is None else -(-n // per_element)
-    if per_pass is not None and resume.batches >= per_pass:
-        raise ValueError(
-            f"`initial_state` resumes after {resume.batches} elements but a pass has only {per_pass}; "
-            f"resume at the next epoch instead. Received: initial_state={resume.to_dict()}"
-        )
-    skip = resume.batches * per_element
+    passes = resolve_passes(
+        None if endless else total, order=order, shuffle=shuffle, seed=seed, num_shards=num_shards,
+        shard_index=shard_index, batch_size=batch_size, drop_remainder=drop_remainder, resume=resume,
+    )
+    order, n, per_pass, skip = passes.order, passes.items, passes.per_pass, passes.skip
 
     ex = make_executor(executor, source, pool_options)
     probes: list = []

@@ -1,0 +1,82 @@
+"""Reading one batch of a pass, and what a batch's arrays share (TF-free).
+
+What ``iter(loader)`` yields, by default without a copy in this process:
+
+- ``batch_size=None`` (items are batches), threads: the arrays
+  ``source[i]`` returned, as they are (no re-stacking). If the source keeps
+  them and changes them later, the batch changes too; ``copy=True`` hands
+  over fresh arrays instead.
+- ``batch_size=None``, worker processes: views of the shared memory the
+  worker wrote the item into (items of 256 KB or more, within the pool's
+  lending budget; smaller ones are copied out). The memory stays lent to
+  the batch for as long as the batch or any view of it is alive: no worker
+  writes into it meanwhile, so a batch kept any length of time never
+  changes. It goes back to the pool when the last reference is dropped;
+  past the budget (16 items per worker, 256 MB) further items are copied,
+  so keeping many batches stays correct, only slower. ``copy=True`` copies
+  every item out at once (the memory is back at once).
+- ``batch_size=n``: samples are written straight into one array per leaf
+  allocated for the batch (``BatchBuilder``): one copy, needed to stack
+  them; the batch shares nothing with the samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from kerasfeed.loader.collate import BatchBuilder, Signature, pack
+from kerasfeed.loader.passes import Pass
+
+
+def _fresh(arrays: list) -> list:
+    return [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in arrays]
+
+
+class BatchReader:
+    """Loads the items of one batch of a pass and assembles the batch.
+
+    Args:
+        load: ``PassPipeline.load``: ``(index, epoch) -> [array per leaf]``.
+        signature: what every item must look like.
+        batch_size: None (items are batches) or samples per batch.
+        padding: one padding value per leaf.
+        copy: hand over fresh arrays even when items are whole batches.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[int, int], list],
+        signature: Signature,
+        batch_size: Optional[int],
+        padding: list,
+        copy: bool,
+    ):
+        self._load = load
+        self._signature = signature
+        self._batch_size = batch_size
+        self._padding = padding
+        self._copy = copy
+
+    def read(self, p: Pass) -> Any:
+        """Batch ``p.position`` of pass ``p``, as a nest of numpy arrays."""
+        load, skeleton = self._load, self._signature.skeleton
+        if self._batch_size is None:
+            arrays = load(p.indices[p.position], p.epoch)
+            return pack(skeleton, _fresh(arrays) if self._copy else arrays)
+        k = self._batch_size
+        start = p.position * k
+        rows = p.indices[start : start + k]
+        batch = BatchBuilder(self._signature, len(rows), self._padding)
+        for i in rows:
+            batch.add(load(i, p.epoch))
+        if p.position + 1 == p.batches:
+            # The dropped remainder still passes through the pipeline (as in
+            # to_dataset), so the pass ends for the source and the executor.
+            for i in p.indices[start + k :]:
+                load(i, p.epoch)
+        return pack(skeleton, batch.finish())
+
+
+__all__ = ["BatchReader"]
