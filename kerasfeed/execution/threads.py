@@ -60,9 +60,12 @@ class _Runner:
         self.item_bytes = 0  # the largest item seen so far
         self.stats: Any = None  # a StatsCollector, once attached
 
-    def call(self, index: int) -> Any:
+    def call(self, index: int, started: Optional[float] = None) -> Any:
+        """``source[index]``; ``started``: the caller's clock read (perf_counter)
+        just before, reused as the make time's start."""
         stats = self.stats
-        t0 = time.perf_counter() if stats is not None else 0.0
+        if stats is not None and started is None:
+            started = time.perf_counter()
         try:
             item = self.source[index]
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
@@ -70,7 +73,7 @@ class _Runner:
         if stats is not None:
             end = time.perf_counter()
             lane = threading.current_thread().name if stats.timeline is not None else None
-            stats.made(end - t0, None, end, lane)
+            stats.made(end - started, None, end, lane)
         size = _nbytes(item)
         if size > self.item_bytes:
             self.item_bytes = size
@@ -86,9 +89,9 @@ def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
         if plan.cancelled and not task.taken:
             task.event.set()  # a dropped pass: nobody will ask for it
             continue
-        task.started = time.monotonic()
+        task.started = started = time.perf_counter()  # for the timeout, and the make time's start
         try:
-            task.value = runner.call(task.index)
+            task.value = runner.call(task.index, started)
         except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
             task.error = e
         task.event.set()
@@ -171,7 +174,7 @@ class ThreadExecutor(Executor):
                     f"{self._runner.name}[{task.index}] was loading. Received: index={task.index}"
                 )
             started = task.started
-            if self._timeout is not None and started is not None and time.monotonic() - started > self._timeout:
+            if self._timeout is not None and started is not None and time.perf_counter() - started > self._timeout:
                 self._failure = TimeoutError(
                     f"kerasfeed: {self._runner.name}[{task.index}] did not return within timeout={self._timeout} s "
                     "(counted from when a thread started it); the call runs on in its thread and the dataset's "

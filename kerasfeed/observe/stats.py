@@ -1,12 +1,18 @@
 """Live input statistics for every kerasfeed pipeline (TF-free).
 
 A ``StatsCollector`` sits next to each pipeline. The consumer side records how
-long every pick-up blocked (``picked``); the executor records how long each
-item took to make and where (``made``: a pool thread, or a worker process that
-timed itself). Recording costs a few hundred nanoseconds: two clock reads, an
-uncontended lock and a write into a fixed-size ring, so it stays on.
-Percentiles come from the most recent ``window`` samples (a ring, never an
-unbounded list); totals count everything since the pipeline was built.
+long every pick-up blocked (``picked``); the producer records how long each
+item took to make and where (``made``: a pool thread, a worker process that
+timed itself, a stream's generator or reader). Percentiles come from the most
+recent ``window`` samples (a ring, never an unbounded list); totals count
+everything since the pipeline was built.
+
+Per-item recording takes no lock and makes no clock read of its own (callers
+pass the times they already took): ``picked`` and ``made`` are straight-line
+attribute and list writes with no call between a read and its write, which
+CPython's GIL (Python 3.11, the version kerasfeed runs on) never interrupts,
+so concurrent recorders cannot lose an update. Structural changes (a new pass,
+a new worker) and ``snapshot`` take the lock.
 
 ``snapshot()`` turns it all into a plain dict, adding what the executor knows
 right now (items made ahead, in flight, shared memory, worker RSS) through
@@ -49,7 +55,7 @@ class _Ring:
         self.count += 1
 
     def recent(self) -> np.ndarray:
-        return np.asarray(self.values[: min(self.count, self.size)], dtype=np.float64)
+        return np.asarray(self.values[: min(self.count, self.size)], dtype=np.float64)  # a slice: one atomic copy
 
 
 def _summary_ms(ring: _Ring) -> Optional[dict]:
@@ -115,10 +121,8 @@ class StatsCollector:
         self._created = time.perf_counter()
         self._wait = _Ring(window)
         self._make = _Ring(window)
-        self._items = 0
         self._wait_total = 0.0
         self._errors = 0
-        self._made = 0
         self._busy: dict[Any, list] = {}  # worker id -> [busy seconds, items]
         self._first_made: Optional[float] = None
         self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
@@ -138,21 +142,27 @@ class StatsCollector:
             while len(self._passes) > PASSES_KEPT:
                 self._passes.popitem(last=False)
 
-    def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
-        """The consumer got an item of pass ``epoch`` after blocking ``wait_s``."""
-        now = time.perf_counter() if now is None else now
+    def _pass_of(self, epoch: int) -> Optional[_Pass]:
         with self._lock:
-            ring = self._wait  # _Ring.add, inlined: this runs once per item on the consumer's thread
-            ring.values[ring.count % ring.size] = wait_s
-            ring.count += 1
-            self._items += 1
-            self._wait_total += wait_s
-            self._last_pick = now
-            p = self._current
-            if p is None or p.epoch != epoch:
-                p = self._current = self._passes.get(epoch)
-                if p is None:
-                    return
+            p = self._current = self._passes.get(epoch)
+        return p
+
+    def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
+        """The consumer got an item of pass ``epoch`` after blocking ``wait_s``
+        (``now``: when, as ``time.perf_counter``)."""
+        if now is None:
+            now = time.perf_counter()
+        p = self._current
+        if p is None or p.epoch != epoch:
+            p = self._pass_of(epoch)
+        # From here to the end: no call (see the module docstring).
+        ring = self._wait
+        n = ring.count
+        ring.values[n % ring.size] = wait_s
+        ring.count = n + 1
+        self._wait_total += wait_s
+        self._last_pick = now
+        if p is not None:
             if p.first is None:
                 p.first = now
                 if p.gap_s is not None:
@@ -174,26 +184,36 @@ class StatsCollector:
         busy_s: Optional[float] = None,
     ) -> None:
         """One item took ``make_s`` seconds to make, on ``worker`` (None: a
-        pool thread). ``end``: when it finished (perf_counter), for the
-        timeline; ``lane``: its timeline row (default ``worker``); ``busy_s``:
-        the worker's whole time on it (default ``make_s``; a worker process
-        also writes the item into shared memory)."""
+        pool thread). ``end``: when it finished (perf_counter); ``lane``: its
+        timeline row (default ``worker``); ``busy_s``: the worker's whole time
+        on it (default ``make_s``; a worker process also writes the item into
+        shared memory)."""
         busy = make_s if busy_s is None else busy_s
+        if self.timeline is not None or self._first_made is None:
+            self._made_rarely(busy, worker, end, lane)
+        try:
+            entry = self._busy[worker]
+        except KeyError:
+            entry = self._new_worker(worker)
+        # From here to the end: no call (see the module docstring).
+        ring = self._make
+        n = ring.count
+        ring.values[n % ring.size] = make_s
+        ring.count = n + 1
+        entry[0] += busy
+        entry[1] += 1
+
+    def _made_rarely(self, busy: float, worker: Any, end: Optional[float], lane: Any) -> None:
+        end = time.perf_counter() if end is None else end
         with self._lock:
-            ring = self._make
-            ring.values[ring.count % ring.size] = make_s
-            ring.count += 1
-            self._made += 1
             if self._first_made is None:
-                self._first_made = time.perf_counter() - busy
-            entry = self._busy.get(worker)
-            if entry is None:
-                entry = self._busy[worker] = [0.0, 0]
-            entry[0] += busy
-            entry[1] += 1
+                self._first_made = end - busy
             if self.timeline is not None and len(self.timeline) < _TIMELINE_MAX:
-                end = time.perf_counter() if end is None else end
                 self.timeline.append((worker if lane is None else lane, end - busy, end))
+
+    def _new_worker(self, worker: Any) -> list:
+        with self._lock:
+            return self._busy.setdefault(worker, [0.0, 0])
 
     def add_gauges(self, fn: Callable[[], dict]) -> None:
         """Registers a bound method returning instant figures (held weakly)."""
@@ -204,7 +224,7 @@ class StatsCollector:
     # ------------------------------------------------------------ reading
     @property
     def items(self) -> int:
-        return self._items
+        return self._wait.count
 
     def snapshot(self) -> dict:
         """Everything as a plain dict (see ``kerasfeed.stats``)."""
@@ -215,20 +235,20 @@ class StatsCollector:
             recent = self._wait.recent()
             ready = float((recent < READY_S).mean()) if recent.size else None
             passes = [p.as_dict(self.items_per_batch) for p in self._passes.values()]
-            busy = {k: list(v) for k, v in self._busy.items()}
+            busy = {k: list(v) for k, v in list(self._busy.items())}
             since = self._first_made
             out = {
                 "kind": self.kind,
                 "executor": self.executor,
-                "items": self._items,
-                "batches": self._items / self.items_per_batch,
+                "items": self._wait.count,
+                "batches": self._wait.count / self.items_per_batch,
                 "items_per_batch": self.items_per_batch,
                 "errors": self._errors,
                 "uptime_s": now - self._created,
                 "wait_total_s": self._wait_total,
                 "wait_ms": wait,
                 "ready_fraction": ready,
-                "items_made": self._made,
+                "items_made": self._make.count,
                 "make_ms": make,
             }
             gauges = list(self._gauges)
