@@ -147,20 +147,76 @@ def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: in
     return out
 
 
+def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers: int) -> dict:
+    """Like ``_consumer_cpu_per_item``, without tf.data: this thread calls the
+    dataset's Python side (its group loader over ``PassPipeline.load``) the
+    way the pick-up ``numpy_function`` does, item by item in pass order.
+    ``consumer`` is this thread's CPU (``time.thread_time``): the pick-up
+    alone, free of tf.data's own threads and their scheduling."""
+    import threading
+
+    import kerasfeed
+    from kerasfeed.observe import stats as stats_module
+
+    kwargs = {"workers": workers} if executor == "processes" else {}
+    saved, stats_module.ENABLED = stats_module.ENABLED, enabled
+    try:
+        ds = kerasfeed.to_dataset(Ready(items), executor=executor, **kwargs)
+    finally:
+        stats_module.ENABLED = saved
+    pipeline, groups, group = ds._kerasfeed_pipeline, ds._kerasfeed_groups, ds._kerasfeed_group_items
+
+    def one_pass() -> int:
+        indices, epoch = pipeline.begin()
+        if groups is None:
+            for i in indices:
+                pipeline.load(i, epoch)
+            return len(indices)
+        for start in range(0, len(indices), group):
+            groups.load(indices[start:start + group], epoch, start + group >= len(indices))
+        return len(indices)
+
+    one_pass()  # warm-up pass
+    pool = {t.native_id for t in threading.enumerate() if t.name.startswith("kerasfeed-thread-")}
+    s0, p0 = _context_switches(), _task_cpu_ns(pool) if pool else None
+    c0, t0 = time.process_time(), time.thread_time()
+    n = one_pass()
+    mine, cpu = time.thread_time() - t0, time.process_time() - c0
+    p1, s1 = _task_cpu_ns(pool) if pool else None, _context_switches()
+    assert n == items
+    del ds, pipeline, groups
+    out = {"process": cpu / items * 1e6, "pool": None, "consumer": mine / items * 1e6, "switches": None}
+    if p0 is not None and p1 is not None:
+        out["pool"] = (p1 - p0) / items / 1e3
+    if s0 is not None and s1 is not None:
+        out["switches"] = (s1 - s0) / items
+    return out
+
+
 def _spread(values: Sequence[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run(items: int, pairs: int, executors: Sequence[str], workers: int, calls: int = 200_000) -> dict:
+def run(
+    items: int,
+    pairs: int,
+    executors: Sequence[str],
+    workers: int,
+    calls: int = 200_000,
+    mode: str = "tfdata",
+) -> dict:
+    """``mode``: ``"tfdata"`` (drained by ``ds.reduce``) or ``"python"`` (the
+    Python side driven from one thread, see ``_python_side_cpu_per_item``)."""
+    measure = {"tfdata": _consumer_cpu_per_item, "python": _python_side_cpu_per_item}[mode]
     rec = recording_cost_us(calls)
     out: dict = {"recording_us_per_item": rec["total"], "recording": rec, "items": items, "pairs": pairs,
-                 "executors": {}}
+                 "mode": mode, "executors": {}}
     for executor in executors:
         on, off = [], []
         for k in range(pairs):
             order = (True, False) if k % 2 == 0 else (False, True)
             for enabled in order:
-                (on if enabled else off).append(_consumer_cpu_per_item(executor, items, enabled, workers))
+                (on if enabled else off).append(measure(executor, items, enabled, workers))
         row: dict = {"runs": {"on": on, "off": off}}
         for part in ("process", "pool", "consumer", "switches"):
             if any(r[part] is None for r in on + off):
@@ -186,12 +242,13 @@ def to_table(res: dict) -> str:
     lines = [
         f"stats recording: {rec['total']:.2f} us per item (consumer {rec['consumer']:.2f}: two clock reads and "
         f"picked; producer {rec['producer']:.2f}: one clock read and made)",
-        f"A/B, {res['items']} items per pass, {res['pairs']} pairs, CPU per item: median on / median off / "
-        "paired difference median [min..max]",
+        f"A/B ({res.get('mode', 'tfdata')}), {res['items']} items per pass, {res['pairs']} pairs, CPU per item: "
+        "median on / median off / paired difference median [min..max]",
         "| executor | part | stats on | stats off | paired diff | overhead (A/B) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    names = {"process": "process CPU µs", "pool": "pool threads µs", "consumer": "consumer µs",
+    consumer = "pick-up thread µs" if res.get("mode") == "python" else "consumer µs"
+    names = {"process": "process CPU µs", "pool": "pool threads µs", "consumer": consumer,
              "switches": "context switches"}
     for name, r in res["executors"].items():
         base = r["process"]["off"]["median"]
@@ -214,15 +271,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--executors", default="threads,processes")
+    parser.add_argument(
+        "--mode", default="tfdata,python",
+        help="tfdata (drained by ds.reduce), python (the Python side driven from one thread), or both",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 items, 1 pair")
     parser.add_argument("--json", default=None, help="write the figures there")
     args = parser.parse_args(argv)
     items, pairs = (200, 1) if args.quick else (args.items, args.pairs)
-    res = run(items, pairs, [e for e in args.executors.split(",") if e], args.workers)
-    print(to_table(res))
+    executors = [e for e in args.executors.split(",") if e]
+    results = [run(items, pairs, executors, args.workers, mode=m) for m in args.mode.split(",") if m]
+    print("\n\n".join(to_table(r) for r in results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+            json.dump(results, f, indent=1)
     return 0
 
 

@@ -21,6 +21,7 @@ the gauge functions registered with ``add_gauges``.
 
 from __future__ import annotations
 
+import array
 import collections
 import os
 import threading
@@ -41,12 +42,14 @@ _LIVE: "weakref.WeakSet[StatsCollector]" = weakref.WeakSet()
 
 
 class _Ring:
-    """The last ``size`` float samples."""
+    """The last ``size`` float samples, as C doubles: a write keeps no float
+    object alive (a list would hold ``size`` of them, and free a cold one on
+    every write)."""
 
     __slots__ = ("values", "count", "size")
 
     def __init__(self, size: int):
-        self.values = [0.0] * size
+        self.values = array.array("d", bytes(8 * size))
         self.size = size
         self.count = 0
 
@@ -55,7 +58,7 @@ class _Ring:
         self.count += 1
 
     def recent(self) -> np.ndarray:
-        return np.asarray(self.values[: min(self.count, self.size)], dtype=np.float64)  # a slice: one atomic copy
+        return np.frombuffer(self.values[: min(self.count, self.size)], dtype=np.float64)  # a slice: one atomic copy
 
 
 def _summary_ms(ring: _Ring) -> Optional[dict]:

@@ -106,6 +106,11 @@ class ShardPass:
         options: an ``InterleaveOptions``.
         describe: ``describe(shard_id)`` names a shard in error messages.
         name: prefix of the producer threads' names.
+        stats: a ``kerasfeed.observe.stats.StatsCollector`` that gets each
+            item's make time, timed in its producer thread (the shard's
+            opening counts into its first item; waiting for buffer space
+            counts nowhere), or None. Only for shards that run in the
+            producer thread itself: a worker process times its own.
 
     Items come out of ``take()``; ``close()`` stops the producers (each
     finishes the item it is making, then closes its iterator).
@@ -118,8 +123,10 @@ class ShardPass:
         options: InterleaveOptions,
         describe: Callable[[int], str],
         name: str = "shard",
+        stats: Any = None,
     ):
         self._open_shard = open_shard
+        self._stats = stats
         self._describe = describe
         self._name = name
         self._block = options.block_length
@@ -169,6 +176,7 @@ class ShardPass:
     def _produce(self, sh: _Shard) -> None:
         it = None
         n = 0
+        t0 = 0.0  # when the producer began making the next item
         error: Optional[BaseException] = None
         try:
             if self._ordered_start:
@@ -177,21 +185,29 @@ class ShardPass:
                         self._turn.wait()
                 try:
                     if not self._stopped:
+                        t0 = time.perf_counter()
                         it = iter(self._open_shard(sh.id))
                 finally:
                     with self._lock:
                         self._next_turn += 1
                         self._turn.notify_all()
             else:
+                t0 = time.perf_counter()
                 it = iter(self._open_shard(sh.id))
+            stats = self._stats
             while it is not None and not self._stopped:
                 try:
                     item = next(it)
                 except StopIteration:
                     break
+                if stats is not None:
+                    end = time.perf_counter()
+                    stats.made(end - t0, None, end)
                 if not self._put(sh, item):
                     break
                 n += 1
+                if stats is not None:
+                    t0 = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - handed to the consumer
             error = e
         finally:

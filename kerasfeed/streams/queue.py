@@ -112,6 +112,8 @@ class QueueFeed:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.produced = 0  # items put by a callable producer (for tests and stats)
+        self._stats: Any = None  # a StatsCollector: each put item's make time (callable producers)
+        self._free_since = 0.0  # when the producer began making its next item
         if hasattr(producer, "get") and callable(producer.get):
             bound = getattr(producer, "maxsize", getattr(producer, "_maxsize", None))
             if not isinstance(bound, int) or bound <= 0:
@@ -142,6 +144,7 @@ class QueueFeed:
 
     def _run(self) -> None:
         error = None
+        self._free_since = time.perf_counter()
         try:
             self._producer(self.put)
         except QueueClosed:
@@ -170,9 +173,26 @@ class QueueFeed:
         Raises:
             QueueClosed: the feed was closed; let it propagate to stop.
         """
+        stats = self._stats
+        if stats is not None and item is not END_OF_EPOCH:
+            # The producer's time since its previous put (or its start):
+            # making this item. Time blocked in a full queue counts nowhere.
+            end = time.perf_counter()
+            stats.made(end - self._free_since, None, end)
         self._put_blocking(item)
         if item is not END_OF_EPOCH:
             self.produced += 1
+        if stats is not None:
+            self._free_since = time.perf_counter()
+
+    def attach_stats(self, collector: Any) -> None:
+        """Reports each item's make time to ``collector`` (a
+        ``kerasfeed.observe.stats.StatsCollector``) when kerasfeed runs the
+        producer: the producer thread's time between its ``put`` calls. Items
+        from a queue object come from threads kerasfeed does not see: no
+        make times."""
+        if self._producer is not None:
+            self._stats = collector
 
     # ------------------------------------------------------------ consumer
     def _get(self, timeout: Optional[float]) -> Any:

@@ -135,6 +135,7 @@ class ShardedStream:
         )
         self._lock = threading.Lock()
         self._passes = 0
+        self._stats: Any = None
         if executor == "processes":
             from kerasfeed.execution.processes.options import PoolOptions
             from kerasfeed.execution.processes.pickling import dumps_task
@@ -168,7 +169,30 @@ class ShardedStream:
             self._passes += 1
         n = len(self.args)
         order = range(n) if self.order is None else self.order.indices(epoch).tolist()
-        return ShardPass(order, self._open_shard, self.options, self.describe, name=self.kind.replace(" ", "-"))
+        return ShardPass(
+            order, self._open_shard, self.options, self.describe, name=self.kind.replace(" ", "-"),
+            stats=self._stats if self.pool is None else None,  # a worker process times its own items
+        )
+
+    def attach_stats(self, collector: Any) -> None:
+        """Reports each item's make time to ``collector`` (a
+        ``kerasfeed.observe.stats.StatsCollector``): timed by the producer
+        thread that runs the shard, or by the worker process (per worker,
+        with the worker's shared-memory write in its busy time), and the
+        worker processes' instant figures (``gauges``)."""
+        collector.executor = self.executor
+        self._stats = collector
+        if self.pool is not None:
+            self.pool.observe(collector)
+            collector.add_gauges(self.gauges)
+
+    def gauges(self) -> dict:
+        """``shm_bytes`` and per worker ``id``, ``pid``, ``alive``, ``rss_mb``
+        (processes executor; see ``WorkerPool.gauges``)."""
+        if self.pool is None:
+            return {}
+        g = self.pool.gauges()
+        return {"shm_bytes": g["shm_bytes"], "workers": g["workers"]}
 
     def probe(self, count: int) -> list[tuple[Any, tuple[int, int]]]:
         """Returns up to ``count`` items for signature inference.

@@ -41,6 +41,8 @@ class PassSource(Protocol):
 
     def close(self) -> None: ...
 
+    def attach_stats(self, collector: Any) -> None: ...
+
 
 def tail_options(arguments: dict) -> TailOptions:
     """The ``TailOptions`` among a stream function's (flat, public) arguments."""
@@ -68,10 +70,10 @@ def _assemble(
     api: str,
     tail: TailOptions,
     timeout: Optional[float],
+    stats: Any,
 ) -> tf.data.Dataset:
     codec = ChunkCodec(signature, api)
     open_pass = counted_passes(open_pass, tail.items_per_epoch, api)  # checked against a declared length
-    stats = new_collector(api, tail.batch_size or 1)
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
         lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api),
@@ -118,11 +120,14 @@ def stream_dataset(
         kerasfeed.SignatureError: the probed items do not agree.
     """
     try:
+        stats = new_collector(api, tail.batch_size or 1)
+        if stats is not None:  # make times, timed where items are made (probed ones too)
+            source.attach_stats(stats)
         if output_signature is None:
             signature = _infer(probes(), describe, api)
         else:
             signature = normalize_signature(output_signature)
-        ds = _assemble(source.open_pass, signature, describe, api, tail, timeout)
+        ds = _assemble(source.open_pass, signature, describe, api, tail, timeout, stats)
         if options is not None:
             ds = ds.with_options(options)
     except BaseException:

@@ -149,13 +149,17 @@ class ItemFailed(NamedTuple):
 
 class StreamItem(NamedTuple):
     """Worker -> parent: item number ``n`` of stream ``stream_id`` is in
-    ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``)."""
+    ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``); ``make_s``: the
+    worker's own time to make it (the task's call, for the first item, and
+    ``next``); ``write_s``: its time to write it into shared memory."""
 
     stream_id: int
     n: int
     slot: int
     spec: bytes
     new_size: Optional[int]
+    make_s: float = 0.0
+    write_s: float = 0.0
     kind = "stream_item"
 
 

@@ -85,6 +85,9 @@ class StreamSessions:
         owner = self._owner
         if isinstance(msg, protocol.StreamItem):
             owner.slots.map_segment(lane.id, msg.slot, fds, msg.new_size)
+            stats = owner.stats
+            if stats is not None:  # timed by the worker itself
+                stats.made(msg.make_s, lane.id, time.perf_counter(), busy_s=msg.make_s + msg.write_s)
             with owner.lock:
                 st = lane.stream
                 if st is None or st.id != msg.stream_id or st.cancelled:

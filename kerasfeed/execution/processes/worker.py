@@ -260,22 +260,28 @@ class WorkerLoop:
         gen = None
         try:
             fn, arg = pickle.loads(request.payload)
+            t0 = time.perf_counter()  # the first item's make time includes the task's call
             gen = iter(fn(arg))
             while True:
                 if self._take_messages(stream_id, free, block=False):
                     break
+                if n:
+                    t0 = time.perf_counter()
                 try:
                     item = next(gen)
                 except StopIteration:
                     break
+                t1 = time.perf_counter()
                 cancelled = False
                 while not free and not cancelled:
                     cancelled = self._take_messages(stream_id, free, block=True)
                 if cancelled:
                     break
                 slot = free.popleft()
+                t2 = time.perf_counter()
                 spec, fds, size, _ = self._encode_and_write(slot, item)
-                self._send(protocol.StreamItem(stream_id, n, slot, spec, size), fds)
+                t3 = time.perf_counter()
+                self._send(protocol.StreamItem(stream_id, n, slot, spec, size, t1 - t0, t3 - t2), fds)
                 n += 1
         except _Exit:
             raise
