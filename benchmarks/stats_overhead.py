@@ -184,7 +184,7 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
     mine, cpu = time.thread_time() - t0, time.process_time() - c0
     p1, s1 = _task_cpu_ns(pool) if pool else None, _context_switches()
     assert n == items
-    del ds, pipeline, groups
+    del ds
     out = {"process": cpu / items * 1e6, "pool": None, "consumer": mine / items * 1e6, "switches": None}
     if p0 is not None and p1 is not None:
         out["pool"] = (p1 - p0) / items / 1e3
