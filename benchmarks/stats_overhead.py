@@ -106,6 +106,11 @@ def _task_cpu_ns(tids: set) -> Optional[int]:
     return total
 
 
+def _pool_thread_ids(ds: Any) -> set:
+    """The native ids of this dataset's pool threads (thread executor; none for processes)."""
+    return {t.native_id for t in getattr(ds._kerasfeed_executor, "_threads", [])}
+
+
 def _context_switches() -> Optional[int]:
     try:
         import resource
@@ -118,8 +123,6 @@ def _context_switches() -> Optional[int]:
 def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: int) -> dict:
     """One run: ``{"process", "pool", "consumer", "switches"}`` per item (µs;
     switches as a count); ``pool``/``consumer`` are None unless measurable."""
-    import threading
-
     import kerasfeed
     from kerasfeed.observe import stats as stats_module
 
@@ -130,7 +133,7 @@ def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: in
     finally:
         stats_module.ENABLED = saved
     ds.reduce(np.int64(0), lambda a, _: a + 1)  # warm-up pass (functions traced, workers, pool threads started)
-    pool = {t.native_id for t in threading.enumerate() if t.name.startswith("kerasfeed-thread-")}
+    pool = _pool_thread_ids(ds)
     s0, p0 = _context_switches(), _task_cpu_ns(pool) if pool else None
     c0 = time.process_time()
     n = int(ds.reduce(np.int64(0), lambda a, _: a + 1))
@@ -153,8 +156,6 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
     way the pick-up ``numpy_function`` does, item by item in pass order.
     ``consumer`` is this thread's CPU (``time.thread_time``): the pick-up
     alone, free of tf.data's own threads and their scheduling."""
-    import threading
-
     import kerasfeed
     from kerasfeed.observe import stats as stats_module
 
@@ -177,7 +178,7 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
         return len(indices)
 
     one_pass()  # warm-up pass
-    pool = {t.native_id for t in threading.enumerate() if t.name.startswith("kerasfeed-thread-")}
+    pool = _pool_thread_ids(ds)
     s0, p0 = _context_switches(), _task_cpu_ns(pool) if pool else None
     c0, t0 = time.process_time(), time.thread_time()
     n = one_pass()

@@ -224,9 +224,15 @@ def test_overhead_benchmark_runs_on_tiny_settings():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks import stats_overhead
 
-    res = stats_overhead.run(items=40, pairs=1, executors=["threads"], workers=1, calls=2000)
-    assert res["recording_us_per_item"] > 0
-    row = res["executors"]["threads"]
-    assert row["on_us_per_item"] > 0 and row["off_us_per_item"] > 0
-    assert "| threads |" in stats_overhead.to_table(res)
-    assert stats_module.ENABLED  # restored
+    for mode in ("tfdata", "python"):
+        res = stats_overhead.run(items=40, pairs=1, executors=["threads"], workers=1, calls=2000, mode=mode)
+        assert res["recording_us_per_item"] > 0
+        assert res["recording"]["consumer"] + res["recording"]["producer"] == res["recording_us_per_item"]
+        row = res["executors"]["threads"]
+        assert row["on_us_per_item"] > 0 and row["off_us_per_item"] > 0
+        # The pool threads' CPU is split off (Linux schedstat), and the rest is the consumer's.
+        assert row["pool"]["on"]["median"] >= 0 and row["consumer"]["off"]["median"] > 0
+        assert row["switches"]["on"]["median"] >= 0
+        table = stats_overhead.to_table(res)
+        assert "| threads | pool threads µs |" in table and f"A/B ({mode})" in table
+        assert stats_module.ENABLED  # restored
