@@ -47,16 +47,19 @@ def stats(ds: Any) -> dict:
     - ``wait_ms``: ``{mean, p50, p95, p99, max, samples}`` of the pick-up's
       blocking time per item; ``wait_total_s``; ``ready_fraction``: share of
       pick-ups that found the item ready (blocked < 0.1 ms).
-    - ``make_ms``: the same summary for the time ``source[i]`` took, as timed
-      where it ran (a pool thread, or the worker process itself);
-      ``items_made``.
+    - ``make_ms``: the same summary for the time an item took to make, as
+      timed where it was made (``source[i]`` on a pool thread or in the
+      worker process itself; a stream's ``next()`` of its generator or
+      reader in the producer thread or worker process; a ``from_queue``
+      producer's time between ``put`` calls); ``items_made``.
     - ``items_per_s``, ``batches_per_s``: of the latest pass with items.
     - ``passes``: per pass ``{epoch, items, batches, seconds, items_per_s,
       batches_per_s, wait_s, first_item_s, gap_s}``; ``gap_s`` is the time
       from the previous pass's last pick-up to this pass's first.
     - ``workers``: per worker process ``{id, items, busy_s, busy, pid, rss_mb}``
       (``busy``: share of the time since the first item spent making items);
-      ``threads_busy``: pool threads making items at once, on average.
+      ``threads_busy``: pool or producer threads making items at once, on
+      average.
     - ``ahead``, ``in_flight``: items made and not taken yet / being made,
       right now; ``shm_bytes``: shared memory held by worker processes.
     - ``kind``, ``executor``, ``items_per_batch``, ``uptime_s``.
