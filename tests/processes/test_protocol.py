@@ -28,7 +28,7 @@ WIRE = [
         protocol.ItemFailed(7, ItemError.from_exception(3, ValueError("boom"), worker_id=0, pid=1, source_name="src")),
         None,
     ),
-    (protocol.StreamItem(8, 0, 1, b"spec", None), ("stream_item", 8, 0, 1, b"spec", None)),
+    (protocol.StreamItem(8, 0, 1, b"spec", None, 0.25, 0.5), ("stream_item", 8, 0, 1, b"spec", None, 0.25, 0.5)),
     (protocol.StreamEnd(8, 5), ("stream_end", 8, 5)),
     (
         protocol.StreamFailed(
@@ -58,8 +58,9 @@ def test_fields_are_read_by_name():
     msg = protocol.decode(("item", 3, 2, b"s", None, 10, 0.25, 0.5))
     assert (msg.request_id, msg.slot, msg.spec, msg.new_size, msg.nbytes) == (3, 2, b"s", None, 10)
     assert (msg.make_s, msg.write_s) == (0.25, 0.5)  # the worker's own timing (kerasfeed.stats)
-    msg = protocol.decode(("stream_item", 4, 9, 0, b"s", 4096))
+    msg = protocol.decode(("stream_item", 4, 9, 0, b"s", 4096, 0.125, 0.0625))
     assert (msg.stream_id, msg.n, msg.slot, msg.new_size) == (4, 9, 0, 4096)
+    assert (msg.make_s, msg.write_s) == (0.125, 0.0625)  # the worker's own timing (kerasfeed.stats)
 
 
 def test_kinds_are_unique_and_every_type_documents_its_direction():
