@@ -14,7 +14,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed import _nest
 from kerasfeed._leaves import as_array
+from kerasfeed._nest import feature_key, field_name, pack, shape_fits
+from kerasfeed._nest import shape_text as _shape_text
 from kerasfeed.errors import SignatureError
 
 STRING = "string"
@@ -23,64 +26,38 @@ NUMERIC = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128",
 )  # fmt: skip
-_KERAS_NAMES = ("x", "y", "sample_weight")
 
 
-def _flatten(item: Any, path: tuple, out: list) -> Any:
-    if isinstance(item, dict):
-        for k in item:
-            if not isinstance(k, str):
-                raise SignatureError(
-                    f"Dict keys of exported items must be strings; the dict at {list(path) or 'top level'} "
-                    f"has key {k!r} of type {type(k).__name__}. Received: keys {sorted(map(repr, item))}"
-                )
-        return {k: _flatten(item[k], path + (k,), out) for k in sorted(item)}
-    if isinstance(item, (tuple, list)):
-        return [_flatten(v, path + (i,), out) for i, v in enumerate(item)]
-    out.append((path, item))
-    return None
+def _check_keys(d: dict, path: tuple) -> None:
+    for k in d:
+        if not isinstance(k, str):
+            raise SignatureError(
+                f"Dict keys of exported items must be strings; the dict at {list(path) or 'top level'} "
+                f"has key {k!r} of type {type(k).__name__}. Received: keys {sorted(map(repr, d))}"
+            )
 
 
 def flatten(item: Any) -> tuple[Any, list]:
-    """Returns ``(skeleton, [(path, leaf), ...])``; skeleton: dict / list / None (a leaf)."""
-    out: list = []
-    return _flatten(item, (), out), out
+    """Returns ``(skeleton, [(path, leaf), ...])``; refuses dict keys that are not strings."""
+    return _nest.flatten(item, _check_keys)
 
 
-def pack(skeleton: Any, leaves: Sequence) -> Any:
-    """Rebuilds a nest from its skeleton (lists become tuples) and its leaves."""
-    it = iter(leaves)
-
-    def build(s):
-        if s is None:
-            return next(it)
-        if isinstance(s, dict):
-            return {k: build(v) for k, v in s.items()}
-        return tuple(build(v) for v in s)
-
-    return build(skeleton)
+def _json_skeleton(skeleton: Any) -> Any:
+    """The skeleton as JSON holds it: sequences as lists."""
+    if isinstance(skeleton, dict):
+        return {k: _json_skeleton(v) for k, v in skeleton.items()}
+    if isinstance(skeleton, (tuple, list)):
+        return [_json_skeleton(v) for v in skeleton]
+    return skeleton
 
 
-def field_name(path: tuple, skeleton: Any) -> str:
-    """Human name of a leaf, as ``to_dataset`` says it: ``x``, ``y['mask']``, ``[3][0]``, ``item``."""
-    if not path:
-        return "item"
-    head, rest = path[0], path[1:]
-    if isinstance(skeleton, list) and len(skeleton) <= 3 and isinstance(head, int):
-        first = _KERAS_NAMES[head]
-    else:
-        first = f"[{head!r}]"
-    return first + "".join(f"[{p!r}]" for p in rest)
-
-
-def feature_key(path: tuple, skeleton: Any) -> str:
-    """The record's feature name of a leaf: ``x``, ``y/mask``, ``3/0`` or ``item``."""
-    if not path:
-        return "item"
-    head, rest = path[0], path[1:]
-    keras_tuple = isinstance(skeleton, list) and len(skeleton) <= 3 and isinstance(head, int)
-    first = _KERAS_NAMES[head] if keras_tuple else str(head)
-    return "/".join([first] + [str(p) for p in rest])
+def _tuple_skeleton(skeleton: Any) -> Any:
+    """A skeleton read from JSON as ``flatten`` makes it: sequences as tuples."""
+    if isinstance(skeleton, dict):
+        return {k: _tuple_skeleton(v) for k, v in skeleton.items()}
+    if isinstance(skeleton, (tuple, list)):
+        return tuple(_tuple_skeleton(v) for v in skeleton)
+    return skeleton
 
 
 def dtype_name(a: np.ndarray) -> str:
@@ -94,15 +71,11 @@ def dtype_name(a: np.ndarray) -> str:
     return name
 
 
-def _shape_text(shape: Sequence[Optional[int]]) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
 class ExportSpec:
     """The structure, feature names, dtypes and shapes (None = varies) of every item.
 
     Attributes:
-        skeleton: the nest with None at the leaves (tuples as lists).
+        skeleton: the nest with None at the leaves (sequences as tuples).
         names: human field names (``x``, ``y['mask']``).
         keys: feature names in the records (``x``, ``y/mask``).
         dtypes: numpy dtype names, or ``"string"``.
@@ -126,34 +99,10 @@ class ExportSpec:
     @classmethod
     def infer(cls, probes: Sequence[tuple[int, Any]]) -> "ExportSpec":
         """From probed ``(index, item)`` pairs; raises SignatureError naming both indices."""
-        first_index, first = probes[0]
-        skeleton, leaves = flatten(first)
-        arrays = [as_array(v) for _, v in leaves]
-        dtypes = [dtype_name(a) for a in arrays]
-        shapes = [list(a.shape) for a in arrays]
-        spec = cls(skeleton, [p for p, _ in leaves], dtypes, shapes)
-        for index, item in probes[1:]:
-            other, other_leaves = flatten(item)
-            if other != skeleton:
-                raise SignatureError(
-                    f"Items have different structures: item {first_index} is {_describe(skeleton)} but item "
-                    f"{index} is {_describe(other)}. Every item must have the same nesting of tuples/dicts."
-                )
-            for k, (_, leaf) in enumerate(other_leaves):
-                a = as_array(leaf)
-                if dtype_name(a) != dtypes[k]:
-                    raise SignatureError(
-                        f"Field {spec.names[k]} changes dtype: item {first_index} has {dtypes[k]}, "
-                        f"item {index} has {dtype_name(a)}."
-                    )
-                if a.ndim != len(shapes[k]):
-                    raise SignatureError(
-                        f"Field {spec.names[k]} changes rank: item {first_index} has shape {tuple(shapes[k])}, "
-                        f"item {index} has shape {a.shape}."
-                    )
-                shapes[k] = [d if d == e else None for d, e in zip(shapes[k], a.shape)]
-        spec.shapes = shapes
-        return spec
+        skeleton, paths, dtypes, shapes = _nest.infer_fields(
+            probes, lambda index, leaves, skeleton: [as_array(v) for _, v in leaves], dtype_name, _check_keys
+        )
+        return cls(skeleton, paths, dtypes, shapes)
 
     @classmethod
     def from_tensor_specs(cls, signature: Any) -> "ExportSpec":
@@ -175,12 +124,7 @@ class ExportSpec:
 
     def arrays(self, index: int, item: Any, hint: str = "") -> list[np.ndarray]:
         """Item ``index``'s leaves as arrays; raises SignatureError naming index and field."""
-        skeleton, leaves = flatten(item)
-        if skeleton != self.skeleton:
-            raise SignatureError(
-                f"Item {index} does not match the export's structure: expected {_describe(self.skeleton)}, "
-                f"received {_describe(skeleton)}.{hint}"
-            )
+        leaves = _nest.leaves_like(self.skeleton, index, item, "the export", hint, _check_keys)
         out = []
         for k, (_, leaf) in enumerate(leaves):
             a = as_array(leaf)
@@ -192,7 +136,7 @@ class ExportSpec:
                 if not isinstance(odd, bytes):
                     self._fail(index, k, f"strings, received an element of type {type(odd).__name__}: {odd!r}", hint)
             shape = self.shapes[k]
-            if a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape)):
+            if not shape_fits(shape, a.shape):
                 self._fail(index, k, f"shape {_shape_text(shape)}, received shape {a.shape}", hint)
             out.append(a)
         return out
@@ -202,7 +146,7 @@ class ExportSpec:
 
     def to_json(self) -> dict:
         return {
-            "structure": self.skeleton,
+            "structure": _json_skeleton(self.skeleton),
             "fields": [
                 {"name": n, "key": key, "path": list(p), "dtype": d, "shape": s}
                 for n, key, p, d, s in zip(self.names, self.keys, self.paths, self.dtypes, self.shapes)
@@ -213,7 +157,7 @@ class ExportSpec:
     def from_json(cls, data: dict) -> "ExportSpec":
         fields = data["fields"]
         paths, dtypes, shapes = ([f[k] for f in fields] for k in ("path", "dtype", "shape"))
-        spec = cls(data["structure"], paths, dtypes, shapes)
+        spec = cls(_tuple_skeleton(data["structure"]), paths, dtypes, shapes)
         spec.keys = [f["key"] for f in fields]
         return spec
 
@@ -232,10 +176,3 @@ class ExportSpec:
         fields = ", ".join(f"{n}: {d}{_shape_text(s)}" for n, d, s in zip(self.names, self.dtypes, self.shapes))
         return f"ExportSpec({fields})"
 
-
-def _describe(skeleton: Any) -> str:
-    if skeleton is None:
-        return "array"
-    if isinstance(skeleton, dict):
-        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in skeleton.items()) + "}"
-    return "(" + ", ".join(_describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"

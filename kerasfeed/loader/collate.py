@@ -11,70 +11,13 @@ in their batch (``padded_batch``), while the batch is assembled in place
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from kerasfeed._leaves import as_array
+from kerasfeed._nest import describe, field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
-
-_KERAS_NAMES = ("x", "y", "sample_weight")
-
-
-def _flatten(item: Any, path: tuple, out: list) -> Any:
-    if isinstance(item, dict):
-        return {k: _flatten(item[k], path + (k,), out) for k in sorted(item)}
-    if isinstance(item, (tuple, list)):
-        return tuple(_flatten(v, path + (i,), out) for i, v in enumerate(item))
-    out.append((path, item))
-    return None
-
-
-def flatten(item: Any) -> tuple[Any, list]:
-    """Returns ``(skeleton, [(path, leaf), ...])``: leaves in ``tf.nest`` order."""
-    out: list = []
-    return _flatten(item, (), out), out
-
-
-def _build(skeleton: Any, leaves: Iterator[Any]) -> Any:
-    # A module-level function, not a recursive closure: a closure that calls
-    # itself is a reference cycle holding ``leaves``, so every batch would
-    # live until the garbage collector runs (lent shared memory not given
-    # back, freed arrays not reused by malloc).
-    if skeleton is None:
-        return next(leaves)
-    if isinstance(skeleton, dict):
-        return {k: _build(v, leaves) for k, v in skeleton.items()}
-    return tuple(_build(v, leaves) for v in skeleton)
-
-
-def pack(skeleton: Any, leaves: Sequence[Any]) -> Any:
-    """Rebuilds a nest shaped like ``skeleton`` (None marks a leaf)."""
-    return _build(skeleton, iter(leaves))
-
-
-def field_name(path: tuple, skeleton: Any) -> str:
-    """``x``, ``y['mask']``, ``[3][0]`` or ``item``, as in ``to_dataset``'s errors."""
-    if not path:
-        return "item"
-    head, rest = path[0], path[1:]
-    if isinstance(skeleton, tuple) and len(skeleton) <= 3 and isinstance(head, int):
-        first = _KERAS_NAMES[head]
-    else:
-        first = f"[{head!r}]"
-    return first + "".join(f"[{p!r}]" for p in rest)
-
-
-def describe(skeleton: Any) -> str:
-    if skeleton is None:
-        return "array"
-    if isinstance(skeleton, dict):
-        return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in skeleton.items()) + "}"
-    return "(" + ", ".join(describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
-
-
-def _shape_text(shape: Sequence) -> str:
-    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 class Signature:
@@ -93,50 +36,23 @@ class Signature:
     @classmethod
     def infer(cls, probes: Sequence[tuple[int, Any]]) -> "Signature":
         """Raises ``SignatureError`` naming both items when probes disagree."""
-        first_index, first = probes[0]
-        skeleton, leaves = flatten(first)
-        arrays = [as_array(v) for _, v in leaves]
-        shapes = [list(a.shape) for a in arrays]
-        dtypes = [a.dtype for a in arrays]
-        names = [field_name(path, skeleton) for path, _ in leaves]
-        for index, item in probes[1:]:
-            other, other_leaves = flatten(item)
-            if other != skeleton:
-                raise SignatureError(
-                    f"Items have different structures: item {first_index} is {describe(skeleton)} but item "
-                    f"{index} is {describe(other)}. Every item must have the same nesting of tuples/dicts."
-                )
-            for k, (_, leaf) in enumerate(other_leaves):
-                a = as_array(leaf)
-                if a.dtype != dtypes[k]:
-                    raise SignatureError(
-                        f"Field {names[k]} changes dtype: item {first_index} has {dtypes[k].name}, "
-                        f"item {index} has {a.dtype.name}."
-                    )
-                if a.ndim != len(shapes[k]):
-                    raise SignatureError(
-                        f"Field {names[k]} changes rank: item {first_index} has shape {tuple(shapes[k])}, "
-                        f"item {index} has shape {a.shape}."
-                    )
-                shapes[k] = [d if d == e else None for d, e in zip(shapes[k], a.shape)]
+        skeleton, paths, dtypes, shapes = infer_fields(
+            probes, lambda index, leaves, skeleton: [as_array(v) for _, v in leaves], lambda a: a.dtype
+        )
+        names = [field_name(path, skeleton) for path in paths]
         return cls(skeleton, names, dtypes, shapes)
 
     def flat_arrays(self, index: int, item: Any) -> list:
         """The item's leaves as arrays; ``SignatureError`` on a mismatch."""
-        skeleton, leaves = flatten(item)
-        if skeleton != self.skeleton:
-            raise SignatureError(
-                f"Item {index} does not match the loader's structure: expected "
-                f"{describe(self.skeleton)}, received {describe(skeleton)}."
-            )
+        leaves = leaves_like(self.skeleton, index, item, "the loader")
         out = []
         for k, (_, leaf) in enumerate(leaves):
             a = as_array(leaf)
             if a.dtype != self.dtypes[k]:
                 self._fail(index, k, f"dtype {self.dtypes[k].name}, received {a.dtype.name}")
             shape = self.shapes[k]
-            if a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape)):
-                self._fail(index, k, f"shape {_shape_text(shape)}, received shape {a.shape}")
+            if not shape_fits(shape, a.shape):
+                self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")
             out.append(a)
         return out
 

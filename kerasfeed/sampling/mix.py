@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from kerasfeed import _validation as v
+from kerasfeed._nest import KERAS_NAMES
 from kerasfeed.sources.base import set_epoch, source_length
 
 # Float weights are turned into whole slots of a block this long at most.
@@ -232,16 +233,13 @@ def _interleave(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return parts[order].astype(np.int32), ranks[order].astype(np.int64)
 
 
-_KERAS_NAMES = ("x", "y", "sample_weight")
-
-
 def _leaves(item: Any, path: str, out: list) -> Any:
     if isinstance(item, dict):
         return {k: _leaves(item[k], f"{path}[{k!r}]", out) for k in sorted(item, key=repr)}
     if isinstance(item, (tuple, list)):
         # Field names as in kerasfeed's signature errors: (x, y, sample_weight) at the top.
         keras_names = not path and len(item) <= 3
-        return tuple(_leaves(x, _KERAS_NAMES[i] if keras_names else f"{path}[{i}]", out) for i, x in enumerate(item))
+        return tuple(_leaves(x, KERAS_NAMES[i] if keras_names else f"{path}[{i}]", out) for i, x in enumerate(item))
     a = np.asarray(item)
     out.append((path or "item", a.dtype, a.ndim))
     return None

@@ -1,9 +1,9 @@
 """Item structures: flattening with field names, signature inference and checks.
 
 Items are nests of tuples/lists/dicts whose leaves are arrays, numbers or
-strings. Field names follow Keras: a top-level tuple of 1-3 entries is
-``(x, y, sample_weight)``; dict keys read ``['image']``; other positions
-``[2]``. This module imports TensorFlow, so only the consumer process uses it.
+strings; ``kerasfeed/_nest.py`` flattens them and names their fields (as
+``to_loader`` and ``export`` do). This module adds TensorFlow's side (specs,
+dtypes), so only the consumer process uses it.
 """
 
 from __future__ import annotations
@@ -15,48 +15,9 @@ import tensorflow as tf
 
 from kerasfeed._leaves import UnsupportedLeaf, as_array
 from kerasfeed._leaves import short_repr as _short_repr
+from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_fits, shape_text
+from kerasfeed._nest import pack as _pack
 from kerasfeed.errors import SignatureError
-
-_KERAS_NAMES = ("x", "y", "sample_weight")
-
-
-def _flatten(item: Any, path: tuple, out: list) -> Any:
-    """Appends ``(path, leaf)`` pairs to ``out``; returns the item's skeleton."""
-    if isinstance(item, dict):
-        return {k: _flatten(item[k], path + (k,), out) for k in sorted(item)}
-    if isinstance(item, (tuple, list)):
-        return tuple(_flatten(v, path + (i,), out) for i, v in enumerate(item))
-    out.append((path, item))
-    return None
-
-
-def flatten(item: Any) -> tuple[Any, list]:
-    """Returns ``(skeleton, [(path, leaf), ...])`` in ``tf.nest`` order."""
-    out: list = []
-    skeleton = _flatten(item, (), out)
-    return skeleton, out
-
-
-def field_name(path: tuple, skeleton: Any) -> str:
-    """Human name of a leaf: ``x``, ``y['mask']``, ``[3][0]`` or ``item``."""
-    if not path:
-        return "item"
-    parts = []
-    head, rest = path[0], path[1:]
-    if isinstance(skeleton, tuple) and len(skeleton) <= 3 and isinstance(head, int):
-        parts.append(_KERAS_NAMES[head])
-    else:
-        parts.append(f"[{head!r}]")
-    parts.extend(f"[{p!r}]" for p in rest)
-    return "".join(parts)
-
-
-def _describe(skeleton: Any) -> str:
-    if skeleton is None:
-        return "array"
-    if isinstance(skeleton, dict):
-        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in skeleton.items()) + "}"
-    return "(" + ", ".join(_describe(v) for v in skeleton) + ("," if len(skeleton) == 1 else "") + ")"
 
 
 def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
@@ -89,56 +50,13 @@ def tf_dtype(a: np.ndarray) -> tf.DType:
         raise SignatureError(f"Unsupported dtype {a.dtype} (TensorFlow has no such type).") from e
 
 
-def _pack(skeleton: Any, leaves: list) -> Any:
-    return _build(skeleton, iter(leaves))
-
-
-def _build(skeleton: Any, leaves: Any) -> Any:
-    # A module-level function, not a recursive closure: a closure that calls
-    # itself is a reference cycle (function -> cell -> function) holding the
-    # leaves' iterator, so every packed chunk's arrays would live until the
-    # cyclic garbage collector runs (gigabytes with large items).
-    if skeleton is None:
-        return next(leaves)
-    if isinstance(skeleton, dict):
-        return {k: _build(v, leaves) for k, v in skeleton.items()}
-    return tuple(_build(v, leaves) for v in skeleton)
-
-
 def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
     """Infers a nest of ``tf.TensorSpec`` from probed ``(index, item)`` pairs.
 
     A dimension that differs between probes becomes None. Structure, dtype
     or rank differences raise ``SignatureError`` naming both indices.
     """
-    first_index, first = probes[0]
-    skeleton, leaves = flatten(first)
-    arrays = _leaf_arrays(first_index, leaves, skeleton)
-    shapes = [list(a.shape) for a in arrays]
-    dtypes = [tf_dtype(a) for a in arrays]
-    for index, item in probes[1:]:
-        other_skeleton, other_leaves = flatten(item)
-        if other_skeleton != skeleton:
-            raise SignatureError(
-                f"Items have different structures: item {first_index} is "
-                f"{_describe(skeleton)} but item {index} is {_describe(other_skeleton)}. "
-                "Every item must have the same nesting of tuples/dicts."
-            )
-        other_arrays = _leaf_arrays(index, other_leaves, skeleton)
-        for k, (path, _) in enumerate(other_leaves):
-            a = other_arrays[k]
-            name = field_name(path, skeleton)
-            if tf_dtype(a) != dtypes[k]:
-                raise SignatureError(
-                    f"Field {name} changes dtype: item {first_index} has "
-                    f"{dtypes[k].name}, item {index} has {tf_dtype(a).name}."
-                )
-            if a.ndim != len(shapes[k]):
-                raise SignatureError(
-                    f"Field {name} changes rank: item {first_index} has shape "
-                    f"{tuple(shapes[k])}, item {index} has shape {a.shape}."
-                )
-            shapes[k] = [d if d == e else None for d, e in zip(shapes[k], a.shape)]
+    skeleton, _, dtypes, shapes = infer_fields(probes, _leaf_arrays, tf_dtype)
     specs = [tf.TensorSpec(s, d) for s, d in zip(shapes, dtypes)]
     return _pack(skeleton, specs)
 
@@ -188,12 +106,7 @@ class ItemChecker:
 
     def flat_arrays(self, index: int, item: Any) -> list:
         """Returns the item's leaves as arrays; raises SignatureError on mismatch."""
-        skeleton, leaves = flatten(item)
-        if skeleton != self.skeleton:
-            raise SignatureError(
-                f"Item {index} does not match the dataset's structure: expected "
-                f"{_describe(self.skeleton)}, received {_describe(skeleton)}."
-            )
+        leaves = leaves_like(self.skeleton, index, item, "the dataset")
         out = []
         for k, (_, leaf) in enumerate(leaves):
             try:
@@ -207,12 +120,8 @@ class ItemChecker:
             elif a.dtype != want:
                 self._fail(index, k, f"dtype {np.dtype(want).name}, received {a.dtype.name}")
             shape = self.shapes[k]
-            if shape is not None and (
-                a.ndim != len(shape) or any(d is not None and d != e for d, e in zip(shape, a.shape))
-            ):
-                dims = ", ".join("None" if d is None else str(d) for d in shape)
-                expected = "(" + dims + ("," if len(shape) == 1 else "") + ")"
-                self._fail(index, k, f"shape {expected}, received shape {a.shape}")
+            if shape is not None and not shape_fits(shape, a.shape):
+                self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")
             out.append(a)
         return out
 

@@ -9,14 +9,18 @@ import bisect
 import os
 import pathlib
 import threading
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.sources.hdf5.handles import REGISTRY
 from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
+from kerasfeed.sources.hdf5.options import H5Keywords, H5Options
 from kerasfeed.sources.sequence import SceneSequence
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 # Distinct streams of the seeded generators, so that the batch order, the
 # sample order and the transform's randomness never share draws.
@@ -26,54 +30,31 @@ ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
 class H5Base(SceneSequence):
     """Shared machinery: paths, keys, inspection, lazy per-process handles."""
 
-    def __init__(
-        self,
-        paths: PathsLike,
-        keys: KeysLike,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: Optional[int] = None,
-        drop_remainder: bool = False,
-        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
-        swmr: bool = False,
-        open_kwargs: Optional[Mapping[str, Any]] = None,
-        workers: int = 1,
-        use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
-    ):
-        super().__init__(
-            workers=workers,
-            use_multiprocessing=use_multiprocessing,
-            max_queue_size=max_queue_size,
-        )
+    # Shared keyword arguments a subclass does not take, with why (for the message).
+    _REFUSED: Mapping[str, str] = {}
+
+    def __init__(self, paths: PathsLike, keys: KeysLike, batch_size: int, **options: Unpack[H5Keywords]):
+        """Args: ``paths``, ``keys``, ``batch_size`` and the ``H5Options`` keywords (checked there)."""
         cls = type(self).__name__
+        opts = H5Options.build(cls, options, self._REFUSED)
+        super().__init__(
+            workers=opts.workers,
+            use_multiprocessing=opts.use_multiprocessing,
+            max_queue_size=opts.max_queue_size,
+        )
         self._paths = check_paths(paths, cls)
         self._keys_structure, self._leaves = parse_keys(keys, cls)
         self.batch_size = _v.positive_int("batch_size", batch_size, owner=cls)
-        self.shuffle = _v.flag("shuffle", shuffle, owner=cls)
-        self.drop_remainder = _v.flag("drop_remainder", drop_remainder, owner=cls)
-        self.swmr = _v.flag("swmr", swmr, owner=cls)
-        seed = _v.seed("seed", seed, owner=cls)
+        self.shuffle = opts.shuffle
+        self.drop_remainder = opts.drop_remainder
+        self.swmr = opts.swmr
+        seed = opts.seed
         if seed is None:
             # Drawn once here, so pickled copies in workers agree on every order.
             seed = int(np.random.SeedSequence().entropy % (2**63))
         self.seed = seed
-        if transform is not None and not callable(transform):
-            raise TypeError(
-                f"{cls}: `transform` must be a callable `transform(batch, rng)` or None. "
-                f"Received: transform={transform!r}"
-            )
-        self.transform = transform
-        if open_kwargs is not None and not isinstance(open_kwargs, Mapping):
-            raise TypeError(f"{cls}: `open_kwargs` must be a dict or None. Received: open_kwargs={open_kwargs!r}")
-        self._open_kwargs = dict(open_kwargs or {})
-        for reserved in ("name", "mode", "swmr"):
-            if reserved in self._open_kwargs:
-                raise ValueError(
-                    f"{cls}: `open_kwargs` may not set {reserved!r}: files are opened read-only "
-                    f"(use `swmr=` for SWMR). Received: open_kwargs={dict(open_kwargs)!r}"
-                )
+        self.transform = opts.transform
+        self._open_kwargs = dict(opts.open_kwargs or {})
         self._reset_handles()
         # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype).
         self._lengths, self._specs, self._chunk_rows = self._inspect()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kerasfeed.sampling.protocol import resolve_order
 from kerasfeed.sources.hdf5.base import H5Base
 from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
+from kerasfeed.sources.hdf5.options import H5Keywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class H5RowSequence(H5Base):
@@ -72,6 +76,8 @@ class H5RowSequence(H5Base):
     ```
     """
 
+    _REFUSED = {"shuffle": "the order picks the rows of every pass (seed the order to shuffle them)"}
+
     def __init__(
         self,
         paths: PathsLike,
@@ -79,23 +85,12 @@ class H5RowSequence(H5Base):
         batch_size: int,
         *,
         order: Any,
-        drop_remainder: bool = False,
-        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
-        seed: Optional[int] = None,
-        swmr: bool = False,
-        open_kwargs: Optional[Mapping[str, Any]] = None,
-        workers: int = 1,
-        use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
+        **options: Unpack[H5Keywords],
     ):
-        if seed is None:
+        if options.get("seed") is None:
             seed = getattr(order, "seed", None)
-            seed = int(seed) if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) else 0
-        super().__init__(
-            paths, keys, batch_size, shuffle=False, seed=seed, drop_remainder=drop_remainder,
-            transform=transform, swmr=swmr, open_kwargs=open_kwargs, workers=workers,
-            use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size,
-        )
+            options["seed"] = int(seed) if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) else 0
+        super().__init__(paths, keys, batch_size, **options)
         cls = type(self).__name__
         if order is None:
             raise TypeError(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.sources.hdf5.base import WINDOW_STREAM, H5Base
 from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
+from kerasfeed.sources.hdf5.options import H5Keywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class H5SliceSequence(H5Base):
@@ -91,22 +95,10 @@ class H5SliceSequence(H5Base):
         keys: KeysLike,
         batch_size: int,
         *,
-        shuffle: bool = False,
-        seed: Optional[int] = None,
-        drop_remainder: bool = False,
-        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
         shuffle_window_chunks: Optional[int] = None,
-        swmr: bool = False,
-        open_kwargs: Optional[Mapping[str, Any]] = None,
-        workers: int = 1,
-        use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
+        **options: Unpack[H5Keywords],
     ):
-        super().__init__(
-            paths, keys, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
-            transform=transform, swmr=swmr, open_kwargs=open_kwargs, workers=workers,
-            use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size,
-        )
+        super().__init__(paths, keys, batch_size, **options)
         cls = type(self).__name__
         n = self.num_rows
         if shuffle_window_chunks is not None:

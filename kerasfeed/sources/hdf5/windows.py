@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.sources.hdf5.base import H5Base
 from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
+from kerasfeed.sources.hdf5.options import H5Keywords
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class H5WindowSequence(H5Base):
@@ -57,24 +61,12 @@ class H5WindowSequence(H5Base):
         *,
         window: int,
         stride: int = 1,
-        shuffle: bool = False,
-        seed: Optional[int] = None,
-        drop_remainder: bool = False,
-        transform: Optional[Callable[[Any, np.random.Generator], Any]] = None,
-        swmr: bool = False,
-        open_kwargs: Optional[Mapping[str, Any]] = None,
-        workers: int = 1,
-        use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
+        **options: Unpack[H5Keywords],
     ):
         cls = type(self).__name__
         self.window = _v.positive_int("window", window, owner=cls)
         self.stride = _v.positive_int("stride", stride, owner=cls)
-        super().__init__(
-            paths, keys, batch_size, shuffle=shuffle, seed=seed, drop_remainder=drop_remainder,
-            transform=transform, swmr=swmr, open_kwargs=open_kwargs, workers=workers,
-            use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size,
-        )
+        super().__init__(paths, keys, batch_size, **options)
         counts = np.maximum(0, (self._lengths - self.window) // self.stride + 1)
         counts[self._lengths < self.window] = 0
         self._window_counts = counts

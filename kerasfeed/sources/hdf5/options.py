@@ -1,0 +1,115 @@
+"""``H5Options``: the keyword arguments every HDF5 sequence shares, declared once.
+
+The public constructors keep flat keyword arguments (as Keras and PyTorch
+do): ``H5SliceSequence(path, keys, 32, shuffle=True, seed=0)``. Each declares
+only its own arguments and forwards the rest as ``**options``, which
+``H5Options.build`` checks (unknown names refused by name, values checked up
+front) and freezes into one object that ``H5Base`` reads.
+
+``H5Keywords`` gives the same names and types to type checkers and IDEs
+(``**options: Unpack[H5Keywords]``); a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, TypedDict
+
+import numpy as np
+
+from kerasfeed import _validation as _v
+
+Transform = Callable[[Any, np.random.Generator], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class H5Options:
+    """The shared arguments of ``H5SliceSequence``, ``H5WindowSequence`` and ``H5RowSequence``.
+
+    Args:
+        shuffle: permute the batch (or window) order every epoch.
+        seed: seed of every shuffle and of ``transform``'s generator; None
+            draws one at construction.
+        drop_remainder: drop the last batch if it is short.
+        transform: optional ``transform(batch, rng) -> batch``.
+        swmr: open files in SWMR read mode.
+        open_kwargs: extra ``h5py.File`` arguments, e.g. ``rdcc_nbytes``.
+        workers, use_multiprocessing, max_queue_size: passed to
+            ``keras.utils.PyDataset`` for ``model.fit(seq)``.
+    """
+
+    shuffle: bool = False
+    seed: Optional[int] = None
+    drop_remainder: bool = False
+    transform: Optional[Transform] = None
+    swmr: bool = False
+    open_kwargs: Optional[Mapping[str, Any]] = None
+    workers: int = 1
+    use_multiprocessing: bool = False
+    max_queue_size: int = 10
+
+    @classmethod
+    def build(cls, owner: str, keywords: Mapping[str, Any], refused: Optional[Mapping[str, str]] = None) -> "H5Options":
+        """Checks the keyword arguments a constructor forwarded; returns them frozen.
+
+        Args:
+            owner: the public class, for messages.
+            keywords: the forwarded keyword arguments.
+            refused: shared names this class does not take, with why.
+
+        Raises:
+            TypeError: an unknown or refused keyword (named), a bad type.
+            ValueError: a bad value.
+        """
+        refused = refused or {}
+        names = [f.name for f in dataclasses.fields(cls)]
+        for name, value in keywords.items():
+            if name in refused:
+                raise TypeError(f"{owner} does not take `{name}`: {refused[name]}. Received: {name}={value!r}")
+            if name not in names:
+                accepted = ", ".join(n for n in names if n not in refused)
+                raise TypeError(
+                    f"{owner} got an unexpected keyword argument `{name}` (besides its own arguments it takes "
+                    f"{accepted}). Received: {name}={value!r}"
+                )
+        kw = dict(keywords)
+        for name in ("shuffle", "drop_remainder", "swmr", "use_multiprocessing"):
+            if name in kw:
+                kw[name] = _v.flag(name, kw[name], owner=owner)
+        if "seed" in kw:
+            kw["seed"] = _v.seed("seed", kw["seed"], owner=owner)
+        transform = kw.get("transform")
+        if transform is not None and not callable(transform):
+            raise TypeError(
+                f"{owner}: `transform` must be a callable `transform(batch, rng)` or None. "
+                f"Received: transform={transform!r}"
+            )
+        open_kwargs = kw.get("open_kwargs")
+        if open_kwargs is not None:
+            if not isinstance(open_kwargs, Mapping):
+                raise TypeError(f"{owner}: `open_kwargs` must be a dict or None. Received: open_kwargs={open_kwargs!r}")
+            for reserved in ("name", "mode", "swmr"):
+                if reserved in open_kwargs:
+                    raise ValueError(
+                        f"{owner}: `open_kwargs` may not set {reserved!r}: files are opened read-only "
+                        f"(use `swmr=` for SWMR). Received: open_kwargs={dict(open_kwargs)!r}"
+                    )
+            kw["open_kwargs"] = dict(open_kwargs)
+        return cls(**kw)
+
+
+class H5Keywords(TypedDict, total=False):
+    """``H5Options`` as keyword arguments, for type hints of ``**options``."""
+
+    shuffle: bool
+    seed: Optional[int]
+    drop_remainder: bool
+    transform: Optional[Transform]
+    swmr: bool
+    open_kwargs: Optional[Mapping[str, Any]]
+    workers: int
+    use_multiprocessing: bool
+    max_queue_size: int
+
+
+__all__ = ["H5Options", "H5Keywords"]
