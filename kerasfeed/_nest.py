@@ -15,6 +15,7 @@ takes both).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Optional, Sequence
 
 KERAS_NAMES = ("x", "y", "sample_weight")
@@ -126,6 +127,16 @@ def shape_text(shape: Sequence[Optional[int]]) -> str:
 def shape_fits(shape: Sequence[Optional[int]], actual: Sequence[int]) -> bool:
     """Whether ``actual`` has ``shape``'s rank and its known dimensions."""
     return len(actual) == len(shape) and all(d is None or d == e for d, e in zip(shape, actual))
+
+
+def shape_check(shape: Sequence[Optional[int]]) -> tuple:
+    """``(ndim, get, want)``: ``shape_fits(shape, actual)`` is ``len(actual) == ndim
+    and get(actual) == want``, with C-level calls only (for per-item checks)."""
+    known = [i for i, d in enumerate(shape) if d is not None]
+    if not known:
+        return len(shape), len, len(shape)  # only the rank is known
+    get = operator.itemgetter(*known)
+    return len(shape), get, get(tuple(shape))
 
 
 def infer_fields(

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from kerasfeed._leaves import UnsupportedLeaf, as_array
 from kerasfeed._leaves import short_repr as _short_repr
-from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_fits, shape_text
+from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_check, shape_text
 from kerasfeed._nest import pack as _pack
 from kerasfeed.errors import SignatureError
 
@@ -100,6 +100,7 @@ class ItemChecker:
         self.names = [field_name(path, skeleton) for path, _ in leaves]
         self.np_dtypes = [None if s.dtype == tf.string else s.dtype.as_numpy_dtype for s in self.specs]
         self.shapes = [s.shape.as_list() if s.shape.rank is not None else None for s in self.specs]
+        self._shape_checks = [None if s is None else shape_check(s) for s in self.shapes]
 
     def pack(self, tensors: list) -> Any:
         return _pack(self.skeleton, tensors)
@@ -119,9 +120,9 @@ class ItemChecker:
                     self._fail(index, k, f"dtype string, received {a.dtype}")
             elif a.dtype != want:
                 self._fail(index, k, f"dtype {np.dtype(want).name}, received {a.dtype.name}")
-            shape = self.shapes[k]
-            if shape is not None and not shape_fits(shape, a.shape):
-                self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")
+            check = self._shape_checks[k]  # runs for every item: C-level calls only
+            if check is not None and (a.ndim != check[0] or check[1](a.shape) != check[2]):
+                self._fail(index, k, f"shape {shape_text(self.shapes[k])}, received shape {a.shape}")
             out.append(a)
         return out
 

@@ -23,7 +23,6 @@ import errno
 import itertools
 import logging
 import os
-import pickle
 import sys
 import threading
 import time
@@ -308,7 +307,7 @@ class Dispatcher:
     # ------------------------------------------------------------ load
     def _lend_or_copy(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
         """The answered item, lent (zero-copy) when the budget allows, else copied."""
-        spec = pickle.loads(req.spec)
+        spec = shm.loads_spec(req.spec)
         seg = self.slots.segment(lane.id, req.slot)
         nbytes = req.nbytes
         with self.lock:

@@ -245,3 +245,38 @@ def dumps_spec(spec: Any) -> bytes:
         import cloudpickle
 
         return cloudpickle.dumps(spec, protocol=5)
+
+
+# Unpickled specs of items made of arrays only, by their bytes. Most sources
+# return the same shapes and dtypes every time, so the consumer would unpickle
+# the same few hundred bytes (numpy dtypes included: ~4 us) for every item.
+# A spec is only read, and ``_rebuild`` makes new containers and arrays, so
+# one object can serve every item. Specs holding inline objects ("o" nodes)
+# are not cached: those objects must not be shared between items.
+_SPEC_CACHE: dict = {}
+_SPEC_CACHE_MAX = 64
+
+
+def _arrays_only(spec: Any) -> bool:
+    kind = spec[0]
+    if kind == "a":
+        return True
+    if kind in ("t", "l"):
+        return all(_arrays_only(c) for c in spec[1])
+    if kind == "d":
+        return all(_arrays_only(c) for _, c in spec[1])
+    if kind == "n":
+        return all(_arrays_only(c) for c in spec[2])
+    return False
+
+
+def loads_spec(raw: bytes) -> Any:
+    """Unpickles a spec made by ``dumps_spec`` (cached when it holds arrays only)."""
+    spec = _SPEC_CACHE.get(raw)
+    if spec is None:
+        spec = pickle.loads(raw)
+        if _arrays_only(spec):
+            if len(_SPEC_CACHE) >= _SPEC_CACHE_MAX:  # shapes that keep changing: start again
+                _SPEC_CACHE.clear()
+            _SPEC_CACHE[raw] = spec
+    return spec

@@ -12,7 +12,6 @@ NOTE [ Worker process shutdown ] in ``process.py``).
 
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 import time
@@ -138,7 +137,7 @@ class StreamSessions:
         if isinstance(msg, protocol.StreamItem):
             t1 = time.thread_time()
             try:
-                item = shm.decode(pickle.loads(msg.spec), owner.slots.segment(lane.id, msg.slot))
+                item = shm.decode(shm.loads_spec(msg.spec), owner.slots.segment(lane.id, msg.slot))
             finally:
                 with owner.lock:
                     st.held.discard(msg.slot)
