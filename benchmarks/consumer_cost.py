@@ -59,14 +59,32 @@ def _readers_cpu(core: Any) -> float:
     return sum(w.reader_cpu_s for w in core.workers)
 
 
-def measure(items: int, passes: int, workers: int) -> dict:
-    ds = kerasfeed.to_dataset(ReadyBatches(items), executor="processes", workers=workers)
+def _source(workload: str, items: int) -> Any:
+    if workload == "cpu":  # the benchmark's: ~1.7 ms of Python per item in the workers
+        from benchmarks.workloads import CpuBatches
+
+        return CpuBatches(items)
+    return ReadyBatches(items)
+
+
+def _drain(ds: Any, workload: str) -> int:
+    if workload == "cpu":  # as benchmarks/run.py iterates: batch by batch in Python
+        n = 0
+        for x, _ in ds:
+            n += 1
+            float(x.numpy()[0, 0, 0, 0])
+        return n
+    return int(ds.reduce(np.int64(0), lambda a, _: a + 1))
+
+
+def measure(items: int, passes: int, workers: int, workload: str = "ready") -> dict:
+    ds = kerasfeed.to_dataset(_source(workload, items), executor="processes", workers=workers)
     core = _pool_core(ds)
-    ds.reduce(np.int64(0), lambda a, _: a + 1)  # warm-up: functions traced, workers started
+    _drain(ds, workload)  # warm-up: functions traced, workers started
     rows = []
     for _ in range(passes):
         c0, r0, n0, p0 = core.consumer_cpu_s, _readers_cpu(core), core.items, time.process_time()
-        n = int(ds.reduce(np.int64(0), lambda a, _: a + 1))
+        n = _drain(ds, workload)
         main = time.process_time() - p0
         done = core.items - n0
         assert n == items == done, (n, items, done)
@@ -133,10 +151,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--items", type=int, default=400)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workload", choices=("ready", "cpu"), default="ready",
+                        help="ready: items made at once (the consumer sets the pace); cpu: the benchmark's cpu "
+                        "workload iterated in Python (the workers set the pace; run from the tree's root)")
     parser.add_argument("--calls", action="store_true", help="also count Python calls per item")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
-    res: dict = {"kerasfeed": kerasfeed.__file__, "cpu": measure(args.items, args.passes, args.workers)}
+    res: dict = {"kerasfeed": kerasfeed.__file__, "workload": args.workload,
+                 "cpu": measure(args.items, args.passes, args.workers, args.workload)}
     if args.calls:
         res["calls"] = count_calls(args.items, 2, args.workers)
     for name, r in res["cpu"].items():
