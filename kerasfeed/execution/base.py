@@ -30,6 +30,9 @@ class Executor(abc.ABC):
     # iterator is built (~10 ms a pass). Only for executors whose items cannot
     # observe the main process's ``on_epoch_begin`` hook anyway (processes).
     plans_next_pass: bool = False
+    # The waits of this executor's loads (``execution/waits.py``): the last
+    # iterator over it being deleted ends the waits in progress.
+    waits: Optional[Any] = None
 
     @abc.abstractmethod
     def load(self, index: int, epoch: int) -> Any:

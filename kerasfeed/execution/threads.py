@@ -14,6 +14,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.plan import PassPlan
+from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources.base import source_name
 
 # Latency-bound sources (network stores, sleeps) need many calls in flight;
@@ -150,6 +151,7 @@ class ThreadExecutor(Executor):
         self._closed = False
         self._failure: Optional[TimeoutError] = None
         self._finalizer: Optional[weakref.finalize] = None
+        self.waits = WaitScope()
 
     def load(self, index: int, epoch: int) -> Any:
         # The consumer's source already saw set_epoch for this pass.
@@ -166,8 +168,13 @@ class ThreadExecutor(Executor):
 
     def _wait(self, task: _Task) -> None:
         # In slices, never one unbounded wait: a closed executor (dataset
-        # released, interpreter exit) or a timeout ends it.
+        # released, interpreter exit), a timeout, the iterator deleted or
+        # Ctrl-C ends it (see execution/waits.py).
+        if task.event.is_set():
+            return
+        wait = self.waits.begin()
         while not task.event.wait(_WAIT_SLICE_S):
+            wait.check(f"{self._runner.name}[{task.index}]")
             if self._closed:
                 raise RuntimeError(
                     f"kerasfeed: the thread executor of {self._runner.name} was closed while "

@@ -130,11 +130,13 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
     """
     import tensorflow as tf
 
-    from kerasfeed.tfdata import exit_guard
+    from kerasfeed.tfdata import consumers, exit_guard
 
     # Every kerasfeed dataset passes here: its live iterators must be
-    # retired before the interpreter finalizes (see exit_guard).
+    # retired before the interpreter finalizes (see exit_guard), and
+    # deleting one must end the waits in progress (see consumers).
     exit_guard.install()
+    consumers.install()
 
     if not autotune:
         options = tf.data.Options()

@@ -35,6 +35,7 @@ from kerasfeed.execution.processes.pass_plans import PassPlans, PlanStatus, Send
 from kerasfeed.execution.processes.process import GRACE_S, NO_RESTART, WorkerProcess, fresh_error
 from kerasfeed.execution.processes.slots import SlotTable, fd_limit_message
 from kerasfeed.execution.processes.stream_sessions import StreamSessions
+from kerasfeed.execution.waits import WaitScope
 
 logger = logging.getLogger("kerasfeed")
 
@@ -61,6 +62,7 @@ class Dispatcher:
         self.cv = threading.Condition(self.lock)
         self.closed = False
         self.failure: Optional[WorkerError] = None
+        self.waits = WaitScope()  # the iterator deleted or Ctrl-C ends a wait (execution/waits.py)
         self._ids = itertools.count()
         self.items = 0
         self.consumer_cpu_s = 0.0
@@ -238,6 +240,7 @@ class Dispatcher:
         self.cv.notify_all()
 
     def _acquire(self, index: int) -> tuple[WorkerLane, Request]:
+        wait = None
         with self.cv:
             while True:
                 self.check_usable()
@@ -245,7 +248,9 @@ class Dispatcher:
                 best = self.lanes.least_busy(planned=False)
                 if best is not None:
                     return best, self.lanes.new_request(best, self.new_id(), index)
+                wait = wait or self.waits.begin()
                 self.cv.wait(_POLL_S)
+                wait.check(f"a free slot for {self.name}[{index}]")
 
     @staticmethod
     def _send_requests(sends: list[Send]) -> None:
@@ -340,7 +345,9 @@ class Dispatcher:
         since = time.monotonic()
         proc = lane.process
         try:
+            wait = None if req.event.is_set() else self.waits.begin()
             while not req.event.wait(_POLL_S):
+                wait.check(f"{self.name}[{req.index}]")
                 deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
                 if deadline is not None and time.monotonic() > deadline and not req.event.is_set():
                     err = WorkerError(

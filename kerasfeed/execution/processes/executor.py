@@ -83,6 +83,10 @@ class ProcessExecutor(Executor):
     def _start(self, source: Any, options: PoolOptions) -> None:
         self.pool = WorkerPool(source, options)
 
+    @property
+    def waits(self):  # see Executor.waits
+        return self.pool._dispatcher.waits
+
     def load(self, index: int, epoch: int) -> Any:
         return self.pool.load(int(index), int(epoch))
 

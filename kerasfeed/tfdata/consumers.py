@@ -1,0 +1,84 @@
+"""Which tf.data iterators consume a kerasfeed dataset, and when they go.
+
+Deleting a tf.data iterator (``break``, ``take(3)``, the end of ``fit``)
+cancels its threads and joins them. A thread inside a kerasfeed load that
+waits for an item never sees that cancellation (TensorFlow's
+Python-function op does not listen for it), so the join used to wait as
+long as the item took: forever for a stuck one. Python, though, sees the
+iterator object die *before* TensorFlow joins: its weak references are
+called first, its attributes (the iterator resource) released after.
+
+So kerasfeed wraps ``OwnedIterator._create_iterator`` (the one place every
+eager iterator is made, over any dataset derived from a kerasfeed one:
+``iter(ds.take(3))``, Keras' ``fit``) and, for an iterator over a kerasfeed
+pipeline, counts it on the executor's ``WaitScope`` and registers a
+``weakref.finalize`` that uncounts it. When the last one goes, the waits in
+progress end (``execution/waits.py``), and TensorFlow's join returns at once.
+The same hook lets waits see Ctrl-C (``install_interrupts``) and gives the
+exit guard the live iterators without scanning the heap.
+
+Iterators made another way (inside a ``tf.function``, ``Dataset.reduce``,
+multi-device iterators) are not counted: their waits end only as before
+(``timeout=``, the executor closed, interpreter exit).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from typing import Any
+
+from kerasfeed.execution.waits import install_interrupts
+from kerasfeed.tfdata.lookup import find_tagged
+
+logger = logging.getLogger("kerasfeed")
+
+_lock = threading.Lock()
+_installed = False
+# Live iterators over any kerasfeed dataset (pipelines, streams, feeds).
+live_iterators: "weakref.WeakSet" = weakref.WeakSet()
+_TAGS = ("_kerasfeed_pipeline", "_kerasfeed_stream", "_kerasfeed_feed")
+
+
+def install() -> None:
+    """Wraps ``OwnedIterator._create_iterator`` once per process."""
+    global _installed
+    if _installed:
+        return
+    with _lock:
+        if _installed:
+            return
+        from tensorflow.python.data.ops import iterator_ops
+
+        original = iterator_ops.OwnedIterator._create_iterator
+        if not getattr(original, "_kerasfeed_hook", False):
+
+            @functools.wraps(original)
+            def _create_iterator(self, dataset):
+                original(self, dataset)
+                try:
+                    _watch(self, dataset)
+                except Exception:  # never break iterator creation
+                    logger.debug("kerasfeed: watching an iterator failed", exc_info=True)
+
+            _create_iterator._kerasfeed_hook = True
+            iterator_ops.OwnedIterator._create_iterator = _create_iterator
+        _installed = True
+
+
+def _watch(iterator: Any, dataset: Any) -> None:
+    if not any(find_tagged(dataset, tag) is not None for tag in _TAGS):
+        return
+    live_iterators.add(iterator)
+    install_interrupts()  # a no-op off the main thread, or once done
+    pipeline = find_tagged(dataset, "_kerasfeed_pipeline")
+    scope = getattr(getattr(pipeline, "executor", None), "waits", None)
+    if scope is not None:
+        scope.consumer_started()
+        # Holds the scope (small), never the executor or the iterator.
+        weakref.finalize(iterator, scope.consumer_gone)
+
+
+__all__ = ["install", "live_iterators"]
