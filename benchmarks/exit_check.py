@@ -88,6 +88,7 @@ def main(argv=None) -> int:
         "failed_to_run": sum(1 for r in results if not r["printed"]),
         "exit_s_max": max(times) if times else None,
         "exit_s_median": sorted(times)[len(times) // 2] if times else None,
+        "exit_s_sorted": [round(t, 2) for t in sorted(times)],
         "burners": args.burners,
         "parallel": args.parallel,
     }
