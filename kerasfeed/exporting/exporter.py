@@ -274,7 +274,14 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
             os.replace(directory / (report["file"] + mf.TMP), final)
             mf.fsync_dir(directory)
             manifest["shards"][k] = {key: report[key] for key in ("file", "count", "bytes", "crc32c")}
-            mf.write_manifest(directory, manifest)
+            try:
+                mf.write_manifest(directory, manifest)
+            except OSError:
+                # The manifest could not list the shard (e.g. the disk filled up): a shard it does not list
+                # must not stay under its final name, where it would look complete.
+                manifest["shards"][k] = None
+                remove(final)
+                raise
     finally:
         if shared is not None:
             shared.stop()  # tasks still running stop at their next item
