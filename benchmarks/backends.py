@@ -270,6 +270,19 @@ def to_markdown(rows: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _without_json(args: list) -> list:
+    """The command line minus ``--json PATH`` / ``--json=PATH`` (each backend's child writes its own)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--json":
+            skip = True
+        elif not a.startswith("--json="):
+            out.append(a)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=BACKENDS,
@@ -295,9 +308,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for backend in BACKENDS:
             with tempfile.TemporaryDirectory() as tmp:
                 out = pathlib.Path(tmp) / "rows.json"
-                cmd = [sys.executable, __file__, "--backend", backend, "--json", str(out)] + [
-                    a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--json")
-                ]
+                cmd = [sys.executable, __file__, "--backend", backend, "--json", str(out)] + _without_json(
+                    list(argv if argv is not None else sys.argv[1:])
+                )
                 env = {**os.environ, "KERAS_BACKEND": backend,
                        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
                 subprocess.run(cmd, check=True, env=env)
