@@ -120,18 +120,23 @@ def _context_switches() -> Optional[int]:
     return r.ru_nvcsw + r.ru_nivcsw
 
 
-def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: int) -> dict:
-    """One run: ``{"process", "pool", "consumer", "switches"}`` per item (µs;
-    switches as a count); ``pool``/``consumer`` are None unless measurable."""
+def _dataset(executor: str, items: int, enabled: bool, workers: int):
+    """``to_dataset(Ready(items))`` built with stats switched on or off."""
     import kerasfeed
     from kerasfeed.observe import stats as stats_module
 
     kwargs = {"workers": workers} if executor == "processes" else {}
     saved, stats_module.ENABLED = stats_module.ENABLED, enabled
     try:
-        ds = kerasfeed.to_dataset(Ready(items), executor=executor, **kwargs)
+        return kerasfeed.to_dataset(Ready(items), executor=executor, **kwargs)
     finally:
         stats_module.ENABLED = saved
+
+
+def _consumer_cpu_per_item(executor: str, items: int, enabled: bool, workers: int) -> dict:
+    """One run: ``{"process", "pool", "consumer", "switches"}`` per item (µs;
+    switches as a count); ``pool``/``consumer`` are None unless measurable."""
+    ds = _dataset(executor, items, enabled, workers)
     ds.reduce(np.int64(0), lambda a, _: a + 1)  # warm-up pass (functions traced, workers, pool threads started)
     pool = _pool_thread_ids(ds)
     s0, p0 = _context_switches(), _task_cpu_ns(pool) if pool else None
@@ -156,15 +161,7 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
     way the pick-up ``numpy_function`` does, item by item in pass order.
     ``consumer`` is this thread's CPU (``time.thread_time``): the pick-up
     alone, free of tf.data's own threads and their scheduling."""
-    import kerasfeed
-    from kerasfeed.observe import stats as stats_module
-
-    kwargs = {"workers": workers} if executor == "processes" else {}
-    saved, stats_module.ENABLED = stats_module.ENABLED, enabled
-    try:
-        ds = kerasfeed.to_dataset(Ready(items), executor=executor, **kwargs)
-    finally:
-        stats_module.ENABLED = saved
+    ds = _dataset(executor, items, enabled, workers)
     pipeline, groups, group = ds._kerasfeed_pipeline, ds._kerasfeed_groups, ds._kerasfeed_group_items
 
     def one_pass() -> int:
