@@ -385,7 +385,9 @@ class ShardPass:
                 where = f" in worker pid {sh.pid}" if sh.pid is not None else ""
                 return f"item {sh.taken} of {self._describe(sh.id)}{where}"
             running = [sh for sh in self._shards if sh.open and not sh.done]
-            names = ", ".join(self._describe(sh.id) + (f" in worker pid {sh.pid}" if sh.pid else "") for sh in running[:4])
+            names = ", ".join(
+                self._describe(sh.id) + (f" in worker pid {sh.pid}" if sh.pid else "") for sh in running[:4]
+            )
             more = f" and {len(running) - 4} more" if len(running) > 4 else ""
             return f"an item of any running shard ({names}{more})"
 
