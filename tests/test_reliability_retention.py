@@ -11,7 +11,7 @@ import numpy as np
 
 import kerasfeed
 
-CYCLES = 40
+CYCLES = 20
 # Per closed dataset kept alive. Before: ~90 KB (two 32 KB stats rings and
 # the pool's stopped Thread objects); after: ~7 KB (the pipeline's own objects).
 BOUND_BYTES = 20_000

@@ -245,7 +245,10 @@ class Wait:
                 "kerasfeed: waiting for %s for %.0f s (no `timeout=` was given); it looks stuck. Pass "
                 "`timeout=` (seconds) to fail with an error instead of waiting; Ctrl-C stops the wait. "
                 "(This notice comes once per wait, after %s=%g s.)",
-                _name(what), now - self._t0, NOTICE_ENV, self._scope.notice_s,
+                _name(what),
+                now - self._t0,
+                NOTICE_ENV,
+                self._scope.notice_s,
             )
 
 

@@ -1,15 +1,17 @@
 """A stream whose producer gets stuck mid-stream (a helper of the tests).
 
 argv[1] = the stream: "generators-threads", "generators-processes",
-"files-threads", "files-processes" or "queue"; argv[2] = the mode:
+"files-threads", "files-processes" or "queue"; argv[2] = how the first
+iterator goes while the producer is stuck:
 
-- "delete-del": take 3 elements from ``iter(ds)``, then ``del`` it while the
-  producer is stuck; "delete-break": the same with ``break`` out of a loop;
-  "fit": a 1-epoch ``model.fit`` with ``steps_per_epoch=3`` (the stream has
-  more). Each prints how long the deletion took, then the script ends with
-  the dataset alive, after listing the producer threads still alive.
-- "sigint-next": take 3 elements, print a line, then wait in ``next(it)``
-  for the stuck item (the test sends SIGINT then).
+- "delete-del": take 3 elements from ``iter(ds)``, then ``del`` it;
+- "delete-break": the same with ``break`` out of a ``for`` loop;
+- "fit": a 1-epoch ``model.fit`` with ``steps_per_epoch=3`` (the stream has
+  more).
+
+It prints how long the deletion took and the producer threads still alive
+after it, then iterates the dataset again until it blocks on the stuck
+producer (the test sends SIGINT then).
 
 The producer makes 3 items, then waits forever (no ``timeout=``). Every line
 printed is JSON; the worker pids are in it (processes).
@@ -89,13 +91,8 @@ def tf_spec(shape):
     return tf.TensorSpec(shape, tf.float32)
 
 
-def main():
-    kind, mode = sys.argv[1], sys.argv[2]
-    ds = build(kind)
-    KEEP.append(ds)
-    stream = getattr(ds, "_kerasfeed_stream", None)
-    pool = getattr(stream, "pool", None)
-    pids = pool.pids if pool is not None else []
+def first_iterator(ds, mode):
+    """Deletes an iterator while the producer is stuck; returns (items, seconds)."""
     if mode == "delete-break":
         got = []
         for x, _ in ds:
@@ -104,38 +101,43 @@ def main():
                 time.sleep(0.5)  # the producer is stuck now
                 t0 = time.monotonic()
                 break
-        say(got=got, del_s=round(time.monotonic() - t0, 2), pids=pids, left=producers_left())
-        return
+        return got, time.monotonic() - t0
     if mode == "delete-del":
         it = iter(ds)
         got = [int(next(it)[0][0]) for _ in range(3)]
         time.sleep(0.5)
         t0 = time.monotonic()
         del it
-        say(got=got, del_s=round(time.monotonic() - t0, 2), pids=pids, left=producers_left())
-        return
-    if mode == "fit":
-        import keras
+        return got, time.monotonic() - t0
+    import keras
 
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        seen = []
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    seen = []
 
-        class Last(keras.callbacks.Callback):
-            def on_train_batch_end(self, batch, logs=None):
-                seen.append(batch)
-                if batch == 2:
-                    self.t0 = time.monotonic()
+    class Last(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(batch)
+            if batch == 2:
+                self.t0 = time.monotonic()
 
-        last = Last()
-        model.fit(ds.batch(1), epochs=1, steps_per_epoch=3, verbose=0, callbacks=[last])
-        say(got=seen, del_s=round(time.monotonic() - last.t0, 2), pids=pids, left=producers_left())
-        return
-    it = iter(ds)
-    got = [int(next(it)[0][0]) for _ in range(3)]
-    say(pids=pids, got=got)
-    next(it)  # never returns: the test sends SIGINT
-    say(error="not interrupted", got=got)
+    last = Last()
+    model.fit(ds.batch(1), epochs=1, steps_per_epoch=3, verbose=0, callbacks=[last])
+    return seen, time.monotonic() - last.t0
+
+
+def main():
+    kind, mode = sys.argv[1], sys.argv[2]
+    ds = build(kind)
+    KEEP.append(ds)
+    stream = getattr(ds, "_kerasfeed_stream", None)
+    pool = getattr(stream, "pool", None)
+    pids = pool.pids if pool is not None else []
+    got, del_s = first_iterator(ds, mode)
+    say(got=got, del_s=round(del_s, 2), pids=pids, left=producers_left())
+    for _ in ds:  # blocks on the stuck producer: the test sends SIGINT
+        pass
+    say(error="not interrupted")
 
 
 main()
