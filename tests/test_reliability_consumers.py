@@ -23,9 +23,14 @@ HARD_TIMEOUT_S = 150
 
 
 def _start(executor: str, mode: str) -> subprocess.Popen:
+    return _start_script(SCRIPT.name, executor, mode)
+
+
+def _start_script(script: str, *args: str) -> subprocess.Popen:
+    """Runs ``reliability_scripts/<script> args...`` with this checkout first on the path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), executor, mode],
+        [sys.executable, str(SCRIPT.parent / script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -266,5 +266,11 @@ class ThreadExecutor(Executor):
             if self._plan is not None:
                 self._plan.drop()
                 self._plan = None
+            # TensorFlow may keep the dataset's function (and this executor)
+            # long after: keep no stopped Thread objects or full sample rings.
+            self._threads = []
         if self._finalizer is not None:
             self._finalizer()
+        stats = self._runner.stats
+        if stats is not None:
+            stats.compact()

@@ -24,16 +24,52 @@ thread:
 
 Only waits in progress are ended: a wait remembers the state of both when
 it starts, and a later load waits as usual.
+
+Some waits nobody can end from here (TensorFlow resetting an input inside
+``next()`` at the end of ``take(3)``, iterators made inside a
+``tf.function``). So a wait that goes on for longer than the *stuck-wait
+notice* interval (60 s; ``KERASFEED_STUCK_NOTICE_S`` sets it) logs one
+warning on the ``kerasfeed`` logger naming what it waits for and the
+remedies.
 """
 
 from __future__ import annotations
 
 import _thread
+import logging
+import math
 import os
 import signal
 import sys
 import threading
-from typing import Optional
+import time
+from typing import Callable, Optional, Union
+
+logger = logging.getLogger("kerasfeed")
+
+NOTICE_ENV = "KERASFEED_STUCK_NOTICE_S"
+DEFAULT_NOTICE_S = 60.0
+
+
+def stuck_notice_s() -> float:
+    """Seconds a wait goes on before its one warning (``KERASFEED_STUCK_NOTICE_S``).
+
+    Raises:
+        ValueError: the variable is set but is not a positive number.
+    """
+    raw = os.environ.get(NOTICE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_NOTICE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"The environment variable {NOTICE_ENV} must be a positive number of seconds (how long a wait "
+            f"goes on before kerasfeed warns that it looks stuck). Received: {NOTICE_ENV}={raw!r}"
+        )
+    return value
 
 
 class WaitAbandoned(RuntimeError):
@@ -143,6 +179,7 @@ class WaitScope:
         self._lock = threading.Lock()
         self._gen = 0
         self._consumers = 0
+        self.notice_s = stuck_notice_s()  # a bad value fails where the dataset is made
 
     def consumer_started(self) -> None:
         with self._lock:
@@ -160,30 +197,63 @@ class WaitScope:
         with self._lock:
             self._gen += 1
 
-    def begin(self) -> "Wait":
-        """Call when a load starts to block (not on the fast path)."""
-        return Wait(self)
+    def begin(self, *, interrupts: bool = True, notice: bool = True) -> "Wait":
+        """Call when a load starts to block (not on the fast path).
+
+        Args:
+            interrupts: Ctrl-C ends the wait (False in threads that no one
+                joins, e.g. stream producers: a KeyboardInterrupt there would
+                only print a traceback).
+            notice: this wait logs the stuck-wait notice (False when another
+                wait of the same item already does).
+        """
+        return Wait(self, interrupts, notice)
+
+
+What = Union[str, Callable[[], str]]
 
 
 class Wait:
     """One blocking wait; ``check`` between slices raises when it must end."""
 
-    __slots__ = ("_scope", "_gen", "_sigints")
+    __slots__ = ("_scope", "_gen", "_sigints", "_t0", "_notice_at")
 
-    def __init__(self, scope: WaitScope):
+    def __init__(self, scope: WaitScope, interrupts: bool = True, notice: bool = True):
         self._scope = scope
         self._gen = scope._gen
-        self._sigints = _interrupts.poll()  # SIGINTs from before this wait do not count
+        # SIGINTs from before this wait do not count.
+        self._sigints = _interrupts.poll() if interrupts else None
+        self._t0 = time.monotonic()
+        self._notice_at = self._t0 + getattr(scope, "notice_s", DEFAULT_NOTICE_S) if notice else math.inf
 
-    def check(self, what: str) -> None:
+    def check(self, what: What) -> None:
         """Raises ``KeyboardInterrupt`` (Ctrl-C since the wait began) or
-        ``WaitAbandoned`` (its consumer was deleted); ``what`` names the item."""
-        if _interrupts.poll() != self._sigints:
-            raise KeyboardInterrupt(f"kerasfeed: interrupted (Ctrl-C) while waiting for {what}")
+        ``WaitAbandoned`` (its consumer was deleted); ``what`` names the item
+        (or returns its name: called only when needed). Logs the stuck-wait
+        notice once, when the wait has gone on for the notice interval."""
+        if self._sigints is not None and _interrupts.poll() != self._sigints:
+            raise KeyboardInterrupt(f"kerasfeed: interrupted (Ctrl-C) while waiting for {_name(what)}")
         if self._scope._gen != self._gen:
+            name = _name(what)
             raise WaitAbandoned(
-                f"kerasfeed: the iterator waiting for {what} was deleted; the wait was abandoned. Received: {what}"
+                f"kerasfeed: the iterator waiting for {name} was deleted; the wait was abandoned. Received: {name}"
+            )
+        now = time.monotonic()
+        if now >= self._notice_at:
+            self._notice_at = math.inf
+            logger.warning(
+                "kerasfeed: waiting for %s for %.0f s (no `timeout=` was given); it looks stuck. Pass "
+                "`timeout=` (seconds) to fail with an error instead of waiting; Ctrl-C stops the wait. "
+                "(This notice comes once per wait, after %s=%g s.)",
+                _name(what),
+                now - self._t0,
+                NOTICE_ENV,
+                self._scope.notice_s,
             )
 
 
-__all__ = ["Wait", "WaitAbandoned", "WaitScope", "install_interrupts"]
+def _name(what: What) -> str:
+    return what() if callable(what) else what
+
+
+__all__ = ["Wait", "WaitAbandoned", "WaitScope", "install_interrupts", "stuck_notice_s"]

@@ -61,6 +61,17 @@ class _Ring:
         return np.frombuffer(self.values[: min(self.count, self.size)], dtype=np.float64)  # a slice: one atomic copy
 
 
+def _compact(ring: _Ring) -> _Ring:
+    """A ring of just the samples ``ring`` holds (same percentiles), for a
+    collector whose pipeline is closed: TensorFlow may keep the dataset's
+    function, and with it the collector, long after."""
+    kept = ring.recent()
+    out = _Ring(max(1, kept.size))
+    out.values[: kept.size] = array.array("d", kept.tobytes())
+    out.count = ring.count if kept.size else 0
+    return out
+
+
 def _summary_ms(ring: _Ring) -> Optional[dict]:
     v = ring.recent()
     if not v.size:
@@ -134,6 +145,13 @@ class StatsCollector:
         self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
         self.timeline: Optional[list] = None  # (lane, start, end) per item when enabled
         _LIVE.add(self)
+
+    def compact(self) -> None:
+        """Shrinks the sample rings to the samples they hold (the pipeline
+        was closed); snapshots stay the same, and recording still works."""
+        with self._lock:
+            self._wait = _compact(self._wait)
+            self._make = _compact(self._make)
 
     # ------------------------------------------------------------ recording
     def pass_begin(self, epoch: int) -> None:

@@ -81,7 +81,7 @@ class InterleaveOptions:
 
 
 class _Shard:
-    __slots__ = ("pos", "id", "buf", "count", "taken", "done", "error", "space", "started", "open")
+    __slots__ = ("pos", "id", "buf", "count", "taken", "done", "error", "space", "started", "open", "pid", "it")
 
     def __init__(self, pos: int, shard_id: int, lock: threading.Lock):
         self.pos = pos
@@ -94,6 +94,8 @@ class _Shard:
         self.space = threading.Condition(lock)  # the producer waits here when full
         self.started = False
         self.open = False  # holds a running slot
+        self.pid: Optional[int] = None  # the worker process running it, if any
+        self.it: Any = None  # its iterator, when it can be stopped from outside (a worker's stream)
 
 
 class ShardPass:
@@ -187,6 +189,9 @@ class ShardPass:
                     if not self._stopped:
                         t0 = time.perf_counter()
                         it = iter(self._open_shard(sh.id))
+                        sh.pid = getattr(it, "worker_pid", None)
+                        if hasattr(it, "stop"):
+                            sh.it = it
                 finally:
                     with self._lock:
                         self._next_turn += 1
@@ -211,6 +216,7 @@ class ShardPass:
         except Exception as e:  # noqa: BLE001 - handed to the consumer
             error = e
         finally:
+            sh.it = None
             close_quietly(it)
             if error is None:
                 self._finish(sh, None)
@@ -369,6 +375,22 @@ class ShardPass:
             if not self._wait(deadline):
                 return NOT_READY
 
+    def pending(self) -> str:
+        """What ``take`` waits for, for the stuck-wait notice."""
+        with self._lock:
+            if self._det:
+                sh = self._cycle[self._ci]
+                if sh is None:
+                    return f"the next shard of a pass over {self._n}"
+                where = f" in worker pid {sh.pid}" if sh.pid is not None else ""
+                return f"item {sh.taken} of {self._describe(sh.id)}{where}"
+            running = [sh for sh in self._shards if sh.open and not sh.done]
+            names = ", ".join(
+                self._describe(sh.id) + (f" in worker pid {sh.pid}" if sh.pid else "") for sh in running[:4]
+            )
+            more = f" and {len(running) - 4} more" if len(running) > 4 else ""
+            return f"an item of any running shard ({names}{more})"
+
     # ------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Stops the producers; items not taken yet are dropped. Idempotent."""
@@ -383,6 +405,14 @@ class ShardPass:
             self._arrivals.clear()
             self._ready.notify_all()
             self._turn.notify_all()
+            streams = [sh.it for sh in self._shards if sh.it is not None]
+        # A producer waiting for a worker's next item would wait for a stuck
+        # worker forever: stop its stream (it then ends, and closes it).
+        for it in streams:
+            try:
+                it.stop()
+            except Exception:  # noqa: BLE001 - never fail a close
+                pass
 
     def join(self, timeout: Optional[float] = None) -> bool:
         """Waits for the producer threads to end; True if they all did."""

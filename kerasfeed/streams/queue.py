@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError
+from kerasfeed.execution.waits import WaitScope
 from kerasfeed.streams.interleave import END, NOT_READY
 
 
@@ -114,6 +115,9 @@ class QueueFeed:
         self.produced = 0  # items put by a callable producer (for tests and stats)
         self._stats: Any = None  # a StatsCollector: each put item's make time (callable producers)
         self._free_since = 0.0  # when the producer began making its next item
+        # Deleting the last iterator over the feed, or Ctrl-C, ends the
+        # consumer's wait (``execution/waits.py``; see ``tfdata/chunks.py``).
+        self.waits = WaitScope()
         if hasattr(producer, "get") and callable(producer.get):
             bound = getattr(producer, "maxsize", getattr(producer, "_maxsize", None))
             if not isinstance(bound, int) or bound <= 0:
@@ -315,6 +319,10 @@ class QueuePass:
             n = self._n
             self._n += 1
             return got, (self._epoch, n)
+
+    def pending(self) -> str:
+        """What ``take`` waits for, for the stuck-wait notice."""
+        return f"item {self._n} of epoch {self._epoch} from {self._feed.name}"
 
     def _stopped_error(self) -> "ProducerStopped":
         # An empty pass would train on nothing and Keras would report loss 0.

@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed import _validation as _v
+from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.streams.interleave import END, NOT_READY, InterleaveOptions, ShardPass
 
@@ -136,6 +137,7 @@ class ShardedStream:
         self._lock = threading.Lock()
         self._passes = 0
         self._stats: Any = None
+        self.waits: Any = None  # WaitScope: the pool's with worker processes (below)
         if executor == "processes":
             from kerasfeed.execution.processes.options import PoolOptions
             from kerasfeed.execution.processes.pickling import dumps_task
@@ -149,6 +151,9 @@ class ShardedStream:
                 workers=workers, worker_init=worker_init, seed=seed, in_flight_per_worker=2, timeout=timeout
             )
             self.pool = WorkerPool(None, options, name=f"{kind}s of {_task_name(task)}")
+        # Deleting the last iterator over the stream, or Ctrl-C, ends its waits
+        # (``execution/waits.py``; counted by ``tfdata/consumers.py``).
+        self.waits = self.pool.waits if self.pool is not None else WaitScope()
 
     def __len__(self) -> int:
         return len(self.args)

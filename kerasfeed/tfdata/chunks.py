@@ -131,12 +131,22 @@ def chunks(
     epoch: int = 0,
     pass_timeout: Optional[float] = None,
     api: str = "",
+    waits: Any = None,
 ):
     """The generator behind ``from_generator``: one pass, in chunks.
 
     ``stats``: a ``StatsCollector`` that gets each item's pick-up wait.
-    ``pass_timeout``: seconds the pass may go without an item before it fails."""
+    ``pass_timeout``: seconds the pass may go without an item before it fails.
+    ``waits``: the source's ``WaitScope``: between heartbeats, a wait for the
+    next item sees Ctrl-C, gives up when the last iterator is deleted, and
+    gives the stuck-wait notice (``execution/waits.py``)."""
     p = open_pass()
+    awaited = getattr(p, "pending", None)
+
+    def waiting_for() -> str:
+        return f"{api} (pass {epoch}): " + (awaited() if awaited is not None else f"item {made}")
+
+    wait = None  # begun at the first heartbeat without an item
     quiet_since = time.monotonic()
     made = 0
     if stats is not None:
@@ -173,7 +183,11 @@ def chunks(
                                 "(none: nothing raised, no item came)\n",
                                 None, made,
                             )
+                        if waits is not None and not rows:
+                            wait = wait or waits.begin()
+                            wait.check(waiting_for)
                         break
+                    wait = None
                     quiet_since = time.monotonic()
                     made += 1
                     arrays = codec.check(r[0], r[1], describe)

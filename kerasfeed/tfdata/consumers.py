@@ -11,11 +11,15 @@ called first, its attributes (the iterator resource) released after.
 So kerasfeed wraps ``OwnedIterator._create_iterator`` (the one place every
 eager iterator is made, over any dataset derived from a kerasfeed one:
 ``iter(ds.take(3))``, Keras' ``fit``) and, for an iterator over a kerasfeed
-pipeline, counts it on the executor's ``WaitScope`` and registers a
+dataset, counts it on the executor's ``WaitScope`` and registers a
 ``weakref.finalize`` that uncounts it. When the last one goes, the waits in
 progress end (``execution/waits.py``), and TensorFlow's join returns at once.
 The same hook lets waits see Ctrl-C (``install_interrupts``) and gives the
 exit guard the live iterators without scanning the heap.
+
+The same goes for the stream functions: a stream (``from_generators``,
+``from_files``) or feed (``from_queue``) has a ``waits`` scope of its own
+(its worker pool's, with worker processes), counted the same way.
 
 Iterators made another way (inside a ``tf.function``, ``Dataset.reduce``,
 multi-device iterators) are not counted: their waits end only as before
@@ -73,12 +77,23 @@ def _watch(iterator: Any, dataset: Any) -> None:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
-    pipeline = find_tagged(dataset, "_kerasfeed_pipeline")
-    scope = getattr(getattr(pipeline, "executor", None), "waits", None)
-    if scope is not None:
+    for scope in _scopes(dataset):
         scope.consumer_started()
         # Holds the scope (small), never the executor or the iterator.
         weakref.finalize(iterator, scope.consumer_gone)
+
+
+def _scopes(dataset: Any) -> list:
+    """The ``WaitScope`` of every kerasfeed source found behind ``dataset``:
+    a pipeline's executor, a stream (``from_generators``, ``from_files``) or a
+    feed (``from_queue``)."""
+    found = []
+    for tag in _TAGS:
+        owner = find_tagged(dataset, tag)
+        scope = getattr(owner, "waits", None) or getattr(getattr(owner, "executor", None), "waits", None)
+        if scope is not None and all(scope is not s for s in found):
+            found.append(scope)
+    return found
 
 
 __all__ = ["install", "live_iterators"]

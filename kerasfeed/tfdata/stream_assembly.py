@@ -71,12 +71,13 @@ def _assemble(
     tail: TailOptions,
     timeout: Optional[float],
     stats: Any,
+    waits: Any = None,
 ) -> tf.data.Dataset:
     codec = ChunkCodec(signature, api)
     open_pass = counted_passes(open_pass, tail.items_per_epoch, api)  # checked against a declared length
     passes = itertools.count()
     ds = tf.data.Dataset.from_generator(
-        lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api),
+        lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api, waits),
         output_signature=codec.chunk_signature,
     )
     ds = ds.prefetch(2).unbatch()
@@ -127,7 +128,7 @@ def stream_dataset(
             signature = _infer(probes(), describe, api)
         else:
             signature = normalize_signature(output_signature)
-        ds = _assemble(source.open_pass, signature, describe, api, tail, timeout, stats)
+        ds = _assemble(source.open_pass, signature, describe, api, tail, timeout, stats, getattr(source, "waits", None))
         if options is not None:
             ds = ds.with_options(options)
     except BaseException:

@@ -347,7 +347,7 @@ class Dispatcher:
         try:
             wait = None if req.event.is_set() else self.waits.begin()
             while not req.event.wait(_POLL_S):
-                wait.check(f"{self.name}[{req.index}]")
+                wait.check(lambda: f"{self.name}[{req.index}] (worker {lane.id}, pid {proc.pid})")
                 deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
                 if deadline is not None and time.monotonic() > deadline and not req.event.is_set():
                     err = WorkerError(

@@ -124,6 +124,9 @@ class ProcessExecutor(Executor):
 
     def close(self) -> None:
         self.pool.close()
+        stats = self.pool._dispatcher.stats
+        if stats is not None:  # TensorFlow may keep the closed dataset: see ThreadExecutor.close
+            stats.compact()
 
     def __reduce__(self):
         raise TypeError("kerasfeed: a ProcessExecutor cannot be pickled (it owns processes).")

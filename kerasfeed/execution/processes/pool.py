@@ -90,6 +90,12 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, self._dispatcher.close)
 
     @property
+    def waits(self) -> Any:
+        """The pool's ``WaitScope`` (``execution/waits.py``): deleting the last
+        iterator over it ends the waits in progress."""
+        return self._dispatcher.waits
+
+    @property
     def num_workers(self) -> int:
         return self.options.workers
 

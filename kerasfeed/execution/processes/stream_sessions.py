@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol, shm
 from kerasfeed.execution.processes.process import NO_RESTART, fresh_error
+from kerasfeed.execution.waits import WaitAbandoned
 
 _POLL_S = 0.5
 
@@ -61,6 +62,7 @@ class StreamSessions:
     def start(self, payload: bytes, name: str) -> tuple[Any, StreamSession]:
         """Reserves an idle worker (waiting for one) and starts the task there."""
         owner = self._owner
+        wait = None
         with owner.cv:
             while True:
                 owner.check_usable()
@@ -72,7 +74,10 @@ class StreamSessions:
                     st = StreamSession(owner.new_id(), name, slots)
                     lane.stream = st
                     break
+                # The consumer deleted: give the producer thread up (see next()).
+                wait = wait or owner.waits.begin(interrupts=False, notice=False)
                 owner.cv.wait(_POLL_S)
+                wait.check(f"a free worker for {name}")
         try:
             lane.process.send(protocol.StartStream(st.id, payload, list(st.slots), name))
         except OSError:
@@ -116,11 +121,19 @@ class StreamSessions:
         proc = lane.process
         timeout = owner.options.timeout
         since = time.monotonic()
+        # Runs in a producer thread: when the last iterator over the stream is
+        # deleted, or its pass is closed (``StreamIterator.stop``), it gives up
+        # instead of waiting on for a stuck worker. The consumer's own wait
+        # (``tfdata/chunks.py``) sees Ctrl-C and gives the stuck-wait notice.
+        wait = owner.waits.begin(interrupts=False, notice=False)
         while True:
             try:
                 msg = st.queue.get(timeout=_POLL_S)
                 break
             except queue.Empty:
+                if st.cancelled:
+                    raise StopIteration from None
+                wait.check(st.name)
                 if owner.closed:
                     raise WorkerError(f"kerasfeed: the worker pool of {owner.name} is closed.") from None
                 deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
@@ -201,10 +214,20 @@ class StreamIterator(Iterator[Any]):
             raise StopIteration
         try:
             return self._sessions.next(self._lane, self._session)
+        except WaitAbandoned:
+            self.close()  # nobody reads on: stop the task (if the worker ever listens)
+            raise
         except BaseException as e:
             if not isinstance(e, KeyboardInterrupt):
                 self._done = True
             raise
+
+    def stop(self) -> None:
+        """Like ``close`` but never blocks, from any thread: a waiting
+        ``next`` (in another thread) ends with StopIteration."""
+        if not self._done:
+            self._done = True
+            self._sessions.cancel(self._lane, self._session, blocking=False)
 
     def close(self) -> None:
         """Stops the task (if still running) and frees its worker."""
