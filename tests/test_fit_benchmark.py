@@ -71,3 +71,19 @@ def test_bad_arguments_are_refused():
         fit.run_fit_benchmark(only=["tf-magic"], output_dir=None)
     with pytest.raises(ValueError, match="at least 2"):
         fit.run_fit_benchmark(epochs=1, output_dir=None)
+
+
+def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
+    from benchmarks import paced_cost
+
+    # More batches than the pool makes ahead during the warm-up, so its threads work while timed.
+    res = paced_cost.run("io", rate=1000, batches=200, warmup=10, ways=["memory", "kerasfeed-threads"],
+                         cache_dir=str(tmp_path))
+    memory, threads = res["runs"]
+    assert memory["status"] == threads["status"] == "ok", res["runs"]
+    assert memory["cpu_us_per_batch"]["kerasfeed threads"] == 0  # no kerasfeed pool behind the in-memory path
+    assert threads["cpu_us_per_batch"]["kerasfeed threads"] > 0  # the pool's threads are counted as such
+    assert threads["total_us_per_batch"] == pytest.approx(sum(threads["cpu_us_per_batch"].values()))
+    assert "| kerasfeed-threads |" in res["markdown"]
+    with pytest.raises(ValueError, match="Unknown way 'tf-magic'"):
+        paced_cost.run("io", ways=["tf-magic"])
