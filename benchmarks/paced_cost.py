@@ -13,6 +13,7 @@ wall-clock rates do:
   (``main``), kerasfeed's pool threads, tf.data's threads, other Python threads (Grain's), worker
   processes.
 
+``PYTHONPATH=/other/tree python benchmarks/paced_cost.py ...`` measures another tree's kerasfeed.
 Run: ``python benchmarks/paced_cost.py [--workload io] [--rate 1000] [--batches 3000] [--rounds 3]``.
 """
 
@@ -120,7 +121,9 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 def run_child(spec: Dict[str, Any]) -> Dict[str, Any]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # The caller's PYTHONPATH first: ``PYTHONPATH=/other/tree python benchmarks/paced_cost.py`` measures
+    # the kerasfeed of that tree (alternate the runs to compare two versions).
+    env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)])
     proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--child", json.dumps(spec)],
                           env=env, capture_output=True, text=True, timeout=600)
     for line in proc.stdout.splitlines():
