@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -112,7 +113,7 @@ def machine_info() -> Dict[str, Any]:
 def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = workloads.WORKLOADS,
                       only: Optional[Sequence[str]] = None, views: Sequence[str] = VIEWS,
                       batches: Optional[int] = None, epochs: Optional[int] = None,
-                      steps_per_execution: int = 1,
+                      steps_per_execution: int = 1, rounds: int = 1,
                       output_dir: Optional[os.PathLike] = DEFAULT_OUTPUT_DIR,
                       progress=print) -> Dict[str, Any]:
     """Runs both views and returns the results (also saved under ``output_dir``).
@@ -126,6 +127,11 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
         batches: batches per epoch for every workload (default: ``run.py``'s sizes).
         epochs: epochs per configuration, the first untimed.
         steps_per_execution: passed to ``model.compile``.
+        rounds: every configuration of a workload runs once per round, the
+            rounds one after another, so each ratio is taken against the
+            reference of its own round; the tables show the median rate, the
+            median ratio and the ratios' range (shared machines drift by tens
+            of percent within minutes).
         output_dir: where ``fit_latest.json`` / ``fit_latest.md`` go; None writes nothing.
 
     Returns:
@@ -141,6 +147,8 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
     for name in only or ():
         if name not in known:
             raise ValueError(f"Unknown way {name!r}; expected some of {sorted(known)}. Received: {name!r}")
+    if int(rounds) < 1:
+        raise ValueError(f"`rounds` must be at least 1. Received: rounds={rounds}")
     epochs = int(epochs or (QUICK_EPOCHS if quick else FULL_EPOCHS))
     if epochs < 2:
         raise ValueError(f"`epochs` must be at least 2 (the first is never timed). Received: epochs={epochs}")
@@ -162,15 +170,16 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
         for wl in workloads_:
             if wl == "h5":
                 workloads.scene_file(cache_dir, sizes[wl])  # made once, outside any timing
-            for way in chosen:
+            for round_, way in ((k, w) for k in range(int(rounds)) for w in chosen):
                 spec = {"view": view, "way": way, "workload": wl, "batches": sizes[wl], "epochs": epochs,
-                        "steps_per_execution": steps_per_execution, "cache_dir": str(cache_dir)}
+                        "steps_per_execution": steps_per_execution, "cache_dir": str(cache_dir), "round": round_}
                 if view == "fit" and way == "torch":
                     row = {**spec, "status": "n/a", "note": fit_ways.TORCH_FIT_NA}
                 else:
                     row = run_child(spec)
                 row["label"] = fit_ways.LABELS[view][way]
                 rows.append(row)
+                row["round"] = round_
                 if row["status"] == "ok":
                     progress(f"  [{view}] {wl:4s} {way:20s} {row['batches_per_s']:8.1f} batches/s"
                              f"  main CPU {row['main_cpu_us_per_batch']:.0f} µs/batch")
@@ -179,7 +188,8 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
     _ratios(rows)
     res = {"machine": machine, "date": date, "kind": "fit",
            "settings": {"quick": quick, "batches": sizes, "epochs": epochs, "timed_epochs": epochs - 1,
-                        "steps_per_execution": steps_per_execution, "workloads": list(workloads_),
+                        "steps_per_execution": steps_per_execution, "rounds": int(rounds),
+                        "workloads": list(workloads_),
                         "views": list(views), "only": list(only) if only else None},
            "rows": rows, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
            "total_s": time.perf_counter() - started}
@@ -193,12 +203,13 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
 
 
 def _ratios(rows: List[Dict[str, Any]]) -> None:
-    """fit: ratio to ``memory`` of the same workload; numpy: to the best Grain row."""
+    """fit: ratio to ``memory`` of the same workload and round; numpy: to the best Grain row."""
     for r in rows:
         if r.get("status") != "ok":
             continue
         same = [
             o for o in rows if o["view"] == r["view"] and o["workload"] == r["workload"] and o.get("status") == "ok"
+            and o.get("round", 0) == r.get("round", 0)
         ]
         if r["view"] == "fit":
             ref = [o["batches_per_s"] for o in same if o["way"] == "memory"]
@@ -211,13 +222,21 @@ def _ratios(rows: List[Dict[str, Any]]) -> None:
 # --- markdown -------------------------------------------------------------------------------
 
 
-def _cell(r: Optional[Dict[str, Any]]) -> str:
-    if r is None:
+def _cell(runs: List[Dict[str, Any]]) -> str:
+    """One run: ``rate (ratio)``; several rounds: ``median rate (median ratio, min–max)``."""
+    if not runs:
         return ""
-    if r.get("status") != "ok":
-        return "n/a" if r.get("status") == "n/a" else "error"
-    ratio = f" ({r['ratio']:.2f})" if "ratio" in r else ""
-    return f"{r['batches_per_s']:.0f}{ratio}"
+    ok = [r for r in runs if r.get("status") == "ok"]
+    if not ok:
+        return "n/a" if runs[0].get("status") == "n/a" else "error"
+    rate = statistics.median(r["batches_per_s"] for r in ok)
+    ratios = [r["ratio"] for r in ok if "ratio" in r]
+    failed = f", {len(runs) - len(ok)} failed" if len(ok) < len(runs) else ""
+    if not ratios:
+        return f"{rate:.0f}{failed}"
+    if len(ratios) == 1:
+        return f"{rate:.0f} ({ratios[0]:.2f}{failed})"
+    return f"{rate:.0f} ({statistics.median(ratios):.2f}; {min(ratios):.2f}–{max(ratios):.2f}{failed})"
 
 
 def to_markdown(res: Dict[str, Any]) -> str:
@@ -226,7 +245,9 @@ def to_markdown(res: Dict[str, Any]) -> str:
              f"TensorFlow {m['tensorflow']}, Keras {m['keras']}, Grain {m['grain']}, torch {m['torch']}, "
              f"numpy {m['numpy']}. Load average {m['loadavg_start']} at the start, {res['loadavg_end']} at the end. "
              f"{'Quick' if s['quick'] else 'Full'} run: batches per epoch {s['batches']}, {s['timed_epochs']} "
-             f"timed epochs after an untimed one (best shown), steps_per_execution={s['steps_per_execution']}.", ""]
+             f"timed epochs after an untimed one (best shown), steps_per_execution={s['steps_per_execution']}."
+             + (f" {s['rounds']} rounds: median batches/s (median ratio; the ratios' range, each ratio against "
+                "the reference of its own round)." if s.get("rounds", 1) > 1 else ""), ""]
     titles = {"fit": "`model.fit` (TensorFlow backend, tiny model): batches/s (ratio to the in-memory limit)",
               "numpy": "plain `for batch in ...` over numpy batches: batches/s (ratio to Grain's best)"}
     for view in s["views"]:
@@ -236,9 +257,9 @@ def to_markdown(res: Dict[str, Any]) -> str:
         lines += [f"**{titles[view]}**", "", "| way | " + " | ".join(wls) + " |",
                   "| --- |" + " --- |" * len(wls)]
         for way in ways:
-            by = {r["workload"]: r for r in rows if r["way"] == way}
             label = fit_ways.LABELS[view][way]
-            lines.append(f"| {label} | " + " | ".join(_cell(by.get(w)) for w in wls) + " |")
+            cells = [_cell([r for r in rows if r["way"] == way and r["workload"] == w]) for w in wls]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         notes = sorted({f"{r['way']}: {r['note']}" for r in rows if r.get("status") != "ok" and r.get("note")})
         lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
     return "\n".join(lines)
@@ -254,6 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--batches", type=int, default=None, help="batches per epoch for every workload")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per configuration (first untimed)")
     parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every configuration this many times, round after round; median and range")
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT_DIR))
     parser.add_argument("--render", metavar="JSON", default=None, help="do not run: print a saved result's tables")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -269,7 +292,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     res = run_fit_benchmark(quick=args.quick, workloads_=split(args.workloads),
                             only=split(args.only) if args.only else None, views=split(args.views),
                             batches=args.batches, epochs=args.epochs,
-                            steps_per_execution=args.steps_per_execution, output_dir=args.output_dir)
+                            steps_per_execution=args.steps_per_execution, rounds=args.rounds,
+                            output_dir=args.output_dir)
     print()
     print(res["markdown"])
     return 0

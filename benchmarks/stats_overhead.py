@@ -40,6 +40,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed.loading.groups import RunLoader
+
 
 class Ready:
     """A cheapest possible source: a preallocated small array per item."""
@@ -165,6 +167,14 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
     pipeline, groups, group = ds._kerasfeed_pipeline, ds._kerasfeed_groups, ds._kerasfeed_group_items
 
     def one_pass() -> int:
+        if isinstance(groups, RunLoader):  # dense runs: the loader keeps the pass's position
+            epoch = groups.begin()
+            count = 0
+            while True:
+                got = len(groups.load(epoch)[0])
+                if not got:
+                    return count
+                count += got
         indices, epoch = pipeline.begin()
         if groups is None:
             for i in indices:

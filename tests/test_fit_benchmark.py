@@ -47,6 +47,23 @@ def test_ratios_and_markdown_from_rows():
     assert "| PyTorch `DataLoader` | n/a |" in md and "does not accept a torch DataLoader" in md
 
 
+def test_rounds_take_each_ratio_against_the_reference_of_their_own_round():
+    rates = {0: (1000.0, 900.0), 1: (1600.0, 1200.0), 2: (1200.0, 1020.0)}  # (memory, kerasfeed) per round
+    rows = [{"view": "fit", "way": way, "workload": "io", "status": "ok", "batches_per_s": rate, "round": k}
+            for k, pair in rates.items() for way, rate in zip(("memory", "kerasfeed-threads"), pair)]
+    rows.append({"view": "fit", "way": "kerasfeed-auto", "workload": "io", "status": "error", "note": "x", "round": 0})
+    fit._ratios(rows)
+    assert [r["ratio"] for r in rows if r["way"] == "kerasfeed-threads"] == pytest.approx([0.9, 0.75, 0.85])
+    res = {"machine": fit.machine_info(), "date": "d", "loadavg_end": [0, 0, 0], "rows": rows,
+           "settings": {"quick": True, "batches": {"io": 8}, "timed_epochs": 1, "steps_per_execution": 1,
+                        "rounds": 3, "workloads": ["io"], "views": ["fit"]}}
+    md = fit.to_markdown(res)
+    assert "| kerasfeed `to_dataset`, threads | 1020 (0.85; 0.75–0.90) |" in md  # median rate, median ratio, range
+    assert "| kerasfeed `to_dataset`, auto | error |" in md and "3 rounds" in md
+    with pytest.raises(ValueError, match="rounds"):
+        fit.run_fit_benchmark(rounds=0, output_dir=None)
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="Unknown workload 'gpu'"):
         fit.run_fit_benchmark(workloads_=["gpu"], output_dir=None)
@@ -54,3 +71,19 @@ def test_bad_arguments_are_refused():
         fit.run_fit_benchmark(only=["tf-magic"], output_dir=None)
     with pytest.raises(ValueError, match="at least 2"):
         fit.run_fit_benchmark(epochs=1, output_dir=None)
+
+
+def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
+    from benchmarks import paced_cost
+
+    # More batches than the pool makes ahead during the warm-up, so its threads work while timed.
+    res = paced_cost.run("io", rate=1000, batches=200, warmup=10, ways=["memory", "kerasfeed-threads"],
+                         cache_dir=str(tmp_path))
+    memory, threads = res["runs"]
+    assert memory["status"] == threads["status"] == "ok", res["runs"]
+    assert memory["cpu_us_per_batch"]["kerasfeed threads"] == 0  # no kerasfeed pool behind the in-memory path
+    assert threads["cpu_us_per_batch"]["kerasfeed threads"] > 0  # the pool's threads are counted as such
+    assert threads["total_us_per_batch"] == pytest.approx(sum(threads["cpu_us_per_batch"].values()))
+    assert "| kerasfeed-threads |" in res["markdown"]
+    with pytest.raises(ValueError, match="Unknown way 'tf-magic'"):
+        paced_cost.run("io", ways=["tf-magic"])

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import kerasfeed
-from kerasfeed.loading.groups import MAX_GROUP, GroupLoader
+from kerasfeed.loading.groups import MAX_GROUP, GroupLoader, RunLoader
 
 
 class Small(kerasfeed.SceneSequence):
@@ -114,13 +114,93 @@ def test_item_error_inside_a_group_surfaces_at_its_own_position():
     assert got == list(range(21))  # 16..20 came before the error, from the same call
 
 
-def test_item_error_in_the_last_group_is_raised():
-    ds = kerasfeed.to_dataset(Small(n=40, bad=(38,)))
+def test_item_error_in_the_last_group_is_raised_at_its_own_position():
+    ds = kerasfeed.to_dataset(Small(n=40, bad=(38,)))  # batches of one size: dense runs
+    assert isinstance(ds._kerasfeed_groups, RunLoader)
     got = []
     with pytest.raises(tf.errors.OpError, match=r"Small\[38\] raised ValueError"):
         for _, y in ds:
             got.append(int(y))
-    assert got == list(range(32))  # the last group's call raises at once
+    assert got == list(range(38))
+
+
+def test_item_error_in_the_last_group_of_varying_batches_is_raised():
+    ds = kerasfeed.to_dataset(Bad(Ragged(n=40, bad=(38,))))  # sizes vary: ragged groups of fixed indices
+    assert isinstance(ds._kerasfeed_groups, GroupLoader)
+    got = []
+    with pytest.raises(tf.errors.OpError, match=r"\[38\] raised ValueError"):
+        for _, y in ds:
+            got.append(int(y[0]))
+    assert got == list(range(32))  # that path's last call raises at once
+
+
+class Bad(kerasfeed.SceneSequence):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if i in self.inner.bad:
+            raise ValueError(f"scene {i} is unreadable")
+        return self.inner[i]
+
+
+class Batches(kerasfeed.SceneSequence):
+    """Batches of 4 rows but where ``short`` says otherwise (the last one, a mid-pass one)."""
+
+    def __init__(self, n, short):
+        super().__init__()
+        self.n, self.short, self.calls = n, dict(short), []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.calls.append(i)
+        rows = self.short.get(i, 4)
+        return np.full((rows, 2), i, np.float32), np.full((rows,), i, np.int64)
+
+
+def test_batches_of_one_size_go_through_dense_runs_and_short_ones_arrive_exactly():
+    seq = Batches(40, {17: 1, 18: 3, 39: 2})  # two short batches mid-pass, a short last one
+    ds = kerasfeed.to_dataset(seq)
+    assert isinstance(ds._kerasfeed_groups, RunLoader)
+    assert ds.element_spec[0].shape.as_list() == [None, 2]
+    for _ in range(2):
+        seq.calls.clear()
+        got = [(x.shape[0], int(y[0])) for x, y in ds.as_numpy_iterator()]
+        assert got == [(seq.short.get(i, 4), i) for i in range(40)]
+        assert sorted(seq.calls) == list(range(40))  # each item made once, none reloaded at a run's end
+    assert ds.cardinality().numpy() == 40
+
+
+def test_run_loader_splits_runs_at_a_length_change_and_raises_errors_in_place():
+    calls = []
+
+    def load_one(index, epoch):
+        calls.append(index)
+        if index == 5:
+            raise KeyError(index)
+        rows = 2 if index in (3, 4) else 1
+        return [np.full((rows,), index), np.array(epoch)]
+
+    empty = [np.zeros((0, 0)), np.zeros((0,))]
+    loader = RunLoader(lambda: (np.arange(8), np.int64(7)), load_one, [True, False], 4, empty)
+    assert loader.begin() == 7
+    x, e = loader.load(7)
+    assert x.tolist() == [[0], [1], [2]] and e.tolist() == [7, 7, 7]  # 3 has two rows: the next run
+    x, _ = loader.load(7)
+    assert x.tolist() == [[3, 3], [4, 4]]  # 5 raises: the run ends before it
+    with pytest.raises(KeyError):
+        loader.load(7)  # at its own position
+    x, _ = loader.load(7)
+    assert x.tolist() == [[6], [7]]  # the pass goes on after it
+    assert [a.shape for a in loader.load(7)] == [(0, 0), (0,)]  # the end: zero items
+    assert calls == list(range(8))  # every item loaded once
+    assert [a.shape for a in loader.load(7)] == [(0, 0), (0,)]  # an unknown or finished pass: zero items
 
 
 def test_grouped_dataset_trains_with_fit_and_resumes():
@@ -156,3 +236,11 @@ def test_group_loader_carries_a_failure_to_the_next_call():
     assert calls == [0, 1, 2, 3, 4, 5, 6]  # index 2 ran once
     with pytest.raises(KeyError):
         loader.load([1, 2, 3], 6, True)  # the last call raises at once
+
+
+def test_dense_runs_resume_mid_pass_and_fire_the_epoch_hooks():
+    seq = Batches(40, {39: 2})
+    ds = kerasfeed.to_dataset(seq, initial_state={"epoch": 1, "batches": 5})
+    assert isinstance(ds._kerasfeed_groups, RunLoader)
+    assert [int(y[0]) for _, y in ds.as_numpy_iterator()] == list(range(5, 40))
+    assert [int(y[0]) for _, y in ds.as_numpy_iterator()] == list(range(40))

@@ -15,10 +15,10 @@ from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.arguments import resolve_passes, resume_state
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
-from kerasfeed.loading.groups import GroupLoader
+from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
 from kerasfeed.sources.base import source_length
-from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading
+from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
 from kerasfeed.tfdata.structure import (
     ItemChecker,
@@ -124,13 +124,16 @@ def to_dataset(
         group_items: items handed to tf.data per Python call. None (the
             default): 16 for small items (at most 64 KB, every dimension but
             the leading batch one fixed) when the executor makes items ahead,
-            else 1. Batches of varying size are concatenated and split back. Each call costs the consumer
-            process ~0.3 ms of CPU and a GIL hand-off whatever the item's
-            size, which ``model.fit``'s own Python competes for; grouping
-            spreads that over the group (see ``docs/performance.md``). 1
-            turns it off. An item error inside a group still surfaces at the
-            item's own position, except in a pass's last group, where it
-            drops the items before it in that group.
+            else 1. Batches of one size (a short one anywhere is fine) are
+            stacked into dense runs; batches whose size varies throughout are
+            concatenated and split back as ragged rows. Each call costs the
+            consumer process ~0.3 ms of CPU and a GIL hand-off whatever the
+            item's size, which ``model.fit``'s own Python competes for;
+            grouping spreads that over the group (see
+            ``docs/performance.md``). 1 turns it off. An item error inside a
+            group surfaces at the item's own position (for batches of varying
+            size, an error in a pass's last group drops the items before it
+            in that group).
 
         timeout: seconds one item may take, counted from when its thread or
             worker process is ready to run it (start-up and ``worker_init``
@@ -276,8 +279,14 @@ def to_dataset(
             ex.close()
         raise
     groups = None
-    if group > 1:
-        groups = GroupLoader(pipeline.load, open_leading(flat_specs))  # owned by the dataset, held weakly by TensorFlow
+    opened = open_leading(flat_specs)
+    if group > 1 and any(opened) and uniform_leading(probes, opened, total):
+        # Batches of one size (but perhaps the last): dense runs, no ragged rows.
+        empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
+        groups = RunLoader(pipeline.begin, pipeline.load, opened, group, empty)  # owned by the dataset
+        ds = run_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker)
+    elif group > 1:
+        groups = GroupLoader(pipeline.load, opened)  # owned by the dataset, held weakly by TensorFlow
         ds = grouped_items(begin, weak_method(groups, "load"), checker, n, skip, group)
     else:
         ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)

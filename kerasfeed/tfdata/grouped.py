@@ -86,4 +86,37 @@ def grouped_items(
     return ds
 
 
-__all__ = ["group_size", "grouped_items", "open_leading"]
+def run_items(loader: Any, checker: Any) -> tf.data.Dataset:
+    """Each pass: ``loader.begin`` records the order; ``loader.load`` gives runs of
+    equal-length items until an empty one; a dense ``unbatch`` splits them."""
+    specs = checker.specs
+    out_types = [s.dtype for s in specs]
+    begin, load = loader  # (begin, load) callables of a RunLoader, held weakly
+
+    def pass_runs(_):
+        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
+        return tf.data.Dataset.from_tensors(epoch).repeat()
+
+    def load_run(epoch):
+        flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load_run")
+        for t, spec in zip(flat, specs):
+            t.set_shape([None] + spec.shape.as_list())
+        return checker.pack(list(flat))
+
+    def has_items(*run):
+        return tf.shape(tf.nest.flatten(run)[0])[0] > 0
+
+    ds = tf.data.Dataset.range(1).flat_map(graph_fn(pass_runs))
+    return inline_map(ds, load_run).take_while(graph_fn(has_items)).unbatch()
+
+
+def uniform_leading(probes: list, open_flags: list, n: int) -> bool:
+    """The probed items (but the last of the source) share their open leaves' leading lengths."""
+    from kerasfeed._nest import flatten
+
+    seen = {tuple(len(leaf) for (_, leaf), is_open in zip(flatten(item)[1], open_flags) if is_open)
+            for index, item in probes if index != n - 1}
+    return len(seen) <= 1
+
+
+__all__ = ["group_size", "grouped_items", "open_leading", "run_items", "uniform_leading"]
