@@ -84,10 +84,20 @@ class AskedFirst(Sleepy):
 
 
 class TellsWhenAsked(ThreadExecutor):
-    """A thread executor that opens the source's gate when the consumer asks for an item."""
+    """A thread executor that opens the source's gate when the consumer asks
+    for an item during a pass (the signature probe's loads come before it)."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(source, **kwargs)
+        self.asked = source.asked
+
+    def plan(self, epoch, indices, next_pass=None):
+        for event in self.asked:
+            event.clear()
+        super().plan(epoch, indices, next_pass)
 
     def load(self, index, epoch):
-        self._runner.source.asked[index].set()
+        self.asked[index].set()
         return super().load(index, epoch)
 
 
