@@ -5,6 +5,7 @@ import pickle
 import queue
 import threading
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -203,18 +204,20 @@ def test_dropping_an_iterator_never_waits_for_an_idle_producer():
     ds = kerasfeed.from_queue(idle_after_two)
     taken = iter(ds.take(2))
     assert [int(next(taken)), int(next(taken))] == [1, 2]
-    watchdog = threading.Timer(20, rescue)  # from here on: building the first iterator does not count
+    never_read = iter(ds)
+    dropped = [weakref.ref(taken), weakref.ref(never_read)]
+    # Only the drops run under the watchdog: building iterators and
+    # gc.collect() (seconds on a starved machine) stay outside it.
+    watchdog = threading.Timer(20, rescue)
     watchdog.start()
     try:
         del taken  # its tf.data thread is already asking for a third item
-        gc.collect()
-        it = iter(ds)  # an iterator never read
-        del it
-        gc.collect()
+        del never_read
         assert not rescued.is_set(), "dropping an iterator waited for the idle producer"
     finally:
         watchdog.cancel()
         release.set()
+    assert [ref() for ref in dropped] == [None, None]  # the drops happened under the watchdog
 
 
 def test_dropping_the_dataset_stops_the_producer_thread():
