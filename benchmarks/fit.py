@@ -195,10 +195,7 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
            "total_s": time.perf_counter() - started}
     res["markdown"] = to_markdown(res)
     if output_dir is not None:
-        out = pathlib.Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "fit_latest.json").write_text(json.dumps(res, indent=1, default=str))
-        (out / "fit_latest.md").write_text(res["markdown"])
+        harness.save_results(output_dir, "fit_latest", res)
     return res
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import json
 import os
 import pathlib
 import platform
@@ -300,6 +301,17 @@ def run_config(way: peers.Way, make_seq: Callable[[], Any], *, min_timed_s: floa
 
 def mean(xs: Sequence[float]) -> Optional[float]:
     return sum(xs) / len(xs) if xs else None
+
+
+def save_results(out_dir: Any, stem: str, results: Dict[str, Any]) -> pathlib.Path:
+    """Writes ``results`` to ``<out_dir>/<stem>.json`` and its ``"markdown"``
+    entry to ``<out_dir>/<stem>.md`` (creating ``out_dir``); returns the JSON path."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(results, indent=1, default=str))
+    (out / f"{stem}.md").write_text(results["markdown"])
+    return path
 
 
 # --- the sections ------------------------------------------------------------------------

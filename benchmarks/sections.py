@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import json
 import os
 import pathlib
 import time
@@ -22,6 +21,7 @@ from benchmarks.harness import (
     descendants,
     machine_info,
     run_config,
+    save_results,
     select_ways,
     wait_for_exit,
 )
@@ -300,10 +300,7 @@ def run_benchmark(*, quick: bool = False, workloads_: Sequence[str] = workloads.
     }
     results["markdown"] = to_markdown(results)
     if output_dir is not None:
-        out = pathlib.Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "latest.json").write_text(json.dumps(results, indent=1, default=str))
-        (out / "latest.md").write_text(results["markdown"])
+        save_results(output_dir, "latest", results)
     return results
 
 

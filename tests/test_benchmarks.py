@@ -84,6 +84,16 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path):
         run.update_readme(tmp_path / "plain.md", "x")
 
 
+def test_save_results_writes_the_json_and_markdown_pair(tmp_path):
+    from benchmarks.harness import save_results
+
+    results = {"rows": [{"way": "serial"}], "h5file": pathlib.Path("/data/x.h5"), "markdown": "| way |\n"}
+    path = save_results(tmp_path / "new", "fit_latest", results)
+    assert path == tmp_path / "new" / "fit_latest.json"
+    assert json.loads(path.read_text()) == {"rows": [{"way": "serial"}], "h5file": "/data/x.h5", "markdown": "| way |\n"}
+    assert (tmp_path / "new" / "fit_latest.md").read_text() == "| way |\n"
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")

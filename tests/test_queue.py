@@ -5,6 +5,7 @@ import pickle
 import queue
 import threading
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -169,27 +170,54 @@ def test_timeout_when_a_user_queue_stays_empty():
     ds = kerasfeed.from_queue(q, timeout=0.3, output_signature=tf.TensorSpec([], tf.int64))
     q.put(np.int64(1))
     start = time.perf_counter()
-    with pytest.raises(tf.errors.OpError, match=r"the queue Queue raised TimeoutError after 1 item: no item for 0.3 s \(epoch 0, after 1 items\)"):
-        list(ds)
-    assert time.perf_counter() - start < 5
+    it = iter(ds)
+    assert int(next(it)) == 1
+    # Should the timeout never fire, the epoch ends normally after 20 s (the
+    # mechanism needs 0.3 s plus one 0.1 s heartbeat; counted from the first
+    # item, so building the iterator does not count) and nothing is raised.
+    quiet_end = threading.Timer(20, q.put, (kerasfeed.END_OF_EPOCH,))
+    quiet_end.start()
+    try:
+        with pytest.raises(tf.errors.OpError, match=r"the queue Queue raised TimeoutError after 1 item: no item for 0.3 s \(epoch 0, after 1 items\)"):
+            next(it, None)
+    finally:
+        quiet_end.cancel()
+    # Never early: the quiet time counts from the first item, taken after `start`.
+    assert time.perf_counter() - start >= 0.3
 
 
 def test_dropping_an_iterator_never_waits_for_an_idle_producer():
     release = threading.Event()
+    rescued = threading.Event()
 
     def idle_after_two(put):
         put(np.int64(1))
         put(np.int64(2))
         release.wait()  # stays idle: no item, no END_OF_EPOCH
 
+    def rescue():
+        # Only a drop that waits for the producer is still running after 20 s
+        # (the mechanism waits at most one 0.1 s heartbeat): release it.
+        rescued.set()
+        release.set()
+
     ds = kerasfeed.from_queue(idle_after_two)
-    start = time.perf_counter()
-    assert [int(v) for v in ds.take(2)] == [1, 2]
-    it = iter(ds)
-    del it
-    gc.collect()
-    assert time.perf_counter() - start < 3
-    release.set()
+    taken = iter(ds.take(2))
+    assert [int(next(taken)), int(next(taken))] == [1, 2]
+    never_read = iter(ds)
+    dropped = [weakref.ref(taken), weakref.ref(never_read)]
+    # Only the drops run under the watchdog: building iterators and
+    # gc.collect() (seconds on a starved machine) stay outside it.
+    watchdog = threading.Timer(20, rescue)
+    watchdog.start()
+    try:
+        del taken  # its tf.data thread is already asking for a third item
+        del never_read
+        assert not rescued.is_set(), "dropping an iterator waited for the idle producer"
+    finally:
+        watchdog.cancel()
+        release.set()
+    assert [ref() for ref in dropped] == [None, None]  # the drops happened under the watchdog
 
 
 def test_dropping_the_dataset_stops_the_producer_thread():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -66,17 +67,58 @@ def test_consumer_slower_than_the_workers_reports_near_zero_wait():
     assert s["wait_total_s"] < 0.25 * 12 * 0.025
 
 
+class AskedFirst(Sleepy):
+    """A Sleepy whose pool thread starts item i only once the consumer asks
+    for it: the consumer waits the whole delay for every item, however the
+    machine schedules either side."""
+
+    def __init__(self, n, delay):
+        super().__init__(n=n, delay=delay)
+        self.asked = [threading.Event() for _ in range(n)]
+        self.gate_timeouts = 0
+
+    def __getitem__(self, i):
+        if threading.current_thread().name.startswith("kerasfeed-thread") and not self.asked[i].wait(30):
+            self.gate_timeouts += 1
+        return super().__getitem__(i)
+
+
+class TellsWhenAsked(ThreadExecutor):
+    """A thread executor that opens the source's gate when the consumer asks
+    for an item during a pass (the signature probe's loads come before it)."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(source, **kwargs)
+        self.asked = source.asked
+
+    def plan(self, epoch, indices, next_pass=None):
+        for event in self.asked:
+            event.clear()
+        super().plan(epoch, indices, next_pass)
+
+    def load(self, index, epoch):
+        self.asked[index].set()
+        return super().load(index, epoch)
+
+
 def test_slow_source_with_a_fast_consumer_reports_high_wait():
-    # One item at a time (parallelism=1), 20 ms each, a consumer that takes no time.
-    src = Sleepy(n=10, delay=0.02)
-    ds = kerasfeed.to_dataset(src, executor=ThreadExecutor(src, parallelism=1))
+    # One item at a time, 20 ms each, started only when asked for: every
+    # pick-up blocks for at least 20 ms, so the bounds below follow from the
+    # mechanism, not from how fast the (possibly starved) consumer runs.
+    n, delay = 10, 0.02
+    src = AskedFirst(n, delay)
+    ds = kerasfeed.to_dataset(src, executor=TellsWhenAsked(src, parallelism=1))
+    start = time.perf_counter()
     drain(ds)
+    elapsed = time.perf_counter() - start
     s = kerasfeed.stats(ds)
-    assert s["wait_ms"]["p50"] >= 10.0, s["wait_ms"]
-    assert s["ready_fraction"] <= 0.5
-    # A pass's wait is most of its duration.
+    assert src.gate_timeouts == 0
+    assert s["items"] == n
+    assert s["wait_ms"]["p50"] >= delay * 1e3, s["wait_ms"]
+    assert s["ready_fraction"] == 0.0, s
+    # The pass's wait adds up every pick-up's block, and is part of the pass's duration.
     last = s["passes"][-1]
-    assert last["wait_s"] >= 0.5 * last["seconds"], last
+    assert n * delay <= last["wait_s"] <= last["seconds"] <= elapsed, (last, elapsed)
 
 
 def test_worker_processes_report_their_own_make_times_and_gauges():
