@@ -70,7 +70,11 @@ def main():
         # take(3) destroys its input inside TensorFlow after the 3rd element:
         # the 4th next() joins the prefetch thread that waits for item 3.
         say(pids=pids)
-        got = [int(x[0]) for x in ds.take(3)]
+        it = iter(ds.take(3))
+        got = [int(next(it)[0]) for _ in range(3)]
+        time.sleep(1.0)  # the prefetch thread waits for item 3 by now, even on a loaded machine
+        for _ in it:  # the end of take(3): never returns, the test sends SIGINT
+            pass
     else:
         it = iter(ds)
         got = [int(next(it)[0]) for _ in range(3)]
