@@ -6,7 +6,14 @@ import pytest
 import tensorflow as tf
 
 import kerasfeed
-from kerasfeed.loading.groups import MAX_GROUP, GroupLoader, RunLoader
+from kerasfeed.loading.groups import (
+    GROUP_BYTES,
+    GROUP_ITEM_BYTES,
+    MAX_GROUP,
+    GroupLoader,
+    RunLoader,
+    auto_group_size,
+)
 
 
 class Small(kerasfeed.SceneSequence):
@@ -89,6 +96,13 @@ def test_batches_of_varying_size_are_grouped_and_split_back_exactly():
     assert i == 19
 
 
+def test_group_size_follows_the_item_size():
+    assert auto_group_size(12, True) == MAX_GROUP  # a few bytes: the most per call
+    assert auto_group_size(32 * 2**10, True) == GROUP_BYTES // (32 * 2**10)  # at most GROUP_BYTES per call
+    assert auto_group_size(GROUP_ITEM_BYTES, True) >= 2
+    assert auto_group_size(GROUP_ITEM_BYTES + 1, True) == 1 and auto_group_size(12, False) == 1
+
+
 def test_large_variable_or_parallel_items_are_not_grouped():
     assert kerasfeed.to_dataset(Small(n=4, shape=(128, 128)))._kerasfeed_group_items == 1  # 64 KB + 8 B
     assert kerasfeed.to_dataset(Wide(n=6))._kerasfeed_group_items == 1
@@ -125,13 +139,14 @@ def test_item_error_in_the_last_group_is_raised_at_its_own_position():
 
 
 def test_item_error_in_the_last_group_of_varying_batches_is_raised():
-    ds = kerasfeed.to_dataset(Bad(Ragged(n=40, bad=(38,))))  # sizes vary: ragged groups of fixed indices
+    n = MAX_GROUP + 8  # sizes vary: ragged groups of fixed indices, [0, MAX_GROUP) then the rest
+    ds = kerasfeed.to_dataset(Bad(Ragged(n=n, bad=(n - 2,))))
     assert isinstance(ds._kerasfeed_groups, GroupLoader)
     got = []
-    with pytest.raises(tf.errors.OpError, match=r"\[38\] raised ValueError"):
+    with pytest.raises(tf.errors.OpError, match=rf"\[{n - 2}\] raised ValueError"):
         for _, y in ds:
             got.append(int(y[0]))
-    assert got == list(range(32))  # that path's last call raises at once
+    assert got == list(range(MAX_GROUP))  # that path's last call raises at once
 
 
 class Bad(kerasfeed.SceneSequence):

@@ -122,9 +122,9 @@ def to_dataset(
             ``kerasfeed.BalancedOrder`` or ``kerasfeed.WeightedOrder`` (see
             ``kerasfeed.sampling.protocol``). Indices may repeat.
         group_items: items handed to tf.data per Python call. None (the
-            default): 16 for small items (at most 64 KB, every dimension but
-            the leading batch one fixed) when the executor makes items ahead,
-            else 1. Batches of one size (a short one anywhere is fine) are
+            default): up to 64 small items (at most 64 KB each, 1 MB per
+            call, every dimension but the leading batch one fixed) when the
+            executor makes items ahead, else 1. Batches of one size (a short one anywhere is fine) are
             stacked into dense runs; batches whose size varies throughout are
             concatenated and split back as ragged rows. Each call costs the
             consumer process ~0.3 ms of CPU and a GIL hand-off whatever the
