@@ -73,23 +73,23 @@ def install() -> None:
 
 
 def _watch(iterator: Any, dataset: Any) -> None:
-    if not any(find_tagged(dataset, tag) is not None for tag in _TAGS):
+    owners = [owner for owner in (find_tagged(dataset, tag) for tag in _TAGS) if owner is not None]
+    if not owners:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
-    for scope in _scopes(dataset):
+    for scope in _scopes(owners):
         scope.consumer_started()
         # Holds the scope (small), never the executor or the iterator.
         weakref.finalize(iterator, scope.consumer_gone)
 
 
-def _scopes(dataset: Any) -> list:
-    """The ``WaitScope`` of every kerasfeed source found behind ``dataset``:
-    a pipeline's executor, a stream (``from_generators``, ``from_files``) or a
-    feed (``from_queue``)."""
+def _scopes(owners: list) -> list:
+    """The ``WaitScope`` of each kerasfeed source behind a dataset (one walk
+    per tag, in ``_watch``): a pipeline's executor, a stream
+    (``from_generators``, ``from_files``) or a feed (``from_queue``)."""
     found = []
-    for tag in _TAGS:
-        owner = find_tagged(dataset, tag)
+    for owner in owners:
         scope = getattr(owner, "waits", None) or getattr(getattr(owner, "executor", None), "waits", None)
         if scope is not None and all(scope is not s for s in found):
             found.append(scope)
