@@ -124,9 +124,10 @@ def to_dataset(
         group_items: items handed to tf.data per Python call. None (the
             default): up to 64 small items (at most 64 KB each, 1 MB per
             call, every dimension but the leading batch one fixed) when the
-            executor makes items ahead, else 1. Batches of one size (a short one anywhere is fine) are
-            stacked into dense runs; batches whose size varies throughout are
-            concatenated and split back as ragged rows. Each call costs the
+            executor makes items ahead, else 1. Batches of one size (a short
+            one anywhere is fine) are stacked into dense runs; batches whose
+            size varies throughout are concatenated and split back as ragged
+            rows. Each call costs the
             consumer process ~0.3 ms of CPU and a GIL hand-off whatever the
             item's size, which ``model.fit``'s own Python competes for;
             grouping spreads that over the group (see
@@ -272,15 +273,16 @@ def to_dataset(
                 f"`group_items={group_items}` cannot group the items of an endless source "
                 f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
             )
-        probed = [sum(np.asarray(leaf).nbytes for _, leaf in flatten(item)[1]) for _, item in probes] if probes else []
-        group = 1 if endless else group_size(group_items, flat_specs, sequential, max(probed) if probed else None)
+        probed = [(i, [np.asarray(leaf) for _, leaf in flatten(item)[1]]) for i, item in probes]  # once, for both
+        largest = max((sum(a.nbytes for a in leaves) for _, leaves in probed), default=None)
+        group = 1 if endless else group_size(group_items, flat_specs, sequential, largest)
     except BaseException:
         if ex is not executor:
             ex.close()
         raise
     groups = None
     opened = open_leading(flat_specs)
-    if group > 1 and any(opened) and uniform_leading(probes, opened, total):
+    if group > 1 and any(opened) and uniform_leading(probed, opened, total):
         # Batches of one size (but perhaps the last): dense runs, no ragged rows.
         empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
         groups = RunLoader(pipeline.begin, pipeline.load, opened, group, empty)  # owned by the dataset

@@ -110,12 +110,12 @@ def run_items(loader: Any, checker: Any) -> tf.data.Dataset:
     return inline_map(ds, load_run).take_while(graph_fn(has_items)).unbatch()
 
 
-def uniform_leading(probes: list, open_flags: list, n: int) -> bool:
-    """The probed items (but the last of the source) share their open leaves' leading lengths."""
-    from kerasfeed._nest import flatten
-
-    seen = {tuple(len(leaf) for (_, leaf), is_open in zip(flatten(item)[1], open_flags) if is_open)
-            for index, item in probes if index != n - 1}
+def uniform_leading(probed: list, open_flags: list, n: int) -> bool:
+    """The probed items (but the last of the source) share their open leaves'
+    leading lengths. ``probed``: ``[(index, [leaf array, ...]), ...]``."""
+    seen = {
+        tuple(len(a) for a, is_open in zip(leaves, open_flags) if is_open) for index, leaves in probed if index != n - 1
+    }
     return len(seen) <= 1
 
 
