@@ -78,21 +78,11 @@ def _workers_cpu_us() -> float:
 
 
 def _iterator(way: str, seq: Any):
-    if way == "memory":
-        from benchmarks import fit_ways
+    """``(iterator, close)`` over what ``model.fit`` would get for ``way`` (``fit_ways.fit_input``)."""
+    from benchmarks import fit_ways
 
-        ds, _, _ = fit_ways.fit_input("memory", seq)
-        return iter(ds), lambda: None
-    if way == "grain-threads":
-        from benchmarks import fit_ways
-
-        ds, _, _ = fit_ways.fit_input("grain-threads", seq)
-        return iter(ds), lambda: None
-    import kerasfeed
-
-    executor = way.split("-", 1)[1]
-    ds = kerasfeed.to_dataset(seq, executor=executor, **({"workers": 2} if executor == "processes" else {}))
-    return iter(ds), ds._kerasfeed_executor.close
+    x, close, _ = fit_ways.fit_input(way, seq)
+    return iter(x), close
 
 
 def child(spec: Dict[str, Any]) -> Dict[str, Any]:
