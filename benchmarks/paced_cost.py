@@ -129,6 +129,11 @@ def run(workload: str = "io", rate: float = 1000.0, batches: int = 3000, warmup:
     if workload not in workloads.WORKLOADS:
         raise ValueError(
             f"Unknown workload {workload!r}; expected one of {workloads.WORKLOADS}. Received: {workload!r}")
+    if not rate > 0 or int(batches) < 1 or int(warmup) < 0 or int(rounds) < 1:
+        raise ValueError(
+            "`rate` must be > 0, `batches` and `rounds` at least 1, `warmup` at least 0. "
+            f"Received: rate={rate}, batches={batches}, warmup={warmup}, rounds={rounds}"
+        )
     for way in ways:
         if way not in WAYS:
             raise ValueError(f"Unknown way {way!r}; expected some of {WAYS}. Received: {way!r}")

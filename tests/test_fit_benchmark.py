@@ -87,3 +87,5 @@ def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
     assert "| kerasfeed-threads |" in res["markdown"]
     with pytest.raises(ValueError, match="Unknown way 'tf-magic'"):
         paced_cost.run("io", ways=["tf-magic"])
+    with pytest.raises(ValueError, match="Received: rate=0"):
+        paced_cost.run("io", rate=0)
