@@ -71,7 +71,9 @@ def load_export(
     ``tf.io.parse_single_example`` and ``tf.io.decode_raw``: pure
     TensorFlow ops, so the pipeline runs at tf.data speed, can be
     checkpointed, and can run on the tf.data service. The element spec is
-    the source's; the cardinality is known.
+    ``to_dataset(source).element_spec``: the source's, with the leading
+    (batch) dimension of every array left open, as ``to_dataset`` leaves it
+    for items that are batches; the cardinality is known.
 
     Order: with ``shuffle_files=False`` items come in index order (item
     ``i`` of the source is element ``i``, as in ``to_dataset``'s first pass):
@@ -234,6 +236,12 @@ def make_parser(spec: ExportSpec):
     def decode(parsed):
         leaves = []
         for key, dtype, shape in zip(spec.keys, spec.dtypes, spec.shapes):
+            # NOTE [ Open leading dimension ]: to_dataset(source) leaves the first
+            # dimension of every array open (items may be batches of any size, as
+            # under Keras); load_export gives the same element spec, so one can
+            # stand in for the other. The stored spec keeps the exact shape:
+            # it checks what is written.
+            open_shape = [None, *shape[1:]] if shape else shape
             if dtype == STRING:
                 value = parsed[key]
             elif dtype in ("uint32", "uint64"):  # decode_raw has no unsigned 32/64-bit types
@@ -242,7 +250,7 @@ def make_parser(spec: ExportSpec):
             else:
                 value = tf.io.decode_raw(parsed[key], tf.as_dtype(dtype))
             value = tf.reshape(value, parsed[key + ":shape"] if shape else [])
-            value.set_shape(shape)
+            value.set_shape(open_shape)
             leaves.append(value)
         return pack(spec.skeleton, leaves)
 

@@ -1,7 +1,8 @@
 """The element spec of an export, without TensorFlow.
 
 Workers check every item against it, the manifest stores it as JSON, and
-``load_export`` turns it into ``tf.TensorSpec``s. Items are nests of
+``load_export`` turns it into ``tf.TensorSpec``s (with the leading dimension
+open, as ``to_dataset`` gives). Items are nests of
 tuples/lists/dicts (string keys) whose leaves are arrays, numbers, bytes or
 strings; leaves are ordered as ``tf.nest`` orders them (dict keys sorted).
 Inference follows ``to_dataset``: the first items and the last are probed,
