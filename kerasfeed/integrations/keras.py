@@ -9,7 +9,28 @@ from typing import Any, Mapping, Optional, Union
 import keras
 
 from kerasfeed import _validation as _v
+from kerasfeed.sampling.protocol import order_fingerprint
 from kerasfeed.sampling.state import ResumeState
+from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
+
+
+def fingerprint_of(obj: Any) -> str:
+    """The fingerprint of an order, or of the order behind a kerasfeed dataset.
+
+    Raises:
+        TypeError: ``obj`` is neither an order nor a dataset made by a
+            kerasfeed front end.
+    """
+    if callable(getattr(obj, "indices", None)) and hasattr(obj, "shard_length"):
+        return order_fingerprint(obj)
+    pipeline = find_tagged(obj, PIPELINE_ATTR)
+    order = getattr(pipeline, "_order", None)  # PassPipeline keeps the order it reads in
+    if order is None:
+        raise TypeError(
+            "`order` must be an order object (IndexOrder, BalancedOrder, WeightedOrder, ...) or a dataset "
+            f"made by kerasfeed.to_dataset. Received: order={obj!r} of type {type(obj).__name__}"
+        )
+    return order_fingerprint(order)
 
 
 class TrainingProgress(keras.callbacks.Callback):
@@ -79,8 +100,6 @@ class TrainingProgress(keras.callbacks.Callback):
         self._resume = start
         self._order = start.order
         if order is not None:
-            from kerasfeed.sampling.protocol import fingerprint_of
-
             current = fingerprint_of(order)
             if start.order is not None and start.order != current:
                 raise ValueError(

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
-from kerasfeed import _validation as v
-from kerasfeed._nest import KERAS_NAMES
-from kerasfeed.sources.base import set_epoch, source_length
-
-# Float weights are turned into whole slots of a block this long at most.
-MAX_PERIOD = 10_000
+from kerasfeed.sampling.mixcore import MixCore
 
 
 def mix(
@@ -74,6 +66,8 @@ def mix(
             f"mix: `sources` must be a list or tuple of two or more indexable sources. Received: sources={sources!r}"
         )
     if any(_is_pydataset(p) for p in parts):
+        # Imported here, not above: it imports Keras (~2 s), which a mix of
+        # plain arrays never needs. No cycle: mixseq imports mixcore only.
         from kerasfeed.sampling.mixseq import MixedSequence
 
         return MixedSequence(parts, weights, seed=seed, check=check)
@@ -85,191 +79,11 @@ def _is_pydataset(obj: Any) -> bool:
     return any(c.__name__ == "PyDataset" for c in type(obj).__mro__)
 
 
-class MixCore:
-    """The arithmetic of a mix; ``Mix`` and ``MixedSequence`` share it."""
-
-    def _init_mix(self, parts: list, weights: Any, seed: Any, check: Any) -> None:
-        lengths = []
-        for k, part in enumerate(parts):
-            try:
-                lengths.append(source_length(part))
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"mix: part {k}: {e}") from e
-        if weights is None:
-            weights = [1] * len(parts)
-        w = v.weights("weights", weights, owner="mix")
-        if len(w) != len(parts):
-            raise ValueError(
-                f"mix: `weights` needs one weight per part ({len(parts)} parts). Received: weights={list(weights)!r}"
-            )
-        self.parts = parts
-        self.seed = v.seed("seed", seed, owner="mix")
-        self.slots = _whole_slots(w)  # slots of part k per block
-        self.period = int(self.slots.sum())
-        self._pattern, self._rank = _interleave(self.slots)
-        used = self.slots > 0
-        blocks = min(n // s for n, s in zip(np.asarray(lengths)[used], self.slots[used]))
-        self.full_blocks = int(blocks)
-        # The last, partial block: the longest prefix of the pattern whose parts still have items.
-        left = np.asarray(lengths) - blocks * self.slots
-        taken = np.zeros(len(parts), dtype=np.int64)
-        tail = 0
-        for k in self._pattern.tolist():
-            if taken[k] == left[k]:
-                break
-            taken[k] += 1
-            tail += 1
-        self.tail = tail
-        self._length = self.full_blocks * self.period + tail
-        self.part_lengths = tuple(int(n) for n in lengths)
-        self._blocks: dict = {}
-        if v.flag("check", check, owner="mix"):
-            _check_structures(parts)
-
-    @property
-    def proportions(self) -> np.ndarray:
-        """The share of every part in a whole block."""
-        return self.slots / self.period
-
-    def __len__(self) -> int:
-        return self._length
-
-    def locate(self, index: int) -> tuple[int, int]:
-        """``(part, index in that part)`` of element ``index``."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"mix indices must be integers. Received: index={index!r}")
-        i = int(index)
-        if i < 0:
-            i += self._length
-        if not 0 <= i < self._length:
-            raise IndexError(f"mix: index {int(index)} is out of range for {self._length} elements.")
-        block, slot = divmod(i, self.period)
-        if self.seed is not None:
-            slot = int(self._block_order(block)[slot])
-        part = int(self._pattern[slot])
-        return part, block * int(self.slots[part]) + int(self._rank[slot])
-
-    def __getitem__(self, index: int) -> Any:
-        part, j = self.locate(index)
-        return self.parts[part][j]
-
-    def _block_order(self, block: int) -> np.ndarray:
-        order = self._blocks.get(block)
-        if order is None:
-            size = self.period if block < self.full_blocks else self.tail
-            order = np.random.default_rng([self.seed, 15, block]).permutation(size)
-            if len(self._blocks) >= 8:
-                self._blocks.clear()
-            self._blocks[block] = order
-        return order
-
-    # Epoch hooks reach every part, in this process and in worker copies.
-    def set_epoch(self, epoch: int) -> None:
-        parent = getattr(super(), "set_epoch", None)
-        if parent is not None:
-            parent(epoch)
-        for part in self.parts:
-            set_epoch(part, epoch)
-
-    def on_epoch_begin(self) -> None:
-        parent = getattr(super(), "on_epoch_begin", None)
-        if parent is not None:
-            parent()
-        _call_all(self.parts, "on_epoch_begin")
-
-    def on_epoch_end(self) -> None:
-        parent = getattr(super(), "on_epoch_end", None)
-        if parent is not None:
-            parent()
-        _call_all(self.parts, "on_epoch_end")
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_blocks"] = {}
-        return state
-
-    def __repr__(self) -> str:
-        return (
-            f"<{type(self).__name__} of {len(self.parts)} parts, slots per block {self.slots.tolist()}, "
-            f"{self._length} elements>"
-        )
-
-
 class Mix(MixCore):
     """Several indexable sources as one (see ``mix``)."""
 
     def __init__(self, sources: Sequence[Any], weights: Any = None, *, seed: Optional[int] = None, check: bool = True):
         self._init_mix(list(sources), weights, seed, check)
-
-
-def _call_all(parts: list, name: str) -> None:
-    for part in parts:
-        hook = getattr(part, name, None)
-        if callable(hook):
-            hook()
-
-
-def _whole_slots(w: np.ndarray) -> np.ndarray:
-    """Weights as whole slots per block, in their lowest terms."""
-    if np.all(w == np.round(w)) and w.sum() <= MAX_PERIOD:
-        slots = w.astype(np.int64)
-    else:
-        quota = w / w.sum() * MAX_PERIOD
-        slots = np.floor(quota).astype(np.int64)
-        short = MAX_PERIOD - int(slots.sum())
-        slots[np.argsort(slots - quota, kind="stable")[:short]] += 1  # largest remainders
-        slots[(slots == 0) & (w > 0)] = 1  # a positive weight keeps at least one slot
-    g = math.gcd(*slots.tolist())
-    return slots // g
-
-
-def _interleave(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One block: the part of every slot and its rank within that part, slots
-    of each part spread evenly (slot j of part k sits at time (j + 1/2) / w_k)."""
-    parts = np.repeat(np.arange(len(slots)), slots)
-    ranks = np.concatenate([np.arange(s) for s in slots])
-    times = (ranks + 0.5) / slots[parts]
-    order = np.lexsort((parts, times))
-    return parts[order].astype(np.int32), ranks[order].astype(np.int64)
-
-
-def _leaves(item: Any, path: str, out: list) -> Any:
-    if isinstance(item, dict):
-        return {k: _leaves(item[k], f"{path}[{k!r}]", out) for k in sorted(item, key=repr)}
-    if isinstance(item, (tuple, list)):
-        # Field names as in kerasfeed's signature errors: (x, y, sample_weight) at the top.
-        keras_names = not path and len(item) <= 3
-        return tuple(_leaves(x, KERAS_NAMES[i] if keras_names else f"{path}[{i}]", out) for i, x in enumerate(item))
-    a = np.asarray(item)
-    out.append((path or "item", a.dtype, a.ndim))
-    return None
-
-
-def _check_structures(parts: list) -> None:
-    first: list = []
-    skeleton = _leaves(parts[0][0], "", first)
-    for k, part in enumerate(parts[1:], start=1):
-        leaves: list = []
-        other = _leaves(part[0], "", leaves)
-        if other != skeleton:
-            raise ValueError(
-                f"mix: items of part {k} have a different structure from part 0's: part 0 gives "
-                f"{_shape_of(skeleton)}, part {k} gives {_shape_of(other)}. Received: part {k} item 0"
-            )
-        for (name, dt0, nd0), (_, dt, nd) in zip(first, leaves):
-            if dt0 != dt or nd0 != nd:
-                raise ValueError(
-                    f"mix: field {name} of part {k} differs from part 0: part 0 has {dt0} with {nd0} dims, "
-                    f"part {k} has {dt} with {nd} dims. Received: part {k} item 0"
-                )
-
-
-def _shape_of(skeleton: Any) -> str:
-    if skeleton is None:
-        return "an array"
-    if isinstance(skeleton, dict):
-        return "{" + ", ".join(f"{k!r}: {_shape_of(x)}" for k, x in skeleton.items()) + "}"
-    return "(" + ", ".join(_shape_of(x) for x in skeleton) + ")"
 
 
 __all__ = ["Mix", "mix"]

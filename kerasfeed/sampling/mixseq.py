@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from kerasfeed.sampling.mix import MixCore
+from kerasfeed.sampling.mixcore import MixCore
 from kerasfeed.sources.sequence import SceneSequence
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 import numpy as np
 
 from kerasfeed import _validation as _v
+from kerasfeed.sampling.fingerprints import hash_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +82,6 @@ class IndexOrder:
     @property
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
-        from kerasfeed.sampling.protocol import hash_parts
-
         seed = int(self.seed) if self.shuffle else None  # unused when not shuffling
         return hash_parts("IndexOrder", int(self.length), bool(self.shuffle), seed, int(self.num_shards))
 

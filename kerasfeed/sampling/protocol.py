@@ -30,6 +30,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 import numpy as np
 
 from kerasfeed import _validation as v
+from kerasfeed.sampling.order import IndexOrder
 
 
 @runtime_checkable
@@ -72,8 +73,6 @@ def resolve_order(
         ValueError: ``order`` and order arguments both given, or the order
             does not fit the source.
     """
-    from kerasfeed.sampling.order import IndexOrder
-
     if order is None:
         return IndexOrder(total, shuffle=bool(shuffle), seed=seed, num_shards=num_shards, shard_index=shard_index)
     given = {
@@ -163,27 +162,6 @@ def order_fingerprint(order: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def fingerprint_of(obj: Any) -> str:
-    """The fingerprint of an order, or of the order behind a kerasfeed dataset.
-
-    Raises:
-        TypeError: ``obj`` is neither an order nor a dataset made by a
-            kerasfeed front end.
-    """
-    if callable(getattr(obj, "indices", None)) and hasattr(obj, "shard_length"):
-        return order_fingerprint(obj)
-    from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
-
-    pipeline = find_tagged(obj, PIPELINE_ATTR)
-    order = getattr(pipeline, "_order", None)  # PassPipeline keeps the order it reads in
-    if order is None:
-        raise TypeError(
-            "`order` must be an order object (IndexOrder, BalancedOrder, WeightedOrder, ...) or a dataset "
-            f"made by kerasfeed.to_dataset. Received: order={obj!r} of type {type(obj).__name__}"
-        )
-    return order_fingerprint(order)
-
-
 def check_resume_order(state: Any, order: Any) -> None:
     """Refuses to resume from ``state`` (a ``ResumeState``) with a different order.
 
@@ -206,18 +184,4 @@ def check_resume_order(state: Any, order: Any) -> None:
         )
 
 
-def hash_parts(*parts: Any) -> str:
-    """Hex digest of arrays and plain values, for the built-in orders' fingerprints."""
-    h = hashlib.sha1()
-    for part in parts:
-        if isinstance(part, np.ndarray):
-            a = np.ascontiguousarray(part)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a.data if a.dtype != object else repr(a.tolist()).encode())
-        else:
-            h.update(repr(part).encode())
-        h.update(b"|")
-    return h.hexdigest()[:16]
-
-
-__all__ = ["Order", "check_resume_order", "fingerprint_of", "order_fingerprint", "resolve_order"]
+__all__ = ["Order", "check_resume_order", "order_fingerprint", "resolve_order"]

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed.sampling.protocol import hash_parts
+from kerasfeed.sampling.fingerprints import hash_parts
 
 # Distinct generator streams, so that no two uses of (seed, pass) share draws.
 STREAM_WEIGHTED, STREAM_COUNTS, STREAM_CLASS, STREAM_MIX = 11, 12, 13, 14

@@ -1,0 +1,30 @@
+"""Fingerprints: short digests that identify an order's pass sequence (TF-free).
+
+The lowest module of ``sampling/``: the orders (``order.py``,
+``weighted.py``, ``balanced.py``) hash their arguments here, and the order
+protocol (``protocol.py``) compares the digests kept in resume states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+
+def hash_parts(*parts: Any) -> str:
+    """Hex digest of arrays and plain values, for the built-in orders' fingerprints."""
+    h = hashlib.sha1()
+    for part in parts:
+        if isinstance(part, np.ndarray):
+            a = np.ascontiguousarray(part)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.data if a.dtype != object else repr(a.tolist()).encode())
+        else:
+            h.update(repr(part).encode())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+__all__ = ["hash_parts"]
