@@ -185,11 +185,11 @@ def check_alone(args, worker_id):
     import time
 
     import kerasfeed
-    from kerasfeed.integrations import distribute
+    from kerasfeed.loading import agreement
 
     done = os.path.join(args.out, "alone_worker_0.txt")
     if worker_id == 0:
-        distribute.AGREEMENT_TIMEOUT_S = 5.0
+        agreement.AGREEMENT_TIMEOUT_S = 5.0
         try:
             kerasfeed.to_dataset(LinearSamples(args.items), shuffle=True, seed=args.seed)
             message = "created"

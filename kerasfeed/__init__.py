@@ -60,7 +60,7 @@ _LAZY = {
     "ExportError": "kerasfeed.exporting.manifest:ExportError",
     # multi-worker training (tf.distribute): one shard per worker, per-worker summaries
     "distribute": "kerasfeed.integrations.distribute:distribute",
-    "worker_run_dir": "kerasfeed.integrations.distribute:worker_run_dir",
+    "worker_run_dir": "kerasfeed.integrations.summaries:worker_run_dir",
     "WorkerSummaries": "kerasfeed.integrations.summaries:WorkerSummaries",
     # Keras 3 backends without TensorFlow: numpy batches and a Keras data adapter.
     "to_loader": "kerasfeed.loader.loader:to_loader",

@@ -1,4 +1,4 @@
-"""``WorkerSummaries``: every worker writes its own TensorBoard scalars."""
+"""``WorkerSummaries``: every worker writes its own TensorBoard scalars, under ``worker_run_dir``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,25 @@ from typing import Any, Optional, Union
 
 import keras
 
-from kerasfeed.integrations.distribute import worker_run_dir
+from kerasfeed.loading.shards import current_worker, tf_config_worker
+
+
+def worker_run_dir(log_dir: "str | os.PathLike") -> str:
+    """``log_dir/worker_<k>``: this worker's own TensorBoard run directory.
+
+    ``k`` is the worker's index in a multi-worker cluster (the chief, if any,
+    is 0), and 0 for a single worker. Two summary writers must never share a
+    run directory, so every worker writes under its own.
+
+    Example:
+
+    ```python
+    import kerasfeed
+    kerasfeed.worker_run_dir("logs")  # 'logs/worker_0' outside a cluster
+    ```
+    """
+    worker = current_worker() or tf_config_worker()
+    return os.path.join(os.fspath(log_dir), f"worker_{0 if worker is None else worker.worker_id}")
 
 
 class WorkerSummaries(keras.callbacks.Callback):
@@ -135,4 +153,4 @@ def _number(value: Any) -> Optional[float]:
     return None
 
 
-__all__ = ["WorkerSummaries"]
+__all__ = ["WorkerSummaries", "worker_run_dir"]

@@ -365,7 +365,7 @@ def to_loader(
             "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
         )
     from kerasfeed.loader.keras_adapter import loader_class
-    from kerasfeed.loading.arguments import shards_from
+    from kerasfeed.loading.shards import shards_from
 
     num_shards, shard_index = shards_from(num_shards, shard_index, input_context, owner="to_loader")
     return loader_class()(

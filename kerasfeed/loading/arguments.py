@@ -3,9 +3,8 @@
 ``to_dataset`` and ``to_loader`` take the same order, shard and resume
 arguments and must turn them into the same passes (the same order, the same
 number of batches, the same resumed first pass), so both resolve them here:
-``shards_from`` reads a ``tf.distribute.InputContext`` (duck-typed: no
-TensorFlow needed) or ``num_shards``/``shard_index``, and ``resolve_passes``
-makes the order and counts a pass's batches.
+``resolve_passes`` makes the order and counts a pass's batches (the shards
+come from ``shards.py``).
 """
 
 from __future__ import annotations
@@ -13,62 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
-from kerasfeed import _validation as _v
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
 
 
 def _where(owner: Optional[str]) -> str:
     return f"{owner}: " if owner else ""
-
-
-def shards_from(
-    num_shards: Optional[int], shard_index: Optional[int], input_context: Any, *, owner: Optional[str] = None
-) -> tuple[Optional[int], Optional[int]]:
-    """``(num_shards, shard_index)`` from an input context or the explicit pair.
-
-    Args:
-        num_shards, shard_index: as given (None: not given).
-        input_context: None, or an object with ``num_input_pipelines`` and
-            ``input_pipeline_id`` (a ``tf.distribute.InputContext``): this
-            pipeline reads shard ``input_pipeline_id`` of
-            ``num_input_pipelines``.
-        owner: the front end's name, for messages.
-
-    Returns:
-        The explicit pair, checked, with None where not given (the caller
-        picks the default); or the context's pair.
-
-    Raises:
-        ValueError: both given, or a bad value.
-        TypeError: ``input_context`` lacks those attributes.
-    """
-    if input_context is None:
-        if num_shards is not None:
-            num_shards = _v.positive_int("num_shards", num_shards, owner=owner)
-        if shard_index is not None:
-            shard_index = _v.non_negative_int("shard_index", shard_index, owner=owner)
-        return num_shards, shard_index
-    if num_shards is not None or shard_index is not None:
-        raise ValueError(
-            f"{_where(owner)}Pass either `input_context` or `num_shards`/`shard_index`, not both. "
-            f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
-        )
-    try:
-        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
-    except AttributeError:
-        raise TypeError(
-            f"{_where(owner)}`input_context` must be a tf.distribute.InputContext (or any object with "
-            f"`num_input_pipelines` and `input_pipeline_id`). Received: input_context={input_context!r}"
-        ) from None
-    pipelines = _v.positive_int("input_context.num_input_pipelines", pipelines, owner=owner)
-    pipeline_id = _v.non_negative_int("input_context.input_pipeline_id", pipeline_id, owner=owner)
-    if pipeline_id >= pipelines:
-        raise ValueError(
-            f"{_where(owner)}`input_context.input_pipeline_id` must be below `num_input_pipelines`. "
-            f"Received: input_pipeline_id={pipeline_id}, num_input_pipelines={pipelines}"
-        )
-    return pipelines, pipeline_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,4 +103,4 @@ def resolve_passes(
     return Passes(order, n, per_pass, count_batches(n - skip, batch_size, drop_remainder), resume, skip)
 
 
-__all__ = ["Passes", "count_batches", "resolve_passes", "resume_state", "shards_from"]
+__all__ = ["Passes", "count_batches", "resolve_passes", "resume_state"]

@@ -24,7 +24,7 @@ def input_run_dir(log_dir: "str | os.PathLike") -> str:
     """
     if not os.environ.get("TF_CONFIG"):
         return os.path.join(os.fspath(log_dir), "input")
-    from kerasfeed.integrations.distribute import worker_run_dir
+    from kerasfeed.integrations.summaries import worker_run_dir
 
     return os.path.join(worker_run_dir(log_dir), "input")
 

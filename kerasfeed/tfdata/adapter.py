@@ -12,11 +12,11 @@ from kerasfeed._validation import AUTOTUNE
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
-from kerasfeed.integrations import distribute as _distribute
 from kerasfeed.loading.arguments import resolve_passes, resume_state
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
+from kerasfeed.loading.shards import plan_shards, shard_probe_indices
 from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
@@ -27,7 +27,7 @@ from kerasfeed.tfdata.structure import (
     normalize_signature,
     open_leading_dimension,
 )
-from kerasfeed.tfdata.tail import TailOptions
+from kerasfeed.tfdata.tail import TailOptions, own_sharding
 
 # The length an endless source counts as when shards are resolved: items for
 # any number of workers.
@@ -194,13 +194,14 @@ def to_dataset(
         check_endless_arguments(source, shuffle, initial_state, order)
     # One shard per worker under a multi-worker strategy unless told otherwise
     # (an `order` fixes its own shards); the workers check that they agree
-    # (see integrations/distribute.py). An endless source has items for any
-    # number of workers.
-    num_shards, shard_index, shard_opts = _distribute.prepare(
+    # (see loading/shards.py). An endless source has items for any number of
+    # workers.
+    shards = plan_shards(
         "to_dataset", _ENDLESS if endless else total, num_shards, shard_index, input_context, order=order, seed=seed,
         shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch,
         batches=resume.batches,
     )
+    num_shards, shard_index = shards.num_shards, shards.shard_index
     sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
     passes = resolve_passes(
         None if endless else total, order=order, shuffle=shuffle, seed=seed, num_shards=num_shards,
@@ -215,7 +216,7 @@ def to_dataset(
             if endless:
                 at = range(shard_index, shard_index + probe * num_shards, num_shards)
             elif sharded:
-                at = _distribute.shard_probe_indices(
+                at = shard_probe_indices(
                     order, total, probe, resume.epoch, skip, batches=batch_size is None
                 )
             else:
@@ -311,7 +312,7 @@ def to_dataset(
         # (docs/field_notes.md, *tf.data thread pool*); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
-    ds = ds.with_options(options).with_options(shard_opts)
+    ds = own_sharding(ds.with_options(options), shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
     ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)

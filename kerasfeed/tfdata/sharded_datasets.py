@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed._validation import AUTOTUNE
+from kerasfeed.loading.shards import plan_shards
 from kerasfeed.streams.shards import ShardedStream
 from kerasfeed.tfdata.stream_assembly import stream_dataset, tail_options
 
@@ -53,22 +54,20 @@ def _sharded_dataset(
     timeout = _v.seconds("timeout", a["timeout"])
     # One part of the shards per worker under a multi-worker strategy (the
     # workers check that they agree); all of them otherwise.
-    from kerasfeed.integrations import distribute
-
     agreement = {"seed": a["seed"]}
     if shuffle is not None:
         agreement["shuffle"] = shuffle
     for name in ("batch_size", "drop_remainder", "shuffle_buffer", "cycle_length", "block_length"):
         agreement[name] = a[name]
-    num_workers, worker_index, shard_options = distribute.prepare(api, len(args), None, None, None, **agreement)
+    shards = plan_shards(api, len(args), None, None, None, **agreement)
     stream = ShardedStream(
         task,
         args,
         kind=kind,
         deterministic=bool(a["deterministic"]),
         shuffle=bool(shuffle),
-        num_workers=num_workers,
-        worker_index=worker_index,
+        num_workers=shards.num_shards,
+        worker_index=shards.shard_index,
         timeout=timeout,
         **{name: a[name] for name in _STREAM_ARGUMENTS},
     )
@@ -80,7 +79,7 @@ def _sharded_dataset(
         probes=lambda: stream.probe(a["probe"]),
         output_signature=a["output_signature"],
         tail=tail,
-        options=shard_options,
+        sharding=shards.parts,
         timeout=timeout,
     )
 

@@ -31,7 +31,7 @@ from kerasfeed.streams.declared import counted_passes
 from kerasfeed.tfdata.chunks import ChunkCodec, Label, chunks
 from kerasfeed.tfdata.inline_map import graph_fn
 from kerasfeed.tfdata.structure import infer_signature, normalize_signature
-from kerasfeed.tfdata.tail import TailOptions
+from kerasfeed.tfdata.tail import TailOptions, own_sharding
 
 
 class PassSource(Protocol):
@@ -97,7 +97,7 @@ def stream_dataset(
     probes: Callable[[], list],
     output_signature: Any,
     tail: TailOptions,
-    options: Optional[tf.data.Options] = None,
+    sharding: Optional[int] = None,
     timeout: Optional[float] = None,
 ) -> tf.data.Dataset:
     """The dataset of ``source``'s passes; the source closes with the dataset.
@@ -112,8 +112,9 @@ def stream_dataset(
             (called only when ``output_signature`` is None).
         output_signature: a nest of ``tf.TensorSpec``, or None to infer it.
         tail: shuffle / batch / prefetch options of the end of the pipeline.
-        options: ``tf.data.Options`` to set (auto-sharding off under a
-            multi-worker strategy), or None.
+        sharding: into how many parts the stream's shards are cut over the
+            workers of a multi-worker strategy (``ShardPlan.parts``: above 1
+            turns tf.data's auto-sharding off), or None.
         timeout: seconds a pass may go without an item, or None.
 
     Raises:
@@ -129,8 +130,8 @@ def stream_dataset(
         else:
             signature = normalize_signature(output_signature)
         ds = _assemble(source.open_pass, signature, describe, api, tail, timeout, stats, getattr(source, "waits", None))
-        if options is not None:
-            ds = ds.with_options(options)
+        if sharding is not None:
+            ds = own_sharding(ds, sharding)
     except BaseException:
         source.close()
         raise

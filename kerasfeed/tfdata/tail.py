@@ -149,4 +149,19 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
     return ds
 
 
-__all__ = ["TailOptions", "prefetch_tail"]
+def own_sharding(ds: Any, parts: int) -> Any:
+    """Turns tf.data's auto-sharding off when kerasfeed cut the items into ``parts`` > 1 itself.
+
+    kerasfeed already gave this pipeline its own items (``ShardPlan`` in
+    ``kerasfeed/loading/shards.py``); tf.data's DATA fallback would make every
+    item on every worker and drop most.
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    if parts > 1:
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+__all__ = ["TailOptions", "own_sharding", "prefetch_tail"]

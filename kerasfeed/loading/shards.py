@@ -1,0 +1,305 @@
+"""Which shard of every pass a pipeline reads: shard resolution for every front end.
+
+A pipeline reads one of ``num_shards`` disjoint shards of every pass
+(``IndexOrder``), from, in this order of precedence:
+
+- an ``input_context`` (a ``tf.distribute.InputContext``, or any object with
+  ``num_input_pipelines`` and ``input_pipeline_id``) or explicit
+  ``num_shards``/``shard_index`` (``shards_from``);
+- otherwise, in a process that is one worker of a multi-worker
+  ``tf.distribute`` cluster, one shard per worker (``current_worker``);
+- otherwise the whole source.
+
+Under ``tf.distribute.MultiWorkerMirroredStrategy`` every worker runs its own
+input pipeline. tf.data's default auto-sharding cannot find a file reader in
+a ``range -> numpy_function`` pipeline and falls back to sharding by data:
+every worker would make every item and throw away the others' (N times the
+work, silently). kerasfeed therefore shards its own index space by worker
+(``ShardPlan.parts`` tells a tf.data front end to turn auto-sharding off).
+
+Who this worker is comes from the strategy in scope, or else from the
+multi-worker cluster the process joined (a ``MultiWorkerMirroredStrategy``
+must be created at program start, before other TensorFlow ops, so a dataset
+made afterwards sees it even outside ``strategy.scope()``). The choice is made
+when the pipeline is created because its number of steps depends on it and
+``tf.distribute``/Keras read that number before the first pass. The workers
+then check that they agree (``agreement.py``). TensorFlow is imported only
+when it is asked who this worker is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from typing import Any, Optional
+
+from kerasfeed import _validation as _v
+from kerasfeed.loading.agreement import check_agreement, fingerprint
+from kerasfeed.sampling.protocol import order_fingerprint
+
+
+def _where(owner: Optional[str]) -> str:
+    return f"{owner}: " if owner else ""
+
+
+def shards_from(
+    num_shards: Optional[int], shard_index: Optional[int], input_context: Any, *, owner: Optional[str] = None
+) -> tuple[Optional[int], Optional[int]]:
+    """``(num_shards, shard_index)`` from an input context or the explicit pair.
+
+    Args:
+        num_shards, shard_index: as given (None: not given).
+        input_context: None, or an object with ``num_input_pipelines`` and
+            ``input_pipeline_id`` (a ``tf.distribute.InputContext``): this
+            pipeline reads shard ``input_pipeline_id`` of
+            ``num_input_pipelines``.
+        owner: the front end's name, for messages.
+
+    Returns:
+        The explicit pair, checked, with None where not given (the caller
+        picks the default); or the context's pair.
+
+    Raises:
+        ValueError: both given, or a bad value.
+        TypeError: ``input_context`` lacks those attributes.
+    """
+    if input_context is None:
+        if num_shards is not None:
+            num_shards = _v.positive_int("num_shards", num_shards, owner=owner)
+        if shard_index is not None:
+            shard_index = _v.non_negative_int("shard_index", shard_index, owner=owner)
+        return num_shards, shard_index
+    if num_shards is not None or shard_index is not None:
+        raise ValueError(
+            f"{_where(owner)}Pass either `input_context` or `num_shards`/`shard_index`, not both. "
+            f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
+        )
+    try:
+        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+    except AttributeError:
+        raise TypeError(
+            f"{_where(owner)}`input_context` must be a tf.distribute.InputContext (or any object with "
+            f"`num_input_pipelines` and `input_pipeline_id`). Received: input_context={input_context!r}"
+        ) from None
+    pipelines = _v.positive_int("input_context.num_input_pipelines", pipelines, owner=owner)
+    pipeline_id = _v.non_negative_int("input_context.input_pipeline_id", pipeline_id, owner=owner)
+    if pipeline_id >= pipelines:
+        raise ValueError(
+            f"{_where(owner)}`input_context.input_pipeline_id` must be below `num_input_pipelines`. "
+            f"Received: input_pipeline_id={pipeline_id}, num_input_pipelines={pipelines}"
+        )
+    return pipelines, pipeline_id
+
+
+# -- who this worker is ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerIdentity:
+    """This process in a multi-worker cluster: ``worker_id`` of ``num_workers``.
+
+    ``worker_id`` numbers the chief (if any) first, then the workers, as
+    ``tf.distribute.InputContext.input_pipeline_id`` does. ``device`` is this
+    worker's CPU as the collective ops name it.
+    """
+
+    num_workers: int
+    worker_id: int
+    task_type: str
+    task_id: int
+
+    @property
+    def device(self) -> str:
+        return f"/job:{self.task_type}/replica:0/task:{self.task_id}/device:CPU:0"
+
+
+def _identity(jobs: dict, task_type: Optional[str], task_id: Optional[int]) -> Optional[WorkerIdentity]:
+    chiefs, workers = jobs.get("chief", 0), jobs.get("worker", 0)
+    if task_type not in ("chief", "worker") or task_id is None or chiefs + workers < 2:
+        return None
+    worker_id = int(task_id) if task_type == "chief" else chiefs + int(task_id)
+    return WorkerIdentity(chiefs + workers, worker_id, task_type, int(task_id))
+
+
+def _strategy_identity(strategy: Any) -> Optional[WorkerIdentity]:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return None
+    try:
+        spec = resolver.cluster_spec().as_dict()
+    except Exception:  # noqa: BLE001 - a resolver that cannot say: not multi-worker
+        return None
+    jobs = {name: len(tasks) for name, tasks in spec.items()}
+    return _identity(jobs, resolver.task_type, resolver.task_id)
+
+
+def tf_config_worker() -> Optional[WorkerIdentity]:
+    """What ``TF_CONFIG`` says this process is, before (or without) a strategy."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        jobs = {name: len(tasks) for name, tasks in config.get("cluster", {}).items()}
+        task = config.get("task", {})
+        return _identity(jobs, task.get("type"), task.get("index"))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _cluster_identity() -> Optional[WorkerIdentity]:
+    # Set when a MultiWorkerMirroredStrategy joined this process to a cluster
+    # (``context.enable_collective_ops``); there is no public accessor.
+    from tensorflow.python.eager import context
+
+    server_def = getattr(context.context(), "_collective_ops_server_def", None)
+    if server_def is None:
+        return None
+    jobs = {job.name: len(job.tasks) for job in server_def.cluster.job}
+    return _identity(jobs, server_def.job_name, server_def.task_index)
+
+
+def current_worker() -> Optional[WorkerIdentity]:
+    """This worker under a multi-worker strategy, or None (one worker).
+
+    The strategy in scope decides when there is one; otherwise the cluster
+    that a ``MultiWorkerMirroredStrategy`` created in this process joined.
+    """
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+        # Only MultiWorkerMirroredStrategy runs an input pipeline per worker
+        # in this process; a ParameterServerStrategy coordinator does not.
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return _strategy_identity(strategy)
+    return _cluster_identity()
+
+
+# -- the shards of one pipeline -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """The shards one pipeline reads.
+
+    Attributes:
+        num_shards, shard_index: the pipeline's shard of every pass. With an
+            ``order`` (which fixes its own shards) they are passed back as
+            given, for the front end to refuse.
+        parts: into how many disjoint parts the items are cut over all the
+            pipelines of a run (the order's own shard count with an
+            ``order``); above 1 a tf.data front end turns tf.data's
+            auto-sharding off.
+    """
+
+    num_shards: Optional[int]
+    shard_index: Optional[int]
+    parts: int
+
+
+def resolve_shards(
+    num_shards: Optional[int], shard_index: Optional[int], input_context: Any, length: int
+) -> tuple[int, int, Optional[WorkerIdentity]]:
+    """Returns ``(num_shards, shard_index, worker)`` for a pipeline.
+
+    Explicit ``input_context`` or ``num_shards``/``shard_index`` win; with
+    neither, a multi-worker strategy gives one shard per worker. ``worker`` is
+    set whenever this process is part of a multi-worker cluster (the
+    agreement check then runs).
+
+    Raises:
+        ValueError: both ways of sharding given, or more workers than items.
+    """
+    worker = current_worker()
+    if input_context is not None or num_shards is not None or shard_index is not None:
+        num_shards, shard_index = shards_from(num_shards, shard_index, input_context)
+        return 1 if num_shards is None else num_shards, 0 if shard_index is None else shard_index, worker
+    if worker is None:
+        return 1, 0, None
+    if worker.num_workers > length:
+        raise ValueError(
+            f"The multi-worker strategy has {worker.num_workers} workers but the source has only {length} "
+            "items: every worker needs at least one item of its own. Use fewer workers or a longer source. "
+            f"Received: len(source)={length}, workers={worker.num_workers}"
+        )
+    return worker.num_workers, worker.worker_id, worker
+
+
+def plan_shards(
+    api: str, length: int, num_shards: Any, shard_index: Any, input_context: Any, order: Any = None, **fields: Any
+) -> ShardPlan:
+    """Resolves the shards of a pipeline and checks that the workers agree.
+
+    Args:
+        api: the public function's name, for messages.
+        length: items in the source (any large number for an endless one).
+        num_shards, shard_index, input_context: as given to the front end.
+        order: an order object given to the front end: it fixes its own
+            shards (``num_shards``/``shard_index``/``input_context`` are
+            then passed back for the front end to refuse).
+        **fields: what else the workers must agree on (seed, batching,
+            resume position...), as ints or None.
+
+    Raises:
+        ValueError: both ways of sharding given, more workers than items,
+            or workers that disagree.
+        RuntimeError: the other workers did not create a matching pipeline
+            in time.
+    """
+    if order is not None:
+        return _plan_order(api, length, num_shards, shard_index, input_context, order, fields)
+    num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length)
+    # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
+    # does not involve the other workers.
+    if worker is not None and num_shards > 1:
+        check_agreement(worker, fingerprint(length=length, num_shards=num_shards, **fields), api)
+    return ShardPlan(num_shards, shard_index, num_shards)
+
+
+def _plan_order(api, length, num_shards, shard_index, input_context, order, fields) -> ShardPlan:
+    if input_context is not None:  # for the front end's "not both" message
+        num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    shards = getattr(order, "num_shards", 1)
+    shards = shards if isinstance(shards, int) and shards > 0 else 1
+    worker = current_worker()
+    if worker is not None and shards == 1 and num_shards is None and input_context is None:
+        # An order object cannot be re-cut here; say so instead of letting
+        # tf.data's DATA fallback make every item on every worker.
+        logging.getLogger("kerasfeed").warning(
+            "%s: the `order` is not sharded but this is worker %d of %d of a MultiWorkerMirroredStrategy: every "
+            "worker will read the whole order. Build it with num_shards=%d, shard_index=%d to read one shard each.",
+            api, worker.worker_id, worker.num_workers, worker.num_workers, worker.worker_id,
+        )
+    if worker is not None and shards > 1:
+        digest = hashlib.blake2b(order_fingerprint(order).encode(), digest_size=7).digest()
+        fields = {**fields, "order": int.from_bytes(digest, "big")}
+        check_agreement(worker, fingerprint(length=length, num_shards=shards, **fields), api)
+    return ShardPlan(num_shards, shard_index, shards)
+
+
+def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
+    """The items a sharded pipeline probes for its signature.
+
+    Its own first items (of its first pass, after the ``skip`` a resumed pass
+    leaves out: items it makes anyway), so that no worker makes another
+    worker's items; plus the source's last item when items are batches (a
+    short last batch may land in any shard in a later pass, so every worker
+    must see its shape).
+    """
+    own = order.indices(epoch)[skip : skip + probe].tolist()
+    if batches:
+        own.append(length - 1)
+    return sorted(set(int(i) for i in own))
+
+
+__all__ = [
+    "ShardPlan",
+    "WorkerIdentity",
+    "current_worker",
+    "plan_shards",
+    "resolve_shards",
+    "shard_probe_indices",
+    "shards_from",
+    "tf_config_worker",
+]
