@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
-from kerasfeed.execution.auto import Probe, decide, make_auto_executor, probe_source
+from kerasfeed.execution import auto
+from kerasfeed.execution.auto import Probe, decide, make_auto_executor, predict, probe_source
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions
 
@@ -96,6 +97,94 @@ def test_decide_transport_bound_source_stays_in_threads():
 def test_decide_one_cpu_gets_threads():
     name, reason = decide(_probe(), workers=2, cpus=1)
     assert name == "threads" and "only 1 CPU" in reason
+
+
+# ---------------------------------------------------------------- at the machine's worker and core count
+# Probe figures of the issue-24 workloads (batches of 64 images 96x96x3, 1.77 MB):
+# decode: 19 ms/batch serially, ~5 ms of it GIL-held Python, 1.6 CPUs on two threads;
+# h5: gzip slices under h5py's lock; io: 5 ms waits; big: a 19 MB np.full.
+DECODE = dict(wall_s=1 / 52, cpu_s=1 / 52, nbytes=1_769_472, copy_s=150e-6, parallelism_2_threads=1.6)
+H5 = dict(wall_s=1 / 64, cpu_s=0.97 / 64, nbytes=1_769_472, copy_s=150e-6, parallelism_2_threads=1.0)
+IO = dict(wall_s=0.005, cpu_s=0.0001, nbytes=16, copy_s=1e-6, parallelism_2_threads=0.05)
+
+
+@pytest.mark.parametrize("workers, cpus", [(2, 2), (14, 16), (15, 16), (32, 64), (62, 64)])
+def test_a_partly_gil_bound_source_goes_to_processes_once_cores_allow(workers, cpus):
+    """Two threads on 1.6 CPUs look GIL-free, but the GIL-held quarter caps threads
+    near 4x one thread (Amdahl) on any machine, while processes scale with workers."""
+    name, reason = decide(_probe(**DECODE), workers, cpus)
+    assert name == "processes", reason
+    assert "on 1.6 CPUs at once" in reason and "about 25% of its CPU time holds the GIL" in reason
+    assert "threads reach at most 4.0x one thread" in reason
+    assert f"{workers} workers predicted at ~" in reason and f"with threads on {cpus} CPUs" in reason
+    pred = predict(_probe(**DECODE), workers, cpus)
+    # Threads stay under Amdahl's cap; processes scale with the workers up to the memory bus.
+    assert pred.threads < 4.0 * 52
+    assert pred.processes > min(0.95 * min(workers, cpus) * 52, 0.99 / pred.transport_s)
+    if cpus == 16:
+        # The issue's 16-core figures: threads made 134 batches/s, 15 processes 797.
+        assert 120 < pred.threads < 200 and 600 < pred.processes < 1000 * workers / 15
+
+
+@pytest.mark.parametrize("cpus", [2, 16, 64])
+def test_io_goes_to_threads_and_h5_to_processes_at_every_core_count(cpus):
+    workers = auto.default_workers(cpus)
+    name, reason = decide(_probe(**IO), workers, cpus)
+    assert name == "threads" and "mostly waits" in reason and f"{workers} workers predicted at" in reason
+    pred = predict(_probe(**IO), workers, cpus)
+    # 64 waits in flight vs one per worker
+    assert pred.threads == pytest.approx(1 / (0.005 / 64 + 1e-6)) and pred.processes == pytest.approx(workers / (0.005 + 1e-6))
+    name, reason = decide(_probe(**H5), workers, cpus)
+    assert name == "processes" and "GIL-bound" in reason and f"on {cpus} CPUs" in reason
+    assert predict(_probe(**H5), workers, cpus).processes > 0.8 * workers * 64  # ~one serial rate per worker
+
+
+def test_predictions_follow_amdahl_and_the_core_count():
+    """Threads: the GIL-held part one call after another, the rest over min(threads, cpus)."""
+    p = _probe(**DECODE)
+    preds = [predict(p, auto.default_workers(c), c) for c in (2, 16, 64)]
+    assert [q.cpus for q in preds] == [2, 16, 64] and [q.workers for q in preds] == [2, 14, 32]
+    gil, par = preds[0].gil_s, preds[0].parallel_s
+    assert gil == pytest.approx(p.cpu_s / 4) and par == pytest.approx(p.cpu_s * 3 / 4)  # 2/1.6 - 1 = 25 %
+    for q in preds:
+        assert 1 / q.threads == pytest.approx(gil + par / q.cpus + p.copy_s)  # to_dataset's copy
+        assert q.threads < 1 / gil  # never past the GIL-held part
+    assert preds[0].threads < preds[1].threads < preds[2].threads
+    assert preds[0].processes < preds[1].processes < preds[2].processes
+    # to_loader hands numpy arrays over: threads pay no copy in the consumer.
+    assert 1 / predict(p, 14, 16, "numpy").threads == pytest.approx(gil + par / 16)
+
+
+def test_big_items_on_two_cores_depend_on_the_front_end():
+    """19 MB items: to_dataset's threads pay TensorFlow's copy, to_loader's do not (2 cores:
+    to_loader threads made 332 batches/s where processes made 185)."""
+    quiet = _probe(wall_s=3.24e-3, cpu_s=3.24e-3, nbytes=19_267_584, copy_s=0.85e-3, parallelism_2_threads=1.7)
+    name, reason = decide(quiet, 2, 2, handover="tensorflow")
+    assert name == "processes" and "TensorFlow would copy each one" in reason
+    name, reason = decide(quiet, 2, 2, handover="numpy")
+    assert name == "threads" and "2 workers predicted at" in reason, reason
+    # A machine whose bus one core fills: two threads overlap nothing; writing the
+    # item does not speed up in processes either (a copy's worth counted on the bus).
+    busy_bus = _probe(wall_s=3.8e-3, cpu_s=3.8e-3, nbytes=19_267_584, copy_s=2.9e-3, parallelism_2_threads=0.96)
+    name, reason = decide(busy_bus, 2, 2, handover="numpy")
+    assert name == "threads" and "would cost about what it saves" in reason and "to_loader hands" in reason
+    pred = predict(busy_bus, 2, 2, handover="numpy")
+    assert pred.threads > 1.4 * pred.processes and pred.transport_s == pytest.approx(2 * 2.9e-3 + auto.PROCESS_OVERHEAD_S)
+
+
+def test_predict_refuses_an_unknown_handover():
+    with pytest.raises(ValueError, match=r"`handover` must be one of \('tensorflow', 'numpy'\). Received: handover='torch'"):
+        predict(_probe(), 2, 2, handover="torch")
+
+
+def test_auto_decides_for_the_default_worker_count_of_this_machine(monkeypatch):
+    """workers=None: the decision is for default_workers() on the usable CPUs."""
+    monkeypatch.setattr(auto, "usable_cpus", lambda: 16)
+    ex = make_auto_executor(Waits())
+    try:
+        assert ex.name == "threads" and "14 workers predicted at" in ex.reason and "on 16 CPUs" in ex.reason
+    finally:
+        ex.close()
 
 
 # ---------------------------------------------------------------- probing real sources

@@ -1,26 +1,58 @@
 """``executor="auto"``: pick threads or worker processes by probing the source.
 
-A few ``__getitem__`` calls in the consumer process answer three questions:
+A few ``__getitem__`` calls in the consumer process measure one call (wall
+and CPU time, time queued for a CPU, bytes, the cost of one copy) and the
+same calls on two threads at once. From those figures ``decide`` predicts
+the item rate of both executors **at the worker count and on the number of
+CPUs they will run with**, and picks the faster (see NOTE [ Predicting
+threads and processes ]). The choice, both predictions and the figures are
+kept on the executor (``executor.name``, ``executor.reason``,
+``executor.probe``) and logged on the ``kerasfeed`` logger.
 
-1. **Does it wait?** Thread CPU time well below wall time means I/O or sleeps:
-   threads overlap many waiting calls (and cost no transport) -> threads.
-   Time spent runnable but waiting for a CPU (a busy machine; Linux
-   ``schedstat``) is not counted as waiting.
-2. **Does it release the GIL?** The same calls in two threads at once: if
-   their CPU time adds up to clearly more than the wall time, they ran in
-   parallel, outside the GIL (large numpy ops, C extensions) -> threads.
-   Unless its items are large (``LARGE_ITEM_BYTES``): TensorFlow copies every
-   array a thread returns, in the consumer; workers hand theirs over without
-   a copy -> processes.
-3. **Is it transport-bound?** Worker processes pay for moving the item: a
-   copy into shared memory in the worker and a round trip (the consumer then
-   lends large items to TensorFlow without a copy). Threads pay a copy too:
-   TensorFlow copies the unaligned arrays numpy allocates. Processes win only
-   if ``workers`` parallel items outrun one thread by enough to pay that.
+NOTE [ Predicting threads and processes ]
+=========================================
 
-The choice and the numbers behind it are kept on the executor
-(``executor.name``, ``executor.reason``, ``executor.probe``) and logged on the
-``kerasfeed`` logger.
+One call takes ``w`` seconds of wall time, ``c`` of them on the CPU; the
+rest it waits (I/O, sleeps). Of the CPU time, ``g`` holds the GIL (or
+another process-wide lock: h5py's) and ``c - g`` runs in parallel (numpy,
+C extensions that release the GIL).
+
+- **The GIL-held part** comes from the two-thread probe (Amdahl's law): two
+  calls at once take ``2c / P2`` of wall time, where ``P2`` is the CPUs the
+  two threads used at once; one call alone takes ``w``, so the part the two
+  could not overlap is ``g = 2c / P2 - w`` (clamped to ``[0, c]``). A probe
+  that saw 1.6 CPUs on a 19 ms call (``decode`` on the 16-core machine) puts
+  ~5 ms under the GIL.
+- **Threads** (``ThreadExecutor``: 64 calls in flight, fewer for large
+  items) take ``max(g + (c - g) / min(threads, cpus), w / threads)`` per
+  item: the GIL-held parts one after the other, the rest spread over the
+  cores, waits overlapped. That is why two threads seeing 1.6 CPUs say
+  nothing about 16 cores: the 5 ms GIL-held part caps threads near 3.3x
+  one thread on any machine, while 15 processes run 15 calls at once.
+  The front end adds its own copy: ``to_dataset`` hands arrays to
+  TensorFlow, which copies each array a thread returns (numpy's are not
+  64-byte aligned) in the consumer, under the GIL; ``to_loader`` hands
+  numpy arrays over as they are (``handover="numpy"``: no copy).
+- **Processes** take ``max((w + copy) / workers, (c + copy) / min(workers,
+  cpus), copy + min(g, copy) + overhead, (c + copy + overhead) / cpus)``
+  per item: each worker makes its items one at a time and copies each into
+  shared memory; those copies share one memory bus, so they are counted one
+  after the other, and so is the part of making the item that two threads
+  could not overlap, up to a copy's worth (writing a large array is bound
+  by the bus, not the GIL, and processes do not speed that up); the
+  consumer picks every item up (``PROCESS_OVERHEAD_S``) and shares the
+  CPUs. Large items are then handed over without a copy by both front ends.
+- Processes are chosen when predicted ``PROCESS_MARGIN`` times faster (they
+  cost start-up, memory and a pickled source). A call that mostly waits
+  (CPU under ``WAIT_FRACTION`` of its wall time) goes to threads at once:
+  threads keep many waits in flight, a worker waits for one call at a time.
+
+What the model leaves out: the probe cannot tell the GIL from the memory bus
+(both stop two threads from overlapping); counting up to a copy's worth of
+the serial part as bus time keeps a cheap 19 MB ``np.full`` in threads under
+``to_loader`` (2 cores: threads 332 vs processes 185 batches/s measured),
+while slow GIL-bound items still go to processes. Timings taken on a busy
+machine are noisy; queued time is taken out of the wall time.
 """
 
 from __future__ import annotations
@@ -35,8 +67,8 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.processes.options import PoolOptions, default_workers
-from kerasfeed.execution.threads import ThreadExecutor
+from kerasfeed.execution.processes.options import PoolOptions, default_workers, usable_cpus
+from kerasfeed.execution.threads import DEFAULT_BYTES_AHEAD, DEFAULT_THREAD_PARALLELISM, ThreadExecutor
 from kerasfeed.sources.base import source_length
 
 logger = logging.getLogger("kerasfeed")
@@ -45,15 +77,15 @@ logger = logging.getLogger("kerasfeed")
 # answer, bookkeeping), measured at roughly 40-150 us on the 2-core machine.
 PROCESS_OVERHEAD_S = 100e-6
 WAIT_FRACTION = 0.3  # below this share of CPU time, a call mostly waits (kept low: a busy machine also lowers it)
-GIL_FREE_PARALLELISM = 1.5  # two threads using this many CPUs at once: GIL released
+GIL_FREE_PARALLELISM = 1.5  # two threads using this many CPUs at once: mostly outside the GIL
 PROCESS_MARGIN = 1.2  # processes must be predicted this much faster to be chosen
 PROBE_BUDGET_S = 2.0  # skip the concurrent probe when calls are slower than this allows
-# Items this large go to processes even when threads could make them in
-# parallel: TensorFlow copies every array a thread returns (numpy's are not
-# 64-byte aligned) in the consumer, into fresh memory, while worker processes
-# hand theirs over without a copy. Measured on the 2-core machine, a 19 MB
-# batch: ~4.5 ms of consumer CPU through threads, ~0.8 ms through processes.
+# What ``kerasfeed.profile`` calls transport-bound. ``decide`` itself weighs
+# the copy of every item instead (NOTE [ Predicting threads and processes ]).
 LARGE_ITEM_BYTES = 4 * 2**20
+# Who takes the items: "tensorflow" (to_dataset: TensorFlow copies each array
+# a thread returns) or "numpy" (to_loader: arrays handed over as they are).
+HANDOVERS = ("tensorflow", "numpy")
 
 
 @dataclasses.dataclass
@@ -176,57 +208,175 @@ def probe_source(source: Any, calls: int = 3) -> Probe:
     return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, made)
 
 
-def decide(probe: Probe, workers: int, cpus: int) -> tuple[str, str]:
-    """Returns ``(executor_name, reason)`` for a probe (pure function)."""
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Items per second ``decide`` expects of each executor (NOTE [ Predicting threads and processes ]).
+
+    Attributes:
+        threads: items/s of the thread executor.
+        processes: items/s of ``workers`` worker processes.
+        workers: the worker count predicted for.
+        cpus: the CPUs predicted for.
+        thread_cores: CPUs the threads' parallel part can use
+            (``min(threads in flight, cpus)``).
+        gil_s: seconds of one call that hold the GIL (the serial part).
+        parallel_s: CPU seconds of one call outside the GIL.
+        wait_s: seconds of one call off the CPU (I/O, sleeps).
+        transport_s: seconds per item of processes' transport that cannot
+            run in parallel (copies on one memory bus, the pick-up).
+    """
+
+    threads: float
+    processes: float
+    workers: int
+    cpus: int
+    thread_cores: int
+    gil_s: float
+    parallel_s: float
+    wait_s: float
+    transport_s: float
+
+    @property
+    def thread_ceiling(self) -> float:
+        """How many times one thread's rate any number of threads can reach (Amdahl)."""
+        call = self.gil_s + self.parallel_s
+        return call / self.gil_s if self.gil_s > 0 else float("inf")
+
+
+def _threads_in_flight(nbytes: int) -> int:
+    # ThreadExecutor's window: 64 calls, fewer when items are large.
+    if nbytes <= 0:
+        return DEFAULT_THREAD_PARALLELISM
+    return max(2, min(DEFAULT_THREAD_PARALLELISM, DEFAULT_BYTES_AHEAD // nbytes))
+
+
+def predict(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") -> Prediction:
+    """Predicts threads' and processes' item rates (pure function).
+
+    Args:
+        probe: what ``probe_source`` measured.
+        workers: worker processes the executor would run.
+        cpus: CPUs this process may use.
+        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"``
+            (``to_loader``); see ``HANDOVERS``.
+
+    Returns:
+        A ``Prediction`` (see NOTE [ Predicting threads and processes ]).
+    """
+    if handover not in HANDOVERS:
+        raise ValueError(f"`handover` must be one of {HANDOVERS}. Received: handover={handover!r}")
+    p = probe
+    wall = max(p.wall_s - p.runqueue_s, p.cpu_s, 1e-9)  # time queued for a CPU is not the call's
+    cpu = min(p.cpu_s, wall)
+    if p.parallelism_2_threads is None or p.parallelism_2_threads <= 0:
+        gil = cpu  # not measured (slow items): counted as GIL-bound
+    else:
+        gil = min(cpu, max(0.0, 2 * cpu / p.parallelism_2_threads - wall))
+    in_flight = _threads_in_flight(p.nbytes)
+    thread_cores = max(1, min(in_flight, cpus))
+    front = p.copy_s if handover == "tensorflow" else 0.0
+    per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight) + front
+    workers, cpus = max(1, workers), max(1, cpus)
+    # The copies share one memory bus, and so may writing the item (what two
+    # threads could not overlap, up to a copy's worth); the consumer picks
+    # each item up.
+    transport = p.copy_s + min(gil, p.copy_s) + PROCESS_OVERHEAD_S
+    per_item_processes = max(
+        (wall + p.copy_s) / workers,  # each worker makes its items one at a time
+        (cpu + p.copy_s) / min(workers, cpus),  # on the cores it can have
+        transport,
+        (cpu + p.copy_s + PROCESS_OVERHEAD_S) / cpus,  # everything shares the CPUs
+    )
+    return Prediction(
+        threads=1.0 / max(per_item_threads, 1e-9),
+        processes=1.0 / max(per_item_processes, 1e-9),
+        workers=workers,
+        cpus=cpus,
+        thread_cores=thread_cores,
+        gil_s=gil,
+        parallel_s=cpu - gil,
+        wait_s=wall - cpu,
+        transport_s=transport,
+    )
+
+
+def _gil_text(probe: Probe, pred: Prediction) -> str:
+    par = probe.parallelism_2_threads
+    if par is None:
+        return "it keeps the CPU busy (GIL-bound; the two-thread probe was skipped: items are slow)"
+    share = pred.gil_s / max(pred.gil_s + pred.parallel_s, 1e-12)
+    if par >= GIL_FREE_PARALLELISM:
+        head = f"two threads ran it on {par:.1f} CPUs at once (it releases the GIL"
+    else:
+        head = f"two threads ran it on only {par:.1f} CPUs at once (GIL-bound"
+    ceiling = pred.thread_ceiling
+    cap = f", so threads reach at most {ceiling:.1f}x one thread" if ceiling < 100 else ""
+    return f"{head}: about {share:.0%} of its CPU time holds the GIL{cap})"
+
+
+def decide(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") -> tuple[str, str]:
+    """Returns ``(executor_name, reason)`` for a probe (pure function).
+
+    Args:
+        probe: what ``probe_source`` measured.
+        workers: worker processes the executor would run.
+        cpus: CPUs this process may use.
+        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"``
+            (``to_loader``).
+
+    Returns:
+        ``("threads" | "processes", reason)``; the reason names both
+        predictions at ``workers`` workers on ``cpus`` CPUs.
+
+    Example:
+
+    ```python
+    probe = Probe(wall_s=0.019, cpu_s=0.019, runqueue_s=0.0, nbytes=1_769_472, copy_s=1e-4,
+                  parallelism_2_threads=1.6, calls=10)
+    decide(probe, workers=15, cpus=16)  # ('processes', '19.20 ms/item, ...')
+    ```
+    """
     p = probe
     ms = f"{p.wall_s * 1e3:.2f} ms/item"
     if cpus < 2 or workers < 2:
         why = f"only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
         return "threads", f"{ms}; {why}"
+    pred = predict(p, workers, cpus, handover)
+    numbers = (
+        f"{pred.workers} workers predicted at ~{pred.processes:,.0f} items/s vs ~{pred.threads:,.0f} with threads "
+        f"on {pred.cpus} CPUs"
+    )
     # Waiting for a CPU (a busy machine) is not waiting for I/O.
     frac = min(1.0, p.cpu_s / max(p.wall_s - p.runqueue_s, 1e-9))
     if frac < WAIT_FRACTION:
         return "threads", (
             f"{ms}, of which only {frac:.0%} on the CPU: it mostly waits (I/O, sleep), "
-            "and threads keep many such calls in flight without moving data between processes"
+            f"and threads keep many such calls in flight without moving data between processes ({numbers})"
         )
-    if p.parallelism_2_threads is not None and p.parallelism_2_threads >= GIL_FREE_PARALLELISM:
-        if p.nbytes >= LARGE_ITEM_BYTES:
-            return "processes", (
-                f"{ms}; two threads ran it on {p.parallelism_2_threads:.1f} CPUs at once (it releases the GIL), "
-                f"but items carry {p.nbytes / 2**20:.1f} MB: TensorFlow would copy each one in this process "
-                "(numpy arrays are not 64-byte aligned), while worker processes hand theirs over without a copy"
-            )
-        return "threads", (
-            f"{ms}; two threads ran it on {p.parallelism_2_threads:.1f} CPUs at once, so it releases the GIL "
-            "and threads run it in parallel without transport"
-        )
-    # GIL-bound (or h5py-lock-bound). Predict the item rates of both options;
-    # each pays one copy of the item (see the module docstring).
-    threads_rate = 1.0 / max(p.wall_s + p.copy_s, 1e-9)
-    par = min(workers, cpus)
-    # Workers make items in parallel, each also copying it into shared memory.
-    # Those copies share one memory bus, so count them one after the other,
-    # plus the consumer's bookkeeping.
-    per_item_workers = (p.wall_s + p.copy_s) / par
-    per_item_transport = p.copy_s + PROCESS_OVERHEAD_S
-    process_rate = 1.0 / max(per_item_workers, per_item_transport)
-    gil = (
-        f"two threads ran it on only {p.parallelism_2_threads:.1f} CPUs at once (GIL-bound)"
-        if p.parallelism_2_threads is not None
-        else "it keeps the CPU busy (GIL-bound; the two-thread probe was skipped: items are slow)"
-    )
+    gil = _gil_text(p, pred)
     mb = p.nbytes / 2**20
-    if process_rate >= PROCESS_MARGIN * threads_rate:
-        return "processes", (
-            f"{ms}, {frac:.0%} on the CPU; {gil}; items carry {mb:.1f} MB, cheap to move next to "
-            f"the work: {par} workers predicted at ~{process_rate:.0f} items/s vs ~{threads_rate:.0f} with threads"
+    head = f"{ms}, {frac:.0%} on the CPU; {gil}"
+    if pred.processes >= PROCESS_MARGIN * pred.threads:
+        copy_in_front = handover == "tensorflow" and p.copy_s > 0.25 / pred.threads
+        why = (
+            f"items carry {mb:.1f} MB: TensorFlow would copy each one a thread returns in this process "
+            "(numpy arrays are not 64-byte aligned), while worker processes hand theirs over without a copy"
+            if copy_in_front
+            else f"items carry {mb:.1f} MB, cheap to move next to the work"
         )
-    return "threads", (
-        f"{ms}, {frac:.0%} on the CPU; {gil}; but items carry {mb:.1f} MB and take {p.copy_s * 1e3:.2f} ms to "
-        f"copy: moving them between processes would cost about what it saves "
-        f"(~{process_rate:.0f} items/s with {par} workers vs ~{threads_rate:.0f} with threads)"
-    )
+        return "processes", f"{head}; {why}: {numbers}"
+    if pred.transport_s >= 0.5 / pred.processes:
+        why = (
+            f"items carry {mb:.1f} MB and take {p.copy_s * 1e3:.2f} ms to copy: moving them between processes "
+            "would cost about what it saves"
+        )
+        if handover == "numpy":
+            why += " (to_loader hands a thread's arrays over without a copy)"
+    elif pred.thread_ceiling >= min(pred.workers, pred.cpus) / PROCESS_MARGIN:
+        why = "threads run it in parallel without transport"
+    else:
+        why = f"{pred.workers} workers would not gain enough over threads to pay for processes"
+    return "threads", f"{head}; {why}: {numbers}"
 
 
 def make_auto_executor(
@@ -234,6 +384,7 @@ def make_auto_executor(
     options: Optional[PoolOptions] = None,
     *,
     calls: int = 3,
+    handover: str = "tensorflow",
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
@@ -244,9 +395,12 @@ def make_auto_executor(
     Args:
         source: the indexable source.
         options: the ``PoolOptions`` of the workers if processes are chosen
-            (None: one worker per CPU); its ``timeout`` applies to whichever
-            executor is chosen.
+            (None: ``default_workers()``); its ``timeout`` applies to
+            whichever executor is chosen. The decision is made for that
+            worker count on this process's CPUs.
         calls: timed probe calls.
+        handover: who takes the items: ``"tensorflow"`` (``to_dataset``)
+            or ``"numpy"`` (``to_loader``); see ``decide``.
 
     Example:
 
@@ -258,10 +412,10 @@ def make_auto_executor(
     from kerasfeed.execution.processes.executor import ProcessExecutor
 
     options = options or PoolOptions()
-    cpus = default_workers()
-    n_workers = options.workers if options.workers is not None else cpus
+    cpus = usable_cpus()
+    n_workers = options.workers if options.workers is not None else default_workers(cpus)
     probe = probe_source(source, calls=calls)
-    name, reason = decide(probe, n_workers, cpus)
+    name, reason = decide(probe, n_workers, cpus, handover)
     ex: Executor
     if name == "processes":
         try:

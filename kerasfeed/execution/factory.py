@@ -11,7 +11,9 @@ from kerasfeed.execution.threads import ThreadExecutor
 EXECUTOR_NAMES = ("threads", "processes", "auto")
 
 
-def make_executor(executor: Any, source: Any, options: Optional[PoolOptions] = None) -> Executor:
+def make_executor(
+    executor: Any, source: Any, options: Optional[PoolOptions] = None, *, handover: str = "tensorflow"
+) -> Executor:
     """Returns an Executor for ``source``.
 
     Args:
@@ -20,6 +22,8 @@ def make_executor(executor: Any, source: Any, options: Optional[PoolOptions] = N
         options: the ``PoolOptions`` built (and checked) from the public
             keywords ``workers``/``worker_init``/``seed``; used whole by the
             process executors. None = defaults.
+        handover: who takes the items, for ``"auto"``'s decision:
+            ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
     Raises:
         ValueError: an unknown executor, or process-only options with
@@ -42,7 +46,7 @@ def make_executor(executor: Any, source: Any, options: Optional[PoolOptions] = N
     if executor == "auto":
         from kerasfeed.execution.auto import make_auto_executor
 
-        return make_auto_executor(source, options)
+        return make_auto_executor(source, options, handover=handover)
     raise ValueError(
         f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
         f"Received: {executor!r}"

@@ -172,13 +172,13 @@ def _auto_executor(source: Any, workers: Optional[int]) -> str:
     import dataclasses
 
     from kerasfeed.execution.auto import decide, logger, probe_source
-    from kerasfeed.execution.processes.options import default_workers
+    from kerasfeed.execution.processes.options import usable_cpus
 
-    cpus = default_workers()
+    cpus = usable_cpus()
     probe = probe_source(source)
     # Each item is written where it is made: no copy into shared memory, no hand-over
-    # (large GIL-free items still go to processes: their encoding then runs in parallel too).
-    name, reason = decide(dataclasses.replace(probe, copy_s=0.0), workers or cpus, cpus)
+    # (an export's workers use every CPU: nothing trains beside them).
+    name, reason = decide(dataclasses.replace(probe, copy_s=0.0), workers or cpus, cpus, "numpy")
     logger.info("kerasfeed: export(executor='auto') for %s: auto chose %s: %s", source_name(source), name, reason)
     return name
 

@@ -91,7 +91,7 @@ class Loader:
         self._order = order
         self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
         self._owns_executor = not isinstance(executor, Executor)
-        self.executor = make_executor(executor, source, pool_options)
+        self.executor = make_executor(executor, source, pool_options, handover="numpy")
         try:
             probes = [(i, self.executor.load(i, 0)) for i in probe_indices(total, probe)]
             self._signature = Signature.infer(probes)

@@ -42,9 +42,9 @@ NEAR_BEST = 0.9  # the smallest count reaching this share of the best rate is re
 
 
 def _cpus() -> int:
-    from kerasfeed.execution.processes.options import default_workers
+    from kerasfeed.execution.processes.options import usable_cpus
 
-    return default_workers()
+    return usable_cpus()
 
 
 def classify(probe: Any) -> tuple[str, str]:

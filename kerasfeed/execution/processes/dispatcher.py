@@ -79,6 +79,7 @@ class Dispatcher:
                     "worker_id": lane.id,
                     "num_workers": options.workers,
                     "seed": options.seed + lane.id,
+                    "nice": options.worker_nice,
                     "sys_path": list(sys.path),
                     "payload": payload,
                 }

@@ -28,13 +28,18 @@ class ProcessExecutor(Executor):
             work. Open files lazily in ``__getitem__``. What the epoch
             hooks change in it later reaches the workers at the next pass
             boundary (``plan``): only the attributes that changed.
-        workers: number of worker processes; None = the usable CPU count.
+        workers: number of worker processes; None = ``default_workers()``
+            (2 on 2 cores, CPUs - 1 up to 8, then CPUs - 2, at most 32: the
+            consumer keeps CPU for the training loop).
         worker_init: run once in each worker after the source arrives.
         seed: base seed of the workers' ``random``/``numpy.random``
             (worker ``k`` gets ``seed + k``); None draws one.
         in_flight_per_worker: items requested from each worker at a time.
         timeout: seconds one item may take before the pass fails; None
             waits as long as the worker is alive.
+        worker_nice: nice steps (0-19) below this process the workers run,
+            so that the training loop wins contended CPUs; 0 = the same
+            priority; None = ``$KERASFEED_WORKER_NICE`` or 10.
 
     Example:
 
@@ -63,6 +68,7 @@ class ProcessExecutor(Executor):
         seed: Optional[int] = None,
         in_flight_per_worker: int = 2,
         timeout: Optional[float] = None,
+        worker_nice: Optional[int] = None,
     ):
         options = PoolOptions(
             workers=workers,
@@ -70,6 +76,7 @@ class ProcessExecutor(Executor):
             seed=seed,
             in_flight_per_worker=in_flight_per_worker,
             timeout=timeout,
+            worker_nice=worker_nice,
         )
         self._start(source, options)
 

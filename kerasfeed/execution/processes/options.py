@@ -13,8 +13,29 @@ from typing import Callable, Optional
 
 from kerasfeed import _validation as _v
 
+# NOTE [ Default worker count ]
+# Worker processes share the machine with the process that consumes their
+# items, and under model.fit that process needs CPU of its own: the training
+# loop's Python (one core, GIL-bound), the framework's runtime threads (XLA /
+# PJRT dispatch and host-to-device copies, TensorFlow's inter-op pool), and
+# kerasfeed's own threads (one reader per worker, the device prefetch).
+# Workers on every core take those cores away exactly when the step needs them
+# (15 busy workers on 16 cores fed the H100 slower than 8). So the default
+# leaves the consumer room: on 2 cores both (the 2-core benchmarks use 2; the
+# consumer's share there is small and workers are niced, see
+# ``PoolOptions.worker_nice``), up to 8 cores one less, beyond that two less,
+# and at most MAX_DEFAULT_WORKERS: past that each worker adds start-up, ~50 MB
+# of memory plus the source, items in flight in shared memory and a reader
+# thread in the consumer, for sources that rarely need it. Pass ``workers=``
+# to use more.
+MAX_DEFAULT_WORKERS = 32
+# Workers run this many nice steps below their owner (os.nice) unless told
+# otherwise: under contention the kernel prefers the consumer's threads.
+DEFAULT_WORKER_NICE = 10
+NICE_ENV = "KERASFEED_WORKER_NICE"
 
-def default_workers() -> int:
+
+def usable_cpus() -> int:
     """The number of CPUs this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -22,13 +43,44 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def default_workers(cpus: Optional[int] = None) -> int:
+    """Worker processes when ``workers=None`` (see NOTE [ Default worker count ]).
+
+    Args:
+        cpus: the CPUs to plan for; None = ``usable_cpus()``.
+
+    Returns:
+        ``cpus`` up to 2, ``cpus - 1`` up to 8, then ``cpus - 2``, at most
+        ``MAX_DEFAULT_WORKERS``: 2 on 2 cores, 7 on 8, 14 on 16, 32 on 64.
+    """
+    cpus = usable_cpus() if cpus is None else max(1, int(cpus))
+    if cpus <= 2:
+        return cpus
+    if cpus <= 8:
+        return cpus - 1
+    return min(cpus - 2, MAX_DEFAULT_WORKERS)
+
+
+def _nice_from_env() -> int:
+    raw = os.environ.get(NICE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_WORKER_NICE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise ValueError(f"`{NICE_ENV}` must be an int from 0 to 19 (0: no change). Received: {NICE_ENV}={raw!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolOptions:
     """Options of a ``WorkerPool``, checked when built.
 
     Args:
-        workers: number of worker processes; None = the usable CPU count
-            (see ``resolved``).
+        workers: number of worker processes; None = ``default_workers()``
+            (2 on 2 cores, 14 on 16, 32 on 64; see ``resolved``).
         worker_init: run once in each worker after the source arrives.
         seed: base seed; worker ``k`` seeds ``random`` and ``numpy.random``
             with ``seed + k``. None draws one from the OS (see ``resolved``).
@@ -36,6 +88,11 @@ class PoolOptions:
             being made, the next ones queued); bounds memory and latency.
         timeout: seconds one item may take before the pass fails with a
             ``WorkerError``; None waits as long as the worker is alive.
+        worker_nice: how many nice steps (0-19) below this process the
+            workers run (``os.nice`` in each worker; Linux/Unix), so that the
+            consumer's threads (the training loop, the framework's runtime)
+            win when CPUs are contended; 0 keeps the owner's priority. None =
+            ``$KERASFEED_WORKER_NICE``, else ``DEFAULT_WORKER_NICE`` (10).
 
     Raises:
         TypeError, ValueError: a bad value (see ``kerasfeed._validation``).
@@ -44,7 +101,7 @@ class PoolOptions:
 
     ```python
     opts = PoolOptions(workers=2, seed=0)
-    opts.resolved().workers  # 2; PoolOptions().resolved().workers is the CPU count
+    opts.resolved().workers  # 2; PoolOptions().resolved().workers is default_workers()
     ```
     """
 
@@ -53,6 +110,7 @@ class PoolOptions:
     seed: Optional[int] = None
     in_flight_per_worker: int = 2
     timeout: Optional[float] = None
+    worker_nice: Optional[int] = None
 
     def __post_init__(self):
         def put(name, value):
@@ -63,6 +121,12 @@ class PoolOptions:
         put("seed", _v.seed("seed", self.seed))
         put("in_flight_per_worker", _v.positive_int("in_flight_per_worker", self.in_flight_per_worker))
         put("timeout", _v.seconds("timeout", self.timeout))
+        nice = _v.non_negative_int("worker_nice", self.worker_nice, allow_none=True)
+        if nice is not None and nice > 19:
+            raise ValueError(
+                f"`worker_nice` must be an int from 0 to 19 (0: no change), or None. Received: worker_nice={nice!r}"
+            )
+        put("worker_nice", _nice_from_env() if nice is None else nice)
 
     @property
     def given(self) -> bool:

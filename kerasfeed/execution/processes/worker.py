@@ -111,6 +111,13 @@ class WorkerLoop:
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
         init = self.init
+        if init.get("nice"):
+            # Below the owner (PoolOptions.worker_nice): under contention the
+            # consumer's threads (the training loop) run first.
+            try:
+                os.nice(init["nice"])
+            except OSError:
+                pass  # not allowed here: run at the owner's priority
         # The parent's import path first, so the source's modules resolve the
         # same way (spawn does the same).
         sys.path[:] = list(init["sys_path"]) + [p for p in sys.path if p not in init["sys_path"]]
