@@ -63,7 +63,7 @@ _LAZY = {
     "worker_run_dir": "kerasfeed.integrations.summaries:worker_run_dir",
     "WorkerSummaries": "kerasfeed.integrations.summaries:WorkerSummaries",
     # Keras 3 backends without TensorFlow: numpy batches and a Keras data adapter.
-    "to_loader": "kerasfeed.loader.loader:to_loader",
+    "to_loader": "kerasfeed.loader.api:to_loader",
     "Loader": "kerasfeed.loader.loader:Loader",
 }
 

@@ -15,6 +15,8 @@ import functools
 import re
 from typing import Any
 
+from kerasfeed.loader.loader import Loader
+
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
 MIN_KERAS = (3, 7)
 
@@ -39,10 +41,16 @@ def loader_class() -> type:
     check_keras_version(keras.version())
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
-    from kerasfeed.loader.loader import Loader
-
     # Loader comes first: its methods implement the adapter's.
-    return type("Loader", (Loader, DataAdapter), {"__module__": Loader.__module__, "__doc__": Loader.__doc__})
+    body = {"__module__": Loader.__module__, "__doc__": Loader.__doc__, "get_tf_dataset": get_tf_dataset}
+    return type("Loader", (Loader, DataAdapter), body)
+
+
+def get_tf_dataset(loader: Any) -> Any:
+    """The adapter's ``get_tf_dataset``: ``tf_dataset(loader)``, made once per loader."""
+    if loader._tf_dataset is None:
+        loader._tf_dataset = tf_dataset(loader)
+    return loader._tf_dataset
 
 
 def tf_dataset(loader: Any) -> Any:
@@ -52,7 +60,7 @@ def tf_dataset(loader: Any) -> Any:
     Its passes are counted by that dataset, from the loader's
     ``initial_state``; made once per loader.
     """
-    from kerasfeed.tfdata.adapter import to_dataset
+    from kerasfeed.tfdata.adapter import to_dataset  # TensorFlow: only on that backend
 
     args = dict(loader._order_args)
     if args["order"] is None and args["seed"] is None:
@@ -69,4 +77,4 @@ def tf_dataset(loader: Any) -> Any:
     )
 
 
-__all__ = ["MIN_KERAS", "check_keras_version", "loader_class", "tf_dataset"]
+__all__ = ["MIN_KERAS", "check_keras_version", "get_tf_dataset", "loader_class", "tf_dataset"]

@@ -5,17 +5,17 @@ Every ``iter(loader)`` gives a ``PassIterator``; the pass it reads starts
 unbuilt model under JAX and PyTorch from one batch of a throwaway iterator,
 then resets its epoch iterator: the pass that iterator opened is then taken
 over by the next one, which yields that first batch again, so epoch ``k`` of
-``fit`` reads pass ``k`` (``Loader.on_epoch_end`` decides when).
+``fit`` reads pass ``k`` (``Passes.hand_over`` decides when, from the
+loader's ``on_epoch_end``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+import itertools
+import threading
+from typing import Any, Callable, Optional
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from kerasfeed.loader.loader import Loader
 
 
 class Pass:
@@ -36,11 +36,86 @@ class Pass:
         self.reader = reader  # id of the iterator reading it
 
 
+class Passes:
+    """Which pass each iterator of one loader reads.
+
+    Args:
+        begin: ``PassPipeline.begin``: starts the next pass, returns
+            ``(indices, epoch)``.
+        read: ``BatchReader.read``: batch ``p.position`` of pass ``p``.
+        per_pass: batches in a whole pass.
+        first_pass: batches in the first pass (fewer when resumed inside it).
+    """
+
+    def __init__(self, begin: Callable[[], tuple], read: Callable[[Pass], Any], per_pass: int, first_pass: int):
+        self._begin_pass = begin
+        self.read = read
+        self.per_pass = per_pass
+        self._first_pass = first_pass
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._newest = 0  # id of the newest iterator
+        self._open: Optional[Pass] = None  # the pass begun last
+        self._peek: Optional[Pass] = None  # a pass the next iterator takes over
+        self._begun = False
+
+    def iterator(self) -> "PassIterator":
+        """A new iterator; it takes over the pass ``hand_over`` kept, if any."""
+        with self._lock:
+            ident = next(self._ids)
+            self._newest = ident
+            adopted, self._peek = self._peek, None
+            if adopted is not None:
+                adopted.reader = ident
+        return PassIterator(self, ident, adopted)
+
+    def begin(self, reader: int) -> Pass:
+        """Starts the next pass for iterator ``reader``."""
+        with self._lock:
+            if self._open is not None and self._open is not self._peek:
+                self._open.first = None  # no longer replayable: release it
+            indices, epoch = self._begin_pass()
+            batches = self._first_pass if not self._begun else self.per_pass
+            self._begun = True
+            p = self._open = Pass(int(epoch), indices, batches, reader)
+            return p
+
+    def carry_on(self, p: Pass) -> None:
+        """The reader went on with its own iterator (Keras with
+        ``steps_per_epoch``): the pass is no longer one to take over."""
+        if self._peek is p:
+            with self._lock:
+                if self._peek is p:
+                    self._peek = None
+
+    def _replayable(self) -> Optional[Pass]:
+        p = self._open
+        if p is not None and p.position == 1 and p.first is not None and p.reader == self._newest:
+            return p
+        return None
+
+    @property
+    def next_batches(self) -> int:
+        """Batches in the pass read next."""
+        with self._lock:
+            p = self._peek or self._replayable()
+            if p is not None:
+                return p.batches
+            return self.per_pass if self._begun else self._first_pass
+
+    def hand_over(self) -> None:
+        """After a model build took one batch, the next iterator takes over that pass."""
+        with self._lock:
+            p = self._replayable()
+            if p is not None:
+                self._peek = p
+
+
 class PassIterator:
     """Iterates one pass; the pass starts (hooks, executor plan) on the first ``next``."""
 
-    def __init__(self, loader: "Loader", ident: int, adopted: Optional[Pass]):
-        self._loader = loader
+    def __init__(self, passes: Passes, ident: int, adopted: Optional[Pass]):
+        self._passes = passes
         self._id = ident
         self._pass = adopted
         self._replay = adopted is not None
@@ -52,16 +127,16 @@ class PassIterator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        loader = self._loader
+        passes = self._passes
         p = self._pass
         if p is None:
-            p = self._pass = loader._begin(self._id)
+            p = self._pass = passes.begin(self._id)
         elif p.reader != self._id:
             raise RuntimeError(
                 "kerasfeed: this loader iterator was superseded: a newer iterator took over its pass "
                 f"(pass {p.epoch}). Iterate the newest one. Received: a call to next() on the older iterator."
             )
-        loader._continue(p)
+        passes.carry_on(p)
         if self._replay:
             self._replay = False
             return p.first
@@ -69,10 +144,10 @@ class PassIterator:
             self._done = True
             p.first = None  # read to its end: never taken over (a one-batch pass included)
             raise StopIteration
-        batch = loader._read(p)
+        batch = passes.read(p)
         p.position += 1
         p.first = batch if p.position == 1 else None
         return batch
 
 
-__all__ = ["Pass", "PassIterator"]
+__all__ = ["Pass", "PassIterator", "Passes"]

@@ -1,0 +1,147 @@
+"""``to_loader``: any indexable source as numpy batches, for every Keras 3 backend.
+
+Resolves the arguments and makes the ``Loader`` (``loader.py``) as a Keras
+data adapter (``keras_adapter.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Union
+
+from kerasfeed import _validation as _v
+from kerasfeed.execution.base import Executor
+from kerasfeed.loader.keras_adapter import loader_class
+from kerasfeed.loader.loader import Loader
+from kerasfeed.loading.shards import shards_from
+
+
+def to_loader(
+    source: Any,
+    *,
+    batch_size: Optional[int] = None,
+    shuffle: bool = False,
+    seed: Optional[int] = None,
+    executor: Union[str, Executor] = "threads",
+    workers: Optional[int] = None,
+    worker_init: Optional[Callable[[], None]] = None,
+    drop_remainder: bool = False,
+    padding_values: Any = None,
+    ragged: bool = False,
+    probe: int = 3,
+    num_shards: Optional[int] = None,
+    shard_index: Optional[int] = None,
+    initial_state: Optional[Mapping[str, int]] = None,
+    order: Any = None,
+    input_context: Any = None,
+    copy: bool = False,
+) -> Loader:
+    """Turns an indexable source into numpy batches for any Keras 3 backend.
+
+    The batches, their order and the pass numbering are those of
+    ``to_dataset`` with the same arguments, without TensorFlow: ``source[i]``
+    runs on the executor (threads or worker processes with shared memory),
+    which makes each pass's items ahead; batching happens in numpy. Pass the
+    result to ``model.fit``/``evaluate``/``predict`` on the JAX, PyTorch or
+    TensorFlow backend (Keras >= 3.7), or iterate it in a custom loop.
+
+    Args:
+        source: an object with ``__len__`` and ``__getitem__``, such as a
+            ``kerasfeed.SceneSequence`` or ``keras.utils.PyDataset``.
+        batch_size: None when items are already batches (the Keras
+            convention); an int to treat items as samples and stack them.
+        shuffle: read items in a new seeded random order every pass.
+        seed: seed of the shuffle (and base seed of worker processes).
+        executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
+            ``Executor`` instance (not closed by the loader).
+        workers: number of worker processes (process executors only).
+        worker_init: called once in each worker process.
+        drop_remainder: with ``batch_size``, drop the last short batch.
+        padding_values: with ``batch_size``, what samples whose shapes vary
+            are padded with: one scalar, or a nest shaped like the items;
+            default 0 (``b""`` for strings).
+        ragged: not supported: numpy has no ragged arrays (pad, or return
+            whole batches with ``batch_size=None``).
+        probe: leading items probed (and the last) to learn the structure,
+            dtypes and which dimensions may vary.
+        num_shards: split every pass into this many disjoint, equal shards
+            (None: 1), as ``to_dataset`` splits them.
+        shard_index: the shard this loader yields (None: 0).
+        initial_state: ``{"epoch": e, "batches": b}`` (from
+            ``TrainingProgress``): the first pass is pass ``e`` and starts
+            after its first ``b`` batches; use ``fit(..., initial_epoch=e)``.
+            A state saved with an order fingerprint is refused with another order.
+        order: the index order of every pass instead of ``shuffle``/``seed``/
+            ``num_shards``/``shard_index``: any object with ``shard_length``
+            and ``indices(epoch)``, such as ``kerasfeed.BalancedOrder`` or
+            ``kerasfeed.WeightedOrder`` (as in ``to_dataset``).
+        input_context: a ``tf.distribute.InputContext``, or any object with
+            ``num_input_pipelines`` and ``input_pipeline_id`` (TensorFlow is
+            not needed): sets ``num_shards``/``shard_index`` to them, as in
+            ``to_dataset``.
+        copy: False (the default): batches are handed over without a copy
+            where that is safe: with ``batch_size=None``, the arrays
+            ``source[i]`` returned (threads) or views of the worker's shared
+            memory, which stays lent to the batch until the batch and every
+            view of it are gone (processes). True: every batch is made of
+            fresh arrays that share nothing with the source or the workers
+            (one copy per batch). See ``kerasfeed/loader/batches.py``.
+
+    Returns:
+        A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
+        batches; ``loader.torch()`` / ``loader.jax()`` convert them. It is a
+        ``keras`` data adapter, so ``model.fit(loader, epochs=n)`` works.
+
+    Raises:
+        TypeError, ValueError: a non-indexable or empty source, or bad
+            arguments (``ragged=True`` included).
+        RuntimeError: Keras older than 3.7 (it cannot take a data adapter).
+        kerasfeed.ItemError: ``source[i]`` raised (while probing or
+            iterating): index, type, message and traceback.
+        kerasfeed.SignatureError: an item does not fit the probed structure.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import kerasfeed
+
+    class Points(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return np.full((4, 3), i, "float32"), np.int64(i % 2)
+
+    loader = kerasfeed.to_loader(Points(), batch_size=4, shuffle=True, seed=0)
+    for x, y in loader:
+        print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
+    ```
+    """
+    if ragged is not False:
+        _v.flag("ragged", ragged, owner="to_loader")
+        raise ValueError(
+            "to_loader batches in numpy, which has no ragged arrays: samples whose shapes vary are padded "
+            "(`padding_values=`), or return whole batches from `source[i]` with batch_size=None "
+            "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
+        )
+    num_shards, shard_index = shards_from(num_shards, shard_index, input_context, owner="to_loader")
+    return loader_class()(
+        source,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        executor=executor,
+        workers=workers,
+        worker_init=worker_init,
+        drop_remainder=drop_remainder,
+        padding_values=padding_values,
+        probe=probe,
+        num_shards=1 if num_shards is None else num_shards,
+        shard_index=0 if shard_index is None else shard_index,
+        initial_state=initial_state,
+        order=order,
+        copy=copy,
+    )
+
+
+__all__ = ["to_loader"]
