@@ -1,9 +1,9 @@
-"""Runs a script as N ``tf.distribute`` workers on 127.0.0.1 (test helper).
+"""Runs a script as N ``tf.distribute`` workers or Keras/JAX processes on 127.0.0.1 (test helper).
 
-Free ports are picked at run time; every worker gets its ``TF_CONFIG``; a
-hard timeout applies to the whole group, and when one worker fails (or time
-runs out) every other one is killed, so a stuck collective never outlives
-the test.
+Free ports are picked at run time; every worker gets its ``TF_CONFIG`` (or
+its ``KERAS_DISTRIBUTION_*`` variables); a hard timeout applies to the whole
+group, and when one worker fails (or time runs out) every other one is
+killed, so a stuck collective never outlives the test.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def free_ports(n: int) -> list[int]:
@@ -41,18 +41,35 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout: float = 240.0, cwd=None) -> list[str]:
+def tf_config_env(k: int, ports: list[int]) -> dict:
+    """Worker ``k``'s ``TF_CONFIG`` for a ``tf.distribute`` cluster on ``ports``."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": k}})}
+
+
+def keras_jax_env(k: int, ports: list[int]) -> dict:
+    """Process ``k``'s environment for ``keras.distribution.initialize()`` on JAX
+    (CPU, two devices per process), its coordinator on the first port."""
+    return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{ports[0]}",
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(ports)), "KERAS_DISTRIBUTION_PROCESS_ID": str(k),
+            "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
+
+def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout: float = 240.0, cwd=None,
+                env_for: Callable[[int, list[int]], dict] = tf_config_env) -> list[str]:
     """Runs ``script args`` once per worker; returns each worker's output.
+
+    ``env_for(k, ports)``: what worker ``k``'s environment adds (``TF_CONFIG``
+    by default, or ``keras_jax_env``); ``ports`` are free ones, one per worker.
 
     Raises:
         AssertionError: a worker failed or the group timed out (with every
             worker's output tail).
     """
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(num_workers)]}
+    ports = free_ports(num_workers)
     procs, logs = [], []
     for k in range(num_workers):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1",
-                   TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": k}}))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1", **env_for(k, ports))
         log = open(os.path.join(cwd or ".", f"worker_{k}.log"), "w+") if cwd else subprocess.PIPE
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, script, *args], env=env, cwd=cwd, stdout=log,

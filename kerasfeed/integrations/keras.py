@@ -141,7 +141,7 @@ class TrainingProgress(keras.callbacks.Callback):
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes ``state()`` as JSON, atomically (parent directories are created)."""
         os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-        tmp = f"{os.fspath(path)}.tmp"
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # processes sharing the path never share the temporary
         with open(tmp, "w") as f:
             json.dump(self.state(), f)
         os.replace(tmp, path)

@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 
 import keras
 
+from kerasfeed.loading import hosts
 from kerasfeed.loading.shards import current_worker, tf_config_worker
 
 
@@ -16,8 +17,10 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
     """``log_dir/worker_<k>``: this worker's own TensorBoard run directory.
 
     ``k`` is the worker's index in a multi-worker cluster (the chief, if any,
-    is 0), and 0 for a single worker. Two summary writers must never share a
-    run directory, so every worker writes under its own.
+    is 0), the process index (``jax.process_index()``) under a multi-process
+    Keras distribution on JAX, and 0 for a single worker. Two summary
+    writers must never share a run directory, so every worker writes under
+    its own.
 
     Example:
 
@@ -26,6 +29,9 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
     kerasfeed.worker_run_dir("logs")  # 'logs/worker_0' outside a cluster
     ```
     """
+    processes = hosts.current_processes()  # Keras' distribution API on JAX
+    if processes is not None:
+        return os.path.join(os.fspath(log_dir), f"worker_{processes.process_index}")
     worker = current_worker() or tf_config_worker()
     return os.path.join(os.fspath(log_dir), f"worker_{0 if worker is None else worker.worker_id}")
 

@@ -12,6 +12,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.loader.keras_adapter import loader_class
 from kerasfeed.loader.loader import Loader
+from kerasfeed.loading import hosts
 from kerasfeed.loading.shards import shards_from
 
 
@@ -62,10 +63,13 @@ def to_loader(
         ragged: not supported: numpy has no ragged arrays (pad, or return
             whole batches with ``batch_size=None``).
         probe: leading items probed (and the last) to learn the structure,
-            dtypes and which dimensions may vary.
-        num_shards: split every pass into this many disjoint, equal shards
-            (None: 1), as ``to_dataset`` splits them.
-        shard_index: the shard this loader yields (None: 0).
+            dtypes and which dimensions may vary; a shard probes the first
+            items of its own first pass instead, as ``to_dataset``'s do.
+        num_shards: split every pass into this many disjoint, equal shards,
+            as ``to_dataset`` splits them. None: one shard per process under
+            a multi-process Keras distribution on JAX (``DataParallel``,
+            ``ModelParallel`` along its batch dimension; see below), else 1.
+        shard_index: the shard this loader yields (None: this process's, or 0).
         initial_state: ``{"epoch": e, "batches": b}`` (from
             ``TrainingProgress``): the first pass is pass ``e`` and starts
             after its first ``b`` batches; use ``fit(..., initial_epoch=e)``.
@@ -86,6 +90,16 @@ def to_loader(
             fresh arrays that share nothing with the source or the workers
             (one copy per batch). See ``kerasfeed/loader/batches.py``.
 
+    Under a multi-process ``keras.distribution`` (JAX; one process per host)
+    each process reads only its own shard of every pass, by the same rule as
+    Keras' ``tf.data`` sharding, with equal steps on every process;
+    ``batch_size`` is then the *per-process* batch (the global batch is
+    ``batch_size`` times the number of shards, and it must divide among this
+    process's devices). Every process must create its loaders in the same
+    order, with the same arguments: the processes check at creation that
+    they agree on length, seed, order and batching (explicit ``num_shards``/
+    ``shard_index``/``input_context`` skip this). See ``docs/multiworker.md``.
+
     Returns:
         A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
         batches; ``loader.torch()`` / ``loader.jax()`` convert them. It is a
@@ -93,8 +107,11 @@ def to_loader(
 
     Raises:
         TypeError, ValueError: a non-indexable or empty source, or bad
-            arguments (``ragged=True`` included).
-        RuntimeError: Keras older than 3.7 (it cannot take a data adapter).
+            arguments (``ragged=True`` included); under several processes,
+            ones that disagree, a per-process batch that does not divide
+            among the local devices, or ``shuffle`` without a ``seed``.
+        RuntimeError: Keras older than 3.7 (it cannot take a data adapter);
+            another process failed to create its loader.
         kerasfeed.ItemError: ``source[i]`` raised (while probing or
             iterating): index, type, message and traceback.
         kerasfeed.SignatureError: an item does not fit the probed structure.
@@ -124,24 +141,40 @@ def to_loader(
             "(`padding_values=`), or return whole batches from `source[i]` with batch_size=None "
             "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
         )
-    num_shards, shard_index = shards_from(num_shards, shard_index, input_context, owner="to_loader")
-    return loader_class()(
-        source,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        worker_init=worker_init,
-        drop_remainder=drop_remainder,
-        padding_values=padding_values,
-        probe=probe,
-        num_shards=1 if num_shards is None else num_shards,
-        shard_index=0 if shard_index is None else shard_index,
-        initial_state=initial_state,
-        order=order,
-        copy=copy,
-    )
+    # Under a multi-process Keras distribution (JAX) each process reads its own
+    # shard, and the processes check that they agree (kerasfeed/loading/hosts.py).
+    explicit = input_context is not None or num_shards is not None or shard_index is not None
+    processes = None if explicit else hosts.current_processes()
+
+    def make() -> tuple[Loader, Optional[dict]]:
+        shards, index, use_order = (*shards_from(num_shards, shard_index, input_context, owner="to_loader"), order)
+        if processes is not None:
+            shards, index, use_order = hosts.process_shards(processes, order=order, shuffle=shuffle, seed=seed,
+                                                            owner="to_loader")
+        loader = loader_class()(
+            source,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            executor=executor,
+            workers=workers,
+            worker_init=worker_init,
+            drop_remainder=drop_remainder,
+            padding_values=padding_values,
+            probe=probe,
+            num_shards=1 if shards is None else shards,
+            shard_index=0 if index is None else index,
+            initial_state=initial_state,
+            order=use_order,
+            copy=copy,
+        )
+        try:
+            return loader, None if processes is None else loader._join(processes)
+        except BaseException:
+            loader.close()
+            raise
+
+    return hosts.agreed(processes, make, owner="to_loader")
 
 
 __all__ = ["to_loader"]

@@ -21,8 +21,10 @@ from kerasfeed.loader.batches import BatchReader
 from kerasfeed.loader.collate import Signature
 from kerasfeed.loader.convert import TorchBatches, map_arrays
 from kerasfeed.loader.passes import Passes
+from kerasfeed.loading import hosts
 from kerasfeed.loading.arguments import resolve_passes, resume_state
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
+from kerasfeed.loading.shards import shard_probe_indices
 from kerasfeed.sources.base import source_length
 
 
@@ -85,13 +87,17 @@ class Loader:
             resume=resume_state(initial_state), owner="to_loader",
         )
         order, resume = passes.order, passes.resume
+        self._resolved = passes
         self._source = source
         self._order = order
         self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
         self._owns_executor = not isinstance(executor, Executor)
         self.executor = make_executor(executor, source, pool_options, handover="numpy")
         try:
-            probes = [(i, self.executor.load(i, 0)) for i in probe_indices(total, probe)]
+            # A shard probes its own first items, as to_dataset's do: none of another process's.
+            at = (shard_probe_indices(order, total, probe, resume.epoch, passes.skip, batches=batch_size is None)
+                  if order_args["order"] is None and num_shards > 1 else probe_indices(total, probe))
+            probes = [(i, self.executor.load(i, 0)) for i in at]
             self._signature = Signature.infer(probes)
             self._padding = self._signature.padding(padding_values)
         except BaseException:
@@ -111,6 +117,20 @@ class Loader:
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
+
+    def _join(self, processes: hosts.ProcessShards) -> dict:
+        """Under several processes (``kerasfeed/loading/hosts.py``): checks the
+        per-process batch, names the process in the stats, and returns what
+        the processes must agree on."""
+        leading = [s[0] if len(s) else None for s in self._signature.shapes]
+        hosts.check_local_batches(processes, batch_size=self._batch_size, partial=self.partial_batch_size,
+                                  leading=leading, owner="to_loader")
+        if self._pipeline.stats is not None:
+            self._pipeline.stats.process = processes.process_index
+        args = self._order_args
+        return hosts.pass_facts(source_length(self._source), self._resolved, shuffle=args["shuffle"],
+                                seed=args["seed"], num_shards=args["num_shards"], batch_size=self._batch_size,
+                                drop_remainder=self._drop_remainder)
 
     # -- iteration -----------------------------------------------------------
 

@@ -63,6 +63,8 @@ def stats(ds: Any) -> dict:
     - ``ahead``, ``in_flight``: items made and not taken yet / being made,
       right now; ``shm_bytes``: shared memory held by worker processes.
     - ``kind``, ``executor``, ``items_per_batch``, ``uptime_s``.
+    - ``process``: this process's index when a ``to_loader`` reads its shard
+      under a multi-process Keras distribution (JAX); None otherwise.
 
     Args:
         ds: a dataset from ``kerasfeed.to_dataset`` or a stream function,

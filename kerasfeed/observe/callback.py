@@ -9,6 +9,7 @@ from typing import Any, Optional
 import keras
 
 from kerasfeed._validation import positive_int
+from kerasfeed.loading import hosts
 from kerasfeed.observe.api import collector_of
 from kerasfeed.observe.stats import StatsCollector, live_collectors
 
@@ -17,12 +18,13 @@ def input_run_dir(log_dir: "str | os.PathLike") -> str:
     """The run directory of this process's input scalars under ``log_dir``.
 
     ``log_dir/input`` for a single process; under a multi-worker cluster
-    (``TF_CONFIG``), ``kerasfeed.worker_run_dir(log_dir)/input`` (e.g.
-    ``log_dir/worker_1/input``), beside that worker's ``WorkerSummaries`` run:
-    no two writers ever share one run directory (TensorBoard mixes their
-    events).
+    (``TF_CONFIG``) or a multi-process Keras distribution (JAX),
+    ``kerasfeed.worker_run_dir(log_dir)/input`` (e.g.
+    ``log_dir/worker_1/input``, 1 being the worker or process index), beside
+    that worker's ``WorkerSummaries`` run: no two writers ever share one run
+    directory (TensorBoard mixes their events).
     """
-    if not os.environ.get("TF_CONFIG"):
+    if not os.environ.get("TF_CONFIG") and hosts.current_processes() is None:
         return os.path.join(os.fspath(log_dir), "input")
     from kerasfeed.integrations.summaries import worker_run_dir
 
@@ -56,8 +58,9 @@ class InputStats(keras.callbacks.Callback):
     With ``log_dir`` it also writes TensorBoard scalars every
     ``every_n_steps`` training steps and at each epoch end, from this (the
     main) process, with one writer, into ``input_run_dir(log_dir)``
-    (``log_dir/input``; ``log_dir/input/worker_<k>`` under a multi-worker
-    ``TF_CONFIG``), step = global training step. Tags:
+    (``log_dir/input``; ``log_dir/worker_<k>/input`` under a multi-worker
+    ``TF_CONFIG`` or a multi-process Keras distribution, ``k`` the worker or
+    process index), step = global training step. Tags:
 
     - ``input/wait_ms_mean`` (over the interval), ``input/wait_ms_p50``,
       ``input/wait_ms_p95``, ``input/wait_ms_p99`` (the last 4096 items),

@@ -131,6 +131,7 @@ class StatsCollector:
         self.kind = kind
         self.items_per_batch = max(1, int(items_per_batch or 1))
         self.executor: Optional[str] = None
+        self.process: Optional[int] = None  # this process's index under a multi-process Keras distribution
         self._lock = threading.Lock()
         self._created = time.perf_counter()
         self._wait = _Ring(window)
@@ -261,6 +262,7 @@ class StatsCollector:
             out = {
                 "kind": self.kind,
                 "executor": self.executor,
+                "process": self.process,
                 "items": self._wait.count,
                 "batches": self._wait.count / self.items_per_batch,
                 "items_per_batch": self.items_per_batch,

@@ -1,0 +1,366 @@
+"""Which shard of every pass this process reads under a multi-process Keras distribution.
+
+Keras 3's multi-host ``model.fit`` is its distribution API on JAX
+(``keras.distribution.initialize`` + ``DataParallel``/``ModelParallel``):
+one process per host, each feeding its *own part* of every global batch
+(``jax.make_array_from_process_local_data`` joins the processes' batches).
+Keras shards only ``tf.data`` input itself; ``get_data_adapter`` hands any
+``DataAdapter`` (which a ``to_loader`` is) to ``fit`` unchanged, before its
+auto-shard check. So a loader must read this process's shard by itself, or
+every process reads every item and the global batch holds each item once per
+process. This module decides the shard (TF-free; JAX and Keras are looked up
+only when the program already imported them) and checks that the processes
+agree before the first step.
+
+NOTE [ processes under keras.distribution ]
+The rule is Keras' own for ``tf.data`` (``Distribution.distribute_tf_dataset``):
+with ``R`` model replicas along the batch dimension and ``P`` processes, the
+data is cut into ``min(R, P)`` shards and this process reads shard
+``distribution.data_shard_id`` (its process index when ``R >= P``; processes
+that hold one replica together read the same shard; ``R == 1``: every process
+reads everything). Each shard is cut as ``to_dataset``'s shards are
+(``IndexOrder``: every ``num_shards``-th entry of the pass order, cut to
+``n // num_shards``), so every process takes the same number of steps.
+``batch_size`` is the *per-process* batch: a step's global batch is
+``batch_size * min(R, P)`` samples, and the per-process batch is split again
+among this process's devices on the batch axis, so it must divide among them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+from typing import Any, Callable, Optional, TypeVar
+
+import numpy as np
+
+from kerasfeed.loading.arguments import Passes
+from kerasfeed.sampling.fingerprints import hash_parts
+from kerasfeed.sampling.protocol import order_fingerprint
+
+T = TypeVar("T")
+
+# What the processes must agree on when a loader is created, in this order.
+FACTS = (
+    "len(source)",
+    "shuffle",
+    "seed",
+    "order fingerprint",
+    "num_shards",
+    "batch_size",
+    "drop_remainder",
+    "batches per pass",
+    "batches in the first pass",
+    "initial_state epoch",
+    "initial_state batches",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessShards:
+    """This process in a multi-process Keras distribution, and the shard it reads.
+
+    Attributes:
+        num_processes, process_index: the cluster's processes and this one
+            (``jax.process_count()``, ``jax.process_index()``).
+        num_shards, shard_index: the data shards (``min(R, P)``) and the one
+            this process reads.
+        local_batch_shards: the slices of the batch dimension on this
+            process's devices: the per-process batch must divide by it.
+        source: what decided it, for messages
+            (``"keras.distribution.DataParallel"``, ...).
+        batch_axis: the mesh axis of the batch dimension, for messages.
+    """
+
+    num_processes: int
+    process_index: int
+    num_shards: int
+    shard_index: int
+    local_batch_shards: int = 1
+    source: str = "jax.distributed"
+    batch_axis: Optional[str] = None
+
+    def global_batch(self, batch_size: int) -> int:
+        """Samples in one step's global batch when every process reads ``batch_size``."""
+        return batch_size * self.num_shards
+
+
+def _local_batch_shards(dist: Any, jax: Any, replicas: int, processes: int) -> int:
+    try:
+        mesh = dist.device_mesh.backend_mesh
+        axis = list(mesh.axis_names).index(dist.batch_dim_name)
+        me = jax.process_index()
+        coords = {idx[axis] for idx, d in np.ndenumerate(mesh.devices) if d.process_index == me}
+        return max(1, len(coords))
+    except Exception:  # noqa: BLE001 - a mesh this cannot read: Keras' even split
+        return max(1, replicas // processes)
+
+
+def current_processes() -> Optional[ProcessShards]:
+    """This process under a multi-process Keras distribution, or None.
+
+    The active ``keras.distribution`` decides (``distribution.num_processes``,
+    ``num_model_replicas``, ``data_shard_id``); without one, a
+    ``jax.distributed`` cluster of several processes (``keras.distribution.
+    initialize`` ran, ``set_distribution`` not yet) reads one shard per
+    process. Nothing is imported: a program that never imported JAX has no
+    such cluster.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    keras = sys.modules.get("keras")
+    dist = None
+    if keras is not None:
+        try:
+            dist = keras.distribution.distribution()
+        except Exception:  # noqa: BLE001 - a backend without the distribution API
+            dist = None
+    if dist is not None and int(getattr(dist, "num_processes", 1)) > 1:
+        processes, replicas = int(dist.num_processes), int(dist.num_model_replicas)
+        return ProcessShards(
+            processes,
+            int(jax.process_index()),
+            min(replicas, processes),
+            int(dist.data_shard_id),
+            _local_batch_shards(dist, jax, replicas, processes),
+            f"keras.distribution.{type(dist).__name__}",
+            dist.batch_dim_name,
+        )
+    is_initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
+    if callable(is_initialized) and is_initialized() and jax.process_count() > 1:
+        index = int(jax.process_index())
+        return ProcessShards(int(jax.process_count()), index, int(jax.process_count()), index)
+    return None
+
+
+class _ProcessShardOrder:
+    """An unsharded ``order=`` object cut into this process's shard by the same
+    rule as ``IndexOrder``'s shards (every ``num_shards``-th entry, cut to
+    ``shard_length // num_shards``)."""
+
+    def __init__(self, order: Any, num_shards: int, shard_index: int):
+        self.order, self.num_shards, self.shard_index = order, num_shards, shard_index
+        self.shard_length = int(order.shard_length) // num_shards
+        length = getattr(order, "length", None)
+        if length is not None:
+            self.length = length
+
+    @property
+    def fingerprint(self) -> str:
+        # Without the shard index: every process resumes from one saved state.
+        return hash_parts("ProcessShards", order_fingerprint(self.order), self.num_shards)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        idx = np.asarray(self.order.indices(epoch))
+        return idx[self.shard_index :: self.num_shards][: self.shard_length]
+
+    def __repr__(self) -> str:
+        return f"{self.order!r} (shard {self.shard_index} of {self.num_shards}: this process's)"
+
+
+def process_shards(
+    processes: ProcessShards, *, order: Any, shuffle: bool, seed: Optional[int], owner: str
+) -> tuple[Optional[int], Optional[int], Any]:
+    """``(num_shards, shard_index, order)`` for a loader of this process.
+
+    An unsharded ``order=`` object is cut into this process's shard; one
+    built with ``num_shards > 1`` is taken as it is (its shards are yours).
+
+    Raises:
+        ValueError: shuffling across processes without a ``seed``, or fewer
+            entries in a pass than shards.
+    """
+    n, k, where = processes.num_shards, processes.shard_index, f"process {processes.process_index}"
+    if order is not None:
+        if n == 1 or int(getattr(order, "num_shards", 1) or 1) > 1:
+            return None, None, order
+        if int(order.shard_length) < n:
+            raise ValueError(
+                f"{owner}: the `order` has {int(order.shard_length)} entries per pass, fewer than the {n} data shards "
+                f"of the {processes.num_processes}-process {processes.source} ({where}): every shard needs one. "
+                f"Received: order={order!r}"
+            )
+        return None, None, _ProcessShardOrder(order, n, k)
+    if shuffle and seed is None:
+        raise ValueError(
+            f"{owner}: `shuffle=True` under a {processes.num_processes}-process {processes.source} needs an explicit "
+            f"`seed`: every process must draw the same permutation of every pass, so that their shards stay "
+            "disjoint (or, with one shard, their batches equal). Pass the same seed on every process. "
+            "Received: seed=None"
+        )
+    return n, k, None
+
+
+def check_local_batches(
+    processes: ProcessShards,
+    *,
+    batch_size: Optional[int],
+    partial: Optional[int],
+    leading: list,
+    owner: str,
+) -> None:
+    """Refuses a per-process batch that does not divide among this process's
+    devices on the batch axis (``jax.make_array_from_process_local_data``
+    would fail at the first step).
+
+    Args:
+        batch_size: the per-process batch (None: items are batches).
+        partial: samples in a pass's short last batch, or None.
+        leading: with ``batch_size=None``, the leading sizes of the probed
+            items' arrays (None where they vary).
+    """
+    devices = processes.local_batch_shards
+    if devices <= 1:
+        return
+    where = (
+        f"the {devices} devices of process {processes.process_index} on the batch axis "
+        f"{processes.batch_axis!r} of the {processes.source}"
+    )
+    if batch_size is not None and batch_size % devices:
+        raise ValueError(
+            f"{owner}: `batch_size` is the per-process batch, split again among {where}: {batch_size} samples do "
+            f"not divide among {devices} devices. Use a multiple of {devices} (the global batch is batch_size x "
+            f"{processes.num_shards} shards). Received: batch_size={batch_size}"
+        )
+    if batch_size is not None and partial and partial % devices:
+        raise ValueError(
+            f"{owner}: the last batch of every pass has {partial} samples, which do not divide among {where}. "
+            f"Pass `drop_remainder=True`, or give every process a multiple of {devices} items per pass. "
+            f"Received: batch_size={batch_size}, drop_remainder=False, last batch={partial}"
+        )
+    bad = [d for d in leading if d is not None and d % devices]
+    if batch_size is None and bad:
+        raise ValueError(
+            f"{owner}: items are whole batches (batch_size=None) of {bad[0]} samples, which do not divide among "
+            f"{where}. Return batches of a multiple of {devices} samples. Received: item batch size={bad[0]}"
+        )
+
+
+def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int], num_shards: int,
+               batch_size: Optional[int], drop_remainder: bool) -> dict:
+    """``{fact: value}`` for ``FACTS``, from a pipeline's resolved passes."""
+    return {
+        "len(source)": total,
+        "shuffle": bool(shuffle),
+        "seed": getattr(passes.order, "seed", seed) if shuffle else None,  # drawn when None: unused
+        "order fingerprint": order_fingerprint(passes.order),
+        "num_shards": num_shards,
+        "batch_size": batch_size,
+        "drop_remainder": bool(drop_remainder),
+        "batches per pass": passes.per_pass,
+        "batches in the first pass": passes.first_pass,
+        "initial_state epoch": passes.resume.epoch,
+        "initial_state batches": passes.resume.batches,
+    }
+
+
+def _code(value: Any) -> int:
+    """An int64 for a fact: small non-negative ints as themselves, None as -1,
+    anything else as a negative 61-bit hash of its text."""
+    if value is None:
+        return -1
+    if isinstance(value, (bool, int, np.integer)) and 0 <= int(value) < 2**62:
+        return int(value)
+    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return -2 - (int.from_bytes(digest, "big") >> 3)
+
+
+def _text(code: int) -> str:
+    return str(code) if code >= 0 else "None" if code == -1 else f"#{-2 - code:x}"
+
+
+def exchange(processes: ProcessShards, row: np.ndarray) -> np.ndarray:
+    """All-gathers one int64 row per process through JAX: a ``(P, len(row))`` table.
+
+    Sent as int32 pairs (JAX has no int64 without ``jax_enable_x64``).
+    """
+    from jax.experimental import multihost_utils
+
+    local = np.ascontiguousarray(row, dtype=np.int64).view(np.int32)
+    table = np.ascontiguousarray(np.asarray(multihost_utils.process_allgather(local)), dtype=np.int32)
+    return table.reshape(processes.num_processes, -1).view(np.int64)
+
+
+def check_agreement(processes: ProcessShards, facts: Optional[dict], *, owner: str) -> None:
+    """Exchanges this process's ``facts`` (None: it failed) and compares them.
+
+    Every process of the cluster must call this once per loader, in the same
+    order (it is one collective exchange).
+
+    Raises:
+        RuntimeError: another process failed to create its loader.
+        ValueError: a fact differs between processes (names it and every
+            process's value).
+    """
+    row = np.zeros(1 + len(FACTS), np.int64)
+    if facts is None:
+        row[0] = 1
+    else:
+        row[1:] = [_code(facts[name]) for name in FACTS]
+    table = exchange(processes, row)
+    me = processes.process_index
+    failed = [p for p in range(table.shape[0]) if table[p, 0]]
+    if facts is None:
+        return
+    if failed:
+        raise RuntimeError(
+            f"{owner}: process {failed[0]} of {processes.num_processes} failed to create its loader (its own error "
+            f"is in its output), so process {me} stops here too instead of waiting for it at the first training "
+            f"step. Received: failed processes={failed}"
+        )
+    differ = [j for j, name in enumerate(FACTS) if len(set(table[:, 1 + j].tolist())) > 1]
+    if differ:
+        per = "; ".join(
+            f"{FACTS[j]} (" + ", ".join(f"process {p}: {_text(int(v))}" for p, v in enumerate(table[:, 1 + j])) + ")"
+            for j in differ
+        )
+        name = FACTS[differ[0]]
+        raise ValueError(
+            f"{owner}: the {processes.num_processes} processes of the {processes.source} disagree on "
+            f"{', '.join(FACTS[j] for j in differ)}: {per}. Every process must build its loader from the same "
+            "source (same length), with the same shuffle, seed, order, batching and initial_state, or the shards "
+            f"overlap and the step counts differ. Received: {name}={facts[name]!r} on process {me}"
+        )
+
+
+def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]], *, owner: str) -> T:
+    """``make()``'s object, once every process made its own and they agree.
+
+    ``make`` returns ``(obj, facts)``; with ``processes`` None it is just
+    called. Otherwise a failure in ``make`` is exchanged too (the others then
+    raise instead of waiting at the first step), and ``obj`` is closed when
+    the processes disagree.
+    """
+    if processes is None:
+        return make()[0]
+    try:
+        made, facts = make()
+    except Exception:
+        try:
+            check_agreement(processes, None, owner=owner)
+        except Exception:  # noqa: BLE001 - the exchange failed too: this process's own error matters
+            pass
+        raise
+    try:
+        check_agreement(processes, facts, owner=owner)
+    except BaseException:
+        close = getattr(made, "close", None)
+        if callable(close):
+            close()
+        raise
+    return made
+
+
+__all__ = [
+    "FACTS",
+    "ProcessShards",
+    "agreed",
+    "check_agreement",
+    "check_local_batches",
+    "current_processes",
+    "exchange",
+    "pass_facts",
+    "process_shards",
+]
