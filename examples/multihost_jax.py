@@ -166,6 +166,28 @@ def check_errors(args, k: int) -> dict:
     return out
 
 
+def check_meshes(args, k: int) -> dict:
+    """Which shard a loader reads under two ``ModelParallel`` meshes of the four
+    devices (no training): ``{mesh: {"shards": ..., "x0": first feature of every
+    sample of pass 0}}``."""
+    import keras
+
+    import kerasfeed
+    from kerasfeed.loading.hosts import current_processes
+
+    devices = np.array(keras.distribution.list_devices()).reshape(2, 2)  # row p: process p's two devices
+    out = {}
+    for name, axes in {"batch_rows": ["batch", "model"], "batch_columns": ["model", "batch"]}.items():
+        mesh = keras.distribution.DeviceMesh((2, 2), axes, devices)
+        dist = keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+        with dist.scope():
+            p = current_processes()
+            with kerasfeed.to_loader(LinearSamples(16), batch_size=2, shuffle=True, seed=args.seed) as loader:
+                x0 = [float(v) for x, _ in loader for v in x[:, 0]]
+        out[name] = {"shards": [p.num_shards, p.shard_index, p.local_batch_shards], "x0": x0}
+    return out
+
+
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -187,6 +209,7 @@ def main(argv=None):
         print(f"process {k} {phase}: steps {results[phase]['steps']}, losses {results[phase]['loss']}", flush=True)
     if args.check_errors:
         results["errors"] = check_errors(args, k)
+        results["meshes"] = check_meshes(args, k)
     with open(os.path.join(args.out, f"result_{k}_{args.phases.replace(',', '_')}.json"), "w") as f:
         json.dump(results, f)
     return 0

@@ -5,7 +5,8 @@ processes on 127.0.0.1 (CPU, gloo collectives, two devices each) with
 ``keras.distribution.DataParallel`` at its defaults and ``model.fit(
 kerasfeed.to_loader(..., shuffle=True, seed=0, executor="processes"))``,
 twice: an uninterrupted run plus a run stopped mid-epoch, then both processes
-restarted from the saved state (and the failures at creation). The other
+restarted from the saved state (and the failures at creation, and which
+shard a loader reads under two ``ModelParallel`` meshes). The other
 tests stand in for the peer process (``hosts.exchange``) to check the rules
 without a cluster.
 """
@@ -263,3 +264,16 @@ def test_two_jax_processes_fit_their_own_shards_and_resume(tmp_path):
         assert "needs an explicit `seed`" in err["no_seed"]
     assert errors[0]["peer_failed"].startswith("RuntimeError: to_loader: process 1 of 2 failed")
     assert "`batch_size` must be a positive int" in errors[1]["peer_failed"]
+
+    # ModelParallel meshes (loaders only): processes holding different slices of the
+    # batch axis read disjoint shards; processes holding all of it read the whole pass.
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    from multihost_jax import sample
+
+    index_of = {float(sample(i)[0][0]): i for i in range(16)}
+    for k, r in enumerate(resumed):
+        rows, columns = r["meshes"]["batch_rows"], r["meshes"]["batch_columns"]
+        assert rows["shards"] == [2, k, 1] and columns["shards"] == [1, 0, 2]
+        shard = IndexOrder(16, shuffle=True, seed=SEED, num_shards=2, shard_index=k).indices(0).tolist()
+        assert [index_of[v] for v in rows["x0"]] == shard
+        assert [index_of[v] for v in columns["x0"]] == IndexOrder(16, shuffle=True, seed=SEED).indices(0).tolist()

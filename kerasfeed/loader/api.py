@@ -91,8 +91,10 @@ def to_loader(
             (one copy per batch). See ``kerasfeed/loader/batches.py``.
 
     Under a multi-process ``keras.distribution`` (JAX; one process per host)
-    each process reads only its own shard of every pass, by the same rule as
-    Keras' ``tf.data`` sharding, with equal steps on every process;
+    each process reads only its own shard of every pass (processes whose
+    devices hold the same slices of the batch axis read the same one: Keras'
+    own rule for ``tf.data`` in the usual meshes), with equal steps on every
+    process;
     ``batch_size`` is then the *per-process* batch (the global batch is
     ``batch_size`` times the number of shards, and it must divide among this
     process's devices). Every process must create its loaders in the same

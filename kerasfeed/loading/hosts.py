@@ -13,16 +13,22 @@ only when the program already imported them) and checks that the processes
 agree before the first step.
 
 NOTE [ processes under keras.distribution ]
-The rule is Keras' own for ``tf.data`` (``Distribution.distribute_tf_dataset``):
-with ``R`` model replicas along the batch dimension and ``P`` processes, the
-data is cut into ``min(R, P)`` shards and this process reads shard
-``distribution.data_shard_id`` (its process index when ``R >= P``; processes
-that hold one replica together read the same shard; ``R == 1``: every process
-reads everything). Each shard is cut as ``to_dataset``'s shards are
+Each process's batch fills the slices of the batch axis that its devices
+hold (``jax.make_array_from_process_local_data``). So processes whose devices
+hold the same slices must feed the same data, and the others disjoint data:
+the shards are the distinct sets of batch-axis slices the processes hold
+(read from the distribution's device mesh), and this process reads the one
+it holds. In the usual meshes that is Keras' own rule for ``tf.data``
+(``Distribution.distribute_tf_dataset``), used when the mesh cannot be read:
+with ``R`` model replicas along the batch dimension and ``P`` processes,
+``min(R, P)`` shards, this process reading ``distribution.data_shard_id``
+(its process index under ``DataParallel``; processes that hold one replica
+together read the same shard; ``R == 1``: every process reads everything).
+Each shard is cut as ``to_dataset``'s shards are
 (``IndexOrder``: every ``num_shards``-th entry of the pass order, cut to
 ``n // num_shards``), so every process takes the same number of steps.
 ``batch_size`` is the *per-process* batch: a step's global batch is
-``batch_size * min(R, P)`` samples, and the per-process batch is split again
+``batch_size * num_shards`` samples, and the per-process batch is split again
 among this process's devices on the batch axis, so it must divide among them.
 """
 
@@ -64,8 +70,9 @@ class ProcessShards:
     Attributes:
         num_processes, process_index: the cluster's processes and this one
             (``jax.process_count()``, ``jax.process_index()``).
-        num_shards, shard_index: the data shards (``min(R, P)``) and the one
-            this process reads.
+        num_shards, shard_index: the data shards (the distinct sets of
+            batch-axis slices the processes hold; ``min(R, P)`` in the usual
+            meshes) and the one this process reads.
         local_batch_shards: the slices of the batch dimension on this
             process's devices: the per-process batch must divide by it.
         source: what decided it, for messages
@@ -86,22 +93,31 @@ class ProcessShards:
         return batch_size * self.num_shards
 
 
-def _local_batch_shards(dist: Any, jax: Any, replicas: int, processes: int) -> int:
+def _mesh_shards(dist: Any, jax: Any) -> Optional[tuple[int, int, int]]:
+    """``(num_shards, shard_index, local_batch_shards)`` from the device mesh:
+    processes whose devices cover the same slices of the batch axis read the
+    same shard. None when the mesh cannot be read or its cover is irregular."""
     try:
         mesh = dist.device_mesh.backend_mesh
         axis = list(mesh.axis_names).index(dist.batch_dim_name)
-        me = jax.process_index()
-        coords = {idx[axis] for idx, d in np.ndenumerate(mesh.devices) if d.process_index == me}
-        return max(1, len(coords))
-    except Exception:  # noqa: BLE001 - a mesh this cannot read: Keras' even split
-        return max(1, replicas // processes)
+        cover: dict = {}
+        for idx, device in np.ndenumerate(mesh.devices):
+            cover.setdefault(device.process_index, set()).add(idx[axis])
+        mine = frozenset(cover[jax.process_index()])
+    except Exception:  # noqa: BLE001 - a mesh this cannot read: Keras' own rule
+        return None
+    parts = sorted({frozenset(c) for c in cover.values()}, key=min)
+    size = mesh.devices.shape[axis]
+    if sum(len(c) for c in parts) != size or len(frozenset().union(*parts)) != size:
+        return None  # the processes' slices overlap without being equal
+    return len(parts), parts.index(mine), len(mine)
 
 
 def current_processes() -> Optional[ProcessShards]:
     """This process under a multi-process Keras distribution, or None.
 
-    The active ``keras.distribution`` decides (``distribution.num_processes``,
-    ``num_model_replicas``, ``data_shard_id``); without one, a
+    The active ``keras.distribution`` decides (its device mesh, else
+    ``num_model_replicas`` and ``data_shard_id``); without one, a
     ``jax.distributed`` cluster of several processes (``keras.distribution.
     initialize`` ran, ``set_distribution`` not yet) reads one shard per
     process. Nothing is imported: a program that never imported JAX has no
@@ -119,12 +135,13 @@ def current_processes() -> Optional[ProcessShards]:
             dist = None
     if dist is not None and int(getattr(dist, "num_processes", 1)) > 1:
         processes, replicas = int(dist.num_processes), int(dist.num_model_replicas)
+        shards = _mesh_shards(dist, jax) or (
+            min(replicas, processes), int(dist.data_shard_id), max(1, replicas // processes)
+        )
         return ProcessShards(
             processes,
             int(jax.process_index()),
-            min(replicas, processes),
-            int(dist.data_shard_id),
-            _local_batch_shards(dist, jax, replicas, processes),
+            *shards,
             f"keras.distribution.{type(dist).__name__}",
             dist.batch_dim_name,
         )
