@@ -1,19 +1,22 @@
 """``to_loader``: any indexable source as numpy batches, for every Keras 3 backend.
 
-Resolves the arguments and makes the ``Loader`` (``loader.py``) as a Keras
-data adapter (``keras_adapter.py``).
+Resolves the arguments once (``LoaderOptions``), opens the front end's feed
+(shards, passes, executor: ``kerasfeed/loading/feed.py``) and makes the
+``Loader`` (``loader.py``) as a Keras data adapter (``keras_adapter.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Union
 
-from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.loader.keras_adapter import loader_class
 from kerasfeed.loader.loader import Loader
+from kerasfeed.loader.options import LoaderOptions
 from kerasfeed.loading import hosts
-from kerasfeed.loading.shards import shards_from
+from kerasfeed.loading.feed import open_feed
+from kerasfeed.loading.shards import given_shards
+from kerasfeed.sources.base import source_length
 
 
 def to_loader(
@@ -136,25 +139,14 @@ def to_loader(
         print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
     ```
     """
-    if ragged is not False:
-        _v.flag("ragged", ragged, owner="to_loader")
-        raise ValueError(
-            "to_loader batches in numpy, which has no ragged arrays: samples whose shapes vary are padded "
-            "(`padding_values=`), or return whole batches from `source[i]` with batch_size=None "
-            "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
-        )
     # Under a multi-process Keras distribution (JAX) each process reads its own
     # shard, and the processes check that they agree (kerasfeed/loading/hosts.py).
     explicit = input_context is not None or num_shards is not None or shard_index is not None
     processes = None if explicit else hosts.current_processes()
 
     def make() -> tuple[Loader, Optional[dict]]:
-        shards, index, use_order = (*shards_from(num_shards, shard_index, input_context, owner="to_loader"), order)
-        if processes is not None:
-            shards, index, use_order = hosts.process_shards(processes, order=order, shuffle=shuffle, seed=seed,
-                                                            owner="to_loader")
-        loader = loader_class()(
-            source,
+        total = source_length(source)
+        options = LoaderOptions(
             batch_size=batch_size,
             shuffle=shuffle,
             seed=seed,
@@ -163,13 +155,18 @@ def to_loader(
             worker_init=worker_init,
             drop_remainder=drop_remainder,
             padding_values=padding_values,
+            ragged=ragged,
             probe=probe,
-            num_shards=1 if shards is None else shards,
-            shard_index=0 if index is None else index,
+            num_shards=num_shards,
+            shard_index=shard_index,
             initial_state=initial_state,
-            order=use_order,
+            order=order,
+            input_context=input_context,
             copy=copy,
         )
+        adapter = loader_class()  # checks the Keras version before any worker starts
+        shards = given_shards if processes is None else hosts.process_shard_plan(processes)
+        loader = adapter(open_feed(source, total, options, shards), options)
         try:
             return loader, None if processes is None else loader._join(processes)
         except BaseException:
@@ -177,6 +174,5 @@ def to_loader(
             raise
 
     return hosts.agreed(processes, make, owner="to_loader")
-
 
 __all__ = ["to_loader"]

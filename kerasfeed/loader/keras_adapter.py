@@ -62,19 +62,23 @@ def tf_dataset(loader: Any) -> Any:
     """
     from kerasfeed.tfdata.adapter import to_dataset  # TensorFlow: only on that backend
 
-    args = dict(loader._order_args)
-    if args["order"] is None and args["seed"] is None:
-        args["seed"] = loader._order.seed  # the seed IndexOrder drew: the same permutations
+    options, feed = loader._options, loader._feed
+    order, seed = feed.shards.order, options.seed
+    if order is None and seed is None:
+        seed = feed.passes.order.seed  # the seed IndexOrder drew: the same permutations
     return to_dataset(
-        loader._source,
-        batch_size=loader.batch_size,
+        feed.source,
+        batch_size=options.batch_size,
+        shuffle=options.shuffle,
+        seed=seed,
         executor=loader.executor,
-        drop_remainder=loader._drop_remainder,
-        padding_values=loader._padding_values,
-        probe=loader._probe,
-        initial_state=loader._resume.to_dict(),
-        **args,
+        drop_remainder=options.drop_remainder,
+        padding_values=options.padding_values,
+        probe=options.probe,
+        num_shards=feed.shards.num_shards,
+        shard_index=feed.shards.shard_index,
+        initial_state=options.resume.to_dict(),
+        order=order,
     )
-
 
 __all__ = ["MIN_KERAS", "check_keras_version", "get_tf_dataset", "loader_class", "tf_dataset"]

@@ -11,21 +11,15 @@ makes it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Optional
 
-from kerasfeed import _validation as _v
-from kerasfeed.execution.base import Executor
-from kerasfeed.execution.factory import make_executor
-from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.loader.batches import BatchReader
 from kerasfeed.loader.collate import Signature
 from kerasfeed.loader.convert import TorchBatches, map_arrays
+from kerasfeed.loader.options import LoaderOptions
 from kerasfeed.loader.passes import Passes
 from kerasfeed.loading import hosts
-from kerasfeed.loading.arguments import resolve_passes, resume_state
-from kerasfeed.loading.pipeline import PassPipeline, probe_indices
-from kerasfeed.loading.shards import shard_probe_indices
-from kerasfeed.sources.base import source_length
+from kerasfeed.loading.feed import Feed
 
 
 class Loader:
@@ -45,75 +39,28 @@ class Loader:
     takes over that pass and yields that batch again first: epoch ``k`` of
     ``fit`` reads pass ``k`` on every backend.
 
+    Args:
+        feed: the front end's feed (``kerasfeed/loading/feed.py``): shards,
+            passes and executor, from ``options``.
+        options: ``to_loader``'s arguments, checked.
+
     Attributes:
         executor: the executor running ``source[i]``.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        *,
-        batch_size: Optional[int],
-        shuffle: bool,
-        seed: Optional[int],
-        executor: Union[str, Executor],
-        workers: Optional[int],
-        worker_init: Optional[Callable[[], None]],
-        drop_remainder: bool,
-        padding_values: Any,
-        probe: int,
-        num_shards: int,
-        shard_index: int,
-        initial_state: Optional[Mapping[str, int]],
-        order: Any = None,
-        copy: bool = False,
-    ):
-        total = source_length(source)
-        # Built (and checked) once here, used whole by every process executor.
-        pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed)
-        batch_size = _v.positive_int("batch_size", batch_size, allow_none=True, owner="to_loader")
-        probe = _v.positive_int("probe", probe, owner="to_loader")
-        shuffle = _v.flag("shuffle", shuffle, owner="to_loader")
-        copy = _v.flag("copy", copy, owner="to_loader")
-        drop_remainder = _v.flag("drop_remainder", drop_remainder, owner="to_loader")
-        if drop_remainder and batch_size is None:
-            raise ValueError(
-                "to_loader: `drop_remainder=True` needs `batch_size`; items are already batches when "
-                "batch_size=None. Received: drop_remainder=True, batch_size=None"
-            )
-        order_args = dict(order=order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
-        passes = resolve_passes(
-            total, **order_args, batch_size=batch_size, drop_remainder=drop_remainder,
-            resume=resume_state(initial_state), owner="to_loader",
-        )
-        order, resume = passes.order, passes.resume
-        self._resolved = passes
-        self._source = source
-        self._order = order
-        self._order_args = order_args  # as given: to_dataset gets the same (TensorFlow backend)
-        self._owns_executor = not isinstance(executor, Executor)
-        self.executor = make_executor(executor, source, pool_options, handover="numpy")
-        try:
+    def __init__(self, feed: Feed, options: LoaderOptions):
+        self._feed = feed
+        self._options = options
+        self.executor = feed.executor
+        with feed.closing_on_error():
             # A shard probes its own first items, as to_dataset's do: none of another process's.
-            at = (shard_probe_indices(order, total, probe, resume.epoch, passes.skip, batches=batch_size is None)
-                  if order_args["order"] is None and num_shards > 1 else probe_indices(total, probe))
-            probes = [(i, self.executor.load(i, 0)) for i in at]
+            probes = feed.probe(feed.probe_indices())
             self._signature = Signature.infer(probes)
-            self._padding = self._signature.padding(padding_values)
-        except BaseException:
-            self.close()
-            raise
-        del probes
-        self._batch_size = batch_size
-        self._drop_remainder = drop_remainder
-        self._padding_values = padding_values
-        self._probe = probe
-        self._resume = resume
-        self._pipeline = PassPipeline(source, order, self.executor, self._signature, resume.epoch, passes.skip)
-        reader = BatchReader(self._pipeline.load, self._signature, batch_size, self._padding, copy)
-        self._passes = Passes(self._pipeline.begin, reader.read, passes.per_pass, passes.first_pass)
-        if self._pipeline.stats is not None:  # kerasfeed.stats(loader)
-            self._pipeline.stats.kind, self._pipeline.stats.items_per_batch = "to_loader", batch_size or 1
+            self._padding = self._signature.padding(options.padding_values)
+            del probes
+            self._pipeline = feed.pipeline(self._signature)
+        reader = BatchReader(self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy)
+        self._passes = Passes(self._pipeline.begin, reader.read, feed.passes.per_pass, feed.passes.first_pass)
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
@@ -123,14 +70,14 @@ class Loader:
         per-process batch, names the process in the stats, and returns what
         the processes must agree on."""
         leading = [s[0] if len(s) else None for s in self._signature.shapes]
-        hosts.check_local_batches(processes, batch_size=self._batch_size, partial=self.partial_batch_size,
+        hosts.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
                                   leading=leading, owner="to_loader")
         if self._pipeline.stats is not None:
             self._pipeline.stats.process = processes.process_index
-        args = self._order_args
-        return hosts.pass_facts(source_length(self._source), self._resolved, shuffle=args["shuffle"],
-                                seed=args["seed"], num_shards=args["num_shards"], batch_size=self._batch_size,
-                                drop_remainder=self._drop_remainder)
+        options, feed = self._options, self._feed
+        return hosts.pass_facts(feed.total, feed.passes, shuffle=options.shuffle, seed=options.seed,
+                                num_shards=feed.shards.num_shards, batch_size=options.batch_size,
+                                drop_remainder=options.drop_remainder)
 
     # -- iteration -----------------------------------------------------------
 
@@ -181,7 +128,7 @@ class Loader:
     @property
     def batch_size(self) -> Optional[int]:
         """Samples per batch, or None when items are already batches."""
-        return self._batch_size
+        return self._options.batch_size
 
     @property
     def has_partial_batch(self) -> bool:
@@ -189,9 +136,9 @@ class Loader:
 
     @property
     def partial_batch_size(self) -> Optional[int]:
-        if self.batch_size is None or self._drop_remainder:
+        if self.batch_size is None or self._options.drop_remainder:
             return None
-        return (self._order.shard_length % self.batch_size) or None
+        return (self._feed.passes.items % self.batch_size) or None
 
     def on_epoch_begin(self) -> None:
         """Keras' hook; a pass starts on its first batch instead."""
@@ -205,7 +152,7 @@ class Loader:
 
     def close(self) -> None:
         """Stops the executor's threads or worker processes (if this loader made it)."""
-        if self._owns_executor:
+        if self._feed.owns_executor:
             self.executor.close()
 
     def __enter__(self) -> "Loader":

@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, TypeVar
 import numpy as np
 
 from kerasfeed.loading.arguments import Passes
+from kerasfeed.loading.shards import ShardPlan
 from kerasfeed.sampling.fingerprints import hash_parts
 from kerasfeed.sampling.protocol import order_fingerprint
 
@@ -208,6 +209,20 @@ def process_shards(
             "Received: seed=None"
         )
     return n, k, None
+
+
+def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPlan]:
+    """The shard resolver of a loader of this process (see ``feed.ShardResolver``):
+    ``process_shards`` from the loader's options, as a ``ShardPlan``."""
+
+    def resolve(options: Any, length: int) -> ShardPlan:
+        num_shards, shard_index, order = process_shards(
+            processes, order=options.order, shuffle=options.shuffle, seed=options.seed, owner=options.owner
+        )
+        num_shards = 1 if num_shards is None else num_shards
+        return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order)
+
+    return resolve
 
 
 def check_local_batches(
@@ -379,5 +394,6 @@ __all__ = [
     "current_processes",
     "exchange",
     "pass_facts",
+    "process_shard_plan",
     "process_shards",
 ]

@@ -191,11 +191,15 @@ class ShardPlan:
             pipelines of a run (the order's own shard count with an
             ``order``); above 1 a tf.data front end turns tf.data's
             auto-sharding off.
+        order: the order object the pipeline reads: the one given (None:
+            none, ``IndexOrder`` from ``shuffle``/``seed``/the shards), or
+            this process's cut of it (``hosts.py``).
     """
 
     num_shards: Optional[int]
     shard_index: Optional[int]
     parts: int
+    order: Any = None
 
 
 def resolve_shards(
@@ -275,7 +279,40 @@ def _plan_order(api, length, num_shards, shard_index, input_context, order, fiel
         digest = hashlib.blake2b(order_fingerprint(order).encode(), digest_size=7).digest()
         fields = {**fields, "order": int.from_bytes(digest, "big")}
         check_agreement(worker, fingerprint(length=length, num_shards=shards, **fields), api)
-    return ShardPlan(num_shards, shard_index, shards)
+    return ShardPlan(num_shards, shard_index, shards, order)
+
+
+def cluster_shards(options: Any, length: int) -> ShardPlan:
+    """``to_dataset``'s shards: as given, else one per worker of a ``tf.distribute`` cluster.
+
+    The workers of a cluster then check that they agree on the source
+    length, the seed, the shuffle, the batching and the resume position.
+
+    Args:
+        options: the front end's ``LoadOptions``.
+        length: items in the source (``feed.ENDLESS`` for an endless one).
+    """
+    resume = options.resume
+    return plan_shards(
+        options.api, length, options.num_shards, options.shard_index, options.input_context, order=options.order,
+        seed=options.seed, shuffle=options.shuffle, batch_size=options.batch_size,
+        drop_remainder=options.drop_remainder, epoch=resume.epoch, batches=resume.batches,
+    )
+
+
+def given_shards(options: Any, length: int) -> ShardPlan:
+    """``to_loader``'s shards: only those given (``num_shards``/``shard_index``
+    or ``input_context``), the whole source otherwise; no TensorFlow.
+
+    Args:
+        options: the front end's ``LoadOptions``.
+        length: items in the source (unused: the shards are given).
+    """
+    num_shards, shard_index = shards_from(
+        options.num_shards, options.shard_index, options.input_context, owner=options.owner
+    )
+    num_shards = 1 if num_shards is None else num_shards
+    return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, options.order)
 
 
 def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
@@ -296,7 +333,9 @@ def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: i
 __all__ = [
     "ShardPlan",
     "WorkerIdentity",
+    "cluster_shards",
     "current_worker",
+    "given_shards",
     "plan_shards",
     "resolve_shards",
     "shard_probe_indices",

@@ -1,37 +1,28 @@
-"""``to_dataset``: any indexable source as a real ``tf.data.Dataset``."""
+"""``to_dataset``: any indexable source as a real ``tf.data.Dataset``.
+
+``to_dataset`` resolves its arguments once (``DatasetOptions``) and assembles
+the dataset in named stages: the front end's feed (shards, passes, executor:
+``kerasfeed/loading/feed.py``), the item signature from probed items, the pass
+pipeline, the items (``items.py``: one ``tf.numpy_function`` call per item or
+per group), then the tail (batching, cardinality, options, prefetch).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Union
 
-import numpy as np
 import tensorflow as tf
 
-from kerasfeed import _validation as _v
 from kerasfeed._validation import AUTOTUNE
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.factory import make_executor
-from kerasfeed.execution.processes.options import PoolOptions
-from kerasfeed.loading.arguments import resolve_passes, resume_state
-from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
-from kerasfeed.loading.groups import GroupLoader, RunLoader
-from kerasfeed.loading.pipeline import PassPipeline, probe_indices, weak_method
-from kerasfeed.loading.shards import plan_shards, shard_probe_indices
+from kerasfeed.loading.feed import Feed, open_feed
+from kerasfeed.loading.shards import cluster_shards
 from kerasfeed.sources.base import source_length
-from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
-from kerasfeed.tfdata.inline_map import graph_fn, inline_map
-from kerasfeed.tfdata.structure import (
-    ItemChecker,
-    flatten,
-    infer_signature,
-    normalize_signature,
-    open_leading_dimension,
-)
-from kerasfeed.tfdata.tail import TailOptions, own_sharding
+from kerasfeed.tfdata.items import item_dataset
+from kerasfeed.tfdata.options import DatasetOptions
+from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature, open_leading_dimension
+from kerasfeed.tfdata.tail import own_sharding
 
-# The length an endless source counts as when shards are resolved: items for
-# any number of workers.
-_ENDLESS = 2**62
 
 def to_dataset(
     source: Any,
@@ -174,137 +165,78 @@ def to_dataset(
     ```
     """
     total = source_length(source, allow_infinite=True, owner="to_dataset")
-    endless = total is None  # num_batches is None: one endless pass per iterator
-    # Built (and checked) once here, used whole by every process executor.
-    pool_options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed, timeout=timeout)
-    tail = TailOptions(
+    options = DatasetOptions(
         batch_size=batch_size,
-        drop_remainder=drop_remainder,
-        ragged=ragged,
-        padding_values=padding_values,
+        shuffle=shuffle,
+        seed=seed,
+        executor=executor,
+        workers=workers,
+        worker_init=worker_init,
+        num_parallel_calls=num_parallel_calls,
         prefetch=prefetch,
         device=device,
+        drop_remainder=drop_remainder,
+        output_signature=output_signature,
+        ragged=ragged,
+        padding_values=padding_values,
+        probe=probe,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        input_context=input_context,
+        initial_state=initial_state,
+        order=order,
+        group_items=group_items,
+        timeout=timeout,
     )
-    _v.positive_int("num_parallel_calls", num_parallel_calls, allow_none=True, allow_autotune=True)
-    _v.positive_int("probe", probe)
-    _v.positive_int("group_items", group_items, allow_none=True)
-    _v.flag("shuffle", shuffle)
-    resume = resume_state(initial_state)
-    if endless:
-        check_endless_arguments(source, shuffle, initial_state, order)
+    return assemble(source, total, options)
+
+
+def assemble(source: Any, total: Optional[int], options: DatasetOptions) -> tf.data.Dataset:
+    """The dataset of ``source`` (``total`` items, None: endless) under ``options``, stage by stage."""
     # One shard per worker under a multi-worker strategy unless told otherwise
     # (an `order` fixes its own shards); the workers check that they agree
     # (see loading/shards.py). An endless source has items for any number of
     # workers.
-    shards = plan_shards(
-        "to_dataset", _ENDLESS if endless else total, num_shards, shard_index, input_context, order=order, seed=seed,
-        shuffle=shuffle, batch_size=batch_size, drop_remainder=drop_remainder, epoch=resume.epoch,
-        batches=resume.batches,
-    )
-    num_shards, shard_index = shards.num_shards, shards.shard_index
-    sharded = order is None and num_shards > 1 and not endless  # this pipeline reads one shard of an IndexOrder
-    passes = resolve_passes(
-        None if endless else total, order=order, shuffle=shuffle, seed=seed, num_shards=num_shards,
-        shard_index=shard_index, batch_size=batch_size, drop_remainder=drop_remainder, resume=resume,
-    )
-    order, n, per_pass, skip = passes.order, passes.items, passes.per_pass, passes.skip
+    feed = open_feed(source, total, options, cluster_shards)
+    with feed.closing_on_error():
+        probes, checker = probe_signature(feed, options)
+        pipeline = feed.pipeline(checker)
+        # An executor that prefetches makes each pass's items ahead by itself
+        # (see Executor.plan): a sequential map then just picks them up, without
+        # a tf.data thread per call in flight.
+        sequential = options.num_parallel_calls is None and feed.executor.prefetches
+        parallel = None if sequential else options.num_parallel_calls or feed.executor.parallel_calls()
+        items = item_dataset(feed, pipeline, checker, probes, sequential, parallel)
+        ds = finish(items.dataset, feed, checker, parallel)
+    ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
+    ds._kerasfeed_executor = feed.executor
+    ds._kerasfeed_groups = items.groups
+    ds._kerasfeed_group_items = items.group
+    return ds
 
-    ex = make_executor(executor, source, pool_options)
-    probes: list = []
-    try:
-        if output_signature is None:
-            if endless:
-                at = range(shard_index, shard_index + probe * num_shards, num_shards)
-            elif sharded:
-                at = shard_probe_indices(
-                    order, total, probe, resume.epoch, skip, batches=batch_size is None
-                )
-            else:
-                at = probe_indices(total, probe)
-            probes = [(i, ex.load(i, 0)) for i in at]
-            signature = infer_signature(probes)
-            if batch_size is None:
-                # Items are batches: their size may vary anywhere (a short
-                # batch mid-pass), as under Keras, which keeps it open too.
-                signature = open_leading_dimension(signature)
-        else:
-            signature = normalize_signature(output_signature)
-    except BaseException:
-        if ex is not executor:  # ours: do not leave workers behind
-            ex.close()
-        raise
-    checker = ItemChecker(signature)
-    if endless:
-        pipeline = EndlessPipeline(source, ex, checker, num_shards, shard_index)
-    else:
-        pipeline = PassPipeline(source, order, ex, checker, resume.epoch, skip)
-    if pipeline.stats is not None:  # kerasfeed.stats(ds): batches/s from items/s
-        pipeline.stats.kind, pipeline.stats.items_per_batch = "to_dataset", batch_size or 1
-    begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
-    flat_specs = checker.specs
-    out_types = [s.dtype for s in flat_specs]
 
-    @graph_fn
-    def index_stream(_):
-        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
-        idx = tf.ensure_shape(idx, [None if skip else n])
-        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
+def probe_signature(feed: Feed, options: DatasetOptions) -> tuple[list, ItemChecker]:
+    """The probed items (none when ``output_signature`` is given) and the checker of every item."""
+    if options.output_signature is not None:
+        return [], ItemChecker(normalize_signature(options.output_signature))
+    probes = feed.probe(feed.probe_indices())
+    signature = infer_signature(probes)
+    if options.batch_size is None:
+        # Items are batches: their size may vary anywhere (a short batch
+        # mid-pass), as under Keras, which keeps it open too.
+        signature = open_leading_dimension(signature)
+    return probes, ItemChecker(signature)
 
-    @graph_fn
-    def endless_stream(_):
-        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
-        indices = tf.data.Dataset.counter(start=pipeline.first_index(), step=pipeline.step())
-        return indices.map(graph_fn(lambda i: (i, epoch)))
 
-    @graph_fn
-    def load_item(i, epoch):
-        flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
-        for t, spec in zip(flat, flat_specs):
-            t.set_shape(spec.shape)
-        return checker.pack(list(flat))
-
-    # An executor that prefetches makes each pass's items ahead by itself
-    # (see Executor.plan): a sequential map then just picks them up, without
-    # a tf.data thread per call in flight.
-    sequential = num_parallel_calls is None and ex.prefetches
-    parallel = None if sequential else num_parallel_calls or ex.parallel_calls()
-    try:
-        if endless and group_items not in (None, 1):
-            raise ValueError(
-                f"`group_items={group_items}` cannot group the items of an endless source "
-                f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
-            )
-        probed = [(i, [np.asarray(leaf) for _, leaf in flatten(item)[1]]) for i, item in probes]  # once, for both
-        largest = max((sum(a.nbytes for a in leaves) for _, leaves in probed), default=None)
-        group = 1 if endless else group_size(group_items, flat_specs, sequential, largest)
-    except BaseException:
-        if ex is not executor:
-            ex.close()
-        raise
-    groups = None
-    opened = open_leading(flat_specs)
-    if group > 1 and any(opened) and uniform_leading(probed, opened, total):
-        # Batches of one size (but perhaps the last): dense runs, no ragged rows.
-        empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
-        groups = RunLoader(pipeline.begin, pipeline.load, opened, group, empty)  # owned by the dataset
-        ds = run_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker)
-    elif group > 1:
-        groups = GroupLoader(pipeline.load, opened)  # owned by the dataset, held weakly by TensorFlow
-        ds = grouped_items(begin, weak_method(groups, "load"), checker, n, skip, group)
-    else:
-        ds = tf.data.Dataset.range(1).flat_map(endless_stream if endless else index_stream)
-        if sequential:
-            ds = inline_map(ds, load_item)
-        else:
-            ds = ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
-
-    variable = any(None in s.shape.as_list() for s in flat_specs if s.shape.rank)
+def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Optional[int]) -> tf.data.Dataset:
+    """The tail: shuffle buffer and batching, the known cardinality, tf.data options, prefetch."""
+    tail = feed.options.tail
+    variable = any(None in s.shape.as_list() for s in checker.specs if s.shape.rank)
     ds = tail.shuffle_and_batch(ds, variable=variable)
-    if endless:
+    if feed.endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    elif not skip:  # a resumed dataset's first pass is shorter than the others
-        ds = ds.apply(tf.data.experimental.assert_cardinality(per_pass))
-
+    elif not feed.passes.skip:  # a resumed dataset's first pass is shorter than the others
+        ds = ds.apply(tf.data.experimental.assert_cardinality(feed.passes.per_pass))
     options = tf.data.Options()
     options.deterministic = True
     if parallel is not None:
@@ -312,14 +244,9 @@ def to_dataset(
         # (docs/field_notes.md, *tf.data thread pool*); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
-    ds = own_sharding(ds.with_options(options), shards.parts)
+    ds = own_sharding(ds.with_options(options), feed.shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
-    ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
-    ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
-    ds._kerasfeed_executor = ex
-    ds._kerasfeed_groups = groups
-    ds._kerasfeed_group_items = group
-    return ds
+    return tail.finish(ds, autotune=parallel == AUTOTUNE)
 
 
-__all__ = ["to_dataset"]
+__all__ = ["assemble", "to_dataset"]

@@ -1,0 +1,156 @@
+"""The stage every front end starts with: a source, its passes and its executor (TF-free).
+
+``open_feed`` takes the source, its length and the front end's options object
+(``options.py``) and resolves, in this order: what an endless source cannot
+do, the shards (the front end's own way, from ``shards.py``), the passes
+(order, counts, the resumed first pass: ``arguments.py``) and the executor.
+The front end then probes items (``Feed.probe``), learns what every item must
+look like, and builds the pass pipeline (``Feed.pipeline``) that its own
+assembly drives: a ``tf.data`` graph for ``to_dataset``, plain Python for
+``to_loader``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional
+
+from kerasfeed.execution.base import Executor
+from kerasfeed.execution.factory import make_executor
+from kerasfeed.loading.arguments import Passes, resolve_passes
+from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
+from kerasfeed.loading.options import LoadOptions
+from kerasfeed.loading.pipeline import PassPipeline, probe_indices
+from kerasfeed.loading.shards import ShardPlan, shard_probe_indices
+
+# The length an endless source counts as when shards are resolved: items for
+# any number of workers.
+ENDLESS = 2**62
+
+# How a front end resolves its shards: (options, source length) -> ShardPlan
+# (``shards.cluster_shards``, ``shards.given_shards`` or
+# ``hosts.process_shard_plan(processes)``).
+ShardResolver = Callable[[LoadOptions, int], ShardPlan]
+
+
+class Feed:
+    """One front end's source, shards, passes and executor, resolved once.
+
+    Attributes:
+        source: the indexable source.
+        total: its number of items (None: endless).
+        options: the front end's options object.
+        shards: the shards this pipeline reads.
+        passes: its order and batch counts (``arguments.Passes``).
+        executor: where ``source[i]`` runs.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        total: Optional[int],
+        options: LoadOptions,
+        shards: ShardPlan,
+        passes: Passes,
+        executor: Executor,
+    ):
+        self.source = source
+        self.total = total
+        self.options = options
+        self.shards = shards
+        self.passes = passes
+        self.executor = executor
+
+    @property
+    def endless(self) -> bool:
+        return self.total is None
+
+    @property
+    def owns_executor(self) -> bool:
+        """Made here (not an ``Executor`` the caller passed): closed by its owner."""
+        return self.executor is not self.options.executor
+
+    def probe_indices(self) -> list[int]:
+        """The items this pipeline probes: its own first items when it reads
+        one shard of several (no worker makes another worker's items), the
+        leading and last items otherwise."""
+        probe, shards = self.options.probe, self.shards
+        if self.endless:
+            return list(range(shards.shard_index, shards.shard_index + probe * shards.num_shards, shards.num_shards))
+        if shards.order is None and shards.num_shards > 1:
+            passes = self.passes
+            return shard_probe_indices(
+                passes.order, self.total, probe, passes.resume.epoch, passes.skip,
+                batches=self.options.batch_size is None,
+            )
+        return probe_indices(self.total, probe)
+
+    def probe(self, at: Any) -> list:
+        """``[(i, source[i]), ...]`` for ``i`` in ``at``, made by the executor."""
+        return [(i, self.executor.load(i, 0)) for i in at]
+
+    def pipeline(self, checker: Any) -> PassPipeline:
+        """The pass pipeline the front end drives (``EndlessPipeline`` for an endless source).
+
+        Args:
+            checker: turns an item into its flat arrays (``flat_arrays``),
+                refusing one that does not fit.
+        """
+        passes, shards = self.passes, self.shards
+        if self.endless:
+            pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
+        else:
+            pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip)
+        if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s
+            pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, self.options.batch_size or 1
+        return pipeline
+
+    def abandon(self) -> None:
+        """The front end failed: stops the executor if it was made here (no workers left behind)."""
+        if self.owns_executor:
+            self.executor.close()
+
+    @contextlib.contextmanager
+    def closing_on_error(self) -> Iterator[None]:
+        """``abandon`` when the block raises, then re-raise."""
+        try:
+            yield
+        except BaseException:
+            self.abandon()
+            raise
+
+
+def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: ShardResolver) -> Feed:
+    """Resolves the shards, the passes and the executor of one pipeline.
+
+    Args:
+        source: the indexable source.
+        total: ``source_length(source)`` (None: endless).
+        options: the front end's options object, checked.
+        shards: the front end's way of resolving shards.
+
+    Raises:
+        ValueError: what an endless source cannot do (``shuffle``, ``order``,
+            ``initial_state``), bad shards, an order that does not fit, a
+            resume state past the end of a pass.
+    """
+    if total is None:
+        check_endless_arguments(source, options.shuffle, options.initial_state, options.order)
+    plan = shards(options, ENDLESS if total is None else total)
+    passes = resolve_passes(
+        total,
+        order=plan.order,
+        shuffle=options.shuffle,
+        seed=options.seed,
+        num_shards=plan.num_shards,
+        shard_index=plan.shard_index,
+        batch_size=options.batch_size,
+        drop_remainder=options.drop_remainder,
+        resume=options.resume,
+        owner=options.owner,
+    )
+    executor = make_executor(options.executor, source, options.pool, handover=options.handover)
+    return Feed(source, total, options, plan, passes, executor)
+
+
+__all__ = ["ENDLESS", "Feed", "ShardResolver", "open_feed"]

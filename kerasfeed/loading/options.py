@@ -1,0 +1,104 @@
+"""The arguments every front end shares, resolved once into one options object (TF-free).
+
+``to_dataset`` and ``to_loader`` take the same batching, order, shard, resume
+and executor arguments. Each public function builds one options object from
+its keyword arguments: ``DatasetOptions`` (``kerasfeed/tfdata/options.py``)
+or ``LoaderOptions`` (``kerasfeed/loader/options.py``), both a
+``LoadOptions`` with the front end's own fields added. It is checked once,
+when built (``__post_init__``, before any item is loaded or any worker
+starts), and passed whole to every stage after that: the shards
+(``shards.py``), the passes (``arguments.py``), the executor and the pass
+pipeline (``feed.py``), then the front end's own assembly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Mapping, Optional, Union
+
+from kerasfeed import _validation as _v
+from kerasfeed.execution.base import Executor
+from kerasfeed.execution.processes.options import PoolOptions
+from kerasfeed.loading.arguments import resume_state
+from kerasfeed.sampling.state import ResumeState
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """The arguments a front end shares with every other, checked once.
+
+    Attributes (as the public functions document them):
+        batch_size: None when items are already batches; an int batches them.
+        drop_remainder: with ``batch_size``, drop the last short batch.
+        padding_values: what variable-shape samples are padded with.
+        shuffle, seed: a new seeded permutation every pass.
+        order: an order object instead of ``shuffle``/``seed``/shards.
+        num_shards, shard_index, input_context: as given (None: not given);
+            ``shards.py`` resolves them once the source length is known.
+        initial_state: where a saved run stopped (``resume`` holds it checked).
+        executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
+            ``Executor`` instance.
+        workers, worker_init, timeout: worker options (``pool`` holds them
+            checked, with ``seed``).
+        probe: leading items (and the last) probed for the structure.
+
+    Derived (not arguments):
+        pool: the ``PoolOptions`` every process executor uses whole.
+        resume: the ``ResumeState`` of ``initial_state``.
+
+    Raises:
+        TypeError, ValueError: a bad value; the message names the argument
+            and ends with what was received.
+    """
+
+    # The public function's name (messages of the shard agreement, stats),
+    # the prefix of argument messages (None: none), and who takes the items
+    # (for executor="auto": "tensorflow" or "numpy").
+    api: ClassVar[str] = "kerasfeed"
+    owner: ClassVar[Optional[str]] = None
+    handover: ClassVar[str] = "tensorflow"
+
+    batch_size: Optional[int] = None
+    drop_remainder: bool = False
+    padding_values: Any = None
+    shuffle: bool = False
+    seed: Optional[int] = None
+    order: Any = None
+    num_shards: Optional[int] = None
+    shard_index: Optional[int] = None
+    input_context: Any = None
+    initial_state: Optional[Mapping[str, int]] = None
+    executor: Union[str, Executor] = "threads"
+    workers: Optional[int] = None
+    worker_init: Optional[Callable[[], None]] = None
+    timeout: Optional[float] = None
+    probe: int = 3
+    pool: PoolOptions = dataclasses.field(init=False, repr=False, compare=False)
+    resume: ResumeState = dataclasses.field(init=False, repr=False, compare=False)
+
+    def _put(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def __post_init__(self):
+        # Built (and checked) once here, used whole by every process executor.
+        self._put("pool", PoolOptions(workers=self.workers, worker_init=self.worker_init, seed=self.seed,
+                                      timeout=self.timeout))
+        self._check_own()
+        owner = self.owner
+        self._put("batch_size", _v.positive_int("batch_size", self.batch_size, allow_none=True, owner=owner))
+        self._put("drop_remainder", _v.flag("drop_remainder", self.drop_remainder, owner=owner))
+        if self.drop_remainder and self.batch_size is None:
+            raise ValueError(
+                f"{owner + ': ' if owner else ''}`drop_remainder=True` needs `batch_size`; items are already "
+                "batches when batch_size=None. Received: drop_remainder=True, batch_size=None"
+            )
+        self._put("probe", _v.positive_int("probe", self.probe, owner=owner))
+        self._put("shuffle", _v.flag("shuffle", self.shuffle, owner=owner))
+        self._put("resume", resume_state(self.initial_state))
+
+    def _check_own(self) -> None:
+        """The front end's own arguments, checked after the worker options
+        and before the shared ones (a subclass's hook)."""
+
+
+__all__ = ["LoadOptions"]

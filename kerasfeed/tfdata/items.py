@@ -1,0 +1,118 @@
+"""The items stage of ``to_dataset``: every pass's indices, loaded in order into tf.data.
+
+Each pass starts with one ``tf.numpy_function`` call to ``PassPipeline.begin``
+(the pass's indices); each item is then one call to ``PassPipeline.load``
+(a sequential ``inline_map`` when the executor makes items ahead, else a
+parallel deterministic map), or a group of items is one call
+(``kerasfeed/loading/groups.py``, ``grouped.py``). An endless source's pass is
+a counter of indices instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from kerasfeed.loading.feed import Feed
+from kerasfeed.loading.groups import GroupLoader, RunLoader
+from kerasfeed.loading.pipeline import PassPipeline, weak_method
+from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
+from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.structure import ItemChecker, flatten
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """The dataset of items, and how they are grouped.
+
+    Attributes:
+        dataset: one element per item, in pass order.
+        groups: the ``RunLoader``/``GroupLoader`` the dataset owns (held
+            weakly by TensorFlow), or None.
+        group: items per Python call (1: not grouped).
+    """
+
+    dataset: tf.data.Dataset
+    groups: Any
+    group: int
+
+
+def item_dataset(
+    feed: Feed, pipeline: PassPipeline, checker: ItemChecker, probes: list, sequential: bool, parallel: Optional[int]
+) -> Items:
+    """The items of every pass, one ``numpy_function`` call per item or per group.
+
+    Args:
+        feed: the front end's feed.
+        pipeline: its pass pipeline.
+        checker: the item signature.
+        probes: ``[(i, item), ...]`` probed (for the group size).
+        sequential: the executor makes items ahead: a sequential map.
+        parallel: otherwise, the calls in flight of a parallel map.
+
+    Raises:
+        ValueError: ``group_items`` above 1 for an endless source.
+    """
+    endless, group_items = feed.endless, feed.options.group_items
+    if endless and group_items not in (None, 1):
+        raise ValueError(
+            f"`group_items={group_items}` cannot group the items of an endless source "
+            f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
+        )
+    flat_specs = checker.specs
+    probed = [(i, [np.asarray(leaf) for _, leaf in flatten(item)[1]]) for i, item in probes]  # once, for both
+    largest = max((sum(a.nbytes for a in leaves) for _, leaves in probed), default=None)
+    group = 1 if endless else group_size(group_items, flat_specs, sequential, largest)
+    opened = open_leading(flat_specs)
+    if group > 1 and any(opened) and uniform_leading(probed, opened, feed.total):
+        # Batches of one size (but perhaps the last): dense runs, no ragged rows.
+        empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
+        groups = RunLoader(pipeline.begin, pipeline.load, opened, group, empty)  # owned by the dataset
+        ds = run_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker)
+        return Items(ds, groups, group)
+    if group > 1:
+        groups = GroupLoader(pipeline.load, opened)  # owned by the dataset, held weakly by TensorFlow
+        passes = feed.passes
+        ds = grouped_items(weak_method(pipeline, "begin"), weak_method(groups, "load"), checker, passes.items,
+                           passes.skip, group)
+        return Items(ds, groups, group)
+    return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
+
+
+def _one_by_one(
+    feed: Feed, pipeline: PassPipeline, checker: ItemChecker, sequential: bool, parallel: Optional[int]
+) -> tf.data.Dataset:
+    begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
+    flat_specs = checker.specs
+    out_types = [s.dtype for s in flat_specs]
+    n, skip = feed.passes.items, feed.passes.skip
+
+    @graph_fn
+    def index_stream(_):
+        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
+        idx = tf.ensure_shape(idx, [None if skip else n])
+        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
+
+    @graph_fn
+    def endless_stream(_):
+        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
+        indices = tf.data.Dataset.counter(start=pipeline.first_index(), step=pipeline.step())
+        return indices.map(graph_fn(lambda i: (i, epoch)))
+
+    @graph_fn
+    def load_item(i, epoch):
+        flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
+        for t, spec in zip(flat, flat_specs):
+            t.set_shape(spec.shape)
+        return checker.pack(list(flat))
+
+    ds = tf.data.Dataset.range(1).flat_map(endless_stream if feed.endless else index_stream)
+    if sequential:
+        return inline_map(ds, load_item)
+    return ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
+
+
+__all__ = ["Items", "item_dataset"]
