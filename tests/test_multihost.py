@@ -121,10 +121,15 @@ def test_loader_reads_its_process_shard_after_the_processes_agree(monkeypatch):
 
 
 def test_processes_that_disagree_or_fail_raise_on_every_process(monkeypatch):
+    from kerasfeed.loader.loader import Loader
+
+    closed, close = [], Loader.close
+    monkeypatch.setattr(Loader, "close", lambda self: closed.append(self) or close(self))
     _peer(monkeypatch, _processes(index=1), change={"len(source)": 12})
     with pytest.raises(ValueError, match=r"disagree on len\(source\).*process 0: 12, process 1: 11.*Received: "
                                          r"len\(source\)=11 on process 1"):
         kerasfeed.to_loader(Items(11), batch_size=2, shuffle=True, seed=3)
+    assert len(closed) == 1  # the loader made before the exchange is closed (its executor stopped)
     _peer(monkeypatch, _processes(index=1), failed=True)
     with pytest.raises(RuntimeError, match=r"process 0 of 2 failed to create its loader"):
         kerasfeed.to_loader(Items(11), batch_size=2, shuffle=True, seed=3)
