@@ -38,6 +38,7 @@ def to_loader(
     order: Any = None,
     input_context: Any = None,
     copy: bool = False,
+    device_prefetch: Optional[int] = None,
 ) -> Loader:
     """Turns an indexable source into numpy batches for any Keras 3 backend.
 
@@ -92,6 +93,14 @@ def to_loader(
             view of it are gone (processes). True: every batch is made of
             fresh arrays that share nothing with the source or the workers
             (one copy per batch). See ``kerasfeed/loader/batches.py``.
+        device_prefetch: batches placed on the accelerator ahead of the step
+            by a thread of the loader, where Keras' JAX trainer would put
+            them (its distribution's data sharding, or the default device)
+            or, for PyTorch, on the device from pinned memory with
+            non-blocking copies. None (the default): 2 when batches go to an
+            accelerator, 0 on a CPU; 0: off (Keras places each batch in the
+            training thread). Plain ``iter(loader)`` always yields numpy.
+            See ``kerasfeed/loader/device.py``.
 
     Under a multi-process ``keras.distribution`` (JAX; one process per host)
     each process reads only its own shard of every pass (processes whose
@@ -163,6 +172,7 @@ def to_loader(
             order=order,
             input_context=input_context,
             copy=copy,
+            device_prefetch=device_prefetch,
         )
         adapter = loader_class()  # checks the Keras version before any worker starts
         shards = given_shards if processes is None else hosts.process_shard_plan(processes)

@@ -15,7 +15,8 @@ from typing import Any, Iterator, Optional
 
 from kerasfeed.loader.batches import BatchReader
 from kerasfeed.loader.collate import Signature
-from kerasfeed.loader.convert import TorchBatches, map_arrays
+from kerasfeed.loader.convert import TorchBatches
+from kerasfeed.loader.device import DeviceFeed
 from kerasfeed.loader.options import LoaderOptions
 from kerasfeed.loader.passes import Passes
 from kerasfeed.loading import hosts
@@ -35,9 +36,11 @@ class Loader:
 
     Keras builds an unbuilt model under JAX and PyTorch from one batch of a
     throwaway iterator, then resets its epoch iterator. When Keras resets it
-    while the newest iterator has read exactly one batch, the next iterator
-    takes over that pass and yields that batch again first: epoch ``k`` of
-    ``fit`` reads pass ``k`` on every backend.
+    while the newest iterator has read no more than such a build reads (one
+    batch; two under JAX on an accelerator, where Keras reads one ahead; plus
+    what the device prefetch read ahead), the next iterator takes over that
+    pass and yields those batches again first: epoch ``k`` of ``fit`` reads
+    pass ``k`` on every backend (``passes.py``).
 
     Args:
         feed: the front end's feed (``kerasfeed/loading/feed.py``): shards,
@@ -64,6 +67,7 @@ class Loader:
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
+        self._device = DeviceFeed(options.device_prefetch, self._passes, self._pipeline.stats)  # device.py
 
     def _join(self, processes: hosts.ProcessShards) -> dict:
         """Under several processes (``kerasfeed/loading/hosts.py``): checks the
@@ -95,17 +99,18 @@ class Loader:
         """One pass of numpy batches (the same as ``iter(loader)``)."""
         return iter(self)
 
-    def torch(self) -> TorchBatches:
-        """An iterable of torch tensors, one pass per ``iter()`` (shares memory
-        with the numpy batches: ``torch.from_numpy``)."""
-        return TorchBatches(self)
+    def torch(self, device: Any = None) -> TorchBatches:
+        """An iterable of torch tensors, one pass per ``iter()``, on ``device``
+        (None: the current CUDA device if there is one, else the CPU). On the
+        CPU they share memory with the numpy batches (``torch.from_numpy``);
+        on a GPU they are copied from pinned memory ``device_prefetch``
+        batches ahead (``kerasfeed/loader/device.py``)."""
+        return self._device.torch(self, device)
 
     def jax(self, device: Any = None) -> Iterator[Any]:
-        """One pass of batches as JAX arrays on ``device`` (default device if None)."""
-        import jax
-
-        for batch in self:
-            yield map_arrays(lambda a: jax.device_put(a, device) if a.dtype != object else a, batch)
+        """One pass of batches as JAX arrays on ``device`` (default device if
+        None), placed ``device_prefetch`` batches ahead."""
+        return self._device.jax(device)
 
     # -- Keras data adapter (keras.src.trainers.data_adapters.DataAdapter) ----
     # (get_tf_dataset is the adapter class's own: keras_adapter.py)
@@ -114,11 +119,11 @@ class Loader:
         return iter(self)
 
     def get_jax_iterator(self) -> Iterator[Any]:
-        # Keras' JAX trainer moves numpy batches to the device itself.
-        return iter(self)
+        # Placed where Keras' JAX trainer puts them, device_prefetch ahead (device.py).
+        return self._device.keras_jax()
 
     def get_torch_dataloader(self) -> TorchBatches:
-        return TorchBatches(self)
+        return self._device.torch(self, keras_backend=True)
 
     @property
     def num_batches(self) -> int:

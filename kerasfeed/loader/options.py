@@ -6,6 +6,7 @@ import dataclasses
 from typing import ClassVar, Optional
 
 from kerasfeed import _validation as _v
+from kerasfeed.loader.device import check_depth
 from kerasfeed.loading.options import LoadOptions
 
 
@@ -18,6 +19,8 @@ class LoaderOptions(LoadOptions):
         ragged: must stay False (numpy has no ragged arrays): refused by name.
         copy: hand over fresh arrays, never views of the source's or the
             workers' memory.
+        device_prefetch: batches placed on the device ahead of the step
+            (None: 2 on an accelerator, 0 on a CPU; ``device.py``).
     """
 
     api: ClassVar[str] = "to_loader"
@@ -26,6 +29,7 @@ class LoaderOptions(LoadOptions):
 
     ragged: bool = False
     copy: bool = False
+    device_prefetch: Optional[int] = None
 
     def _check_own(self) -> None:
         if self.ragged is not False:
@@ -36,6 +40,7 @@ class LoaderOptions(LoadOptions):
                 "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
             )
         self._put("copy", _v.flag("copy", self.copy, owner=self.owner))
+        self._put("device_prefetch", check_depth(self.device_prefetch))
 
 
 __all__ = ["LoaderOptions"]

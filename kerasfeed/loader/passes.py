@@ -4,9 +4,15 @@ Every ``iter(loader)`` gives a ``PassIterator``; the pass it reads starts
 (epoch hooks, the executor's plan) on its first ``next``. Keras builds an
 unbuilt model under JAX and PyTorch from one batch of a throwaway iterator,
 then resets its epoch iterator: the pass that iterator opened is then taken
-over by the next one, which yields that first batch again, so epoch ``k`` of
-``fit`` reads pass ``k`` (``Passes.hand_over`` decides when, from the
-loader's ``on_epoch_end``).
+over by the next one, which yields the batches read so far again, so epoch
+``k`` of ``fit`` reads pass ``k`` (``Passes.hand_over`` decides when, from
+the loader's ``on_epoch_end``).
+
+An iterator may read ahead of what its consumer took: Keras' JAX trainer
+reads one batch ahead on an accelerator (a build then reads two), and a
+device prefetch (``device.py``) reads its depth ahead. Each iterator says how
+many batches it may have read when a build gives it up (``keep``): the pass
+keeps that many, and is taken over only while nothing it read was dropped.
 """
 
 from __future__ import annotations
@@ -19,21 +25,25 @@ import numpy as np
 
 
 class Pass:
-    """One pass being read: its order, how far it was read, its first batch.
+    """One pass being read: its order, how far it was read, its first batches.
 
-    The first batch is kept while it is the only one read, so that a pass
-    Keras opened only to build the model can be read again from the start.
+    The batches read are kept while there are at most ``keep`` of them, so
+    that a pass Keras opened only to build the model can be read again from
+    the start. ``lock`` is held while a batch is read, so an iterator taking
+    the pass over waits for a read still under way in the one it replaces.
     """
 
-    __slots__ = ("epoch", "indices", "batches", "position", "first", "reader")
+    __slots__ = ("epoch", "indices", "batches", "position", "kept", "keep", "reader", "lock")
 
-    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int):
+    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1):
         self.epoch = epoch
         self.indices = indices
         self.batches = batches
-        self.position = 0  # batches of this pass delivered
-        self.first: Any = None
+        self.position = 0  # batches of this pass read
+        self.kept: Optional[list] = []  # the batches read, while at most `keep`; None after
+        self.keep = keep
         self.reader = reader  # id of the iterator reading it
+        self.lock = threading.Lock()
 
 
 class Passes:
@@ -59,25 +69,31 @@ class Passes:
         self._peek: Optional[Pass] = None  # a pass the next iterator takes over
         self._begun = False
 
-    def iterator(self) -> "PassIterator":
-        """A new iterator; it takes over the pass ``hand_over`` kept, if any."""
+    def iterator(self, keep: int = 1) -> "PassIterator":
+        """A new iterator; it takes over the pass ``hand_over`` kept, if any.
+
+        Args:
+            keep: batches the iterator may have read beyond what its consumer
+                took when a model build gives it up, plus one (1: it reads
+                only what is asked for).
+        """
         with self._lock:
             ident = next(self._ids)
             self._newest = ident
             adopted, self._peek = self._peek, None
             if adopted is not None:
                 adopted.reader = ident
-        return PassIterator(self, ident, adopted)
+        return PassIterator(self, ident, adopted, keep)
 
-    def begin(self, reader: int) -> Pass:
+    def begin(self, reader: int, keep: int = 1) -> Pass:
         """Starts the next pass for iterator ``reader``."""
         with self._lock:
             if self._open is not None and self._open is not self._peek:
-                self._open.first = None  # no longer replayable: release it
+                self._open.kept = None  # no longer replayable: release it
             indices, epoch = self._begin_pass()
             batches = self._first_pass if not self._begun else self.per_pass
             self._begun = True
-            p = self._open = Pass(int(epoch), indices, batches, reader)
+            p = self._open = Pass(int(epoch), indices, batches, reader, keep)
             return p
 
     def carry_on(self, p: Pass) -> None:
@@ -90,7 +106,10 @@ class Passes:
 
     def _replayable(self) -> Optional[Pass]:
         p = self._open
-        if p is not None and p.position == 1 and p.first is not None and p.reader == self._newest:
+        if p is None or p.reader != self._newest:
+            return None
+        kept = p.kept
+        if kept is not None and 1 <= p.position == len(kept):
             return p
         return None
 
@@ -104,7 +123,8 @@ class Passes:
             return self.per_pass if self._begun else self._first_pass
 
     def hand_over(self) -> None:
-        """After a model build took one batch, the next iterator takes over that pass."""
+        """After a model build took one batch (and its iterator read at most
+        ``keep`` batches), the next iterator takes over that pass."""
         with self._lock:
             p = self._replayable()
             if p is not None:
@@ -114,11 +134,12 @@ class Passes:
 class PassIterator:
     """Iterates one pass; the pass starts (hooks, executor plan) on the first ``next``."""
 
-    def __init__(self, passes: Passes, ident: int, adopted: Optional[Pass]):
+    def __init__(self, passes: Passes, ident: int, adopted: Optional[Pass], keep: int = 1):
         self._passes = passes
         self._id = ident
         self._pass = adopted
-        self._replay = adopted is not None
+        self._keep = keep
+        self._replay: Optional[list] = None  # an adopted pass's kept batches, taken on the first next
         self._done = False
 
     def __iter__(self) -> "PassIterator":
@@ -129,25 +150,36 @@ class PassIterator:
             raise StopIteration
         passes = self._passes
         p = self._pass
+        if p is not None and self._replay is None:
+            with p.lock:  # waits for a read still under way in the iterator given up
+                if p.reader == self._id and (p.kept is None or len(p.kept) != p.position):
+                    p = self._pass = None  # it read more than it kept: start the next pass instead
         if p is None:
-            p = self._pass = passes.begin(self._id)
-        elif p.reader != self._id:
-            raise RuntimeError(
-                "kerasfeed: this loader iterator was superseded: a newer iterator took over its pass "
-                f"(pass {p.epoch}). Iterate the newest one. Received: a call to next() on the older iterator."
-            )
-        passes.carry_on(p)
-        if self._replay:
-            self._replay = False
-            return p.first
-        if p.position >= p.batches:
-            self._done = True
-            p.first = None  # read to its end: never taken over (a one-batch pass included)
-            raise StopIteration
-        batch = passes.read(p)
-        p.position += 1
-        p.first = batch if p.position == 1 else None
-        return batch
+            p = self._pass = passes.begin(self._id, self._keep)
+        with p.lock:
+            if p.reader != self._id:
+                raise RuntimeError(
+                    "kerasfeed: this loader iterator was superseded: a newer iterator took over its pass "
+                    f"(pass {p.epoch}). Iterate the newest one. Received: a call to next() on the older iterator."
+                )
+            passes.carry_on(p)
+            if self._replay is None:  # first next: an adopted pass replays what it kept
+                self._replay = list(p.kept or ())
+                p.keep = max(p.keep, self._keep)
+            if self._replay:
+                return self._replay.pop(0)
+            if p.position >= p.batches:
+                self._done = True
+                p.kept = None  # read to its end: never taken over (a one-batch pass included)
+                raise StopIteration
+            batch = passes.read(p)
+            p.position += 1
+            if p.kept is not None:
+                if p.position <= p.keep:
+                    p.kept.append(batch)
+                else:
+                    p.kept = None
+            return batch
 
 
 __all__ = ["Pass", "PassIterator", "Passes"]
