@@ -68,6 +68,35 @@ class Executor(abc.ABC):
         follows the hooks. Executors whose items run on a copy of the source
         use it to tell what each hook changed."""
 
+    def ready(self, index: int, epoch: int) -> bool:
+        """Whether ``load(index, epoch)`` would return (or raise) now, without
+        waiting: the item was made ahead for the current plan, or failed.
+
+        Never blocks; a few microseconds. Grouped hand-over asks it for every
+        item after a group's first, and ends the group at the first item
+        that is not ready, so that no item waits for a later one. False (the
+        default) is always safe: groups then hold one item."""
+        return False
+
+    def pass_failed(self, epoch: int) -> None:
+        """Called by the pipeline when a load of pass ``epoch`` raised (the item's
+        error, a signature mismatch, a worker failure). An executor that
+        owns threads or processes then parks them once the pass is left
+        (NOTE [ Parking after a failed pass ] in ``execution/parking.py``)."""
+
+    def activity(self) -> tuple[int, int]:
+        """``(loads started so far, loads in progress)``; cheap, any thread."""
+        return (0, 0)
+
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        """Stops the executor's threads or worker processes until the next
+        ``plan`` or ``load`` starts them again. With ``activity``, only if
+        ``activity()`` still returns it (checked atomically with the loads).
+
+        Returns:
+            Whether it parked (or was parked already)."""
+        return False
+
     def parallel_calls(self) -> int:
         """How many ``load`` calls tf.data should keep in flight by default."""
         return 1

@@ -97,6 +97,14 @@ class PassPlan:
         self.outstanding -= 1
         return True, handle
 
+    def peek(self, index: int, epoch: int) -> Any:
+        """The handle ``take`` would return now, without taking it; None when
+        ``index`` of pass ``epoch`` was not started by this plan (or is taken)."""
+        if epoch != self.epoch:
+            return None
+        handles = self._started.get(index)
+        return handles[0] if handles else None
+
     def pending_handles(self) -> list[Any]:
         """The handles started and not taken yet (for stats)."""
         return [h for entries in self._started.values() for h in entries]

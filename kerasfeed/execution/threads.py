@@ -13,6 +13,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import PassPlan
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources.base import source_name
@@ -151,6 +152,8 @@ class ThreadExecutor(Executor):
         self._closed = False
         self._failure: Optional[TimeoutError] = None
         self._finalizer: Optional[weakref.finalize] = None
+        self._loads = 0  # loads started (for parking)
+        self._watch = ParkWatch(self)
         self.waits = WaitScope()
 
     def load(self, index: int, epoch: int) -> Any:
@@ -190,9 +193,18 @@ class ThreadExecutor(Executor):
                 self.close()  # the pass cannot go on without this item
                 raise self._failure
 
+    def ready(self, index: int, epoch: int) -> bool:
+        if self._failure is not None:
+            return True  # load raises at once
+        with self._lock:
+            plan = self._plan
+            task = None if plan is None else plan.peek(index, epoch)
+        return task is not None and task.event.is_set()
+
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started here: these threads share the source
         # with the main process, whose on_epoch_begin must run first.
+        self._watch.pass_started(int(epoch))  # the consumer goes on
         with self._lock:
             if self._closed:
                 return
@@ -233,6 +245,7 @@ class ThreadExecutor(Executor):
 
     def _take(self, index: int, epoch: int) -> Optional[_Task]:
         with self._lock:
+            self._loads += 1
             plan = self._plan
             if plan is None:
                 return None
@@ -245,6 +258,33 @@ class ThreadExecutor(Executor):
                 self._plan = None
             self._fill(plan)
             return task  # None: not started yet, the caller runs it
+
+    def pass_failed(self, epoch: int) -> None:
+        self._watch.arm(int(epoch))
+
+    def activity(self) -> tuple[int, int]:
+        # A load waiting for a task it took is safe from parking (the task
+        # still runs; see park), so no count of loads in progress is kept.
+        return self._loads, 0
+
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        """Drops the plan and ends the pool threads (the next ``plan`` starts
+        new ones). Tasks already taken by a load still run: the threads end
+        after the queue's earlier entries; a load of the dropped plan's
+        items runs in the caller."""
+        with self._lock:
+            if self._closed:
+                return True
+            if activity is not None and tuple(activity) != (self._loads, 0):
+                return False
+            if self._plan is not None:
+                self._plan.drop()
+                self._plan = None
+            self._threads = []
+            finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer()  # one stop entry per thread, after the queued tasks
+        return True
 
     def parallel_calls(self) -> int:
         return self._parallelism
@@ -261,6 +301,7 @@ class ThreadExecutor(Executor):
         return {"ahead": done, "in_flight": len(tasks) - done}
 
     def close(self) -> None:
+        self._watch.disarm()
         with self._lock:
             self._closed = True
             if self._plan is not None:

@@ -100,7 +100,7 @@ class EndlessPipeline(PassPipeline):
 
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
-        arrays = self._checker.flat_arrays(index, self._pick(index, epoch))
+        arrays = self._arrays(index, epoch)
         position = (index - self._shard_index) // self._num_shards
         if position % self._block == self._block - 1 and epoch == self._current:
             self._plan(epoch, position // self._block + 1)

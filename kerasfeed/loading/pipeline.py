@@ -18,6 +18,7 @@ import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.waits import WaitAbandoned
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sources.base import set_epoch
 
@@ -89,15 +90,29 @@ class PassPipeline:
         stats.picked(epoch, t1 - t0, t1)
         return item
 
-    def load(self, i, epoch):
-        index, epoch = int(i), int(epoch)
+    def _arrays(self, index: int, epoch: int) -> list:
+        """Item ``index`` of pass ``epoch``, checked and flattened. A failure
+        is told to the executor (NOTE [ Parking after a failed pass ])."""
         try:
-            item = self._pick(index, epoch)
+            return self._checker.flat_arrays(index, self._pick(index, epoch))
+        except WaitAbandoned:
+            raise  # the consumer left on purpose
         except ItemError as e:
+            self.executor.pass_failed(epoch)
             # The executor's own frames say nothing to the user (TensorFlow
             # prints them under the original traceback): start from here.
             raise e.with_traceback(None) from e.__cause__
-        arrays = self._checker.flat_arrays(index, item)
+        except Exception:
+            self.executor.pass_failed(epoch)
+            raise
+
+    def ready(self, i, epoch) -> bool:
+        """Whether ``load(i, epoch)`` would not wait (see ``Executor.ready``)."""
+        return self.executor.ready(int(i), int(epoch))
+
+    def load(self, i, epoch):
+        index, epoch = int(i), int(epoch)
+        arrays = self._arrays(index, epoch)
         with self._lock:
             self._remaining[epoch] -= 1
             last = self._remaining[epoch] == 0

@@ -3,7 +3,8 @@
 Parent side (``pool.py`` is the façade; each unit names its worker-side counterpart):
 
 - ``pool.py``             ``WorkerPool``: the public handle, ``stats()``
-- ``dispatcher.py``       the one lock: loads, reader threads, failures, close ordering
+- ``dispatcher.py``       the one lock: loads, plans, parking, close ordering
+- ``readers.py``          the reader thread of each worker; a worker's death
 - ``pass_plans.py``       the pass requested ahead and the next pass
 - ``lanes.py``            each worker's requests; which worker takes the next one
 - ``slots.py``            shared-memory slots and the lending budget

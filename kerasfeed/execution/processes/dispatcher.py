@@ -1,4 +1,4 @@
-"""Requests, pass plans, reader threads, failure propagation and close ordering.
+"""Requests, pass plans, parking and close ordering (the reader threads: ``readers.py``).
 
 Counterpart of ``worker.py``'s ``WorkerLoop.run`` (the loop that answers
 ``Load`` requests). The ``Dispatcher`` owns the pool's one lock; the units
@@ -19,7 +19,7 @@ it drives hold none: ``WorkerProcess`` (``process.py``), ``SlotTable``
 
 from __future__ import annotations
 
-import errno
+import functools
 import itertools
 import logging
 import os
@@ -33,14 +33,14 @@ from kerasfeed.execution.processes import protocol, shm
 from kerasfeed.execution.processes.lanes import Lanes, Request, RequestCounts, WorkerLane
 from kerasfeed.execution.processes.pass_plans import PassPlans, PlanStatus, Send
 from kerasfeed.execution.processes.process import GRACE_S, NO_RESTART, WorkerProcess, fresh_error
-from kerasfeed.execution.processes.slots import SlotTable, fd_limit_message
+from kerasfeed.execution.processes.readers import read_loop
+from kerasfeed.execution.processes.slots import SlotTable
 from kerasfeed.execution.processes.stream_sessions import StreamSessions
 from kerasfeed.execution.waits import WaitScope
 
 logger = logging.getLogger("kerasfeed")
 
 _POLL_S = 0.5
-_READER_POLL_S = 1.0
 
 
 class Dispatcher:
@@ -51,9 +51,10 @@ class Dispatcher:
         payload: the cloudpickled source and ``worker_init``.
         options: the ``PoolOptions``.
         name: the pool's name in error messages.
+        waits: the ``WaitScope`` of the pool's loads (a new one if None).
     """
 
-    def __init__(self, payload: bytes, options: Any, name: str):
+    def __init__(self, payload: bytes, options: Any, name: str, waits: Optional[WaitScope] = None):
         self.options = options
         self.name = name
         self.owner_pid = os.getpid()
@@ -61,8 +62,13 @@ class Dispatcher:
         self.lock = threading.RLock()  # re-entrant: close() may run from GC anywhere
         self.cv = threading.Condition(self.lock)
         self.closed = False
+        self.parked = False  # closed by ``park``: the executor starts a new pool on its next use
         self.failure: Optional[WorkerError] = None
-        self.waits = WaitScope()  # the iterator deleted or Ctrl-C ends a wait (execution/waits.py)
+        # The iterator deleted or Ctrl-C ends a wait (execution/waits.py); an
+        # executor that restarts its pool after parking hands the same scope on.
+        self.waits = waits if waits is not None else WaitScope()
+        self.loads = 0  # loads started, and in progress (for parking: NOTE [ Parking after a failed pass ])
+        self.loading = 0
         self._ids = itertools.count()
         self.items = 0
         self.consumer_cpu_s = 0.0
@@ -87,7 +93,7 @@ class Dispatcher:
                     lane.process.send(protocol.Init(init))
                 except OSError:
                     pass  # died while booting: its reader reports why
-                lane.process.start_reader(self._read_loop, lane)
+                lane.process.start_reader(functools.partial(read_loop, self), lane)
         except BaseException:
             self.close()
             raise
@@ -102,109 +108,6 @@ class Dispatcher:
                         f"kerasfeed: worker {lane.id} (pid {lane.process.pid}) was not ready within {timeout} s"
                     )
 
-    # ------------------------------------------------------------ reader threads
-    def _read_loop(self, lane: WorkerLane) -> None:
-        proc = lane.process
-        try:
-            while True:
-                if not proc.wait_readable(_READER_POLL_S):
-                    if not proc.alive():  # died, yet a grandchild holds the socket
-                        break
-                    continue
-                t0 = time.thread_time()
-                msg, fds = proc.recv()
-                self._handle(lane, msg, fds)
-                proc.reader_cpu_s += time.thread_time() - t0
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                # At the fd limit the kernel silently drops passed fds; report
-                # that, not a dead worker (this one is fine: stop it).
-                what = (
-                    f"a shared-memory segment from worker {lane.id} (pid {proc.pid}) of {self.name} "
-                    f"could not be received ({e.strerror})"
-                )
-                self.record_failure(WorkerError(fd_limit_message(what), worker_id=lane.id, pid=proc.pid))
-                proc.kill()
-        except (EOFError, ValueError):
-            pass
-        except BaseException:  # never lose the reason silently
-            logger.exception("kerasfeed: reader thread of worker %d failed", lane.id)
-        finally:
-            self._worker_gone(lane)
-
-    def _handle(self, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) -> None:
-        if isinstance(msg, (protocol.ItemDone, protocol.ItemFailed)):
-            if isinstance(msg, protocol.ItemDone):
-                self.slots.map_segment(lane.id, msg.slot, fds, msg.new_size)
-                stats = self.stats
-                if stats is not None:  # timed by the worker itself
-                    stats.made(msg.make_s, lane.id, time.perf_counter(), busy_s=msg.make_s + msg.write_s)
-            with self.lock:
-                req = lane.pending.pop(msg.request_id, None)
-                if req is None:
-                    return
-                if isinstance(msg, protocol.ItemDone):
-                    req.spec, req.nbytes = msg.spec, msg.nbytes
-                else:
-                    req.error = msg.error
-                req.done = True
-                if req.abandoned:  # its caller was interrupted: free the slot here
-                    self._slot_done(lane, req.slot)
-                elif req.planned:
-                    lane.waiting += 1
-                sends = self._fill_plans()
-            req.event.set()
-            self._send_requests(sends)
-        elif isinstance(msg, (protocol.StreamItem, protocol.StreamEnd, protocol.StreamFailed)):
-            self.streams.on_message(lane, msg, fds)
-        elif isinstance(msg, protocol.Ready):
-            lane.process.mark_ready(msg.info, self.name)
-        elif isinstance(msg, protocol.InitError):
-            lane.process.init_error = msg
-        else:
-            for fd in fds:
-                os.close(fd)
-
-    def _worker_gone(self, lane: WorkerLane) -> None:
-        # See NOTE [ Worker process shutdown ] in process.py.
-        if self.closed:
-            return
-        proc = lane.process
-        code = proc.reap()
-        if self.closed:
-            return
-        head, details = proc.explain_exit(code)
-        with self.lock:
-            # A worker runs its requests in order: the oldest one pending on
-            # it is the item it died on.
-            mine = sorted(lane.pending.values(), key=lambda r: r.id)
-            index = mine[0].index if mine else None
-            during = f" while loading {self.name}[{index}]" if index is not None else ""
-            err = WorkerError(
-                f"kerasfeed: worker {lane.id} (pid {proc.pid}) of {self.name} {head}{during}.\n{NO_RESTART}"
-                + (f"\n\n{details}" if details else ""),
-                worker_id=lane.id,
-                pid=proc.pid,
-                exitcode=code,
-                index=index,
-            )
-            lane.death = err
-            if self.failure is None:
-                self.failure = err
-            first = self.failure  # e.g. a timeout that made us kill this worker
-            # The pass stops: items pending on the other workers fail too
-            # (their answers, if they come, free their slots as abandoned).
-            pending = self.lanes.abandon_pending()
-            lane.pending.clear()
-            st = lane.stream
-            self.cv.notify_all()
-        logger.info("%s", str(err).splitlines()[0])
-        for req in pending:
-            req.error = fresh_error(first)
-            req.event.set()
-        if st is not None:
-            st.queue.put(protocol.WorkerDied(first))
-
     # ------------------------------------------------------------ shared with StreamSessions
     def check_usable(self) -> None:
         """Raises if the pool failed, is closed, or belongs to another process."""
@@ -216,7 +119,8 @@ class Dispatcher:
         if self.failure is not None:
             raise fresh_error(self.failure)
         if self.closed:
-            raise WorkerError(f"kerasfeed: the worker pool of {self.name} is closed; create the dataset again.")
+            why = " (parked after a failed pass)" if self.parked else ""
+            raise WorkerError(f"kerasfeed: the worker pool of {self.name} is closed{why}; create the dataset again.")
 
     def record_failure(self, err: WorkerError) -> None:
         with self.lock:
@@ -235,7 +139,7 @@ class Dispatcher:
         return self.lanes.pick_idle()
 
     # ------------------------------------------------------------ requests
-    def _slot_done(self, lane: WorkerLane, slot: int) -> None:
+    def slot_done(self, lane: WorkerLane, slot: int) -> None:
         # With the lock held: a load's slot is free again.
         self.lanes.slot_done(lane, slot)
         self.cv.notify_all()
@@ -248,13 +152,14 @@ class Dispatcher:
                 self.slots.collect_returned()
                 best = self.lanes.least_busy(planned=False)
                 if best is not None:
+                    self.loading += 1
                     return best, self.lanes.new_request(best, self.new_id(), index)
                 wait = wait or self.waits.begin()
                 self.cv.wait(_POLL_S)
                 wait.check(f"a free slot for {self.name}[{index}]")
 
     @staticmethod
-    def _send_requests(sends: list[Send]) -> None:
+    def send_requests(sends: list[Send]) -> None:
         for lane, req, epoch in sends:
             try:
                 lane.process.send(protocol.Load(req.id, req.index, epoch, req.slot))
@@ -288,15 +193,15 @@ class Dispatcher:
             self.check_usable()
             self.plans.start(epoch, indices, next_pass)
             self.cv.notify_all()  # dropped requests may have freed slots
-            sends = self._fill_plans()
-        self._send_requests(sends)
+            sends = self.fill_plans()
+        self.send_requests(sends)
 
     def drop_plans(self) -> None:
         # With the lock held.
         self.plans.drop_all()
         self.cv.notify_all()
 
-    def _fill_plans(self) -> list[Send]:
+    def fill_plans(self) -> list[Send]:
         # With the lock held; the caller sends them after releasing it.
         if self.closed or self.failure is not None:
             return []
@@ -308,11 +213,35 @@ class Dispatcher:
     def _take_planned(self, index: int, epoch: int) -> Optional[tuple[WorkerLane, Request]]:
         with self.cv:
             self.check_usable()
-            return self.plans.take(index, epoch)
+            self.loads += 1
+            taken = self.plans.take(index, epoch)
+            if taken is not None:
+                self.loading += 1
+            return taken
+
+    def ready(self, index: int, epoch: int) -> bool:
+        """Whether ``load(index, epoch)`` would not wait: its planned request
+        was answered, or the pool failed or closed (the load raises at once)."""
+        with self.lock:
+            if self.failure is not None or self.closed:
+                return True
+            plan = self.plans.plan
+            handle = None if plan is None else plan.peek(index, epoch)
+        return handle is not None and handle[1].event.is_set()
 
     # ------------------------------------------------------------ load
     def _lend_or_copy(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
         """The answered item, lent (zero-copy) when the budget allows, else copied."""
+        try:
+            return self._lend_or_copy_open(lane, req)
+        except (ValueError, TypeError, AttributeError, BufferError):
+            # Another worker's failure closed the pool (and unmapped its
+            # segments) while this answer was read: report that failure.
+            if self.failure is not None or self.closed:
+                self.check_usable()
+            raise
+
+    def _lend_or_copy_open(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
         spec = shm.loads_spec(req.spec)
         seg = self.slots.segment(lane.id, req.slot)
         nbytes = req.nbytes
@@ -330,12 +259,13 @@ class Dispatcher:
 
     def _release(self, lane: WorkerLane, req: Request, cpu_s: float = 0.0, lent: bool = False) -> None:
         with self.cv:
+            self.loading -= 1
             if req.abandoned:
                 pass  # its reader frees the slot when the answer comes
             elif lent:
                 lane.busy -= 1  # the slot comes back through the slot table's returned loans
             else:
-                self._slot_done(lane, req.slot)
+                self.slot_done(lane, req.slot)
             if cpu_s:
                 self.consumer_cpu_s += cpu_s
                 self.items += 1
@@ -365,8 +295,9 @@ class Dispatcher:
             # Interrupted (Ctrl-C in the main thread) or timed out: the answer
             # may still come; make sure its slot is freed either way.
             with self.lock:
+                self.loading -= 1
                 if req.done:
-                    self._slot_done(lane, req.slot)
+                    self.slot_done(lane, req.slot)
                 else:
                     req.abandoned = True
             raise
@@ -394,8 +325,8 @@ class Dispatcher:
             self._release(lane, req, cpu + time.thread_time() - t1 if req.error is None else 0.0, lent)
             if taken is not None:
                 with self.lock:
-                    sends = self._fill_plans()
-                self._send_requests(sends)
+                    sends = self.fill_plans()
+                self.send_requests(sends)
         return item
 
     # ------------------------------------------------------------ queries
@@ -413,6 +344,24 @@ class Dispatcher:
             return self.lanes.idle()
 
     # ------------------------------------------------------------ shutdown
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        """Closes the pool if no load started or ran since ``activity`` (``(loads,
+        loading)``; None: at once); later calls raise, and the executor starts
+        a new pool (NOTE [ Parking after a failed pass ]). Returns whether the
+        pool is closed now (True for a pool closed already)."""
+        if os.getpid() != self.owner_pid:
+            return False
+        with self.lock:
+            if self.closed:
+                return True
+            busy = any(lane.stream is not None for lane in self.lanes)
+            if busy or (activity is not None and (self.loads, self.loading) != tuple(activity)):
+                return False
+            self.parked = True
+            pending, streams = self._mark_closed()
+        self._shut_down(pending, streams)
+        return True
+
     def close(self) -> None:
         """See NOTE [ Worker process shutdown ] in process.py (this is its order)."""
         if os.getpid() != self.owner_pid:
@@ -423,17 +372,26 @@ class Dispatcher:
         with self.lock:
             if self.closed:
                 return
-            self.closed = True
-            self.plans.forget()
-            pending = [req for lane in self.lanes for req in lane.pending.values()]
-            for lane in self.lanes:
-                lane.pending.clear()
-            streams = [lane.stream for lane in self.lanes if lane.stream is not None]
-            self.cv.notify_all()
+            pending, streams = self._mark_closed()
+        self._shut_down(pending, streams)
+
+    def _mark_closed(self) -> tuple[list[Request], list[Any]]:
+        # With the lock held: from here on every call raises (check_usable).
+        self.closed = True
+        self.plans.forget()
+        pending = [req for lane in self.lanes for req in lane.pending.values()]
+        for lane in self.lanes:
+            lane.pending.clear()
+        streams = [lane.stream for lane in self.lanes if lane.stream is not None]
+        self.cv.notify_all()
+        return pending, streams
+
+    def _shut_down(self, pending: list[Request], streams: list[Any]) -> None:
         for req in pending:
-            req.error = WorkerError(
-                f"kerasfeed: the worker pool of {self.name} was closed while {self.name}[{req.index}] was loading."
-            )
+            if req.error is None:  # a worker's failure may have told it why already
+                req.error = WorkerError(
+                    f"kerasfeed: the worker pool of {self.name} was closed while {self.name}[{req.index}] was loading."
+                )
             req.event.set()
         for st in streams:
             st.queue.put(protocol.WorkerDied(WorkerError(f"kerasfeed: the worker pool of {self.name} was closed.")))

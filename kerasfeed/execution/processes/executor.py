@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Optional, Sequence
 
+from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.processes.pool import WorkerPool
 
@@ -19,8 +22,10 @@ class ProcessExecutor(Executor):
     The workers start when the executor is created, are reused across
     epochs, and stop on ``close()``, when the executor (or the dataset that
     holds it) is garbage collected, or at interpreter exit. A worker that
-    dies fails the pass with ``kerasfeed.WorkerError``; workers are not
-    restarted.
+    dies fails the pass with ``kerasfeed.WorkerError`` and stops the other
+    workers; workers are not restarted. After a pass fails on an item and
+    is left, the idle workers stop too, and the next pass starts fresh ones
+    (NOTE [ Parking after a failed pass ]).
 
     Args:
         source: the indexable source; sent to each worker by value
@@ -88,17 +93,62 @@ class ProcessExecutor(Executor):
         return ex
 
     def _start(self, source: Any, options: PoolOptions) -> None:
+        self._source = source  # a parked pool's successor gets it as it is then
+        self._restart_lock = threading.Lock()
+        self._closed = False
+        self._collector: Any = None
+        self._watch = ParkWatch(self)
         self.pool = WorkerPool(source, options)
 
     @property
-    def waits(self):  # see Executor.waits
-        return self.pool._dispatcher.waits
+    def waits(self):  # see Executor.waits; the same scope across parked pools
+        return self.pool.waits
+
+    def _live_pool(self) -> WorkerPool:
+        """The pool, started again if it was parked."""
+        pool = self.pool
+        if not pool.parked:
+            return pool
+        with self._restart_lock:
+            old = self.pool
+            if old.parked and not self._closed:
+                self.pool = WorkerPool(self._source, old.options, name=old.name, waits=old.waits)
+                if self._collector is not None:
+                    self.pool.observe(self._collector)
+            return self.pool
 
     def load(self, index: int, epoch: int) -> Any:
-        return self.pool.load(int(index), int(epoch))
+        pool = self._live_pool()
+        try:
+            return pool.load(int(index), int(epoch))
+        except WorkerError:
+            if not pool.parked or self._closed:
+                raise
+        return self._live_pool().load(int(index), int(epoch))  # it was parked just before this load
+
+    def ready(self, index: int, epoch: int) -> bool:
+        pool = self.pool
+        return not pool.parked and pool.ready(int(index), int(epoch))
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
-        self.pool.plan(int(epoch), indices, next_pass)
+        self._watch.pass_started(int(epoch))  # the consumer goes on
+        pool = self._live_pool()
+        try:
+            pool.plan(int(epoch), indices, next_pass)
+            return
+        except WorkerError:
+            if not pool.parked or self._closed:
+                raise
+        self._live_pool().plan(int(epoch), indices, next_pass)
+
+    def pass_failed(self, epoch: int) -> None:
+        self._watch.arm(int(epoch))
+
+    def activity(self) -> tuple[int, int]:
+        return self.pool.activity()
+
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        return self.pool.park(activity)
 
     def before_hook(self, name: str) -> None:
         self.pool.before_hook(name)
@@ -115,6 +165,7 @@ class ProcessExecutor(Executor):
 
     def attach_stats(self, collector: Any) -> None:
         super().attach_stats(collector)
+        self._collector = collector
         self.pool.observe(collector)
 
     def gauges(self) -> dict:
@@ -127,9 +178,12 @@ class ProcessExecutor(Executor):
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Blocks until every worker has started."""
-        self.pool.wait_ready(timeout)
+        self._live_pool().wait_ready(timeout)
 
     def close(self) -> None:
+        with self._restart_lock:  # no new pool after this
+            self._closed = True
+        self._watch.disarm()
         self.pool.close()
         stats = self.pool._dispatcher.stats
         if stats is not None:  # TensorFlow may keep the closed dataset: see ThreadExecutor.close

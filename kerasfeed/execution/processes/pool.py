@@ -10,8 +10,9 @@ its counterpart on the worker side, ``worker.py``):
 - ``lanes.py``            ``WorkerLane``/``Lanes``: each worker's requests, choice of a worker
 - ``pass_plans.py``       ``PassPlans``: the pass requested ahead and the next pass
 - ``stream_sessions.py``  ``StreamSessions``: generator streams, ``StreamIterator``
-- ``dispatcher.py``       ``Dispatcher``: the one lock, ``load``, reader threads,
-                          failure propagation and close ordering
+- ``dispatcher.py``       ``Dispatcher``: the one lock, ``load``, plans, parking
+                          and close ordering
+- ``readers.py``          the reader threads: answers, failure propagation
 - ``options.py``          ``PoolOptions``
 
 Workers start when the pool is created (fresh interpreters, the source sent
@@ -52,6 +53,8 @@ class WorkerPool:
             ``worker_init`` runs once in each worker, after the source is
             unpickled; ``kerasfeed.get_worker_info()`` works inside it.
         name: a name for error messages; defaults to the source's class name.
+        waits: the ``WaitScope`` of its loads (``execution/waits.py``); a new
+            one if None (an executor that restarts its pool passes its own).
 
     Raises:
         TypeError: the source or ``worker_init`` cannot be pickled (the
@@ -75,6 +78,7 @@ class WorkerPool:
         options: Optional[PoolOptions] = None,
         *,
         name: Optional[str] = None,
+        waits: Any = None,
     ):
         if options is None:
             options = PoolOptions()
@@ -85,7 +89,7 @@ class WorkerPool:
         payload = dumps_for_workers(source, self.options.worker_init)
         # What the workers' copy is: later passes send what changed since.
         self._state = StateTracker(source) if source is not None else None
-        self._dispatcher = Dispatcher(payload, self.options, self.name)
+        self._dispatcher = Dispatcher(payload, self.options, self.name, waits)
         # Runs on close(), on garbage collection and at interpreter exit.
         self._finalizer = weakref.finalize(self, self._dispatcher.close)
 
@@ -143,6 +147,24 @@ class WorkerPool:
             kerasfeed.WorkerError: a worker died, failed to start or timed out.
         """
         return self._dispatcher.load(index, epoch)
+
+    def ready(self, index: int, epoch: int) -> bool:
+        """Whether ``load(index, epoch)`` would return (or raise) without waiting."""
+        return self._dispatcher.ready(index, epoch)
+
+    def activity(self) -> tuple[int, int]:
+        """``(loads started, loads in progress)``, for parking."""
+        d = self._dispatcher
+        return d.loads, d.loading
+
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        """Closes the pool unless a load started or ran since ``activity``; see ``Dispatcher.park``."""
+        return self._dispatcher.park(activity)
+
+    @property
+    def parked(self) -> bool:
+        """Closed by ``park`` (not by a failure or ``close``)."""
+        return self._dispatcher.parked
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         """Starts making the items of pass ``epoch`` ahead, in this order.

@@ -9,7 +9,7 @@ NOTE [ Worker process shutdown ]
 How a pool notices that a worker died, and how everything stops. Other
 modules cite this note by its name.
 
-- **One reader thread per worker** (``Dispatcher._read_loop``) blocks on the
+- **One reader thread per worker** (``readers.read_loop``) blocks on the
   worker's socket. A worker that dies, however it dies (SIGKILL, segfault,
   ``os._exit``), closes its end: the reader sees EOF at once. A grandchild
   that inherited the socket would keep it open, so the reader also polls
@@ -18,7 +18,7 @@ modules cite this note by its name.
   or signal (with the usual cause of SIGKILL, SIGSEGV, SIGBUS, SIGABRT), the
   ``InitError`` traceback if set-up failed, and the Python stacks that
   ``faulthandler`` wrote into the worker's crash pipe if native code crashed.
-- **Failure propagation** (``Dispatcher._worker_gone``): the first failure
+- **Failure propagation** (``readers._worker_gone``): the first failure
   (a death, or a timeout that made the consumer kill a worker) is kept; the
   item the worker died on (its oldest pending request) is named; every
   pending request of every worker fails with a fresh copy of that error (one
@@ -26,6 +26,9 @@ modules cite this note by its name.
   tracebacks), a stream on that worker gets ``WorkerDied``, and every later
   call raises it too. Workers are never restarted: a crash in native code
   usually repeats, and a loud stop beats a pass that silently loses items.
+  So the pool is closed at once (the other workers stopped, the shared
+  memory released) rather than when it is collected: a kept traceback or a
+  failed iterator that Keras holds would put that off for ever.
 - **Shutdown** (``Dispatcher.close``; run by ``WorkerPool.close``, by
   garbage collection and at interpreter exit through ``weakref.finalize``):
   under the lock, mark closed, drop the plans and fail what is pending;

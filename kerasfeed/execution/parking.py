@@ -1,0 +1,107 @@
+"""Parking: an executor whose pass failed stops its threads or workers once the pass is left.
+
+NOTE [ Parking after a failed pass ]
+====================================
+
+A pass that fails (``source[i]`` raised, an item did not fit the signature)
+usually ends its consumer: ``model.fit`` raises. The dataset, though, often
+lives on where its owner cannot drop it: the exception's traceback holds
+``fit``'s frames and their arguments (a notebook keeps the last traceback),
+Keras keeps a failed validation iterator on the model, and every TensorFlow
+iterator holds its dataset. Workers held that way would outlive their use for
+as long as the traceback or the model. (A worker that died or timed out
+closes its whole pool at once instead: see NOTE [ Worker process shutdown ].)
+
+So the pipeline tells its executor when a load fails (``pass_failed``), and a
+watch thread (one per failure, gone once it decides) then looks at the
+executor's loads every ``TICK_S``: once no load is in progress and none
+started during a whole tick, the executor *parks*: its pool threads end, or
+its worker processes stop (shared memory released). A later ``plan`` (the
+next pass) or ``load`` starts them again: fresh threads, or fresh worker
+processes with the source as it is then (one start-up). A new pass disarms
+the watch. A consumer that goes on after an error (``ds.ignore_errors()``, a
+retry loop) keeps loading and the executor does not park under it; if it
+then pauses for longer than a tick between passes, its next pass pays one
+start-up.
+
+Errors that mean the consumer went away on purpose do not arm the watch
+(``WaitAbandoned``: the iterator was deleted while a load waited; Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+# How often the watch looks; the executor parks after one tick without a load.
+TICK_S = 0.25
+
+
+class ParkWatch:
+    """Parks ``executor`` once its failed pass is left (see the note above).
+
+    The executor provides ``activity() -> (loads started, loads in
+    progress)`` (cheap, any thread) and ``park(activity)`` (parks only if its
+    activity is still that, atomically with its loads); the watch holds it
+    weakly, so it never keeps an executor alive.
+
+    Args:
+        executor: the executor to watch.
+        tick_s: seconds between looks.
+    """
+
+    def __init__(self, executor: Any, tick_s: float = TICK_S):
+        self._ref = weakref.ref(executor)
+        self._lock = threading.Lock()
+        self._tick_s = tick_s
+        self._generation = 0
+        self.armed = False
+        self._epoch: Optional[int] = None
+
+    def arm(self, epoch: int) -> None:
+        """A load of pass ``epoch`` failed: start watching (re-arming while armed only moves the pass)."""
+        with self._lock:
+            self._epoch = epoch
+            if self.armed:
+                return
+            self.armed = True
+            self._generation += 1
+            generation = self._generation
+        threading.Thread(
+            target=_watch, args=(self._ref, self, generation, self._tick_s), name="kerasfeed-park-watch", daemon=True
+        ).start()
+
+    def pass_started(self, epoch: int) -> None:
+        """Pass ``epoch`` is planned: the consumer went on, unless it is the
+        failed pass itself (an endless pass plans block after block)."""
+        if self.armed and epoch != self._epoch:
+            self.armed = False
+
+    def disarm(self) -> None:
+        """Parked or closed: stop watching."""
+        self.armed = False
+
+    def current(self, generation: int) -> bool:
+        return self.armed and self._generation == generation
+
+
+def _watch(ref: "weakref.ref", watch: ParkWatch, generation: int, tick_s: float) -> None:
+    last = None
+    while True:
+        time.sleep(tick_s)
+        if not watch.current(generation):
+            return
+        executor = ref()
+        if executor is None:
+            return
+        mark = executor.activity()
+        if mark == last and mark[1] == 0 and executor.park(mark):
+            watch.disarm()
+            return
+        last = mark
+        del executor  # never hold it while sleeping
+
+
+__all__ = ["ParkWatch", "TICK_S"]

@@ -1,0 +1,111 @@
+"""After a failed ``fit`` (an item raised, a worker was killed, an item timed
+out), the dataset's threads or worker processes stop within about a second,
+even while the failure's traceback (and with it ``fit``'s frames, its
+iterator and the dataset) is kept, as a notebook keeps the last one
+(docs/reliability.md, NOTE [ Parking after a failed pass ])."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import time
+import weakref
+
+import cloudpickle
+import keras
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers do not import this module
+
+BAD = 20
+# A hang, not a timing figure: parking takes one 0.25 s tick without loads, stopping workers up to 1 s.
+STOPPED_WITHIN_S = 10
+
+
+class Faulty(kerasfeed.SceneSequence):
+    """40 batches; batch ``BAD`` raises, kills its worker process, or sleeps 3 s (``how``)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == BAD:
+            if self.how == "raise":
+                raise ValueError(f"batch {i} is unreadable")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "hang":
+                time.sleep(3)
+        return np.full((4, 3), i, np.float32), np.zeros((4, 1), np.float32)
+
+
+def _model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def _stopped(executor_name, pids, threads) -> bool:
+    deadline = time.monotonic() + STOPPED_WITHIN_S
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive and not any(t.is_alive() for t in threads):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_workers_stop_after_a_failed_fit_while_its_traceback_is_kept(executor):
+    cases = [("to_dataset", "raise"), ("to_dataset", "hang"), ("to_loader", "raise"), ("numpy", "raise")]
+    if executor == "processes":
+        cases += [("to_dataset", "kill"), ("to_loader", "kill")]
+    kept = []  # what a notebook keeps: the last traceback, fit's frames, the dataset in them
+    for front, how in cases:
+        kw = {"workers": 2} if executor == "processes" else {}
+        if front == "to_dataset":
+            data = kerasfeed.to_dataset(Faulty(how), executor=executor, timeout=0.5 if how == "hang" else None, **kw)
+        else:
+            data = kerasfeed.to_loader(Faulty(how), executor=executor, **kw)
+        ex = kerasfeed.executor_of(data)
+        with pytest.raises(Exception) as failed:
+            if front == "numpy":  # to_loader's own iterator (the JAX and PyTorch backends' path)
+                it = iter(data)
+                kept.append(it)  # the failed iterator stays referenced
+                for _ in it:
+                    pass
+            else:
+                _model().fit(data, epochs=1, verbose=0, shuffle=False)
+        text = str(failed.value)
+        want = {"raise": f"Faulty[{BAD}] raised ValueError", "kill": "SIGKILL", "hang": "timeout=0.5"}[how]
+        assert want in text, (front, how, text[-2000:])
+        kept.append(failed)
+        pids = ex.pool.pids if executor == "processes" else []
+        # Threads that cannot be stopped: a timed-out item's call runs on (documented).
+        threads = [] if executor == "processes" else [t for t in ex._threads if how != "hang"]
+        held = weakref.ref(ex)
+        del data, ex
+        gc.collect()
+        assert held() is not None, (front, how)  # the kept traceback still holds it
+        assert _stopped(executor, pids, threads), (front, how, pids, threads)
+    # A dataset whose pass failed and parked can still be read again: fresh threads or workers.
+    data = kerasfeed.to_dataset(Faulty("raise" if executor == "threads" else "none"), executor=executor, **kw)
+    ex = kerasfeed.executor_of(data)
+    first = list(data.take(3).as_numpy_iterator())
+    ex.pass_failed(0)
+    assert ex.park(ex.activity())
+    assert [int(x[0, 0]) for x, _ in data.take(5).as_numpy_iterator()] == [0, 1, 2, 3, 4]
+    assert len(first) == 3
+    ex.close()
+    assert tf.executing_eagerly()
