@@ -62,6 +62,10 @@ def stats(ds: Any) -> dict:
       average.
     - ``ahead``, ``in_flight``: items made and not taken yet / being made,
       right now; ``shm_bytes``: shared memory held by worker processes.
+    - ``device`` (``to_loader``): the device prefetch: ``{prefetch,
+      target, batches, wait_total_s, wait_ms, ready_fraction, place_ms}``;
+      ``wait_ms`` is how long the training thread blocked for a placed
+      batch (``kerasfeed/loader/device.py``).
     - ``kind``, ``executor``, ``items_per_batch``, ``uptime_s``.
     - ``process``: this process's index when a ``to_loader`` reads its shard
       under a multi-process Keras distribution (JAX); None otherwise.
