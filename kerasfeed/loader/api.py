@@ -185,4 +185,5 @@ def to_loader(
 
     return hosts.agreed(processes, make, owner="to_loader")
 
+
 __all__ = ["to_loader"]
