@@ -199,7 +199,7 @@ def run_one(method: str, args) -> dict:
 
 
 def _find_source(ds):
-    from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
+    from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 
     pipeline = find_tagged(ds, PIPELINE_ATTR)
     return getattr(pipeline, "_source", None)

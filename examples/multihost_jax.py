@@ -103,7 +103,7 @@ def build_model():
 def train(args, k: int, phase: str) -> dict:
     """One ``model.fit`` run of this process; returns what the test checks."""
     import kerasfeed
-    from kerasfeed.observe.callback import input_run_dir
+    from kerasfeed.integrations.input_stats import input_run_dir
 
     state_path = os.path.join(args.out, "data_state.json")
     weights_path = os.path.join(args.out, f"weights_{k}.npz")

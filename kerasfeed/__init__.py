@@ -24,7 +24,7 @@ from kerasfeed._version import __version__
 _LAZY = {
     "SceneSequence": "kerasfeed.sources.sequence:SceneSequence",
     "to_dataset": "kerasfeed.tfdata.adapter:to_dataset",
-    "executor_of": "kerasfeed.tfdata.lookup:executor_of",
+    "executor_of": "kerasfeed.observe.lookup:executor_of",
     "IndexOrder": "kerasfeed.sampling.order:IndexOrder",
     "ResumeState": "kerasfeed.sampling.state:ResumeState",
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
@@ -40,18 +40,18 @@ _LAZY = {
     "WorkerInfo": "kerasfeed.execution.worker_info:WorkerInfo",
     "ProcessExecutor": "kerasfeed.execution.processes.executor:ProcessExecutor",
     "datasets": "kerasfeed.datasets:",
-    "H5SliceSequence": "kerasfeed.sources.hdf5:H5SliceSequence",
-    "H5WindowSequence": "kerasfeed.sources.hdf5:H5WindowSequence",
+    "H5SliceSequence": "kerasfeed.hdf5:H5SliceSequence",
+    "H5WindowSequence": "kerasfeed.hdf5:H5WindowSequence",
     "ScenePointSampler": "kerasfeed.transforms:ScenePointSampler",
     # Observability: live input stats, the Keras/TensorBoard callback, the profiler
     "stats": "kerasfeed.observe.api:stats",
-    "InputStats": "kerasfeed.observe.callback:InputStats",
+    "InputStats": "kerasfeed.integrations.input_stats:InputStats",
     "profile": "kerasfeed.observe.profile:profile",
     # Sampling at the index level: balanced and weighted orders, mixing sources.
     "BalancedOrder": "kerasfeed.sampling.balanced:BalancedOrder",
     "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
     "mix": "kerasfeed.sampling.mix:mix",
-    "H5RowSequence": "kerasfeed.sources.hdf5:H5RowSequence",
+    "H5RowSequence": "kerasfeed.hdf5:H5RowSequence",
     # Exports: sharded TFRecord/ArrayRecord files written in parallel (kerasfeed/exporting)
     "export": "kerasfeed.exporting.exporter:export",
     "load_export": "kerasfeed.exporting.reader:load_export",

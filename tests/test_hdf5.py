@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.sources.hdf5.handles import REGISTRY
+from kerasfeed.hdf5.handles import REGISTRY
 
 PPS = 32  # points per scene: small files, fast tests
 

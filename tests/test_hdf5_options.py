@@ -6,7 +6,7 @@ import pytest
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.sources.hdf5.options import H5Keywords, H5Options
+from kerasfeed.hdf5.options import H5Keywords, H5Options
 
 
 @pytest.fixture(scope="module")

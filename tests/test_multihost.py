@@ -171,7 +171,7 @@ def test_an_unsharded_order_is_cut_per_process(monkeypatch):
 
 
 def test_run_directories_name_the_process(monkeypatch):
-    from kerasfeed.observe.callback import input_run_dir
+    from kerasfeed.integrations.input_stats import input_run_dir
 
     monkeypatch.setattr(hosts, "current_processes", lambda: _processes(index=1))
     assert kerasfeed.worker_run_dir("logs") == os.path.join("logs", "worker_1")

@@ -209,7 +209,7 @@ def test_collector_keeps_a_fixed_window_and_exact_recent_percentiles():
 
 
 def test_input_run_dir_is_per_worker_beside_worker_summaries(monkeypatch, tmp_path):
-    from kerasfeed.observe.callback import input_run_dir as worker_run_dir
+    from kerasfeed.integrations.input_stats import input_run_dir as worker_run_dir
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert worker_run_dir(str(tmp_path)) == os.path.join(str(tmp_path), "input")

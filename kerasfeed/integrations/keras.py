@@ -9,9 +9,9 @@ from typing import Any, Mapping, Optional, Union
 import keras
 
 from kerasfeed import _validation as _v
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import order_fingerprint
 from kerasfeed.sampling.state import ResumeState
-from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
 
 
 def fingerprint_of(obj: Any) -> str:

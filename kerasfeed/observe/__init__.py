@@ -1,1 +1,1 @@
-"""Observability: live input stats, the Keras/TensorBoard callback and the profiler."""
+"""Observability: live input stats, finding the pipeline behind a dataset or loader, the profiler."""

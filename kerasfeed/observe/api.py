@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.observe.stats import ENABLED, StatsCollector
-from kerasfeed.tfdata.lookup import PIPELINE_ATTR, find_tagged
 
 # Set by the stream functions (from_generators/from_files/from_queue) on the
 # dataset they return; to_dataset's collector lives on its pipeline.

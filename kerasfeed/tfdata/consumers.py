@@ -35,7 +35,7 @@ import weakref
 from typing import Any
 
 from kerasfeed.execution.waits import install_interrupts
-from kerasfeed.tfdata.lookup import find_tagged
+from kerasfeed.observe.lookup import find_tagged
 
 logger = logging.getLogger("kerasfeed")
 

@@ -30,7 +30,7 @@ import os
 import threading
 from typing import Any
 
-from kerasfeed.tfdata.lookup import find_tagged
+from kerasfeed.observe.lookup import find_tagged
 
 logger = logging.getLogger("kerasfeed")
 

@@ -1,6 +1,6 @@
 """``H5Base``: what the HDF5 sequences share (paths, keys, inspection, lazy per-process handles, seeded orders).
 
-See the package docstring (``kerasfeed/sources/hdf5/__init__.py``) for how files are opened.
+See the package docstring (``kerasfeed/hdf5/__init__.py``) for how files are opened.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.sources.hdf5.handles import REGISTRY
-from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
-from kerasfeed.sources.hdf5.options import H5Keywords, H5Options
+from kerasfeed.hdf5.handles import REGISTRY
+from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
+from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.sources.sequence import SceneSequence
 
 if TYPE_CHECKING:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import keras
 
 from kerasfeed._validation import positive_int
+from kerasfeed.integrations.summaries import worker_run_dir
 from kerasfeed.loading import hosts
 from kerasfeed.observe.api import collector_of
 from kerasfeed.observe.stats import StatsCollector, live_collectors
@@ -26,8 +27,6 @@ def input_run_dir(log_dir: "str | os.PathLike") -> str:
     """
     if not os.environ.get("TF_CONFIG") and hosts.current_processes() is None:
         return os.path.join(os.fspath(log_dir), "input")
-    from kerasfeed.integrations.summaries import worker_run_dir
-
     return os.path.join(worker_run_dir(log_dir), "input")
 
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kerasfeed.hdf5.base import H5Base
+from kerasfeed.hdf5.keys import KeysLike, PathsLike
+from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.sampling.protocol import resolve_order
-from kerasfeed.sources.hdf5.base import H5Base
-from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
-from kerasfeed.sources.hdf5.options import H5Keywords
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.sources.hdf5.base import H5Base
-from kerasfeed.sources.hdf5.keys import KeysLike, PathsLike
-from kerasfeed.sources.hdf5.options import H5Keywords
+from kerasfeed.hdf5.base import H5Base
+from kerasfeed.hdf5.keys import KeysLike, PathsLike
+from kerasfeed.hdf5.options import H5Keywords
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -48,9 +48,9 @@ they share), ``handles.py`` (the per-process handle registry), ``keys.py``
 (paths and keys). ``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.
 """
 
-from kerasfeed.sources.hdf5.rows import H5RowSequence
-from kerasfeed.sources.hdf5.slices import H5SliceSequence
-from kerasfeed.sources.hdf5.windows import H5WindowSequence
+from kerasfeed.hdf5.rows import H5RowSequence
+from kerasfeed.hdf5.slices import H5SliceSequence
+from kerasfeed.hdf5.windows import H5WindowSequence
 from kerasfeed.transforms import ScenePointSampler
 
 __all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler"]
