@@ -333,7 +333,8 @@ def decide(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") 
     ```python
     probe = Probe(wall_s=0.019, cpu_s=0.019, runqueue_s=0.0, nbytes=1_769_472, copy_s=1e-4,
                   parallelism_2_threads=1.6, calls=10)
-    decide(probe, workers=15, cpus=16)  # ('processes', '19.20 ms/item, ...')
+    name, reason = decide(probe, workers=15, cpus=16)
+    # 'processes', '19.00 ms/item, ... 15 workers predicted at ~785 items/s vs ~174 with threads on 16 CPUs'
     ```
     """
     p = probe
