@@ -44,7 +44,9 @@ class Executor(abc.ABC):
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         """Called when pass ``epoch`` starts, with the order its items will be
-        asked in. Executors that ``prefetch`` start making them.
+        asked in: a lazy ``kerasfeed.sampling.views.IndexView`` (read a window
+        at a time; a pass is never held whole) or any sequence of indices.
+        Executors that ``prefetch`` start making them.
 
         ``next_pass``: ``(epoch, indices)`` of the pass likely to follow, given
         only to executors that ``plans_next_pass`` (see there)."""

@@ -5,12 +5,29 @@ starts (``Executor.plan``), starts items in that order up to a window, and
 hands each to the ``load`` that asks for it. A ``load`` that asks for an item
 not started yet (a parallel map far ahead, a direct call) makes it itself; the
 plan then skips it, so nothing ever waits for an item nobody takes.
+
+NOTE [ A plan holds a window of its pass, never the pass ]
+The order is a lazy view (``kerasfeed.sampling.views``): the plan reads it a
+chunk of positions at a time, as it starts items. What it keeps is bounded by
+the window, whatever the pass length: the items started and not taken, and
+the positions ahead that a load claimed before they were started. A load of
+an item not started is looked for in the next ``LOOKAHEAD`` positions only;
+one further ahead is not counted as the plan's (the caller makes it, and the
+plan makes it again when it gets there; a parallel map is never that far
+ahead of the plan). A pass of 10^9 items costs the same as one of 10^3.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed.sampling.views import as_view
+
+# Positions past the next one to start where a load's item is looked for.
+LOOKAHEAD = 4096
 
 
 class PassPlan:
@@ -20,52 +37,60 @@ class PassPlan:
 
     Args:
         epoch: the pass.
-        indices: the order its items will be asked in.
+        indices: the order its items will be asked in: an ``IndexView``,
+            or any sequence or array of indices.
         window: started items not taken yet, at most (executors may use a
             smaller one, see ``can_start``).
     """
 
-    def __init__(self, epoch: int, indices: Sequence[int], window: int):
+    def __init__(self, epoch: int, indices: Any, window: int):
         self.epoch = int(epoch)
-        self.indices = [int(i) for i in indices]
+        self.indices = as_view(indices)
+        self.length = len(self.indices)
         self.window = window
         self.cancelled = False
         self.next = 0  # position of the next index to start
         self._started: dict[int, collections.deque] = {}  # index -> handles not taken yet
         self.outstanding = 0  # started and not taken
-        self._todo = collections.Counter(self.indices)  # not taken yet
-        self._claimed: collections.Counter = collections.Counter()  # made by a load before being started
+        self.taken = 0  # items of the pass handed to a load (started, or claimed)
+        self._claimed: set[int] = set()  # positions ahead made by a load before being started
+        self._ahead: list[int] = []  # indices at positions [_ahead_at, _ahead_at + len)
+        self._ahead_at = 0
 
     @property
     def finished(self) -> bool:
         """Every item of the pass was taken."""
-        return not self._todo
+        return self.taken >= self.length
 
     @property
     def all_started(self) -> bool:
         """No index left to start (every one started, claimed, or the plan cancelled)."""
-        return self.cancelled or self.next >= len(self.indices)
+        return self.cancelled or self.next >= self.length
 
     def can_start(self, window: Optional[int] = None) -> bool:
         return not self.all_started and self.outstanding < (window or self.window)
 
-    def is_pass(self, epoch: int, indices: Sequence[int]) -> bool:
+    def is_pass(self, epoch: int, indices: Any) -> bool:
         """This plan is pass ``epoch`` in the order ``indices``."""
-        return (
-            self.epoch == int(epoch)
-            and len(self.indices) == len(indices)
-            and all(a == b for a, b in zip(self.indices, indices))
-        )
+        return self.epoch == int(epoch) and self.indices.same_pass(indices)
+
+    def _index_at(self, position: int) -> int:
+        k = position - self._ahead_at
+        if not 0 <= k < len(self._ahead):
+            self._ahead_at = position
+            self._ahead = self.indices.window(position, position + LOOKAHEAD).tolist()
+            k = 0
+        return self._ahead[k]
 
     def next_index(self) -> Optional[int]:
         """The next index to start (claimed ones skipped); None at the end."""
-        while self.next < len(self.indices):
-            index = self.indices[self.next]
+        while self.next < self.length:
+            position = self.next
             self.next += 1
-            if self._claimed[index]:
-                self._claimed[index] -= 1
+            if position in self._claimed:
+                self._claimed.discard(position)
                 continue
-            return index
+            return self._index_at(position)
         return None
 
     def started(self, index: int, handle: Any) -> None:
@@ -73,28 +98,40 @@ class PassPlan:
         self._started.setdefault(index, collections.deque()).append(handle)
         self.outstanding += 1
 
+    def _claim(self, index: int) -> bool:
+        # Marks the first unclaimed position ahead holding ``index``, if any.
+        if self.cancelled:
+            return False
+        ahead = self.indices.window(self.next, self.next + LOOKAHEAD)
+        for k in np.flatnonzero(ahead == index).tolist():
+            if self.next + k not in self._claimed:
+                self._claimed.add(self.next + k)
+                return True
+        return False
+
     def take(self, index: int, epoch: int) -> tuple[bool, Any]:
         """Hands item ``index`` of pass ``epoch`` to a load.
 
         Returns:
-            ``(False, None)``: not an item of this plan (another pass, or
-            already taken): the caller makes it. ``(True, None)``: part of the
-            plan but not started: the caller makes it, the plan will skip it.
-            ``(True, handle)``: started; ``handle`` as given to ``started``.
+            ``(False, None)``: not an item of this plan (another pass, already
+            taken, or further ahead than ``LOOKAHEAD``): the caller makes it.
+            ``(True, None)``: part of the plan but not started: the caller
+            makes it, the plan will skip it. ``(True, handle)``: started;
+            ``handle`` as given to ``started``.
         """
-        if epoch != self.epoch or not self._todo.get(index):
+        if epoch != self.epoch:
             return False, None
-        self._todo[index] -= 1
-        if not self._todo[index]:
-            del self._todo[index]
         handles = self._started.get(index)
         if not handles:
-            self._claimed[index] += 1
+            if not self._claim(index):
+                return False, None
+            self.taken += 1
             return True, None
         handle = handles.popleft()
         if not handles:
             del self._started[index]
         self.outstanding -= 1
+        self.taken += 1
         return True, handle
 
     def peek(self, index: int, epoch: int) -> Any:
@@ -114,5 +151,6 @@ class PassPlan:
         self.cancelled = True
         handles = [h for entries in self._started.values() for h in entries]
         self._started.clear()
+        self._claimed.clear()
         self.outstanding = 0
         return handles

@@ -11,6 +11,7 @@ from kerasfeed.hdf5.base import H5Base
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.sampling.protocol import resolve_order
+from kerasfeed.sampling.views import pass_view
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -118,9 +119,9 @@ class H5RowSequence(H5Base):
         cached = getattr(self, "_pass_cache", None)
         epoch = self.epoch
         if cached is None or cached[0] != epoch:
-            cached = (epoch, self.order.indices(epoch))
+            cached = (epoch, pass_view(self.order, epoch))  # lazy: a window of the pass at a time
             self._pass_cache = cached  # one tuple: safe to swap under threads
-        return cached[1][i * self.batch_size : (i + 1) * self.batch_size]
+        return cached[1].window(i * self.batch_size, (i + 1) * self.batch_size)
 
     def __getitem__(self, index: int) -> Any:
         rows = self.batch_rows(index)

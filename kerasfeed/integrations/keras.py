@@ -10,19 +10,24 @@ import keras
 
 from kerasfeed import _validation as _v
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
-from kerasfeed.sampling.protocol import order_fingerprint
+from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint
 from kerasfeed.sampling.state import ResumeState
 
 
 def fingerprint_of(obj: Any) -> str:
-    """The fingerprint of an order, or of the order behind a kerasfeed dataset.
+    """The fingerprint of an order, or of the order behind a kerasfeed dataset or loader."""
+    return order_fingerprint(order_of(obj))
+
+
+def order_of(obj: Any) -> Any:
+    """An order, or the order behind a kerasfeed dataset or loader.
 
     Raises:
         TypeError: ``obj`` is neither an order nor a dataset made by a
             kerasfeed front end.
     """
     if callable(getattr(obj, "indices", None)) and hasattr(obj, "shard_length"):
-        return order_fingerprint(obj)
+        return obj
     pipeline = find_tagged(obj, PIPELINE_ATTR)
     order = getattr(pipeline, "_order", None)  # PassPipeline keeps the order it reads in
     if order is None:
@@ -30,7 +35,7 @@ def fingerprint_of(obj: Any) -> str:
             "`order` must be an order object (IndexOrder, BalancedOrder, WeightedOrder, ...) or a dataset "
             f"made by kerasfeed.to_dataset. Received: order={obj!r} of type {type(obj).__name__}"
         )
-    return order_fingerprint(order)
+    return order
 
 
 class TrainingProgress(keras.callbacks.Callback):
@@ -100,13 +105,9 @@ class TrainingProgress(keras.callbacks.Callback):
         self._resume = start
         self._order = start.order
         if order is not None:
-            current = fingerprint_of(order)
-            if start.order is not None and start.order != current:
-                raise ValueError(
-                    f"`initial_state` was saved with a different order (fingerprint {start.order!r}; `order` has "
-                    f"{current!r}). Received: initial_state={start.to_dict()}, order={order!r}"
-                )
-            self._order = current
+            order = order_of(order)
+            check_resume_order(start, order)
+            self._order = order_fingerprint(order)
         self._epoch, self._batches = start.epoch, start.batches
         self.path, self.save_every = path, save_every
 

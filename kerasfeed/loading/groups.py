@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from kerasfeed.sampling.views import as_view
+
 # Items whose arrays take at most this many bytes in all are grouped...
 GROUP_ITEM_BYTES = 64 * 2**10
 # ... up to this many per call, and at most GROUP_BYTES per call (a group's
@@ -133,7 +135,8 @@ class RunLoader:
     Not thread-safe: ``to_dataset`` calls it from a sequential map only.
 
     Args:
-        begin: ``() -> (indices, epoch)`` of the pass that starts.
+        begin: ``() -> (indices, epoch)`` of the pass that starts (indices: an
+            ``IndexView`` or any sequence).
         load_one: ``(index, epoch) -> list of arrays`` for one item.
         open_leading: per leaf, whether its leading dimension varies.
         group: items per call at most.
@@ -153,7 +156,8 @@ class RunLoader:
         epoch = int(epoch)
         for stale in [e for e in self._passes if e < epoch]:
             del self._passes[stale]  # an abandoned pass
-        self._passes[epoch] = [[int(i) for i in np.asarray(indices).reshape(-1)], 0, None]
+        # The pass's order stays a lazy view: read a position at a time (from its cached chunk).
+        self._passes[epoch] = [as_view(indices), 0, None]
         return np.int64(epoch)
 
     def load(self, epoch: Any) -> list:

@@ -161,6 +161,7 @@ class _ProcessShardOrder:
     def __init__(self, order: Any, num_shards: int, shard_index: int):
         self.order, self.num_shards, self.shard_index = order, num_shards, shard_index
         self.shard_length = int(order.shard_length) // num_shards
+        self._pass: Optional[tuple] = None  # (epoch, the order's whole pass) when it has no ``at``
         length = getattr(order, "length", None)
         if length is not None:
             self.length = length
@@ -173,6 +174,17 @@ class _ProcessShardOrder:
     def indices(self, epoch: int) -> np.ndarray:
         idx = np.asarray(self.order.indices(epoch))
         return idx[self.shard_index :: self.num_shards][: self.shard_length]
+
+    def at(self, epoch: int, positions: Any) -> np.ndarray:
+        """This process's positions of pass ``epoch`` (a window at a time when the
+        order has ``at`` itself; else from its whole pass, kept for the last two)."""
+        g = np.asarray(positions, dtype=np.int64) * self.num_shards + self.shard_index
+        if callable(getattr(self.order, "at", None)):
+            return np.asarray(self.order.at(epoch, g))
+        epoch = int(epoch)
+        if self._pass is None or self._pass[0] != epoch:
+            self._pass = (epoch, np.asarray(self.order.indices(epoch)))  # one tuple: safe to swap under threads
+        return self._pass[1][g]
 
     def __repr__(self) -> str:
         return f"{self.order!r} (shard {self.shard_index} of {self.num_shards}: this process's)"

@@ -20,7 +20,11 @@ from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
 from kerasfeed.observe.stats import new_collector
+from kerasfeed.sampling.views import IndexView, pass_view
 from kerasfeed.sources.base import set_epoch
+
+# Indices handed to tf.data per ``window`` call (one Python call per this many items).
+INDEX_WINDOW = 4096
 
 
 class PassPipeline:
@@ -41,18 +45,24 @@ class PassPipeline:
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
+        self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last two)
         self.stats = new_collector("pipeline")  # None when switched off
         if self.stats is not None:
             executor.attach_stats(self.stats)
 
-    def begin(self):
+    def begin(self) -> tuple[IndexView, np.int64]:
+        """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
+        (``indices.window(start, stop)``; never the whole pass in memory)."""
         with self._lock:
             epoch, skip = self._next, self._skip
             self._next += 1
             self._skip = 0
-        indices = self._order.indices(epoch)[skip:]
+        indices = pass_view(self._order, epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
+            self._views[epoch] = indices
+            for stale in [e for e in self._views if e < epoch - 1]:
+                del self._views[stale]  # tf.data asks for windows of the last pass or two only
         if self.stats is not None:
             self.stats.pass_begin(epoch)
         self._run_begin_hooks(epoch)
@@ -60,10 +70,23 @@ class PassPipeline:
         # Worker processes may also go on with the next pass's first items
         # when this one is all requested (its order is known: seeded).
         if self.executor.plans_next_pass:
-            self.executor.plan(epoch, indices, (epoch + 1, self._order.indices(epoch + 1)))
+            self.executor.plan(epoch, indices, (epoch + 1, pass_view(self._order, epoch + 1)))
         else:
             self.executor.plan(epoch, indices)
         return indices, np.int64(epoch)
+
+    def begin_count(self) -> tuple[np.int64, np.int64]:
+        """``begin`` for tf.data: ``(items in the pass, epoch)``; the indices
+        follow by ``window`` calls."""
+        indices, epoch = self.begin()
+        return np.int64(len(indices)), epoch
+
+    def window(self, epoch: Any, start: Any) -> np.ndarray:
+        """Positions ``start`` to ``start + INDEX_WINDOW`` of pass ``epoch``'s order (int64)."""
+        with self._lock:
+            indices = self._views[int(epoch)]
+        start = int(start)
+        return indices.window(start, start + INDEX_WINDOW)
 
     def _run_begin_hooks(self, epoch: int) -> None:
         # The executor hears when each hook is about to run: one whose items
@@ -147,4 +170,4 @@ def probe_indices(n: int, probe: int) -> list[int]:
     return sorted(set(list(range(min(probe, n))) + [n - 1]))
 
 
-__all__ = ["PassPipeline", "probe_indices", "weak_method"]
+__all__ = ["INDEX_WINDOW", "PassPipeline", "probe_indices", "weak_method"]

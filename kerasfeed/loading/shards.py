@@ -39,6 +39,7 @@ from typing import Any, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.loading.agreement import check_agreement, fingerprint
 from kerasfeed.sampling.protocol import order_fingerprint
+from kerasfeed.sampling.views import pass_view
 
 
 def _where(owner: Optional[str]) -> str:
@@ -324,7 +325,7 @@ def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: i
     short last batch may land in any shard in a later pass, so every worker
     must see its shape).
     """
-    own = order.indices(epoch)[skip : skip + probe].tolist()
+    own = pass_view(order, epoch).window(skip, skip + probe).tolist()
     if batches:
         own.append(length - 1)
     return sorted(set(int(i) for i in own))

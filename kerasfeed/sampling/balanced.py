@@ -8,11 +8,13 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
+from kerasfeed.sampling.bijection import domain, permute, subkeys
 from kerasfeed.sampling.weighted import (
     STREAM_CLASS,
     STREAM_COUNTS,
     STREAM_MIX,
     SampledOrder,
+    compact,
     sample_without_replacement,
 )
 
@@ -24,9 +26,11 @@ class BalancedOrder(SampledOrder):
 
     Only labels are needed (one per item, e.g. read once from an HDF5 label
     dataset with ``from_hdf5``); items are never loaded to decide, so a pass
-    reads only the items it delivers. Every pass is a pure function of
-    ``(seed, pass)``: the same in every process and on every run, resumable
-    from ``(epoch, position)``, split into equal, disjoint shards.
+    reads only the items it delivers. The index at every position of a pass
+    is a pure function of ``(seed, pass, position)``, computed for a window
+    of positions when asked (no pass is held whole): the same in every
+    process and on every run, resumable from ``(epoch, position)``, split
+    into equal, disjoint shards.
 
     How a pass of ``num_samples`` indices is drawn:
 
@@ -39,7 +43,10 @@ class BalancedOrder(SampledOrder):
       class has come once (then a new permutation starts). A class that gets
       fewer indices than it has items contributes a fresh random subset each
       pass.
-    - **Interleaving.** The chosen indices are shuffled together.
+    - **Interleaving.** The pass's slots (class 0's, then class 1's, ...)
+      are shuffled together by a seeded bijection: position ``p`` holds
+      slot ``j = bijection(p)``, whose class and rank within the class give
+      the item (``kerasfeed/sampling/bijection.py``).
 
     With ``replacement=False`` no item comes twice in a pass: with
     ``exact=True`` every class must have enough items for its count; with
@@ -47,7 +54,10 @@ class BalancedOrder(SampledOrder):
     ``p_c / n_c`` among those left (a weighted draw without replacement).
 
     Memory: 4 bytes per item (8 past 2^31 items) for the items grouped by
-    class, plus one pass of int64 indices; no limit at 2^24 items.
+    class (one sort of the labels, no per-class lists), nothing per pass;
+    no limit at 2^24 items. Only ``exact=False`` with ``replacement=False``
+    (a weighted draw without replacement) draws a pass whole: 16 bytes per
+    item while drawing, the last two passes kept (4 bytes per index).
 
     Args:
         labels: one label per item of the source (ints, strings, any values
@@ -113,6 +123,8 @@ class BalancedOrder(SampledOrder):
         self._members = np.argsort(codes, kind="stable").astype(index_dtype, copy=False)
         del codes
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # The Feistel domain of every class's own permutation (see bijection.domain).
+        self._pairs = np.array([domain(int(k)) for k in counts], dtype=np.uint64).reshape(-1, 2)
         w = _class_weights(class_weights, self.classes)
         self.proportions = w / w.sum()
         self._check_replacement()
@@ -198,29 +210,32 @@ class BalancedOrder(SampledOrder):
         ticks = np.floor(edges + rng.random())
         return base + np.diff(ticks).astype(np.int64)
 
-    def _pass(self, epoch: int) -> np.ndarray:
+    def _slots(self, epoch: int) -> np.ndarray:
+        # Where each class's slots start in pass ``epoch`` (cumulated targets).
+        return np.concatenate([[0], np.cumsum(self.class_targets(epoch))]).astype(np.int64)
+
+    def _at(self, epoch: int, g: np.ndarray) -> np.ndarray:
         if not self.exact and not self.replacement:
-            item_p = np.repeat(self.proportions / self.class_counts, self.class_counts)
-            rng = self._rng(STREAM_CLASS, epoch)
-            return self._members[sample_without_replacement(rng, item_p, self.num_samples)].astype(np.int64)
-        counts = self.class_targets(epoch)
-        out = np.empty(self.num_samples, dtype=np.int64)
-        pos = 0
-        for c, k in enumerate(counts.tolist()):
-            if k == 0:
-                continue
-            members = self._members[self._offsets[c] : self._offsets[c + 1]]
-            n = len(members)
-            rng = self._rng(STREAM_CLASS, epoch, c)
-            cycles, rest = divmod(k, n)
-            for _ in range(cycles):  # the whole class, in a new order each time
-                out[pos : pos + n] = members[rng.permutation(n)]
-                pos += n
-            if rest:  # then distinct items of a further permutation
-                out[pos : pos + rest] = members[rng.choice(n, rest, replace=False)]
-                pos += rest
-        self._rng(STREAM_MIX, epoch).shuffle(out)
-        return out
+            return self._whole_pass(epoch, g)
+        starts = self._cached("slots", epoch, self._slots)
+        slot = permute(g, self.num_samples, self._key(STREAM_MIX, epoch))
+        c = np.searchsorted(starts, slot, side="right") - 1
+        rank = slot - starts[c]
+        n = self.class_counts[c]
+        cycle = rank // n  # the class's permutation number: every item once per cycle
+        within = permute(
+            rank - cycle * n, n, subkeys(self._key(STREAM_CLASS, epoch), c, cycle),
+            pairs=(self._pairs[c, 0], self._pairs[c, 1]),
+        )
+        return self._members[self._offsets[c] + within].astype(np.int64)
+
+    def _pass(self, epoch: int) -> np.ndarray:
+        # exact=False, replacement=False: a weighted draw without replacement, whole.
+        item_p = np.repeat(self.proportions / self.class_counts, self.class_counts)
+        rng = self._rng(STREAM_CLASS, epoch)
+        drawn = sample_without_replacement(rng, item_p, self.num_samples)
+        del item_p
+        return compact(self._members[drawn], self.length)
 
     def _fingerprint_parts(self) -> tuple:
         return (self.classes, self.class_counts, self._members, self.proportions, self.replacement, self.exact)
@@ -250,6 +265,18 @@ def _encode(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lut[present[by_value]] = np.arange(len(classes), dtype=np.uint16)
         codes = lut[unsigned]
         counts = counts_all[present[by_value]]
+    elif labels.dtype.kind in "iu" and int(labels.max()) - int(labels.min()) < 65536:
+        # Wider integers over a narrow range (int64 class ids): counted the same way, from the minimum.
+        lo = labels.min()
+        shifted = (labels - lo).astype(np.uint16)
+        counts_all = np.bincount(shifted, minlength=65536)
+        present = np.flatnonzero(counts_all)
+        classes = (present + int(lo)).astype(labels.dtype)
+        lut = np.zeros(65536, dtype=np.uint16)
+        lut[present] = np.arange(len(present), dtype=np.uint16)
+        codes = lut[shifted]
+        del shifted
+        counts = counts_all[present]
     else:
         classes, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
         codes = codes.reshape(-1)

@@ -12,6 +12,11 @@ from typing import Any
 
 import numpy as np
 
+# Names the algorithm that turns (seed, pass, position) into an index (kerasfeed
+# 0.1 drew whole passes instead); part of every shuffled or sampled order's
+# fingerprint, so a state saved under another algorithm is refused.
+ORDER_VERSION = "per-position-1"
+
 
 def hash_parts(*parts: Any) -> str:
     """Hex digest of arrays and plain values, for the built-in orders' fingerprints."""
@@ -27,4 +32,4 @@ def hash_parts(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["hash_parts"]
+__all__ = ["ORDER_VERSION", "hash_parts"]

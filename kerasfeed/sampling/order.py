@@ -1,23 +1,31 @@
-"""Per-pass index orders: sequential or a seeded shuffle drawn anew each pass."""
+"""Per-pass index orders: sequential or a seeded shuffle drawn anew each pass, per position."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.sampling.fingerprints import hash_parts
+from kerasfeed.sampling.bijection import MAX_N, derive_key, permute
+from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
+from kerasfeed.sampling.views import indices_by_windows
+
+# The generator stream of IndexOrder's pass keys (the sampled orders use 11-15).
+STREAM_INDEX = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class IndexOrder:
     """The order in which items ``0 .. length-1`` are read in each pass.
 
-    The order of pass ``epoch`` is a pure function of ``(seed, epoch)``, so it
-    is the same whatever executes the items, and a pipeline can resume from
-    any ``(epoch, position)``.
+    The index at position ``p`` of pass ``epoch`` is a pure function of
+    ``(seed, epoch, p)``: a seeded bijection of ``[0, length)`` (a Feistel
+    network, see ``kerasfeed/sampling/bijection.py``) computed for a window
+    of positions at a time, so no pass is ever held whole (a pass of 10^9
+    items costs no memory), the order is the same whatever executes the
+    items, and a pipeline can resume from any ``(epoch, position)``.
 
     With ``num_shards > 1`` (one input pipeline per worker under
     ``tf.distribute``) every shard takes every ``num_shards``-th entry of the
@@ -38,6 +46,7 @@ class IndexOrder:
     ```python
     order = IndexOrder(5, shuffle=True, seed=1)
     order.indices(0), order.indices(1)  # two different permutations of 0..4
+    order.at(0, [2, 3])                 # positions 2 and 3 of pass 0 only
     ```
     """
 
@@ -49,6 +58,8 @@ class IndexOrder:
 
     def __post_init__(self):
         _v.positive_int("length", self.length, owner="IndexOrder")
+        if self.length > MAX_N:
+            raise ValueError(f"IndexOrder: `length` must be at most 2^62. Received: length={self.length}")
         _v.flag("shuffle", self.shuffle)
         # Checked here, not when the first pass draws its permutation.
         _v.seed("seed", self.seed)
@@ -82,16 +93,32 @@ class IndexOrder:
     @property
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
-        seed = int(self.seed) if self.shuffle else None  # unused when not shuffling
-        return hash_parts("IndexOrder", int(self.length), bool(self.shuffle), seed, int(self.num_shards))
+        if not self.shuffle:  # the same passes whatever the algorithm: states stay valid
+            return hash_parts("IndexOrder", int(self.length), False, None, int(self.num_shards))
+        return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), ORDER_VERSION)
+
+    @property
+    def legacy_fingerprints(self) -> tuple:
+        """Fingerprints the same arguments had under earlier algorithms (kerasfeed 0.1's
+        materialized permutations): a state saved with one is refused with its own message."""
+        if not self.shuffle:
+            return ()
+        return (hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards)),)
+
+    def at(self, epoch: int, positions: Any) -> np.ndarray:
+        """The int64 item indices at ``positions`` (of this shard) in pass ``epoch``.
+
+        Position ``q`` of shard ``k`` is position ``q * num_shards + k`` of the
+        pass over all shards. Positions must be in ``[0, shard_length)``.
+        """
+        g = np.asarray(positions, dtype=np.int64)
+        if self.num_shards > 1:
+            g = g * self.num_shards + self.shard_index
+        if not self.shuffle:
+            return g.astype(np.int64, copy=True).reshape(-1)
+        return permute(g, self.length, derive_key(int(self.seed), STREAM_INDEX, int(epoch)))
 
     def indices(self, epoch: int) -> np.ndarray:
-        """Returns the int64 item indices of pass ``epoch`` for this shard."""
-        if self.shuffle:
-            rng = np.random.default_rng([int(self.seed), int(epoch)])
-            order = rng.permutation(self.length).astype(np.int64)
-        else:
-            order = np.arange(self.length, dtype=np.int64)
-        if self.num_shards == 1:
-            return order
-        return order[self.shard_index :: self.num_shards][: self.shard_length]
+        """Returns the int64 item indices of pass ``epoch`` for this shard (the
+        whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
+        return indices_by_windows(self.at, epoch, self.shard_length)

@@ -12,6 +12,12 @@ which sequence. ``IndexOrder`` (sequential or a seeded shuffle),
 
 and optionally:
 
+- ``at(epoch, positions)``: the item indices at those positions (of its
+  shard) of pass ``epoch``, an array as long as ``positions``. The front
+  ends then read every pass a window of positions at a time
+  (``kerasfeed.sampling.views``) and never ask for ``indices``: a pass of
+  10^9 items costs no memory. The built-in orders have it; without it,
+  each pass's ``indices`` array is read whole;
 - ``length``: the number of items the order picks from (checked against
   ``len(source)``);
 - ``fingerprint``: a short string that identifies the pass sequence over all
@@ -66,7 +72,9 @@ def resolve_order(
             (the order already fixes shuffling, seed and sharding).
 
     Returns:
-        An object with ``shard_length``, ``indices(epoch)`` and ``fingerprint``.
+        An object with ``shard_length``, ``indices(epoch)``, ``at(epoch,
+        positions)`` and ``fingerprint`` (read it with
+        ``kerasfeed.sampling.views.pass_view``).
 
     Raises:
         TypeError: ``order`` lacks ``indices``/``shard_length``.
@@ -114,32 +122,65 @@ def resolve_order(
 
 
 class _CheckedOrder:
-    """Wraps a user's order: every pass is checked before anything is loaded."""
+    """Wraps a user's order: every window is checked before anything is loaded.
+
+    An order with ``at`` is read per window; any other has each pass's
+    ``indices`` checked whole once (the last two passes kept).
+    """
 
     def __init__(self, order: Any, total: int, shard_length: int):
         self.order, self.total, self.shard_length = order, total, shard_length
+        self._per_window = callable(getattr(order, "at", None))
+        self._passes: dict = {}
 
     @property
     def fingerprint(self) -> str:
         return order_fingerprint(self.order)
 
+    @property
+    def legacy_fingerprints(self) -> tuple:
+        return tuple(getattr(self.order, "legacy_fingerprints", ()))
+
+    def at(self, epoch: int, positions: Any) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if not self._per_window:
+            return self.indices(epoch)[positions]
+        idx = np.asarray(self.order.at(epoch, positions))
+        self._check(idx, f"{type(self.order).__name__}.at({int(epoch)}, ...)", len(positions), "positions asked")
+        return idx.astype(np.int64, copy=False)
+
     def indices(self, epoch: int) -> np.ndarray:
-        idx = np.asarray(self.order.indices(epoch))
-        where = f"{type(self.order).__name__}.indices({int(epoch)})"
+        epoch = int(epoch)
+        idx = self._passes.get(epoch)
+        if idx is None:
+            idx = np.asarray(self.order.indices(epoch))
+            self._check(idx, f"{type(self.order).__name__}.indices({epoch})", self.shard_length,
+                        "the order's shard_length")
+            idx = idx.astype(np.int64, copy=False)
+            if len(self._passes) >= 2:
+                self._passes.pop(min(self._passes))
+            self._passes[epoch] = idx
+        return idx
+
+    def _check(self, idx: np.ndarray, where: str, length: int, what: str) -> None:
         if idx.ndim != 1 or not (np.issubdtype(idx.dtype, np.integer) or idx.size == 0):
             raise TypeError(f"{where} must return a 1-D integer array. Received: dtype={idx.dtype}, shape={idx.shape}")
-        if len(idx) != self.shard_length:
+        if len(idx) != length:
             raise ValueError(
-                f"{where} returned {len(idx)} indices but the order's shard_length is {self.shard_length}; "
-                f"every pass must have shard_length indices. Received: {len(idx)} indices"
+                f"{where} returned {len(idx)} indices but {what} is {length}; every pass must have shard_length "
+                f"indices. Received: {len(idx)} indices"
             )
+        if not idx.size:
+            return
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.total:
             bad = lo if lo < 0 else hi
             raise ValueError(
                 f"{where} returned index {bad}, outside the source's items [0, {self.total}). Received: index={bad}"
             )
-        return idx.astype(np.int64, copy=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_passes": {}}
 
     def __repr__(self) -> str:
         return repr(self.order)
@@ -175,6 +216,15 @@ def check_resume_order(state: Any, order: Any) -> None:
     if saved is None:
         return
     current = order_fingerprint(order)
+    if saved != current and saved in getattr(order, "legacy_fingerprints", ()):
+        raise ValueError(
+            f"`initial_state` was saved by kerasfeed 0.1, whose shuffled and sampled orders drew every pass whole "
+            f"(fingerprint {saved!r}); this version computes each position with a seeded bijection "
+            f"(docs/sampling.md, *Compatibility*), so the same seed gives other passes and the saved position "
+            f"cannot be continued exactly. To go on with the new order from a pass boundary, resume from a state "
+            f"without the fingerprint, e.g. initial_state={{'epoch': {state.epoch + 1}, 'batches': 0}} with "
+            f"fit(..., initial_epoch={state.epoch + 1}). Received: initial_state={state.to_dict()}, order={order!r}"
+        )
     if saved != current:
         raise ValueError(
             f"`initial_state` was saved with a different order (fingerprint {saved!r}; this pipeline's order "

@@ -8,19 +8,24 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed.sampling.fingerprints import hash_parts
+from kerasfeed.sampling.bijection import MAX_N, derive_key, uniforms
+from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
+from kerasfeed.sampling.views import indices_by_windows
 
 # Distinct generator streams, so that no two uses of (seed, pass) share draws.
 STREAM_WEIGHTED, STREAM_COUNTS, STREAM_CLASS, STREAM_MIX = 11, 12, 13, 14
 
 
 class SampledOrder:
-    """What the sampled orders share: pass length, seed, shards, a pass cache.
+    """What the sampled orders share: pass length, seed, shards, per-position passes.
 
-    Every pass is computed whole (over all shards) from ``(seed, pass)``;
-    shard ``k`` takes every ``num_shards``-th entry, cut to
+    Position ``g`` of a pass over all shards is computed by ``_at(epoch, g)``
+    (a pure function of ``(seed, epoch, g)``, for an array of positions);
+    shard ``k`` takes positions ``k, k + num_shards, ...``, cut to
     ``num_samples // num_shards`` so that all shards have the same length.
-    Subclasses implement ``_pass(epoch)``.
+    The few modes that cannot be computed per position (draws without
+    replacement in proportion to weights) compute their pass whole in
+    ``_pass(epoch)``; it is cached (the last two passes).
     """
 
     def _init_common(
@@ -30,6 +35,8 @@ class SampledOrder:
         self.num_samples = v.positive_int("num_samples", num_samples, allow_none=True, owner=owner) or self.length
         self.num_shards = v.positive_int("num_shards", num_shards, owner=owner)
         self.shard_index = v.non_negative_int("shard_index", shard_index, owner=owner)
+        if self.num_samples > MAX_N:
+            raise ValueError(f"{owner}: `num_samples` must be at most 2^62. Received: num_samples={self.num_samples}")
         if self.num_shards > self.num_samples:
             raise ValueError(
                 f"{owner}: `num_shards` must be at most num_samples={self.num_samples} (every shard needs an item "
@@ -57,37 +64,63 @@ class SampledOrder:
         """Number of indices in every pass of this shard."""
         return self.num_samples // self.num_shards
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """Returns the int64 item indices of pass ``epoch`` for this shard.
+    def at(self, epoch: int, positions: Any) -> np.ndarray:
+        """The int64 item indices at ``positions`` (of this shard) in pass ``epoch``.
 
-        A pure function of ``(seed, epoch)`` and the arguments; the last two
-        passes asked for are cached.
+        A pure function of ``(seed, epoch, position)`` and the arguments;
+        positions must be in ``[0, shard_length)``.
         """
         epoch = v.non_negative_int("epoch", epoch)
-        with self._cache_lock:
-            full = self._cache.get(epoch)
-        if full is None:
-            full = self._pass(epoch)
-            full.setflags(write=False)
-            with self._cache_lock:
-                if len(self._cache) >= 2:
-                    self._cache.pop(min(self._cache))
-                self._cache[epoch] = full
-        if self.num_shards == 1:
-            return full
-        return full[self.shard_index :: self.num_shards][: self.shard_length]
+        g = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if self.num_shards > 1:
+            g = g * self.num_shards + self.shard_index
+        return self._at(epoch, g)
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """Returns the int64 item indices of pass ``epoch`` for this shard (the
+        whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
+        return indices_by_windows(self.at, v.non_negative_int("epoch", epoch), self.shard_length)
 
     @property
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if self._fingerprint is None:
             self._fingerprint = hash_parts(
-                type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards
+                type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards,
+                ORDER_VERSION,
             )
         return self._fingerprint
 
+    @property
+    def legacy_fingerprints(self) -> tuple:
+        """Fingerprints the same arguments had under kerasfeed 0.1's whole-pass
+        algorithm (see ``IndexOrder.legacy_fingerprints``)."""
+        return (hash_parts(type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed,
+                           self.num_shards),)
+
+    def _key(self, stream: int, epoch: int, *more: int) -> np.uint64:
+        return derive_key(self.seed, stream, int(epoch), *more)
+
     def _rng(self, stream: int, epoch: int, *more: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, stream, int(epoch), *more])
+
+    def _cached(self, name: str, epoch: int, make: Any) -> Any:
+        """``make(epoch)``, kept for the last two passes (per ``name``)."""
+        key = (name, epoch)
+        with self._cache_lock:
+            value = self._cache.get(key)
+        if value is None:
+            value = make(epoch)
+            with self._cache_lock:
+                mine = [k for k in self._cache if k[0] == name]
+                if len(mine) >= 2:
+                    self._cache.pop(min(mine))
+                self._cache[key] = value
+        return value
+
+    def _whole_pass(self, epoch: int, g: np.ndarray) -> np.ndarray:
+        full = self._cached("pass", epoch, self._pass)
+        return full[g].astype(np.int64)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -99,11 +132,19 @@ class SampledOrder:
         self.__dict__.update(state)
         self._cache_lock = threading.Lock()
 
+    def _at(self, epoch: int, g: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
     def _pass(self, epoch: int) -> np.ndarray:
         raise NotImplementedError
 
     def _fingerprint_parts(self) -> tuple:
         raise NotImplementedError
+
+
+def compact(indices: np.ndarray, length: int) -> np.ndarray:
+    """Item indices in int32 when ``length`` allows (a pass kept whole)."""
+    return indices.astype(np.int32 if length < 2**31 else np.int64, copy=False)
 
 
 def sample_without_replacement(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
@@ -125,8 +166,13 @@ class WeightedOrder(SampledOrder):
     The sharded, resumable form of PyTorch's ``WeightedRandomSampler``: pass
     ``epoch`` is a pure function of ``(seed, epoch)``, every shard computes
     the same pass and takes its own equal, disjoint share of positions, and
-    the state needed to resume is just ``(epoch, position)``. Memory is 8
-    bytes per item (the cumulative weights), with no limit at 2^24 items.
+    the state needed to resume is just ``(epoch, position)``. With
+    replacement, the item at position ``p`` is drawn from a uniform that is a
+    pure function of ``(seed, epoch, p)`` (a counter-based hash) by inverse
+    CDF: nothing is held per pass, and memory is 8 bytes per item (the
+    cumulative weights, made in place when ``weights`` was converted), with no
+    limit at 2^24 items. Without replacement a pass is drawn whole (16 bytes
+    per item while drawing; the last two passes kept, 4 bytes per index).
 
     Args:
         weights: one non-negative, finite weight per item of the source
@@ -179,18 +225,27 @@ class WeightedOrder(SampledOrder):
                 f"{self.num_samples} is more than the {positive} items of non-zero weight. "
                 f"Received: num_samples={self.num_samples}, replacement=False"
             )
-        self._weights = w if not self.replacement else None
-        self._cdf = np.cumsum(w) if self.replacement else None
         self._weights_digest = hash_parts(w)
+        self._weights = None if self.replacement else w
+        if self.replacement:
+            # In place when ``w`` is a converted copy, not the caller's array.
+            mine = not (isinstance(weights, np.ndarray) and np.shares_memory(w, weights))
+            self._cdf = np.cumsum(w, out=w if mine else None)
+        else:
+            self._cdf = None
+
+    def _at(self, epoch: int, g: np.ndarray) -> np.ndarray:
+        if not self.replacement:
+            return self._whole_pass(epoch, g)
+        u = uniforms(self._key(STREAM_WEIGHTED, epoch), g)
+        u *= self._cdf[-1]
+        # side="right": an item of weight 0 spans no interval of u.
+        idx = np.searchsorted(self._cdf, u, side="right")
+        return np.minimum(idx, self.length - 1).astype(np.int64)
 
     def _pass(self, epoch: int) -> np.ndarray:
         rng = self._rng(STREAM_WEIGHTED, epoch)
-        if self.replacement:
-            u = rng.random(self.num_samples) * self._cdf[-1]
-            # side="right": an item of weight 0 spans no interval of u.
-            idx = np.searchsorted(self._cdf, u, side="right")
-            return np.minimum(idx, self.length - 1).astype(np.int64)
-        return sample_without_replacement(rng, self._weights, self.num_samples).astype(np.int64)
+        return compact(sample_without_replacement(rng, self._weights, self.num_samples), self.length)
 
     def _fingerprint_parts(self) -> tuple:
         return (self._weights_digest, self.replacement)
@@ -202,4 +257,4 @@ class WeightedOrder(SampledOrder):
         )
 
 
-__all__ = ["SampledOrder", "WeightedOrder"]
+__all__ = ["SampledOrder", "WeightedOrder", "compact", "sample_without_replacement"]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, StreamError, WorkerError
+from kerasfeed.sampling.views import as_view
 from kerasfeed.sources.base import close_quietly
 
 
@@ -102,7 +103,8 @@ class ShardPass:
     """One pass over ``order`` (shard ids, in the order they are opened).
 
     Args:
-        order: the shard ids of this pass, in opening order.
+        order: the shard ids of this pass, in opening order (a sequence or a
+            lazy ``IndexView``: read a position at a time).
         open_shard: ``open_shard(shard_id)`` returns the shard's items as an
             iterator; called in the shard's producer thread.
         options: an ``InterleaveOptions``.
@@ -140,8 +142,11 @@ class ShardPass:
         self._ready = threading.Condition(self._lock)  # the consumer waits here
         self._turn = threading.Condition(self._lock)  # ordered_start: whose turn to open
         self._next_turn = 0
-        self._shards = [_Shard(pos, int(sid), self._lock) for pos, sid in enumerate(order)]
-        self._n = len(self._shards)
+        # The pass's shard order is read a position at a time (it may be a lazy
+        # IndexView); only the shards started and not finished are kept.
+        self._order = as_view(order)
+        self._shards: dict[int, _Shard] = {}  # position -> a shard started, not finished yet
+        self._n = len(self._order)
         self._stopped = False
         self._failed: Optional[BaseException] = None  # raised again by every later take()
         self._fatal: Optional[BaseException] = None  # a dead worker: fails the pass at once
@@ -166,12 +171,20 @@ class ShardPass:
         while not self._stopped and self._open < self._max_open and self._next_start < self._n:
             self._start_next()
 
+    def _shard(self, pos: int) -> _Shard:
+        sh = self._shards.get(pos)
+        if sh is None:
+            sh = self._shards[pos] = _Shard(pos, int(self._order[pos]), self._lock)
+        return sh
+
     def _start_next(self) -> None:
-        sh = self._shards[self._next_start]
+        sh = self._shard(self._next_start)
         self._next_start += 1
         sh.started = sh.open = True
         self._open += 1
         t = threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True)
+        if len(self.threads) > 4 * max(1, self._max_open):
+            self.threads = [old for old in self.threads if old.is_alive()]  # a long pass keeps no dead threads
         self.threads.append(t)
         t.start()
 
@@ -339,6 +352,7 @@ class ShardPass:
                 if sh.done:
                     if sh.error is not None:
                         raise sh.error
+                    self._shards.pop(sh.pos, None)  # ended and taken: forgotten
                     self._cycle[self._ci] = None
                     self._num_open -= 1
                     self._advance()
@@ -347,7 +361,7 @@ class ShardPass:
                     return NOT_READY
             elif not self._end_of_input:
                 if self._next_open < self._n:
-                    sh = self._shards[self._next_open]
+                    sh = self._shard(self._next_open)
                     self._next_open += 1
                     while not sh.started:  # only if max_open < cycle_length; kept safe anyway
                         self._start_next()
@@ -366,6 +380,7 @@ class ShardPass:
                 sh, item = self._arrivals.popleft()
                 if item is END:
                     self._ended += 1
+                    self._shards.pop(sh.pos, None)  # ended and taken: forgotten
                     if sh.error is not None:
                         raise sh.error
                     continue
@@ -384,7 +399,7 @@ class ShardPass:
                     return f"the next shard of a pass over {self._n}"
                 where = f" in worker pid {sh.pid}" if sh.pid is not None else ""
                 return f"item {sh.taken} of {self._describe(sh.id)}{where}"
-            running = [sh for sh in self._shards if sh.open and not sh.done]
+            running = [sh for sh in self._shards.values() if sh.open and not sh.done]
             names = ", ".join(
                 self._describe(sh.id) + (f" in worker pid {sh.pid}" if sh.pid else "") for sh in running[:4]
             )
@@ -398,14 +413,14 @@ class ShardPass:
             if self._stopped:
                 return
             self._stopped = True
-            for sh in self._shards:
+            for sh in self._shards.values():
                 if sh.started:
                     sh.space.notify_all()
                 sh.buf.clear()
             self._arrivals.clear()
             self._ready.notify_all()
             self._turn.notify_all()
-            streams = [sh.it for sh in self._shards if sh.it is not None]
+            streams = [sh.it for sh in self._shards.values() if sh.it is not None]
         # A producer waiting for a worker's next item would wait for a stuck
         # worker forever: stop its stream (it then ends, and closes it).
         for it in streams:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 from kerasfeed import _validation as _v
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sampling.order import IndexOrder
+from kerasfeed.sampling.views import pass_view
 from kerasfeed.streams.interleave import END, NOT_READY, InterleaveOptions, ShardPass
 
 # Latency-bound generators (network, sleeps) need many running at once; the
@@ -173,7 +174,7 @@ class ShardedStream:
             epoch = self._passes
             self._passes += 1
         n = len(self.args)
-        order = range(n) if self.order is None else self.order.indices(epoch).tolist()
+        order = range(n) if self.order is None else pass_view(self.order, epoch)
         return ShardPass(
             order, self._open_shard, self.options, self.describe, name=self.kind.replace(" ", "-"),
             stats=self._stats if self.pool is None else None,  # a worker process times its own items
@@ -214,7 +215,7 @@ class ShardedStream:
             cycle_length=cycle, block_length=1, max_open=cycle, buffer_size=1, ordered_start=self.pool is not None
         )
         # This pipeline's own shards (the first pass's order) when sharded.
-        order = range(len(self.args)) if self.order is None else self.order.indices(0).tolist()
+        order = range(len(self.args)) if self.order is None else pass_view(self.order, 0)
         p = ShardPass(order, self._open_shard, opts, self.describe, name="probe")
         items = []
         try:

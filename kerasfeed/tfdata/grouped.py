@@ -47,20 +47,12 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(
-    begin: Callable, load_group: Callable, checker: Any, n: int, skip: int, group: int
-) -> tf.data.Dataset:
-    """Each pass: ``begin`` gives the order; ``group`` items per ``load_group`` call; split again in C++."""
+def grouped_items(index_stream: Callable, load_group: Callable, checker: Any, group: int) -> tf.data.Dataset:
+    """Each pass: ``index_stream`` gives ``(index, epoch, last)`` elements (see
+    ``tfdata/index_windows.py``); ``group`` items per ``load_group`` call; split again in C++."""
     specs = checker.specs
     opened = open_leading(specs)
     out_types = [s.dtype for s in specs] + ([tf.int64] if any(opened) else [])
-
-    def index_stream(_):
-        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
-        idx = tf.ensure_shape(idx, [None if skip else n])
-        size = tf.size(idx, out_type=tf.int64)
-        last = tf.range(size) >= size - 1  # the pass's last item: its group is the last call
-        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch), last)).batch(group)
 
     def load(idx, epoch, last):
         flat = tf.numpy_function(
@@ -79,7 +71,7 @@ def grouped_items(
             leaves.append(t)
         return checker.pack(leaves)
 
-    ds = tf.data.Dataset.range(1).flat_map(graph_fn(index_stream))
+    ds = tf.data.Dataset.range(1).flat_map(index_stream).batch(group)
     ds = inline_map(ds, load).unbatch()
     if any(opened):  # unbatched ragged rows are dense tensors; say so in the element spec
         ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])

@@ -1,7 +1,9 @@
 """The items stage of ``to_dataset``: every pass's indices, loaded in order into tf.data.
 
-Each pass starts with one ``tf.numpy_function`` call to ``PassPipeline.begin``
-(the pass's indices); each item is then one call to ``PassPipeline.load``
+Each pass starts with one ``tf.numpy_function`` call to
+``PassPipeline.begin_count`` (how many items), its indices then come a window
+at a time (``index_windows.py``: never the whole pass); each item is one call
+to ``PassPipeline.load``
 (a sequential ``inline_map`` when the executor makes items ahead, else a
 parallel deterministic map), or a group of items is one call
 (``kerasfeed/loading/groups.py``, ``grouped.py``). An endless source's pass is
@@ -20,6 +22,7 @@ from kerasfeed.loading.feed import Feed
 from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
+from kerasfeed.tfdata.index_windows import pass_index_stream
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
 from kerasfeed.tfdata.structure import ItemChecker, flatten
 
@@ -75,9 +78,10 @@ def item_dataset(
         return Items(ds, groups, group)
     if group > 1:
         groups = GroupLoader(pipeline.load, opened)  # owned by the dataset, held weakly by TensorFlow
-        passes = feed.passes
-        ds = grouped_items(weak_method(pipeline, "begin"), weak_method(groups, "load"), checker, passes.items,
-                           passes.skip, group)
+        with_last = pass_index_stream(
+            weak_method(pipeline, "begin_count"), weak_method(pipeline, "window"), with_last=True
+        )
+        ds = grouped_items(with_last, weak_method(groups, "load"), checker, group)
         return Items(ds, groups, group)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
 
@@ -88,13 +92,10 @@ def _one_by_one(
     begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
     flat_specs = checker.specs
     out_types = [s.dtype for s in flat_specs]
-    n, skip = feed.passes.items, feed.passes.skip
-
-    @graph_fn
-    def index_stream(_):
-        idx, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
-        idx = tf.ensure_shape(idx, [None if skip else n])
-        return tf.data.Dataset.from_tensor_slices((idx, tf.fill(tf.shape(idx), epoch)))
+    # Each pass's indices reach tf.data a window at a time (index_windows.py).
+    index_stream = None if feed.endless else pass_index_stream(
+        weak_method(pipeline, "begin_count"), weak_method(pipeline, "window")
+    )
 
     @graph_fn
     def endless_stream(_):

@@ -16,7 +16,7 @@ after releasing it.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 from kerasfeed.execution.plan import PassPlan
 from kerasfeed.execution.processes.lanes import Lanes, Request, WorkerLane
@@ -25,11 +25,11 @@ from kerasfeed.execution.processes.slots import SlotTable
 
 class PlanView(NamedTuple):
     """A snapshot of one ``PassPlan``: its pass, how far it was requested
-    (``started`` positions of ``indices``) and its items requested and not
-    taken (``outstanding``)."""
+    (``started`` positions of ``indices``, the pass's lazy ``IndexView``)
+    and its items requested and not taken (``outstanding``)."""
 
     epoch: int
-    indices: list[int]
+    indices: Any
     started: int
     outstanding: int
     all_started: bool
@@ -38,7 +38,7 @@ class PlanView(NamedTuple):
     def of(cls, plan: Optional[PassPlan]) -> Optional["PlanView"]:
         if plan is None:
             return None
-        return cls(plan.epoch, list(plan.indices), plan.next, plan.outstanding, plan.all_started)
+        return cls(plan.epoch, plan.indices, plan.next, plan.outstanding, plan.all_started)
 
 
 class PlanStatus(NamedTuple):
@@ -80,7 +80,7 @@ class PassPlans:
         self.plan: Optional[PassPlan] = None  # its handles: (lane, request)
         # The pass expected next: ``next_pass`` until ``plan`` has started all
         # its items, then started as ``next_pass_plan``.
-        self.next_pass: Optional[tuple[int, Sequence[int]]] = None
+        self.next_pass: Optional[tuple[int, Any]] = None
         self.next_pass_plan: Optional[PassPlan] = None
         self.plans_made = 0
 
@@ -88,7 +88,7 @@ class PassPlans:
         """Requested and not taken yet, at most, over the plan and the next pass."""
         return len(self._lanes) * (self._in_flight_per_worker + 1)
 
-    def _new_plan(self, epoch: int, indices: Sequence[int]) -> PassPlan:
+    def _new_plan(self, epoch: int, indices: Any) -> PassPlan:
         self.plans_made += 1
         return PassPlan(epoch, indices, window=self.window())
 
@@ -97,7 +97,7 @@ class PassPlans:
             PlanView.of(self.plan), PlanView.of(self.next_pass_plan), self.next_pass is not None, self.plans_made
         )
 
-    def start(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]]) -> None:
+    def start(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]]) -> None:
         """Pass ``epoch`` starts in the order ``indices``; ``next_pass`` is
         ``(epoch, indices)`` of the pass expected after it, or None."""
         started = self.next_pass_plan

@@ -179,7 +179,7 @@ class WorkerPool:
         it keeps them; a ``plan`` call for anything else drops them. Workers
         do not idle while the consumer builds its next iterator.
         """
-        # PassPlan converts the indices, once per pass (they may be a long array).
+        # ``indices`` may be a lazy IndexView: the plan reads it a window at a time.
         if next_pass is not None:
             next_pass = (int(next_pass[0]), next_pass[1])
         # A pass boundary: whatever changed in the source since the workers'
