@@ -1,1 +1,1 @@
-"""Front-end-neutral assembly: the pass pipeline that to_dataset (and other front ends) drive."""
+"""The front end to_dataset and to_loader share (TF-free): options, shards, passes, the pass pipeline."""
