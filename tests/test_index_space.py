@@ -62,6 +62,10 @@ def test_huge_spaces_are_computed_by_position(n):
     assert len(np.unique(idx)) == len(idx) and idx.min() >= 0 and idx.max() < n
     assert idx.max() > n // 2 > idx.min()  # spread over the whole space, not a corner of it
     np.testing.assert_array_equal(order.at(4, positions[::-1]), idx[::-1])  # a pure function of the position
+    with pytest.raises(IndexError, match=rf"IndexOrder.at: positions must be in \[0, {n}\) .*Received: position -1"):
+        order.at(0, [5, -1])  # out of range: refused (a walk outside the domain need not end)
+    with pytest.raises(IndexError, match=r"BalancedOrder.at: positions must be in \[0, 75\) .*Received: position 75"):
+        kerasfeed.BalancedOrder(LABELS, seed=0).at(0, [75])
     with pytest.raises(ValueError, match=r"IndexOrder: `length` must be at most 2\^62. Received: length=4611686018427387905"):
         kerasfeed.IndexOrder(2**62 + 1)
 
@@ -244,3 +248,19 @@ def test_a_billion_items_shuffled_and_ten_million_labels_balanced_start_at_once(
             assert abs(share - 0.5) < 4 * np.sqrt(0.25 / len(idx)), where
             assert np.histogram(idx, np.linspace(0, labels, 17))[0].min() > 40, where
             np.testing.assert_array_equal(idx, results[4]["indices"])
+
+
+def test_the_index_space_benchmark_runs_and_reports():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import index_space
+    finally:
+        sys.path.remove(str(ROOT))
+    results = index_space.main(["--sizes", "3000", "--methods", "numpy-permutation"])
+    (row,) = results["first_batch"]
+    assert row["method"] == "numpy-permutation" and row["items"] == 3000 and row["distinct"] == 256, row
+    costs = results["per_index_ns"]
+    assert costs["IndexOrder.at (window of 4096)"] > 0 and "BalancedOrder.at (3000 labels)" in costs
+    assert "| numpy-permutation | 3e+03 |" in index_space.to_markdown(results)
+    with pytest.raises(SystemExit):
+        index_space.main(["--methods", "shuffle-everything"])

@@ -9,6 +9,7 @@ import numpy as np
 
 from kerasfeed import _validation as v
 from kerasfeed.sampling.bijection import domain, permute, subkeys
+from kerasfeed.sampling.labels import encode_labels, group_by_class
 from kerasfeed.sampling.weighted import (
     STREAM_CLASS,
     STREAM_COUNTS,
@@ -54,7 +55,8 @@ class BalancedOrder(SampledOrder):
     ``p_c / n_c`` among those left (a weighted draw without replacement).
 
     Memory: 4 bytes per item (8 past 2^31 items) for the items grouped by
-    class (one sort of the labels, no per-class lists), nothing per pass;
+    class (a chunked counting sort of the labels, no per-class lists; see
+    ``kerasfeed/sampling/labels.py``), nothing per pass;
     no limit at 2^24 items. Only ``exact=False`` with ``replacement=False``
     (a weighted draw without replacement) draws a pass whole: 16 bytes per
     item while drawing, the last two passes kept (4 bytes per index).
@@ -115,12 +117,11 @@ class BalancedOrder(SampledOrder):
         self.replacement = v.flag("replacement", replacement, owner=OWNER)
         self.exact = v.flag("exact", exact, owner=OWNER)
         self._init_common(OWNER, len(labels), num_samples, seed, num_shards, shard_index)
-        self.classes, codes, counts = _encode(labels)
+        self.classes, codes, counts = encode_labels(labels)
         del labels
         self.class_counts = counts
-        index_dtype = np.int32 if self.length < 2**31 else np.int64
         # Items grouped by class: class c's items are members[offsets[c]:offsets[c + 1]].
-        self._members = np.argsort(codes, kind="stable").astype(index_dtype, copy=False)
+        self._members = group_by_class(codes, counts)
         del codes
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # The Feistel domain of every class's own permutation (see bijection.domain).
@@ -248,40 +249,6 @@ class BalancedOrder(SampledOrder):
             f"replacement={self.replacement}, exact={self.exact}, seed={self.seed}, "
             f"num_shards={self.num_shards}, shard_index={self.shard_index})"
         )
-
-
-def _encode(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Returns ``(classes, codes, counts)``: sorted classes, per-item class
-    numbers in the smallest unsigned dtype, items per class."""
-    if labels.dtype.kind in "iub" and labels.dtype.itemsize <= 2:
-        # Small integers: a counting pass instead of a sort (fast at 10^7+ items).
-        unsigned = labels.view(np.uint8 if labels.dtype.itemsize == 1 else np.uint16)
-        counts_all = np.bincount(unsigned, minlength=256 ** labels.dtype.itemsize)
-        present = np.flatnonzero(counts_all).astype(unsigned.dtype)
-        values = present.view(labels.dtype)
-        by_value = np.argsort(values, kind="stable")
-        classes = values[by_value]
-        lut = np.zeros(len(counts_all), dtype=np.uint16)
-        lut[present[by_value]] = np.arange(len(classes), dtype=np.uint16)
-        codes = lut[unsigned]
-        counts = counts_all[present[by_value]]
-    elif labels.dtype.kind in "iu" and int(labels.max()) - int(labels.min()) < 65536:
-        # Wider integers over a narrow range (int64 class ids): counted the same way, from the minimum.
-        lo = labels.min()
-        shifted = (labels - lo).astype(np.uint16)
-        counts_all = np.bincount(shifted, minlength=65536)
-        present = np.flatnonzero(counts_all)
-        classes = (present + int(lo)).astype(labels.dtype)
-        lut = np.zeros(65536, dtype=np.uint16)
-        lut[present] = np.arange(len(present), dtype=np.uint16)
-        codes = lut[shifted]
-        del shifted
-        counts = counts_all[present]
-    else:
-        classes, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
-        codes = codes.reshape(-1)
-    small = np.uint8 if len(classes) <= 256 else np.uint16 if len(classes) <= 65536 else np.int32
-    return classes, codes.astype(small, copy=False), counts.astype(np.int64)
 
 
 def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:

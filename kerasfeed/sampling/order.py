@@ -10,7 +10,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.sampling.bijection import MAX_N, derive_key, permute
 from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
-from kerasfeed.sampling.views import indices_by_windows
+from kerasfeed.sampling.views import check_positions, indices_by_windows
 
 # The generator stream of IndexOrder's pass keys (the sampled orders use 11-15).
 STREAM_INDEX = 16
@@ -111,11 +111,11 @@ class IndexOrder:
         Position ``q`` of shard ``k`` is position ``q * num_shards + k`` of the
         pass over all shards. Positions must be in ``[0, shard_length)``.
         """
-        g = np.asarray(positions, dtype=np.int64)
+        g = check_positions(positions, self.shard_length, "IndexOrder")
         if self.num_shards > 1:
             g = g * self.num_shards + self.shard_index
         if not self.shuffle:
-            return g.astype(np.int64, copy=True).reshape(-1)
+            return g.copy()
         return permute(g, self.length, derive_key(int(self.seed), STREAM_INDEX, int(epoch)))
 
     def indices(self, epoch: int) -> np.ndarray:

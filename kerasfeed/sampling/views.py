@@ -229,6 +229,17 @@ def pass_view(order: Any, epoch: int) -> IndexView:
     return ArrayView(order.indices(epoch))
 
 
+def check_positions(positions: Any, length: int, owner: str) -> np.ndarray:
+    """``positions`` as a 1-D int64 array, each in ``[0, length)`` (else IndexError)."""
+    p = np.asarray(positions, dtype=np.int64).reshape(-1)
+    if p.size and (int(p.min()) < 0 or int(p.max()) >= length):
+        bad = int(p.min()) if int(p.min()) < 0 else int(p.max())
+        raise IndexError(
+            f"{owner}.at: positions must be in [0, {length}) (the shard's pass length). Received: position {bad}"
+        )
+    return p
+
+
 def indices_by_windows(at: Callable[[int, np.ndarray], np.ndarray], epoch: int, length: int) -> np.ndarray:
     """A whole pass from ``at(epoch, positions)``, computed a large window at a time
     (so the temporary arrays of one window are all the extra memory used)."""
@@ -242,5 +253,5 @@ def indices_by_windows(at: Callable[[int, np.ndarray], np.ndarray], epoch: int, 
 
 __all__ = [
     "CHUNK", "ArrayView", "IndexView", "OrderView", "RangeView", "SliceView",
-    "as_view", "indices_by_windows", "pass_view",
+    "as_view", "check_positions", "indices_by_windows", "pass_view",
 ]

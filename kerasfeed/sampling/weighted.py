@@ -10,7 +10,7 @@ import numpy as np
 from kerasfeed import _validation as v
 from kerasfeed.sampling.bijection import MAX_N, derive_key, uniforms
 from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
-from kerasfeed.sampling.views import indices_by_windows
+from kerasfeed.sampling.views import check_positions, indices_by_windows
 
 # Distinct generator streams, so that no two uses of (seed, pass) share draws.
 STREAM_WEIGHTED, STREAM_COUNTS, STREAM_CLASS, STREAM_MIX = 11, 12, 13, 14
@@ -71,7 +71,7 @@ class SampledOrder:
         positions must be in ``[0, shard_length)``.
         """
         epoch = v.non_negative_int("epoch", epoch)
-        g = np.asarray(positions, dtype=np.int64).reshape(-1)
+        g = check_positions(positions, self.shard_length, type(self).__name__)
         if self.num_shards > 1:
             g = g * self.num_shards + self.shard_index
         return self._at(epoch, g)
