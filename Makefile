@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kerasfeed-installed
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
-.PHONY: demo test bench bench-backends clean
+.PHONY: demo test bench bench-fit bench-backends bench-gpu clean
 
 # First run only (later runs find $(STAMP) and start at once): says what it
 # does and shows pip's progress, since it downloads about 1.7 GB.
@@ -35,8 +35,15 @@ test: $(STAMP) $(NOTF_STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
+bench-fit: $(STAMP)
+	$(PY) benchmarks/fit.py
+
 bench-backends: $(STAMP)
 	$(PY) benchmarks/backends.py
+
+# The GPU machine's benchmark (no TensorFlow needed; PyTorch and Grain rows need their packages).
+bench-gpu: $(STAMP)
+	KERAS_BACKEND=jax $(PY) benchmarks/gpu.py --output-dir benchmarks/results/gpu
 
 clean:
 	rm -rf $(VENV) $(NOTF_VENV) build *.egg-info

@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,11 +35,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import harness, workloads  # noqa: E402
+from benchmarks import runner, ways, workloads  # noqa: E402
 
 WAYS = ("memory", "kerasfeed-threads", "kerasfeed-processes", "kerasfeed-auto", "grain-threads")
 GROUPS = ("main", "kerasfeed threads", "tf.data threads", "other threads", "worker processes")
-_MARK = "PACED-RESULT "
 
 
 def _thread_cpu_us() -> Dict[str, float]:
@@ -68,7 +66,7 @@ def _thread_cpu_us() -> Dict[str, float]:
 
 def _workers_cpu_us() -> float:
     total = 0.0
-    for p in harness.descendants():
+    for p in runner.descendants():
         try:
             t = p.cpu_times()
             total += (t.user + t.system) * 1e6
@@ -77,18 +75,12 @@ def _workers_cpu_us() -> float:
     return total
 
 
-def _iterator(way: str, seq: Any):
-    """``(iterator, close)`` over what ``model.fit`` would get for ``way`` (``fit_ways.fit_input``)."""
-    from benchmarks import fit_ways
-
-    x, close, _ = fit_ways.fit_input(way, seq)
-    return iter(x), close
-
-
 def child(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Consumes ``spec["way"]`` (built as ``model.fit`` on TensorFlow would get it) at a fixed pace; CPU by group."""
     n, warmup, rate = spec["batches"], spec["warmup"], float(spec["rate"])
     seq = workloads.make_workload(spec["workload"], n + warmup, spec["cache_dir"])
-    it, close = _iterator(spec["way"], seq)
+    feed = ways.REGISTRY[spec["way"]].make(seq, ways.Context("fit", "tensorflow"))
+    it = iter(feed.x)
     try:
         for _ in range(warmup):
             next(it)
@@ -102,25 +94,11 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
         wall = time.perf_counter() - t0
         threads1, workers1 = _thread_cpu_us(), _workers_cpu_us()
     finally:
-        close()
+        feed.close()
     per_batch = {g: (threads1.get(g, 0.0) - threads0.get(g, 0.0)) / n for g in GROUPS[:-1]}
     per_batch["worker processes"] = (workers1 - workers0) / n
     return {"way": spec["way"], "status": "ok", "delivered_per_s": n / wall, "cpu_us_per_batch": per_batch,
             "total_us_per_batch": sum(per_batch.values())}
-
-
-def run_child(spec: Dict[str, Any]) -> Dict[str, Any]:
-    env = dict(os.environ)
-    # The caller's PYTHONPATH first: ``PYTHONPATH=/other/tree python benchmarks/paced_cost.py`` measures
-    # the kerasfeed of that tree (alternate the runs to compare two versions).
-    env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)])
-    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--child", json.dumps(spec)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-    return {"way": spec["way"], "status": "error", "note": f"exit {proc.returncode}: {' | '.join(tail)[:300]}"}
 
 
 def run(workload: str = "io", rate: float = 1000.0, batches: int = 3000, warmup: int = 300, rounds: int = 1,
@@ -146,7 +124,8 @@ def run(workload: str = "io", rate: float = 1000.0, batches: int = 3000, warmup:
         for way in ways:
             spec = {"way": way, "workload": workload, "rate": rate, "batches": batches, "warmup": warmup,
                     "cache_dir": cache}
-            r = run_child(spec)
+            (r,) = runner.isolated([{**spec, "call": "benchmarks.paced_cost:child"}], timeout_s=600,
+                                   progress=lambda line: None)
             r["round"] = round_
             runs.append(r)
             if r["status"] == "ok":
@@ -183,11 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--json", default=None, help="also write the runs here")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child is not None:
-        print(_MARK + json.dumps(child(json.loads(args.child))), flush=True)
-        return 0
     res = run(args.workload, args.rate, args.batches, args.warmup, args.rounds, [w for w in args.ways.split(",") if w])
     print()
     print(res["markdown"])

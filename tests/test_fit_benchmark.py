@@ -1,8 +1,8 @@
-"""Smoke test of the fit benchmark's measurements (benchmarks/fit_ways.py, fit.py) on tiny sizes.
+"""Smoke test of the fit benchmark (benchmarks/fit.py over runner.measure_fit) and paced_cost on tiny sizes.
 
 Structure, not speed: model.fit runs every batch of every epoch through the
 in-memory limit and a kerasfeed dataset, the numpy view iterates kerasfeed's
-numpy path and Grain, ratios and the markdown come out of a result.
+loader, ratios and the markdown come out of a result.
 """
 
 import pathlib
@@ -13,55 +13,38 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import fit, fit_ways, workloads  # noqa: E402
+from benchmarks import fit, runner, ways, workloads  # noqa: E402
 
 
 @pytest.mark.parametrize("way", ["memory", "kerasfeed-threads"])
 def test_fit_view_times_every_epoch_after_the_first(way, tmp_path):
-    res = fit_ways.run_fit(way, workloads.make_workload("io", 12, tmp_path), epochs=3, steps_per_execution=5)
-    assert res["status"] == "ok" and res["batches"] == 12
-    assert len(res["timed_epochs_s"]) == 2 and min(res["timed_epochs_s"]) > 0
-    assert res["batches_per_s"] == pytest.approx(12 / min(res["timed_epochs_s"]))
-    assert res["main_cpu_us_per_batch"] > 0
+    row = runner.measure_fit(ways.REGISTRY[way], lambda: workloads.make_workload("io", 12, tmp_path),
+                             ways.Context("fit", "tensorflow"), epochs=3, steps_per_execution=5,
+                             progress=lambda _: None)
+    assert row["status"] == "ok" and row["batches"] == 12, row.get("note")
+    assert len(row["timed_epochs_s"]) == 2 and min(row["timed_epochs_s"]) > 0
+    assert row["batches_per_s"] == pytest.approx(12 / min(row["timed_epochs_s"]))
+    assert row["main_cpu_us_per_batch"] > 0
 
 
-@pytest.mark.parametrize("way", ["kerasfeed-threads", "grain-threads"])
-def test_numpy_view_iterates_whole_passes(way, tmp_path):
-    res = fit_ways.run_numpy(way, workloads.make_workload("io", 10, tmp_path), epochs=2)
-    assert res["status"] == "ok" and res["batches"] == 10 and len(res["timed_epochs_s"]) == 1
-
-
-def test_ratios_and_markdown_from_rows():
+def test_markdown_of_both_views_from_rows():
     rows = [
-        {"view": "fit", "way": "memory", "workload": "io", "status": "ok", "batches_per_s": 800.0},
-        {"view": "fit", "way": "kerasfeed-threads", "workload": "io", "status": "ok", "batches_per_s": 640.0},
-        {"view": "fit", "way": "torch", "workload": "io", "status": "n/a", "note": fit_ways.TORCH_FIT_NA},
+        {"view": "fit", "way": "memory", "label": "in memory", "workload": "io", "status": "ok",
+         "batches_per_s": 800.0, "ratio": 1.0},
+        {"view": "fit", "way": "kerasfeed-threads", "label": "kerasfeed `to_dataset`, threads", "workload": "io",
+         "status": "ok", "batches_per_s": 640.0, "ratio": 0.8},
+        {"view": "fit", "way": "torch", "label": "PyTorch `DataLoader`", "workload": "io", "status": "n/a",
+         "note": "n/a (Keras fit on the TensorFlow backend does not accept a torch DataLoader)"},
+        {"view": "numpy", "way": "grain-threads", "label": "Grain", "workload": "io", "status": "skipped",
+         "note": "skipped: grain not installed"},
     ]
-    fit._ratios(rows)
-    assert rows[1]["ratio"] == pytest.approx(0.8)
-    res = {"machine": fit.machine_info(), "date": "d", "loadavg_end": [0, 0, 0], "rows": rows,
+    res = {"machine": runner.machine_info(), "date": "d", "rows": rows,
            "settings": {"quick": True, "batches": {"io": 8}, "timed_epochs": 1, "steps_per_execution": 1,
-                        "workloads": ["io"], "views": ["fit"]}}
+                        "workloads": ["io"], "views": ["fit", "numpy"]}}
     md = fit.to_markdown(res)
-    assert "| kerasfeed `to_dataset`, threads | 640 (0.80) |" in md
+    assert "| kerasfeed `to_dataset`, threads | 640 (0.80×) |" in md
     assert "| PyTorch `DataLoader` | n/a |" in md and "does not accept a torch DataLoader" in md
-
-
-def test_rounds_take_each_ratio_against_the_reference_of_their_own_round():
-    rates = {0: (1000.0, 900.0), 1: (1600.0, 1200.0), 2: (1200.0, 1020.0)}  # (memory, kerasfeed) per round
-    rows = [{"view": "fit", "way": way, "workload": "io", "status": "ok", "batches_per_s": rate, "round": k}
-            for k, pair in rates.items() for way, rate in zip(("memory", "kerasfeed-threads"), pair)]
-    rows.append({"view": "fit", "way": "kerasfeed-auto", "workload": "io", "status": "error", "note": "x", "round": 0})
-    fit._ratios(rows)
-    assert [r["ratio"] for r in rows if r["way"] == "kerasfeed-threads"] == pytest.approx([0.9, 0.75, 0.85])
-    res = {"machine": fit.machine_info(), "date": "d", "loadavg_end": [0, 0, 0], "rows": rows,
-           "settings": {"quick": True, "batches": {"io": 8}, "timed_epochs": 1, "steps_per_execution": 1,
-                        "rounds": 3, "workloads": ["io"], "views": ["fit"]}}
-    md = fit.to_markdown(res)
-    assert "| kerasfeed `to_dataset`, threads | 1020 (0.85; 0.75–0.90) |" in md  # median rate, median ratio, range
-    assert "| kerasfeed `to_dataset`, auto | error |" in md and "3 rounds" in md
-    with pytest.raises(ValueError, match="rounds"):
-        fit.run_fit_benchmark(rounds=0, output_dir=None)
+    assert "| Grain | skipped: grain not installed |" in md
 
 
 def test_bad_arguments_are_refused():
@@ -71,6 +54,8 @@ def test_bad_arguments_are_refused():
         fit.run_fit_benchmark(only=["tf-magic"], output_dir=None)
     with pytest.raises(ValueError, match="at least 2"):
         fit.run_fit_benchmark(epochs=1, output_dir=None)
+    with pytest.raises(ValueError, match="rounds"):
+        fit.run_fit_benchmark(rounds=0, output_dir=None)
 
 
 def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
