@@ -40,7 +40,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from kerasfeed.loading.groups import RunLoader
+from kerasfeed.loading.groups import GroupLoader
 
 
 class Ready:
@@ -164,24 +164,21 @@ def _python_side_cpu_per_item(executor: str, items: int, enabled: bool, workers:
     ``consumer`` is this thread's CPU (``time.thread_time``): the pick-up
     alone, free of tf.data's own threads and their scheduling."""
     ds = _dataset(executor, items, enabled, workers)
-    pipeline, groups, group = ds._kerasfeed_pipeline, ds._kerasfeed_groups, ds._kerasfeed_group_items
+    pipeline, groups = ds._kerasfeed_pipeline, ds._kerasfeed_groups
 
     def one_pass() -> int:
-        if isinstance(groups, RunLoader):  # dense runs: the loader keeps the pass's position
+        if groups is not None:  # the group loader keeps the pass's position
             epoch = groups.begin()
             count = 0
             while True:
-                got = len(groups.load(epoch)[0])
+                out = groups.load(epoch)
+                got = len(out[-1] if isinstance(groups, GroupLoader) else out[0])  # ragged: lengths last
                 if not got:
                     return count
                 count += got
         indices, epoch = pipeline.begin()
-        if groups is None:
-            for i in indices:
-                pipeline.load(i, epoch)
-            return len(indices)
-        for start in range(0, len(indices), group):
-            groups.load(indices[start:start + group], epoch, start + group >= len(indices))
+        for i in indices:
+            pipeline.load(i, epoch)
         return len(indices)
 
     one_pass()  # warm-up pass

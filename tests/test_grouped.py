@@ -1,5 +1,10 @@
 """Grouped hand-over: small fixed-shape items reach tf.data several per Python call."""
 
+import os
+import sys
+import time
+
+import cloudpickle
 import keras
 import numpy as np
 import pytest
@@ -14,6 +19,10 @@ from kerasfeed.loading.groups import (
     RunLoader,
     auto_group_size,
 )
+
+# The sources below reach worker processes by value: the workers do not import this module
+# (nor TensorFlow with it).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Small(kerasfeed.SceneSequence):
@@ -139,14 +148,69 @@ def test_item_error_in_the_last_group_is_raised_at_its_own_position():
 
 
 def test_item_error_in_the_last_group_of_varying_batches_is_raised():
-    n = MAX_GROUP + 8  # sizes vary: ragged groups of fixed indices, [0, MAX_GROUP) then the rest
+    n = MAX_GROUP + 8  # sizes vary: ragged groups
     ds = kerasfeed.to_dataset(Bad(Ragged(n=n, bad=(n - 2,))))
     assert isinstance(ds._kerasfeed_groups, GroupLoader)
     got = []
     with pytest.raises(tf.errors.OpError, match=rf"\[{n - 2}\] raised ValueError"):
         for _, y in ds:
             got.append(int(y[0]))
-    assert got == list(range(MAX_GROUP))  # that path's last call raises at once
+    assert got == list(range(n - 2))  # every item before it, from the same group too
+
+
+class Faults(kerasfeed.SceneSequence):
+    """16 items. Pass 1, 2, 3 fails at item 0, 7, 15 (the first, a middle and the last of a
+    group of 16). In pass 4, item SLOW comes only once the consumer has the item before it (a
+    file it writes in ``flags``), or after 30 s; its y says which (1: released by the consumer)."""
+
+    AT = {1: 0, 2: 7, 3: 15}
+    SLOW = 5
+
+    def __init__(self, flags):
+        super().__init__()
+        self.flags = str(flags)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == self.AT.get(self.epoch):
+            raise ValueError(f"scene {i} is unreadable")
+        released = 0
+        if i == self.SLOW and self.epoch == 4:
+            flag = os.path.join(self.flags, f"got{i - 1}")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not os.path.exists(flag):
+                time.sleep(0.01)
+            released = int(os.path.exists(flag))
+        return np.full((3,), i, np.float32), np.int64(released)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_no_item_waits_for_a_later_one_in_its_group(executor, tmp_path):
+    """An error at the first, middle or last position of a group comes after every item before
+    it; a slow item holds back no item before it (it is released by the consumer receiving the
+    item before it: were the group waiting for it, that would never happen)."""
+    kw = {"workers": 2} if executor == "processes" else {}
+    ds = kerasfeed.to_dataset(Faults(tmp_path), executor=executor, group_items=16, **kw)
+    try:
+        assert ds._kerasfeed_group_items == 16 and isinstance(ds._kerasfeed_groups, RunLoader)
+        assert len(list(ds)) == 16  # pass 0
+        for at in Faults.AT.values():  # passes 1, 2, 3
+            got = []
+            with pytest.raises(tf.errors.OpError, match=rf"Faults\[{at}\] raised ValueError.*scene {at} is unreadable"):
+                for x, _ in ds:
+                    got.append(int(x[0]))
+            assert got == list(range(at))
+        got = []
+        for x, released in ds.as_numpy_iterator():  # pass 4
+            got.append(int(x[0]))
+            (tmp_path / f"got{got[-1]}").touch()
+            if got[-1] == Faults.SLOW:
+                assert released == 1  # made after the consumer had every item before it
+        assert got == list(range(16))
+    finally:
+        kerasfeed.executor_of(ds).close()
 
 
 class Bad(kerasfeed.SceneSequence):
@@ -203,7 +267,7 @@ def test_run_loader_splits_runs_at_a_length_change_and_raises_errors_in_place():
         return [np.full((rows,), index), np.array(epoch)]
 
     empty = [np.zeros((0, 0)), np.zeros((0,))]
-    loader = RunLoader(lambda: (np.arange(8), np.int64(7)), load_one, [True, False], 4, empty)
+    loader = RunLoader(lambda: (np.arange(8), np.int64(7)), load_one, lambda i, e: True, [True, False], 4, empty)
     assert loader.begin() == 7
     x, e = loader.load(7)
     assert x.tolist() == [[0], [1], [2]] and e.tolist() == [7, 7, 7]  # 3 has two rows: the next run
@@ -232,25 +296,33 @@ def test_grouped_dataset_trains_with_fit_and_resumes():
     assert [b[1].tolist()[0] for b in resumed.as_numpy_iterator()] == [0, 8, 16, 24, 32]
 
 
-def test_group_loader_carries_a_failure_to_the_next_call():
-    calls = []
+def test_groups_take_only_ready_items_and_raise_errors_in_place():
+    """A group waits for its first item only: it ends at the first item that is not ready
+    (taken first by the next call) and before an item whose load raised (raised by the next call)."""
+    calls, ready = [], {0, 1, 3, 4, 5, 6}  # 2 is not made yet when the first call asks
 
     def load_one(index, epoch):
         calls.append(index)
-        if index == 2:
+        if index == 5:
             raise KeyError(index)
-        return [np.array([index]), np.array(epoch)]
+        return [np.full((1 + index % 2,), index), np.array(epoch)]
 
-    loader = GroupLoader(load_one)
-    x, e = loader.load([0, 1, 2, 3], 5)
-    assert x.tolist() == [[0], [1]] and e.tolist() == [5, 5]
+    empty = [np.zeros((0,)), np.zeros((0,), np.int64), np.zeros((0, 1), np.int64)]
+    loader = GroupLoader(lambda: (np.arange(8), np.int64(3)), load_one, lambda i, e: i in ready, [True, False], 64, empty)
+    assert loader.begin() == 3
+    x, e, lengths = loader.load(3)
+    assert x.tolist() == [0, 1, 1] and lengths.ravel().tolist() == [1, 2] and e.tolist() == [3, 3]
+    assert calls == [0, 1]  # 2 was not asked for: nothing waits for it with 0 and 1 in hand
+    x, _, lengths = loader.load(3)
+    assert x.tolist() == [2, 3, 3, 4] and lengths.ravel().tolist() == [1, 2, 1]  # a call waits for its first item
     with pytest.raises(KeyError):
-        loader.load([4, 5], 5)  # the carried failure comes first
-    x, _ = loader.load([6], 5, True)
-    assert x.ravel().tolist() == [3, 4, 5, 6]
-    assert calls == [0, 1, 2, 3, 4, 5, 6]  # index 2 ran once
-    with pytest.raises(KeyError):
-        loader.load([1, 2, 3], 6, True)  # the last call raises at once
+        loader.load(3)  # 5 raised after 2-4 were in hand: at its own position
+    x, _, lengths = loader.load(3)
+    assert x.tolist() == [6] and lengths.ravel().tolist() == [1]  # 7 is not ready
+    x, _, _ = loader.load(3)
+    assert x.tolist() == [7, 7]
+    assert [a.shape for a in loader.load(3)] == [(0,), (0,), (0, 1)]  # the end: zero items
+    assert calls == list(range(8))  # every item loaded once
 
 
 def test_dense_runs_resume_mid_pass_and_fire_the_epoch_hooks():

@@ -268,6 +268,34 @@ def test_short_batch_mid_pass_is_yielded():
         list(pinned)
 
 
+class ExceptionPyDataset(keras.utils.PyDataset):
+    """Keras' own scenario (its py_dataset_adapter tests): batches 0 and 1, then an error."""
+
+    @property
+    def num_batches(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index < 2:
+            return np.full((8, 4), index, np.float32), np.zeros((8, 2), np.float32)
+        raise ValueError("Expected exception")
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_exception_pydataset_yields_the_batches_before_its_error_as_keras_does(executor):
+    signature = (tf.TensorSpec((8, 4), tf.float32), tf.TensorSpec((8, 2), tf.float32))
+    kw = {"workers": 2} if executor == "processes" else {}
+    ds = kerasfeed.to_dataset(ExceptionPyDataset(), output_signature=signature, executor=executor, **kw)
+    try:
+        assert ds._kerasfeed_group_items > 1  # grouped, yet each batch comes on its own
+        it = iter(ds)
+        assert [float(next(it)[0][0, 0]) for _ in range(2)] == [0.0, 1.0]
+        with pytest.raises(tf.errors.OpError, match=r"ExceptionPyDataset\[2\] raised ValueError.*Expected exception"):
+            next(it)
+    finally:
+        kerasfeed.executor_of(ds).close()
+
+
 def test_non_indexable_sources_say_what_is_missing():
     with pytest.raises(TypeError) as info:
         kerasfeed.to_dataset(42)

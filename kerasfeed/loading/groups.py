@@ -8,7 +8,9 @@ loop's own Python, which holds the GIL for most of every step. For small items
 (a latency-bound source returning a few KB) it is most of the consumer's cost,
 so ``to_dataset`` loads several consecutive items per call, stacks them, and
 lets tf.data split them again in C++ (``unbatch``). Large items are not
-grouped: stacking would add a copy of every byte.
+grouped: stacking would add a copy of every byte. A group is a transport
+detail: it only takes items that are ready (NOTE [ Groups are a transport
+detail ]), so no item waits for a later one.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from kerasfeed.sampling.views import as_view
 
 # Items whose arrays take at most this many bytes in all are grouped...
 GROUP_ITEM_BYTES = 64 * 2**10
-# ... up to this many per call, and at most GROUP_BYTES per call (a group's
-# items are loaded in order, so the first element of a group waits for its
-# last item, and the stacked copy is made once per group). 64 rather than
-# 16 items of a few KB cut tf.data's threads' CPU per item by ~30 % at a
-# fixed pace (docs/performance.md, *Changed (larger groups)*).
+# ... up to this many per call, and at most GROUP_BYTES per call (the
+# stacked copy is made once per group; a group only takes items that are
+# ready, see NOTE [ Groups are a transport detail ]). 64 rather than 16 items
+# of a few KB cut tf.data's threads' CPU per item by ~30 % at a fixed pace
+# (docs/performance.md, *Changed (larger groups)*).
 MAX_GROUP = 64
 GROUP_BYTES = 2**20
 
@@ -58,79 +60,27 @@ def stack_flat(items: Sequence[list], open_leading: Optional[Sequence[bool]] = N
     return out
 
 
-class GroupLoader:
-    """Loads a group of consecutive items of a pass through ``load_one``.
+class _PassGroups:
+    """Hands a pass's items over in groups: consecutive items, at most
+    ``group`` per call, taken as they come ready.
 
-    An item that raises after others of its group loaded fine would take
-    those down with it; instead the items loaded so far are returned and the
-    failing item (with its error) and the rest of the group are carried over:
-    the next call of the same pass starts with them, so the error surfaces at
-    the item's own position in the stream and the items after it still come.
-    The last call of a pass has no next call: there an error is raised at
-    once (the items before it in that group are not delivered).
-
-    Not thread-safe: ``to_dataset`` calls it from a sequential map only.
-
-    Args:
-        load_one: ``(index, epoch) -> list of arrays`` for one item.
-        open_leading: per leaf, whether its leading dimension varies (see
-            ``stack_flat``).
-    """
-
-    def __init__(self, load_one: Callable[[int, int], list], open_leading: Optional[Sequence[bool]] = None):
-        self._load_one = load_one
-        self._open = list(open_leading) if open_leading else None
-        self._carry: dict[int, list[tuple[int, Any]]] = {}  # epoch -> [(index, error or None)]
-
-    def load(self, indices: Any, epoch: Any, last: Any = False) -> list:
-        """Loads the carried items of pass ``epoch``, then ``indices``, in order.
-
-        ``last``: no call of this pass follows (nothing can be carried).
-        """
-        epoch = int(epoch)
-        for stale in [e for e in self._carry if e < epoch]:
-            del self._carry[stale]  # an abandoned pass
-        todo = self._carry.pop(epoch, []) + [(int(i), None) for i in np.asarray(indices).reshape(-1)]
-        loaded: list = []
-        for k, (index, error) in enumerate(todo):
-            try:
-                if error is not None:
-                    raise error
-                loaded.append(self._load_one(index, epoch))
-            except BaseException as e:
-                if not loaded or bool(last):
-                    if todo[k + 1:]:
-                        self._carry[epoch] = todo[k + 1:]
-                    raise
-                self._carry[epoch] = [(index, e)] + todo[k + 1:]
-                break
-        return stack_flat(loaded, self._open)
-
-
-def leading_lengths(arrays: Sequence[Any], open_leading: Sequence[bool]) -> tuple:
-    """The leading lengths of an item's open leaves (what must match within a run)."""
-    return tuple(len(a) for a, is_open in zip(arrays, open_leading) if is_open)
-
-
-class RunLoader:
-    """Loads a pass's items in *runs*: consecutive items, at most ``group`` per
-    call, whose open leaves have the same leading lengths.
-
-    Items that are batches keep their batch dimension open (a short batch may
-    come anywhere), so a group of them cannot be stacked in general. Mostly,
-    though, every batch but the last has the same size: a run of those stacks
-    into one dense array per leaf, and tf.data splits it with a plain
-    ``unbatch``. Splitting ragged rows instead costs ~15-30 us of tf.data CPU
-    per item (decoding each row, then a map to say it is dense), which under
-    ``model.fit`` is taken from the training step (docs/performance.md). An
-    item whose lengths differ from the run's starts the next call's run;
-    nothing is reloaded or dropped.
+    NOTE [ Groups are a transport detail ]
+    A group must never hold an item back: every item is handed over as soon
+    as it and every item before it are made, and an error or a stuck item
+    touches only itself and what comes after it. So a call waits for its
+    first item only; each later item joins the group only if the executor
+    has it made already (``ready``: a non-blocking look at the item's
+    handle, ~1 us). The first item that is not ready ends the group, and the
+    next call starts with it. An item whose load raises ends the group
+    before it; the next call raises its error at the item's own position,
+    and the pass goes on after it. While the consumer is the bottleneck
+    (the case grouping is for: ``model.fit`` on small items), the executor is
+    ahead and groups stay full; when it is not, groups shrink to what is
+    ready and nothing waits.
 
     The loader keeps each pass's position itself: ``begin`` records the
     order, each ``load(epoch)`` continues it, and a call that finds the pass
-    exhausted returns zero items (tf.data stops calling there). An item whose
-    load raises ends the run before it; the next call raises its error at the
-    item's own position, and the pass goes on after it.
+    exhausted returns zero items (tf.data stops calling there).
 
     Not thread-safe: ``to_dataset`` calls it from a sequential map only.
 
@@ -138,14 +88,24 @@ class RunLoader:
         begin: ``() -> (indices, epoch)`` of the pass that starts (indices: an
             ``IndexView`` or any sequence).
         load_one: ``(index, epoch) -> list of arrays`` for one item.
+        ready: ``(index, epoch) -> bool``: ``load_one`` would not wait.
         open_leading: per leaf, whether its leading dimension varies.
         group: items per call at most.
         empty: per leaf, a zero-item array of the right dtype and rank.
     """
 
-    def __init__(self, begin: Callable, load_one: Callable, open_leading: Sequence[bool], group: int, empty: list):
+    def __init__(
+        self,
+        begin: Callable,
+        load_one: Callable,
+        ready: Callable,
+        open_leading: Sequence[bool],
+        group: int,
+        empty: list,
+    ):
         self._begin = begin
         self._load_one = load_one
+        self._ready = ready
         self._open = list(open_leading)
         self._group = int(group)
         self._empty = empty
@@ -160,12 +120,18 @@ class RunLoader:
         self._passes[epoch] = [as_view(indices), 0, None]
         return np.int64(epoch)
 
+    def _joins(self, items: list, value: list) -> bool:
+        """Whether ``value`` may join the group ``items`` (not empty)."""
+        return True
+
+    def _stack(self, items: list) -> list:
+        raise NotImplementedError
+
     def load(self, epoch: Any) -> list:
-        """The next run of pass ``epoch``, stacked per leaf; zero items at its end."""
+        """The next group of pass ``epoch``, stacked per leaf; zero items at its end."""
         epoch = int(epoch)
         state = self._passes.get(epoch)
         items: list = []
-        key = None
         while state is not None and len(items) < self._group:
             order, position, held = state
             if held is not None:
@@ -173,6 +139,8 @@ class RunLoader:
                 index, value = held
             elif position < len(order):
                 index = order[position]
+                if items and not self._ready(index, epoch):
+                    break  # never wait for a later item with earlier ones in hand
                 state[1] = position + 1
                 try:
                     value = self._load_one(index, epoch)
@@ -185,16 +153,52 @@ class RunLoader:
                     state[2] = (index, value)
                     break
                 raise value
-            lengths = leading_lengths(value, self._open)
-            if items and lengths != key:
-                state[2] = (index, value)  # starts the next run
+            if items and not self._joins(items, value):
+                state[2] = (index, value)  # starts the next group
                 break
-            key = lengths
             items.append(value)
         if not items:
             self._passes.pop(epoch, None)
             return list(self._empty)
+        return self._stack(items)
+
+
+def leading_lengths(arrays: Sequence[Any], open_leading: Sequence[bool]) -> tuple:
+    """The leading lengths of an item's open leaves (what must match within a run)."""
+    return tuple(len(a) for a, is_open in zip(arrays, open_leading) if is_open)
+
+
+class RunLoader(_PassGroups):
+    """Groups stacked dense: *runs* of items whose open leaves have the same
+    leading lengths (items with no open leaf always do).
+
+    Items that are batches keep their batch dimension open (a short batch may
+    come anywhere), so a group of them cannot be stacked in general. Mostly,
+    though, every batch but the last has the same size: a run of those stacks
+    into one dense array per leaf, and tf.data splits it with a plain
+    ``unbatch``. Splitting ragged rows instead costs ~15-30 us of tf.data CPU
+    per item (decoding each row, then a map to say it is dense), which under
+    ``model.fit`` is taken from the training step (docs/performance.md). An
+    item whose lengths differ from the run's starts the next call's run;
+    nothing is reloaded or dropped. See ``_PassGroups`` for the rest.
+    """
+
+    def _joins(self, items: list, value: list) -> bool:
+        return leading_lengths(value, self._open) == leading_lengths(items[0], self._open)
+
+    def _stack(self, items: list) -> list:
         return [np.stack(column) for column in zip(*items)]
+
+
+class GroupLoader(_PassGroups):
+    """Groups of batches whose size varies throughout: the open leaves are
+    concatenated along their leading dimension, with one more array, the
+    lengths (``stack_flat``), and tf.data splits them back as ragged rows.
+    See ``_PassGroups`` for the rest; ``empty`` holds the lengths array too.
+    """
+
+    def _stack(self, items: list) -> list:
+        return stack_flat(items, self._open)
 
 
 __all__ = [

@@ -122,10 +122,11 @@ def to_dataset(
             consumer process ~0.3 ms of CPU and a GIL hand-off whatever the
             item's size, which ``model.fit``'s own Python competes for;
             grouping spreads that over the group (see
-            ``docs/performance.md``). 1 turns it off. An item error inside a
-            group surfaces at the item's own position (for batches of varying
-            size, an error in a pass's last group drops the items before it
-            in that group).
+            ``docs/performance.md``). 1 turns it off. A group is a transport
+            detail: a call waits for its first item only and takes later ones
+            only if they are made already, so every item arrives as soon as
+            it and the items before it are made; an item error surfaces at
+            the item's own position, after every item before it.
 
         timeout: seconds one item may take, counted from when its thread or
             worker process is ready to run it (start-up and ``worker_init``

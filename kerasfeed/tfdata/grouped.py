@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -47,19 +47,30 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(index_stream: Callable, load_group: Callable, checker: Any, group: int) -> tf.data.Dataset:
-    """Each pass: ``index_stream`` gives ``(index, epoch, last)`` elements (see
-    ``tfdata/index_windows.py``); ``group`` items per ``load_group`` call; split again in C++."""
-    specs = checker.specs
-    opened = open_leading(specs)
-    out_types = [s.dtype for s in specs] + ([tf.int64] if any(opened) else [])
+def grouped_items(loader: Any, checker: Any, ragged: bool) -> tf.data.Dataset:
+    """Each pass: ``begin`` records the order; ``load`` gives groups of items
+    until an empty one (``kerasfeed.loading.groups``); tf.data splits them in C++.
 
-    def load(idx, epoch, last):
-        flat = tf.numpy_function(
-            load_group, [idx, epoch[0], tf.reduce_any(last)], out_types, stateful=True, name="kerasfeed_load_group"
-        )
+    Args:
+        loader: ``(begin, load)`` callables of a ``RunLoader`` (dense groups)
+            or a ``GroupLoader`` (``ragged``: open leaves concatenated, with
+            their lengths last), held weakly.
+        checker: the item signature.
+        ragged: the groups are a ``GroupLoader``'s.
+    """
+    specs = checker.specs
+    opened = open_leading(specs) if ragged else [False] * len(specs)
+    out_types = [s.dtype for s in specs] + ([tf.int64] if ragged else [])
+    begin, load = loader
+
+    def pass_groups(_):
+        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
+        return tf.data.Dataset.from_tensors(epoch).repeat()
+
+    def load_group(epoch):
+        flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load_group")
+        lengths = flat[-1] if ragged else None
         leaves = []
-        lengths = flat[-1] if any(opened) else None
         k = 0
         for t, spec, is_open in zip(flat, specs, opened):
             if is_open:  # concatenated along the varying leading dimension
@@ -71,35 +82,16 @@ def grouped_items(index_stream: Callable, load_group: Callable, checker: Any, gr
             leaves.append(t)
         return checker.pack(leaves)
 
-    ds = tf.data.Dataset.range(1).flat_map(index_stream).batch(group)
-    ds = inline_map(ds, load).unbatch()
-    if any(opened):  # unbatched ragged rows are dense tensors; say so in the element spec
+    def has_items(*group):
+        first = tf.nest.flatten(group)[0]
+        rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first, out_type=tf.int64)[0]
+        return rows > 0
+
+    ds = tf.data.Dataset.range(1).flat_map(graph_fn(pass_groups))
+    ds = inline_map(ds, load_group).take_while(graph_fn(has_items)).unbatch()
+    if ragged:  # unbatched ragged rows are dense tensors; say so in the element spec
         ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
     return ds
-
-
-def run_items(loader: Any, checker: Any) -> tf.data.Dataset:
-    """Each pass: ``loader.begin`` records the order; ``loader.load`` gives runs of
-    equal-length items until an empty one; a dense ``unbatch`` splits them."""
-    specs = checker.specs
-    out_types = [s.dtype for s in specs]
-    begin, load = loader  # (begin, load) callables of a RunLoader, held weakly
-
-    def pass_runs(_):
-        epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
-        return tf.data.Dataset.from_tensors(epoch).repeat()
-
-    def load_run(epoch):
-        flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load_run")
-        for t, spec in zip(flat, specs):
-            t.set_shape([None] + spec.shape.as_list())
-        return checker.pack(list(flat))
-
-    def has_items(*run):
-        return tf.shape(tf.nest.flatten(run)[0])[0] > 0
-
-    ds = tf.data.Dataset.range(1).flat_map(graph_fn(pass_runs))
-    return inline_map(ds, load_run).take_while(graph_fn(has_items)).unbatch()
 
 
 def uniform_leading(probed: list, open_flags: list, n: int) -> bool:
@@ -111,4 +103,4 @@ def uniform_leading(probed: list, open_flags: list, n: int) -> bool:
     return len(seen) <= 1
 
 
-__all__ = ["group_size", "grouped_items", "open_leading", "run_items", "uniform_leading"]
+__all__ = ["group_size", "grouped_items", "open_leading", "uniform_leading"]

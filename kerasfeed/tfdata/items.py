@@ -21,7 +21,7 @@ import tensorflow as tf
 from kerasfeed.loading.feed import Feed
 from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
-from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, run_items, uniform_leading
+from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, uniform_leading
 from kerasfeed.tfdata.index_windows import pass_index_stream
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
 from kerasfeed.tfdata.structure import ItemChecker, flatten
@@ -70,18 +70,16 @@ def item_dataset(
     largest = max((sum(a.nbytes for a in leaves) for _, leaves in probed), default=None)
     group = 1 if endless else group_size(group_items, flat_specs, sequential, largest)
     opened = open_leading(flat_specs)
-    if group > 1 and any(opened) and uniform_leading(probed, opened, feed.total):
-        # Batches of one size (but perhaps the last): dense runs, no ragged rows.
-        empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
-        groups = RunLoader(pipeline.begin, pipeline.load, opened, group, empty)  # owned by the dataset
-        ds = run_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker)
-        return Items(ds, groups, group)
     if group > 1:
-        groups = GroupLoader(pipeline.load, opened)  # owned by the dataset, held weakly by TensorFlow
-        with_last = pass_index_stream(
-            weak_method(pipeline, "begin_count"), weak_method(pipeline, "window"), with_last=True
-        )
-        ds = grouped_items(with_last, weak_method(groups, "load"), checker, group)
+        # Batches of one size (but perhaps the last), or items with no open
+        # dimension: dense runs; batches whose size varies: ragged groups.
+        ragged = any(opened) and not uniform_leading(probed, opened, feed.total)
+        empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
+        loader = GroupLoader if ragged else RunLoader
+        if ragged:
+            empty.append(np.zeros((0, sum(opened)), np.int64))
+        groups = loader(pipeline.begin, pipeline.load, pipeline.ready, opened, group, empty)  # owned by the dataset
+        ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged)
         return Items(ds, groups, group)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
 

@@ -44,7 +44,9 @@ KEEP = []  # module globals: alive until the interpreter finalizes
 def main():
     executor, mode = sys.argv[1], sys.argv[2]
     kwargs = {"workers": 1} if executor == "processes" else {}
-    ds = kerasfeed.to_dataset(Stuck(), executor=executor, group_items=1, **kwargs)
+    # Small items: grouped (up to 64 per call), as by default; a group never waits for a later item.
+    ds = kerasfeed.to_dataset(Stuck(), executor=executor, **kwargs)
+    assert ds._kerasfeed_group_items > 1
     KEEP.append(ds)
     ex = kerasfeed.executor_of(ds)
     pids = ex.pool.pids if executor == "processes" else []
