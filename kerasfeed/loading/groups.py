@@ -30,6 +30,8 @@ GROUP_ITEM_BYTES = 64 * 2**10
 # (docs/performance.md, *Changed (larger groups)*).
 MAX_GROUP = 64
 GROUP_BYTES = 2**20
+# Passes of one dataset a group loader keeps track of at once (see ``_PassGroups.begin``).
+MAX_OPEN_PASSES = 8
 
 
 def auto_group_size(item_bytes: int, stackable: bool) -> int:
@@ -114,10 +116,13 @@ class _PassGroups:
     def begin(self) -> np.int64:
         indices, epoch = self._begin()
         epoch = int(epoch)
-        for stale in [e for e in self._passes if e < epoch]:
-            del self._passes[stale]  # an abandoned pass
         # The pass's order stays a lazy view: read a position at a time (from its cached chunk).
         self._passes[epoch] = [as_view(indices), 0, None]
+        # Passes may be read at once (``zip(ds, ds)``); one that is no longer
+        # read (an iterator deleted mid-pass) is forgotten once enough newer
+        # ones began.
+        while len(self._passes) > MAX_OPEN_PASSES:
+            del self._passes[min(self._passes)]
         return np.int64(epoch)
 
     def _joins(self, items: list, value: list) -> bool:
@@ -138,7 +143,7 @@ class _PassGroups:
                 state[2] = None
                 index, value = held
             elif position < len(order):
-                index = order[position]
+                index = int(order[position])
                 if items and not self._ready(index, epoch):
                     break  # never wait for a later item with earlier ones in hand
                 state[1] = position + 1
@@ -202,6 +207,6 @@ class GroupLoader(_PassGroups):
 
 
 __all__ = [
-    "GROUP_BYTES", "GROUP_ITEM_BYTES", "MAX_GROUP", "GroupLoader", "RunLoader",
+    "GROUP_BYTES", "GROUP_ITEM_BYTES", "MAX_GROUP", "MAX_OPEN_PASSES", "GroupLoader", "RunLoader",
     "auto_group_size", "leading_lengths", "stack_flat",
 ]
