@@ -5,9 +5,10 @@ Each pass starts with one ``tf.numpy_function`` call to
 at a time (``index_windows.py``: never the whole pass); each item is one call
 to ``PassPipeline.load``
 (a sequential ``inline_map`` when the executor makes items ahead, else a
-parallel deterministic map), or a group of items is one call
-(``kerasfeed/loading/groups.py``, ``grouped.py``). An endless source's pass is
-a counter of indices instead.
+parallel deterministic map). Small items go in groups instead: the group
+loader (``kerasfeed/loading/groups.py``) keeps each pass's position in its
+order, and each call hands over the next items that are ready
+(``grouped.py``). An endless source's pass is a counter of indices instead.
 """
 
 from __future__ import annotations
