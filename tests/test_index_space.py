@@ -223,7 +223,7 @@ def test_states_saved_by_the_whole_pass_orders_are_refused_with_a_way_on(saved, 
 # ---- billion-item sources end to end (a subprocess: its RSS is measured alone) ----------------
 
 
-def test_a_billion_items_shuffled_and_ten_million_labels_balanced_start_at_once():
+def test_a_billion_items_shuffled_or_mixed_and_ten_million_labels_balanced_start_at_once():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     script = ROOT / "tests" / "reliability_scripts" / "index_space_memory.py"
     items, labels = 10**9, 10**7
@@ -231,7 +231,7 @@ def test_a_billion_items_shuffled_and_ten_million_labels_balanced_start_at_once(
                           timeout=540, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 6
+    assert len(results) == 7
     for r in results:
         idx = np.asarray(r["indices"])
         where = (r["kind"], r["front_end"], r["executor"], round(r["seconds"], 2), round(r["growth_mb"], 1))
@@ -242,12 +242,16 @@ def test_a_billion_items_shuffled_and_ten_million_labels_balanced_start_at_once(
             assert r["growth_mb"] < 300 and len(np.unique(idx)) == len(idx), where
             assert np.histogram(idx, np.linspace(0, items, 17))[0].min() > 80, where  # over the whole space
             np.testing.assert_array_equal(idx, results[0]["indices"])  # the same order on every path
+        elif r["kind"] == "mixed":  # mix of two sources of 10^9 items, 3:1, then shuffled
+            assert r["growth_mb"] < 300 and len(np.unique(idx)) == len(idx) and idx.max() < 2 * items, where
+            share = np.mean(idx >= items)  # part 1's items
+            assert abs(share - 0.25) < 4 * np.sqrt(0.25 * 0.75 / len(idx)), where
         else:
             assert r["growth_mb"] < 600 and idx.max() < labels, where
             share = np.mean(r["labels"])  # 1:49 labels, balanced to 1:1
             assert abs(share - 0.5) < 4 * np.sqrt(0.25 / len(idx)), where
             assert np.histogram(idx, np.linspace(0, labels, 17))[0].min() > 40, where
-            np.testing.assert_array_equal(idx, results[4]["indices"])
+            np.testing.assert_array_equal(idx, results[5]["indices"])
 
 
 def test_the_index_space_benchmark_runs_and_reports():

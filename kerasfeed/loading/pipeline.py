@@ -25,6 +25,8 @@ from kerasfeed.sources.base import set_epoch
 
 # Indices handed to tf.data per ``window`` call (one Python call per this many items).
 INDEX_WINDOW = 4096
+# Passes whose order stays available to ``window`` (iterators of older passes are abandoned ones).
+KEPT_PASSES = 8
 
 
 class PassPipeline:
@@ -45,7 +47,7 @@ class PassPipeline:
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
-        self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last two)
+        self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
         self.stats = new_collector("pipeline")  # None when switched off
         if self.stats is not None:
             executor.attach_stats(self.stats)
@@ -61,8 +63,8 @@ class PassPipeline:
         with self._lock:
             self._remaining[epoch] = len(indices)
             self._views[epoch] = indices
-            for stale in [e for e in self._views if e < epoch - 1]:
-                del self._views[stale]  # tf.data asks for windows of the last pass or two only
+            for stale in [e for e in self._views if e <= epoch - KEPT_PASSES]:
+                del self._views[stale]  # a view is small: a window of indices
         if self.stats is not None:
             self.stats.pass_begin(epoch)
         self._run_begin_hooks(epoch)
@@ -84,7 +86,12 @@ class PassPipeline:
     def window(self, epoch: Any, start: Any) -> np.ndarray:
         """Positions ``start`` to ``start + INDEX_WINDOW`` of pass ``epoch``'s order (int64)."""
         with self._lock:
-            indices = self._views[int(epoch)]
+            indices = self._views.get(int(epoch))
+        if indices is None:
+            raise RuntimeError(
+                f"kerasfeed: pass {int(epoch)} is no longer read: an iterator of it went on after {KEPT_PASSES} "
+                f"newer passes began. Iterate the newest iterator. Received: epoch={int(epoch)}"
+            )
         start = int(start)
         return indices.window(start, start + INDEX_WINDOW)
 

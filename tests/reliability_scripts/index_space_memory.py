@@ -3,8 +3,9 @@
 Usage: ``index_space_memory.py ITEMS LABELS`` (10^9 and 10^7 in the test).
 
 Scenarios (``to_loader`` and ``to_dataset``, threads and worker processes):
-a source of ``ITEMS`` items with ``shuffle=True``, and a ``BalancedOrder``
-over ``LABELS`` imbalanced labels. Every item is its own index, so the
+a source of ``ITEMS`` items with ``shuffle=True``, a ``mix`` of two such
+sources (``to_loader``, threads), and a ``BalancedOrder`` over ``LABELS``
+imbalanced labels. Every item is its own index, so the
 batches say which items came. Imports and first-use costs are taken out by a
 warm-up on a tiny source; the peak RSS of this process (sampled every 5 ms
 by a thread) is measured from just before the order or the pipeline is
@@ -30,16 +31,16 @@ proc = psutil.Process()
 
 
 class Identity:
-    """Item ``i`` is ``i`` (int64): a source of any length that costs nothing."""
+    """Item ``i`` is ``offset + i`` (int64): a source of any length that costs nothing."""
 
-    def __init__(self, n):
-        self.n = n
+    def __init__(self, n, offset=0):
+        self.n, self.offset = n, offset
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        return np.int64(i)
+        return np.int64(self.offset + i)
 
 
 def first_batches(front_end, executor, make_source, **kwargs):
@@ -102,6 +103,14 @@ def main(items, num_labels):
             idx, seconds, growth = first_batches(front_end, executor, shuffled)
             results.append(dict(kind="shuffled", front_end=front_end, executor=executor, seconds=seconds,
                                 growth_mb=growth, indices=idx.tolist()))
+    def mixed():
+        # Two parts of ITEMS items, 3:1, the slots of every block shuffled; part 1's items come offset by ITEMS.
+        return kerasfeed.mix([Identity(items), Identity(items, offset=items)], [3, 1], seed=3), {"shuffle": True,
+                                                                                                 "seed": 4}
+
+    idx, seconds, growth = first_batches("to_loader", "threads", mixed)
+    results.append(dict(kind="mixed", front_end="to_loader", executor="threads", seconds=seconds, growth_mb=growth,
+                        indices=idx.tolist()))
     rng = np.random.default_rng(0)
     labels = np.zeros(num_labels, dtype=np.int64)  # 1:49 imbalance, class 1 scattered
     labels[rng.choice(num_labels, num_labels // 50, replace=False)] = 1
