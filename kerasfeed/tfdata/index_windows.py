@@ -17,14 +17,13 @@ from kerasfeed.loading.pipeline import INDEX_WINDOW
 from kerasfeed.tfdata.inline_map import graph_fn
 
 
-def pass_index_stream(begin_count: Callable, window: Callable, *, with_last: bool = False) -> Callable:
+def pass_index_stream(begin_count: Callable, window: Callable) -> Callable:
     """A ``flat_map`` function: one pass as elements ``(index, epoch)``.
 
     Args:
         begin_count: ``() -> (items, epoch)`` (int64 both); starts the pass.
         window: ``(epoch, start) -> int64 indices`` at positions ``start`` to
             ``start + INDEX_WINDOW`` of the pass.
-        with_last: add a third component, True for the pass's last item.
     """
 
     def index_stream(_):
@@ -38,10 +37,7 @@ def pass_index_stream(begin_count: Callable, window: Callable, *, with_last: boo
             idx = tf.numpy_function(window, [epoch, start], tf.int64, stateful=True, name="kerasfeed_pass_window")
             idx = tf.ensure_shape(idx, [None])
             n = tf.size(idx, out_type=tf.int64)
-            parts = (idx, tf.fill([n], epoch))
-            if with_last:
-                parts += (start + tf.range(n, dtype=tf.int64) >= count - 1,)
-            return tf.data.Dataset.from_tensor_slices(parts)
+            return tf.data.Dataset.from_tensor_slices((idx, tf.fill([n], epoch)))
 
         starts = tf.data.Dataset.range(tf.constant(0, tf.int64), count, INDEX_WINDOW)
         return starts.flat_map(graph_fn(one_window))
