@@ -186,46 +186,32 @@ def time_exports(path: pathlib.Path, n: int, work: pathlib.Path, shards: int, wo
     return rows
 
 
-def time_training_input(
-    path: pathlib.Path, export_dir: pathlib.Path, n: int, workers: int, epochs: int
-) -> List[Dict[str, Any]]:
+def time_training_input(path: pathlib.Path, export_dir: pathlib.Path, n: int, workers: int,
+                        epochs: int) -> List[Dict[str, Any]]:
+    """The export read back (``load_export``) against ``to_dataset`` over the Python source, drained
+    by the runner in graph mode (as ``fit`` pulls): first pass untimed, the best of ``epochs`` timed."""
     import kerasfeed
-    from benchmarks.peers import graph_drainer
+    from benchmarks import runner, ways
 
-    ways = {
-        "kerasfeed.load_export (pure tf.data)": lambda: kerasfeed.load_export(export_dir).prefetch(2),
-        f"kerasfeed.to_dataset(H5SliceSequence), processes (workers={workers})": lambda: kerasfeed.to_dataset(
-            _sequence(path), executor="processes", workers=workers
-        ),
-        "kerasfeed.to_dataset(H5SliceSequence), threads": lambda: kerasfeed.to_dataset(
-            _sequence(path), executor="threads"
-        ),
-    }
+    ctx = ways.Context("graph", workers=workers)
+    load = ways.Way("load-export", "kerasfeed.load_export (pure tf.data)",
+                    lambda _seq, c: ways.tf_feed(kerasfeed.load_export(export_dir).prefetch(2), c))
     rows = []
-    for name, build in ways.items():
-        start = time.perf_counter()
-        ds = build()
-        drain = graph_drainer(ds)
-        count, _ = drain()  # first pass: start-up, tracing, file opening
-        first = time.perf_counter() - start
-        best = min(_timed(drain) for _ in range(epochs))
-        assert count == n, (name, count, n)
-        rows.append({"way": name, "batches_per_s": n / best, "epoch_s": best, "first_pass_s": first})
-        print(f"  input   {name}: {n / best:,.1f} batches/s", flush=True)
-        ex = getattr(ds, "_kerasfeed_executor", None)
-        if ex is not None:
-            ex.close()
-        del ds, drain
+    for way, label in ((load, load.label),
+                       (ways.REGISTRY["kerasfeed-processes"],
+                        f"kerasfeed.to_dataset(H5SliceSequence), processes (workers={workers})"),
+                       (ways.REGISTRY["kerasfeed-threads"], "kerasfeed.to_dataset(H5SliceSequence), threads")):
+        r = runner.measure(way, lambda: _sequence(path), ctx, min_timed_s=float("inf"), max_timed_epochs=epochs,
+                           progress=lambda line: None)
+        if r["status"] != "ok":
+            raise RuntimeError(f"{label}: {r['note']}")
+        rows.append({"way": label, "batches_per_s": r["batches_per_s"], "epoch_s": r["timed_epoch_s"],
+                     "first_pass_s": r["build_s"] + r["epoch1_s"]})
+        print(f"  input   {label}: {r['batches_per_s']:,.1f} batches/s", flush=True)
     best_source = max(r["batches_per_s"] for r in rows[1:])
     for r in rows:
         r["x_best_source"] = r["batches_per_s"] / best_source
     return rows
-
-
-def _timed(drain: Callable) -> float:
-    start = time.perf_counter()
-    drain()
-    return time.perf_counter() - start
 
 
 def to_markdown(res: Dict[str, Any]) -> str:

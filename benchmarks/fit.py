@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import report, runner, ways, workloads  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
 
 VIEWS = ("fit", "numpy")
 FIT_WAYS = ("memory", "keras-threads", "keras-processes", "grain-threads", "grain-mp", "torch",
@@ -85,7 +86,7 @@ def run_fit_benchmark(*, quick: bool = False, workloads_: Sequence[str] = worklo
     sizes = {w: int(batches or getattr(workloads.REGISTRY[w], "quick" if quick else "full")) for w in workloads_}
     cache_dir = pathlib.Path(output_dir or runner.DEFAULT_OUTPUT_DIR) / "cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    machine = runner.machine_info()
+    machine = machine_info()
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     progress(f"kerasfeed fit benchmark, {date}, {'quick' if quick else 'full'} run on {machine['cpu']} "
              f"({machine['cores_usable']} cores), load {machine['loadavg_start']}")
@@ -130,6 +131,40 @@ def to_markdown(res: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def batch_dim_ab(steps: int = 300, rounds: int = 3) -> Dict[str, float]:
+    """A/B: ``model.fit`` on ``to_dataset`` with the batch dimension open (None, the default when
+    items are batches) against pinned by ``output_signature``; steps/s, best of ``rounds`` alternating runs."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import kerasfeed
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((steps, 32, 64), dtype=np.float32), rng.random((steps, 32, 1), dtype=np.float32)
+
+    class Batches(kerasfeed.SceneSequence):
+        def __len__(self):
+            return steps
+
+        def __getitem__(self, i):
+            return x[i], y[i]
+
+    best = {"open (None)": 0.0, "pinned": 0.0}
+    for _ in range(int(rounds)):
+        for name, signature in (("open (None)", None),
+                                ("pinned", (tf.TensorSpec([32, 64], tf.float32), tf.TensorSpec([32, 1], tf.float32)))):
+            ds = kerasfeed.to_dataset(Batches(), output_signature=signature)
+            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, "relu"), keras.layers.Dense(1)])
+            model.compile("adam", "mse")
+            model.fit(ds, epochs=1, verbose=0)  # tracing and warm-up
+            t0 = time.perf_counter()
+            model.fit(ds, epochs=3, verbose=0)
+            best[name] = max(best[name], 3 * steps / (time.perf_counter() - t0))
+            kerasfeed.executor_of(ds).close()
+    return best
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 epochs (one timed)")
@@ -145,7 +180,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes of the process-based ways")
     parser.add_argument("--output-dir", default=str(runner.DEFAULT_OUTPUT_DIR))
     parser.add_argument("--render", metavar="JSON", default=None, help="do not run: print a saved result's tables")
+    parser.add_argument("--batch-dim", action="store_true", help="only the A/B of an open against a pinned batch "
+                        "dimension (to_dataset, a Dense model; --batches steps, default 300; --rounds, default 3)")
     args = parser.parse_args(argv)
+    if args.batch_dim:
+        best = batch_dim_ab(args.batches or 300, args.rounds if args.rounds > 1 else 3)
+        for name, rate in best.items():
+            print(f"batch dimension {name:12s}: {rate:8.1f} steps/s")
+        print(f"open / pinned: {best['open (None)'] / best['pinned']:.3f}")
+        return 0
     if args.render:
         print(to_markdown(json.loads(pathlib.Path(args.render).read_text())))
         return 0

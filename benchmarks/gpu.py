@@ -45,6 +45,7 @@ BACKENDS = ("jax", "torch")
 os.environ.setdefault("KERAS_BACKEND", next((b for b in BACKENDS if importlib.util.find_spec(b)), "jax"))
 
 from benchmarks import report, runner, ways, workloads  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
 
 WORKLOADS = ("decode", "h5img", "big")
 SECTIONS = ("drain", "fit")
@@ -98,7 +99,7 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
     sizes = {w: int(batches or (4 if quick else FULL_BATCHES.get(w, workloads.REGISTRY[w].full))) for w in workloads_}
     cache = pathlib.Path(cache_dir or pathlib.Path(output_dir) / "cache")
     cache.mkdir(parents=True, exist_ok=True)
-    machine = runner.machine_info()
+    machine = machine_info()
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     progress(f"kerasfeed GPU-machine benchmark, {date}, {'quick' if quick else 'full'} run on {machine['cpu']} "
              f"({machine['cores_usable']} cores), workers {counts}, load {machine['loadavg_start']}")

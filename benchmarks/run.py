@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import runner, ways, workloads  # noqa: E402
+from benchmarks.machine import descendants, machine_info, wait_for_exit  # noqa: E402
 from benchmarks.report import README_END, README_START, save_chart, to_markdown, update_readme  # noqa: E402
 
 __all__ = ["run_benchmark", "to_markdown", "update_readme", "README_START", "README_END", "main"]
@@ -90,7 +91,7 @@ def classic_section(quick: bool, progress: runner.Progress) -> Dict[str, Any]:
     out["from_generator"] = {
         "measured_generators": measured, "measured_s": wall, "items": count, "extrapolated_s": wall * total / measured,
         "note": f"measured on {measured} generators and scaled by {total}/{measured} (it is linear: one at a time)"}
-    before = {p.pid for p in runner.descendants()}
+    before = {p.pid for p in descendants()}
     ds = None
     try:
         t = time.perf_counter()
@@ -114,7 +115,7 @@ def classic_section(quick: bool, progress: runner.Progress) -> Dict[str, Any]:
     finally:
         ds = None  # its stream threads end with it
         gc.collect()
-        runner.wait_for_exit(before)
+        wait_for_exit(before)
     return out
 
 
@@ -172,7 +173,7 @@ def run_benchmark(*, quick: bool = False, workloads_: Sequence[str] = workloads.
     cache_dir = pathlib.Path(tmp.name if tmp else pathlib.Path(output_dir) / "cache")
     cache_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    machine = runner.machine_info()
+    machine = machine_info()
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     progress(f"kerasfeed benchmark, {date}, {'quick' if quick else 'full'} run on {machine['cpu']} "
              f"({machine['cores_usable']} cores), load {machine['loadavg_start']}")

@@ -30,7 +30,6 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,133 +46,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports Te
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-from benchmarks import ways, workloads  # noqa: E402
+from benchmarks import machine, ways, workloads  # noqa: E402
 from benchmarks.ways import Context, Way  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = ROOT / "benchmarks" / "results"
-_INFRASTRUCTURE = ("resource_tracker", "semaphore_tracker", "forkserver")  # outlive configurations on purpose
 _MARK = "BENCH-ROW "
 Progress = Callable[[str], None]
-
-
-# --- the machine ----------------------------------------------------------------------------
-
-
-def version(*dists: str) -> Optional[str]:
-    for d in dists:
-        try:
-            return importlib.metadata.version(d)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def cpu_model() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def copy_bandwidth_gbs(nbytes: int = 32 * 224 * 224 * 3 * 4, repeats: int = 20) -> float:
-    """``np.copyto`` rate of a big batch: the physical floor of moving one."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best / 1e9
-
-
-def machine_info() -> Dict[str, Any]:
-    """The machine and library versions (read from package metadata: nothing heavy is imported)."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    info: Dict[str, Any] = {
-        "cpu": cpu_model(), "cores": os.cpu_count(), "cores_usable": usable,
-        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    for name, dists in (("tensorflow", ("tensorflow", "tensorflow-cpu")), ("keras", ("keras",)), ("jax", ("jax",)),
-                        ("torch", ("torch",)), ("grain", ("grain",)), ("h5py", ("h5py",)), ("numpy", ("numpy",)),
-                        ("kerasfeed", ("kerasfeed",))):
-        info[name] = version(*dists)
-    info["copy_gbs"] = round(copy_bandwidth_gbs(), 1)
-    info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
-    return info
-
-
-# --- processes -----------------------------------------------------------------------------
-
-
-def descendants() -> List[psutil.Process]:
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _new_workers(before: set) -> List[psutil.Process]:
-    out = []
-    for p in descendants():
-        try:
-            if p.pid not in before and not any(w in " ".join(p.cmdline()) for w in _INFRASTRUCTURE):
-                out.append(p)
-        except psutil.Error:
-            continue  # gone already
-    return out
-
-
-def _sample_workers(before: set, into: Dict[int, Dict[str, float]]) -> None:
-    """Records the peak RSS/USS (MB) of the processes this configuration started."""
-    for p in _new_workers(before):
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            mem = p.memory_full_info()
-        except psutil.Error:
-            continue
-        if mem.rss == 0:  # exiting: its memory is already released
-            continue
-        old = into.get(p.pid, {"rss_mb": 0.0, "uss_mb": 0.0})
-        into[p.pid] = {"rss_mb": max(old["rss_mb"], mem.rss / 2**20),
-                       "uss_mb": max(old["uss_mb"], getattr(mem, "uss", 0) / 2**20)}
-
-
-def _workers_cpu(procs: Sequence[psutil.Process]) -> Dict[int, float]:
-    out = {}
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.Error:
-            pass
-    return out
-
-
-def wait_for_exit(before: set, timeout: float = 10.0) -> List[int]:
-    """Waits until the processes started since ``before`` are gone; returns the pids it had to kill."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _new_workers(before):
-            return []
-        time.sleep(0.05)
-    killed = []
-    for p in _new_workers(before):
-        try:
-            p.kill()
-            killed.append(p.pid)
-        except psutil.Error:
-            pass
-    psutil.wait_procs([psutil.Process(pid) for pid in killed if psutil.pid_exists(pid)], timeout=5)
-    return killed
 
 
 # --- consuming a pass ----------------------------------------------------------------------------
@@ -270,7 +148,7 @@ def _finish(row: Dict[str, Any], before: set, feed: Any, seq: Any) -> None:
         except Exception:  # noqa: BLE001 - the feed's error is already in the row
             pass
     gc.collect()
-    killed = wait_for_exit(before)
+    killed = machine.wait_for_exit(before)
     if killed:
         row["killed_after_close"] = killed
     row["main_rss_mb_after"] = psutil.Process().memory_info().rss / 2**20
@@ -297,7 +175,7 @@ def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s:
         row.update(status="skipped" if missing.startswith("skipped") else "n/a", note=missing)
         _report(row, way, progress, label)
         return row
-    before = {p.pid for p in descendants()}
+    before = {p.pid for p in machine.descendants()}
     memory: Dict[int, Dict[str, float]] = {}
     feed = seq = None
     try:
@@ -313,18 +191,18 @@ def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s:
             if count == 1:
                 first_batch_s = time.perf_counter() - t0
             if count in (1, n // 2):  # pools rebuilt per epoch are gone by its end
-                _sample_workers(before, memory)
+                machine.sample_workers(before, memory)
         epoch1_s = time.perf_counter() - t0 - build_s
         if count != n:
             raise RuntimeError(f"epoch 1 delivered {count} batches, expected {n}")
         timed: List[Dict[str, Any]] = []
         while len(timed) < max_timed_epochs:
-            procs = _new_workers(before)
-            wcpu0 = _workers_cpu(procs)
+            procs = machine.new_workers(before)
+            wcpu0 = machine.workers_cpu(procs)
             c0, t = time.process_time(), time.perf_counter()
             count, touched = timed_pass()
             wall, main_cpu = time.perf_counter() - t, time.process_time() - c0
-            wcpu1 = _workers_cpu(procs)
+            wcpu1 = machine.workers_cpu(procs)
             checksum += touched
             if count != n:
                 raise RuntimeError(f"epoch {len(timed) + 2} delivered {count} batches, expected {n}")
@@ -333,7 +211,7 @@ def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s:
                           "worker_cpu_s": sum(wcpu1[p] - wcpu0[p] for p in wcpu0) if persistent else None})
             if sum(e["wall_s"] for e in timed) >= min_timed_s:
                 break
-        _sample_workers(before, memory)
+        machine.sample_workers(before, memory)
         info = feed.info()
         row.update(_summary(n, timed), status="ok", build_s=build_s, epoch1_s=epoch1_s, first_batch_s=first_batch_s,
                    one_off_s=max(0.0, build_s + epoch1_s - min(e["wall_s"] for e in timed)),
@@ -407,7 +285,7 @@ def _clock(num_batches: int, before: set, memory: Dict[int, Dict[str, float]]) -
             self.batches: List[int] = []
 
         def _mark(self):
-            cpu = sum(_workers_cpu(_new_workers(before)).values())
+            cpu = sum(machine.workers_cpu(machine.new_workers(before)).values())
             self.marks.append((time.perf_counter(), time.process_time(), cpu))
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -419,7 +297,7 @@ def _clock(num_batches: int, before: set, memory: Dict[int, Dict[str, float]]) -
             # does not divide the epoch.
             self.batches[-1] = min(batch + 1, num_batches)
             if len(self.batches) == 1 and batch in (0, num_batches // 2):
-                _sample_workers(before, memory)
+                machine.sample_workers(before, memory)
 
         def on_train_end(self, logs=None):
             self._mark()
@@ -436,7 +314,7 @@ def measure_fit(way: Way, make_seq: Callable[[], Any], ctx: Context, *, epochs: 
         row.update(status="skipped" if missing.startswith("skipped") else "n/a", note=missing)
         _report(row, way, progress, label)
         return row
-    before = {p.pid for p in descendants()}
+    before = {p.pid for p in machine.descendants()}
     memory: Dict[int, Dict[str, float]] = {}
     feed = seq = None
     try:

@@ -157,7 +157,8 @@ class Feed:
         return self._info() if self._info is not None else {}
 
 
-def _tf_feed(ds: Any, ctx: Context, **kwargs: Any) -> Feed:
+def tf_feed(ds: Any, ctx: Context, **kwargs: Any) -> Feed:
+    """A feed of a tf.data dataset (drained in a compiled function in graph mode)."""
     feed = Feed(ds, **kwargs)
     if ctx.mode == "graph":
         feed.drain = graph_drainer(ds)
@@ -180,7 +181,7 @@ def _memory(seq: Any, ctx: Context) -> Feed:
         ds = tf.data.Dataset.from_tensor_slices(tuple(np.stack(c) for c in zip(*(flatten(b) for b in items))))
         if distinct < n:  # cycled: at most MEMORY_LIMIT_BYTES of distinct data
             ds = ds.repeat().take(n)
-        return _tf_feed(ds.prefetch(tf.data.AUTOTUNE), ctx, info=lambda: {"distinct_batches": distinct})
+        return tf_feed(ds.prefetch(tf.data.AUTOTUNE), ctx, info=lambda: {"distinct_batches": distinct})
     x, y = (np.concatenate(c) for c in zip(*([np.asarray(a) for a in seq[i]] for i in range(n))))
     b = len(np.asarray(first[0]))
     feed = Feed(x, epoch=lambda: ((x[k:k + b], y[k:k + b]) for k in range(0, len(x), b)))
@@ -195,7 +196,7 @@ def _from_generator(seq: Any, ctx: Context) -> Feed:
     specs = tuple(tf.TensorSpec(np.shape(a), tf.as_dtype(np.asarray(a).dtype)) for a in flatten(first))
     ds = tf.data.Dataset.from_generator(lambda: (tuple(flatten(seq[i])) for i in range(len(seq))),
                                         output_signature=specs)
-    return _tf_feed(ds.map(lambda *leaves: tuple(leaves)).prefetch(tf.data.AUTOTUNE), ctx)
+    return tf_feed(ds.map(lambda *leaves: tuple(leaves)).prefetch(tf.data.AUTOTUNE), ctx)
 
 
 def _range_map(private_pool: Optional[int] = None) -> Callable[[Any, Context], Feed]:
@@ -217,7 +218,7 @@ def _range_map(private_pool: Optional[int] = None) -> Callable[[Any, Context], F
             options = tf.data.Options()
             options.threading.private_threadpool_size = private_pool
             ds = ds.with_options(options)
-        return _tf_feed(ds, ctx)
+        return tf_feed(ds, ctx)
 
     return make
 
@@ -317,7 +318,7 @@ def _kerasfeed(executor: str) -> Callable[[Any, Context], Feed]:
         if ctx.tf_front:
             ds = kerasfeed.to_dataset(seq, executor=executor, **kwargs)
             ex = kerasfeed.executor_of(ds)
-            return _tf_feed(ds, ctx, close=ex.close, info=lambda: executor_stats(ex))
+            return tf_feed(ds, ctx, close=ex.close, info=lambda: executor_stats(ex))
         loader = kerasfeed.to_loader(seq, executor=executor, **kwargs)
         return Feed(loader, close=loader.close, info=lambda: executor_stats(loader.executor))
 

@@ -1,4 +1,4 @@
-"""Smoke test of the fit benchmark (benchmarks/fit.py over runner.measure_fit) and paced_cost on tiny sizes.
+"""Smoke test of the fit benchmark (benchmarks/fit.py over runner.measure_fit) and costs.py paced on tiny sizes.
 
 Structure, not speed: model.fit runs every batch of every epoch through the
 in-memory limit and a kerasfeed dataset, the numpy view iterates kerasfeed's
@@ -14,6 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import fit, runner, ways, workloads  # noqa: E402
+from benchmarks.machine import machine_info  # noqa: E402
 
 
 @pytest.mark.parametrize("way", ["memory", "kerasfeed-threads"])
@@ -38,7 +39,7 @@ def test_markdown_of_both_views_from_rows():
         {"view": "numpy", "way": "grain-threads", "label": "Grain", "workload": "io", "status": "skipped",
          "note": "skipped: grain not installed"},
     ]
-    res = {"machine": runner.machine_info(), "date": "d", "rows": rows,
+    res = {"machine": machine_info(), "date": "d", "rows": rows,
            "settings": {"quick": True, "batches": {"io": 8}, "timed_epochs": 1, "steps_per_execution": 1,
                         "workloads": ["io"], "views": ["fit", "numpy"]}}
     md = fit.to_markdown(res)
@@ -59,11 +60,11 @@ def test_bad_arguments_are_refused():
 
 
 def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
-    from benchmarks import paced_cost
+    from benchmarks import costs
 
     # More batches than the pool makes ahead during the warm-up, so its threads work while timed.
-    res = paced_cost.run("io", rate=1000, batches=200, warmup=10, ways=["memory", "kerasfeed-threads"],
-                         cache_dir=str(tmp_path))
+    res = costs.paced("io", rate=1000, batches=200, warmup=10, names=["memory", "kerasfeed-threads"],
+                      cache_dir=str(tmp_path))
     memory, threads = res["runs"]
     assert memory["status"] == threads["status"] == "ok", res["runs"]
     assert memory["cpu_us_per_batch"]["kerasfeed threads"] == 0  # no kerasfeed pool behind the in-memory path
@@ -71,6 +72,6 @@ def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
     assert threads["total_us_per_batch"] == pytest.approx(sum(threads["cpu_us_per_batch"].values()))
     assert "| kerasfeed-threads |" in res["markdown"]
     with pytest.raises(ValueError, match="Unknown way 'tf-magic'"):
-        paced_cost.run("io", ways=["tf-magic"])
+        costs.paced("io", names=["tf-magic"])
     with pytest.raises(ValueError, match="Received: rate=0"):
-        paced_cost.run("io", rate=0)
+        costs.paced("io", rate=0)

@@ -162,11 +162,11 @@ def test_interpreter_exit_with_live_iterators_of_every_kind_does_not_hang():
 
     Without the exit hook most of them hang for ever in the iterators'
     destructors. The bound here only tells a hang from a slow exit on a
-    loaded machine; ``benchmarks/exit_check.py`` checks the 5 s promise.
+    loaded machine; ``benchmarks/reliability.py exit`` checks the 5 s promise.
     """
     sys.path.insert(0, str(ROOT))
     try:
-        from benchmarks.exit_check import run_batch
+        from benchmarks.reliability import run_batch
     finally:
         sys.path.remove(str(ROOT))
     results = run_batch(8, hard_timeout=120)
