@@ -13,10 +13,15 @@ configuration timed by ``benchmarks/runner.py`` on ``benchmarks/ways.py``'s ways
   threads). Ratio: × the serial loop.
 - ``fit``: ``model.fit`` of a small conv net (3 conv layers, 32/64/128 filters;
   ``--quick``: 4/8/16; the batch as the workload makes it: 64 images for
-  ``decode``/``h5img``) under each
-  ``--backends`` entry, each backend and workload in its own child process;
-  epoch 1 untimed, the best later epoch kept. Ratio: to ``fit`` on the same
-  batches already in memory (numpy arrays handed to ``fit``).
+  ``decode``/``h5img``) under each ``--backends`` entry, each backend and
+  workload in its own child process;
+  epoch 1 untimed, the best later epoch kept: the in-memory rate (numpy arrays
+  handed to ``fit``), kerasfeed processes at the largest count and 8, ``auto``,
+  the peers, and kerasfeed with ``device_prefetch=0`` (the default places 2
+  batches on the accelerator ahead of the step). Ratio: to the in-memory rate.
+
+Configurations not started within ``--budget-s`` seconds (500) are skipped and
+say so, so the whole run fits one 10-minute command on the GPU machine.
 
 A way whose package is missing is reported as ``skipped: <package> not installed``.
 
@@ -52,7 +57,8 @@ SECTIONS = ("drain", "fit")
 FULL_BATCHES = {"decode": 150, "h5img": 200, "big": 100}
 PEERS = ("torch", "keras-processes", "grain-mp")  # at the largest worker count
 DRAIN_WAYS = ("serial", "kerasfeed-processes", "kerasfeed-threads", "kerasfeed-auto") + PEERS + ("grain-threads",)
-FIT_WAYS = ("memory", "kerasfeed-processes", "kerasfeed-auto") + PEERS
+FIT_WAYS = ("memory", "kerasfeed-processes", "kerasfeed-auto") + PEERS + ("kerasfeed-no-prefetch",)
+BUDGET_S = 500  # one device command may run 10 minutes: configurations past this are skipped, and say so
 
 
 def _configs(mode: str, way: str, workload: str, n: int, counts: Sequence[int], base: Dict[str, Any]) -> List[Dict]:
@@ -66,7 +72,8 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
                       workers: Sequence[int] = (1, 4, 8, 15), backends: Sequence[str] = BACKENDS,
                       sections: Sequence[str] = SECTIONS, only: Optional[Sequence[str]] = None,
                       batches: Optional[int] = None, epochs: Optional[int] = None, rounds: int = 1,
-                      auto_workers: Optional[int] = None, progress: runner.Progress = print) -> Dict[str, Any]:
+                      auto_workers: Optional[int] = None, budget_s: float = BUDGET_S,
+                      progress: runner.Progress = print) -> Dict[str, Any]:
     """Runs the sections and returns the results (written to ``output_dir`` as ``gpu.json``/``gpu.md``).
 
     Args:
@@ -82,6 +89,7 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
         epochs: fit epochs per configuration, the first untimed (default 3; 2 with ``quick``).
         rounds: every configuration once per round; ratios within a round; medians and ranges.
         auto_workers: ``workers`` given to ``executor="auto"`` (None: kerasfeed's default).
+        budget_s: configurations not started within this many seconds are skipped (and say so).
         progress: called with one line per configuration.
     """
     workloads.check_names(workloads_)
@@ -106,7 +114,9 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
     started, rows = time.perf_counter(), []
     base = {"cache_dir": str(cache), "auto_workers": auto_workers, "epochs": epochs,
             "model": "conv-small" if quick else "conv", "backend": None,
-            "min_timed_s": 0.0 if quick else 1.5, "max_timed_epochs": 1 if quick else 10}
+            "min_timed_s": 0.0 if quick else 1.0, "max_timed_epochs": 1 if quick else 10,
+            "deadline": time.time() + budget_s}
+    timeout = lambda: max(60.0, base["deadline"] - time.time() + 90)  # noqa: E731 - the config under way ends
     for wl in workloads_:
         workloads.prepare(wl, sizes[wl], cache)  # made once, outside any timing
     for round_ in range(int(rounds)):
@@ -115,7 +125,7 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
                 progress(f"[drain] {wl}: {sizes[wl]} batches per epoch")
                 configs = [c for way in ways.select(list(DRAIN_WAYS), only, always=("serial",))
                            for c in _configs("loop", way.name, wl, sizes[wl], counts, {**base, "round": round_})]
-                rows += runner.isolated(configs, progress=progress)
+                rows += runner.isolated(configs, timeout_s=timeout(), progress=progress)
         for backend in backends if "fit" in sections else ():
             for wl in workloads_:
                 progress(f"[fit] KERAS_BACKEND={backend} {wl}: {sizes[wl]} batches per epoch, {epochs} epochs")
@@ -125,7 +135,7 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
                 if importlib.util.find_spec(backend) is None:
                     rows += [{**c, "status": "skipped", "note": f"skipped: {backend} not installed"} for c in configs]
                     continue
-                rows += runner.isolated(configs, {"KERAS_BACKEND": backend}, progress=progress)
+                rows += runner.isolated(configs, {"KERAS_BACKEND": backend}, timeout_s=timeout(), progress=progress)
     for r in rows:
         r["label"] = ways.REGISTRY[r["way"]].title(ways.Context("loop"), r.get("num_workers", r.get("workers")))
     runner.add_ratios([r for r in rows if r.get("mode") == "loop"], lambda r: r["way"] == "serial", "x_serial")
@@ -202,6 +212,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--auto-workers", type=int, default=None)
+    p.add_argument("--budget-s", type=float, default=BUDGET_S,
+                   help=f"skip configurations not started within this many seconds (default {BUDGET_S})")
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     counts = [int(w) for w in runner.split(args.workers)] if args.workers else (
@@ -213,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 workers=counts, backends=runner.split(args.backends),
                                 sections=runner.split(args.sections), only=runner.split(args.only),
                                 batches=args.batches, epochs=args.epochs, rounds=args.rounds,
-                                auto_workers=args.auto_workers)
+                                auto_workers=args.auto_workers, budget_s=args.budget_s)
     except ValueError as e:
         p.error(str(e))
     print()

@@ -357,7 +357,10 @@ def run_config(config: Dict[str, Any], progress: Progress = print) -> Dict[str, 
     """Runs one configuration given by names (JSON-able): ``way``, ``workload``, ``batches``,
     ``cache_dir``, the ``Context`` fields, and ``epochs``/``model``/``steps_per_execution``
     (mode ``fit``) or ``min_timed_s``/``max_timed_epochs``; ``round`` is kept in the row.
-    ``call: "module:function"`` runs that function on the config instead (a benchmark's own measure)."""
+    ``call: "module:function"`` runs that function on the config instead (a benchmark's own measure);
+    past ``deadline`` (``time.time()``) the configuration is skipped."""
+    if config.get("deadline") and time.time() > config["deadline"]:  # a run's time budget is spent
+        return {**config, "status": "skipped", "note": "skipped: past the run's time budget"}
     if "call" in config:
         module, _, function = config["call"].partition(":")
         return getattr(importlib.import_module(module), function)(config)

@@ -309,7 +309,7 @@ def _grain(multiprocess: bool) -> Callable[[Any, Context], Feed]:
     return make
 
 
-def _kerasfeed(executor: str) -> Callable[[Any, Context], Feed]:
+def _kerasfeed(executor: str, **loader_kwargs: Any) -> Callable[[Any, Context], Feed]:
     def make(seq: Any, ctx: Context) -> Feed:
         import kerasfeed
 
@@ -319,7 +319,7 @@ def _kerasfeed(executor: str) -> Callable[[Any, Context], Feed]:
             ds = kerasfeed.to_dataset(seq, executor=executor, **kwargs)
             ex = kerasfeed.executor_of(ds)
             return tf_feed(ds, ctx, close=ex.close, info=lambda: executor_stats(ex))
-        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs)
+        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs, **loader_kwargs)
         return Feed(loader, close=loader.close, info=lambda: executor_stats(loader.executor))
 
     return make
@@ -427,6 +427,11 @@ def _registry() -> List[Way]:
             measures="kerasfeed.to_dataset / to_loader (seq, executor='processes', workers=W)"),
         Way("kerasfeed-auto", kf + ", auto", _kerasfeed("auto"),
             measures="kerasfeed.to_dataset / to_loader (seq, executor='auto'): kerasfeed picks (see its reason)"),
+        Way("kerasfeed-no-prefetch", "kerasfeed `to_loader`, processes (workers={workers}), device_prefetch=0",
+            _kerasfeed("processes", device_prefetch=0), modes=("loop", "adapter", "fit"),
+            unsupported=lambda ctx: "n/a (to_loader only)" if ctx.tf_front else None,
+            measures="to_loader(seq, executor='processes', workers=W, device_prefetch=0): Keras places each "
+                     "batch in the training thread (the default places 2 ahead on an accelerator)"),
         Way("kerasfeed-tfdata", "kerasfeed `to_dataset` (auto) `.as_numpy_iterator()`", _kerasfeed_tfdata,
             ("tensorflow",), modes=("loop",), measures="to_dataset(seq, executor='auto').as_numpy_iterator()"),
         Way("raw-h5py", "raw sequential h5py read (the limit)", _raw_h5, ("h5py",), python_only=True,

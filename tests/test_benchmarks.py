@@ -75,6 +75,8 @@ def test_registry_names_modes_and_missing_packages():
     row = runner.measure(ghost, lambda: workloads.make_workload("io", 2, "."), loop, progress=lambda _: None)
     assert (row["status"], row["note"]) == ("skipped", "skipped: no_such_package_kf not installed")
     assert report.cell([row]) == "skipped: no_such_package_kf not installed"
+    late = runner.run_config({"way": "serial", "workload": "io", "batches": 2, "cache_dir": ".", "deadline": 1.0})
+    assert (late["status"], late["note"]) == ("skipped", "skipped: past the run's time budget")
     with pytest.raises(ValueError, match="Unknown way 'dali'.*Received: 'dali'"):
         ways.select(["serial"], ["dali"])
 
@@ -245,7 +247,7 @@ def test_gpu_entry_runs_without_tensorflow(tmp_path):
     proc = subprocess.run(
         [python, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--output-dir", str(tmp_path), "--workloads",
          "decode", "--workers", "1", "--batches", "2", "--backends", "jax,torch", "--only",
-         "kerasfeed-processes,grain-mp", "--sections", "drain,fit"],
+         "kerasfeed-processes,kerasfeed-no-prefetch,grain-mp", "--sections", "drain,fit"],
         cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -253,7 +255,7 @@ def test_gpu_entry_runs_without_tensorflow(tmp_path):
     assert res["machine"]["tensorflow"] is None  # nothing here could have imported it
     rows = {(r["mode"], r.get("backend"), r["way"]): r for r in res["rows"]}
     for key in (("loop", None, "serial"), ("loop", None, "kerasfeed-processes"), ("fit", "jax", "memory"),
-                ("fit", "jax", "kerasfeed-processes")):
+                ("fit", "jax", "kerasfeed-processes"), ("fit", "jax", "kerasfeed-no-prefetch")):
         assert rows[key]["status"] == "ok" and rows[key]["batches_per_s"] > 0, (key, rows[key].get("note"))
     assert rows[("fit", "jax", "memory")]["ratio"] == pytest.approx(1.0)
     for key, r in rows.items():
