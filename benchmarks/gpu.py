@@ -159,7 +159,7 @@ def _key(r: Dict[str, Any]) -> str:
 def to_markdown(res: Dict[str, Any]) -> str:
     s, rows = res["settings"], res["rows"]
     out = [f"### GPU-machine benchmark ({'quick' if s['quick'] else 'full'} run, {res['date']})", "",
-           report.machine_line(res["machine"], res["date"]), "",
+           report.machine_line(res["machine"]), "",
            f"Batches per epoch: {s['batches']}; worker counts {s['workers']} (peers at {s['workers'][-1]}); "
            f"fit: a 3-conv-layer net ({s['model']}), {s['epochs']} epochs, the first untimed (best later epoch shown)."
            + (f" {s['rounds']} rounds: median (median ratio; range)." if s["rounds"] > 1 else ""), ""]

@@ -63,12 +63,13 @@ def notes(rows: List[Dict[str, Any]]) -> List[str]:
     return [""] + found if found else []
 
 
-def machine_line(m: Dict[str, Any], date: str) -> str:
+def machine_line(m: Dict[str, Any], date: Optional[str] = None) -> str:
     names = {"tensorflow": "TensorFlow", "keras": "Keras", "jax": "JAX", "torch": "torch", "grain": "Grain",
              "h5py": "h5py", "numpy": "numpy", "kerasfeed": "kerasfeed"}
     libs = ", ".join(f"{name} {m[k]}" for k, name in names.items() if m.get(k))
     return (f"Machine: {m['cpu']}, {m['cores_usable']} usable cores of {m['cores']}, {m['ram_gb']} GB RAM; "
-            f"{m['platform']}; {date}. Python {m['python']}, {libs}. Large copy: {m['copy_gbs']} GB/s. "
+            f"{m['platform']}{'; ' + date if date else ''}. Python {m['python']}, {libs}. "
+            f"Large copy: {m['copy_gbs']} GB/s. "
             f"Load average at start {m['loadavg_start']}, at end {m.get('loadavg_end')}.")
 
 
@@ -135,7 +136,7 @@ def to_markdown(res: Dict[str, Any]) -> str:
     """The drain benchmark's tables (``benchmarks/run.py``)."""
     wls, rows, s = res["workloads"], res["rows"], res["settings"]
     out = [f"### Benchmark ({'quick' if s['quick'] else 'full'} run, {res['date']})", "",
-           machine_line(res["machine"], res["date"]), ""]
+           machine_line(res["machine"]), ""]
     if rows or res.get("h5file"):
         rounds = f" {s['rounds']} rounds: median (median ratio; range)." if s.get("rounds", 1) > 1 else ""
         out += ["Batches per epoch: " + ", ".join(f"{w} {s['batches'][w]}" for w in wls)
