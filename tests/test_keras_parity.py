@@ -315,9 +315,9 @@ def test_state_sync_benchmark_prints_the_cost_per_pass(capsys):
     import pathlib
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-    from benchmarks import state_sync
+    from benchmarks import costs
 
-    state_sync.main(["--mb", "2", "--passes", "2", "--no-passes"])
+    costs.main(["state-sync", "--mb", "2", "--passes", "2", "--no-passes"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line and "---" not in line]
     assert len(rows) == 5 and all(float(r.split("|")[2]) >= 0 for r in rows)
