@@ -29,6 +29,9 @@ from kerasfeed.errors import ItemError, StreamError, WorkerError
 from kerasfeed.sampling.views import as_view
 from kerasfeed.sources.base import close_quietly
 
+# How long a shard failed by the pool's closing waits for the dead worker's own error.
+_CAUSE_WAIT_S = 5.0
+
 
 class _Marker:
     __slots__ = ("name",)
@@ -322,6 +325,24 @@ class ShardPass:
         self._ready.wait(remaining)
         return True
 
+    def _cause(self, error: BaseException) -> BaseException:
+        """The error to raise for a shard that failed with ``error`` (lock held).
+
+        A shard that failed only because another worker's death closed the pool
+        (a ``WorkerError`` that is not fatal) may finish before the shard that
+        ran on the dead worker records its fatal error. The pool is closed, so
+        every running shard ends promptly: wait for them, and raise the dead
+        worker's own error (naming its shard) when there is one.
+        """
+        if not isinstance(error, WorkerError):
+            return error
+        until = time.monotonic() + _CAUSE_WAIT_S  # a bound, never a hang
+        while self._fatal is None and time.monotonic() < until and any(
+            s.started and not s.done and s.count < self._cap for s in self._shards.values()  # full ones wait on us
+        ):
+            self._ready.wait(0.1)
+        return self._fatal if self._fatal is not None else error
+
     def _pop(self, sh: _Shard, item: Any) -> tuple:
         sh.count -= 1
         n = sh.taken
@@ -351,7 +372,7 @@ class ShardPass:
                     return out
                 if sh.done:
                     if sh.error is not None:
-                        raise sh.error
+                        raise self._cause(sh.error)
                     self._shards.pop(sh.pos, None)  # ended and taken: forgotten
                     self._cycle[self._ci] = None
                     self._num_open -= 1
@@ -382,7 +403,7 @@ class ShardPass:
                     self._ended += 1
                     self._shards.pop(sh.pos, None)  # ended and taken: forgotten
                     if sh.error is not None:
-                        raise sh.error
+                        raise self._cause(sh.error)
                     continue
                 return self._pop(sh, item)
             if self._ended == self._n:
