@@ -56,10 +56,18 @@ def _model():
     return model
 
 
+def _alive(pid: int) -> bool:
+    """A running (not zombie) process; one that exits while it is looked at is gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _stopped(executor_name, pids, threads) -> bool:
     deadline = time.monotonic() + STOPPED_WITHIN_S
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if _alive(p)]
         if not alive and not any(t.is_alive() for t in threads):
             return True
         time.sleep(0.05)
