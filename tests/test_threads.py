@@ -152,3 +152,52 @@ def test_to_dataset_reads_through_the_plan_and_an_explicit_parallel_map_still_wo
     assert all(name.startswith("kerasfeed-thread-") for i, name in src.threads.items())
     parallel = kerasfeed.to_dataset(src, shuffle=True, seed=4, num_parallel_calls=8)
     assert [int(x[0]) for x in parallel] == first  # same seed, same first pass
+
+
+class AstRaceOnce(Recorder):
+    """Fails chosen indices the way CPython 3.11.7's AST race does, ``times`` times each."""
+
+    def __init__(self, n, racy, times=1, message="AST constructor recursion depth mismatch (before=33, after=31)"):
+        super().__init__(n)
+        self.racy, self.times, self.message = racy, times, message
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        if i in self.racy and self.calls[i] <= self.times:
+            raise SystemError(self.message)
+        return item
+
+
+def test_an_item_failed_only_by_cpython_s_ast_race_is_made_again_and_warned_about(monkeypatch):
+    # python/cpython#106905 (np.load's header parse on threads; fixed in 3.11.8).
+    from kerasfeed.execution import interpreter_races
+
+    monkeypatch.setattr(interpreter_races, "_warned", threading.Event())
+    def run(source):
+        loader = kerasfeed.to_loader(source, batch_size=None, executor=ThreadExecutor(source, parallelism=3))
+        return [int(x[0]) for x in loader]
+
+    clean = Recorder(12)
+    assert run(clean) == list(range(12))
+    source = AstRaceOnce(12, racy={0, 5, 11})
+    with pytest.warns(RuntimeWarning, match=r"AstRaceOnce\[\d+\].*3\.11\.8"):
+        assert run(source) == list(range(12))
+    # each racy index made once more than in a clean run (the loader also probes some items)
+    assert {i: source.calls[i] - clean.calls[i] for i in range(12)} == {i: int(i in (0, 5, 11)) for i in range(12)}
+
+
+def test_other_system_errors_and_a_race_that_never_ends_still_fail_the_item(monkeypatch):
+    from kerasfeed.execution import interpreter_races
+
+    other = AstRaceOnce(4, racy={2}, message="some other interpreter failure")
+    with contextlib.closing(ThreadExecutor(other, parallelism=2)) as ex:
+        with pytest.raises(ItemError, match=r"\[2\].*some other") as info:
+            ex.load(2, 0)
+    assert info.value.index == 2 and other.calls[2] == 1
+
+    monkeypatch.setattr(interpreter_races, "_warned", threading.Event())
+    endless = AstRaceOnce(4, racy={1}, times=10**6)
+    with contextlib.closing(ThreadExecutor(endless, parallelism=2)) as ex:
+        with pytest.raises(ItemError, match="recursion depth mismatch"), pytest.warns(RuntimeWarning):
+            ex.load(1, 0)
+    assert endless.calls[1] == interpreter_races.AST_RACE_RETRIES + 1

@@ -13,6 +13,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.interpreter_races import get_item
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import PassPlan
 from kerasfeed.execution.waits import WaitScope
@@ -69,7 +70,7 @@ class _Runner:
         if stats is not None and started is None:
             started = time.perf_counter()
         try:
-            item = self.source[index]
+            item = get_item(self.source, index, self.name)
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
         if stats is not None:

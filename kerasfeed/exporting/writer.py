@@ -24,6 +24,7 @@ import zlib
 from typing import Any, Optional
 
 from kerasfeed.errors import ItemError, SignatureError
+from kerasfeed.execution.interpreter_races import get_item
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.manifest import PROGRESS, TMP, ExportError, shard_name
 from kerasfeed.exporting.spec import ExportSpec
@@ -186,7 +187,7 @@ class ShardTask:
                 if progress.stopped:
                     raise _Stopped
                 try:
-                    item = self.source[index]
+                    item = get_item(self.source, index, self.source_name)
                 except Exception as e:
                     raise ItemError.from_exception(index, e, source_name=self.source_name) from e
                 writer.write(self.spec, self.spec.arrays(index, item, self.hint))

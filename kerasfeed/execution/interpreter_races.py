@@ -1,0 +1,50 @@
+"""Known interpreter races that a retry of the same item gets past.
+
+NOTE [ AST race on Python 3.11.0-3.11.7 and 3.12.0-3.12.1 ]
+CPython kept the AST constructor's recursion depth in interpreter-wide state
+(python/cpython#106905, fixed in 3.11.8 and 3.12.2). When two threads build
+ASTs at once and a garbage collection switches threads in between, one of
+them fails with ``SystemError: AST constructor recursion depth mismatch``.
+``np.load`` builds one (``ast.literal_eval`` of the ``.npy`` header), so a
+source that loads ``.npy`` files on the threads executor, next to Keras or
+TensorFlow parsing code in the main thread, fails an item now and then on those
+versions. The item itself is fine: it is made again (up to ``AST_RACE_RETRIES``
+times) and a warning once per process says to upgrade Python. Worker
+processes call items on one thread, so only the threads executor retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+AST_RACE_MESSAGE = "AST constructor recursion depth mismatch"
+AST_RACE_RETRIES = 3
+
+_warned = threading.Event()
+
+
+def is_ast_race(error: BaseException) -> bool:
+    """Whether ``error`` is CPython's AST race (see the NOTE above)."""
+    return isinstance(error, SystemError) and AST_RACE_MESSAGE in str(error)
+
+
+def get_item(source: Any, index: int, name: str) -> Any:
+    """``source[index]``, made again when it failed only by the AST race."""
+    for attempt in range(AST_RACE_RETRIES + 1):
+        try:
+            return source[index]
+        except SystemError as e:
+            if attempt == AST_RACE_RETRIES or not is_ast_race(e):
+                raise
+            if not _warned.is_set():
+                _warned.set()
+                warnings.warn(
+                    f"kerasfeed: {name}[{index}] failed with CPython's AST race ({e}); "
+                    "the item was made again. Python 3.11.8 and 3.12.2 fix it "
+                    "(python/cpython#106905).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    raise AssertionError("unreachable")  # the loop returns or raises
