@@ -37,10 +37,14 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from benchmarks.machine import PeakRss  # noqa: E402
 
 BATCH = 256
 METHODS = ("kerasfeed-shuffled", "kerasfeed-balanced", "grain-index_shuffle", "numpy-permutation")
@@ -97,9 +101,6 @@ STATE: dict = {}
 
 def measure_one(method, n):
     """One method at one size, in this (fresh) process: a JSON-able dict."""
-    import psutil
-
-    proc = psutil.Process()
     if method == "kerasfeed-balanced":
         STATE["labels"] = _labels(n)
     if method.startswith("kerasfeed"):  # imports and first-use costs out of the measure
@@ -110,23 +111,12 @@ def measure_one(method, n):
         warm.close()
     elif method.startswith("grain"):
         import grain  # noqa: F401
-    base, peak, done = proc.memory_info().rss, [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss - base)
-            time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    t0 = time.perf_counter()
-    batch = np.asarray(_first_batch(method, n)).reshape(-1)
-    seconds = time.perf_counter() - t0
-    done.set()
-    watcher.join()
-    peak[0] = max(peak[0], proc.memory_info().rss - base)
+    with PeakRss() as rss:
+        t0 = time.perf_counter()
+        batch = np.asarray(_first_batch(method, n)).reshape(-1)
+        seconds = time.perf_counter() - t0
     bins = int(np.count_nonzero(np.histogram(batch, np.linspace(0, n, 17))[0]))
-    return dict(method=method, items=n, first_batch_s=seconds, peak_rss_growth_mb=peak[0] / MB, bins_hit=bins,
+    return dict(method=method, items=n, first_batch_s=seconds, peak_rss_growth_mb=rss.growth / MB, bins_hit=bins,
                 distinct=int(len(np.unique(batch))))
 
 

@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import pathlib
 import platform
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -13,6 +14,35 @@ import numpy as np
 import psutil
 
 _INFRASTRUCTURE = ("resource_tracker", "semaphore_tracker", "forkserver")  # outlive configurations on purpose
+
+
+class PeakRss:
+    """``with PeakRss() as rss:``: ``rss.growth`` is this process's peak RSS growth (bytes) over the block,
+    sampled every 5 ms by a thread and once more at its end."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+        self._done = threading.Event()
+        self.growth = 0
+
+    def __enter__(self) -> "PeakRss":
+        self._base = self._proc.memory_info().rss
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self._sample()
+            time.sleep(0.005)
+
+    def _sample(self) -> None:
+        self.growth = max(self.growth, self._proc.memory_info().rss - self._base)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._watcher.join()
+        self._sample()
 
 
 # --- the machine ----------------------------------------------------------------------------

@@ -166,14 +166,20 @@ def _report(row: Dict[str, Any], way: Way, progress: Progress, label: str) -> No
         progress(f"  {name:28s} {row['note']}")
 
 
-def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s: float = 4.0,
-            max_timed_epochs: int = 10, progress: Progress = print, label: str = "") -> Dict[str, Any]:
-    """Builds ``way`` on a fresh source, runs its epochs in ``ctx.mode``, closes it. Never raises."""
-    row = _row(way, ctx)
+def _unavailable(row: Dict[str, Any], way: Way, ctx: Context, progress: Progress, label: str) -> bool:
+    """Whether ``way`` cannot run here; if so ``row`` says why (and is reported)."""
     missing = way.missing(ctx)
     if missing:
         row.update(status="skipped" if missing.startswith("skipped") else "n/a", note=missing)
         _report(row, way, progress, label)
+    return bool(missing)
+
+
+def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s: float = 4.0,
+            max_timed_epochs: int = 10, progress: Progress = print, label: str = "") -> Dict[str, Any]:
+    """Builds ``way`` on a fresh source, runs its epochs in ``ctx.mode``, closes it. Never raises."""
+    row = _row(way, ctx)
+    if _unavailable(row, way, ctx, progress, label):
         return row
     before = {p.pid for p in machine.descendants()}
     memory: Dict[int, Dict[str, float]] = {}
@@ -217,8 +223,7 @@ def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s:
                    one_off_s=max(0.0, build_s + epoch1_s - min(e["wall_s"] for e in timed)),
                    workers=[{"pid": pid, **m} for pid, m in sorted(memory.items())],
                    executor=info or None, checksum=checksum)
-        if way.name == "kerasfeed-auto" and info.get("name"):
-            row["picked"], row["note"] = info["name"], info.get("reason") or f"picked {info['name']}"
+        _note_pick(row, way, info)
     except Exception as e:  # noqa: BLE001 - one broken configuration must not lose the others
         row.update(status="error", note=f"error: {type(e).__name__}: {str(e)[:300]}")
     finally:
@@ -226,6 +231,12 @@ def measure(way: Way, make_seq: Callable[[], Any], ctx: Context, *, min_timed_s:
         feed = seq = None
     _report(row, way, progress, label)
     return row
+
+
+def _note_pick(row: Dict[str, Any], way: Way, info: Dict[str, Any]) -> None:
+    """``auto``'s rows say which executor it picked, and why."""
+    if way.name == "kerasfeed-auto" and info.get("name"):
+        row["picked"], row["note"] = info["name"], info.get("reason") or f"picked {info['name']}"
 
 
 def _summary(n: int, timed: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -309,10 +320,7 @@ def measure_fit(way: Way, make_seq: Callable[[], Any], ctx: Context, *, epochs: 
                 steps_per_execution: int = 1, progress: Progress = print, label: str = "") -> Dict[str, Any]:
     """``model.fit(..., epochs=epochs)`` on ``way``'s feed; epoch 1 untimed, the others timed. Never raises."""
     row = _row(way, ctx, model=model)
-    missing = way.missing(ctx)
-    if missing:
-        row.update(status="skipped" if missing.startswith("skipped") else "n/a", note=missing)
-        _report(row, way, progress, label)
+    if _unavailable(row, way, ctx, progress, label):
         return row
     before = {p.pid for p in machine.descendants()}
     memory: Dict[int, Dict[str, float]] = {}
@@ -339,8 +347,7 @@ def measure_fit(way: Way, make_seq: Callable[[], Any], ctx: Context, *, epochs: 
         info = feed.info()
         row.update(_summary(n, timed), status="ok", first_epoch_s=m[1][0] - t0,
                    workers=[{"pid": pid, **v} for pid, v in sorted(memory.items())], executor=info or None)
-        if way.name == "kerasfeed-auto" and info.get("name"):
-            row["picked"], row["note"] = info["name"], info.get("reason") or f"picked {info['name']}"
+        _note_pick(row, way, info)
     except Exception as e:  # noqa: BLE001 - one broken configuration must not lose the others
         row.update(status="error", note=f"error: {type(e).__name__}: {str(e)[:300]}")
     finally:

@@ -56,44 +56,8 @@ def _python_work(n: int, seed: int) -> int:
     return acc
 
 
-class CpuBatches(SceneSequence):
-    """``cpu``: pure-Python work (GIL-bound), then a (32, 64, 64, 3) batch."""
-
-    def __init__(self, num_batches: int, iterations: int = CPU_LOOP_ITERATIONS):
-        super().__init__()
-        self.num = int(num_batches)
-        self.iterations = int(iterations)
-
-    def __len__(self) -> int:
-        return self.num
-
-    def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
-        acc = _python_work(self.iterations, int(i))
-        x = np.full((32, 64, 64, 3), float(acc % 255), dtype=np.float32)
-        y = np.full((32,), i % 10, dtype=np.int64)
-        return x, y
-
-
-class IoBatches(SceneSequence):
-    """``io``: a 5 ms wait that releases the GIL, then tiny arrays."""
-
-    def __init__(self, num_batches: int, latency_s: float = IO_LATENCY_S):
-        super().__init__()
-        self.num = int(num_batches)
-        self.latency_s = float(latency_s)
-
-    def __len__(self) -> int:
-        return self.num
-
-    def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
-        time.sleep(self.latency_s)
-        x = np.full((32, 4), float(i), dtype=np.float32)
-        y = np.full((32,), i % 10, dtype=np.int64)
-        return x, y
-
-
-class BigBatches(SceneSequence):
-    """``big``: a (32, 224, 224, 3) float32 batch (19 MB): one memset-speed fill."""
+class _Batches(SceneSequence):
+    """``num_batches`` synthetic batches; subclasses make batch ``i``."""
 
     def __init__(self, num_batches: int):
         super().__init__()
@@ -102,22 +66,50 @@ class BigBatches(SceneSequence):
     def __len__(self) -> int:
         return self.num
 
+
+class CpuBatches(_Batches):
+    """``cpu``: pure-Python work (GIL-bound), then a (32, 64, 64, 3) batch."""
+
+    def __init__(self, num_batches: int, iterations: int = CPU_LOOP_ITERATIONS):
+        super().__init__(num_batches)
+        self.iterations = int(iterations)
+
+    def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        acc = _python_work(self.iterations, int(i))
+        x = np.full((32, 64, 64, 3), float(acc % 255), dtype=np.float32)
+        y = np.full((32,), i % 10, dtype=np.int64)
+        return x, y
+
+
+class IoBatches(_Batches):
+    """``io``: a 5 ms wait that releases the GIL, then tiny arrays."""
+
+    def __init__(self, num_batches: int, latency_s: float = IO_LATENCY_S):
+        super().__init__(num_batches)
+        self.latency_s = float(latency_s)
+
+    def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        time.sleep(self.latency_s)
+        x = np.full((32, 4), float(i), dtype=np.float32)
+        y = np.full((32,), i % 10, dtype=np.int64)
+        return x, y
+
+
+class BigBatches(_Batches):
+    """``big``: a (32, 224, 224, 3) float32 batch (19 MB): one memset-speed fill."""
+
     def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         x = np.full((32, 224, 224, 3), float(i % 251), dtype=np.float32)
         y = np.full((32,), i % 10, dtype=np.int64)
         return x, y
 
 
-class DecodeBatches(SceneSequence):
+class DecodeBatches(_Batches):
     """``decode``: ~6 ms of GIL-held Python, then 64 random crops and flips (uint8 96x96x3)."""
 
     def __init__(self, num_batches: int, iterations: int = DECODE_LOOP_ITERATIONS):
-        super().__init__()
-        self.num = int(num_batches)
+        super().__init__(num_batches)
         self.iterations = int(iterations)
-
-    def __len__(self) -> int:
-        return self.num
 
     def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
         acc = _python_work(self.iterations, int(i))

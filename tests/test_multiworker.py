@@ -199,7 +199,7 @@ def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
 
 def test_file_shards_split_between_workers_every_pass():
     """One input pipeline per worker opens only its files of each (reshuffled) pass."""
-    from kerasfeed.streams.interleave import END
+    from kerasfeed.streams.options import END
     from kerasfeed.streams.shards import ShardedStream
 
     paths = [f"f{i}" for i in range(7)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from kerasfeed.errors import StreamError
-from kerasfeed.streams.interleave import END, NOT_READY
+from kerasfeed.streams.options import END, NOT_READY
 
 
 class EpochLengthError(StreamError):

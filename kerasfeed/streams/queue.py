@@ -30,7 +30,7 @@ from typing import Any, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError
 from kerasfeed.execution.waits import WaitScope
-from kerasfeed.streams.interleave import END, NOT_READY
+from kerasfeed.streams.options import END, NOT_READY
 
 
 class _EndOfEpoch:

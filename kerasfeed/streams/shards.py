@@ -14,7 +14,8 @@ from kerasfeed import _validation as _v
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.views import pass_view
-from kerasfeed.streams.interleave import END, NOT_READY, InterleaveOptions, ShardPass
+from kerasfeed.streams.interleave import ShardPass
+from kerasfeed.streams.options import END, NOT_READY, InterleaveOptions
 
 # Latency-bound generators (network, sleeps) need many running at once; the
 # same default as the threads executor of ``to_dataset``.

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfeed.errors import SignatureError, StreamError
-from kerasfeed.streams.interleave import END, NOT_READY
+from kerasfeed.streams.options import END, NOT_READY
 from kerasfeed.tfdata.structure import ItemChecker
 
 CHUNK_ITEMS = 64

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 
 import numpy as np
-import psutil
 
 import kerasfeed
+from benchmarks.machine import PeakRss
 
 MB = 2**20
 BATCHES, BATCH = 10, 256
-proc = psutil.Process()
 
 
 class Identity:
@@ -45,37 +43,25 @@ class Identity:
 
 def first_batches(front_end, executor, make_source, **kwargs):
     """Builds the pipeline, takes BATCHES batches; returns (indices, seconds, peak growth in MB)."""
-    peak, done = [0], threading.Event()
-    base = proc.memory_info().rss
-
-    def watch():
-        while not done.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss - base)
-            time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    t0 = time.perf_counter()
-    source, extra = make_source()
-    options = dict(batch_size=BATCH, executor=executor, **extra, **kwargs)
-    if executor == "processes":
-        options["workers"] = 2
-    if front_end == "to_loader":
-        pipeline = kerasfeed.to_loader(source, **options)
-        it = iter(pipeline)
-    else:
-        pipeline = kerasfeed.to_dataset(source, **options)
-        it = pipeline.as_numpy_iterator()
-    batches = [np.asarray(next(it)).reshape(-1) for _ in range(BATCHES)]
-    seconds = time.perf_counter() - t0
-    done.set()
-    watcher.join()
-    peak[0] = max(peak[0], proc.memory_info().rss - base)
+    with PeakRss() as rss:
+        t0 = time.perf_counter()
+        source, extra = make_source()
+        options = dict(batch_size=BATCH, executor=executor, **extra, **kwargs)
+        if executor == "processes":
+            options["workers"] = 2
+        if front_end == "to_loader":
+            pipeline = kerasfeed.to_loader(source, **options)
+            it = iter(pipeline)
+        else:
+            pipeline = kerasfeed.to_dataset(source, **options)
+            it = pipeline.as_numpy_iterator()
+        batches = [np.asarray(next(it)).reshape(-1) for _ in range(BATCHES)]
+        seconds = time.perf_counter() - t0
     executor_of = kerasfeed.executor_of(pipeline)
     del it
     if executor_of is not None:
         executor_of.close()
-    return np.concatenate(batches), seconds, peak[0] / MB
+    return np.concatenate(batches), seconds, rss.growth / MB
 
 
 def main(items, num_labels):
