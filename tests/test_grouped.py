@@ -282,6 +282,32 @@ def test_run_loader_splits_runs_at_a_length_change_and_raises_errors_in_place():
     assert [a.shape for a in loader.load(7)] == [(0, 0), (0,)]  # an unknown or finished pass: zero items
 
 
+def test_the_pass_ends_only_once_the_group_holding_its_last_item_is_stacked():
+    """``end_pass`` (the source's ``on_epoch_end``) may overwrite what items view: it runs after
+    the stack copied them, also when the last item is held over to the next call."""
+    table = np.arange(8.0)
+    ended = []
+
+    def take(index, epoch):  # views of the table, as PassPipeline.take hands them
+        rows = 2 if index == 7 else 1
+        view = table[index : index + 1]
+        return [np.repeat(view, rows), np.array(epoch)], index == 7
+
+    def end_pass():
+        ended.append(True)
+        table[:] = -1
+
+    empty = [np.zeros((0, 0)), np.zeros((0,))]
+    loader = RunLoader(lambda: (np.arange(8), np.int64(0)), take, lambda i, e: True, [True, False], 8, empty,
+                       end_pass=end_pass)
+    loader.begin()
+    x, _ = loader.load(0)
+    assert x.tolist() == [[i] for i in range(7)] and not ended  # 7 (two rows) is held for the next run
+    x, _ = loader.load(0)
+    assert x.tolist() == [[7, 7]] and ended == [True]  # stacked before the hook overwrote the table
+    assert [a.shape for a in loader.load(0)] == [(0, 0), (0,)] and ended == [True]
+
+
 def test_grouped_dataset_trains_with_fit_and_resumes():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import cloudpickle
 import keras
@@ -323,3 +324,35 @@ def test_state_sync_benchmark_prints_the_cost_per_pass(capsys):
     assert len(rows) == 5 and all(float(r.split("|")[2]) >= 0 for r in rows)
     changed = [r for r in rows if "changed in place" in r][0]
     assert int(changed.split("|")[4].replace(",", "")) > 2 * 2**20  # the changed array was sent
+
+
+class _ViewsChangedByHooks(kerasfeed.SceneSequence):
+    """Items are views of one table, which ``on_epoch_end`` overwrites in place (a Keras habit)."""
+
+    def __init__(self, rows=8, width=16):
+        super().__init__()
+        self.rows, self.width = rows, width
+        self.table = np.repeat(np.arange(rows, dtype=np.float32), width)[:, None] * np.ones(4, np.float32)
+
+    def __len__(self):
+        return self.rows
+
+    def __getitem__(self, i):
+        return self.table[i * self.width : (i + 1) * self.width]
+
+    def on_epoch_end(self):
+        self.table[:] = -1
+
+
+@pytest.mark.parametrize("width", [16, 8192], ids=["grouped", "one-by-one"])
+def test_items_waiting_in_tensorflow_s_buffers_survive_on_epoch_end_changing_their_arrays(width):
+    # TensorFlow keeps a numpy_function's arrays without a copy: items of the pass still in its
+    # buffers (the consumer is slow here) viewed the table the hook overwrites.
+    seq = _ViewsChangedByHooks(width=width)
+    ds = kerasfeed.to_dataset(seq, executor="threads")
+    assert (kerasfeed.executor_of(ds) is not None) and (ds._kerasfeed_group_items > 1) == (width == 16)
+    firsts = []
+    for b in ds:
+        time.sleep(0.05)  # TensorFlow's prefetch and the executor run ahead meanwhile
+        firsts.append(float(b[0, 0]))
+    assert firsts == [float(i) for i in range(8)]

@@ -94,6 +94,11 @@ class _PassGroups:
         open_leading: per leaf, whether its leading dimension varies.
         group: items per call at most.
         empty: per leaf, a zero-item array of the right dtype and rank.
+        end_pass: called once the pass's last item to load is stacked, when
+            ``load_one`` returns ``(arrays, last)`` (``PassPipeline.take``):
+            the source's ``on_epoch_end`` may change arrays that items of the
+            group view, so it runs only once they are copied into the stack.
+            Without it, ``load_one`` returns the arrays alone.
     """
 
     def __init__(
@@ -104,9 +109,11 @@ class _PassGroups:
         open_leading: Sequence[bool],
         group: int,
         empty: list,
+        end_pass: Optional[Callable[[], None]] = None,
     ):
         self._begin = begin
         self._load_one = load_one
+        self._end_pass = end_pass
         self._ready = ready
         self._open = list(open_leading)
         self._group = int(group)
@@ -137,35 +144,46 @@ class _PassGroups:
         epoch = int(epoch)
         state = self._passes.get(epoch)
         items: list = []
+        ended = False  # the pass's last item to load is in this group
         while state is not None and len(items) < self._group:
             order, position, held = state
+            last = False
             if held is not None:
                 state[2] = None
-                index, value = held
+                index, value, last = held
             elif position < len(order):
                 index = int(order[position])
                 if items and not self._ready(index, epoch):
                     break  # never wait for a later item with earlier ones in hand
                 state[1] = position + 1
                 try:
-                    value = self._load_one(index, epoch)
+                    value, last = self._take(index, epoch)
                 except Exception as e:  # noqa: BLE001 - raised by the call that reaches its position
                     value = e
             else:
                 break
             if isinstance(value, BaseException):
                 if items:
-                    state[2] = (index, value)
+                    state[2] = (index, value, False)
                     break
                 raise value
             if items and not self._joins(items, value):
-                state[2] = (index, value)  # starts the next group
+                state[2] = (index, value, last)  # starts the next group
                 break
             items.append(value)
+            ended = ended or last
         if not items:
             self._passes.pop(epoch, None)
             return list(self._empty)
-        return self._stack(items)
+        stacked = self._stack(items)  # copies: no array of it views the source any more
+        if ended:
+            self._end_pass()
+        return stacked
+
+    def _take(self, index: int, epoch: int) -> tuple:
+        if self._end_pass is None:
+            return self._load_one(index, epoch), False
+        return self._load_one(index, epoch)
 
 
 def leading_lengths(arrays: Sequence[Any], open_leading: Sequence[bool]) -> tuple:

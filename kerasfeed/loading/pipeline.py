@@ -140,7 +140,11 @@ class PassPipeline:
         """Whether ``load(i, epoch)`` would not wait (see ``Executor.ready``)."""
         return self.executor.ready(int(i), int(epoch))
 
-    def load(self, i, epoch):
+    def take(self, i, epoch) -> tuple:
+        """``(arrays, last)``: item ``i`` of pass ``epoch``, and whether it was
+        the pass's last item to load. After ``last`` the caller runs
+        ``end_pass`` once nothing it hands out views the item any more (the
+        group loaders: after stacking the group)."""
         index, epoch = int(i), int(epoch)
         arrays = self._arrays(index, epoch)
         with self._lock:
@@ -148,16 +152,23 @@ class PassPipeline:
             last = self._remaining[epoch] == 0
             if last:
                 del self._remaining[epoch]
+        return arrays, last
+
+    def end_pass(self) -> None:
+        """Every item of the pass is loaded (whatever order the parallel calls
+        finished in): the pass is over for the source, without waiting for a
+        consumer that may never ask past the last element."""
+        hook = getattr(self._source, "on_epoch_end", None)
+        if callable(hook):
+            hook()
+
+    def load(self, i, epoch):
+        arrays, last = self.take(i, epoch)
         if last:
             # The hook may change in place arrays this item views (TensorFlow
             # only copies them once this call returns): hand over copies.
             arrays = [a.copy() if isinstance(a, np.ndarray) else a for a in arrays]
-            # Every item of the pass is loaded (whatever order the parallel
-            # calls finished in): the pass is over for the source, without
-            # waiting for a consumer that may never ask past the last element.
-            hook = getattr(self._source, "on_epoch_end", None)
-            if callable(hook):
-                hook()
+            self.end_pass()
         return arrays
 
 

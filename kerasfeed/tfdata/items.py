@@ -79,7 +79,8 @@ def item_dataset(
         loader = GroupLoader if ragged else RunLoader
         if ragged:
             empty.append(np.zeros((0, sum(opened)), np.int64))
-        groups = loader(pipeline.begin, pipeline.load, pipeline.ready, opened, group, empty)  # owned by the dataset
+        # owned by the dataset; the source's on_epoch_end runs once the group holding the last item is stacked
+        groups = loader(pipeline.begin, pipeline.take, pipeline.ready, opened, group, empty, end_pass=pipeline.end_pass)
         ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged)
         return Items(ds, groups, group)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
