@@ -356,3 +356,33 @@ def test_items_waiting_in_tensorflow_s_buffers_survive_on_epoch_end_changing_the
         time.sleep(0.05)  # TensorFlow's prefetch and the executor run ahead meanwhile
         firsts.append(float(b[0, 0]))
     assert firsts == [float(i) for i in range(8)]
+
+
+def test_only_the_user_s_own_epoch_hooks_make_to_dataset_copy_views():
+    from kerasfeed.loading.pipeline import PassPipeline
+    from kerasfeed.sources.base import has_own_epoch_hooks
+
+    class Plain(kerasfeed.SceneSequence):  # kerasfeed's default hooks only
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return np.zeros(2)
+
+    class Bare:  # no hooks at all
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return np.zeros(2)
+
+    bare_with_hook = Bare()
+    bare_with_hook.on_epoch_end = lambda: None
+    assert not has_own_epoch_hooks(Plain()) and not has_own_epoch_hooks(Bare())
+    assert has_own_epoch_hooks(_ViewsChangedByHooks()) and has_own_epoch_hooks(bare_with_hook)
+    seq = _ViewsChangedByHooks(width=8192)
+    for executor, copies in (("threads", True), ("processes", False)):
+        ds = kerasfeed.to_dataset(seq, executor=executor, **({"workers": 1} if executor == "processes" else {}))
+        assert isinstance(ds._kerasfeed_pipeline, PassPipeline)
+        assert ds._kerasfeed_pipeline._copy_views is copies, executor
+        kerasfeed.executor_of(ds).close()

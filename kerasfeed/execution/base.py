@@ -30,6 +30,9 @@ class Executor(abc.ABC):
     # iterator is built (~10 ms a pass). Only for executors whose items cannot
     # observe the main process's ``on_epoch_begin`` hook anyway (processes).
     plans_next_pass: bool = False
+    # True: items are what ``source[index]`` returned in this process, so they
+    # may view arrays the source keeps (and its epoch hooks may overwrite).
+    lends_source_arrays: bool = False
     # The waits of this executor's loads (``execution/waits.py``): the last
     # iterator over it being deleted ends the waits in progress.
     waits: Optional[Any] = None

@@ -132,6 +132,8 @@ class ThreadExecutor(Executor):
             call runs on, and the executor is closed (the pass fails).
     """
 
+    lends_source_arrays = True
+
     name = "threads"
     prefetches = True
 

@@ -21,7 +21,7 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
-from kerasfeed.sources.base import set_epoch
+from kerasfeed.sources.base import has_own_epoch_hooks, set_epoch
 
 # Indices handed to tf.data per ``window`` call (one Python call per this many items).
 INDEX_WINDOW = 4096
@@ -48,6 +48,14 @@ class PassPipeline:
         self._skip = skip  # items already consumed in the first (resumed) pass
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
         self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
+        # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep
+        # a numpy_function's arrays without copying them, for as long as the
+        # consumer holds the element. A hook of the user's that overwrites in
+        # place what earlier items viewed (``self.x[a:b]``, then an in-place
+        # reshuffle in ``on_epoch_end``) would change elements still in flight,
+        # so with such hooks, views the source lends this process are copied.
+        # Groups copy anyway (the stack) and run the hook after it (``end_pass``).
+        self._copy_views = executor.lends_source_arrays and has_own_epoch_hooks(source)
         self.stats = new_collector("pipeline")  # None when switched off
         if self.stats is not None:
             executor.attach_stats(self.stats)
@@ -164,10 +172,12 @@ class PassPipeline:
 
     def load(self, i, epoch):
         arrays, last = self.take(i, epoch)
+        if last or self._copy_views:
+            # The hook may change in place what items view: hand over copies
+            # (NOTE [ Epoch hooks and items that view the source ]); the last
+            # item's arrays always, as the hook runs before this call returns.
+            arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
         if last:
-            # The hook may change in place arrays this item views (TensorFlow
-            # only copies them once this call returns): hand over copies.
-            arrays = [a.copy() if isinstance(a, np.ndarray) else a for a in arrays]
             self.end_pass()
         return arrays
 

@@ -26,6 +26,23 @@ class RandomAccessSource(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+_EPOCH_HOOKS = ("set_epoch", "on_epoch_begin", "on_epoch_end")
+
+
+def has_own_epoch_hooks(source: Any) -> bool:
+    """Whether ``source`` has an epoch hook written by its user (not kerasfeed's
+    or Keras' defaults): one that may change in place what items view."""
+    for name in _EPOCH_HOOKS:
+        if name in getattr(source, "__dict__", {}):
+            return True
+        for c in type(source).__mro__:
+            if name in vars(c):
+                if not c.__module__.startswith(("kerasfeed.", "keras.")):
+                    return True
+                break
+    return False
+
+
 def _has_num_batches(source: Any) -> bool:
     # Defined by the user's class (or instance). Keras' own PyDataset
     # defines a default that only forwards to ``__len__``: not a length.
