@@ -10,7 +10,8 @@ source that loads ``.npy`` files on the threads executor, next to Keras or
 TensorFlow parsing code in the main thread, fails an item now and then on those
 versions. The item itself is fine: it is made again (up to ``AST_RACE_RETRIES``
 times) and a warning once per process says to upgrade Python. Worker
-processes call items on one thread, so only the threads executor retries.
+processes call items on one thread, so only the threads executor and
+``export``'s writer threads retry.
 """
 
 from __future__ import annotations
