@@ -139,3 +139,23 @@ def test_an_item_error_reaches_the_consumer_at_its_place():
             next(it)
         with pytest.raises(StopIteration):
             next(it)
+
+
+def test_torch_host_copy_is_a_copy_with_from_numpy_s_dtype_for_any_layout():
+    # The CUDA path's staging copy (pinned there; pin=False is the same numpy fill on a CPU).
+    import torch  # in the dev extra
+
+    from kerasfeed.loader.device import host_copy
+
+    rng = np.random.default_rng(0)
+    frozen = rng.random((3, 4)).astype("float32")
+    frozen.flags.writeable = False
+    cases = [rng.integers(0, 255, (2, 5, 5, 3), dtype="uint8"), frozen,
+             rng.random((4, 6))[:, ::2], np.array([True, False]), np.float64(2.5) * np.ones(())]
+    for a in cases:
+        t = host_copy(torch, a, pin=False)
+        assert t.dtype == torch.from_numpy(np.ascontiguousarray(a)).dtype and tuple(t.shape) == a.shape
+        np.testing.assert_array_equal(t.numpy(), a)
+        assert not np.shares_memory(t.numpy(), a)
+    with pytest.raises(TypeError):
+        host_copy(torch, np.array(["a"], dtype="U1"), pin=False)
