@@ -62,7 +62,10 @@ BUDGET_S = 500  # one device command may run 10 minutes: configurations past thi
 
 
 def _configs(mode: str, way: str, workload: str, n: int, counts: Sequence[int], base: Dict[str, Any]) -> List[Dict]:
-    """One configuration per worker count for kerasfeed processes, the largest count for the rest."""
+    """One configuration per worker count for kerasfeed processes, the largest count for the rest.
+    ``fit`` runs kerasfeed processes at 8 (if among the counts) and the largest count only."""
+    if mode == "fit":
+        counts = [w for w in counts if w == 8 or w == counts[-1]]
     counts = counts if way == "kerasfeed-processes" else counts[-1:]
     return [{**base, "mode": mode, "way": way, "workload": workload, "batches": n, "workers": w} for w in counts]
 
@@ -130,7 +133,7 @@ def run_gpu_benchmark(*, output_dir: os.PathLike, cache_dir: Optional[os.PathLik
             for wl in workloads_:
                 progress(f"[fit] KERAS_BACKEND={backend} {wl}: {sizes[wl]} batches per epoch, {epochs} epochs")
                 configs = [c for way in ways.select(list(FIT_WAYS), only, always=("memory",))
-                           for c in _configs("fit", way.name, wl, sizes[wl], counts[-1:] + [8] * (8 in counts[:-1]),
+                           for c in _configs("fit", way.name, wl, sizes[wl], counts,
                                              {**base, "backend": backend, "round": round_})]
                 if importlib.util.find_spec(backend) is None:
                     rows += [{**c, "status": "skipped", "note": f"skipped: {backend} not installed"} for c in configs]

@@ -264,3 +264,18 @@ def test_gpu_entry_runs_without_tensorflow(tmp_path):
                                                              "skipped: torch not installed"), (key, r)
             assert r["note"] in (tmp_path / "gpu.md").read_text()
     assert proc.stdout.rstrip().splitlines()[-1].startswith("| fit torch: best peer |")  # the short table, last
+
+
+def test_gpu_fit_runs_the_peers_at_the_largest_worker_count(monkeypatch):
+    # Its first run on the GPU machine ran the fit peers at 8 workers while its tables said 15.
+    monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "tensorflow"))
+    from benchmarks import gpu
+
+    def workers(mode, way, counts):
+        return [c["workers"] for c in gpu._configs(mode, way, "decode", 4, counts, {})]
+
+    assert workers("fit", "kerasfeed-processes", [1, 4, 8, 15]) == [8, 15]
+    assert workers("loop", "kerasfeed-processes", [1, 4, 8, 15]) == [1, 4, 8, 15]
+    for way in gpu.PEERS + ("kerasfeed-auto", "kerasfeed-no-prefetch", "memory"):
+        assert workers("fit", way, [1, 4, 8, 15]) == [15] == workers("loop", way, [1, 4, 8, 15])
+    assert workers("fit", "kerasfeed-processes", [1, 2]) == [2]
