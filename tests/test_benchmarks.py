@@ -279,3 +279,24 @@ def test_gpu_fit_runs_the_peers_at_the_largest_worker_count(monkeypatch):
     for way in gpu.PEERS + ("kerasfeed-auto", "kerasfeed-no-prefetch", "memory"):
         assert workers("fit", way, [1, 4, 8, 15]) == [15] == workers("loop", way, [1, 4, 8, 15])
     assert workers("fit", "kerasfeed-processes", [1, 2]) == [2]
+
+
+def test_fit_contention_times_fit_per_variant_without_tensorflow(tmp_path):
+    """benchmarks/fit_contention.py (issue 24's open question) under JAX on the CPU: each variant
+    is a row with its rate and per-thread CPU, and a bad variant is named."""
+    python = os.environ.get("KERASFEED_NOTF_PYTHON") or str(ROOT / ".venv-notf" / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", XLA_FLAGS="--xla_backend_optimization_level=0")
+    cmd = [python, str(ROOT / "benchmarks" / "fit_contention.py"), "--output-dir", str(tmp_path), "--workers", "1",
+           "--batches", "2", "--epochs", "2", "--model", "conv-small"]
+    proc = subprocess.run(cmd + ["--variants", "memory,kf-prefetch0"], cwd=str(ROOT), env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "fit_contention.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["memory", "kf-prefetch0"]
+    for r in rows:
+        assert r["steps_per_s"] > 0 and len(r["epoch_rates"]) == 1 and r["threads_us"]["MainThread"] >= 0, r
+    assert rows[1]["device"]["prefetch"] == 0 and "| kf-prefetch0 |" in proc.stdout
+    bad = subprocess.run(cmd + ["--variants", "kf-fast"], cwd=str(ROOT), env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "Unknown variant 'kf-fast'" in bad.stderr and "Received: 'kf-fast'" in bad.stderr
