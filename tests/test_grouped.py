@@ -264,7 +264,7 @@ def test_run_loader_splits_runs_at_a_length_change_and_raises_errors_in_place():
         if index == 5:
             raise KeyError(index)
         rows = 2 if index in (3, 4) else 1
-        return [np.full((rows,), index), np.array(epoch)]
+        return [np.full((rows,), index), np.array(epoch)], index == 7
 
     empty = [np.zeros((0, 0)), np.zeros((0,))]
     loader = RunLoader(lambda: (np.arange(8), np.int64(7)), load_one, lambda i, e: True, [True, False], 4, empty)
@@ -331,7 +331,7 @@ def test_groups_take_only_ready_items_and_raise_errors_in_place():
         calls.append(index)
         if index == 5:
             raise KeyError(index)
-        return [np.full((1 + index % 2,), index), np.array(epoch)]
+        return [np.full((1 + index % 2,), index), np.array(epoch)], index == 7
 
     empty = [np.zeros((0,)), np.zeros((0,), np.int64), np.zeros((0, 1), np.int64)]
     loader = GroupLoader(lambda: (np.arange(8), np.int64(3)), load_one, lambda i, e: i in ready, [True, False], 64, empty)

@@ -89,16 +89,17 @@ class _PassGroups:
     Args:
         begin: ``() -> (indices, epoch)`` of the pass that starts (indices: an
             ``IndexView`` or any sequence).
-        load_one: ``(index, epoch) -> list of arrays`` for one item.
+        load_one: ``(index, epoch) -> (list of arrays, last)`` for one item,
+            ``last`` telling whether it is the pass's last item to load
+            (``PassPipeline.take``).
         ready: ``(index, epoch) -> bool``: ``load_one`` would not wait.
         open_leading: per leaf, whether its leading dimension varies.
         group: items per call at most.
         empty: per leaf, a zero-item array of the right dtype and rank.
-        end_pass: called once the pass's last item to load is stacked, when
-            ``load_one`` returns ``(arrays, last)`` (``PassPipeline.take``):
-            the source's ``on_epoch_end`` may change arrays that items of the
-            group view, so it runs only once they are copied into the stack.
-            Without it, ``load_one`` returns the arrays alone.
+        end_pass: called once the pass's last item to load is stacked (None:
+            nothing to call): the source's ``on_epoch_end`` may change arrays
+            that items of the group view, so it runs only once they are copied
+            into the stack.
     """
 
     def __init__(
@@ -157,7 +158,7 @@ class _PassGroups:
                     break  # never wait for a later item with earlier ones in hand
                 state[1] = position + 1
                 try:
-                    value, last = self._take(index, epoch)
+                    value, last = self._load_one(index, epoch)
                 except Exception as e:  # noqa: BLE001 - raised by the call that reaches its position
                     value = e
             else:
@@ -176,14 +177,9 @@ class _PassGroups:
             self._passes.pop(epoch, None)
             return list(self._empty)
         stacked = self._stack(items)  # copies: no array of it views the source any more
-        if ended:
+        if ended and self._end_pass is not None:
             self._end_pass()
         return stacked
-
-    def _take(self, index: int, epoch: int) -> tuple:
-        if self._end_pass is None:
-            return self._load_one(index, epoch), False
-        return self._load_one(index, epoch)
 
 
 def leading_lengths(arrays: Sequence[Any], open_leading: Sequence[bool]) -> tuple:
