@@ -25,7 +25,6 @@ import argparse
 import collections
 import cProfile
 import json
-import os
 import pathlib
 import pstats
 import statistics
@@ -49,21 +48,14 @@ GROUPS = ("main", "kerasfeed threads", "tf.data threads", "other threads", "work
 # --- paced: CPU per batch at a fixed pace, by thread group -------------------------------------------
 
 
+def _thread_group(name: Optional[str]) -> str:
+    return ("main" if name == "MainThread" else "tf.data threads" if name is None  # not started by Python
+            else "kerasfeed threads" if name.startswith("kerasfeed") else "other threads")
+
+
 def _thread_cpu_us() -> Dict[str, float]:
     """CPU so far (µs) of this process's threads, summed by group."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: Dict[str, float] = collections.Counter()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended meanwhile
-        name = names.get(int(tid))
-        group = ("main" if name == "MainThread" else "tf.data threads" if name is None  # not started by Python
-                 else "kerasfeed threads" if name.startswith("kerasfeed") else "other threads")
-        out[group] += ns / 1e3
-    return out
+    return collections.Counter(machine.thread_cpu_us(_thread_group))
 
 
 def _workers_cpu_us() -> float:

@@ -41,7 +41,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -49,26 +48,25 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import machine  # noqa: E402
+
 VARIANTS = ("memory", "memory+burn", "memory+work", "kf", "kf-prefetch0", "kf-copy", "kf-inflight4",
             "kf-reserve2", "kf-switch")
 _MARK = "FIT_CONTENTION "
 
 
+def _thread_group(name: Optional[str]) -> str:
+    """kerasfeed's threads by role, the training thread, and the rest (the framework's) as one."""
+    if name is not None and name.startswith("kerasfeed-worker-"):
+        return "kerasfeed readers"
+    if name is not None and (name == "MainThread" or name.startswith("kerasfeed")):
+        return name
+    return "framework and other"
+
+
 def thread_cpu_s() -> Dict[str, float]:
-    """This process's CPU seconds per thread group (Linux ``/proc``): kerasfeed's by name, the rest as one."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: Dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            fields = pathlib.Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        name = names.get(int(tid), "framework and other")
-        if name.startswith("kerasfeed-worker-"):
-            name = "kerasfeed readers"
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
+    """This process's CPU seconds per thread group (Linux)."""
+    return {k: v / 1e6 for k, v in machine.thread_cpu_us(_thread_group).items()}
 
 
 def _reserved_cpus_init(reserve: int) -> Optional[Any]:

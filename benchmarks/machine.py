@@ -8,7 +8,7 @@ import pathlib
 import platform
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import psutil
@@ -43,6 +43,22 @@ class PeakRss:
         self._done.set()
         self._watcher.join()
         self._sample()
+
+
+def thread_cpu_us(group: Callable[[Optional[str]], str]) -> Dict[str, float]:
+    """CPU so far (µs) of this process's threads (Linux ``schedstat``), summed by ``group(name)``;
+    the name is the Python thread's, None for threads Python did not start (the frameworks')."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: Dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        key = group(names.get(int(tid)))
+        out[key] = out.get(key, 0.0) + ns / 1e3
+    return out
 
 
 # --- the machine ----------------------------------------------------------------------------
