@@ -64,11 +64,6 @@ def _thread_group(name: Optional[str]) -> str:
     return "framework and other"
 
 
-def thread_cpu_s() -> Dict[str, float]:
-    """This process's CPU seconds per thread group (Linux)."""
-    return {k: v / 1e6 for k, v in machine.thread_cpu_us(_thread_group).items()}
-
-
 def _reserved_cpus_init(reserve: int) -> Optional[Any]:
     """A ``worker_init`` keeping workers off the first ``reserve`` CPUs (None if that leaves none)."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -78,14 +73,12 @@ def _reserved_cpus_init(reserve: int) -> Optional[Any]:
 
 def _feed(variant: str, seq: Any, workers: int) -> tuple:
     """(what fit takes, its keyword arguments, the loader or None)."""
-    import numpy as np
-
     import kerasfeed
+    from benchmarks import ways
 
-    if variant.startswith("memory"):
-        xs, ys = zip(*(seq[i] for i in range(len(seq))))
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        return x, {"y": y, "batch_size": len(xs[0])}, None
+    if variant.startswith("memory"):  # the benchmarks' in-memory way: the batches concatenated, fit slices them
+        feed = ways.REGISTRY["memory"].make(seq, ways.Context(mode="fit", backend=os.environ["KERAS_BACKEND"]))
+        return feed.x, feed.fit_kwargs, None
     init = _reserved_cpus_init(2) if variant == "kf-reserve2" else None
     ex = kerasfeed.ProcessExecutor(seq, workers=workers, worker_init=init,
                                    in_flight_per_worker=4 if variant == "kf-inflight4" else 2)
@@ -113,10 +106,10 @@ def child(config: Dict[str, Any]) -> Dict[str, Any]:
 
     class Marks(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            marks.append((time.perf_counter(), time.process_time(), thread_cpu_s()))
+            marks.append((time.perf_counter(), time.process_time(), machine.thread_cpu_us(_thread_group)))
 
         def on_train_end(self, logs=None):
-            marks.append((time.perf_counter(), time.process_time(), thread_cpu_s()))
+            marks.append((time.perf_counter(), time.process_time(), machine.thread_cpu_us(_thread_group)))
 
     try:
         net.fit(feed, **kwargs, epochs=config["epochs"], verbose=0, callbacks=[Marks()], shuffle=False)
@@ -126,7 +119,7 @@ def child(config: Dict[str, Any]) -> Dict[str, Any]:
         row = {"steps_per_s": statistics.median(rates), "epoch_rates": [round(r, 1) for r in rates],
                "main_cpu_us": (c1 - c0) / steps * 1e6,
                # Threads that ended within the timed epochs (a pass's prefetch thread) count only in main_cpu_us.
-               "threads_us": {k: round((v - th0.get(k, 0.0)) / steps * 1e6) for k, v in th1.items()}}
+               "threads_us": {k: round((v - th0.get(k, 0.0)) / steps) for k, v in th1.items()}}
         if loader is not None:
             s = kerasfeed.stats(loader)
             dev = s.get("device") or {}
