@@ -23,6 +23,12 @@ Variants (``--variants``, comma-separated):
   items ahead per worker; ``kf-reserve2``: workers kept off the first two
   cores (``worker_init`` sets their affinity); ``kf-switch``:
   ``sys.setswitchinterval(0.001)`` in the training process (GIL hand-offs).
+- ``kf-premade``: ``kf`` on a source whose items are made once per worker
+  and then only returned: the hand-over (shared memory, reader threads,
+  pick-up, placement) without the workers' load; with ``memory+work`` it
+  splits the gap in two. ``kf-premade-threads``: the same source on the
+  threads executor: kerasfeed's loader and placement without worker
+  processes, shared memory or reader threads (heap arrays, as in memory).
 
     KERAS_BACKEND=jax python benchmarks/fit_contention.py --output-dir /tmp/fc --workload decode \\
         --variants memory,kf,kf-prefetch0,memory+work --workers 15
@@ -51,7 +57,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import machine  # noqa: E402
 
 VARIANTS = ("memory", "memory+burn", "memory+work", "kf", "kf-prefetch0", "kf-copy", "kf-inflight4",
-            "kf-reserve2", "kf-switch")
+            "kf-reserve2", "kf-switch", "kf-premade", "kf-premade-threads")
 _MARK = "FIT_CONTENTION "
 
 
@@ -71,6 +77,31 @@ def _reserved_cpus_init(reserve: int) -> Optional[Any]:
     return functools.partial(os.sched_setaffinity, 0, keep) if keep else None
 
 
+class Premade:
+    """The items of ``workload``, made on first use in each process, then returned as they are.
+
+    Module-level (workers import it by name); pickles as its arguments.
+    """
+
+    def __init__(self, workload: str, batches: int, cache_dir: str):
+        self.args = (workload, batches, cache_dir)
+        self._items: Optional[list] = None
+
+    def __len__(self) -> int:
+        return self.args[1]
+
+    def __getitem__(self, i: int) -> Any:
+        if self._items is None:
+            from benchmarks import workloads
+
+            seq = workloads.make_workload(*self.args)
+            self._items = [seq[k] for k in range(len(seq))]
+        return self._items[i]
+
+    def __getstate__(self) -> dict:
+        return {"args": self.args, "_items": None}
+
+
 def _feed(variant: str, seq: Any, workers: int) -> tuple:
     """(what fit takes, its keyword arguments, the loader or None)."""
     import kerasfeed
@@ -79,6 +110,9 @@ def _feed(variant: str, seq: Any, workers: int) -> tuple:
     if variant.startswith("memory"):  # the benchmarks' in-memory way: the batches concatenated, fit slices them
         feed = ways.REGISTRY["memory"].make(seq, ways.Context(mode="fit", backend=os.environ["KERAS_BACKEND"]))
         return feed.x, feed.fit_kwargs, None
+    if variant == "kf-premade-threads":
+        loader = kerasfeed.to_loader(seq, executor="threads")  # returning a made item needs no parallelism
+        return loader, {}, loader
     init = _reserved_cpus_init(2) if variant == "kf-reserve2" else None
     ex = kerasfeed.ProcessExecutor(seq, workers=workers, worker_init=init,
                                    in_flight_per_worker=4 if variant == "kf-inflight4" else 2)
@@ -99,6 +133,8 @@ def child(config: Dict[str, Any]) -> Dict[str, Any]:
 
     n = config["batches"]
     seq = workloads.make_workload(config["workload"], n, config["cache_dir"])
+    if config["variant"].startswith("kf-premade"):
+        seq = Premade(config["workload"], n, config["cache_dir"])
     x0, _ = seq[0]
     net = runner.build_model(config["model"], np.asarray(x0), 10)
     feed, kwargs, loader = _feed(config["variant"], seq, config["workers"])

@@ -289,16 +289,32 @@ def test_fit_contention_times_fit_per_variant_without_tensorflow(tmp_path):
     env.update(PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", XLA_FLAGS="--xla_backend_optimization_level=0")
     cmd = [python, str(ROOT / "benchmarks" / "fit_contention.py"), "--output-dir", str(tmp_path), "--workers", "1",
            "--batches", "2", "--epochs", "2", "--model", "conv-small"]
-    proc = subprocess.run(cmd + ["--variants", "memory,kf-prefetch0"], cwd=str(ROOT), env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(cmd + ["--variants", "memory,kf-prefetch0,kf-premade"], cwd=str(ROOT), env=env,
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads((tmp_path / "fit_contention.json").read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["memory", "kf-prefetch0"]
+    assert [r["variant"] for r in rows] == ["memory", "kf-prefetch0", "kf-premade"]
     for r in rows:
         assert r["steps_per_s"] > 0 and len(r["epoch_rates"]) == 1 and r["threads_us"]["MainThread"] >= 0, r
     assert rows[1]["device"]["prefetch"] == 0 and "| kf-prefetch0 |" in proc.stdout
+    assert "kerasfeed readers" in rows[2]["threads_us"], rows[2]  # the made-once source ran on worker processes
     from benchmarks import fit_contention
 
     with pytest.raises(ValueError, match=r"Unknown variant 'kf-fast'.*Received: 'kf-fast'"):
         fit_contention.run(["memory", "kf-fast"], workload="decode", workers=1, batches=2, epochs=2, burners=0,
                            cache_dir=str(tmp_path))
+
+
+def test_fit_contention_premade_source_returns_the_workload_s_items_and_pickles_without_them(tmp_path):
+    import pickle
+
+    from benchmarks import fit_contention
+
+    src = fit_contention.Premade("io", 3, str(tmp_path))
+    ref = workloads.make_workload("io", 3, str(tmp_path))
+    assert len(src) == 3
+    for i in range(3):
+        for a, b in zip(src[i], ref[i]):
+            np.testing.assert_array_equal(a, b)
+    assert src[1] is src[1]  # made once, then returned as it is
+    assert pickle.loads(pickle.dumps(src))._items is None  # workers make their own
