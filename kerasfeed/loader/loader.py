@@ -68,6 +68,8 @@ class Loader:
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
         self._device = DeviceFeed(options.device_prefetch, self._passes, self._pipeline.stats)  # device.py
+        # What Keras was told by num_batches, and its epochs since (on_epoch_begin).
+        self._keras_told: tuple[Optional[int], int] = (None, 0)
 
     def _join(self, processes: hosts.ProcessShards) -> dict:
         """Under several processes (``kerasfeed/loading/hosts.py``): checks the
@@ -128,7 +130,9 @@ class Loader:
     @property
     def num_batches(self) -> int:
         """Batches in the pass read next (Keras reads it when an epoch iterator starts or resets)."""
-        return self._passes.next_batches
+        n = self._passes.next_batches
+        self._keras_told = (n, 0)
+        return n
 
     @property
     def batch_size(self) -> Optional[int]:
@@ -146,7 +150,29 @@ class Loader:
         return (self._feed.passes.items % self.batch_size) or None
 
     def on_epoch_begin(self) -> None:
-        """Keras' hook; a pass starts on its first batch instead."""
+        """Keras' hook (a pass starts on its first batch instead).
+
+        Keras reads ``num_batches`` once per ``fit`` call and keeps it for
+        every epoch of the call: after a resumed (shorter) first pass, the
+        next epochs would read only that many batches of each whole pass.
+        The second epoch of such a call is refused, after the resumed one
+        trained, instead of losing data silently.
+
+        Raises:
+            ValueError: an epoch after a resumed one in the same Keras call.
+        """
+        told, epochs = self._keras_told
+        self._keras_told = (told, epochs + 1)
+        if epochs and told is not None and told != self._passes.per_pass:
+            state = self._options.resume
+            raise ValueError(
+                f"kerasfeed: this `fit` call began on a resumed pass (initial_state={state.to_dict()}) of {told} "
+                f"batches, and Keras keeps that length for every epoch of one call: the next pass would be cut from "
+                f"{self._passes.per_pass} batches to {told}. Finish the interrupted epoch in a `fit` call of its own "
+                f"(initial_epoch={state.epoch}, epochs={state.epoch + 1}), then go on with a new loader made with "
+                f"initial_state={{'epoch': {state.epoch + 1}, 'batches': 0}} (README: Exact resume). Received: "
+                f"epoch {epochs + 1} of one Keras call on this loader, whose first epoch had {told} batches."
+            )
 
     def on_epoch_end(self) -> None:
         """Keras' hook. After a model build took one batch, the next iterator

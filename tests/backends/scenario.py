@@ -158,6 +158,21 @@ def main(reference_path, result_path):
     _close(model.get_weights()[0], w, "resumed weights")
     assert progress.state() == {"epoch": 2, "batches": 0}, progress.state()
 
+    # The same resume in one fit call going on past the resumed epoch: Keras would keep its 5 batches for
+    # every epoch (the later passes cut short); the second epoch is refused, after the resumed one trained.
+    model = _model(keras)
+    model.set_weights([w1.astype("float32"), b1.astype("float32")])
+    progress = kerasfeed.TrainingProgress(state)
+    with kerasfeed.to_loader(Rows(), shuffle=True, seed=SEED, initial_state=state) as resumed:
+        try:
+            model.fit(resumed, initial_epoch=1, epochs=4, verbose=0, callbacks=[progress])
+        except ValueError as e:
+            assert f"cut from {BATCHES} batches to {BATCHES - 3}" in str(e) and "initial_epoch=1, epochs=2" in str(e), e
+        else:
+            raise AssertionError("a one-call fit past a resumed epoch was not refused")
+    _close(model.get_weights()[0], w, "weights after the refused call (the resumed epoch trained)")
+    assert progress.state() == {"epoch": 2, "batches": 0}, progress.state()
+
     # The HDF5 readers: one pass of a gzip-chunked scene file on worker processes.
     path = kerasfeed.datasets.make_synthetic_scenes(
         os.path.join(os.path.dirname(result_path), f"scenes-{backend}.h5"), num_scenes=12, points_per_scene=16
