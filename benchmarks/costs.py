@@ -11,6 +11,8 @@ Three measures, each a subcommand (``python benchmarks/costs.py SUBCOMMAND --hel
 - ``consumer``: the processes executor's consumer side per item (the pick-up, not counting its
   wait, plus the reader threads; ``time.thread_time``), median and range over ``--passes``, and with
   ``--calls`` the Python calls per item on each (cProfile), which do not depend on load at all.
+- ``place``: ``jax.device_put`` of one ``decode`` batch from a heap array and from a lent
+  shared-memory view, wall and CPU per call (issue 24: is placing lent memory dearer?).
 - ``state-sync``: what carrying the source's state to the worker processes costs per pass (the
   consumer's check, the send when it changed, whole passes), for a small source and one holding a
   large array (writeable, read-only, changed in place every pass).
@@ -25,6 +27,7 @@ import argparse
 import collections
 import cProfile
 import json
+import os
 import pathlib
 import pstats
 import statistics
@@ -301,6 +304,43 @@ def state_sync(mb: int = 100, passes: int = 5, workers: int = 2, with_passes: bo
     return "\n".join(lines)
 
 
+# --- place: jax.device_put of one batch from the heap and from shared memory --------------------------
+
+
+def place(repeats: int, shape: Sequence[int] = (64, 96, 96, 3)) -> Dict[str, Dict[str, float]]:
+    """µs per ``jax.device_put(...).block_until_ready()`` of one uint8 batch (``decode``'s by default), wall
+    and this thread's CPU, median over ``repeats``: from a heap array, and from a view of a shared-memory
+    segment lent as the processes executor lends a worker's item (issue 24: is placing lent memory dearer?)."""
+    import jax
+
+    from kerasfeed.execution.processes import shm
+
+    heap = np.random.default_rng(0).integers(0, 255, size=tuple(shape), dtype=np.uint8)
+    spec, arrays, nbytes = shm.encode(heap)
+    segment, fd = shm.new_segment(nbytes, "costs-place")
+    os.close(fd)
+    shm.write(segment, arrays)
+    lent = shm.lend(spec, segment, nbytes, lambda: None)
+    if not np.array_equal(lent, heap):
+        raise RuntimeError("the shared-memory view does not hold the batch written into it")
+    out = {}
+    for name, a in (("heap", heap), ("shared memory (lent)", lent)):
+        for _ in range(5):
+            jax.device_put(a).block_until_ready()
+        wall, cpu = [], []
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            jax.device_put(a).block_until_ready()
+            wall.append((time.perf_counter() - t0) * 1e6)
+            cpu.append((time.thread_time() - c0) * 1e6)
+        out[name] = {"wall_us": statistics.median(wall), "cpu_us": statistics.median(cpu),
+                     "wall_us_min": min(wall), "wall_us_max": max(wall)}
+    out["device"] = {"name": str(jax.devices()[0]), "bytes": int(heap.nbytes)}
+    del lent
+    segment.close()
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -324,7 +364,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     s.add_argument("--passes", type=int, default=5)
     s.add_argument("--workers", type=int, default=2)
     s.add_argument("--no-passes", action="store_true", help="only the consumer-side check, no worker processes")
-    for each in (p, c):
+    pl = sub.add_parser("place", help="jax.device_put of one batch from the heap and from shared memory")
+    pl.add_argument("--repeats", type=int, default=200)
+    for each in (p, c, pl):
         each.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     res: Any
@@ -339,6 +381,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{name:16s} median {r['median']:7.1f} µs/item  [{r['min']:.1f} - {r['max']:.1f}]")
         for name, v in res.get("calls", {}).items():
             print(f"{name:24s} {v:.1f}")
+    elif args.what == "place":
+        res = place(args.repeats)
+        for name, r in res.items():
+            shown = (f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items())
+            print(f"{name:22s} " + ", ".join(shown))
     else:
         print(state_sync(args.mb, args.passes, args.workers, not args.no_passes))
     if getattr(args, "json", None):

@@ -1,4 +1,4 @@
-"""Smoke test of the fit benchmark (benchmarks/fit.py over runner.measure_fit) and costs.py paced on tiny sizes.
+"""Smoke test of the fit benchmark (benchmarks/fit.py over runner.measure_fit), costs.py paced and place, tiny sizes.
 
 Structure, not speed: model.fit runs every batch of every epoch through the
 in-memory limit and a kerasfeed dataset, the numpy view iterates kerasfeed's
@@ -75,3 +75,14 @@ def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
         costs.paced("io", names=["tf-magic"])
     with pytest.raises(ValueError, match="Received: rate=0"):
         costs.paced("io", rate=0)
+
+
+
+def test_place_times_device_put_from_the_heap_and_from_lent_shared_memory():
+    from benchmarks import costs
+
+    res = costs.place(repeats=3, shape=(4, 8, 8, 3))
+    assert res["device"]["bytes"] == 4 * 8 * 8 * 3
+    for name in ("heap", "shared memory (lent)"):
+        r = res[name]
+        assert 0 < r["wall_us_min"] <= r["wall_us"] <= r["wall_us_max"] and r["cpu_us"] >= 0, (name, r)
