@@ -132,9 +132,8 @@ def child(config: Dict[str, Any]) -> Dict[str, Any]:
     from benchmarks import runner, workloads
 
     n = config["batches"]
-    seq = workloads.make_workload(config["workload"], n, config["cache_dir"])
-    if config["variant"].startswith("kf-premade"):
-        seq = Premade(config["workload"], n, config["cache_dir"])
+    made_once = config["variant"].startswith("kf-premade")
+    seq = (Premade if made_once else workloads.make_workload)(config["workload"], n, config["cache_dir"])
     x0, _ = seq[0]
     net = runner.build_model(config["model"], np.asarray(x0), 10)
     feed, kwargs, loader = _feed(config["variant"], seq, config["workers"])

@@ -77,7 +77,6 @@ def test_paced_cost_splits_the_input_path_cpu_by_thread(tmp_path):
         costs.paced("io", rate=0)
 
 
-
 def test_place_times_device_put_from_the_heap_and_from_lent_shared_memory():
     from benchmarks import costs
 
