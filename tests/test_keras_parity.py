@@ -344,18 +344,23 @@ class _ViewsChangedByHooks(kerasfeed.SceneSequence):
         self.table[:] = -1
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["sequence", "mix-of-two"])
 @pytest.mark.parametrize("width", [16, 8192], ids=["grouped", "one-by-one"])
-def test_items_waiting_in_tensorflow_s_buffers_survive_on_epoch_end_changing_their_arrays(width):
+def test_items_waiting_in_tensorflow_s_buffers_survive_on_epoch_end_changing_their_arrays(width, mixed):
     # TensorFlow keeps a numpy_function's arrays without a copy: items of the pass still in its
-    # buffers (the consumer is slow here) viewed the table the hook overwrites.
-    seq = _ViewsChangedByHooks(width=width)
+    # buffers (the consumer is slow here) viewed the table the hook overwrites. A mix runs its
+    # parts' hooks from its own.
+    rows = 4 if mixed else 8
+    seq = _ViewsChangedByHooks(rows=rows, width=width)
+    if mixed:
+        seq = kerasfeed.mix([seq, _ViewsChangedByHooks(rows=rows, width=width)])
     ds = kerasfeed.to_dataset(seq, executor="threads")
     assert (kerasfeed.executor_of(ds) is not None) and (ds._kerasfeed_group_items > 1) == (width == 16)
     firsts = []
     for b in ds:
         time.sleep(0.05)  # TensorFlow's prefetch and the executor run ahead meanwhile
         firsts.append(float(b[0, 0]))
-    assert firsts == [float(i) for i in range(8)]
+    assert firsts == [float(i) for i in range(rows) for _ in range(2 if mixed else 1)]
 
 
 def test_only_the_user_s_own_epoch_hooks_make_to_dataset_copy_views():
@@ -380,9 +385,14 @@ def test_only_the_user_s_own_epoch_hooks_make_to_dataset_copy_views():
     bare_with_hook.on_epoch_end = lambda: None
     assert not has_own_epoch_hooks(Plain()) and not has_own_epoch_hooks(Bare())
     assert has_own_epoch_hooks(_ViewsChangedByHooks()) and has_own_epoch_hooks(bare_with_hook)
-    seq = _ViewsChangedByHooks(width=8192)
-    for executor, copies in (("threads", True), ("processes", False)):
-        ds = kerasfeed.to_dataset(seq, executor=executor, **({"workers": 1} if executor == "processes" else {}))
-        assert isinstance(ds._kerasfeed_pipeline, PassPipeline)
-        assert ds._kerasfeed_pipeline._copy_views is copies, executor
-        kerasfeed.executor_of(ds).close()
+    # A mix's hooks are kerasfeed's, but they run its parts' own: one such part is enough.
+    assert not has_own_epoch_hooks(kerasfeed.mix([Plain(), Bare()], check=False))
+    assert not has_own_epoch_hooks(kerasfeed.mix([np.zeros((2, 2)), Bare()], check=False))
+    assert has_own_epoch_hooks(kerasfeed.mix([Plain(), _ViewsChangedByHooks()], check=False))
+    assert has_own_epoch_hooks(kerasfeed.mix([np.zeros((8, 16, 4)), bare_with_hook, Bare()], check=False))
+    for seq in (_ViewsChangedByHooks(width=8192), kerasfeed.mix([np.zeros((8, 8192, 4), np.float32), _ViewsChangedByHooks(width=8192)])):
+        for executor, copies in (("threads", True), ("processes", False)):
+            ds = kerasfeed.to_dataset(seq, executor=executor, **({"workers": 1} if executor == "processes" else {}))
+            assert isinstance(ds._kerasfeed_pipeline, PassPipeline)
+            assert ds._kerasfeed_pipeline._copy_views is copies, (executor, type(seq).__name__)
+            kerasfeed.executor_of(ds).close()

@@ -61,6 +61,11 @@ class MixCore:
             _check_structures(parts)
 
     @property
+    def wrapped_sources(self) -> tuple:
+        """The parts, which the mix's epoch hooks reach (``has_own_epoch_hooks``)."""
+        return tuple(self.parts)
+
+    @property
     def proportions(self) -> np.ndarray:
         """The share of every part in a whole block."""
         return self.slots / self.period

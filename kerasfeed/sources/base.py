@@ -31,7 +31,11 @@ _EPOCH_HOOKS = ("set_epoch", "on_epoch_begin", "on_epoch_end")
 
 def has_own_epoch_hooks(source: Any) -> bool:
     """Whether ``source`` has an epoch hook written by its user (not kerasfeed's
-    or Keras' defaults): one that may change in place what items view."""
+    or Keras' defaults): one that may change in place what items view.
+
+    A kerasfeed wrapper (``mix``) names the sources its hooks reach in
+    ``wrapped_sources``; a hook of any of them counts.
+    """
     for name in _EPOCH_HOOKS:
         if name in getattr(source, "__dict__", {}):
             return True
@@ -40,7 +44,7 @@ def has_own_epoch_hooks(source: Any) -> bool:
                 if not c.__module__.startswith(("kerasfeed.", "keras.")):
                     return True
                 break
-    return False
+    return any(has_own_epoch_hooks(part) for part in getattr(source, "wrapped_sources", ()))
 
 
 def _has_num_batches(source: Any) -> bool:
