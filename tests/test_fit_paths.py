@@ -250,6 +250,33 @@ def test_a_resumed_dataset_trains_the_rest_of_its_epoch_then_whole_epochs_warnin
     assert progress.state() == {"epoch": 4, "batches": 0}
 
 
+def test_one_fit_call_over_a_resumed_dataset_trains_every_later_epoch_whole():
+    # Keras reads `ds.cardinality()` once per call; unknown, it took every later epoch's steps
+    # from the short resumed pass and cut them (5, 6, 6 of 8 batches). Told the whole pass, the
+    # resumed epoch ends early (Keras' warning, once) and every later epoch is whole.
+    class Numbered(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return np.full((2, 6), i, np.float32), np.full((2, 1), i, np.float32)
+
+    seq = Numbered()
+    reference = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
+    passes = [[int(x[0, 0]) for x, _ in reference] for _ in range(4)]  # passes 0..3 of an uninterrupted run
+    resumed = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 3})
+    assert int(resumed.cardinality()) == 8  # a whole pass; tf.data's own count stays unknown
+    assert int(tf.data.experimental.cardinality(resumed)) == tf.data.UNKNOWN_CARDINALITY
+    model, seen = recording_model(6)
+    progress = kerasfeed.TrainingProgress({"epoch": 1, "batches": 3})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model.fit(resumed, initial_epoch=1, epochs=4, shuffle=False, verbose=0, callbacks=[progress])
+    assert [batch[0] for batch in seen] == passes[1][3:] + passes[2] + passes[3]
+    assert sum("ran out of data" in m for m in keras_warnings(record)) == 1  # the resumed epoch's end
+    assert progress.state() == {"epoch": 4, "batches": 0}
+
+
 def test_every_documented_fit_on_a_dataset_passes_shuffle_false():
     """README.md, docs/, examples/ and the notebooks: `fit(dataset)` always says `shuffle=False`."""
     import ast

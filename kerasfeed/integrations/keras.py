@@ -85,10 +85,10 @@ class TrainingProgress(keras.callbacks.Callback):
     steps (``len(seq)`` batches per pass; ``ceil(items / batch_size)`` when
     ``to_dataset`` batches), because a resumed pass is shorter than the
     others and Keras gives every epoch of one ``fit`` the same number of
-    steps. The resumed dataset's length is unknown to tf.data (its passes
-    differ), so without ``steps_per_epoch`` Keras would warn "Your input ran
-    out of data" and, in a longer ``fit``, cut every later epoch to one step
-    more than the resumed pass had.
+    steps. One call going on past the resumed epoch also trains every batch
+    (the resumed dataset's ``cardinality()`` is a whole pass), but Keras
+    warns "Your input ran out of data" at the end of the resumed epoch; a
+    resumed ``to_loader`` refuses it (its second epoch raises).
     """
 
     def __init__(

@@ -136,8 +136,10 @@ def to_dataset(
             Ignored when ``executor`` is an ``Executor`` instance.
 
     Returns:
-        A ``tf.data.Dataset`` with known cardinality. Its executor is
-        available as ``dataset._kerasfeed_executor``.
+        A ``tf.data.Dataset`` with known cardinality (resumed:
+        ``dataset.cardinality()`` is a whole pass, which ``model.fit`` reads;
+        the first pass is shorter). Its executor is available as
+        ``dataset._kerasfeed_executor``.
 
     Raises:
         TypeError, ValueError: a non-indexable or empty source, or bad
@@ -247,7 +249,27 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = own_sharding(ds.with_options(options), feed.shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
-    return tail.finish(ds, autotune=parallel == AUTOTUNE)
+    ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
+    if feed.passes.skip and not feed.endless:
+        tell_keras_the_whole_pass(ds, feed.passes.per_pass)
+    return ds
+
+
+def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: int) -> None:
+    """``ds.cardinality()`` of a resumed dataset: a whole pass's batches.
+
+    NOTE [ A resumed dataset's length for Keras ]: its first pass is shorter
+    than the others, so tf.data's own cardinality stays unknown (an asserted
+    one would fail the short pass). Keras (3.15) reads ``ds.cardinality()``
+    once per ``fit`` call; when unknown, it learns the steps of every later
+    epoch from the first (one more than the resumed pass had) and cuts each
+    later pass short: 5, 6, 6 batches of 8. Told the whole pass, one call
+    trains 5, 8, 8: the resumed epoch ends early with Keras' "ran out of
+    data" warning, every later one is whole. Only this method says so:
+    tf.data's ops and derived datasets still see an unknown length.
+    """
+    length = tf.constant(per_pass, tf.int64)
+    ds.cardinality = lambda: length
 
 
 __all__ = ["assemble", "to_dataset"]
