@@ -226,17 +226,29 @@ def test_items_per_epoch_is_checked_before_anything_starts(tmp_path):
         make_stream("from_queue", tmp_path, items_per_epoch=3, drop_remainder=True)
 
 
-def test_a_resumed_dataset_trains_the_rest_of_its_epoch_then_whole_epochs_warning_free(capfd):
-    class Numbered(kerasfeed.SceneSequence):
-        def __len__(self):
-            return 6
+class NumberedBatches(kerasfeed.SceneSequence):
+    """Batch ``i`` is two rows of ``i``: a recording model sees which batch it trained on."""
 
-        def __getitem__(self, i):
-            return np.full((2, 6), i, np.float32), np.full((2, 1), i, np.float32)
+    def __init__(self, length):
+        super().__init__()
+        self.length = length
 
-    seq = Numbered()
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return np.full((2, 6), i, np.float32), np.full((2, 1), i, np.float32)
+
+
+def first_passes(seq, n=4):
+    """The batches of passes 0..n-1 of an uninterrupted shuffled run, by number."""
     reference = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
-    passes = [[int(x[0, 0]) for x, _ in reference] for _ in range(4)]  # passes 0..3 of an uninterrupted run
+    return [[int(x[0, 0]) for x, _ in reference] for _ in range(n)]
+
+
+def test_a_resumed_dataset_trains_the_rest_of_its_epoch_then_whole_epochs_warning_free(capfd):
+    seq = NumberedBatches(6)
+    passes = first_passes(seq)
     state = {"epoch": 1, "batches": 4}  # stopped after 4 batches of epoch 1
     model, seen = recording_model(6)
     progress = kerasfeed.TrainingProgress(state)
@@ -254,16 +266,8 @@ def test_one_fit_call_over_a_resumed_dataset_trains_every_later_epoch_whole():
     # Keras reads `ds.cardinality()` once per call; unknown, it took every later epoch's steps
     # from the short resumed pass and cut them (5, 6, 6 of 8 batches). Told the whole pass, the
     # resumed epoch ends early (Keras' warning, once) and every later epoch is whole.
-    class Numbered(kerasfeed.SceneSequence):
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            return np.full((2, 6), i, np.float32), np.full((2, 1), i, np.float32)
-
-    seq = Numbered()
-    reference = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
-    passes = [[int(x[0, 0]) for x, _ in reference] for _ in range(4)]  # passes 0..3 of an uninterrupted run
+    seq = NumberedBatches(8)
+    passes = first_passes(seq)
     resumed = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 3})
     assert int(resumed.cardinality()) == 8  # a whole pass; tf.data's own count stays unknown
     assert int(tf.data.experimental.cardinality(resumed)) == tf.data.UNKNOWN_CARDINALITY
