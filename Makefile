@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(PY) -m kerasfeed demo
 
 # Two test processes (pytest-xdist): most tests wait on the processes they start,
-# so two at once take ~9 minutes on 2 cores where one at a time took ~15.
+# so two at once take 9-12 minutes on 2 cores where one at a time took 14-16.
 # A targeted run needs no -n (e.g. `.venv/bin/python -m pytest tests/test_mix.py`).
 test: $(STAMP) $(NOTF_STAMP)
 	KERASFEED_NOTF_PYTHON=$(NOTF_VENV)/bin/python $(PY) -m pytest -q -n 2 --dist worksteal
