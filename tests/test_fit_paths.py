@@ -269,7 +269,7 @@ def test_one_fit_call_over_a_resumed_dataset_trains_every_later_epoch_whole():
     seq = NumberedBatches(8)
     passes = first_passes(seq)
     resumed = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 3})
-    assert int(resumed.cardinality()) == 8  # a whole pass; tf.data's own count stays unknown
+    assert int(resumed.cardinality()) == len(resumed) == 8  # a whole pass; tf.data's own count stays unknown
     assert int(tf.data.experimental.cardinality(resumed)) == tf.data.UNKNOWN_CARDINALITY
     model, seen = recording_model(6)
     progress = kerasfeed.TrainingProgress({"epoch": 1, "batches": 3})

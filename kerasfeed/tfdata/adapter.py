@@ -265,11 +265,12 @@ def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: int) -> None:
     epoch from the first (one more than the resumed pass had) and cuts each
     later pass short: 5, 6, 6 batches of 8. Told the whole pass, one call
     trains 5, 8, 8: the resumed epoch ends early with Keras' "ran out of
-    data" warning, every later one is whole. Only this method says so:
-    tf.data's ops and derived datasets still see an unknown length.
+    data" warning, every later one is whole. Only this method (and so
+    ``len(ds)``) says so: tf.data's ops and derived datasets still see an
+    unknown length. The tensor is made at each call, so it is never one of a
+    graph the dataset was built in.
     """
-    length = tf.constant(per_pass, tf.int64)
-    ds.cardinality = lambda: length
+    ds.cardinality = lambda: tf.constant(per_pass, tf.int64)
 
 
 __all__ = ["assemble", "to_dataset"]
