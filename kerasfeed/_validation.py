@@ -51,6 +51,22 @@ def flag(name: str, value: Any, *, owner: Optional[str] = None) -> bool:
     return bool(value)
 
 
+def batching_needs_batch_size(batch_size: Optional[int], *, owner: Optional[str] = None, **given: Any) -> None:
+    """Refuses batching arguments (``drop_remainder``, ``ragged``, ``padding_values``) given
+    without ``batch_size``: items are batches already, so they would do nothing.
+
+    ``given`` holds each argument's value; False and None mean not given.
+    """
+    if batch_size is not None:
+        return
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise ValueError(
+                f"{_where(owner)}`{name}` needs `batch_size`; items are already batches when batch_size=None, "
+                f"so kerasfeed does not batch them. Received: {name}={value!r}, batch_size=None"
+            )
+
+
 def seed(name: str, value: Any, *, owner: Optional[str] = None) -> Optional[int]:
     """None or an int that numpy's generators accept (0 <= seed < 2**64).
 

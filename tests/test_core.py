@@ -313,6 +313,8 @@ def test_bad_sources_and_arguments():
         (dict(seed=-1, shuffle=True), ValueError, "Received: seed=-1"),
         (dict(executor="gpu"), ValueError, "Received: 'gpu'"),
         (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
+        (dict(padding_values=0), ValueError, "`padding_values` needs `batch_size`; items are already batches"),
+        (dict(ragged=True), ValueError, "`ragged` needs `batch_size`; items are already batches"),
         (dict(batch_size=5, drop_remainder=True), ValueError, "each pass has 2 items"),
         (dict(num_shards=3), ValueError, "num_shards=3"),
         (dict(num_shards=2, shard_index=2), ValueError, "shard_index=2"),

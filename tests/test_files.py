@@ -197,6 +197,8 @@ def test_bad_arguments(records):
         (dict(shuffle_buffer=-2), ValueError, "Received: shuffle_buffer=-2"),
         (dict(executor="cluster"), ValueError, "Received: executor='cluster'"),
         (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
+        (dict(ragged=True), ValueError, "Received: ragged=True, batch_size=None"),
+        (dict(padding_values=-1), ValueError, "Received: padding_values=-1, batch_size=None"),
     ]
     for kwargs, exc, text in bad:
         args = {"paths": paths, "read_fn": read_jsonl_records}

@@ -293,6 +293,7 @@ def test_bad_arguments():
         (dict(batch_size=0), ValueError, "Received: batch_size=0"),
         (dict(shuffle_buffer=0), ValueError, "Received: shuffle_buffer=0"),
         (dict(drop_remainder=True), ValueError, "needs `batch_size`"),
+        (dict(ragged=True), ValueError, "Received: ragged=True, batch_size=None"),
         (dict(prefetch=-3), ValueError, "Received: prefetch=-3"),
         (dict(device=1), TypeError, "Received: device=1"),
         (dict(probe=0), ValueError, "Received: probe=0"),

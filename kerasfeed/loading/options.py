@@ -87,11 +87,9 @@ class LoadOptions:
         owner = self.owner
         self._put("batch_size", _v.positive_int("batch_size", self.batch_size, allow_none=True, owner=owner))
         self._put("drop_remainder", _v.flag("drop_remainder", self.drop_remainder, owner=owner))
-        if self.drop_remainder and self.batch_size is None:
-            raise ValueError(
-                f"{owner + ': ' if owner else ''}`drop_remainder=True` needs `batch_size`; items are already "
-                "batches when batch_size=None. Received: drop_remainder=True, batch_size=None"
-            )
+        _v.batching_needs_batch_size(
+            self.batch_size, owner=owner, drop_remainder=self.drop_remainder, padding_values=self.padding_values
+        )
         self._put("probe", _v.positive_int("probe", self.probe, owner=owner))
         self._put("shuffle", _v.flag("shuffle", self.shuffle, owner=owner))
         self._put("resume", resume_state(self.initial_state))

@@ -69,11 +69,9 @@ class TailOptions:
         put("seed", _v.seed("seed", self.seed))
         put("prefetch", _v.prefetch(self.prefetch))
         put("device", _v.device(self.device))
-        if self.drop_remainder and self.batch_size is None:
-            raise ValueError(
-                "`drop_remainder=True` needs `batch_size`; elements are already batches when batch_size=None. "
-                "Received: drop_remainder=True, batch_size=None"
-            )
+        _v.batching_needs_batch_size(
+            self.batch_size, drop_remainder=self.drop_remainder, ragged=self.ragged, padding_values=self.padding_values
+        )
         put("items_per_epoch", _v.positive_int("items_per_epoch", self.items_per_epoch, allow_none=True))
         if self.batches_per_epoch == 0:
             raise ValueError(

@@ -118,6 +118,7 @@ def test_item_error_names_the_index():
         ({"ragged": True}, ValueError, "no ragged arrays"),
         ({"batch_size": 0}, ValueError, "to_loader: `batch_size` must be a positive int"),
         ({"drop_remainder": True}, ValueError, "needs `batch_size`"),
+        ({"padding_values": -1.0}, ValueError, "to_loader: `padding_values` needs `batch_size`.*padding_values=-1.0"),
         ({"initial_state": {"epoch": 0, "batches": 10}}, ValueError, "a pass has only 10"),
         ({"executor": "gpu"}, ValueError, "`executor` must be one of"),
         ({"batch_size": 2, "padding_values": (1, 2, 3)}, ValueError, "`padding_values` must be one scalar"),
