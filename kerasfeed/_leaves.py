@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from kerasfeed._nest import field_name
+from kerasfeed.errors import SignatureError
+
 
 class UnsupportedLeaf(ValueError):
     """A leaf TensorFlow cannot hold; the caller adds the index and field."""
@@ -75,3 +78,25 @@ def as_array(leaf: Any) -> np.ndarray:
                 raise UnsupportedLeaf(what, leaf) from None
         return out
     return a
+
+
+def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
+    """The ``SignatureError`` for an unsupported leaf, naming item and field."""
+    what, value = problem.args
+    field = "" if name == "item" else f", field {name}"
+    hint = (
+        "Return numeric arrays, numbers, str or bytes (convert object arrays with "
+        "np.asarray(v, dtype=...); for varying lengths use a padded array, or ragged=True with to_dataset)."
+    )
+    return SignatureError(f"Item {index}{field} {what}. {hint} Received: {short_repr(value)}")
+
+
+def leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
+    """The ``(path, leaf)`` pairs of item ``index`` as arrays; ``SignatureError`` naming the field."""
+    out = []
+    for path, leaf in leaves:
+        try:
+            out.append(as_array(leaf))
+        except UnsupportedLeaf as e:
+            raise leaf_error(index, field_name(path, skeleton), e) from None
+    return out

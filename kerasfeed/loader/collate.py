@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._leaves import as_array
+from kerasfeed._leaves import UnsupportedLeaf, as_array, leaf_arrays, leaf_error
 from kerasfeed._nest import describe, field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
 
@@ -36,9 +36,7 @@ class Signature:
     @classmethod
     def infer(cls, probes: Sequence[tuple[int, Any]]) -> "Signature":
         """Raises ``SignatureError`` naming both items when probes disagree."""
-        skeleton, paths, dtypes, shapes = infer_fields(
-            probes, lambda index, leaves, skeleton: [as_array(v) for _, v in leaves], lambda a: a.dtype
-        )
+        skeleton, paths, dtypes, shapes = infer_fields(probes, leaf_arrays, lambda a: a.dtype)
         names = [field_name(path, skeleton) for path in paths]
         return cls(skeleton, names, dtypes, shapes)
 
@@ -47,7 +45,10 @@ class Signature:
         leaves = leaves_like(self.skeleton, index, item, "the loader")
         out = []
         for k, (_, leaf) in enumerate(leaves):
-            a = as_array(leaf)
+            try:
+                a = as_array(leaf)
+            except UnsupportedLeaf as e:
+                raise leaf_error(index, self.names[k], e) from None
             if a.dtype != self.dtypes[k]:
                 self._fail(index, k, f"dtype {self.dtypes[k].name}, received {a.dtype.name}")
             shape = self.shapes[k]

@@ -13,32 +13,10 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kerasfeed._leaves import UnsupportedLeaf, as_array
-from kerasfeed._leaves import short_repr as _short_repr
+from kerasfeed._leaves import UnsupportedLeaf, as_array, leaf_arrays, leaf_error
 from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_check, shape_text
 from kerasfeed._nest import pack as _pack
 from kerasfeed.errors import SignatureError
-
-
-def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
-    """The SignatureError for an unsupported leaf, naming item and field."""
-    what, value = problem.args
-    field = "" if name == "item" else f", field {name}"
-    hint = (
-        "Return numeric arrays, numbers, str or bytes (convert object arrays with "
-        "np.asarray(v, dtype=...); use a padded array or ragged=True for varying lengths)."
-    )
-    return SignatureError(f"Item {index}{field} {what}. {hint} Received: {_short_repr(value)}")
-
-
-def _leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
-    out = []
-    for path, leaf in leaves:
-        try:
-            out.append(as_array(leaf))
-        except UnsupportedLeaf as e:
-            raise leaf_error(index, field_name(path, skeleton), e) from None
-    return out
 
 
 def tf_dtype(a: np.ndarray) -> tf.DType:
@@ -56,7 +34,7 @@ def infer_signature(probes: Sequence[tuple[int, Any]]) -> Any:
     A dimension that differs between probes becomes None. Structure, dtype
     or rank differences raise ``SignatureError`` naming both indices.
     """
-    skeleton, _, dtypes, shapes = infer_fields(probes, _leaf_arrays, tf_dtype)
+    skeleton, _, dtypes, shapes = infer_fields(probes, leaf_arrays, tf_dtype)
     specs = [tf.TensorSpec(s, d) for s, d in zip(shapes, dtypes)]
     return _pack(skeleton, specs)
 

@@ -129,6 +129,33 @@ def test_bad_arguments_are_named(kwargs, error, match):
         kerasfeed.to_loader(Items(), **kwargs)
 
 
+class _NoneAt:
+    """Item ``at`` has None for its label: a leaf no front end can hold."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return np.zeros(2, np.float32), None if i == self.at else np.float32(i)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+@pytest.mark.parametrize("at", [1, 5], ids=["probed", "mid-pass"])
+def test_a_leaf_no_front_end_can_hold_is_named_with_item_and_field(executor, at):
+    # It was a bare internal UnsupportedLeaf(('is None', None)), without index or field.
+    # A probed item fails in to_loader itself, a later one where the pass reaches it.
+    extra = {"workers": 2} if executor == "processes" else {}
+    with pytest.raises(kerasfeed.SignatureError, match=rf"^Item {at}, field y is None\. .* Received: None$"):
+        loader = kerasfeed.to_loader(_NoneAt(at), executor=executor, batch_size=2, **extra)
+        try:
+            list(loader)
+        finally:
+            loader.close()
+
+
 def test_keras_version_guard():
     """Keras < 3.7 cannot take a data adapter: a clear error, not Keras' 'Unrecognized data type'."""
     check_keras_version("3.7.0")
