@@ -91,12 +91,14 @@ def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureErro
     return SignatureError(f"Item {index}{field} {what}. {hint} Received: {short_repr(value)}")
 
 
+def leaf_array(index: Any, name: str, leaf: Any) -> np.ndarray:
+    """``as_array(leaf)`` for field ``name`` of item ``index``; a ``SignatureError`` naming both."""
+    try:
+        return as_array(leaf)
+    except UnsupportedLeaf as e:
+        raise leaf_error(index, name, e) from None
+
+
 def leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
-    """The ``(path, leaf)`` pairs of item ``index`` as arrays; ``SignatureError`` naming the field."""
-    out = []
-    for path, leaf in leaves:
-        try:
-            out.append(as_array(leaf))
-        except UnsupportedLeaf as e:
-            raise leaf_error(index, field_name(path, skeleton), e) from None
-    return out
+    """The ``(path, leaf)`` pairs of item ``index`` as arrays (``leaf_array``), for ``infer_fields``."""
+    return [leaf_array(index, field_name(path, skeleton), leaf) for path, leaf in leaves]

@@ -13,8 +13,9 @@ import tensorflow as tf
 from _export_sources import Mixed, Work
 
 import kerasfeed
+from kerasfeed._leaves import as_array
 from kerasfeed.exporting import encoding
-from kerasfeed.exporting.spec import ExportSpec, as_array
+from kerasfeed.exporting.spec import ExportSpec
 
 
 def _items(ds):

@@ -131,6 +131,10 @@ def test_bad_items_name_their_index(tmp_path, executor):
     workers = 2 if executor == "processes" else None
     with pytest.raises(kerasfeed.SignatureError, match=r"Item 7, field y: expected shape \(16,\), received shape \(17,\)\. \(the export's spec was inferred from items \[0, 1, 2, 11\]"):
         kerasfeed.export(Slow(12, bad={7: "shape"}), tmp_path / "a", num_shards=3, executor=executor, workers=workers, progress=False)
+    for at in (0, 7):  # probed, and mid-pass: named, not a bare internal UnsupportedLeaf
+        with pytest.raises(kerasfeed.SignatureError, match=rf"^Item {at}, field y is None\. .* Received: None$"):
+            kerasfeed.export(Slow(12, bad={at: "none"}), tmp_path / f"n{at}", num_shards=3, executor=executor,
+                             workers=workers, progress=False)
     with pytest.raises(kerasfeed.ItemError, match=r"Slow\[9\] raised KeyError.*no row 9") as info:
         kerasfeed.export(Slow(12, bad={9: "raise"}), tmp_path / "b", num_shards=3, executor=executor, workers=workers, progress=False)
     assert info.value.index == 9

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from kerasfeed import _nest
-from kerasfeed._leaves import as_array
+from kerasfeed._leaves import leaf_array, leaf_arrays
 from kerasfeed._nest import feature_key, field_name, pack, shape_fits
 from kerasfeed._nest import shape_text as _shape_text
 from kerasfeed.errors import SignatureError
@@ -100,9 +100,7 @@ class ExportSpec:
     @classmethod
     def infer(cls, probes: Sequence[tuple[int, Any]]) -> "ExportSpec":
         """From probed ``(index, item)`` pairs; raises SignatureError naming both indices."""
-        skeleton, paths, dtypes, shapes = _nest.infer_fields(
-            probes, lambda index, leaves, skeleton: [as_array(v) for _, v in leaves], dtype_name, _check_keys
-        )
+        skeleton, paths, dtypes, shapes = _nest.infer_fields(probes, leaf_arrays, dtype_name, _check_keys)
         return cls(skeleton, paths, dtypes, shapes)
 
     @classmethod
@@ -128,7 +126,7 @@ class ExportSpec:
         leaves = _nest.leaves_like(self.skeleton, index, item, "the export", hint, _check_keys)
         out = []
         for k, (_, leaf) in enumerate(leaves):
-            a = as_array(leaf)
+            a = leaf_array(index, self.names[k], leaf)
             got = STRING if a.dtype.kind in "OSU" else a.dtype.name
             if got != self.dtypes[k]:
                 self._fail(index, k, f"dtype {self.dtypes[k]}, received {got}", hint)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._leaves import UnsupportedLeaf, as_array, leaf_arrays, leaf_error
+from kerasfeed._leaves import leaf_array, leaf_arrays
 from kerasfeed._nest import describe, field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
 
@@ -45,10 +45,7 @@ class Signature:
         leaves = leaves_like(self.skeleton, index, item, "the loader")
         out = []
         for k, (_, leaf) in enumerate(leaves):
-            try:
-                a = as_array(leaf)
-            except UnsupportedLeaf as e:
-                raise leaf_error(index, self.names[k], e) from None
+            a = leaf_array(index, self.names[k], leaf)
             if a.dtype != self.dtypes[k]:
                 self._fail(index, k, f"dtype {self.dtypes[k].name}, received {a.dtype.name}")
             shape = self.shapes[k]

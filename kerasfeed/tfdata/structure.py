@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kerasfeed._leaves import UnsupportedLeaf, as_array, leaf_arrays, leaf_error
+from kerasfeed._leaves import leaf_array, leaf_arrays
 from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_check, shape_text
 from kerasfeed._nest import pack as _pack
 from kerasfeed.errors import SignatureError
@@ -88,10 +88,7 @@ class ItemChecker:
         leaves = leaves_like(self.skeleton, index, item, "the dataset")
         out = []
         for k, (_, leaf) in enumerate(leaves):
-            try:
-                a = as_array(leaf)
-            except UnsupportedLeaf as e:
-                raise leaf_error(index, self.names[k], e) from None
+            a = leaf_array(index, self.names[k], leaf)
             want = self.np_dtypes[k]
             if want is None:
                 if a.dtype != object:
