@@ -81,6 +81,22 @@ def test_same_bad_value_same_message_from_every_entry_point(kwargs, message, ent
         assert str(e.value) == f"H5SliceSequence: {message}"
 
 
+@pytest.mark.parametrize("text", ["scenes.h5", b"scenes.h5", bytearray(b"ab")])
+def test_text_is_refused_as_a_source_by_every_front_end(text, tmp_path):
+    # A path passed where a source belongs is indexable: without the check its characters were the items.
+    front_ends = {
+        "to_dataset": lambda: kerasfeed.to_dataset(text),
+        "to_loader": lambda: kerasfeed.to_loader(text),
+        "export": lambda: kerasfeed.export(text, tmp_path / "out", num_shards=1),
+        "mix": lambda: kerasfeed.mix([Small(), text]),
+        "profile": lambda: kerasfeed.profile(text),
+    }
+    for name, call in front_ends.items():
+        with pytest.raises(TypeError, match=r"needs an indexable source of items, not text") as info:
+            call()
+        assert str(info.value).endswith(f"Received: {text!r} of type {type(text).__name__}"), name
+
+
 def test_a_seed_numpy_refuses_fails_when_the_dataset_is_made_not_mid_iteration():
     # On threads the permutation is drawn in the first pass, inside tf.data:
     # the seed must be refused before that, with the same message as processes.

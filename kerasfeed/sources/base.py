@@ -69,11 +69,18 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
         owner: who asks, for error messages.
 
     Raises:
-        TypeError: ``source`` lacks ``__getitem__`` or a length, or the
-            length is not an int.
+        TypeError: ``source`` is text (``str``/``bytes``), lacks
+            ``__getitem__`` or a length, or the length is not an int.
         ValueError: the length is not positive, or the source is infinite
             and ``allow_infinite`` is False.
     """
+    if isinstance(source, (str, bytes, bytearray, memoryview)):
+        # Indexable, but its items are characters: almost always a path or a name passed by mistake.
+        raise TypeError(
+            f"{owner} needs an indexable source of items, not text: a {type(source).__name__} would yield its "
+            "characters one by one. Wrap the file in a source (e.g. a `kerasfeed.SceneSequence` or the HDF5 "
+            f"readers) or pass a list of items. Received: {_short(source)}"
+        )
     name = type(source).__name__
     has_len = hasattr(source, "__len__")
     has_nb = not has_len and _has_num_batches(source)
