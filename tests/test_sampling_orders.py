@@ -298,6 +298,31 @@ def test_labels_must_be_one_per_item():
         kerasfeed.BalancedOrder(np.zeros((2, 3)))
 
 
+@pytest.mark.parametrize("labels, error, message", [
+    # A missing label was a class of its own (NaN) or a bare '<' not supported ... (None).
+    (np.array([0.0, 1.0, np.nan, 1.0, np.nan]), ValueError,
+     r"2 of 5 labels are missing \(NaN or None\), the first at item 2;.*Received: labels\[2\]=nan$"),
+    (["cat", None, "dog"], ValueError, r"1 of 3 labels are missing.*first at item 1;.*Received: labels\[1\]=None$"),
+    (np.array(["cat", float("nan")], dtype=object), ValueError, r"first at item 1;.*Received: labels\[1\]=nan$"),
+    (np.array([1, "a", 1], dtype=object), TypeError,
+     r"labels must be of one comparable kind.*Received: labels of types \['int', 'str'\]$"),
+])
+def test_labels_that_name_no_class_are_refused_with_the_item(labels, error, message):
+    with pytest.raises(error, match=message):
+        kerasfeed.BalancedOrder(labels, seed=0)
+
+
+def test_missing_labels_are_found_across_chunks(monkeypatch):
+    from kerasfeed.sampling import labels as lab
+
+    monkeypatch.setattr(lab, "CHUNK", 3)
+    values = np.arange(10, dtype=np.float32)
+    values[[4, 9]] = np.nan
+    assert lab.missing_labels(values).tolist() == [4, 9]
+    assert lab.missing_labels(np.array([1, None, 2, 3, None], dtype=object)).tolist() == [1, 4]
+    assert lab.missing_labels(np.arange(7)).size == 0
+
+
 def test_orders_and_mix_stay_free_of_tensorflow_and_keras():
     import subprocess
 

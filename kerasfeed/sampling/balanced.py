@@ -9,7 +9,7 @@ import numpy as np
 
 from kerasfeed import _validation as v
 from kerasfeed.sampling.bijection import domain, permute, subkeys
-from kerasfeed.sampling.labels import encode_labels, group_by_class
+from kerasfeed.sampling.labels import encode_labels, group_by_class, missing_labels
 from kerasfeed.sampling.weighted import (
     STREAM_CLASS,
     STREAM_COUNTS,
@@ -79,10 +79,12 @@ class BalancedOrder(SampledOrder):
         shard_index: the shard this order yields.
 
     Raises:
-        ValueError: empty or non-1-D labels, a class weight for a class no
+        ValueError: empty or non-1-D labels, a missing label (NaN or None;
+            the message names the first item), a class weight for a class no
             label has or a missing one, negative/NaN/all-zero weights,
             ``num_samples`` not a positive int, or ``replacement=False`` with
             more samples than items. Messages name the argument and value.
+        TypeError: labels of kinds that cannot be ordered (ints and strings).
 
     Example:
 
@@ -117,7 +119,7 @@ class BalancedOrder(SampledOrder):
         self.replacement = v.flag("replacement", replacement, owner=OWNER)
         self.exact = v.flag("exact", exact, owner=OWNER)
         self._init_common(OWNER, len(labels), num_samples, seed, num_shards, shard_index)
-        self.classes, codes, counts = encode_labels(labels)
+        self.classes, codes, counts = _encoded(labels)
         del labels
         self.class_counts = counts
         # Items grouped by class: class c's items are members[offsets[c]:offsets[c + 1]].
@@ -288,3 +290,24 @@ def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["BalancedOrder"]
+
+
+def _encoded(labels: np.ndarray) -> tuple:
+    """``encode_labels``, refusing labels that name no class or cannot be ordered."""
+    missing = missing_labels(labels)
+    if missing.size:
+        first = labels[missing[0]]
+        first = first.item() if isinstance(first, np.generic) else first
+        raise ValueError(
+            f"{OWNER}: {missing.size} of {len(labels)} labels are missing (NaN or None), the first at item "
+            f"{int(missing[0])}; every item needs a class (drop those items from the source, or give them a "
+            f"class of their own). Received: labels[{int(missing[0])}]={first!r}"
+        )
+    try:
+        return encode_labels(labels)
+    except TypeError as e:
+        kinds = sorted({type(x).__name__ for x in labels[: 1 << 16]})
+        raise TypeError(
+            f"{OWNER}: the labels must be of one comparable kind (ints, strings, ...) to be told apart as "
+            f"classes: {e}. Received: labels of types {kinds}"
+        ) from e

@@ -17,6 +17,19 @@ import numpy as np
 CHUNK = 1 << 22
 
 
+def missing_labels(labels: np.ndarray) -> np.ndarray:
+    """Where ``labels`` holds no label: NaN (floats) or None (objects); one chunk at a time."""
+    if labels.dtype.kind in "fc":
+        test = np.isnan
+    elif labels.dtype.kind == "O":
+        def test(chunk):
+            return np.equal(chunk, None) | np.array([x != x for x in chunk], dtype=bool)  # None, NaN
+    else:
+        return np.empty(0, dtype=np.int64)
+    found = [np.flatnonzero(test(labels[s : s + CHUNK])) + s for s in range(0, len(labels), CHUNK)]
+    return np.concatenate(found)
+
+
 def encode_labels(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Returns ``(classes, codes, counts)``: sorted classes, per-item class
     numbers in the smallest unsigned dtype, items per class (int64)."""
