@@ -187,6 +187,22 @@ def test_auto_decides_for_the_default_worker_count_of_this_machine(monkeypatch):
         ex.close()
 
 
+def test_auto_decides_for_the_workers_a_small_source_gets(monkeypatch):
+    """A 3-item source starts 3 workers at most (ProcessExecutor): the prediction is for 3, not 14."""
+    monkeypatch.setattr(auto, "usable_cpus", lambda: 16)
+
+    class ThreeWaits(Waits):
+        def __len__(self):
+            return 3
+
+    for workers in (None, 8):
+        ex = make_auto_executor(ThreeWaits(), PoolOptions(workers=workers))
+        try:
+            assert "3 workers predicted at" in ex.reason and "on 16 CPUs" in ex.reason, ex.reason
+        finally:
+            ex.close()
+
+
 # ---------------------------------------------------------------- probing real sources
 
 

@@ -414,8 +414,10 @@ def make_auto_executor(
 
     options = options or PoolOptions()
     cpus = usable_cpus()
-    n_workers = options.workers if options.workers is not None else default_workers(cpus)
     probe = probe_source(source, calls=calls)
+    items = source_length(source, allow_infinite=True, owner="executor='auto'")
+    n_workers = options.workers if options.workers is not None else default_workers(cpus)
+    n_workers = min(n_workers, items or n_workers)  # what ProcessExecutor starts (at most one per item)
     name, reason = decide(probe, n_workers, cpus, handover)
     ex: Executor
     if name == "processes":

@@ -59,3 +59,22 @@ def test_workers_run_at_the_configured_niceness():
             assert ex.pool.pids == [int(pid)]
         finally:
             ex.close()
+
+
+@pytest.mark.parametrize("workers", [3, 8, None])
+def test_no_more_workers_start_than_a_pass_has_items(workers, monkeypatch):
+    """A 4-item source (a small validation set) starts 4 workers, not 8 or the machine's default."""
+    import psutil
+
+    from kerasfeed.execution.processes import options as pool_options
+
+    monkeypatch.setattr(pool_options, "usable_cpus", lambda: 16)  # default_workers() is 14 here
+    ex = ProcessExecutor(Niceness(), workers=workers)
+    try:
+        expected = 3 if workers == 3 else 4
+        assert ex.pool.num_workers == expected and len(ex.pool.pids) == expected
+        assert len(psutil.Process().children()) == expected
+        pids = {ex.load(i, 0)[0] for i in range(4)}  # every item is still made, by the workers started
+        assert pids <= set(ex.pool.pids)
+    finally:
+        ex.close()

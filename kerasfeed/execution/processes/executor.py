@@ -8,8 +8,9 @@ from typing import Any, Callable, Optional, Sequence
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
-from kerasfeed.execution.processes.options import PoolOptions
+from kerasfeed.execution.processes.options import PoolOptions, at_most_one_per_item
 from kerasfeed.execution.processes.pool import WorkerPool
+from kerasfeed.sources.base import source_length
 
 
 class ProcessExecutor(Executor):
@@ -35,7 +36,9 @@ class ProcessExecutor(Executor):
             boundary (``plan``): only the attributes that changed.
         workers: number of worker processes; None = ``default_workers()``
             (2 on 2 cores, CPUs - 1 up to 8, then CPUs - 2, at most 32: the
-            consumer keeps CPU for the training loop).
+            consumer keeps CPU for the training loop). Never more than the
+            source's items when it starts: a worker beyond them would only
+            cost start-up and memory (a small validation set).
         worker_init: run once in each worker after the source arrives.
         seed: base seed of the workers' ``random``/``numpy.random``
             (worker ``k`` gets ``seed + k``); None draws one.
@@ -93,6 +96,7 @@ class ProcessExecutor(Executor):
         return ex
 
     def _start(self, source: Any, options: PoolOptions) -> None:
+        options = _no_more_workers_than_items(source, options)
         self._source = source  # a parked pool's successor gets it as it is then
         self._restart_lock = threading.Lock()
         self._closed = False
@@ -195,3 +199,12 @@ class ProcessExecutor(Executor):
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"
+
+
+
+def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:
+    try:
+        items = source_length(source, allow_infinite=True)
+    except (TypeError, ValueError):  # the front end reports a bad source itself
+        return options
+    return at_most_one_per_item(options, items)

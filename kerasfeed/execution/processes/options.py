@@ -27,7 +27,9 @@ from kerasfeed import _validation as _v
 # and at most MAX_DEFAULT_WORKERS: past that each worker adds start-up, ~50 MB
 # of memory plus the source, items in flight in shared memory and a reader
 # thread in the consumer, for sources that rarely need it. Pass ``workers=``
-# to use more.
+# to use more. Whatever is asked, an executor starts at most one worker per
+# item of its source (``ProcessExecutor``): a small validation set beside the
+# training set gets a few workers, not the machine's worth.
 MAX_DEFAULT_WORKERS = 32
 # Workers run this many nice steps below their owner (os.nice) unless told
 # otherwise: under contention the kernel prefers the consumer's threads.
@@ -59,6 +61,18 @@ def default_workers(cpus: Optional[int] = None) -> int:
     if cpus <= 8:
         return cpus - 1
     return min(cpus - 2, MAX_DEFAULT_WORKERS)
+
+
+def at_most_one_per_item(options: "PoolOptions", items: Optional[int]) -> "PoolOptions":
+    """``options`` with ``workers`` made concrete and at most ``items`` (None: endless, no cap).
+
+    A pass cannot keep more workers busy than it has items; more would only
+    cost start-up and memory (see NOTE [ Default worker count ]).
+    """
+    workers = default_workers() if options.workers is None else options.workers
+    if items is not None and items < workers:
+        workers = max(1, items)
+    return options if workers == options.workers else dataclasses.replace(options, workers=workers)
 
 
 def _nice_from_env() -> int:
