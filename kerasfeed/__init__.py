@@ -99,4 +99,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    # The public API and the module's dunders: not the helpers this file imports (importlib, Any).
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})

@@ -369,6 +369,9 @@ def test_import_is_light_and_public_api_resolves():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
     for name in kerasfeed.__all__:
         assert getattr(kerasfeed, name) is not None
+    # Tab completion shows the API, not what __init__ imports for itself.
+    shown = [n for n in dir(kerasfeed) if not n.startswith("_")]
+    assert sorted(shown) == sorted(n for n in kerasfeed.__all__ if not n.startswith("_")), shown
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         kerasfeed.nope
 
