@@ -424,6 +424,13 @@ def test_executor_of_finds_the_executor_of_derived_datasets():
     assert kerasfeed.executor_of(derived) is ex
     with pytest.raises(ValueError, match=r"needs a dataset made by kerasfeed\.to_dataset.*Received: _RangeDataset"):
         kerasfeed.executor_of(tf.data.Dataset.range(3))
+    # Both lookups name to_loader too: its loaders have an executor and stats.
+    with pytest.raises(ValueError, match=r"or a kerasfeed\.to_loader loader\. Received: list"):
+        kerasfeed.executor_of([1, 2])
+    with pytest.raises(ValueError, match=r"needs a dataset or loader made by kerasfeed \(to_dataset, to_loader,.*Received: list"):
+        kerasfeed.stats([1, 2])
+    loader = kerasfeed.to_loader(Src())
+    assert kerasfeed.executor_of(loader).name == "threads" and kerasfeed.stats(loader)["items"] == 0
 
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])

@@ -67,7 +67,7 @@ def executor_of(ds: Any):
     if ex is None:
         raise ValueError(
             "executor_of() needs a dataset made by kerasfeed.to_dataset (or derived from one with "
-            f".map/.batch/...). Received: {type(ds).__name__}"
+            f".map/.batch/...) or a kerasfeed.to_loader loader. Received: {type(ds).__name__}"
         )
     return ex
 
