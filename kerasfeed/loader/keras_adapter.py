@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from typing import Any
 
 from kerasfeed.loader.loader import Loader
@@ -42,8 +43,59 @@ def loader_class() -> type:
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
     # Loader comes first: its methods implement the adapter's.
-    body = {"__module__": Loader.__module__, "__doc__": Loader.__doc__, "get_tf_dataset": get_tf_dataset}
+    body = {
+        "__module__": Loader.__module__,
+        "__doc__": Loader.__doc__,
+        "get_tf_dataset": get_tf_dataset,
+        "num_batches": property(_num_batches, doc=Loader.num_batches.__doc__),
+    }
     return type("Loader", (Loader, DataAdapter), body)
+
+
+# NOTE [ fit arguments a data adapter never sees ]
+# Keras hands a DataAdapter given as `x` to its epoch iterator as it is, so
+# `y`, `sample_weight` and `class_weight` passed beside a loader reach no
+# code and would be ignored in silence (Keras refuses `y`/`sample_weight`
+# beside a PyDataset, and applies `class_weight` to it). The epoch iterator
+# reads `num_batches` right after choosing the adapter, in its `__init__`,
+# whose arguments are those of the fit/evaluate/predict call: that read
+# checks them. Private Keras structure, like the adapter itself: the backend
+# tests call fit with each argument under every backend.
+_EPOCH_ITERATOR_MODULE = "keras.src.trainers.epoch_iterator"
+_DROPPED = (
+    ("y", "the targets are the second element of each item (x, y)"),
+    ("sample_weight", "return (x, y, sample_weight) items from the source"),
+    ("class_weight", "return (x, y, sample_weight) items with each sample's class weight, or draw the classes "
+     "evenly with order=kerasfeed.BalancedOrder(labels)"),
+)
+
+
+def _num_batches(loader: Any) -> int:
+    refuse_arguments_keras_drops(sys._getframe(1))
+    return Loader.num_batches.fget(loader)
+
+
+def refuse_arguments_keras_drops(frame: Any) -> None:
+    """Raises ValueError when ``frame`` is Keras' epoch iterator being made
+    with ``y``, ``sample_weight`` or ``class_weight`` for a loader (see NOTE above)."""
+    if frame is None or frame.f_code.co_name != "__init__" or frame.f_globals.get("__name__") != _EPOCH_ITERATOR_MODULE:
+        return
+    given = frame.f_locals
+    for name, instead in _DROPPED:
+        value = given.get(name)
+        if value is not None:
+            raise ValueError(
+                f"kerasfeed: Keras does not pass `{name}` on to a data adapter such as a kerasfeed.to_loader "
+                f"loader, so it would be ignored; {instead}. Received: {name}={_short(value)}"
+            )
+
+
+def _short(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<{type(value).__name__} of shape {tuple(shape)}>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def get_tf_dataset(loader: Any) -> Any:
@@ -81,4 +133,11 @@ def tf_dataset(loader: Any) -> Any:
         order=order,
     )
 
-__all__ = ["MIN_KERAS", "check_keras_version", "get_tf_dataset", "loader_class", "tf_dataset"]
+__all__ = [
+    "MIN_KERAS",
+    "check_keras_version",
+    "get_tf_dataset",
+    "loader_class",
+    "refuse_arguments_keras_drops",
+    "tf_dataset",
+]

@@ -173,6 +173,26 @@ def main(reference_path, result_path):
     _close(model.get_weights()[0], w, "weights after the refused call (the resumed epoch trained)")
     assert progress.state() == {"epoch": 2, "batches": 0}, progress.state()
 
+    # Arguments Keras never hands a data adapter are refused, not ignored (NOTE [ fit arguments a data
+    # adapter never sees ]); the loader reads nothing for the refused call and trains afterwards.
+    refused = []
+    with kerasfeed.to_loader(Rows()) as plain:
+        model = _model(keras)
+        for call, kwargs in (("fit", {"y": np.zeros(ROWS * BATCHES)}), ("fit", {"sample_weight": np.ones(ROWS * BATCHES)}),
+                             ("fit", {"class_weight": {0: 1.0, 1: 5.0}}), ("evaluate", {"y": np.zeros(ROWS * BATCHES)})):
+            name = next(iter(kwargs))
+            try:
+                getattr(model, call)(plain, verbose=0, **kwargs)
+            except ValueError as e:
+                assert f"does not pass `{name}` on to a data adapter" in str(e) and f"Received: {name}=" in str(e), e
+                refused.append(f"{call}:{name}")
+            else:
+                raise AssertionError(f"{call}(loader, {name}=...) was not refused")
+        assert kerasfeed.stats(plain)["items"] == 0
+        model.fit(plain, epochs=1, verbose=0)
+        assert not np.allclose(model.get_weights()[0], W0)
+    out["refused"] = refused
+
     # The HDF5 readers: one pass of a gzip-chunked scene file on worker processes.
     path = kerasfeed.datasets.make_synthetic_scenes(
         os.path.join(os.path.dirname(result_path), f"scenes-{backend}.h5"), num_scenes=12, points_per_scene=16

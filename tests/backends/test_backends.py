@@ -21,6 +21,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCENARIO = HERE / "scenario.py"
+# fit/evaluate arguments Keras would drop beside a loader, refused on every backend.
+REFUSED = ["fit:y", "fit:sample_weight", "fit:class_weight", "evaluate:y"]
 
 
 def _notf_python() -> str:
@@ -64,17 +66,18 @@ def test_jax_without_tensorflow(reference, tmp_path):
     assert probe.returncode != 0, "the no-TensorFlow environment has TensorFlow installed"
     out = _run(python, "jax", reference, tmp_path)
     assert out == {"backend": "jax", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError",
-                   "to_dataset_error": "names the extra", "tensorflow_imported": False}
+                   "to_dataset_error": "names the extra", "tensorflow_imported": False, "refused": REFUSED}
 
 
 def test_torch(reference, tmp_path):
     """The same under PyTorch, with every TensorFlow import failing."""
     out = _run(sys.executable, "torch", reference, tmp_path, KERASFEED_BLOCK_TENSORFLOW="1")
     assert out == {"backend": "torch", "passes_begun": [0, 1, 2, 3], "error_type": "ItemError",
-                   "to_dataset_error": "names the extra", "tensorflow_imported": False}
+                   "to_dataset_error": "names the extra", "tensorflow_imported": False, "refused": REFUSED}
 
 
 def test_tensorflow(reference, tmp_path):
     """The same under TensorFlow: the loader hands fit a to_dataset pipeline."""
     out = _run(sys.executable, "tensorflow", reference, tmp_path)
     assert out["backend"] == "tensorflow" and out["passes_begun"] == [0, 1, 2, 3] and "to_dataset_error" not in out
+    assert out["refused"] == REFUSED
