@@ -357,3 +357,31 @@ def test_dense_runs_resume_mid_pass_and_fire_the_epoch_hooks():
     assert isinstance(ds._kerasfeed_groups, RunLoader)
     assert [int(y[0]) for _, y in ds.as_numpy_iterator()] == list(range(5, 40))
     assert [int(y[0]) for _, y in ds.as_numpy_iterator()] == list(range(40))
+
+
+def test_a_group_leaf_that_may_hold_no_values_is_split_without_unbatch():
+    from kerasfeed.tfdata.unbatching import may_hold_no_values
+
+    assert may_hold_no_values(tf.TensorSpec([None, None, 3], tf.float32))  # items that are batches
+    assert may_hold_no_values(tf.TensorSpec([None, 4, 0], tf.float32))
+    assert not may_hold_no_values(tf.TensorSpec([None, 4, 3], tf.float32))
+    assert not may_hold_no_values(tf.TensorSpec([None, None], tf.string))
+    assert not may_hold_no_values(tf.RaggedTensorSpec([None, None, 3], tf.float32))
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_items_holding_no_values_pass_through_grouping_and_streams(executor):
+    """An empty batch or a zero-size leaf crashed the process (SIGSEGV in tf.data's unbatch, TF 2.21)."""
+    import json
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), "reliability_scripts", "empty_elements.py")
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, script, executor], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["batches"] == [[[0 if i == 5 else 4, 3]] for i in range(12)]
+    assert out["zero_width"] == [[[4, 0]]] * 6
+    assert out["no_points"] == [[[2], [2, 0, 3]]] * 2  # dict leaves in key order: id, points
+    assert sorted(out["stream"]) == sorted([[[2, 3]], [[0, 3]], [[2, 3]]] * 2)

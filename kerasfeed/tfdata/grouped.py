@@ -9,6 +9,7 @@ import tensorflow as tf
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.unbatching import unbatch_rows
 
 
 def open_leading(specs: list) -> list:
@@ -88,7 +89,7 @@ def grouped_items(loader: Any, checker: Any, ragged: bool) -> tf.data.Dataset:
         return rows > 0
 
     ds = tf.data.Dataset.range(1).flat_map(graph_fn(pass_groups))
-    ds = inline_map(ds, load_group).take_while(graph_fn(has_items)).unbatch()
+    ds = unbatch_rows(inline_map(ds, load_group).take_while(graph_fn(has_items)))
     if ragged:  # unbatched ragged rows are dense tensors; say so in the element spec
         ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
     return ds

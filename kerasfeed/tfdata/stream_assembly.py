@@ -32,6 +32,7 @@ from kerasfeed.tfdata.chunks import ChunkCodec, Label, chunks
 from kerasfeed.tfdata.inline_map import graph_fn
 from kerasfeed.tfdata.structure import infer_signature, normalize_signature
 from kerasfeed.tfdata.tail import TailOptions, own_sharding
+from kerasfeed.tfdata.unbatching import unbatch_rows
 
 
 class PassSource(Protocol):
@@ -80,7 +81,7 @@ def _assemble(
         lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api, waits),
         output_signature=codec.chunk_signature,
     )
-    ds = ds.prefetch(2).unbatch()
+    ds = unbatch_rows(ds.prefetch(2))
     if codec.needs_decode:
         ds = ds.map(graph_fn(codec.decode))
     ds = tail.apply(ds, variable=any(codec.variable))
