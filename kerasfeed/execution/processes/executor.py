@@ -201,7 +201,6 @@ class ProcessExecutor(Executor):
         return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"
 
 
-
 def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:
     try:
         items = source_length(source, allow_infinite=True)
