@@ -15,7 +15,7 @@ import kerasfeed
 from kerasfeed.execution import auto
 from kerasfeed.execution.auto import Probe, decide, make_auto_executor, predict, probe_source
 from kerasfeed.execution.factory import make_executor
-from kerasfeed.execution.processes.options import PoolOptions
+from kerasfeed.execution.processes.options import PoolOptions, default_workers
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -128,7 +128,7 @@ def test_a_partly_gil_bound_source_goes_to_processes_once_cores_allow(workers, c
 
 @pytest.mark.parametrize("cpus", [2, 16, 64])
 def test_io_goes_to_threads_and_h5_to_processes_at_every_core_count(cpus):
-    workers = auto.default_workers(cpus)
+    workers = default_workers(cpus)
     name, reason = decide(_probe(**IO), workers, cpus)
     assert name == "threads" and "mostly waits" in reason and f"{workers} workers predicted at" in reason
     pred = predict(_probe(**IO), workers, cpus)
@@ -142,7 +142,7 @@ def test_io_goes_to_threads_and_h5_to_processes_at_every_core_count(cpus):
 def test_predictions_follow_amdahl_and_the_core_count():
     """Threads: the GIL-held part one call after another, the rest over min(threads, cpus)."""
     p = _probe(**DECODE)
-    preds = [predict(p, auto.default_workers(c), c) for c in (2, 16, 64)]
+    preds = [predict(p, default_workers(c), c) for c in (2, 16, 64)]
     assert [q.cpus for q in preds] == [2, 16, 64] and [q.workers for q in preds] == [2, 14, 32]
     gil, par = preds[0].gil_s, preds[0].parallel_s
     assert gil == pytest.approx(p.cpu_s / 4) and par == pytest.approx(p.cpu_s * 3 / 4)  # 2/1.6 - 1 = 25 %

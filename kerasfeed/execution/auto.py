@@ -67,7 +67,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.processes.options import PoolOptions, default_workers, usable_cpus
+from kerasfeed.execution.processes.options import PoolOptions, usable_cpus, workers_for
 from kerasfeed.execution.threads import DEFAULT_BYTES_AHEAD, DEFAULT_THREAD_PARALLELISM, ThreadExecutor
 from kerasfeed.sources.base import source_length
 
@@ -416,8 +416,7 @@ def make_auto_executor(
     cpus = usable_cpus()
     probe = probe_source(source, calls=calls)
     items = source_length(source, allow_infinite=True, owner="executor='auto'")
-    n_workers = options.workers if options.workers is not None else default_workers(cpus)
-    n_workers = min(n_workers, items or n_workers)  # what ProcessExecutor starts (at most one per item)
+    n_workers = workers_for(options.workers, items, cpus)  # what ProcessExecutor would start
     name, reason = decide(probe, n_workers, cpus, handover)
     ex: Executor
     if name == "processes":

@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any
 
+from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
 
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
@@ -92,10 +93,7 @@ def refuse_arguments_keras_drops(frame: Any) -> None:
 
 def _short(value: Any) -> str:
     shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"<{type(value).__name__} of shape {tuple(shape)}>"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return short_repr(value) if shape is None else f"<{type(value).__name__} of shape {tuple(shape)}>"
 
 
 def get_tf_dataset(loader: Any) -> Any:

@@ -289,9 +289,6 @@ def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:
     return w
 
 
-__all__ = ["BalancedOrder"]
-
-
 def _encoded(labels: np.ndarray) -> tuple:
     """``encode_labels``, refusing labels that name no class or cannot be ordered."""
     missing = missing_labels(labels)
@@ -311,3 +308,6 @@ def _encoded(labels: np.ndarray) -> tuple:
             f"{OWNER}: the labels must be of one comparable kind (ints, strings, ...) to be told apart as "
             f"classes: {e}. Received: labels of types {kinds}"
         ) from e
+
+
+__all__ = ["BalancedOrder"]

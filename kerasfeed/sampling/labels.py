@@ -23,7 +23,7 @@ def missing_labels(labels: np.ndarray) -> np.ndarray:
         test = np.isnan
     elif labels.dtype.kind == "O":
         def test(chunk):
-            return np.equal(chunk, None) | np.array([x != x for x in chunk], dtype=bool)  # None, NaN
+            return np.array([x is None or x != x for x in chunk], dtype=bool)  # x != x: NaN
     else:
         return np.empty(0, dtype=np.int64)
     found = [np.flatnonzero(test(labels[s : s + CHUNK])) + s for s in range(0, len(labels), CHUNK)]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
-from kerasfeed.execution.processes.options import PoolOptions, at_most_one_per_item
+from kerasfeed.execution.processes.options import PoolOptions, workers_for
 from kerasfeed.execution.processes.pool import WorkerPool
 from kerasfeed.sources.base import source_length
 
@@ -206,4 +207,4 @@ def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOption
         items = source_length(source, allow_infinite=True)
     except (TypeError, ValueError):  # the front end reports a bad source itself
         return options
-    return at_most_one_per_item(options, items)
+    return dataclasses.replace(options, workers=workers_for(options.workers, items))

@@ -63,16 +63,15 @@ def default_workers(cpus: Optional[int] = None) -> int:
     return min(cpus - 2, MAX_DEFAULT_WORKERS)
 
 
-def at_most_one_per_item(options: "PoolOptions", items: Optional[int]) -> "PoolOptions":
-    """``options`` with ``workers`` made concrete and at most ``items`` (None: endless, no cap).
+def workers_for(workers: Optional[int], items: Optional[int], cpus: Optional[int] = None) -> int:
+    """The workers a process executor starts: ``workers`` (None: ``default_workers(cpus)``),
+    at most one per item of a finite source (``items``; None: endless).
 
     A pass cannot keep more workers busy than it has items; more would only
     cost start-up and memory (see NOTE [ Default worker count ]).
     """
-    workers = default_workers() if options.workers is None else options.workers
-    if items is not None and items < workers:
-        workers = max(1, items)
-    return options if workers == options.workers else dataclasses.replace(options, workers=workers)
+    wanted = default_workers(cpus) if workers is None else workers
+    return wanted if items is None else max(1, min(wanted, items))
 
 
 def _nice_from_env() -> int:
