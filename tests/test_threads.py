@@ -15,6 +15,7 @@ from _util import wait_until
 import kerasfeed
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.threads import ThreadExecutor
+from kerasfeed.execution.waits import WaitAbandoned
 
 
 class Recorder:
@@ -77,6 +78,89 @@ def test_loads_ahead_of_the_window_run_in_the_caller_and_are_not_made_twice():
         assert [int(ex.load(i, 0)[0]) for i in rest] == rest
         assert all(src.calls[i] == 1 for i in range(12)), src.calls
         assert ex._plan is None  # the pass is complete
+
+
+class Gated:
+    """Items from ``stuck_from`` on wait for ``gate`` (at most 20 s, so a
+    regression fails instead of hanging); records who made each item."""
+
+    def __init__(self, n=12, stuck_from=0):
+        self.n, self.stuck_from = n, stuck_from
+        self.gate = threading.Event()
+        self.threads = {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.threads[i] = threading.current_thread().name
+        if i >= self.stuck_from:
+            self.gate.wait(20)
+        return np.full((2,), i, np.int64)
+
+
+def _load_in_a_thread(ex, index, epoch=0):
+    """Runs ``ex.load`` on another thread (as tf.data's map threads do);
+    returns the thread and a dict that gets ``value`` or ``error``."""
+    out = {}
+
+    def body():
+        try:
+            out["value"] = ex.load(index, epoch)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            out["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_load_ahead_of_a_stuck_window_can_still_be_abandoned():
+    """Off the main thread, an item the pool has not started is made on a
+    thread of its own: the load waits for it like any other, so the consumer
+    leaving ends the wait (before, the calling thread ran the stuck item
+    itself, and at exit TensorFlow's join of that thread hung)."""
+    src = Gated(n=12)
+    ex = ThreadExecutor(src, parallelism=2)
+    try:
+        began = threading.Event()  # the load's wait is in progress (a leave before it does not count)
+        begin = ex.waits.begin
+        ex.waits.begin = lambda **kw: (began.set(), begin(**kw))[1]
+        ex.plan(0, list(range(12)))
+        assert wait_until(lambda: len(src.threads) == 2)  # the window: items 0 and 1, both stuck
+        t, out = _load_in_a_thread(ex, 5)
+        assert began.wait(10) and wait_until(lambda: 5 in src.threads)
+        assert src.threads[5] == "kerasfeed-thread-aside"
+        ex.waits.cancel()  # what the last iterator's deletion does
+        t.join(5)
+        assert not t.is_alive(), "the load went on waiting after its consumer left"
+        assert isinstance(out.get("error"), WaitAbandoned), out
+        assert "[5]" in str(out["error"])
+    finally:
+        src.gate.set()
+        ex.close()
+
+
+@pytest.mark.parametrize("caller", ["main thread", "other thread"])
+def test_timeout_holds_for_a_load_outside_the_plan(caller):
+    """``timeout=`` bounds an item loaded outside the plan too (before, such
+    a load ran the item in the caller, unbounded)."""
+    src = Gated(n=4, stuck_from=2)
+    ex = ThreadExecutor(src, parallelism=2, timeout=0.3)
+    try:
+        assert int(ex.load(0, 0)[0]) == 0  # no plan: a quick item is simply made
+        t0 = time.monotonic()
+        if caller == "main thread":
+            with pytest.raises(TimeoutError, match=r"\[3\].*timeout=0.3"):
+                ex.load(3, 0)
+        else:
+            t, out = _load_in_a_thread(ex, 3)
+            t.join(10)
+            assert isinstance(out.get("error"), TimeoutError), out
+        assert time.monotonic() - t0 < 10  # the gate opens only after 20 s
+    finally:
+        src.gate.set()
+        ex.close()
 
 
 def test_an_error_made_ahead_is_raised_by_the_load_that_takes_it():

@@ -92,13 +92,17 @@ def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
         if plan.cancelled and not task.taken:
             task.event.set()  # a dropped pass: nobody will ask for it
             continue
-        task.started = started = time.perf_counter()  # for the timeout, and the make time's start
-        try:
-            task.value = runner.call(task.index, started)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
-            task.error = e
-        task.event.set()
+        _run(runner, task)
         del job, plan, task
+
+
+def _run(runner: _Runner, task: _Task) -> None:
+    task.started = started = time.perf_counter()  # for the timeout, and the make time's start
+    try:
+        task.value = runner.call(task.index, started)
+    except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
+        task.error = e
+    task.event.set()
 
 
 def _stop_threads(tasks: "queue.SimpleQueue", count: int) -> None:
@@ -117,7 +121,8 @@ class ThreadExecutor(Executor):
     up, so tf.data maps sequentially instead of running ``parallelism``
     ``numpy_function`` calls on its own threads (each of which costs the
     consumer more CPU than a Python thread does). A ``load`` outside the
-    current plan runs ``source[index]`` in the calling thread.
+    current plan runs ``source[index]`` on a thread started for it (in the
+    calling thread when that is the main thread and there is no timeout).
 
     Items made ahead and not taken yet are bounded by ``parallelism`` and
     by ``bytes_ahead`` (counted with the largest item seen, at least 2).
@@ -165,12 +170,31 @@ class ThreadExecutor(Executor):
             raise TimeoutError(str(self._failure))
         task = self._take(index, epoch)
         if task is None:
-            return self._runner.call(index)
+            if self._timeout is None and threading.current_thread() is threading.main_thread():
+                return self._runner.call(index)  # Ctrl-C reaches the main thread in Python code
+            task = self._run_aside(index)
         self._wait(task)
         if task.error is not None:
             raise task.error
         value, task.value = task.value, None
         return value
+
+    def _run_aside(self, index: int) -> _Task:
+        # NOTE [ Loads outside the plan run on a thread of their own ]
+        # A load of an item the pool has not started (a parallel map ahead of
+        # a window full of slow items, a load after the plan was dropped) is
+        # made by the caller's side. Made in the calling thread itself, a
+        # stuck item would hold that thread in the source's code, where no
+        # wait can end it: neither ``timeout=`` nor Ctrl-C nor the consumer
+        # leaving, and at exit TensorFlow's join of that thread (one of its
+        # map threads) hung the interpreter. So it is made on a daemon thread
+        # started for it and waited for like any other item. The main thread
+        # without a timeout still makes it itself (the signature probe, direct
+        # calls): Ctrl-C interrupts Python code there.
+        task = _Task(index)
+        task.taken = True
+        threading.Thread(target=_run, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True).start()
+        return task
 
     def _wait(self, task: _Task) -> None:
         # In slices, never one unbounded wait: a closed executor (dataset
@@ -274,7 +298,7 @@ class ThreadExecutor(Executor):
         """Drops the plan and ends the pool threads (the next ``plan`` starts
         new ones). Tasks already taken by a load still run: the threads end
         after the queue's earlier entries; a load of the dropped plan's
-        items runs in the caller."""
+        items is made outside the plan (NOTE [ Loads outside the plan run on a thread of their own ])."""
         with self._lock:
             if self._closed:
                 return True
