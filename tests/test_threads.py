@@ -215,7 +215,10 @@ def test_close_and_garbage_collection_stop_the_pool_threads():
     assert len(mine) == 3 and all(t.is_alive() and t.name.startswith("kerasfeed-thread-") for t in mine)
     ex.close()
     assert wait_until(lambda: not any(t.is_alive() for t in mine))
-    assert int(ex.load(2, 0)[0]) == 2  # still usable, in the caller
+    assert int(ex.load(2, 0)[0]) == 2  # still usable, in the main thread
+    t, out = _load_in_a_thread(ex, 3)  # other threads (tf.data's, at exit) start no more calls
+    t.join(10)
+    assert isinstance(out.get("error"), RuntimeError) and "is closed" in str(out["error"]), out
     ex.plan(1, range(5))  # a closed executor plans nothing
     assert not ex._threads and not any(t.is_alive() for t in mine)  # none restarted; close() let go of them
 

@@ -172,6 +172,11 @@ class ThreadExecutor(Executor):
         if task is None:
             if self._timeout is None and threading.current_thread() is threading.main_thread():
                 return self._runner.call(index)  # Ctrl-C reaches the main thread in Python code
+            if self._closed:  # at exit, or the front end stopped: start no more calls into the source
+                raise RuntimeError(
+                    f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset again. "
+                    f"Received: index={index}"
+                )
             task = self._run_aside(index)
         self._wait(task)
         if task.error is not None:
@@ -190,7 +195,8 @@ class ThreadExecutor(Executor):
         # map threads) hung the interpreter. So it is made on a daemon thread
         # started for it and waited for like any other item. The main thread
         # without a timeout still makes it itself (the signature probe, direct
-        # calls): Ctrl-C interrupts Python code there.
+        # calls): Ctrl-C interrupts Python code there. Once the executor is
+        # closed (the exit guard does so first), other threads start none.
         task = _Task(index)
         task.taken = True
         threading.Thread(target=_run, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True).start()
