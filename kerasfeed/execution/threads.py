@@ -122,7 +122,8 @@ class ThreadExecutor(Executor):
     ``numpy_function`` calls on its own threads (each of which costs the
     consumer more CPU than a Python thread does). A ``load`` outside the
     current plan runs ``source[index]`` on a thread started for it (in the
-    calling thread when that is the main thread and there is no timeout).
+    calling thread when that is the main thread and there is no timeout);
+    once the executor is closed, only the main thread's loads still run.
 
     Items made ahead and not taken yet are bounded by ``parallelism`` and
     by ``bytes_ahead`` (counted with the largest item seen, at least 2).
@@ -198,7 +199,6 @@ class ThreadExecutor(Executor):
         # calls): Ctrl-C interrupts Python code there. Once the executor is
         # closed (the exit guard does so first), other threads start none.
         task = _Task(index)
-        task.taken = True
         threading.Thread(target=_run, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True).start()
         return task
 
