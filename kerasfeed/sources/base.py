@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numbers
+import threading
+import types
+import weakref
 from typing import Any, Optional, Protocol, runtime_checkable
 
 
@@ -150,3 +153,35 @@ def close_quietly(iterator: Any) -> None:
             close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class GeneratorsSeen:
+    """Refuses a generator that a stream's task returned before.
+
+    A generator runs once, and every stream closes its iterator when it ends.
+    A task that hands back a generator made ahead (``lambda i: gens[i]``, a
+    global) would give a stream with no items, silently, from the second
+    time on: and the signature probe is already a first time. Only
+    generators are checked: another iterator may restart in ``__iter__``.
+    Weak references: a generator nobody else holds cannot come back.
+    """
+
+    def __init__(self) -> None:
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def check(self, iterator: Any) -> Any:
+        """Returns ``iterator``; raises ValueError if it is a generator seen before."""
+        if isinstance(iterator, types.GeneratorType):
+            with self._lock:
+                if iterator in self._seen:
+                    raise ValueError(
+                        "the task returned a generator object it had returned before; a generator runs only "
+                        "once and the stream that read it closed it, so this stream would have no items. "
+                        "Return a new generator from every call (kerasfeed calls the task once per shard in "
+                        "every pass, and once more for the first shards to infer the signature): e.g. "
+                        "`def factory(i): return make_gen(i)`, not `lambda i: gens[i]`. "
+                        f"Received: {_short(iterator)}"
+                    )
+                self._seen.add(iterator)
+        return iterator

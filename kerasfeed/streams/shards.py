@@ -14,6 +14,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.views import pass_view
+from kerasfeed.sources.base import GeneratorsSeen
 from kerasfeed.streams.interleave import ShardPass
 from kerasfeed.streams.options import END, NOT_READY, InterleaveOptions
 
@@ -137,6 +138,7 @@ class ShardedStream:
             else None
         )
         self._lock = threading.Lock()
+        self._generators = GeneratorsSeen()
         self._passes = 0
         self._stats: Any = None
         self.waits: Any = None  # WaitScope: the pool's with worker processes (below)
@@ -167,7 +169,7 @@ class ShardedStream:
     def _open_shard(self, shard: int):
         if self.pool is not None:
             return self.pool.stream(self.task, self.args[shard], name=self.describe(shard))
-        return self.task(self.args[shard])
+        return self._generators.check(iter(self.task(self.args[shard])))
 
     def open_pass(self) -> ShardPass:
         """Starts the next pass (new generators; a new shard order if shuffled)."""

@@ -113,7 +113,10 @@ def from_generators(
     Each of the ``num_shards`` generators runs ahead in its own producer
     (a thread, or a worker process) with a bounded buffer, so slow generators
     overlap; tf.data pulls whatever is ready. Every pass over the dataset
-    (every epoch) calls ``factory`` again for new generators.
+    (every epoch) calls ``factory`` again for new generators, and the
+    signature probe calls it for the first shards: it must make a new
+    generator every call (a generator runs once; one returned before fails
+    its shard with a ``StreamError`` saying so, rather than giving no items).
 
     Under ``MultiWorkerMirroredStrategy`` (a dataset created in a worker
     process) each worker runs only its own generators: shards ``k, k + W,
@@ -248,7 +251,8 @@ def from_files(
 
     Args:
         paths: the files (str or ``os.PathLike``), at least one.
-        read_fn: ``read_fn(path)`` returns or yields the file's samples.
+        read_fn: ``read_fn(path)`` returns or yields the file's samples
+            (a new generator every call, as ``factory`` in ``from_generators``).
         executor: ``"threads"`` (I/O-bound readers, numpy/C parsers) or
             ``"processes"`` (pure-Python parsing such as ``json``).
         workers, cycle_length, block_length, deterministic, buffer_size,

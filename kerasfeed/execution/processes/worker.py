@@ -38,7 +38,7 @@ from kerasfeed.execution import worker_info  # noqa: E402
 from kerasfeed.execution.processes import protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
-from kerasfeed.sources.base import close_quietly, set_epoch, source_name  # noqa: E402
+from kerasfeed.sources.base import GeneratorsSeen, close_quietly, set_epoch, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5
 
@@ -107,6 +107,7 @@ class WorkerLoop:
         self.name = "source"
         self.epoch: Any = None
         self.state_error: Optional[BaseException] = None  # a SetState that failed here
+        self._generators = GeneratorsSeen()  # a stream task's generator is read only once
 
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
@@ -268,7 +269,7 @@ class WorkerLoop:
         try:
             fn, arg = pickle.loads(request.payload)
             t0 = time.perf_counter()  # the first item's make time includes the task's call
-            gen = iter(fn(arg))
+            gen = self._generators.check(iter(fn(arg)))
             while True:
                 if self._take_messages(stream_id, free, block=False):
                     break
