@@ -178,6 +178,8 @@ def to_loader(
         shards = given_shards if processes is None else hosts.process_shard_plan(processes)
         loader = adapter(open_feed(source, total, options, shards), options)
         try:
+            if processes is None:
+                loader.check_batches(hosts.local_distribution())  # one process, several devices
             return loader, None if processes is None else loader._join(processes)
         except BaseException:
             loader.close()

@@ -23,8 +23,10 @@ places the next ``N`` on the device:
   ``make_array_from_process_local_data`` hand back the same array): no
   second copy. Under a distribution over several processes Keras assembles
   the global batch from each process's numpy batch, so the batches stay
-  numpy there. A batch that cannot be placed (a last batch the mesh cannot
-  split) stays numpy, and Keras does what it does without prefetch.
+  numpy there. Batches the mesh cannot split are refused before the first
+  step when their sizes are known (``Loader.check_batches``); one that still
+  cannot be placed (items that are batches of varying size) stays numpy,
+  and Keras does what it does without prefetch.
 - **PyTorch** (``get_torch_dataloader``, ``loader.torch()``): on CUDA the
   thread copies each array into pinned memory with numpy (``host_copy``)
   and starts a non-blocking copy on a stream of its own; the training

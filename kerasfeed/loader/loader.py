@@ -75,15 +75,22 @@ class Loader:
         """Under several processes (``kerasfeed/loading/hosts.py``): checks the
         per-process batch, names the process in the stats, and returns what
         the processes must agree on."""
-        leading = [s[0] if len(s) else None for s in self._signature.shapes]
-        hosts.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
-                                  leading=leading, owner="to_loader")
+        self.check_batches(processes)
         if self._pipeline.stats is not None:
             self._pipeline.stats.process = processes.process_index
         options, feed = self._options, self._feed
         return hosts.pass_facts(feed.total, feed.passes, shuffle=options.shuffle, seed=options.seed,
                                 num_shards=feed.shards.num_shards, batch_size=options.batch_size,
                                 drop_remainder=options.drop_remainder)
+
+    def check_batches(self, processes: Optional[hosts.ProcessShards]) -> None:
+        """Refuses batches the distribution cannot split among this process's
+        devices (``hosts.check_local_batches``); None: nothing to check."""
+        if processes is None:
+            return
+        leading = [s[0] if len(s) else None for s in self._signature.shapes]
+        hosts.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
+                                  leading=leading, owner="to_loader")
 
     # -- iteration -----------------------------------------------------------
 
@@ -121,6 +128,9 @@ class Loader:
         return iter(self)
 
     def get_jax_iterator(self) -> Iterator[Any]:
+        # A distribution set after the loader was made (as in on_epoch_begin,
+        # for a caller outside fit): refused before any batch, not at the one.
+        self.check_batches(hosts.local_distribution())
         # Placed where Keras' JAX trainer puts them, device_prefetch ahead (device.py).
         return self._device.keras_jax()
 
@@ -158,9 +168,17 @@ class Loader:
         The second epoch of such a call is refused, after the resumed one
         trained, instead of losing data silently.
 
+        Under a Keras distribution set after the loader was made, batches it
+        cannot split among the devices are refused here: Keras calls this
+        before the epoch's first step, which purges the model's variables
+        into the step's state (an error at the first batch would leave the
+        model without them).
+
         Raises:
-            ValueError: an epoch after a resumed one in the same Keras call.
+            ValueError: an epoch after a resumed one in the same Keras call;
+                batches the active distribution cannot split.
         """
+        self.check_batches(hosts.local_distribution())
         told, epochs = self._keras_told
         self._keras_told = (told, epochs + 1)
         if epochs and told is not None and told != self._passes.per_pass:

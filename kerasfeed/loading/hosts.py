@@ -114,6 +114,38 @@ def _mesh_shards(dist: Any, jax: Any) -> Optional[tuple[int, int, int]]:
     return len(parts), parts.index(mine), len(mine)
 
 
+def _active_distribution() -> Any:
+    """The active ``keras.distribution`` (per thread), or None; Keras is not imported."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    try:
+        return keras.distribution.distribution()
+    except Exception:  # noqa: BLE001 - a backend without the distribution API
+        return None
+
+
+def local_distribution() -> Optional[ProcessShards]:
+    """The active Keras distribution when it runs in this process alone and
+    splits the batch among several of its devices (``DataParallel`` over the
+    local GPUs), as a ``ProcessShards`` of one process; else None.
+
+    Its batches must divide among those devices as a process's batch does
+    under several processes (``check_local_batches``): Keras' placement of a
+    batch that does not fails in the step, after the batches before it
+    trained. Read in the thread that will train (the distribution is per
+    thread).
+    """
+    jax = sys.modules.get("jax")
+    dist = _active_distribution()
+    if jax is None or dist is None or int(getattr(dist, "num_processes", 1)) != 1:
+        return None
+    shards = _mesh_shards(dist, jax)
+    if shards is None or shards[2] <= 1:
+        return None
+    return ProcessShards(1, 0, 1, 0, shards[2], f"keras.distribution.{type(dist).__name__}", dist.batch_dim_name)
+
+
 def current_processes() -> Optional[ProcessShards]:
     """This process under a multi-process Keras distribution, or None.
 
@@ -127,13 +159,7 @@ def current_processes() -> Optional[ProcessShards]:
     jax = sys.modules.get("jax")
     if jax is None:
         return None
-    keras = sys.modules.get("keras")
-    dist = None
-    if keras is not None:
-        try:
-            dist = keras.distribution.distribution()
-        except Exception:  # noqa: BLE001 - a backend without the distribution API
-            dist = None
+    dist = _active_distribution()
     if dist is not None and int(getattr(dist, "num_processes", 1)) > 1:
         processes, replicas = int(dist.num_processes), int(dist.num_model_replicas)
         shards = _mesh_shards(dist, jax) or (
@@ -247,7 +273,9 @@ def check_local_batches(
 ) -> None:
     """Refuses a per-process batch that does not divide among this process's
     devices on the batch axis (``jax.make_array_from_process_local_data``
-    would fail at the first step).
+    would fail in the step: at the first, or for a short last batch after
+    the rest of the pass trained). Also for a distribution in one process
+    (``local_distribution``).
 
     Args:
         batch_size: the per-process batch (None: items are batches).
@@ -258,20 +286,21 @@ def check_local_batches(
     devices = processes.local_batch_shards
     if devices <= 1:
         return
-    where = (
-        f"the {devices} devices of process {processes.process_index} on the batch axis "
-        f"{processes.batch_axis!r} of the {processes.source}"
-    )
+    alone = processes.num_processes == 1
+    on = "" if alone else f" of process {processes.process_index}"
+    where = f"the {devices} devices{on} on the batch axis {processes.batch_axis!r} of the {processes.source}"
     if batch_size is not None and batch_size % devices:
+        what = "is split among" if alone else "is the per-process batch, split again among"
+        total = "" if alone else f" (the global batch is batch_size x {processes.num_shards} shards)"
         raise ValueError(
-            f"{owner}: `batch_size` is the per-process batch, split again among {where}: {batch_size} samples do "
-            f"not divide among {devices} devices. Use a multiple of {devices} (the global batch is batch_size x "
-            f"{processes.num_shards} shards). Received: batch_size={batch_size}"
+            f"{owner}: `batch_size` {what} {where}: {batch_size} samples do not divide among {devices} devices. "
+            f"Use a multiple of {devices}{total}. Received: batch_size={batch_size}"
         )
     if batch_size is not None and partial and partial % devices:
         raise ValueError(
             f"{owner}: the last batch of every pass has {partial} samples, which do not divide among {where}. "
-            f"Pass `drop_remainder=True`, or give every process a multiple of {devices} items per pass. "
+            f"Pass `drop_remainder=True`, or give {'the pass' if alone else 'every process'} a multiple of "
+            f"{devices} items{'' if alone else ' per pass'}. "
             f"Received: batch_size={batch_size}, drop_remainder=False, last batch={partial}"
         )
     bad = [d for d in leading if d is not None and d % devices]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 import sys
 import threading
 import time
@@ -84,6 +85,43 @@ def _item_error(keras, loader_kwargs):
     raise AssertionError("fit over a failing item did not raise")
 
 
+class Single(kerasfeed.SceneSequence):
+    """``n`` single samples ``(x, y)`` for ``_model``, to be batched."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(3, i / self.n, "float32"), np.full(1, 0.5, "float32")
+
+
+def _indivisible(keras, late):
+    """Under DataParallel over two devices: batches of 3, or a short last batch
+    of 1, are refused when a loader is made, and a loader made before the
+    distribution was set is refused when fit begins the epoch, before its first
+    step: the model keeps its variables and trains on."""
+    refused = []
+    for kwargs in ({"batch_size": 3}, {"batch_size": 2}):
+        try:
+            kerasfeed.to_loader(Single(7), **kwargs)
+        except ValueError as e:
+            refused.append(re.split(r"\. (?:Use|Pass) ", str(e).split(": ", 1)[1])[0])
+    model = _model(keras)
+    try:
+        model.fit(late, epochs=1, verbose=0)
+    except ValueError as e:
+        refused.append(re.split(r"\. (?:Use|Pass) ", str(e).split(": ", 1)[1])[0])
+    _close(model.get_weights()[0], W0, "weights after the refused fit")
+    with kerasfeed.to_loader(Single(8), batch_size=2) as fine:
+        model.fit(fine, epochs=1, verbose=0)
+    assert not np.allclose(model.get_weights()[0], W0), "the model did not train after the refused fit"
+    return refused
+
+
 def _no_prefetch_threads_left():
     deadline = time.monotonic() + 5
     while True:
@@ -134,9 +172,11 @@ def run_jax(keras, out):
     _resume_exact(keras, {"device_prefetch": 2}, rows)
 
     # Keras' data parallelism over the two devices: batches arrive with its data sharding.
+    late = kerasfeed.to_loader(Single(7), batch_size=2)  # made before the distribution is set
     dist = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)
     try:
+        out["indivisible"] = _indivisible(keras, late)
         with kerasfeed.to_loader(Rows(), shuffle=True, seed=SEED, device_prefetch=2) as loader:
             got = list(loader.get_jax_iterator())
             _same(got, rows[0], "pass 0 under DataParallel")
@@ -150,6 +190,7 @@ def run_jax(keras, out):
         _resume_exact(keras, {"device_prefetch": 2}, rows)
     finally:
         keras.distribution.set_distribution(None)
+        late.close()
     out["error_type"] = _item_error(keras, {"device_prefetch": 2})
 
 

@@ -67,7 +67,8 @@ def test_jax_fit_on_two_devices_with_prefetch(tmp_path):
     """JAX on two CPU devices: placed batches are jax.Arrays on the default device or with
     DataParallel's data sharding, the same values in the same order, handed back unchanged by
     Keras' own placement; fit and resume train exactly; Keras' build (one batch, two read on an
-    accelerator, plus the prefetch) consumes no pass; item errors name the index."""
+    accelerator, plus the prefetch) consumes no pass; item errors name the index; batches the two
+    devices cannot split are refused before the first step, and the model trains on."""
     out = _run(_notf_python(), "jax", tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     epochs = 2 * 8
     assert out == {
@@ -77,6 +78,14 @@ def test_jax_fit_on_two_devices_with_prefetch(tmp_path):
         "fit_accelerator_no_prefetch": {"prefetch": 0, "batches": 0},
         "sharded_target": "DataParallel data layout",
         "fit_data_parallel": {"prefetch": 2, "batches": 1 + epochs},  # Keras builds its metrics from one batch
+        "indivisible": [  # made under DataParallel (two), then made before it and fitted under it
+            "`batch_size` is split among the 2 devices on the batch axis 'batch' of the "
+            "keras.distribution.DataParallel: 3 samples do not divide among 2 devices",
+            "the last batch of every pass has 1 samples, which do not divide among the 2 devices on the batch "
+            "axis 'batch' of the keras.distribution.DataParallel",
+            "the last batch of every pass has 1 samples, which do not divide among the 2 devices on the batch "
+            "axis 'batch' of the keras.distribution.DataParallel",
+        ],
         "error_type": "ItemError",
         "threads_left": [],
     }
