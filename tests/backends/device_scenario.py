@@ -85,18 +85,9 @@ def _item_error(keras, loader_kwargs):
     raise AssertionError("fit over a failing item did not raise")
 
 
-class Single(kerasfeed.SceneSequence):
-    """``n`` single samples ``(x, y)`` for ``_model``, to be batched."""
-
-    def __init__(self, n):
-        super().__init__()
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return np.full(3, i / self.n, "float32"), np.full(1, 0.5, "float32")
+def _samples(n):
+    """``n`` single samples ``(x, y)`` for ``_model``, to be batched (a list is a source too)."""
+    return [(np.full(3, i / n, "float32"), np.full(1, 0.5, "float32")) for i in range(n)]
 
 
 def _indivisible(keras, late):
@@ -107,7 +98,7 @@ def _indivisible(keras, late):
     refused = []
     for kwargs in ({"batch_size": 3}, {"batch_size": 2}):
         try:
-            kerasfeed.to_loader(Single(7), **kwargs)
+            kerasfeed.to_loader(_samples(7), **kwargs)
         except ValueError as e:
             refused.append(re.split(r"\. (?:Use|Pass) ", str(e).split(": ", 1)[1])[0])
     model = _model(keras)
@@ -116,7 +107,7 @@ def _indivisible(keras, late):
     except ValueError as e:
         refused.append(re.split(r"\. (?:Use|Pass) ", str(e).split(": ", 1)[1])[0])
     _close(model.get_weights()[0], W0, "weights after the refused fit")
-    with kerasfeed.to_loader(Single(8), batch_size=2) as fine:
+    with kerasfeed.to_loader(_samples(8), batch_size=2) as fine:
         model.fit(fine, epochs=1, verbose=0)
     assert not np.allclose(model.get_weights()[0], W0), "the model did not train after the refused fit"
     return refused
@@ -172,7 +163,7 @@ def run_jax(keras, out):
     _resume_exact(keras, {"device_prefetch": 2}, rows)
 
     # Keras' data parallelism over the two devices: batches arrive with its data sharding.
-    late = kerasfeed.to_loader(Single(7), batch_size=2)  # made before the distribution is set
+    late = kerasfeed.to_loader(_samples(7), batch_size=2)  # made before the distribution is set
     dist = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)
     try:
