@@ -18,60 +18,24 @@ uint32 masked_crc32c(data)``, all little-endian.
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Sequence
 
 import numpy as np
 
+from kerasfeed._records import crc32c, crc32c_implementation, frame, masked_crc  # noqa: F401 - the writer's
+from kerasfeed._records import field as _field
+from kerasfeed._records import message as _message
+from kerasfeed._records import varint as _varint
 from kerasfeed.exporting.spec import STRING, ExportSpec, pack
-
-try:  # C implementation; ~20 GB/s (a pure-Python CRC would cost ~100 ms per MB)
-    import google_crc32c as _crc
-except ImportError:  # pragma: no cover - the `export` extra installs it
-    _crc = None
 
 
 def require_crc32c() -> None:
-    if _crc is None or getattr(_crc, "implementation", "c") != "c":
+    if crc32c_implementation() != "c":
         raise ImportError(
             "kerasfeed exports need the `google-crc32c` package (with its C extension) for TFRecord "
             "checksums: pip install 'kerasfeed[export]' (or google-crc32c). Received: "
-            f"google_crc32c={'missing' if _crc is None else _crc.implementation}"
+            f"google_crc32c={crc32c_implementation()}"
         )
-
-
-def crc32c(data: Any, crc: int = 0) -> int:
-    """CRC32C of ``data`` (bytes-like), continuing from ``crc``."""
-    return _crc.extend(crc, data)
-
-
-def masked_crc(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _field(number: int, length: int) -> bytes:
-    """The tag and length of a length-delimited field."""
-    return _varint((number << 3) | 2) + _varint(length)
-
-
-def _size(pieces: Sequence) -> int:
-    return sum(memoryview(p).nbytes for p in pieces)
-
-
-def _message(number: int, pieces: list) -> list:
-    return [_field(number, _size(pieces))] + pieces
 
 
 def _little_endian(a: np.ndarray) -> np.ndarray:
@@ -110,16 +74,6 @@ def encode_pieces(spec: ExportSpec, arrays: Sequence[np.ndarray]) -> list:
 def encode(spec: ExportSpec, arrays: Sequence[np.ndarray]) -> bytes:
     """The serialized ``tf.train.Example`` of one item's leaves."""
     return b"".join(encode_pieces(spec, arrays))
-
-
-def frame(pieces: Sequence) -> tuple[bytes, bytes, int]:
-    """TFRecord header and footer around ``pieces``; returns ``(header, footer, data length)``."""
-    crc = 0
-    for p in pieces:
-        crc = crc32c(p, crc)
-    n = _size(pieces)
-    length = struct.pack("<Q", n)
-    return length + struct.pack("<I", masked_crc(crc32c(length))), struct.pack("<I", masked_crc(crc)), n
 
 
 # -- parsing (ExportSource, tests) ----------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import keras
 
 from kerasfeed._validation import positive_int
+from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
 from kerasfeed.integrations.summaries import worker_run_dir
 from kerasfeed.loading import hosts
 from kerasfeed.observe.api import collector_of
@@ -77,7 +78,9 @@ class InputStats(keras.callbacks.Callback):
     validation set is read after it).
 
     Args:
-        log_dir: where to write TensorBoard scalars; None writes none.
+        log_dir: where to write TensorBoard scalars (a directory, made if
+            missing; without TensorFlow outside its backend:
+            ``integrations/scalars.py``); None writes none.
         every_n_steps: training steps between two writes.
         dataset: the kerasfeed dataset to follow; None finds it (above).
 
@@ -97,7 +100,7 @@ class InputStats(keras.callbacks.Callback):
 
     def __init__(self, log_dir: Optional[str] = None, every_n_steps: int = 50, *, dataset: Any = None):
         super().__init__()
-        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.log_dir = None if log_dir is None else check_log_dir(log_dir, owner="InputStats")
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, owner="InputStats")
         self._collector: Optional[StatsCollector] = None if dataset is None else collector_of(dataset)
         self._baseline: dict[int, tuple[StatsCollector, _Totals]] = {}
@@ -114,10 +117,8 @@ class InputStats(keras.callbacks.Callback):
             now = time.perf_counter()
             self._baseline = {id(c): (c, _Totals(c.snapshot(), now)) for c in live_collectors()}
         if self.log_dir is not None and self._writer is None:
-            import tensorflow as tf
-
             self.run_dir = input_run_dir(self.log_dir)
-            self._writer = tf.summary.create_file_writer(self.run_dir)
+            self._writer = scalar_writer(self.run_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_steps = 0
@@ -175,8 +176,6 @@ class InputStats(keras.callbacks.Callback):
         return _Totals(self._collector.snapshot(), time.perf_counter())
 
     def _write(self, snap: dict, epoch_end: bool, totals: Optional[_Totals] = None) -> None:
-        import tensorflow as tf
-
         now = totals or _Totals(snap, time.perf_counter())
         last = self._last or self._epoch_start
         scalars: dict[str, float] = {}
@@ -216,9 +215,7 @@ class InputStats(keras.callbacks.Callback):
                 scalars["input/first_item_ms"] = p["first_item_s"] * 1e3
                 if p["gap_s"] is not None:
                     scalars["input/pass_gap_ms"] = p["gap_s"] * 1e3
-        with self._writer.as_default():
-            for tag, value in scalars.items():
-                tf.summary.scalar(tag, float(value), step=self._step)
+        self._writer.scalars(scalars, self._step)
         self._last = now
 
 

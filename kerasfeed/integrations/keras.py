@@ -48,8 +48,9 @@ class TrainingProgress(keras.callbacks.Callback):
 
     Args:
         initial_state: the state the dataset was resumed from, if any.
-        path: if given, the state is written there as JSON every
-            ``save_every`` batches and at the end of every epoch.
+        path: if given, the JSON file the state is written to (atomically)
+            every ``save_every`` batches and at the end of every epoch;
+            a directory, or a path under a file, is refused here.
         save_every: batches between writes to ``path``.
         order: the order being trained on (an ``IndexOrder``,
             ``BalancedOrder``, ... or the dataset ``to_dataset`` returned):
@@ -109,7 +110,8 @@ class TrainingProgress(keras.callbacks.Callback):
             check_resume_order(start, order)
             self._order = order_fingerprint(order)
         self._epoch, self._batches = start.epoch, start.batches
-        self.path, self.save_every = path, save_every
+        self.path = None if path is None else _state_path(path, owner="TrainingProgress")
+        self.save_every = save_every
 
     def state(self) -> dict:
         """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e.
@@ -141,11 +143,17 @@ class TrainingProgress(keras.callbacks.Callback):
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes ``state()`` as JSON, atomically (parent directories are created)."""
-        os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # processes sharing the path never share the temporary
-        with open(tmp, "w") as f:
-            json.dump(self.state(), f)
-        os.replace(tmp, path)
+        path = _state_path(path, owner="TrainingProgress.save")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"  # processes sharing the path never share the temporary
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.state(), f)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
     @staticmethod
     def load(path: Union[str, os.PathLike], missing_ok: bool = True) -> dict:
@@ -160,7 +168,40 @@ class TrainingProgress(keras.callbacks.Callback):
         Returns:
             ``{"epoch": int, "batches": int}``.
         """
+        path = _state_path(path, owner="TrainingProgress.load")
         if missing_ok and not os.path.exists(path):
             return ResumeState(0, 0).to_dict()
         with open(path) as f:
-            return ResumeState.from_dict(json.load(f)).to_dict()
+            text = f.read()
+        try:
+            state = json.loads(text)
+        except ValueError as e:
+            raise ValueError(
+                f"TrainingProgress.load: {path!r} is not a resume state written by TrainingProgress.save: not "
+                f"JSON ({e}); a machine that crashed while it was written can leave it empty. Pass the state "
+                f"yourself, or delete the file to start over. Received: {text[:80]!r}"
+            ) from None
+        try:
+            return ResumeState.from_dict(state).to_dict()
+        except ValueError as e:
+            raise ValueError(f"TrainingProgress.load: {path!r}: {e}") from None
+
+
+def _state_path(path: Any, *, owner: str) -> str:
+    """``path`` as a str once it can name the JSON file of a resume state; else a clear error."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes) or not os.fspath(path):
+        raise TypeError(f"{owner}: `path` must be a non-empty str path of a JSON file. Received: path={path!r}")
+    path = os.fspath(path)
+    if path.endswith((os.sep, "/")) or os.path.isdir(path):
+        raise ValueError(
+            f"{owner}: `path` names the JSON file the resume state is written to, not a directory; e.g. "
+            f"{os.path.join(path, 'data_state.json')!r}. Received: path={path!r}"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{owner}: `path` is under {parent!r}, which is a file, not a directory. Received: path={path!r}"
+        )
+    return path

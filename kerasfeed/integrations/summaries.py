@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 
 import keras
 
+from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
 from kerasfeed.loading import hosts
 from kerasfeed.loading.shards import current_worker, tf_config_worker
 
@@ -62,7 +63,8 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     Args:
         log_dir: the common TensorBoard directory; each worker writes under
-            its ``worker_<k>`` subdirectory.
+            its ``worker_<k>`` subdirectory (without TensorFlow outside its
+            backend: ``integrations/scalars.py``).
         update_freq: ``"epoch"`` (per-epoch scalars only) or an int: also
             write the batch logs every that many batches.
 
@@ -84,12 +86,11 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     def __init__(self, log_dir: Union[str, os.PathLike], update_freq: Union[str, int] = "epoch"):
         super().__init__()
-        if not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"`log_dir` must be a directory path. Received: log_dir={log_dir!r}")
+        log_dir = check_log_dir(log_dir, owner="WorkerSummaries")
         ok_int = isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq > 0
         if update_freq != "epoch" and not ok_int:
             raise ValueError(f"`update_freq` must be 'epoch' or a positive int. Received: update_freq={update_freq!r}")
-        self.log_dir = os.fspath(log_dir)
+        self.log_dir = log_dir
         self.update_freq = update_freq
         self.run_dir: Optional[str] = None
         self._writer = None
@@ -99,22 +100,15 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     def _ensure_writer(self):
         if self._writer is None:
-            import tensorflow as tf
-
             # Resolved when training starts: the strategy (and so the worker
             # index) is known by then.
             self.run_dir = worker_run_dir(self.log_dir)
-            self._writer = tf.summary.create_file_writer(self.run_dir)
+            self._writer = scalar_writer(self.run_dir)
         return self._writer
 
     def _write(self, prefix: str, logs: Any, step: int) -> None:
-        import tensorflow as tf
-
-        with self._ensure_writer().as_default():
-            for name, value in (logs or {}).items():
-                value = _number(value)
-                if value is not None:
-                    tf.summary.scalar(f"{prefix}/{name}", value, step=step)
+        numbers = {f"{prefix}/{name}": _number(value) for name, value in (logs or {}).items()}
+        self._ensure_writer().scalars({tag: v for tag, v in numbers.items() if v is not None}, step)
 
     def on_train_begin(self, logs: Any = None) -> None:
         self._ensure_writer()

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
@@ -165,7 +166,11 @@ def current_worker() -> Optional[WorkerIdentity]:
 
     The strategy in scope decides when there is one; otherwise the cluster
     that a ``MultiWorkerMirroredStrategy`` created in this process joined.
+    Without TensorFlow imported there is neither (nor an import of it, which
+    costs seconds and may not be installed under JAX or PyTorch).
     """
+    if "tensorflow" not in sys.modules:
+        return None
     import tensorflow as tf
 
     if tf.distribute.has_strategy():

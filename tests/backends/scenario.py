@@ -127,8 +127,13 @@ def main(reference_path, result_path):
     assert get_data_adapter(loader) is loader
     model = _model(keras)
     val_seq = Rows()
+    # TensorBoard scalars on every backend, without TensorFlow where it is not the backend.
+    log_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), f"logs_{backend}")
+    callbacks = [kerasfeed.InputStats(log_dir, every_n_steps=2), kerasfeed.WorkerSummaries(log_dir, update_freq=2)]
     with kerasfeed.to_loader(val_seq, shuffle=True, seed=SEED + 1) as val:
-        model.fit(loader, epochs=EPOCHS, verbose=0, validation_data=val)
+        history = model.fit(loader, epochs=EPOCHS, verbose=0, validation_data=val, callbacks=callbacks)
+    out["scalars"] = {"log_dir": log_dir, "loss": [float(v) for v in history.history["loss"]],
+                      "input_wait_ms": [float(v) for v in history.history["input_wait_ms"]]}
     w, b = sgd(W0, B0, rows[0] + rows[1])
     _close(model.get_weights()[0], w, "fit weights")
     _close(model.get_weights()[1], b, "fit bias")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +55,27 @@ def _run(python: str, backend: str, reference: Path, tmp_path: Path, **env_extra
         [python, str(SCENARIO), str(reference), str(result)], check=False, capture_output=True, text=True, env=env, timeout=240
     )
     assert proc.returncode == 0, f"{backend} scenario failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(result.read_text())
+    out = json.loads(result.read_text())
+    _check_scalars(out.pop("scalars"))
+    return out
+
+
+def _check_scalars(written: dict) -> None:
+    """What InputStats and WorkerSummaries wrote during the scenario's fit (2 epochs of 8 steps), read as
+    TensorBoard reads it: tbparse over the event files, whichever writer made them."""
+    from tbparse import SummaryReader
+
+    log_dir = Path(written["log_dir"])
+    frame = SummaryReader(str(log_dir / "input"), pivot=False).tensors
+    steps = sorted(set(frame[frame["tag"] == "input/wait_ms_p95"]["step"]))
+    assert steps == list(range(2, 17, 2)), steps  # every 2 steps (and at each epoch's end, steps 8 and 16)
+    assert {"input/items_per_s", "input/wait_ms_per_step", "input/ready_fraction", "input/errors"} <= set(frame["tag"])
+    worker = SummaryReader(str(log_dir / "worker_0"), pivot=False).tensors
+    loss = worker[worker["tag"] == "epoch/loss"].sort_values("step")
+    assert list(loss["step"]) == [0, 1], loss
+    assert np.allclose(loss["value"], written["loss"], rtol=1e-6), (list(loss["value"]), written["loss"])
+    assert sorted(set(worker[worker["tag"] == "batch/loss"]["step"])) == list(range(2, 17, 2))
+    assert list(worker[worker["tag"] == "input/batches"]["value"]) == [8.0, 8.0]
 
 
 def test_jax_without_tensorflow(reference, tmp_path):
