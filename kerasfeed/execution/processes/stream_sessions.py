@@ -150,7 +150,7 @@ class StreamSessions:
         if isinstance(msg, protocol.StreamItem):
             t1 = time.thread_time()
             try:
-                item = shm.decode(shm.loads_spec(msg.spec), owner.slots.segment(lane.id, msg.slot))
+                item = self._decode(lane, msg)
             finally:
                 with owner.lock:
                     st.held.discard(msg.slot)
@@ -167,6 +167,18 @@ class StreamSessions:
         if isinstance(msg, protocol.WorkerDied):
             raise fresh_error(msg.error)
         raise WorkerError(f"kerasfeed: unexpected stream message. Received: {msg!r:.200}")
+
+    def _decode(self, lane: Any, msg: protocol.StreamItem) -> Any:
+        owner = self._owner
+        try:
+            return shm.decode(shm.loads_spec(msg.spec), owner.slots.segment(lane.id, msg.slot))
+        except (ValueError, TypeError, AttributeError, BufferError):
+            # The worker died right after sending this item, and its death closed
+            # the pool (unmapping the segments) before the item was read: report
+            # the death, as a load does (``Dispatcher._lend_or_copy``).
+            if owner.failure is not None or owner.closed:
+                owner.check_usable()
+            raise
 
     def cancel(self, lane: Any, st: StreamSession, blocking: bool = True) -> None:
         """Stops the task if it still runs and frees the worker."""
