@@ -92,6 +92,31 @@ def test_profile_rejects_bad_arguments():
         kerasfeed.profile(object())
 
 
+class Counted:
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return np.zeros(2, np.float32)
+
+
+def test_a_chart_that_cannot_be_saved_or_nothing_to_time_is_refused_before_timing(tmp_path):
+    src = Counted()
+    with pytest.raises(ValueError, match=r"folder of `chart` does not exist: .*Received: chart='.*/nope/c.png'"):
+        kerasfeed.profile(src, chart=str(tmp_path / "nope" / "c.png"))
+    with pytest.raises(ValueError, match=r"cannot save a chart as 'txt'; use one of \[.*'png'.*Received: chart="):
+        kerasfeed.profile(src, chart=str(tmp_path / "c.txt"))
+    with pytest.raises(ValueError, match=r"`workers` and `threads` are both empty.*Received: workers=\[\], threads=\[\]"):
+        kerasfeed.profile(src, workers=[], threads=[])
+    assert src.calls == 0  # refused before the source was timed (before: after every run, or StopIteration)
+    report = kerasfeed.profile(src, workers=[], threads=[2], chart=str(tmp_path / "c.svg"))
+    assert report.executor == "threads" and (tmp_path / "c.svg").stat().st_size > 0
+
+
 def test_command_line(tmp_path):
     (tmp_path / "my_source.py").write_text(textwrap.dedent(
         """

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -245,6 +246,24 @@ def _recommend(probe: Any, category: str, runs: list, cpus: int) -> tuple[str, i
     return name, pick["count"], pick["items_per_s"], reason
 
 
+def _check_chart(chart: Any) -> None:
+    import matplotlib.figure
+
+    if not isinstance(chart, (str, os.PathLike)) or not os.fspath(chart):
+        raise TypeError(f"profile: `chart` must be a file path (or None). Received: chart={chart!r}")
+    path = os.fspath(chart)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"profile: the folder of `chart` does not exist: {folder!r}. Received: chart={path!r}")
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise ValueError(
+            f"profile: matplotlib cannot save a chart as {ext!r}; use one of {sorted(formats)}. "
+            f"Received: chart={path!r}"
+        )
+
+
 def profile(
     source: Any,
     *,
@@ -295,6 +314,13 @@ def profile(
     else:
         workers = [positive_int("workers", w, owner="profile") for w in workers]
     threads = [1, 4, 16, 64] if threads is None else [positive_int("threads", t, owner="profile") for t in threads]
+    if not workers and not threads:
+        raise ValueError(
+            "profile: `workers` and `threads` are both empty: nothing to time (None gives the defaults). "
+            f"Received: workers={workers!r}, threads={threads!r}"
+        )
+    if chart is not None:
+        _check_chart(chart)  # before the minutes of timing, not after
     indices = [i % n for i in range(count)]
 
     probe = probe_source(source)
