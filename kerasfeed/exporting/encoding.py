@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._records import crc32c, crc32c_implementation, frame, masked_crc  # noqa: F401 - the writer's
+from kerasfeed._records import crc32c, crc32c_implementation, frame  # noqa: F401 - crc32c, frame: the writer's
 from kerasfeed._records import field as _field
 from kerasfeed._records import message as _message
 from kerasfeed._records import varint as _varint

@@ -128,7 +128,7 @@ class TrainingProgress(keras.callbacks.Callback):
         skip = self._resume.batches if self._epoch == self._resume.epoch else 0
         self._batches = skip + batch + 1  # `batch` is the step index in this epoch
         if self.path is not None and self._batches % self.save_every == 0:
-            self.save(self.path)
+            self._write(self.path)  # checked when the callback was made
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         # Keras ends an epoch early (and still calls this) when a callback
@@ -139,11 +139,13 @@ class TrainingProgress(keras.callbacks.Callback):
         if complete:
             self._epoch, self._batches = epoch + 1, 0
         if self.path is not None:
-            self.save(self.path)
+            self._write(self.path)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes ``state()`` as JSON, atomically (parent directories are created)."""
-        path = _state_path(path, owner="TrainingProgress.save")
+        self._write(_state_path(path, owner="TrainingProgress.save"))
+
+    def _write(self, path: str) -> None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"  # processes sharing the path never share the temporary
         try:
