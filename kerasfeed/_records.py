@@ -16,8 +16,6 @@ try:  # C implementation; ~20 GB/s
 except ImportError:  # pragma: no cover - the `export` and `dev` extras install it
     _crc = None
 
-_FAST = _crc is not None and getattr(_crc, "implementation", "c") == "c"
-
 
 def _table() -> list[int]:
     # CRC-32C (Castagnoli), reflected polynomial 0x82F63B78.
@@ -37,6 +35,9 @@ def crc32c_implementation() -> str:
     """``"c"`` (google-crc32c's C extension), ``"python"`` (its pure-Python
     build) or ``"missing"``; without C, ``crc32c`` runs here, ~100 ms per MB."""
     return "missing" if _crc is None else getattr(_crc, "implementation", "c")
+
+
+_FAST = crc32c_implementation() == "c"
 
 
 def crc32c(data: Any, crc: int = 0) -> int:

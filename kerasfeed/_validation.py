@@ -9,6 +9,7 @@ become ``int``), and every message ends with what was received.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -160,3 +161,12 @@ def optional_callable(name: str, value: Any, *, owner: Optional[str] = None) -> 
     if value is not None and not callable(value):
         raise TypeError(f"{_where(owner)}`{name}` must be a callable or None. Received: {name}={value!r}")
     return value
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` (made absolute) or the nearest directory above it that exists:
+    where a file in the way of a path to be made shows up."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return probe

@@ -199,9 +199,7 @@ def _state_path(path: Any, *, owner: str) -> str:
             f"{owner}: `path` names the JSON file the resume state is written to, not a directory; e.g. "
             f"{os.path.join(path, 'data_state.json')!r}. Received: path={path!r}"
         )
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
+    parent = _v.nearest_existing(os.path.dirname(os.path.abspath(path)))
     if not os.path.isdir(parent):
         raise ValueError(
             f"{owner}: `path` is under {parent!r}, which is a file, not a directory. Received: path={path!r}"

@@ -27,6 +27,7 @@ import time
 from typing import Any, Mapping, Optional, Union
 
 from kerasfeed import _records
+from kerasfeed._validation import nearest_existing
 
 _FILE_VERSION = b"brain.Event:2"
 _PLUGIN = b"scalars"
@@ -65,21 +66,14 @@ def check_log_dir(log_dir: Any, *, owner: str) -> str:
                 f"later), or install TensorFlow. Received: log_dir={path!r}"
             )
         return path
-    probe = os.path.abspath(path)
-    while True:
-        if os.path.exists(probe):
-            if not os.path.isdir(probe):
-                where = "is a file" if probe == os.path.abspath(path) else f"is under {probe!r}, which is a file"
-                raise ValueError(
-                    f"{owner}: `log_dir` must be a directory (TensorBoard run directories are made in it), "
-                    f"but {path!r} {where}. Received: log_dir={path!r}"
-                )
-            return path
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return path
-        probe = parent
-
+    probe = nearest_existing(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        where = "is a file" if probe == os.path.abspath(path) else f"is under {probe!r}, which is a file"
+        raise ValueError(
+            f"{owner}: `log_dir` must be a directory (TensorBoard run directories are made in it), "
+            f"but {path!r} {where}. Received: log_dir={path!r}"
+        )
+    return path
 
 def _float32(value: float) -> bytes:
     try:
