@@ -18,7 +18,7 @@ from kerasfeed.errors import SignatureError
 
 
 class UnsupportedLeaf(ValueError):
-    """A leaf TensorFlow cannot hold; the caller adds the index and field."""
+    """A leaf no front end can hand over (the rule is what TensorFlow holds); the caller adds the index and field."""
 
 
 def short_repr(obj: Any, limit: int = 80) -> str:
@@ -68,12 +68,16 @@ def as_array(leaf: Any) -> np.ndarray:
                 flat_out[j] = _to_bytes(v)
             except UnsupportedLeaf:
                 if not a.ndim:
-                    what = f"is an object of type {type(v).__name__}, which TensorFlow cannot hold"
+                    what = (
+                        f"is an object of type {type(v).__name__}, which kerasfeed cannot hand over "
+                        "(object arrays hold only str/bytes)"
+                    )
                 else:
                     at = tuple(int(d) for d in np.unravel_index(j, a.shape))
                     what = (
                         f"is an object array (dtype=object) whose element {at} is {type(v).__name__} "
-                        f"{short_repr(v, 40)}; TensorFlow holds only str/bytes in object arrays"
+                        f"{short_repr(v, 40)}; object arrays may hold only str/bytes "
+                        "(what tf.data holds; to_loader keeps the same rule)"
                     )
                 raise UnsupportedLeaf(what, leaf) from None
         return out

@@ -194,6 +194,15 @@ def test_golden_passes_and_fingerprints_pin_the_algorithm():
     assert balanced.fingerprint == "531cca3f406f4355"
 
 
+def test_numpy_integer_arguments_become_plain_ints_and_errors_name_the_order():
+    order = kerasfeed.IndexOrder(np.int64(10), shuffle=True, seed=np.uint64(1), num_shards=np.int32(2))
+    assert repr(order) == "IndexOrder(length=10, shuffle=True, seed=1, num_shards=2, shard_index=0)"
+    assert order.fingerprint == kerasfeed.IndexOrder(10, shuffle=True, seed=1, num_shards=2).fingerprint
+    for kwargs in ({"seed": "a"}, {"shuffle": 1}, {"num_shards": 2.0}, {"num_shards": 11}, {"shard_index": 3}):
+        with pytest.raises((TypeError, ValueError), match=r"^IndexOrder: .*Received: "):
+            kerasfeed.IndexOrder(10, **kwargs)
+
+
 @pytest.mark.parametrize("saved, kind", [
     ("f826f13da8cfb429", "shuffle"),  # what kerasfeed 0.1 saved for IndexOrder(10, shuffle=True, seed=1)
     ("ff35dcc72199f523", "balanced"),  # ... and for BalancedOrder(LABELS, seed=1)

@@ -60,25 +60,30 @@ class IndexOrder:
         _v.positive_int("length", self.length, owner="IndexOrder")
         if self.length > MAX_N:
             raise ValueError(f"IndexOrder: `length` must be at most 2^62. Received: length={self.length}")
-        _v.flag("shuffle", self.shuffle)
+        _v.flag("shuffle", self.shuffle, owner="IndexOrder")
         # Checked here, not when the first pass draws its permutation.
-        _v.seed("seed", self.seed)
+        _v.seed("seed", self.seed, owner="IndexOrder")
         for name in ("num_shards", "shard_index"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                raise TypeError(f"`{name}` must be an int. Received: {name}={value!r}")
+                raise TypeError(f"IndexOrder: `{name}` must be an int. Received: {name}={value!r}")
+        # Plain ints from here on (a numpy integer would show in reprs and states).
+        for name in ("length", "num_shards", "shard_index"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
         if not 1 <= self.num_shards <= self.length:
             raise ValueError(
-                f"`num_shards` must be in [1, {self.length}] (the number of items). "
+                f"IndexOrder: `num_shards` must be in [1, {self.length}] (the number of items). "
                 f"Received: num_shards={self.num_shards}"
             )
         if not 0 <= self.shard_index < self.num_shards:
             raise ValueError(
-                f"`shard_index` must be in [0, {self.num_shards}). Received: shard_index={self.shard_index}"
+                f"IndexOrder: `shard_index` must be in [0, {self.num_shards}). Received: shard_index={self.shard_index}"
             )
         if self.seed is None and self.shuffle and self.num_shards > 1:
             raise ValueError(
-                "Sharded shuffling needs an explicit `seed` so that all shards draw the same "
+                "IndexOrder: sharded shuffling needs an explicit `seed` so that all shards draw the same "
                 f"permutation and stay disjoint. Received: seed=None, num_shards={self.num_shards}"
             )
         if self.seed is None:
