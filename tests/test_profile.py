@@ -142,6 +142,13 @@ def test_command_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "waiting" in done.stdout and "recommend: executor='threads'" in done.stdout
     assert (tmp_path / "out.png").exists()
+    # MODULE as a .py file, run from elsewhere: worker processes get its source by value (they failed with
+    # "No module named '_kerasfeed_profile_target'", the name it was loaded under).
+    by_path = [sys.executable, "-m", "kerasfeed", "profile", f"{tmp_path / 'my_source.py'}:make", "--items", "4",
+               "--workers", "1", "--threads", "2", "--chart", "", "--json"]
+    done = subprocess.run(by_path, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert {run["executor"] for run in json.loads(done.stdout)["runs"]} == {"processes", "threads"}
     bad = subprocess.run([sys.executable, "-m", "kerasfeed", "profile", "nocolon"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "MODULE:FACTORY" in bad.stderr and "Received: 'nocolon'" in bad.stderr

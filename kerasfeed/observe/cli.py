@@ -31,6 +31,10 @@ def load_target(target: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        # Workers cannot import this module by its made-up name: its classes and functions go by value.
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
     else:
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())  # `python -m` puts the cwd first; keep that for modules next to the user
