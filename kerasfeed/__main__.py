@@ -61,6 +61,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.command == "demo":
+        from kerasfeed.demo import check_demo_arguments
+
+        try:  # before TensorFlow's import (seconds)
+            check_demo_arguments(args.workdir, epochs=args.epochs, executor=args.executor)
+        except ValueError as e:
+            parser.error(str(e))
         from kerasfeed._quiet import import_tensorflow_quietly
 
         import_tensorflow_quietly()  # before anything else imports TensorFlow

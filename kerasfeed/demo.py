@@ -18,6 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 import kerasfeed
+from kerasfeed import _validation as _v
 
 
 class SceneFile(kerasfeed.SceneSequence):
@@ -102,6 +103,33 @@ def _describe_executor(ds, asked: str) -> str:
     return f"{name}: {reason}"
 
 
+def check_demo_arguments(
+    workdir: Optional[str],
+    *,
+    epochs: int,
+    executor: str,
+    num_scenes: int = 640,
+    num_points: int = 512,
+    batch_size: int = 16,
+) -> str:
+    """The demo's folder (``workdir`` or the cache); ValueError for an argument the
+    demo cannot run with, before TensorFlow is imported or a scene is written."""
+    if executor not in ("auto", "threads", "processes"):
+        raise ValueError(f"`executor` must be 'auto', 'threads' or 'processes'. Received: executor={executor!r}")
+    for name, value in (("epochs", epochs), ("num_points", num_points), ("batch_size", batch_size)):
+        _v.positive_int(name, value, owner="demo")
+    if not isinstance(num_scenes, int) or isinstance(num_scenes, bool) or num_scenes < 2:
+        raise ValueError(
+            "demo: `num_scenes` must be an int of at least 2 (a fifth, at least one, is held out). "
+            f"Received: num_scenes={num_scenes!r}"
+        )
+    if workdir is None:
+        workdir = os.environ.get("KERASFEED_CACHE") or os.path.join(tempfile.gettempdir(), "kerasfeed-demo")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f"demo: the work folder is a file, not a folder. Received: workdir={workdir!r}")
+    return workdir
+
+
 def run_demo(
     workdir: Optional[str] = None,
     *,
@@ -137,11 +165,11 @@ def run_demo(
     """
     from kerasfeed.datasets import make_synthetic_scenes
 
-    if executor not in ("auto", "threads", "processes"):
-        raise ValueError(f"`executor` must be 'auto', 'threads' or 'processes'. Received: executor={executor!r}")
+    workdir = check_demo_arguments(
+        workdir, epochs=epochs, executor=executor, num_scenes=num_scenes, num_points=num_points,
+        batch_size=batch_size,
+    )
     say = print if verbose else (lambda *a, **k: None)
-    if workdir is None:
-        workdir = os.environ.get("KERASFEED_CACHE") or os.path.join(tempfile.gettempdir(), "kerasfeed-demo")
     path = pathlib.Path(workdir) / f"scenes-{num_scenes}x{num_points}.h5"
     if not path.exists():
         t = time.perf_counter()

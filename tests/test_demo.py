@@ -5,6 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from kerasfeed.demo import run_demo
+
 # TensorFlow's start-up lines ("I0000 00:00:... port.cc:153] oneDNN custom operations are on", absl's
 # "All log messages before absl::InitializeLog()", CPU feature notices) and its log-line format.
 TF_NOISE = re.compile(
@@ -56,6 +60,23 @@ def test_cli_help_is_plain_text_with_choices_and_defaults():
     bad = subprocess.run([sys.executable, "-m", "kerasfeed", "demo", "--executor", "gpu"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice: 'gpu'" in bad.stderr
+
+
+def test_demo_arguments_it_cannot_run_with_are_refused_before_tensorflow_starts(tmp_path):
+    # Before: --epochs 0 wrote the scenes and trained, then a KeyError: 'loss'; a file as --workdir, a bare
+    # FileExistsError.
+    (tmp_path / "afile").write_text("")
+    for args, message in (
+        (["--epochs", "0"], "demo: `epochs` must be a positive int. Received: epochs=0"),
+        (["--workdir", str(tmp_path / "afile")], "demo: the work folder is a file, not a folder. Received: workdir="),
+    ):
+        bad = subprocess.run([sys.executable, "-m", "kerasfeed", "demo", *args], capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, KERASFEED_CACHE=str(tmp_path)))
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert "tensorflow" not in bad.stderr.lower()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # no scene file written
+    with pytest.raises(ValueError, match=r"`num_scenes` must be an int of at least 2.*Received: num_scenes=1"):
+        run_demo(str(tmp_path), num_scenes=1)
 
 
 def test_closing_a_process_executor_right_away_prints_nothing():
