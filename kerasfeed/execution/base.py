@@ -109,6 +109,12 @@ class Executor(abc.ABC):
     def close(self) -> None:
         """Releases threads, processes and memory. Idempotent."""
 
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"<{type(self).__name__} name={self.name!r}{why}>"

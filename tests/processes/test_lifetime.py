@@ -43,6 +43,18 @@ def test_close_is_idempotent_and_stops_workers():
         ex.load(1, 0)
 
 
+def test_an_executor_is_a_context_manager_and_load_takes_int_indices_only():
+    with ProcessExecutor(Kit(), workers=1) as ex:
+        pids = ex.pool.pids
+        assert ex.load(np.int64(2), np.int32(0))[0][0, 0] == 2
+        for index in ("1", 2.7, True, None):  # int() made '1' item 1 and 2.7 item 2
+            with pytest.raises(TypeError, match=rf"ProcessExecutor.load: `index` must be an int. Received: index={index!r}$"):
+                ex.load(index, 0)
+        with pytest.raises(TypeError, match=r"`epoch` must be an int. Received: epoch=0.5"):
+            ex.load(1, 0.5)
+    assert not any(alive(p) for p in pids)
+
+
 def test_garbage_collected_executor_stops_workers():
     ex = ProcessExecutor(Kit(), workers=2)
     ex.load(0, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,12 +23,13 @@ class ProcessExecutor(Executor):
     decompression): threads cannot run those in parallel, processes can.
 
     The workers start when the executor is created, are reused across
-    epochs, and stop on ``close()``, when the executor (or the dataset that
-    holds it) is garbage collected, or at interpreter exit. A worker that
-    dies fails the pass with ``kerasfeed.WorkerError`` and stops the other
-    workers; workers are not restarted. After a pass fails on an item and
-    is left, the idle workers stop too, and the next pass starts fresh ones
-    (NOTE [ Parking after a failed pass ]).
+    epochs, and stop on ``close()`` (or at the end of a ``with`` block),
+    when the executor (or the dataset that holds it) is garbage collected,
+    or at interpreter exit. A worker that dies fails the pass with
+    ``kerasfeed.WorkerError`` and stops the other workers; workers are not
+    restarted. After a pass fails on an item and is left, the idle workers
+    stop too, and the next pass starts fresh ones (NOTE [ Parking after a
+    failed pass ]).
 
     Args:
         source: the indexable source; sent to each worker by value
@@ -53,10 +55,9 @@ class ProcessExecutor(Executor):
     Example:
 
     ```python
-    ex = ProcessExecutor(my_sequence, workers=2)
-    x, y = ex.load(0, epoch=0)
-    ex.stats()["startup_s"], ex.stats()["rss_mb_per_worker"]
-    ex.close()
+    with ProcessExecutor(my_sequence, workers=2) as ex:  # close() on leaving
+        x, y = ex.load(0, epoch=0)
+        ex.stats()["startup_s"], ex.stats()["rss_mb_per_worker"]
     ```
     """
 
@@ -123,13 +124,14 @@ class ProcessExecutor(Executor):
             return self.pool
 
     def load(self, index: int, epoch: int) -> Any:
+        index, epoch = _an_int("index", index), _an_int("epoch", epoch)
         pool = self._live_pool()
         try:
-            return pool.load(int(index), int(epoch))
+            return pool.load(index, epoch)
         except WorkerError:
             if not pool.parked or self._closed:
                 raise
-        return self._live_pool().load(int(index), int(epoch))  # it was parked just before this load
+        return self._live_pool().load(index, epoch)  # it was parked just before this load
 
     def ready(self, index: int, epoch: int) -> bool:
         pool = self.pool
@@ -200,6 +202,16 @@ class ProcessExecutor(Executor):
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"
+
+
+def _an_int(name: str, value: Any) -> int:
+    # int() would take '1' and 2.7 (2): the worker would make another item than the one asked for.
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"ProcessExecutor.load: `{name}` must be an int. Received: {name}={value!r}") from None
 
 
 def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:
