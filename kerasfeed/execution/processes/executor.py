@@ -28,8 +28,8 @@ class ProcessExecutor(Executor):
     or at interpreter exit. A worker that dies fails the pass with
     ``kerasfeed.WorkerError`` and stops the other workers; workers are not
     restarted. After a pass fails on an item and is left, the idle workers
-    stop too, and the next pass starts fresh ones (NOTE [ Parking after a
-    failed pass ]).
+    stop too, and the next pass starts fresh ones
+    (NOTE [ Parking after a failed pass ]).
 
     Args:
         source: the indexable source; sent to each worker by value
