@@ -9,11 +9,12 @@ what is wrong, for the caller to name the item and field.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
-from kerasfeed._nest import field_name
+from kerasfeed._nest import describe, field_name, flatten, pack
 from kerasfeed.errors import SignatureError
 
 
@@ -106,3 +107,60 @@ def leaf_array(index: Any, name: str, leaf: Any) -> np.ndarray:
 def leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
     """The ``(path, leaf)`` pairs of item ``index`` as arrays (``leaf_array``), for ``infer_fields``."""
     return [leaf_array(index, field_name(path, skeleton), leaf) for path, leaf in leaves]
+
+
+def padding_leaves(padding_values: Any, skeleton: Any, dtypes: list) -> list:
+    """One padding value per leaf, as a 0-d array of the leaf's dtype.
+
+    ``padding_values``: None (0; ``b""`` for strings), one scalar for every
+    leaf, or a nest shaped like the items (``skeleton``). A value must fit its
+    leaf's dtype: integers and bools exactly, floats within range; strings
+    pad string leaves only. Both front ends use this, so ``to_dataset``'s
+    ``padded_batch`` gets what ``to_loader`` pads with.
+
+    Raises:
+        ValueError: a nest of another structure, or a value its leaf's
+            dtype cannot hold; the message names the field.
+    """
+    names = [field_name(path, skeleton) for path, _ in flatten(pack(skeleton, dtypes))[1]]
+    if padding_values is None:
+        values = [None] * len(dtypes)
+    elif isinstance(padding_values, (dict, tuple, list)):
+        given, leaves = flatten(padding_values)
+        if given != skeleton:
+            raise ValueError(
+                "`padding_values` must be one scalar or a nest shaped like the items "
+                f"({describe(skeleton)}). Received: padding_values={short_repr(padding_values)}"
+            )
+        values = [v for _, v in leaves]
+    else:
+        values = [padding_values] * len(dtypes)
+    fields = ["the items" if name == "item" else f"field {name}" for name in names]
+    return [_padding_leaf(field, np.dtype(d), v) for field, d, v in zip(fields, dtypes, values)]
+
+
+def _padding_leaf(field: str, dtype: np.dtype, value: Any) -> np.ndarray:
+    if dtype == np.dtype(object):  # strings
+        if value is None:
+            return np.array(b"", dtype=object)
+        if isinstance(value, (str, bytes, np.str_, np.bytes_)):
+            return np.array(_to_bytes(value.item() if isinstance(value, np.generic) else value), dtype=object)
+        raise ValueError(f"`padding_values` for {field} (strings) must be str or bytes. Received: {value!r}")
+    if value is None:
+        return np.zeros((), dtype)
+    a = np.asarray(value)
+    if a.ndim or a.dtype.kind not in "biufc":
+        raise ValueError(f"`padding_values` for {field} ({dtype.name}) must be a number. Received: {value!r}")
+    if a.dtype.kind == "c" and dtype.kind != "c" and a.imag == 0:
+        a = a.real
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ComplexWarning (a dropped imaginary part): refused below
+        cast = a.astype(dtype)
+    exact = dtype.kind in "biu" or a.dtype.kind == "c"  # rounding a real into a float leaf is fine
+    fits = cast == a if exact else (np.isfinite(cast) | ~np.isfinite(a)) & (np.isnan(cast) == np.isnan(a))
+    if not fits:
+        raise ValueError(
+            f"`padding_values` for {field} must fit its dtype {dtype.name}, which cannot hold it "
+            f"(it would become {cast.item()!r}). Received: {value!r}"
+        )
+    return cast

@@ -157,6 +157,40 @@ def test_variable_shape_batched_padded_and_ragged():
     assert [int(v) for v in y] == [0, 1, 2]
 
 
+def test_one_padding_value_fits_every_leaf_alike_in_to_dataset_to_loader_and_streams():
+    # padded_batch took a scalar only of each leaf's exact dtype: -1 failed on float32 with a bare TypeError.
+    class Mixed:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"f": np.arange(i + 1, dtype=np.float32), "u": np.arange(i + 1, dtype=np.uint8)}, np.int32(i)
+
+    def as_lists(batches):
+        return [({k: np.asarray(v).tolist() for k, v in x.items()}, np.asarray(y).tolist()) for x, y in batches]
+
+    expected = [({"f": [[0, -1], [0, 1]], "u": [[0, 0], [0, 1]]}, [0, 1]), ({"f": [[0, 1, 2]], "u": [[0, 1, 2]]}, [2])]
+    padding = ({"f": -1, "u": 0}, 0)
+    assert as_lists(kerasfeed.to_dataset(Mixed(), batch_size=2, padding_values=padding)) == expected
+    assert as_lists(kerasfeed.to_loader(Mixed(), batch_size=2, padding_values=padding)) == expected
+    streamed = kerasfeed.from_generators(lambda k: iter([Mixed()[k]]), 3, batch_size=2, padding_values=padding)
+    assert as_lists(streamed) == expected
+    assert as_lists(kerasfeed.to_dataset(Mixed(), batch_size=2, padding_values=0)) == as_lists(
+        kerasfeed.to_loader(Mixed(), batch_size=2)
+    )
+    for make in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        with pytest.raises(ValueError, match=r"for field x\['u'\] must fit its dtype uint8.*become 255.*Received: -1$"):
+            make(Mixed(), batch_size=2, padding_values=-1)
+        with pytest.raises(ValueError, match=r"for field y must fit its dtype int32.*Received: 0.5$"):
+            make(Mixed(), batch_size=2, padding_values=({"f": 0, "u": 0}, 0.5))
+        with pytest.raises(ValueError, match=r"one scalar or a nest shaped like the items \(\(\{'f': array, 'u': arr"):
+            make(Mixed(), batch_size=2, padding_values=(1.0, 2.0))
+    with pytest.raises(ValueError, match=r"for field x\['f'\] \(float32\) must be a number. Received: 'x'"):
+        kerasfeed.to_dataset(Mixed(), batch_size=2, padding_values="x")
+    with pytest.raises(ValueError, match=r"give one of them. Received: ragged=True, padding_values=-1"):
+        kerasfeed.to_dataset(Mixed(), batch_size=2, ragged=True, padding_values=-1)
+
+
 def test_dtypes_float64_int_bool_bytes_str():
     class Mixed:
         def __len__(self):

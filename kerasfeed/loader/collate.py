@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._leaves import leaf_array, leaf_arrays
-from kerasfeed._nest import describe, field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
+from kerasfeed._leaves import leaf_array, leaf_arrays, padding_leaves
+from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
 
 
@@ -61,19 +61,8 @@ class Signature:
         )
 
     def padding(self, padding_values: Any) -> list:
-        """One padding value per leaf: 0 (``b""`` for strings), a scalar for all
-        leaves, or a nest shaped like the items."""
-        if padding_values is None:
-            return [b"" if d == np.dtype(object) else 0 for d in self.dtypes]
-        if np.ndim(padding_values) == 0 and not isinstance(padding_values, (dict, tuple, list)):
-            return [padding_values] * len(self.dtypes)
-        skeleton, leaves = flatten(padding_values)
-        if skeleton != self.skeleton:
-            raise ValueError(
-                "`padding_values` must be one scalar or a nest shaped like the items "
-                f"({describe(self.skeleton)}). Received: padding_values={padding_values!r}"
-            )
-        return [v for _, v in leaves]
+        """One padding value per leaf (``_leaves.padding_leaves``)."""
+        return padding_leaves(padding_values, self.skeleton, self.dtypes)
 
 
 def _padded(arrays: Sequence[np.ndarray], value: Any) -> np.ndarray:

@@ -72,6 +72,11 @@ class TailOptions:
         _v.batching_needs_batch_size(
             self.batch_size, drop_remainder=self.drop_remainder, ragged=self.ragged, padding_values=self.padding_values
         )
+        if self.ragged and self.padding_values is not None:
+            raise ValueError(
+                "`padding_values` pads samples into dense batches, and `ragged=True` batches them without "
+                f"padding: give one of them. Received: ragged=True, padding_values={self.padding_values!r}"
+            )
         put("items_per_epoch", _v.positive_int("items_per_epoch", self.items_per_epoch, allow_none=True))
         if self.batches_per_epoch == 0:
             raise ValueError(
