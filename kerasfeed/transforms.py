@@ -82,6 +82,7 @@ class ScenePointSampler:
             A list of ``(point_indices, (centre_x, centre_y))``, one per block
             with at least ``min_block_points`` points.
         """
+        xy = np.asarray(xy, np.float64)  # bounds in float32 left gaps between blocks far from 0
         lo, hi = xy.min(axis=0), xy.max(axis=0)
         masks = []
         for axis in (0, 1):
@@ -91,8 +92,11 @@ class ScenePointSampler:
             axis_masks = []
             for k in range(count):
                 a = lo[axis] + k * self.stride
+                end = a + self.block_size
+                if self.stride <= self.block_size:  # blocks that touch share their bound: no point between
+                    end = max(end, lo[axis] + (k + 1) * self.stride)
                 # Half-open blocks; the last one also takes the scene's edge.
-                upper = v <= a + self.block_size if k == count - 1 else v < a + self.block_size
+                upper = v <= end if k == count - 1 else v < end
                 axis_masks.append(((v >= a) & upper, a + self.block_size / 2))
             masks.append(axis_masks)
         out = []
@@ -117,6 +121,10 @@ class ScenePointSampler:
                 f"(scenes, points). Received: points.shape={points.shape}, "
                 f"point_labels.shape={labels.shape}"
             )
+        _check_scenes(points)
+        if not points.shape[0]:  # no scenes: no blocks
+            none = (0, self.num_points)
+            return np.zeros((*none, points.shape[2]), np.float32), np.zeros(none, labels.dtype)
         xs, ys = [], []
         for s in range(points.shape[0]):
             blocks = self.blocks(points[s, :, :2])
@@ -145,6 +153,19 @@ class ScenePointSampler:
         return (
             f"ScenePointSampler(num_points={self.num_points}, block_size={self.block_size}, "
             f"stride={self.stride}, blocks_per_scene={self.blocks_per_scene})"
+        )
+
+
+def _check_scenes(points: np.ndarray) -> None:
+    """Scenes whose blocks can be cut: at least one point, finite x and y."""
+    if points.shape[0] and not points.shape[1]:
+        raise ValueError(f"ScenePointSampler: the scenes have no points. Received: points.shape={points.shape}")
+    bad = np.count_nonzero(~np.isfinite(points[..., :2]), axis=(1, 2))
+    if bad.any():
+        s = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"ScenePointSampler: scene {s} of the batch has {int(bad[s])} x/y values that are NaN or infinite; "
+            f"blocks need finite positions. Received: points.shape={points.shape}"
         )
 
 

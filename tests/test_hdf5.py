@@ -254,6 +254,31 @@ def test_scene_point_sampler(files):
         kerasfeed.ScenePointSampler(-1)
 
 
+def test_scene_point_sampler_far_from_the_origin_empty_and_non_finite_scenes():
+    # float32 scenes ~1000 m from the origin: block bounds computed in float32 left points between two blocks
+    # (51 of 100,000 here were never sampled).
+    rng = np.random.default_rng(0)
+    xy = (1000 + rng.random((100_000, 2))).astype(np.float32)
+    for stride in (None, 0.03):
+        sampler = kerasfeed.ScenePointSampler(4, block_size=0.1, stride=stride)
+        covered = np.zeros(len(xy), bool)
+        for idx, _ in sampler.blocks(xy):
+            covered[idx] = True
+        assert covered.all(), f"stride={stride}: {np.count_nonzero(~covered)} points in no block"
+    tiles = np.concatenate([i for i, _ in kerasfeed.ScenePointSampler(4, block_size=0.1).blocks(xy)])
+    assert len(tiles) == len(xy)  # stride == block_size: each point in exactly one block
+    sampler, r = kerasfeed.ScenePointSampler(8), np.random.default_rng(0)
+    x, y = sampler((np.zeros((0, 5, 3), np.float32), np.zeros((0, 5), np.int32)), r)
+    assert x.shape == (0, 8, 3) and y.shape == (0, 8) and y.dtype == np.int32
+    with pytest.raises(ValueError, match=r"the scenes have no points. Received: points.shape=\(2, 0, 3\)"):
+        sampler((np.zeros((2, 0, 3)), np.zeros((2, 0))), r)
+    points = np.zeros((3, 4, 3))
+    points[1, 2, 1] = np.nan
+    points[1, 3, 0] = np.inf
+    with pytest.raises(ValueError, match=r"scene 1 of the batch has 2 x/y values that are NaN or infinite"):
+        sampler((points, np.zeros((3, 4))), r)
+
+
 # ---- handles, pickling, processes ----------------------------------------------
 
 
