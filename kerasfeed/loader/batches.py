@@ -58,12 +58,17 @@ class BatchReader:
         self._batch_size = batch_size
         self._padding = padding
         self._copy = copy
+        # With batch_size=None: ``check(index, arrays)`` of each item, or None (Loader.check_batches).
+        self.check_item: Optional[Callable[[int, list], None]] = None
 
     def read(self, p: Pass) -> Any:
         """Batch ``p.position`` of pass ``p``, as a nest of numpy arrays."""
         load, skeleton = self._load, self._signature.skeleton
         if self._batch_size is None:
-            arrays = load(p.indices[p.position], p.epoch)
+            index = p.indices[p.position]
+            arrays = load(index, p.epoch)
+            if self.check_item is not None:
+                self.check_item(int(index), arrays)
             return pack(skeleton, _fresh(arrays) if self._copy else arrays)
         k = self._batch_size
         start = p.position * k

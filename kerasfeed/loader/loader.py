@@ -62,8 +62,10 @@ class Loader:
             self._padding = self._signature.padding(options.padding_values)
             del probes
             self._pipeline = feed.pipeline(self._signature)
-        reader = BatchReader(self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy)
-        self._passes = Passes(self._pipeline.begin, reader.read, feed.passes.per_pass, feed.passes.first_pass)
+        self._reader = BatchReader(
+            self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy
+        )
+        self._passes = Passes(self._pipeline.begin, self._reader.read, feed.passes.per_pass, feed.passes.first_pass)
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
@@ -85,7 +87,11 @@ class Loader:
 
     def check_batches(self, processes: Optional[hosts.ProcessShards]) -> None:
         """Refuses batches the distribution cannot split among this process's
-        devices (``hosts.check_local_batches``); None: nothing to check."""
+        devices (``hosts.check_local_batches``); None: nothing to check.
+        Items that are whole batches are also checked one by one as they are
+        read, their sizes may vary (``hosts.item_batch_check``)."""
+        if self.batch_size is None:
+            self._reader.check_item = hosts.item_batch_check(processes, "to_loader")
         if processes is None:
             return
         leading = [s[0] if len(s) else None for s in self._signature.shapes]

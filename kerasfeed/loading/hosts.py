@@ -286,9 +286,7 @@ def check_local_batches(
     devices = processes.local_batch_shards
     if devices <= 1:
         return
-    alone = processes.num_processes == 1
-    on = "" if alone else f" of process {processes.process_index}"
-    where = f"the {devices} devices{on} on the batch axis {processes.batch_axis!r} of the {processes.source}"
+    alone, where = processes.num_processes == 1, _devices_text(processes)
     if batch_size is not None and batch_size % devices:
         what = "is split among" if alone else "is the per-process batch, split again among"
         total = "" if alone else f" (the global batch is batch_size x {processes.num_shards} shards)"
@@ -309,6 +307,35 @@ def check_local_batches(
             f"{owner}: items are whole batches (batch_size=None) of {bad[0]} samples, which do not divide among "
             f"{where}. Return batches of a multiple of {devices} samples. Received: item batch size={bad[0]}"
         )
+
+
+def _devices_text(processes: ProcessShards) -> str:
+    on = "" if processes.num_processes == 1 else f" of process {processes.process_index}"
+    return (
+        f"the {processes.local_batch_shards} devices{on} on the batch axis {processes.batch_axis!r} "
+        f"of the {processes.source}"
+    )
+
+
+def item_batch_check(processes: Optional[ProcessShards], owner: str) -> Optional[Callable[[Any, list], None]]:
+    """With items that are whole batches of sizes that vary, a check of each
+    item's arrays as it is read: ``check(index, arrays)`` refuses one whose
+    leading size does not divide among this process's devices (JAX's would
+    fail mid-pass, after the batches before it trained). None: nothing to check."""
+    if processes is None or processes.local_batch_shards <= 1:
+        return None
+    devices = processes.local_batch_shards
+
+    def check(index: Any, arrays: list) -> None:
+        for a in arrays:
+            if getattr(a, "ndim", 0) and a.shape[0] % devices:
+                raise ValueError(
+                    f"{owner}: item {index} is a batch of {a.shape[0]} samples, which do not divide among "
+                    f"{_devices_text(processes)}. Return batches of a multiple of {devices} samples. "
+                    f"Received: item batch size={a.shape[0]}"
+                )
+
+    return check
 
 
 def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int], num_shards: int,

@@ -68,7 +68,8 @@ def test_jax_fit_on_two_devices_with_prefetch(tmp_path):
     DataParallel's data sharding, the same values in the same order, handed back unchanged by
     Keras' own placement; fit and resume train exactly; Keras' build (one batch, two read on an
     accelerator, plus the prefetch) consumes no pass; item errors name the index; batches the two
-    devices cannot split are refused before the first step, and the model trains on."""
+    devices cannot split are refused before the first step (items of varying sizes as each is read),
+    and the model trains on."""
     out = _run(_notf_python(), "jax", tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     epochs = 2 * 8
     assert out == {
@@ -85,6 +86,8 @@ def test_jax_fit_on_two_devices_with_prefetch(tmp_path):
             "axis 'batch' of the keras.distribution.DataParallel",
             "the last batch of every pass has 1 samples, which do not divide among the 2 devices on the batch "
             "axis 'batch' of the keras.distribution.DataParallel",
+            "item 3 is a batch of 3 samples, which do not divide among the 2 devices on the batch axis 'batch' "
+            "of the keras.distribution.DataParallel",
         ],
         "error_type": "ItemError",
         "threads_left": [],
