@@ -154,6 +154,15 @@ def test_a_per_process_batch_must_divide_among_the_local_devices(monkeypatch):
         kerasfeed.to_loader(Items(10, rows=3))
 
 
+def test_a_source_shorter_than_the_data_shards_is_refused_in_the_distribution_s_words(monkeypatch):
+    _peer(monkeypatch, _processes(index=1))
+    # Before: "IndexOrder: `num_shards` must be in [1, 1]", about an order the user never made.
+    with pytest.raises(ValueError, match=r"^to_loader: the source has 1 items per pass, fewer than the 2 data shards "
+                       r"of the 2-process FakeDistribution \(process 1\): every shard needs one. "
+                       r"Received: len\(source\)=1$"):
+        kerasfeed.to_loader(Items(1))
+
+
 def test_an_unsharded_order_is_cut_per_process(monkeypatch):
     class Reversed:
         shard_length = 9

@@ -170,8 +170,17 @@ def test_explicit_shards_win_and_too_many_shards_are_refused():
     assert ds.options().experimental_distribute.auto_shard_policy.name == "OFF"
     whole = kerasfeed.to_dataset(Idx())
     assert [int(v) for v in whole] == [0, 1, 2, 3, 4]
-    with pytest.raises(ValueError, match=r"`num_shards` must be in \[1, 5\].*Received: num_shards=6"):
-        kerasfeed.to_dataset(Idx(), num_shards=6, shard_index=0)
+    # In the front end's words, not those of the IndexOrder it builds (which the user never made).
+    for make in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        name = make.__name__
+        with pytest.raises(ValueError, match=rf"^{name}: `num_shards` is more than the source's 5 items: every shard "
+                           r"needs at least one. Received: num_shards=6, len\(source\)=5$"):
+            make(Idx(), num_shards=6, shard_index=0)
+        with pytest.raises(ValueError, match=rf"^{name}: `shard_index` must be in \[0, 2\) for num_shards=2. "
+                           r"Received: shard_index=2$"):
+            make(Idx(), num_shards=2, shard_index=2)
+        with pytest.raises(ValueError, match=r"\[0, 1\) for num_shards=1 \(the default: `num_shards` not given\)"):
+            make(Idx(), shard_index=1)
     with pytest.raises(ValueError, match="not both"):
         kerasfeed.to_dataset(Idx(), num_shards=2, input_context=__import__("tensorflow").distribute.InputContext())
     assert kerasfeed.worker_run_dir("logs") == os.path.join("logs", "worker_0")

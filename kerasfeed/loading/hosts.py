@@ -258,6 +258,12 @@ def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPl
             processes, order=options.order, shuffle=options.shuffle, seed=options.seed, owner=options.owner
         )
         num_shards = 1 if num_shards is None else num_shards
+        if num_shards > length:
+            raise ValueError(
+                f"{options.owner}: the source has {length} items per pass, fewer than the {num_shards} data shards "
+                f"of the {processes.num_processes}-process {processes.source} (process "
+                f"{processes.process_index}): every shard needs one. Received: len(source)={length}"
+            )
         return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order)
 
     return resolve

@@ -236,6 +236,22 @@ def resolve_shards(
     return worker.num_workers, worker.worker_id, worker
 
 
+def check_shard_pair(api: str, length: int, num_shards: int, shard_index: int, given: bool) -> None:
+    """Refuses a shard that does not exist or a pass too short for every shard
+    to get an item, in the front end's words (not the order's it builds)."""
+    if shard_index >= num_shards:
+        default = "" if given else " (the default: `num_shards` not given)"
+        raise ValueError(
+            f"{api}: `shard_index` must be in [0, {num_shards}) for num_shards={num_shards}{default}. "
+            f"Received: shard_index={shard_index}"
+        )
+    if num_shards > length:
+        raise ValueError(
+            f"{api}: `num_shards` is more than the source's {length} items: every shard needs at least one. "
+            f"Received: num_shards={num_shards}, len(source)={length}"
+        )
+
+
 def plan_shards(
     api: str, length: int, num_shards: Any, shard_index: Any, input_context: Any, order: Any = None, **fields: Any
 ) -> ShardPlan:
@@ -259,7 +275,10 @@ def plan_shards(
     """
     if order is not None:
         return _plan_order(api, length, num_shards, shard_index, input_context, order, fields)
+    given = num_shards
     num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length)
+    if input_context is None:  # a context's pair is tf.distribute's
+        check_shard_pair(api, length, num_shards, shard_index, given is not None)
     # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
     # does not involve the other workers.
     if worker is not None and num_shards > 1:
@@ -312,13 +331,15 @@ def given_shards(options: Any, length: int) -> ShardPlan:
 
     Args:
         options: the front end's ``LoadOptions``.
-        length: items in the source (unused: the shards are given).
+        length: items in the source.
     """
     num_shards, shard_index = shards_from(
         options.num_shards, options.shard_index, options.input_context, owner=options.owner
     )
-    num_shards = 1 if num_shards is None else num_shards
-    return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, options.order)
+    given, num_shards, shard_index = num_shards is not None, num_shards or 1, shard_index or 0
+    if options.order is None and options.input_context is None:
+        check_shard_pair(options.api, length, num_shards, shard_index, given)
+    return ShardPlan(num_shards, shard_index, num_shards, options.order)
 
 
 def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
