@@ -108,3 +108,46 @@ def test_bad_resume_states():
         kerasfeed.to_dataset(Seq(), initial_state={"epoch": 0, "batches": 7})
     with pytest.raises(ValueError, match="save_every=0"):
         kerasfeed.TrainingProgress(save_every=0)
+
+
+class Samples:
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return np.int64(i)
+
+
+def test_a_state_saved_knowing_the_batching_refuses_another_batch_size():
+    # Before: batches x the new batch_size items were skipped: with batch_size=2 items 4 and 8 came twice.
+    for make in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        run = make(Samples(), batch_size=3, shuffle=True, seed=1)
+        state = kerasfeed.TrainingProgress({"epoch": 0, "batches": 2}, order=run).state()
+        assert state["items"] == 6 and "order" in state
+        with pytest.raises(ValueError, match=r"saved after 2 batches holding 6 items of pass 0 \(batches of 3 items\), "
+                           r"but this pipeline's batches hold 2: .*'epoch': 1, 'batches': 0"):
+            make(Samples(), batch_size=2, shuffle=True, seed=1, initial_state=state)
+        resumed = make(Samples(), batch_size=3, shuffle=True, seed=1, initial_state=state)
+        assert sorted(int(v) for b in resumed for v in np.asarray(b)) == sorted(
+            int(v) for b in list(run)[2:] for v in np.asarray(b)
+        )
+        with pytest.raises(ValueError, match=r"^TrainingProgress: `initial_state` was saved after 2 batches"):
+            kerasfeed.TrainingProgress(state, order=make(Samples(), batch_size=5, shuffle=True, seed=1))
+    assert kerasfeed.TrainingProgress({"epoch": 0, "batches": 2, "items": 6}).state()["items"] == 6
+    with pytest.raises(ValueError, match=r"ResumeState: `items` must be a non-negative int"):
+        kerasfeed.ResumeState.from_dict({"epoch": 0, "batches": 2, "items": -1})
+
+
+def test_epochs_that_are_not_whole_passes_are_refused_when_the_order_is_the_dataset():
+    # Keras goes on reading a pass across epochs with steps_per_epoch shorter than it: the state said
+    # {'epoch': 1, 'batches': 0} while pass 0's second half had trained.
+    ds = kerasfeed.to_dataset(Seq(), shuffle=True, seed=0)
+    with pytest.raises(ValueError, match=r"epochs have 3 steps and a pass has 7 batches.*steps_per_epoch=3"):
+        _model().fit(ds, epochs=2, steps_per_epoch=3, shuffle=False, verbose=0,
+                     callbacks=[kerasfeed.TrainingProgress(order=ds)])
+    resumed = kerasfeed.to_dataset(Seq(), shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 3})
+    progress = kerasfeed.TrainingProgress({"epoch": 1, "batches": 3}, order=resumed)
+    _model().fit(resumed, initial_epoch=1, epochs=2, steps_per_epoch=4, shuffle=False, verbose=0,
+                 callbacks=[progress])  # the resumed epoch's own call
+    assert progress.state() == {"epoch": 2, "batches": 0, "order": kerasfeed.TrainingProgress(order=ds).state()["order"],
+                                "items": 0}

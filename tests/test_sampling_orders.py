@@ -257,7 +257,8 @@ def test_fit_records_the_order_and_learns_from_a_balanced_stream(tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(ds, epochs=2, verbose=0, shuffle=False, callbacks=[progress])
-    assert kerasfeed.TrainingProgress.load(tmp_path / "state.json") == {"epoch": 2, "batches": 0, "order": order.fingerprint}
+    saved = kerasfeed.TrainingProgress.load(tmp_path / "state.json")
+    assert saved == {"epoch": 2, "batches": 0, "order": order.fingerprint, "items": 0}
 
 
 # ---- bad input ------------------------------------------------------------------------

@@ -53,10 +53,15 @@ class TrainingProgress(keras.callbacks.Callback):
             a directory, or a path under a file, is refused here.
         save_every: batches between writes to ``path``.
         order: the order being trained on (an ``IndexOrder``,
-            ``BalancedOrder``, ... or the dataset ``to_dataset`` returned):
-            its fingerprint is saved in the state, and ``to_dataset`` then
-            refuses to resume from that state with a different order.
-            Without it, the fingerprint of ``initial_state`` (if any) is kept.
+            ``BalancedOrder``, ... or, best, the dataset or loader being
+            fitted): its fingerprint is saved in the state, and the front
+            ends then refuse to resume from that state with a different
+            order. Given the dataset or loader, the state also records the
+            items its batches held (resuming with another ``batch_size`` is
+            refused), and a ``fit`` whose epochs are not whole passes
+            (``steps_per_epoch`` shorter than a pass) is refused at its start:
+            the saved position would point elsewhere. Without ``order``, the
+            fingerprint of ``initial_state`` (if any) is kept.
 
     Raises:
         ValueError: ``order`` differs from the order ``initial_state`` was
@@ -65,21 +70,23 @@ class TrainingProgress(keras.callbacks.Callback):
     Example:
 
     ```python
-    progress = kerasfeed.TrainingProgress(path="run/data_state.json")
-    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0), epochs=10, shuffle=False,
+    ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
+    progress = kerasfeed.TrainingProgress(path="run/data_state.json", order=ds)
+    model.fit(ds, epochs=10, shuffle=False,
               callbacks=[progress, keras.callbacks.BackupAndRestore("run/backup")])
     # ... later, after a crash (weights restored from your checkpoint):
     state = kerasfeed.TrainingProgress.load("run/data_state.json")
-    progress = kerasfeed.TrainingProgress(state, path="run/data_state.json")
     epoch = state["epoch"]
     if state["batches"]:  # finish the interrupted epoch on its remaining batches
-        model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state),
-                  initial_epoch=epoch, epochs=epoch + 1, steps_per_epoch=len(seq) - state["batches"],
-                  shuffle=False, callbacks=[progress])
+        ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state)
+        model.fit(ds, initial_epoch=epoch, epochs=epoch + 1,
+                  steps_per_epoch=len(seq) - state["batches"], shuffle=False,
+                  callbacks=[kerasfeed.TrainingProgress(state, path="run/data_state.json", order=ds)])
         epoch += 1
-    model.fit(kerasfeed.to_dataset(seq, shuffle=True, seed=0,
-                                   initial_state={"epoch": epoch, "batches": 0}),
-              initial_epoch=epoch, epochs=10, shuffle=False, callbacks=[progress])
+    start = {"epoch": epoch, "batches": 0}
+    ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=start)
+    model.fit(ds, initial_epoch=epoch, epochs=10, shuffle=False,
+              callbacks=[kerasfeed.TrainingProgress(start, path="run/data_state.json", order=ds)])
     ```
 
     The interrupted epoch gets a ``fit`` call of its own, with its remaining
@@ -105,10 +112,18 @@ class TrainingProgress(keras.callbacks.Callback):
         start = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
         self._resume = start
         self._order = start.order
+        # Items per batch and batches per pass of the front end given as `order` (None: not known).
+        pipeline = None if order is None else find_tagged(order, PIPELINE_ATTR)
+        self._per_batch = getattr(pipeline, "items_per_batch", None)
+        self._per_pass = getattr(pipeline, "batches_per_pass", None)
+        if self._per_batch is None and start.items is not None and start.batches:
+            self._per_batch = start.items // start.batches  # keeps recording what the state recorded
         if order is not None:
             order = order_of(order)
             check_resume_order(start, order)
             self._order = order_fingerprint(order)
+            if pipeline is not None:
+                start.check_batching(self._per_batch, owner="TrainingProgress: ")
         self._epoch, self._batches = start.epoch, start.batches
         self.path = None if path is None else _state_path(path, owner="TrainingProgress")
         self.save_every = save_every
@@ -118,7 +133,24 @@ class TrainingProgress(keras.callbacks.Callback):
 
         With an order fingerprint (see ``order``) the dict also has ``"order"``.
         """
-        return ResumeState(self._epoch, self._batches, self._order).to_dict()
+        items = None if self._per_batch is None else self._batches * self._per_batch
+        return ResumeState(self._epoch, self._batches, self._order, items).to_dict()
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        params = self.params or {}
+        steps, start = params.get("steps"), self._resume
+        if self._per_pass is None or steps is None:
+            return  # nothing known
+        if start.batches and params.get("epochs") == start.epoch + 1:
+            return  # the resumed epoch's own call: its pass is shorter
+        if steps != self._per_pass:
+            raise ValueError(
+                f"TrainingProgress counts one Keras epoch as one pass of the data, but this fit's epochs have "
+                f"{steps} steps and a pass has {self._per_pass} batches: Keras would go on reading a pass across "
+                "epochs, and a saved position would point elsewhere. Drop `steps_per_epoch` (or make it a pass), "
+                "or fit the resumed epoch in a call of its own. "
+                f"Received: steps_per_epoch={steps}, batches per pass={self._per_pass}"
+            )
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch

@@ -84,6 +84,7 @@ def resolve_passes(
             given, or the resume state saved with another order.
     """
     if total is None:
+        resume.check_batching(batch_size, owner=_where(owner))
         return Passes(None, None, None, None, resume, resume.batches * (batch_size or 1))
     order = resolve_order(total, order, shuffle=shuffle, seed=seed, num_shards=num_shards, shard_index=shard_index)
     n = order.shard_length
@@ -93,6 +94,7 @@ def resolve_passes(
             f"{n} items. Received: batch_size={batch_size}"
         )
     check_resume_order(resume, order)
+    resume.check_batching(batch_size, owner=_where(owner))
     per_pass = count_batches(n, batch_size, drop_remainder)
     if resume.batches >= per_pass:
         raise ValueError(

@@ -101,8 +101,10 @@ class Feed:
             pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
         else:
             pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip)
+        # What TrainingProgress(order=<this front end>) records: items per batch, and batches per pass.
+        pipeline.items_per_batch, pipeline.batches_per_pass = self.options.batch_size or 1, passes.per_pass
         if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s
-            pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, self.options.batch_size or 1
+            pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, pipeline.items_per_batch
         return pipeline
 
     def abandon(self) -> None:

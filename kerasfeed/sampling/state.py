@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 from kerasfeed import _validation as _v
 
 _KEYS = {"epoch", "batches"}
+_OPTIONAL = {"order", "items"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,36 +23,65 @@ class ResumeState:
     different order is refused. States saved without one resume with any
     order. ``to_dict()`` is plain JSON.
 
+    ``items`` is how many items of the pass those batches held, when the
+    state was saved knowing the batching (``TrainingProgress(order=<the
+    dataset or loader>)``): resuming with another ``batch_size`` is refused,
+    as ``batches`` would then skip another number of items.
+
     Args:
         epoch: the pass to resume in (equal to Keras' epoch number).
         batches: elements of that pass already consumed.
         order: fingerprint of the saved run's order, or None.
+        items: items of the pass in those batches, or None (not known).
     """
 
     epoch: int = 0
     batches: int = 0
     order: Optional[str] = None
+    items: Optional[int] = None
 
     def __post_init__(self):
         for name in ("epoch", "batches"):
             object.__setattr__(self, name, _v.non_negative_int(name, getattr(self, name), owner="ResumeState"))
         if self.order is not None and not isinstance(self.order, str):
             raise ValueError(f"ResumeState.order must be a fingerprint string or None. Received: order={self.order!r}")
+        items = _v.non_negative_int("items", self.items, allow_none=True, owner="ResumeState")
+        object.__setattr__(self, "items", items)
 
     def to_dict(self) -> dict:
         out = {"epoch": self.epoch, "batches": self.batches}
         if self.order is not None:
             out["order"] = self.order
+        if self.items is not None:
+            out["items"] = self.items
         return out
+
+    def check_batching(self, batch_size: Optional[int], *, owner: str = "") -> None:
+        """Refuses to resume with batches of another size than the state was saved with.
+
+        Raises:
+            ValueError: the saved ``items`` are not ``batches`` batches of ``batch_size``.
+        """
+        per_batch = batch_size or 1
+        if self.items is None or self.items == self.batches * per_batch:
+            return
+        saved = f"{self.items // self.batches} items" if self.batches and self.items % self.batches == 0 else "items"
+        raise ValueError(
+            f"{owner}`initial_state` was saved after {self.batches} batches holding {self.items} items of pass "
+            f"{self.epoch} (batches of {saved}), but this pipeline's batches hold {per_batch}: resuming would skip "
+            f"{self.batches * per_batch} items, repeating or losing some. Resume with the batch_size the state was "
+            f"saved with, or from the next pass: initial_state={{'epoch': {self.epoch + 1}, 'batches': 0}}. "
+            f"Received: initial_state={self.to_dict()}, batch_size={batch_size}"
+        )
 
     @classmethod
     def from_dict(cls, state: Any) -> "ResumeState":
         if isinstance(state, ResumeState):
             return state
-        if not isinstance(state, Mapping) or not _KEYS <= set(state) or not set(state) <= _KEYS | {"order"}:
+        if not isinstance(state, Mapping) or not _KEYS <= set(state) or not set(state) <= _KEYS | _OPTIONAL:
             raise ValueError(
                 "A resume state is a dict with exactly the keys 'epoch' and 'batches' (and 'order', the "
-                "order's fingerprint, when it was saved with one) as saved from TrainingProgress.state. "
-                f"Received: {state!r}"
+                "order's fingerprint, and 'items', when it was saved with them) as saved from "
+                f"TrainingProgress.state. Received: {state!r}"
             )
-        return cls(epoch=state["epoch"], batches=state["batches"], order=state.get("order"))
+        return cls(epoch=state["epoch"], batches=state["batches"], order=state.get("order"), items=state.get("items"))
