@@ -19,7 +19,7 @@ from kerasfeed.loader.convert import TorchBatches
 from kerasfeed.loader.device import DeviceFeed
 from kerasfeed.loader.options import LoaderOptions
 from kerasfeed.loader.passes import Passes
-from kerasfeed.loading import hosts
+from kerasfeed.loading import host_batches, hosts
 from kerasfeed.loading.feed import Feed
 
 
@@ -87,15 +87,15 @@ class Loader:
 
     def check_batches(self, processes: Optional[hosts.ProcessShards]) -> None:
         """Refuses batches the distribution cannot split among this process's
-        devices (``hosts.check_local_batches``); None: nothing to check.
+        devices (``host_batches.check_local_batches``); None: nothing to check.
         Items that are whole batches are also checked one by one as they are
-        read, their sizes may vary (``hosts.item_batch_check``)."""
+        read, their sizes may vary (``host_batches.item_batch_check``)."""
         if self.batch_size is None:
-            self._reader.check_item = hosts.item_batch_check(processes, "to_loader")
+            self._reader.check_item = host_batches.item_batch_check(processes, "to_loader")
         if processes is None:
             return
         leading = [s[0] if len(s) else None for s in self._signature.shapes]
-        hosts.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
+        host_batches.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
                                   leading=leading, owner="to_loader")
 
     # -- iteration -----------------------------------------------------------
