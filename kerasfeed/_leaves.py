@@ -109,17 +109,19 @@ def leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
     return [leaf_array(index, field_name(path, skeleton), leaf) for path, leaf in leaves]
 
 
-def padding_leaves(padding_values: Any, skeleton: Any, dtypes: list) -> list:
+def padding_leaves(padding_values: Any, skeleton: Any, dtypes: list, varying: list) -> list:
     """One padding value per leaf, as a 0-d array of the leaf's dtype.
 
     ``padding_values``: None (0; ``b""`` for strings), one scalar for every
-    leaf, or a nest shaped like the items (``skeleton``). A value must fit its
-    leaf's dtype: integers and bools exactly, floats within range; strings
-    pad string leaves only. Both front ends use this, so ``to_dataset``'s
-    ``padded_batch`` gets what ``to_loader`` pads with.
+    leaf, or a nest shaped like the items (``skeleton``). A leaf whose shape
+    may vary (``varying``) is padded, so its value must fit its dtype:
+    integers and bools exactly, floats within range, strings for string
+    leaves. A fixed-shape leaf is never padded: it gets its value when the
+    value fits, else the default. Both front ends use this, so
+    ``to_dataset``'s ``padded_batch`` gets what ``to_loader`` pads with.
 
     Raises:
-        ValueError: a nest of another structure, or a value its leaf's
+        ValueError: a nest of another structure, or a value a padded leaf's
             dtype cannot hold; the message names the field.
     """
     names = [field_name(path, skeleton) for path, _ in flatten(pack(skeleton, dtypes))[1]]
@@ -135,8 +137,16 @@ def padding_leaves(padding_values: Any, skeleton: Any, dtypes: list) -> list:
         values = [v for _, v in leaves]
     else:
         values = [padding_values] * len(dtypes)
-    fields = ["the items" if name == "item" else f"field {name}" for name in names]
-    return [_padding_leaf(field, np.dtype(d), v) for field, d, v in zip(fields, dtypes, values)]
+    out = []
+    for name, dtype, value, pads in zip(names, dtypes, values, varying):
+        field = "the items" if name == "item" else f"field {name}"
+        try:
+            out.append(_padding_leaf(field, np.dtype(dtype), value))
+        except ValueError:
+            if pads:
+                raise
+            out.append(_padding_leaf(field, np.dtype(dtype), None))  # never used: no shape of it varies
+    return out
 
 
 def _padding_leaf(field: str, dtype: np.dtype, value: Any) -> np.ndarray:

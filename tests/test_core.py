@@ -181,8 +181,12 @@ def test_one_padding_value_fits_every_leaf_alike_in_to_dataset_to_loader_and_str
     for make in (kerasfeed.to_dataset, kerasfeed.to_loader):
         with pytest.raises(ValueError, match=r"for field x\['u'\] must fit its dtype uint8.*become 255.*Received: -1$"):
             make(Mixed(), batch_size=2, padding_values=-1)
-        with pytest.raises(ValueError, match=r"for field y must fit its dtype int32.*Received: 0.5$"):
-            make(Mixed(), batch_size=2, padding_values=({"f": 0, "u": 0}, 0.5))
+        with pytest.raises(ValueError, match=r"for field x\['u'\] must fit its dtype uint8.*Received: 0.5$"):
+            make(Mixed(), batch_size=2, padding_values=({"f": 0, "u": 0.5}, 0))
+        # A leaf no shape of which varies is never padded: a scalar it cannot hold is no error there.
+        named = [(np.arange(i + 1, dtype=np.float32), f"s{i}") for i in range(3)]
+        (x, names), _ = ((np.asarray(a), np.asarray(b)) for a, b in make(named, batch_size=2, padding_values=-1))
+        assert x.tolist() == [[0, -1], [0, 1]] and names.tolist() == [b"s0", b"s1"]
         with pytest.raises(ValueError, match=r"one scalar or a nest shaped like the items \(\(\{'f': array, 'u': arr"):
             make(Mixed(), batch_size=2, padding_values=(1.0, 2.0))
     with pytest.raises(ValueError, match=r"for field x\['f'\] \(float32\) must be a number. Received: 'x'"):

@@ -62,7 +62,7 @@ class Signature:
 
     def padding(self, padding_values: Any) -> list:
         """One padding value per leaf (``_leaves.padding_leaves``)."""
-        return padding_leaves(padding_values, self.skeleton, self.dtypes)
+        return padding_leaves(padding_values, self.skeleton, self.dtypes, [None in shape for shape in self.shapes])
 
 
 def _padded(arrays: Sequence[np.ndarray], value: Any) -> np.ndarray:

@@ -35,7 +35,8 @@ def _padding(spec: Any, padding_values: Any) -> Any:
     scalar only of every leaf's exact dtype (-1 for float32 leaves failed)."""
     skeleton, leaves = flatten(spec)
     dtypes = [leaf.dtype.as_numpy_dtype for _, leaf in leaves]
-    values = padding_leaves(padding_values, skeleton, dtypes)
+    varying = [leaf.shape.rank is None or None in leaf.shape.as_list() for _, leaf in leaves]
+    values = padding_leaves(padding_values, skeleton, dtypes, varying)
     constants = [tf.constant(v, dtype=leaf.dtype) for v, (_, leaf) in zip(values, leaves)]
     return tf.nest.pack_sequence_as(spec, constants)
 
