@@ -131,7 +131,8 @@ class TrainingProgress(keras.callbacks.Callback):
     def state(self) -> dict:
         """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e.
 
-        With an order fingerprint (see ``order``) the dict also has ``"order"``.
+        With an order fingerprint (see ``order``) the dict also has ``"order"``,
+        and given the dataset or loader as ``order``, ``"items"``.
         """
         items = None if self._per_batch is None else self._batches * self._per_batch
         return ResumeState(self._epoch, self._batches, self._order, items).to_dict()

@@ -217,7 +217,7 @@ class _ProcessShardOrder:
 
 
 def process_shards(
-    processes: ProcessShards, *, order: Any, shuffle: bool, seed: Optional[int], owner: str
+    processes: ProcessShards, *, length: int, order: Any, shuffle: bool, seed: Optional[int], owner: str
 ) -> tuple[Optional[int], Optional[int], Any]:
     """``(num_shards, shard_index, order)`` for a loader of this process.
 
@@ -226,18 +226,23 @@ def process_shards(
 
     Raises:
         ValueError: shuffling across processes without a ``seed``, or fewer
-            entries in a pass than shards.
+            entries in a pass (the order's, else the source's ``length``)
+            than shards.
     """
-    n, k, where = processes.num_shards, processes.shard_index, f"process {processes.process_index}"
+    n, k = processes.num_shards, processes.shard_index
+
+    def too_short(what: str, count: str, received: str) -> ValueError:
+        return ValueError(
+            f"{owner}: {what} has {count} per pass, fewer "
+            f"than the {n} data shards of the {processes.num_processes}-process {processes.source} "
+            f"(process {processes.process_index}): every shard needs one. Received: {received}"
+        )
+
     if order is not None:
         if n == 1 or int(getattr(order, "num_shards", 1) or 1) > 1:
             return None, None, order
         if int(order.shard_length) < n:
-            raise ValueError(
-                f"{owner}: the `order` has {int(order.shard_length)} entries per pass, fewer than the {n} data shards "
-                f"of the {processes.num_processes}-process {processes.source} ({where}): every shard needs one. "
-                f"Received: order={order!r}"
-            )
+            raise too_short("the `order`", f"{int(order.shard_length)} entries", f"order={order!r}")
         return None, None, _ProcessShardOrder(order, n, k)
     if shuffle and seed is None:
         raise ValueError(
@@ -246,6 +251,8 @@ def process_shards(
             "disjoint (or, with one shard, their batches equal). Pass the same seed on every process. "
             "Received: seed=None"
         )
+    if length < n:
+        raise too_short("the source", f"{length} items", f"len(source)={length}")
     return n, k, None
 
 
@@ -255,15 +262,10 @@ def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPl
 
     def resolve(options: Any, length: int) -> ShardPlan:
         num_shards, shard_index, order = process_shards(
-            processes, order=options.order, shuffle=options.shuffle, seed=options.seed, owner=options.owner
+            processes, length=length, order=options.order, shuffle=options.shuffle, seed=options.seed,
+            owner=options.owner,
         )
         num_shards = 1 if num_shards is None else num_shards
-        if num_shards > length:
-            raise ValueError(
-                f"{options.owner}: the source has {length} items per pass, fewer than the {num_shards} data shards "
-                f"of the {processes.num_processes}-process {processes.source} (process "
-                f"{processes.process_index}): every shard needs one. Received: len(source)={length}"
-            )
         return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order)
 
     return resolve
