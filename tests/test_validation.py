@@ -81,6 +81,13 @@ def test_same_bad_value_same_message_from_every_entry_point(kwargs, message, ent
         assert str(e.value) == f"H5SliceSequence: {message}"
 
 
+@pytest.mark.parametrize("entry", ["to_dataset", "to_dataset/processes", "from_generators", "from_files"])
+def test_a_device_name_tensorflow_cannot_parse_is_refused_with_what_was_passed(entry, h5file):
+    with pytest.raises(ValueError, match=r"^`device` must be a device name such as '/gpu:0': .*'bogus'") as e:
+        ENTRY_POINTS[entry](h5file, device="/bogus:0")
+    assert str(e.value).endswith("Received: device='/bogus:0'")
+
+
 @pytest.mark.parametrize("text", ["scenes.h5", b"scenes.h5", bytearray(b"ab")])
 def test_text_is_refused_as_a_source_by_every_front_end(text, tmp_path):
     # A path passed where a source belongs is indexable: without the check its characters were the items.
