@@ -113,6 +113,32 @@ def test_a_pass_dropped_mid_epoch_resumes_at_the_next_epoch():
     assert ids(ds) == [200, 201]
 
 
+def test_a_pass_started_while_an_earlier_one_is_open_reads_the_next_epoch_whole():
+    # A peek kept alive (a notebook, a traceback): the new pass read the tail of
+    # epoch 0 while the old iterator's buffer held the rest, lost in silence.
+    ds = kerasfeed.from_queue(epochs_producer([20, 20, 4]), maxsize=4)
+    old = iter(ds)
+    assert int(next(old)[1]) == 0
+    time.sleep(0.3)  # the old pass reads ahead into its buffer
+    assert ids(ds) == [100 + k for k in range(20)]  # epoch 1, whole
+    # The old pass yields what it had buffered, then says why it stopped.
+    with pytest.raises(tf.errors.OpError, match=r"a newer pass over this from_queue dataset started while this one was open, after \d+ items") as info:
+        for _ in range(30):
+            assert int(next(old)[1]) < 20  # never an item of a later epoch
+    assert "(epoch 0)" in str(info.value)
+    assert ids(ds) == [200, 201, 202, 203]
+
+
+def test_the_pass_after_a_failed_epoch_reads_the_next_epoch():
+    q = queue.Queue(maxsize=16)
+    for x in [0, 1, ValueError("bad record"), 2, 3, kerasfeed.END_OF_EPOCH, 10, 11, kerasfeed.END_OF_EPOCH]:
+        q.put(np.int64(x) if isinstance(x, int) else x)
+    ds = kerasfeed.from_queue(q)
+    with pytest.raises(tf.errors.OpError, match=r"\(epoch 0\) raised ValueError after 2 items: bad record"):
+        list(ds)
+    assert [int(v) for v in ds] == [10, 11]  # not the failed epoch's rest, [2, 3]
+
+
 def test_variable_shapes_with_probe_and_padded_batches():
     def produce(put):
         for k in range(7):

@@ -214,6 +214,10 @@ def test_from_generators_timeout_fails_a_stuck_pass(executor):
     kwargs = {"workers": 2} if executor == "processes" else {}
     spec = tf.TensorSpec([2], tf.float32)  # no probe: the pass itself meets the stuck shard
     ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=4, output_signature=spec, **kwargs)
-    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=4|_stuck_second_shard\(1\).* within timeout=4)"):
+    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=4|_stuck_second_shard\(1\).* within timeout=4)") as info:
         list(ds)
+    message = str(info.value)
+    del info  # its traceback holds the pipeline (and its workers) alive
+    if executor == "threads":  # the pass's own timeout names the shard it waits for (processes: the worker's)
+        assert "waiting for from_generators (pass 0): item 1 of _stuck_second_shard(1)" in message
     del ds

@@ -15,8 +15,12 @@ Two kinds of producer:
   ``StreamError`` with the original error (after the items put before it).
 - a bounded queue (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``,
   anything with ``get(timeout=)``) that the user's own threads fill. An
-  exception instance put into it fails the epoch with that error; a
-  ``timeout`` guards against a producer that died silently.
+  exception instance put into it fails the epoch with that error (the next
+  pass skips the rest of that epoch); a ``timeout`` guards against a
+  producer that died silently.
+
+One pass reads the queue at a time: a pass opened while another is still
+open supersedes it (``QueueFeed.open_pass``).
 """
 
 from __future__ import annotations
@@ -105,6 +109,9 @@ class QueueFeed:
         maxsize = _v.positive_int("maxsize", maxsize)
         self.timeout = _v.seconds("timeout", timeout)
         self._lock = threading.Lock()
+        # One pass reads the queue at a time: a pass superseded by a newer
+        # one (see ``open_pass``) must not take the newer pass's items.
+        self._read_lock = threading.Lock()
         self._peeked: collections.deque = collections.deque()
         self._done: Optional[_ProducerDone] = None  # sticky once the producer finished
         self._epoch = 0
@@ -253,10 +260,18 @@ class QueueFeed:
         return items
 
     def open_pass(self) -> "QueuePass":
-        """Starts reading the next epoch."""
+        """Starts reading the next epoch.
+
+        A pass still open (an iterator that was peeked at and kept, one a
+        traceback holds, one collected late) is superseded: as if dropped,
+        the new pass starts after that pass's epoch if it took items, and the
+        old one's next ``take`` raises instead of taking the new pass's items.
+        """
         self._start()
-        p = QueuePass(self)
-        with self._lock:
+        with self._read_lock, self._lock:
+            if self._active is not None:
+                self._active._leave(superseded=True)
+            p = QueuePass(self)
             self._active = p
         return p
 
@@ -271,6 +286,7 @@ class QueuePass:
     def __init__(self, feed: QueueFeed):
         self._feed = feed
         self._ended = False
+        self._superseded = False
         self._n = 0
         self._epoch = feed._epoch
         # A pass abandoned mid-epoch: this pass starts at the next epoch.
@@ -280,6 +296,20 @@ class QueuePass:
     def take(self, timeout: Optional[float] = None) -> Any:
         """Returns ``(item, (epoch, item_number))``, ``NOT_READY`` or ``END``."""
         feed = self._feed
+        with feed._read_lock:
+            if self._superseded:
+                self._ended = True
+                raise StreamError(
+                    f"{feed.name} (epoch {self._epoch})", "RuntimeError",
+                    f"a newer pass over this from_queue dataset started while this one was open, after {self._n} "
+                    "items: a queue is read one pass at a time, and the newer pass reads on from the next epoch. "
+                    "Finish or delete an iterator before starting another pass.",
+                    "(none: a newer pass started)\n", None, self._n,
+                )
+            return self._take(timeout)
+
+    def _take(self, timeout: Optional[float]) -> Any:
+        feed = self._feed
         if self._ended:
             return END
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -288,7 +318,8 @@ class QueuePass:
             got = feed._get(remaining)
             if got is NOT_READY:
                 if feed.timeout is not None and time.monotonic() - self._last > feed.timeout:
-                    self._ended = True
+                    with feed._lock:
+                        self._leave()  # the producer may go on with this epoch later: the next pass skips it
                     raise StreamError(
                         feed.name, "TimeoutError", f"no item for {feed.timeout} s (epoch {self._epoch}, "
                         f"after {self._n} items); is the producer still running?",
@@ -314,7 +345,8 @@ class QueuePass:
             if self._skipping:
                 continue
             if isinstance(got, BaseException):
-                self._end()
+                with feed._lock:  # the rest of the failed epoch is skipped, up to its END_OF_EPOCH
+                    self._leave(failed=True)
                 raise StreamError.from_exception(f"{feed.name} (epoch {self._epoch})", got, items_before=self._n)
             n = self._n
             self._n += 1
@@ -341,13 +373,24 @@ class QueuePass:
         self._ended = True
         self._feed._epoch = self._epoch + 1
 
+    def _leave(self, *, superseded: bool = False, failed: bool = False) -> None:
+        """Ends this pass before its epoch's end (``feed._lock`` held).
+
+        Abandoned mid-epoch (a ``break``, ``take(k)``, a timeout, a newer
+        pass) after taking items, or failed by an exception item: the next
+        pass drops the rest of this epoch and reads the next one."""
+        feed = self._feed
+        if feed._active is self:
+            feed._active = None
+        if superseded:
+            self._superseded = True
+        if not self._ended and (self._n > 0 or failed):
+            feed._skip_to_epoch_end = feed._done is None
+            feed._epoch = self._epoch + 1
+        self._ended = True
+
     def close(self) -> None:
         feed = self._feed
         with feed._lock:
             if feed._active is self:
-                feed._active = None
-                if not self._ended and self._n > 0 and feed._done is None:
-                    # Abandoned mid-epoch (a `break`, `take(k)`): the next
-                    # pass drops the rest of this epoch and reads the next one.
-                    feed._skip_to_epoch_end = True
-                    feed._epoch = self._epoch + 1
+                self._leave()

@@ -179,7 +179,7 @@ def chunks(
                             raise StreamError(
                                 f"{api} (pass {epoch})", "TimeoutError",
                                 f"no item for timeout={pass_timeout} s after {made} items; a generator, reader or "
-                                f"worker is stuck. Received: timeout={pass_timeout}",
+                                f"worker is stuck (waiting for {waiting_for()}). Received: timeout={pass_timeout}",
                                 "(none: nothing raised, no item came)\n",
                                 None, made,
                             )

@@ -48,7 +48,7 @@ def from_queue(
             fails the pass that reaches that point), or a bounded queue
             (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``) filled
             by your own threads; put an exception instance into it to fail
-            the epoch with that error.
+            the epoch with that error (the next pass reads the next epoch).
         maxsize: the bound of the queue kerasfeed creates for a callable.
         output_signature: a nest of ``tf.TensorSpec``; otherwise inferred from
             the first ``probe`` items (which wait in the queue for the first

@@ -151,7 +151,8 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
         try:
             tf.DeviceSpec.from_string(device)
         except ValueError as e:  # TensorFlow's own words, without what was passed
-            raise ValueError(f"`device` must be a device name such as '/gpu:0': {e} Received: device={device!r}") from None
+            message = f"`device` must be a device name such as '/gpu:0': {e} Received: device={device!r}"
+            raise ValueError(message) from None
         ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
     return ds
 
