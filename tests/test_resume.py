@@ -151,3 +151,33 @@ def test_epochs_that_are_not_whole_passes_are_refused_when_the_order_is_the_data
                  callbacks=[progress])  # the resumed epoch's own call
     assert progress.state() == {"epoch": 2, "batches": 0, "order": kerasfeed.TrainingProgress(order=ds).state()["order"],
                                 "items": 0}
+
+
+class _Pairs:
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full(3, i, np.float32), np.float32([i])
+
+
+class _CrashInValidation(keras.callbacks.Callback):
+    def on_test_begin(self, logs=None):
+        raise RuntimeError("preempted during validation")
+
+
+def test_a_crash_during_the_end_of_epoch_validation_resumes_at_the_next_pass(tmp_path):
+    # The state was {'epoch': 0, 'batches': 3} (the pass's end) until on_epoch_end,
+    # after validation: the front ends refuse it and the recipe had 0 steps left.
+    items = _Pairs()
+    ds = kerasfeed.to_dataset(items, batch_size=4, shuffle=True, seed=0)
+    path = tmp_path / "state.json"
+    model = _model()
+    with pytest.raises(RuntimeError, match="preempted during validation"):
+        model.fit(ds, epochs=2, validation_data=(np.zeros((4, 3)), np.zeros((4, 1))), shuffle=False, verbose=0,
+                  callbacks=[kerasfeed.TrainingProgress(path=path, order=ds), _CrashInValidation()])
+    state = kerasfeed.TrainingProgress.load(path)
+    assert (state["epoch"], state["batches"], state["items"]) == (1, 0, 0)
+    resumed = kerasfeed.to_dataset(items, batch_size=4, shuffle=True, seed=0, initial_state=state)
+    again = kerasfeed.to_dataset(items, batch_size=4, shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 0})
+    assert [b[1].numpy().tolist() for b in resumed] == [b[1].numpy().tolist() for b in again]

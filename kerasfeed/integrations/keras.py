@@ -160,6 +160,12 @@ class TrainingProgress(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         skip = self._resume.batches if self._epoch == self._resume.epoch else 0
         self._batches = skip + batch + 1  # `batch` is the step index in this epoch
+        steps = (self.params or {}).get("steps")
+        if (steps is not None and batch + 1 >= steps) or (self._per_pass and self._batches >= self._per_pass):
+            # The pass is over before validation and on_epoch_end run: a crash
+            # there resumes at the next pass (a position at the pass's end is
+            # refused by the front ends, and leaves no steps to fit).
+            self._epoch, self._batches = self._epoch + 1, 0
         if self.path is not None and self._batches % self.save_every == 0:
             self._write(self.path)  # checked when the callback was made
 
