@@ -244,6 +244,9 @@ def test_input_stats_callback_logs_and_tensorboard_tags(tmp_path):
     assert steps[:2] == [2, 4] and steps[-1] == 16  # every 2 steps, and at each epoch end (8 steps an epoch)
     p50 = frame[frame["tag"] == "input/make_ms_p50"]["value"]
     assert (p50 >= 1.5).all()
+    # The epoch-end write at a step already written adds only the epoch-end tags (it added a second,
+    # near-empty interval: batches_per_s 0 beside the real figure at the same step).
+    assert not frame.duplicated(["tag", "step"]).any()
 
 
 def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
@@ -258,6 +261,27 @@ def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
     found, given = kerasfeed.InputStats(), kerasfeed.InputStats(dataset=train.map(lambda x, y: (x, y)))
     model.fit(train, validation_data=val, epochs=1, callbacks=[found, given], verbose=0, shuffle=False)
     assert found._collector is given._collector is kerasfeed.observe.api.collector_of(train)
+
+
+def test_input_stats_never_reports_the_validation_data_and_follows_each_fit_s_data():
+    import keras
+
+    val = kerasfeed.to_dataset(Sleepy(n=8, delay=0.0), batch_size=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    cb = kerasfeed.InputStats()
+    x, y = np.zeros((16, 3), np.float32), np.zeros((16, 1), np.float32)
+    # Training on arrays: the validation set's figures were logged as the training input's, from epoch 2 on.
+    with pytest.warns(UserWarning, match="no kerasfeed dataset delivered items to this fit's training steps"):
+        history = model.fit(x, y, batch_size=4, validation_data=val, epochs=3, callbacks=[cb], verbose=0)
+    assert "input_wait_ms" not in history.history and cb._collector is None
+    # The same callback in a second fit follows that fit's data (it kept the first's).
+    first, second = (kerasfeed.to_dataset(Sleepy(n=8, delay=0.0), batch_size=4) for _ in range(2))
+    model.fit(first, epochs=1, callbacks=[cb], verbose=0, shuffle=False)
+    assert cb._collector is kerasfeed.observe.api.collector_of(first)
+    history = model.fit(second, validation_data=val, epochs=2, callbacks=[cb], verbose=0, shuffle=False)
+    assert cb._collector is kerasfeed.observe.api.collector_of(second)
+    assert len(history.history["input_wait_ms"]) == 2
 
 
 def test_overhead_benchmark_runs_on_tiny_settings():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, Optional
 
 import keras
@@ -73,9 +74,12 @@ class InputStats(keras.callbacks.Callback):
     - at epoch ends: ``input/pass_gap_ms``, ``input/first_item_ms``.
 
     Which dataset: the one given as ``dataset=`` (any kerasfeed dataset or
-    one derived from it). Without it, the kerasfeed dataset that delivered
-    the most items during the first training step (the training data; a
-    validation set is read after it).
+    one derived from it). Without it, in every ``fit``, the kerasfeed dataset
+    that delivered the most items during the first epoch's training steps
+    (the training data; a validation set is read after them and never
+    counts). When none did (``fit(seq)`` trains through Keras' own
+    ``PyDataset`` path, numpy arrays through Keras'), the logs get no input
+    figures and a warning says so.
 
     Args:
         log_dir: where to write TensorBoard scalars (a directory, made if
@@ -102,7 +106,10 @@ class InputStats(keras.callbacks.Callback):
         super().__init__()
         self.log_dir = None if log_dir is None else check_log_dir(log_dir, owner="InputStats")
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, owner="InputStats")
-        self._collector: Optional[StatsCollector] = None if dataset is None else collector_of(dataset)
+        self._given: Optional[StatsCollector] = None if dataset is None else collector_of(dataset)
+        self._collector = self._given
+        self._searching = False  # looking for the training data's collector (no `dataset=`)
+        self._written_step = -1  # the step of the last TensorBoard write
         self._baseline: dict[int, tuple[StatsCollector, _Totals]] = {}
         self._writer: Any = None
         self.run_dir: Optional[str] = None
@@ -113,7 +120,10 @@ class InputStats(keras.callbacks.Callback):
 
     # ------------------------------------------------------------ Keras hooks
     def on_train_begin(self, logs=None):
-        if self._collector is None:
+        # A callback used for a second fit follows that fit's data, not the first's.
+        self._collector, self._last, self._epoch_start = self._given, None, None
+        self._searching = self._given is None
+        if self._searching:
             now = time.perf_counter()
             self._baseline = {id(c): (c, _Totals(c.snapshot(), now)) for c in live_collectors()}
         if self.log_dir is not None and self._writer is None:
@@ -127,7 +137,7 @@ class InputStats(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
         self._epoch_steps += 1
-        if self._collector is None and not self._find():
+        if self._collector is None and not (self._searching and self._find()):
             return
         if self._epoch_start is None:  # found during this epoch's first step
             entry = self._baseline.get(id(self._collector))
@@ -135,7 +145,11 @@ class InputStats(keras.callbacks.Callback):
         if self._writer is not None and self._step % self.every_n_steps == 0:
             self._write(self._collector.snapshot(), epoch_end=False)
 
+    def on_test_begin(self, logs=None):
+        self._stop_searching()  # validation reads its own dataset from here on
+
     def on_epoch_end(self, epoch, logs=None):
+        self._stop_searching()
         if self._collector is None or self._epoch_start is None:
             return
         snap = self._collector.snapshot()
@@ -146,7 +160,8 @@ class InputStats(keras.callbacks.Callback):
             logs["input_wait_ms"] = waited / steps * 1e3
             logs["input_wait_share"] = waited / max(now.now - self._epoch_start.now, 1e-9)
         if self._writer is not None:
-            self._write(snap, epoch_end=True, totals=now)
+            # Already written at this step: only the epoch-end tags (never two points at one step).
+            self._write(snap, epoch_end=True, totals=now, interval=self._written_step != self._step)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -159,6 +174,16 @@ class InputStats(keras.callbacks.Callback):
     def _empty() -> dict:
         # A dataset built after fit began: nothing before.
         return {"items": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
+
+    def _stop_searching(self) -> None:
+        if self._searching and self._collector is None:
+            warnings.warn(
+                "InputStats: no kerasfeed dataset delivered items to this fit's training steps, so the logs get "
+                "no input figures. fit(seq) and numpy arrays go through Keras' own input path: train on "
+                "kerasfeed.to_dataset(seq) or kerasfeed.to_loader(seq), or pass it as `dataset=`.",
+                stacklevel=2,
+            )
+        self._searching = False
 
     def _find(self) -> bool:
         best, grown = None, 0
@@ -175,8 +200,13 @@ class InputStats(keras.callbacks.Callback):
     def _totals(self) -> _Totals:
         return _Totals(self._collector.snapshot(), time.perf_counter())
 
-    def _write(self, snap: dict, epoch_end: bool, totals: Optional[_Totals] = None) -> None:
+    def _write(self, snap: dict, epoch_end: bool, totals: Optional[_Totals] = None, interval: bool = True) -> None:
         now = totals or _Totals(snap, time.perf_counter())
+        if not interval:
+            scalars = self._epoch_end_scalars(snap)
+            if scalars:
+                self._writer.scalars(scalars, self._step)
+            return
         last = self._last or self._epoch_start
         scalars: dict[str, float] = {}
         dt = now.now - last.now if last is not None else 0.0
@@ -209,14 +239,20 @@ class InputStats(keras.callbacks.Callback):
         scalars.update({k: v for k, v in optional.items() if v is not None})
         scalars["input/errors"] = snap["errors"]
         if epoch_end:
-            passes = [p for p in snap["passes"] if p["first_item_s"] is not None]
-            if passes:
-                p = passes[-1]
-                scalars["input/first_item_ms"] = p["first_item_s"] * 1e3
-                if p["gap_s"] is not None:
-                    scalars["input/pass_gap_ms"] = p["gap_s"] * 1e3
+            scalars.update(self._epoch_end_scalars(snap))
         self._writer.scalars(scalars, self._step)
-        self._last = now
+        self._last, self._written_step = now, self._step
+
+    @staticmethod
+    def _epoch_end_scalars(snap: dict) -> dict:
+        passes = [p for p in snap["passes"] if p["first_item_s"] is not None]
+        if not passes:
+            return {}
+        p = passes[-1]
+        scalars = {"input/first_item_ms": p["first_item_s"] * 1e3}
+        if p["gap_s"] is not None:
+            scalars["input/pass_gap_ms"] = p["gap_s"] * 1e3
+        return scalars
 
 
 __all__ = ["InputStats", "input_run_dir"]
