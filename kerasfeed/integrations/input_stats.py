@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 from typing import Any, Optional
 
 import keras
@@ -41,6 +42,14 @@ class _Totals:
         self.wait = snap["wait_total_s"]
         self.busy = {w["id"]: w.get("busy_s") or 0.0 for w in snap["workers"]}
         self.threads_busy_s = snap.get("threads_busy_s")
+
+
+def _weak(obj: Any) -> Any:
+    """A weak reference to ``obj``, or a callable giving None where it takes none."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: None
 
 
 class InputStats(keras.callbacks.Callback):
@@ -106,8 +115,13 @@ class InputStats(keras.callbacks.Callback):
         super().__init__()
         self.log_dir = None if log_dir is None else check_log_dir(log_dir, owner="InputStats")
         self.every_n_steps = positive_int("every_n_steps", every_n_steps, owner="InputStats")
+        # Refused now if it is not a kerasfeed dataset, and looked up again when
+        # each fit begins: a loader under the TensorFlow backend reads through
+        # a dataset Keras has it make for that fit. A weak reference: the
+        # callback must not keep a dataset (and its workers) alive.
         self._given: Optional[StatsCollector] = None if dataset is None else collector_of(dataset)
-        self._collector = self._given
+        self._dataset = None if dataset is None else _weak(dataset)
+        self._collector: Optional[StatsCollector] = None
         self._searching = False  # looking for the training data's collector (no `dataset=`)
         self._written_step = -1  # the step of the last TensorBoard write
         self._baseline: dict[int, tuple[StatsCollector, _Totals]] = {}
@@ -121,6 +135,9 @@ class InputStats(keras.callbacks.Callback):
     # ------------------------------------------------------------ Keras hooks
     def on_train_begin(self, logs=None):
         # A callback used for a second fit follows that fit's data, not the first's.
+        dataset = None if self._dataset is None else self._dataset()
+        if dataset is not None:
+            self._given = collector_of(dataset)
         self._collector, self._last, self._epoch_start = self._given, None, None
         self._searching = self._given is None
         if self._searching:

@@ -18,6 +18,8 @@ from typing import Any
 
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
+from kerasfeed.observe.api import STATS_ATTR
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
 MIN_KERAS = (3, 7)
@@ -100,6 +102,14 @@ def get_tf_dataset(loader: Any) -> Any:
     """The adapter's ``get_tf_dataset``: ``tf_dataset(loader)``, made once per loader."""
     if loader._tf_dataset is None:
         loader._tf_dataset = tf_dataset(loader)
+        # Its pipeline reads the items now (and the shared executor reports to
+        # it): stats(loader) and InputStats(dataset=loader) follow it, not the
+        # loader's own, idle under this backend.
+        collector = find_tagged(loader._tf_dataset, STATS_ATTR) or getattr(
+            find_tagged(loader._tf_dataset, PIPELINE_ATTR), "stats", None
+        )
+        if collector is not None:
+            setattr(loader, STATS_ATTR, collector)
     return loader._tf_dataset
 
 

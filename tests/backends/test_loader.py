@@ -212,3 +212,21 @@ def test_stats_and_executor_of_find_the_loader_pipeline():
         assert kerasfeed.executor_of(loader) is loader.executor
         s = kerasfeed.stats(loader)
         assert s["kind"] == "to_loader" and s["items"] == 10 and s["batches"] == 2, s
+
+
+def test_under_tensorflow_stats_follow_the_dataset_keras_drains():
+    """Keras' TensorFlow backend reads a loader through a tf.data dataset of its
+    own: stats(loader) and InputStats(dataset=loader) read that one's figures
+    (they read the loader's own, idle there: always zero)."""
+    import keras
+
+    assert keras.backend.backend() == "tensorflow"
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with kerasfeed.to_loader(Items(8), batch_size=4) as loader:
+        callback = kerasfeed.InputStats(dataset=loader)  # made before Keras makes the dataset
+        history = model.fit(loader, epochs=2, verbose=0, callbacks=[callback])
+        s = kerasfeed.stats(loader)
+        assert s["items"] == 16 and [(p["epoch"], p["items"]) for p in s["passes"]] == [(0, 8), (1, 8)], s
+        assert callback._collector is kerasfeed.observe.api.collector_of(loader)
+        assert len(history.history["input_wait_ms"]) == 2
