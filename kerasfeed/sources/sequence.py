@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
@@ -36,7 +37,9 @@ class SceneSequence(_PyDataset):
     ``to_dataset`` sets it through ``set_epoch`` in every process that runs
     items, and under ``model.fit(seq)`` it advances in ``on_epoch_end``, so
     both paths number epochs alike (also when an override of
-    ``on_epoch_begin``/``on_epoch_end`` does not call ``super()``).
+    ``on_epoch_begin``/``on_epoch_end`` does not call ``super()``, and under
+    JAX and PyTorch, where Keras reads one batch to build the model and ends
+    that "epoch" before the first: it is not a pass).
 
     Example:
 
@@ -102,10 +105,29 @@ def _begin_pass(seq) -> None:
 
 def _end_pass(seq) -> None:
     # Keras also calls on_epoch_end once before the first epoch of every fit
-    # (EpochIterator.reset); only a call that ends a begun pass counts.
+    # (EpochIterator.reset); only a call that ends a begun pass counts. Under
+    # JAX and PyTorch (and TensorFlow with a distribution strategy) that reset
+    # ends the one batch Keras read to build the model: no pass either, or
+    # the first epoch would read pass 1 (to_loader and to_dataset read 0).
     if getattr(seq, "_kf_in_epoch", False):
         seq._kf_in_epoch = False
-        seq._kf_epoch = seq.epoch + 1
+        if not _called_by_keras_reset():
+            seq._kf_epoch = seq.epoch + 1
+
+
+def _called_by_keras_reset() -> bool:
+    # Keras' EpochIterator.reset -> PyDatasetAdapter.on_epoch_end -> (overrides,
+    # bookkeeping) -> here: a few frames up. An end of epoch proper comes from
+    # the iterator's generator instead.
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "reset" and code.co_filename.endswith(os.path.join("trainers", "epoch_iterator.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _with_bookkeeping(fn, book, before: bool):

@@ -218,10 +218,13 @@ def main(reference_path, result_path):
         else:
             raise AssertionError("fit over a failing item did not raise")
 
-    # Keras' own path still trains: model.fit(seq).
+    # Keras' own path still trains: model.fit(seq), numbering passes as to_loader does (under JAX and
+    # PyTorch the batch Keras reads to build the model made the first epoch read pass 1).
     model = _model(keras)
-    history = model.fit(Rows(), epochs=1, verbose=0).history
+    own = Rows()
+    history = model.fit(own, epochs=2, verbose=0).history
     assert np.isfinite(history["loss"][0]) and not np.allclose(model.get_weights()[0], W0)
+    assert own.epoch == 2 and own.passes_begun[-2:] == [0, 1], (own.epoch, own.passes_begun)
 
     # Conversions for custom loops: every iterator reads the next pass.
     with kerasfeed.to_loader(Rows()) as plain:
