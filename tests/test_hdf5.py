@@ -415,6 +415,63 @@ def test_file_removed_after_construction(files, tmp_path):
         seq[0]
 
 
+def _replace(path, values):
+    """Writes ``x`` to a temporary file renamed over ``path`` (as make_synthetic_scenes does): a new inode."""
+    tmp = path.with_suffix(".tmp")
+    with h5py.File(tmp, "w") as f:
+        f["x"] = values
+    os.replace(tmp, path)
+
+
+def test_a_file_replaced_by_rename_is_a_new_file(tmp_path):
+    path = tmp_path / "r.h5"
+    _replace(path, np.zeros(10, np.int64))
+    base = REGISTRY.open_count()
+    old = kerasfeed.H5SliceSequence(path, "x", 5)
+    unread = kerasfeed.H5SliceSequence(path, "x", 5)
+    old[0]  # holds the first file open
+    _replace(path, np.arange(100, 120))
+    # A new sequence reads the new file, not the handle open under its path.
+    new = kerasfeed.H5SliceSequence(path, "x", 5)
+    assert new.num_rows == 20
+    np.testing.assert_array_equal(new[3], np.arange(115, 120))
+    assert REGISTRY.open_count() == base + 2
+    # Sequences built before keep reading the file they inspected while this
+    # process has it open...
+    np.testing.assert_array_equal(unread[1], np.zeros(5))
+    assert REGISTRY.open_count() == base + 2
+    # ...and refuse to reopen the path (after close, or in a worker) onto another file.
+    old.close()
+    unread.close()
+    worker_copy = pickle.loads(pickle.dumps(old))
+    for seq in (old, worker_copy):
+        with pytest.raises(OSError, match=rf"file '{path}' was replaced after the sequence was built: .*\(10 rows\)"):
+            seq[0]
+    new.close()
+    assert REGISTRY.open_count() == base
+
+
+def test_a_dataset_shortened_in_place_raises_naming_the_rows(tmp_path):
+    path = tmp_path / "short.h5"
+    with h5py.File(path, "w") as f:
+        for key in ("x", "y"):
+            f.create_dataset(key, data=np.arange(10), maxshape=(None,))
+    seqs = [
+        kerasfeed.H5SliceSequence(path, ("x", "y"), 4),
+        kerasfeed.H5WindowSequence(path, ("x", "y"), 4, window=3),
+        kerasfeed.H5RowSequence(path, ("x", "y"), 4, order=kerasfeed.IndexOrder(10)),
+    ]
+    with h5py.File(path, "a") as f:  # same file, fewer rows (h5py would clip reads in silence)
+        f["x"].resize((6,))
+        f["y"].resize((6,))
+    asked = ["rows 8:10", "rows 4:10", r"2 rows \(8..9\)"]
+    for seq, rows in zip(seqs, asked):
+        seq[0]  # rows the file still has read as before
+        with pytest.raises(OSError, match=rf"dataset 'x' in file '{path}' has 6 rows now, 10 when the sequence was built, so {rows} cannot be read: the file changed since"):
+            seq[-1]
+        seq.close()
+
+
 def test_missing_key_group_and_length_mismatch(files, tmp_path):
     a, b, _ = files
     with pytest.raises(ValueError) as info:

@@ -42,15 +42,29 @@ Files that grow while training (SWMR):
   once per epoch; in one process both share handles, which HDF5 needs to
   read appended chunks correctly (see ``handles.FileRegistry``).
 
+Files replaced or shortened after construction:
+  A file is known by its inode, not only its path. A writer that writes a
+  new file and renames it over the old one (``make_synthetic_scenes`` does)
+  makes a new file, and a sequence built afterwards reads it, even while
+  older sequences hold the old one open. An older sequence keeps reading the
+  file it inspected while its process has that file open; where it would
+  have to reopen the path (after ``close()``, in a worker process) it raises
+  ``FileChangedError`` (an ``OSError``) instead of reading another file as
+  if it had the old length. A read that finds fewer rows than the sequence
+  saw (a dataset resized or the file rewritten in place) raises the same
+  error, naming the file, the key and the rows. After changing a file,
+  build a new sequence.
+
 Modules: ``slices.py`` (``H5SliceSequence``), ``windows.py``
 (``H5WindowSequence``), ``rows.py`` (``H5RowSequence``), ``base.py`` (what
 they share), ``handles.py`` (the per-process handle registry), ``keys.py``
 (paths and keys). ``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.
 """
 
+from kerasfeed.hdf5.base import FileChangedError
 from kerasfeed.hdf5.rows import H5RowSequence
 from kerasfeed.hdf5.slices import H5SliceSequence
 from kerasfeed.hdf5.windows import H5WindowSequence
 from kerasfeed.transforms import ScenePointSampler
 
-__all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler"]
+__all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler", "FileChangedError"]

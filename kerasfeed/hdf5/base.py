@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import os
-import pathlib
+import stat
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 # Distinct streams of the seeded generators, so that the batch order, the
 # sample order and the transform's randomness never share draws.
 ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
+
+
+class FileChangedError(OSError):
+    """A file changed on disk since the sequence was built (replaced, or shortened in place)."""
 
 
 class H5Base(SceneSequence):
@@ -56,8 +60,9 @@ class H5Base(SceneSequence):
         self.transform = opts.transform
         self._open_kwargs = dict(opts.open_kwargs or {})
         self._reset_handles()
-        # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype).
-        self._lengths, self._specs, self._chunk_rows = self._inspect()
+        # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype);
+        # stamps[f] = (st_dev, st_ino) of the file inspected at that path.
+        self._lengths, self._specs, self._chunk_rows, self._stamps = self._inspect()
         self._row_offsets = [0, *np.cumsum(self._lengths).tolist()]
 
     # ---- public ------------------------------------------------------------
@@ -143,7 +148,60 @@ class H5Base(SceneSequence):
             self._reset_handles()
 
     def _identity(self, path: str) -> tuple:
-        return (os.path.realpath(path), self.swmr, repr(sorted(self._open_kwargs.items())))
+        """The registry key of the file now at ``path``.
+
+        It holds the inode (``[1:3]`` is the file's stamp): a writer that
+        replaces a file (writes elsewhere, renames over it) makes a new
+        entry, where a path alone would hand out the old file's open handle.
+        """
+        cls = type(self).__name__
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"{cls}: HDF5 file not found. Received: path='{path}'") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(
+                f"{cls}: expected an HDF5 file but got a directory. Received: path='{path}'"
+            )
+        kwargs = repr(sorted(self._open_kwargs.items()))
+        return (os.path.realpath(path), st.st_dev, st.st_ino, self.swmr, kwargs)
+
+    def _acquire(self, path: str):
+        """``(identity, h5py.File)`` of the file now at ``path``, held in the registry."""
+        for _ in range(3):
+            ident = self._identity(path)
+            f = REGISTRY.acquire(ident, lambda: self._open(path))
+            # Replaced between the stat and the open: the handle may be of
+            # another file than the identity says. Rare; try again.
+            if self._identity(path) == ident:
+                return ident, f
+            REGISTRY.release(ident)
+        raise FileChangedError(
+            f"{type(self).__name__}: file '{path}' was replaced on disk every time it was opened (3 tries)."
+        )
+
+    def _hold(self, file_index: int) -> tuple:
+        """Acquires, in this process, the file that construction inspected; returns its identity."""
+        path, stamp = self._paths[file_index], self._stamps[file_index]
+        ident = self._identity(path)
+        if ident[1:3] != stamp:
+            # Replaced since construction: keep reading the inspected file
+            # while this process has it open, else refuse (a fresh process
+            # or a reopen would otherwise read another file in silence).
+            held = ident[:1] + stamp + ident[3:]
+            if REGISTRY.share(held):
+                return held
+            raise FileChangedError(
+                f"{type(self).__name__}: file '{path}' was replaced after the sequence was built: the path "
+                f"now names another file (one written elsewhere and renamed over it, say), and the one the "
+                f"sequence inspected ({self._lengths[file_index]} rows) is no longer open in this process. "
+                "Build a new sequence to read the new file."
+            )
+        ident, _ = self._acquire(path)
+        if ident[1:3] != stamp:  # replaced while opening: check again
+            REGISTRY.release(ident)
+            return self._hold(file_index)
+        return ident
 
     def _dataset(self, file_index: int, key: str):
         self._check_process()
@@ -153,9 +211,7 @@ class H5Base(SceneSequence):
         with self._h5_lock:
             ident = self._h5_held.get(file_index)
             if ident is None:
-                ident = self._identity(self._paths[file_index])
-                REGISTRY.acquire(ident, lambda: self._open(self._paths[file_index]))
-                self._h5_held[file_index] = ident
+                ident = self._h5_held[file_index] = self._hold(file_index)
             ds = self._h5_datasets[(file_index, key)] = REGISTRY.dataset(ident, key)
             return ds
 
@@ -163,13 +219,6 @@ class H5Base(SceneSequence):
         import h5py  # lazily: `import kerasfeed` and light workers skip it
 
         cls = type(self).__name__
-        p = pathlib.Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"{cls}: HDF5 file not found. Received: path='{path}'")
-        if p.is_dir():
-            raise IsADirectoryError(
-                f"{cls}: expected an HDF5 file but got a directory. Received: path='{path}'"
-            )
         try:
             return h5py.File(path, "r", swmr=self.swmr, **self._open_kwargs)
         except Exception as e:
@@ -188,10 +237,10 @@ class H5Base(SceneSequence):
     def _inspect(self):
         """Opens each file briefly: checks keys and shapes, returns the layout."""
         cls = type(self).__name__
-        lengths, specs, first_file, chunk_rows = [], {}, {}, None
+        lengths, specs, first_file, chunk_rows, stamps = [], {}, {}, None, []
         for path in self._paths:
-            ident = self._identity(path)
-            f = REGISTRY.acquire(ident, lambda: self._open(path))
+            ident, f = self._acquire(path)
+            stamps.append(ident[1:3])
             try:
                 shapes = {}
                 for key in self._leaves:
@@ -232,7 +281,7 @@ class H5Base(SceneSequence):
                 lengths.append(next(iter(lens.values())))
             finally:
                 REGISTRY.release(ident)
-        return np.asarray(lengths, dtype=np.int64), specs, chunk_rows
+        return np.asarray(lengths, dtype=np.int64), specs, chunk_rows, stamps
 
     # ---- reading -----------------------------------------------------------
 
@@ -244,14 +293,25 @@ class H5Base(SceneSequence):
                 ds.refresh()  # rows appended since this process last looked
             # Plain slicing takes h5py's fast path (read_direct costs ~10x more
             # per call on small datasets).
-            return ds[start:stop]
-        except (FileNotFoundError, IsADirectoryError):
+            rows = ds[start:stop]
+        except (FileNotFoundError, IsADirectoryError, FileChangedError):
             raise
         except Exception as e:
             raise OSError(
                 f"{type(self).__name__}: reading rows {start}:{stop} of dataset '{key}' in file "
                 f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
             ) from e
+        if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
+            raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
+        return rows
+
+    def _rows_missing(self, file_index: int, key: str, asked: str, ds) -> FileChangedError:
+        """The error for a read that got fewer rows than asked: the dataset shrank since construction."""
+        return FileChangedError(
+            f"{type(self).__name__}: dataset '{key}' in file '{self._paths[file_index]}' has {ds.shape[0]} "
+            f"rows now, {self._lengths[file_index]} when the sequence was built, so {asked} cannot be read: "
+            "the file changed since (rewritten or truncated in place). Build a new sequence to read it as it is now."
+        )
 
     def _read_global_rows(self, start: int, stop: int) -> dict:
         """Rows [start, stop) of the concatenated index space, for every key."""
@@ -312,4 +372,4 @@ class H5Base(SceneSequence):
         return order
 
 
-__all__ = ["H5Base", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]
+__all__ = ["H5Base", "FileChangedError", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

@@ -16,6 +16,11 @@ class FileRegistry:
     rows it knows, avoids that; it also keeps one file descriptor and one
     chunk cache per file however many sequences (train/validation splits)
     read it. Entries are reference-counted by the sequences holding them.
+
+    An identity names the file itself, not only its path (``H5Base._identity``
+    includes the inode): a file replaced by a rename must not be read through
+    the handle of the file it replaced. SWMR appends keep the inode, so the
+    sequences reading a growing file still share one handle.
     """
 
     def __init__(self):
@@ -41,6 +46,15 @@ class FileRegistry:
                 entry = self._entries[ident] = [opener(), 0, {}]
             entry[1] += 1
             return entry[0]
+
+    def share(self, ident) -> bool:
+        """Acquires ``ident`` only if this process has it open; returns whether it did."""
+        self._check_process()
+        with self._lock:
+            entry = self._entries.get(ident)
+            if entry is not None:
+                entry[1] += 1
+            return entry is not None
 
     def dataset(self, ident, key):
         with self._lock:

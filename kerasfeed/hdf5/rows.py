@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kerasfeed.hdf5.base import H5Base
+from kerasfeed.hdf5.base import FileChangedError, H5Base
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.sampling.protocol import resolve_order
@@ -146,13 +146,19 @@ class H5RowSequence(H5Base):
             # point selection of scattered rows measured slower than this).
             runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
             if len(runs) == 1:
-                return ds[int(rows[0]) : int(rows[-1]) + 1]
-            return np.concatenate([ds[int(r[0]) : int(r[-1]) + 1] for r in runs])
+                out = ds[int(rows[0]) : int(rows[-1]) + 1]
+            else:
+                out = np.concatenate([ds[int(r[0]) : int(r[-1]) + 1] for r in runs])
+        except FileChangedError:
+            raise
         except Exception as e:
             raise OSError(
                 f"{type(self).__name__}: reading {len(rows)} rows ({rows[0]}..{rows[-1]}) of dataset '{key}' in "
                 f"file '{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
             ) from e
+        if len(out) != len(rows):  # h5py clips slices at the end: the dataset shrank
+            raise self._rows_missing(file_index, key, f"{len(rows)} rows ({rows[0]}..{rows[-1]})", ds)
+        return out
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
