@@ -153,6 +153,8 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
         raise ValueError(
             f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}"
         )
+    if not np.isfinite(a.sum()):  # finite weights whose sum overflows: the same proportions, scaled down
+        a = a / a.max()
     return a
 
 

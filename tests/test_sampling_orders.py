@@ -338,3 +338,24 @@ def test_orders_and_mix_stay_free_of_tensorflow_and_keras():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_weights_whose_sum_overflows_keep_their_proportions():
+    # Each finite, the sum inf: item 0 was never drawn and weight-0 items were (the clamp at the
+    # end of the cumulative sum); BalancedOrder failed with a bare IndexError.
+    counts = np.bincount(kerasfeed.WeightedOrder([1e308, 1e308, 0.0], num_samples=2000, seed=0).indices(0), minlength=3)
+    assert counts[2] == 0 and 900 < counts[0] < 1100, counts
+    labels = np.array([0, 0, 1, 1])
+    balanced = kerasfeed.BalancedOrder(labels, class_weights=[1e308, 1e308], num_samples=2000, seed=0)
+    counts = np.bincount(labels[balanced.indices(0)], minlength=2)
+    assert 900 < counts[0] < 1100, counts
+
+
+def test_index_order_refuses_an_epoch_that_is_not_a_non_negative_int():
+    order = kerasfeed.IndexOrder(10, shuffle=True, seed=0)
+    for epoch in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"^IndexOrder: `epoch` must be a non-negative int. Received: epoch={epoch!r}"):
+            order.at(epoch, [0, 1])
+        with pytest.raises(ValueError, match=r"^IndexOrder: `epoch`"):
+            order.indices(epoch)
+    np.testing.assert_array_equal(order.at(np.int64(2), [0, 1]), order.indices(2)[:2])

@@ -116,6 +116,7 @@ class IndexOrder:
         Position ``q`` of shard ``k`` is position ``q * num_shards + k`` of the
         pass over all shards. Positions must be in ``[0, shard_length)``.
         """
+        epoch = _v.non_negative_int("epoch", epoch, owner="IndexOrder")
         g = check_positions(positions, self.shard_length, "IndexOrder")
         if self.num_shards > 1:
             g = g * self.num_shards + self.shard_index
@@ -126,4 +127,4 @@ class IndexOrder:
     def indices(self, epoch: int) -> np.ndarray:
         """Returns the int64 item indices of pass ``epoch`` for this shard (the
         whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
-        return indices_by_windows(self.at, epoch, self.shard_length)
+        return indices_by_windows(self.at, _v.non_negative_int("epoch", epoch, owner="IndexOrder"), self.shard_length)
