@@ -133,7 +133,7 @@ def test_worker_processes_report_their_own_make_times_and_gauges():
     assert w["id"] == 0 and w["items"] >= 12 and w["alive"] and w["pid"] > 0
     assert w["rss_mb"] > 5 and 0 < w["busy"] <= 1.0 and w["busy_s"] >= 12 * 0.007
     assert s["shm_bytes"] > 0 and s["in_flight"] >= 0 and s["ahead"] >= 0
-    assert "threads_busy" not in s
+    assert s["threads_busy"] is None and s["threads_busy_s"] is None  # a documented key: None, not missing
 
 
 def test_stats_of_a_derived_dataset_and_per_pass_records():
@@ -302,3 +302,23 @@ def test_overhead_benchmark_runs_on_tiny_settings():
         table = stats_overhead.to_table(res)
         assert "| threads | pool threads µs |" in table and f"A/B ({mode})" in table
         assert stats_module.ENABLED  # restored
+
+
+def test_ctrl_c_is_not_counted_as_an_item_error():
+    import _thread
+
+    class SlowSecond:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            time.sleep(1.0 if i == 1 else 0)
+            return np.full(2, i, np.float32)
+
+    with kerasfeed.to_loader(SlowSecond(), executor="threads") as loader:
+        it = iter(loader)
+        next(it)
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        assert kerasfeed.stats(loader)["errors"] == 0  # was 1: `errors` counts items whose source[i] raised

@@ -121,7 +121,9 @@ class PassPipeline:
         t0 = time.perf_counter()  # how long the pick-up blocked
         try:
             item = self.executor.load(index, epoch)
-        except BaseException:
+        except WaitAbandoned:
+            raise  # the consumer left (not an item's error), as Ctrl-C
+        except Exception:
             stats.error()
             raise
         t1 = time.perf_counter()

@@ -60,7 +60,7 @@ def stats(ds: Any) -> dict:
     - ``workers``: per worker process ``{id, items, busy_s, busy, pid, rss_mb}``
       (``busy``: share of the time since the first item spent making items);
       ``threads_busy``: pool or producer threads making items at once, on
-      average.
+      average (``threads_busy_s``: their busy seconds in all).
     - ``ahead``, ``in_flight``: items made and not taken yet / being made,
       right now; ``shm_bytes``: shared memory held by worker processes.
     - ``device`` (``to_loader``): the device prefetch: ``{prefetch,

@@ -285,7 +285,10 @@ class StatsCollector:
         for key in sorted((k for k in busy if k is not None), key=str):
             busy_s, n = busy[key]
             workers.append({"id": key, "items": n, "busy_s": busy_s, "busy": busy_s / elapsed if elapsed else None})
-        if None in busy:  # pool threads: how many were making items at once, on average
+        # Pool threads: how many were making items at once, on average (None
+        # where no thread makes items: worker processes, or none made yet).
+        out["threads_busy"] = out["threads_busy_s"] = None
+        if None in busy:
             busy_s, _ = busy[None]
             out["threads_busy"] = busy_s / elapsed if elapsed else None
             out["threads_busy_s"] = busy_s
