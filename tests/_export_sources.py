@@ -76,3 +76,21 @@ class Work:
             while time.thread_time() < end:
                 sum(range(100))
         return np.int64(i), np.int64(os.getpid())
+
+
+class Passes:
+    """Item i is (the epoch that made it, 5 floats, or 3 for the pass's short item: the last one in
+    pass 0, one earlier every pass). ``epoch`` and ``set_epoch`` as a ``SceneSequence`` has them."""
+
+    def __init__(self, n=9):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __getitem__(self, i):
+        short = (self.n - 1 - self.epoch) % self.n
+        return np.int64(self.epoch), np.zeros(3 if i == short else 5, np.float32)

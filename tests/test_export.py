@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from _export_sources import Mixed, Work
+from _export_sources import Mixed, Passes, Work
 
 import kerasfeed
 from kerasfeed._leaves import as_array
@@ -103,9 +103,16 @@ def test_sharded_and_shuffled_reads(tmp_path):
         ds = kerasfeed.load_export(tmp_path, input_context=ctx)
         assert ds.cardinality().numpy() == 7 and ds.element_spec == tf.TensorSpec([], tf.int64)
         assert _items(ds) == _items(kerasfeed.to_dataset(Ids(), input_context=ctx))
-    uneven = [_items(kerasfeed.load_export(tmp_path, num_shards=4, shard_index=w)) for w in range(4)]
-    assert {len(u) for u in uneven} == {3}  # the smallest share: files {0,4}/{1,5}/{2}/{3} hold 8/7/3/3
-    assert len(set(sum(uneven, []))) == 12
+    # Files {0,4}/{1,5}/{2}/{3} hold 7/7/4/3 items: equal steps would leave 9 of 21 unread, in silence.
+    lost = r"shares would be \[7, 7, 4, 3\] items.* 9 of the 21 items would never be read\. Export with a number of "
+    lost += r"shards divisible by 4 \(e\.g\. num_shards=8\), or read with a `num_shards` that divides 6 \(1, 2, 3, 6\)"
+    with pytest.raises(ValueError, match=lost + r"\. Received: num_shards=4$"):
+        kerasfeed.load_export(tmp_path, num_shards=4, shard_index=1)
+    ctx = tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=0)
+    with pytest.raises(ValueError, match=r"Received: input_context.num_input_pipelines=4$"):
+        kerasfeed.load_export(tmp_path, input_context=ctx)
+    halves = [_items(kerasfeed.load_export(tmp_path, num_shards=2, shard_index=w)) for w in range(2)]
+    assert [len(h) for h in halves] == [10, 10] and sorted(sum(halves, [])) == list(range(20))
     ds = kerasfeed.load_export(tmp_path, shuffle_files=True, seed=3)
     first, second = _items(ds), _items(ds)
     assert sorted(first) == sorted(second) == list(range(21)) and first != second
@@ -149,6 +156,10 @@ def test_arrayrecord_export_as_a_random_access_source(tmp_path):
     assert len(_items(kerasfeed.to_dataset(mixed))) == len(mixed) > 0
     with pytest.raises(IndexError, match="holds 9 items. Received: index=9"):
         back[9]
+    _assert_same(back[np.int32(4)], back[4])
+    for odd in (1.0, "3", True, slice(0, 2)):  # no silent int(): as the HDF5 sequences
+        with pytest.raises(TypeError, match=rf"ExportSource indices must be integers\. Received: index={re.escape(repr(odd))}$"):
+            back[odd]
     with pytest.raises(kerasfeed.ExportError, match="load_export reads TFRecord exports.*ExportSource"):
         kerasfeed.load_export(tmp_path)
 
@@ -165,6 +176,27 @@ def test_export_runs_without_tensorflow(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(pathlib.Path(__file__).parent.parent))
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
     assert kerasfeed.verify_export(tmp_path)["items"] == 8
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_export_probes_and_writes_pass_0_and_gives_the_epoch_back(tmp_path, executor):
+    """A source left at pass 1 (by a fit or a to_dataset pass): the spec is probed from pass 0's items,
+    which are the ones written, and the caller's source is at pass 1 again afterwards."""
+    src = Passes(9)
+    src.set_epoch(1)  # pass 1's items 0, 1, 2, 8 all hold 5 floats; pass 0's item 8 holds 3
+    workers = 2 if executor == "processes" else None
+    kerasfeed.export(src, tmp_path, num_shards=3, executor=executor, workers=workers, progress=False)
+    assert src.epoch == 1
+    items = _items(kerasfeed.load_export(tmp_path))
+    assert [int(e) for e, _ in items] == [0] * 9 and [len(x) for _, x in items] == [5] * 8 + [3]
+    assert kerasfeed.load_export(tmp_path).element_spec[1] == tf.TensorSpec([None], tf.float32)
+    src.set_epoch(2)  # resume compares pass 0's spec too, whatever pass the source is at
+    kerasfeed.export(src, tmp_path, num_shards=3, executor="threads", progress=False, resume=True)
+    assert src.epoch == 2
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 0, field y: expected shape \(2,\), received shape \(5,\)\. \(the spec given as"):
+        kerasfeed.export(src, tmp_path / "narrow", num_shards=3, executor="threads", progress=False,
+                         output_signature=(tf.TensorSpec([], tf.int64), tf.TensorSpec([2], tf.float32)))  # fmt: skip
+    assert src.epoch == 2  # after a failure too
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,7 @@ def test_same_size_corruption_is_named_while_reading(tmp_path, compression):
         for i, _ in kerasfeed.load_export(tmp_path).as_numpy_iterator():
             got.append(int(i))
     assert got == list(range(len(got))) and len(got) < 61  # item 61 is shard 1's record 20, mid-file
+    assert len(got) % 32 == 0  # records are checked 32 at a time: it comes at the start of the bad group
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):  # every way of reading it
         list(kerasfeed.load_export(tmp_path, shuffle_files=True, seed=3, num_shards=3, shard_index=1))
     if compression is None:  # the error reaches model.fit's caller too
@@ -243,3 +244,59 @@ def test_ctrl_c_and_a_crash_of_the_exporting_process_then_resume(tmp_path):
     assert not alive
     kerasfeed.export(Slow(60, delay=0.05), out, num_shards=6, executor="processes", workers=2, progress=False, resume=True)
     assert _ids(out) == list(range(60)) and not any(n.endswith(".tmp") or n.startswith(".") for n in _files(out))
+
+
+def test_damaged_arrayrecord_shard_is_named_while_reading(tmp_path):
+    """A shard damaged after ExportSource was built (so its size check passed): Riegeli's own error names
+    no file; src[i] names the shard file, the record and the item, and says how to check and repair."""
+    kerasfeed.export(Slow(12), tmp_path, num_shards=3, executor="threads", progress=False, format="arrayrecord")
+    src = kerasfeed.ExportSource(tmp_path)
+    shard = tmp_path / "shard-00001-of-00003.arrayrecord"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF  # the header of the chunk of record 0 (item 1): same size
+    shard.write_bytes(bytes(data))
+    where = rf"Record 0 of shard file '{re.escape(str(shard))}' \(item 1\) cannot be read: RuntimeError: .*"
+    advice = r"verify_export\(directory\) checks every shard of .*export\(\.\.\., resume=True\) rewrites the damaged"
+    with pytest.raises(kerasfeed.ExportError, match=where + advice + r".* Received: index=-11$"):
+        src[-11]
+    assert int(src[3][0]) == 3  # the other shards still read
+    with pytest.raises(kerasfeed.ItemError, match=r"ExportSource\[1\] raised ExportError: Record 0 of shard file"):
+        list(kerasfeed.to_dataset(src, executor="threads"))
+    shard.unlink()  # gone: the reader cannot even open it
+    fresh = kerasfeed.ExportSource(tmp_path, verify=False)
+    with pytest.raises(kerasfeed.ExportError, match=r"Record 0 of shard file .*shard-00001-of-00003.arrayrecord' \(item 1\) cannot be read: RuntimeError: open\(\) failed"):
+        fresh[1]
+    kerasfeed.export(Slow(12), tmp_path, num_shards=3, executor="threads", progress=False, format="arrayrecord", resume=True)
+    assert [int(kerasfeed.ExportSource(tmp_path)[i][0]) for i in range(12)] == list(range(12))
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda m: [m], "it holds a JSON list, not an object. Received: \\[\\{"),
+        (lambda m: {k: v for k, v in m.items() if k != "num_items"}, "the manifest has no 'num_items'.*Received: keys \\["),
+        (lambda m: {**m, "num_shards": "2"}, "the manifest\\['num_shards'\\] must be of type int, not str.*Received: '2'$"),
+        (lambda m: {**m, "shards": m["shards"][:1]}, "it lists 1 shards for num_shards=2"),
+        (lambda m: {**m, "shards": [m["shards"][0], {"file": "x"}]}, "shards\\[1\\] has no 'count'.*Received: keys \\['file'\\]$"),
+        (lambda m: {**m, "compression": "LZ4"}, "its file_format and compression must be one of .*Received: file_format='tfrecord', compression='LZ4'$"),
+        (lambda m: {**m, "element_spec": {"fields": []}}, "element_spec has no 'structure'"),
+    ],
+)
+def test_a_foreign_or_hand_edited_manifest_is_named(tmp_path, edit, problem):
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(edit(_manifest(tmp_path))))
+    prefix = rf"'{re.escape(str(path))}' (is not a kerasfeed export manifest|is damaged or not written by kerasfeed\.export): "
+    for read in (kerasfeed.load_export, kerasfeed.verify_export):
+        with pytest.raises(kerasfeed.ExportError, match=prefix + problem):
+            read(tmp_path)
+    with pytest.raises(kerasfeed.ExportError, match=prefix + problem):
+        kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, resume=True)
+
+
+def test_output_signature_of_unknown_rank_is_refused(tmp_path):
+    import tensorflow as tf
+
+    signature = (tf.TensorSpec([], tf.int64), tf.TensorSpec(None, tf.uint8))
+    with pytest.raises(ValueError, match=r"`output_signature` at \[1\] has an unknown rank; .*tf\.TensorSpec\(\[None, 3\], 'uint8'\)\. Received: TensorSpec\(shape=<unknown>"):
+        kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", output_signature=signature)

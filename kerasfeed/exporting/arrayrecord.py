@@ -14,6 +14,8 @@ import pathlib
 import threading
 from typing import Any, Optional
 
+import numpy as np
+
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, read_manifest
 from kerasfeed.exporting.spec import ExportSpec
@@ -112,6 +114,8 @@ class ExportSource:
         return self.num_items
 
     def __getitem__(self, index: int) -> Any:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"ExportSource indices must be integers. Received: index={index!r}")
         i = int(index)
         if not -self.num_items <= i < self.num_items:
             raise IndexError(
@@ -119,11 +123,17 @@ class ExportSource:
             )
         i %= self.num_items
         k, position = i % self.num_shards, i // self.num_shards
-        record = self._reader(k).read([position])[0]
         try:
+            # Riegeli's errors (a bad chunk, a short or missing file) name no file.
+            record = self._reader(k).read([position])[0]
             return encoding.decode(self.spec, record)
-        except ValueError as e:
-            raise ExportError(f"Record {position} of '{self.files[k]}' (item {i}) cannot be decoded: {e}") from e
+        except (RuntimeError, OSError, ValueError) as e:
+            raise ExportError(
+                f"Record {position} of shard file '{self.files[k]}' (item {i}) cannot be read: {type(e).__name__}: "
+                f"{e}. The file was changed or removed after the export: kerasfeed.verify_export(directory) checks "
+                f"every shard of {self.directory}; kerasfeed.export(..., resume=True) rewrites the damaged ones. "
+                f"Received: index={index}"
+            ) from e
 
     def _reader(self, k: int) -> Any:
         with self._lock:

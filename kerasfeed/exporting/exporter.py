@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import pathlib
 import threading
@@ -14,7 +15,7 @@ from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.spec import ExportSpec
 from kerasfeed.exporting.writer import Progress, ShardTask, remove
 from kerasfeed.loading.pipeline import probe_indices
-from kerasfeed.sources.base import source_length, source_name
+from kerasfeed.sources.base import set_epoch, source_length, source_name
 
 _EXECUTORS = ("threads", "processes", "auto")
 
@@ -51,7 +52,9 @@ def export(
     Args:
         source: an indexable source (``__len__``/``__getitem__``), e.g. a
             ``kerasfeed.SceneSequence``. Its items are the ones
-            ``to_dataset(source)`` yields in its first pass.
+            ``to_dataset(source)`` yields in its first pass: ``set_epoch(0)``
+            is called before they are probed and made, and a source with
+            an integer ``epoch`` gets it back when ``export`` ends.
         directory: the target directory; created if needed; must be empty
             unless ``overwrite`` or ``resume``.
         num_shards: number of files, at most ``len(source)``. Use a multiple
@@ -74,7 +77,7 @@ def export(
         progress: show a progress bar (tqdm, else Keras' Progbar).
         format: ``"tfrecord"`` (read with ``load_export``: pure TensorFlow)
             or ``"arrayrecord"`` (random access: ``ExportSource``).
-        output_signature: a nest of ``tf.TensorSpec`` for one item; inferred
+        output_signature: a nest of ``tf.TensorSpec`` (of known rank) for one item; inferred
             from items 0, 1, 2 and the last when None (a dimension that
             differs becomes None).
         worker_init: run once in each worker process.
@@ -138,6 +141,30 @@ def export(
     directory = pathlib.Path(os.fspath(directory))
     name = source_name(source)
 
+    # The writers set epoch 0 (the items are pass 0's); the spec and the "auto" probe
+    # must see those items too, not the pass the caller's source was left at.
+    before = _current_epoch(source)
+    set_epoch(source, 0)
+    try:
+        return _export(source, directory, name, n=n, num_shards=num_shards, executor=executor, workers=workers,
+                       compression=compression, overwrite=overwrite, resume=resume, progress=progress,
+                       file_format=format, output_signature=output_signature, worker_init=worker_init)  # fmt: skip
+    finally:
+        # Leave the caller's source as it was (the threads executor runs on this very object).
+        if before is not None and _current_epoch(source) != before:
+            set_epoch(source, before)
+
+
+def _current_epoch(source: Any) -> Optional[int]:
+    """The pass ``source`` says it is at (``SceneSequence.epoch``), or None when it says none."""
+    epoch = getattr(source, "epoch", None)
+    return int(epoch) if isinstance(epoch, numbers.Integral) and not isinstance(epoch, bool) else None
+
+
+def _export(source: Any, directory: pathlib.Path, name: str, *, n: int, num_shards: int, executor: str,
+            workers: Optional[int], compression: Optional[str], overwrite: bool, resume: bool, progress: bool,
+            file_format: str, output_signature: Any, worker_init: Any) -> dict:  # fmt: skip
+    """``export`` once its arguments are checked and ``source`` is at epoch 0."""
     spec, probed = _spec(source, n, output_signature)
     hint = (
         f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
@@ -149,11 +176,11 @@ def export(
         if executor == "threads":  # as in to_dataset: the process options do not apply
             workers = worker_init = None
     try:
-        manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=format, compression=compression,
-                            source=name, overwrite=overwrite, resume=resume)  # fmt: skip
+        manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=file_format,
+                            compression=compression, source=name, overwrite=overwrite, resume=resume)  # fmt: skip
         todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
         if todo:
-            task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=format,
+            task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=file_format,
                              compression=compression, source_name=name, hint=hint)  # fmt: skip
             _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
                  progress=progress, auto=auto)

@@ -104,11 +104,17 @@ def read_manifest(directory: Any, *, need_complete: bool = True) -> tuple[pathli
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ExportError(f"The export's manifest cannot be read ({type(e).__name__}: {e}). Received: '{path}'") from e
+    if not isinstance(manifest, dict):
+        raise ExportError(
+            f"'{path}' is not a kerasfeed export manifest: it holds a JSON {type(manifest).__name__}, not an object. "
+            f"Received: {_short(manifest)}"
+        )
     if manifest.get("format") != "kerasfeed-export" or manifest.get("format_version", 0) > FORMAT_VERSION:
         raise ExportError(
             f"'{path}' is not a kerasfeed export manifest this version ({__version__}) reads. "
             f"Received: format={manifest.get('format')!r}, format_version={manifest.get('format_version')!r}"
         )
+    _check_fields(path, manifest)
     if need_complete and not manifest.get("complete"):
         missing = [k for k, s in enumerate(manifest["shards"]) if s is None]
         raise ExportError(
@@ -117,6 +123,54 @@ def read_manifest(directory: Any, *, need_complete: bool = True) -> tuple[pathli
             f"finish it. Received: directory='{directory}'"
         )
     return directory, manifest
+
+
+# What the readers and resume use, by type (a bool is no int here).
+_FIELDS = {"file_format": str, "num_items": int, "num_shards": int, "element_spec": dict, "complete": bool,
+           "shards": list}  # fmt: skip
+_SHARD_FIELDS = {"file": str, "count": int, "bytes": int, "crc32c": str}
+_SPEC_FIELDS = {"structure": object, "fields": list}
+_FIELD_FIELDS = {"key": str, "path": list, "dtype": str, "shape": list}
+
+
+def _check_fields(path: pathlib.Path, manifest: dict) -> None:
+    """Raises ExportError naming the first entry a hand-edited or foreign manifest lacks or has of a wrong type."""
+
+    def fail(what: str, received: str) -> None:
+        raise ExportError(
+            f"'{path}' is damaged or not written by kerasfeed.export: {what}; export again with overwrite=True. "
+            f"Received: {received}"
+        )
+
+    def check(entry: Any, fields: dict, where: str) -> None:
+        if not isinstance(entry, dict):
+            fail(f"{where} is a {type(entry).__name__}, not an object", _short(entry))
+        for key, kind in fields.items():
+            if key not in entry:
+                fail(f"{where} has no {key!r}", f"keys {sorted(entry)}")
+            value = entry[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                fail(f"{where}[{key!r}] must be of type {kind.__name__}, not {type(value).__name__}", _short(value))
+
+    check(manifest, _FIELDS, "the manifest")
+    file_format, compression = manifest["file_format"], manifest.get("compression")
+    if file_format not in FORMATS or compression not in COMPRESSIONS[file_format]:
+        fail(f"its file_format and compression must be one of {COMPRESSIONS}",
+             f"file_format={file_format!r}, compression={compression!r}")  # fmt: skip
+    if len(manifest["shards"]) != manifest["num_shards"]:
+        fail(f"it lists {len(manifest['shards'])} shards for num_shards={manifest['num_shards']}",
+             _short(manifest["shards"]))  # fmt: skip
+    for k, entry in enumerate(manifest["shards"]):
+        if entry is not None:
+            check(entry, _SHARD_FIELDS, f"shards[{k}]")
+    check(manifest["element_spec"], _SPEC_FIELDS, "element_spec")
+    for k, field in enumerate(manifest["element_spec"]["fields"]):
+        check(field, _FIELD_FIELDS, f"element_spec['fields'][{k}]")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def file_crc32c(path: pathlib.Path) -> tuple[int, str]:

@@ -89,8 +89,9 @@ def load_export(
     later, or inside a file of the right size, are caught while reading by
     TFRecord's own per-record CRC, at no extra cost: iterating raises
     ``tf.errors.InvalidArgumentError`` ("kerasfeed: damaged shard
-    shard-00001-of-00008.tfrecord: ... Received: file=...") where the first
-    damaged record would have come (every element before it is intact);
+    shard-00001-of-00008.tfrecord: ... Received: file=...") within 32
+    elements of where the first damaged record would have come (records are
+    checked 32 at a time; every element before the error is intact);
     ``verify_export`` then lists every damaged shard.
 
     Args:
@@ -98,11 +99,11 @@ def load_export(
         shuffle_files: read the shard files in a new seeded order every pass.
         seed: seed of the file order.
         num_shards: split the files between this many input pipelines
-            (training workers); this one reads files ``shard_index``,
-            ``shard_index + num_shards``, ... Every pipeline yields the
-            same number of elements (the smallest share); with a number of
-            files divisible by ``num_shards`` that is ``len // num_shards``
-            items, exactly those ``to_dataset(..., num_shards=...)`` gives.
+            (training workers); it must divide the number of files (a
+            ValueError says how many items an uneven split would leave out).
+            This one reads files ``shard_index``, ``shard_index +
+            num_shards``, ... and yields ``len // num_shards`` items, exactly
+            those ``to_dataset(..., num_shards=...)`` gives.
         shard_index: the pipeline this dataset is.
         input_context: a ``tf.distribute.InputContext``; sets the two above.
         num_parallel_reads: files read at once (``tf.data.AUTOTUNE``: tf.data
@@ -115,7 +116,8 @@ def load_export(
     Raises:
         kerasfeed.ExportError: not a complete TFRecord export, or a shard is
             missing or damaged (named).
-        ValueError: bad arguments.
+        ValueError: bad arguments, or ``num_shards`` does not divide the
+            number of files.
 
     Example:
 
@@ -158,13 +160,15 @@ def load_export(
         raise ValueError(
             f"load_export: `shard_index` must be in [0, {num_shards}). Received: shard_index={shard_index}"
         )
+    shards = manifest["shards"]
+    _check_even_split(shards, num_shards, manifest["num_items"], from_context=input_context is not None)
     if verify:
         raise_bad(directory, bad_shards(directory, manifest, checksum=verify == "checksum"))
 
-    shards = manifest["shards"]
     mine = [s for k, s in enumerate(shards) if k % num_shards == shard_index]
-    shares = [sum(s["count"] for k, s in enumerate(shards) if k % num_shards == w) for w in range(num_shards)]
-    count = min(shares)
+    # With the files split evenly this is len // num_shards: fewer than num_shards items (those
+    # past the last full round) are left out, as to_dataset leaves them out.
+    count = min(sum(s["count"] for s in shards[w::num_shards]) for w in range(num_shards))
     files = [os.fspath(directory / s["file"]) for s in mine]
     spec = ExportSpec.from_json(manifest["element_spec"])
     compression = _TF_COMPRESSION[manifest["compression"]]
@@ -177,7 +181,7 @@ def load_export(
         # TFRecordDataset checks each record's CRC32C but its DataLossError names no file. A
         # failing record (or read) ends this shard's reader quietly instead, and the records it
         # could not give are replaced by the shard's note, which the parse step below raises:
-        # the error names the file, at the position of the first bad record.
+        # the error names the file, in the group of 32 that holds the first bad record.
         records = tf.data.TFRecordDataset(file, compression_type=compression, buffer_size=buffer_size)
         filler = tf.data.Dataset.from_tensors(note).repeat()
         return records.ignore_errors().concatenate(filler).take(count)
@@ -203,6 +207,29 @@ def load_export(
     ds = ds.batch(_PARSE_GROUP).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.apply(tf.data.experimental.assert_cardinality(count))
+
+
+def _check_even_split(shards: list, num_shards: int, num_items: int, from_context: bool) -> None:
+    """Refuses a ``num_shards`` that does not divide the number of files.
+
+    A pipeline reads whole files: a TFRecord file has no index, so taking part of one means
+    reading all of it. With a file count that ``num_shards`` does not divide, the shares differ
+    by whole files, and cutting every pipeline to the smallest would drop them in silence.
+    """
+    files = len(shards)
+    if files % num_shards == 0:
+        return
+    shares = [sum(s["count"] for s in shards[w::num_shards]) for w in range(num_shards)]
+    lost = num_items - num_shards * min(shares)
+    divisors = [d for d in range(1, files + 1) if files % d == 0]
+    given = "input_context.num_input_pipelines" if from_context else "num_shards"
+    raise ValueError(
+        f"load_export: {num_shards} input pipelines cannot share the export's {files} files evenly (each reads "
+        f"whole files): their shares would be {shares} items, and with every pipeline taking the same number of "
+        f"steps {lost} of the {num_items} items would never be read. Export with a number of shards divisible by "
+        f"{num_shards} (e.g. num_shards={num_shards * -(-files // num_shards)}), or read with a "
+        f"`num_shards` that divides {files} ({', '.join(map(str, divisors))}). Received: {given}={num_shards}"
+    )
 
 
 def _damage_note(directory: Any, entry: dict, path: str) -> str:

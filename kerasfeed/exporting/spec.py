@@ -117,6 +117,11 @@ class ExportSpec:
             name = s.dtype.name
             if name != STRING and name not in NUMERIC:
                 raise SignatureError(f"Unsupported dtype in `output_signature` at {list(path)}. Received: {s!r}")
+            if getattr(s.shape, "rank", 0) is None:  # the reader parses "<key>:shape" with a fixed length
+                raise ValueError(
+                    f"`output_signature` at {list(path)} has an unknown rank; give every entry its rank, with None "
+                    f"for the dimensions that vary, e.g. tf.TensorSpec([None, 3], {name!r}). Received: {s!r}"
+                )
             dtypes.append(name)
             shapes.append(list(s.shape.as_list()))
         return cls(skeleton, [p for p, _ in leaves], dtypes, shapes)
