@@ -117,6 +117,33 @@ def test_a_chart_that_cannot_be_saved_or_nothing_to_time_is_refused_before_timin
     assert report.executor == "threads" and (tmp_path / "c.svg").stat().st_size > 0
 
 
+class FailsAt2:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise KeyError(f"no item {i}")
+        return np.zeros(2, np.float32)
+
+
+class Unpicklable(Counted):
+    def __init__(self):
+        super().__init__()
+        self.lock = __import__("threading").Lock()
+
+
+def test_an_item_that_raises_or_nothing_timeable_gets_a_clear_error():
+    # The documented ItemError, naming the index (a bare KeyError before; executor="auto" too).
+    with pytest.raises(kerasfeed.ItemError, match=r"FailsAt2\[2\] raised KeyError: 'no item 2'"):
+        kerasfeed.profile(FailsAt2(), items=4, workers=[1], threads=[1])
+    with pytest.raises(kerasfeed.ItemError, match=r"FailsAt2\[2\] raised KeyError"):
+        kerasfeed.to_loader(FailsAt2(), executor="auto")
+    # Only processes asked for, and the source cannot go to them: a StopIteration after the timing before.
+    with pytest.raises(ValueError, match=r"^profile: nothing could be timed: processes: .*Received: threads=\[\]"):
+        kerasfeed.profile(Unpicklable(), items=4, workers=[1], threads=[])
+
+
 def test_command_line(tmp_path):
     (tmp_path / "my_source.py").write_text(textwrap.dedent(
         """

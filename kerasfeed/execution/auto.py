@@ -66,10 +66,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions, usable_cpus, workers_for
 from kerasfeed.execution.threads import DEFAULT_BYTES_AHEAD, DEFAULT_THREAD_PARALLELISM, ThreadExecutor
-from kerasfeed.sources.base import source_length
+from kerasfeed.sources.base import source_length, source_name
 
 logger = logging.getLogger("kerasfeed")
 
@@ -141,9 +142,17 @@ def _runqueue_s() -> float:
         return 0.0
 
 
+def item_at(source: Any, index: int) -> Any:
+    """``source[index]``; what it raises becomes an ``ItemError`` naming the index (as in every executor)."""
+    try:
+        return source[index]
+    except Exception as e:  # noqa: BLE001 - any error of the source is the item's
+        raise ItemError.from_exception(index, e, source_name=source_name(source))
+
+
 def _timed_call(source: Any, index: int) -> tuple[float, float, float, Any]:
     q0, c0, t0 = _runqueue_s(), time.thread_time(), time.perf_counter()
-    item = source[index]
+    item = item_at(source, index)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     return wall, cpu, _runqueue_s() - q0, item
 

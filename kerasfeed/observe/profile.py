@@ -33,7 +33,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from kerasfeed._validation import positive_int
-from kerasfeed.execution.auto import GIL_FREE_PARALLELISM, LARGE_ITEM_BYTES, WAIT_FRACTION, decide, probe_source
+from kerasfeed.execution.auto import (
+    GIL_FREE_PARALLELISM,
+    LARGE_ITEM_BYTES,
+    WAIT_FRACTION,
+    decide,
+    item_at,
+    probe_source,
+)
 from kerasfeed.observe.stats import StatsCollector
 from kerasfeed.sources.base import source_length, source_name
 
@@ -83,7 +90,7 @@ def _copy_out(item: Any) -> None:
 def _time_serial(source: Any, indices: Sequence[int]) -> float:
     t0 = time.perf_counter()
     for i in indices:
-        source[i]
+        item_at(source, i)
     return time.perf_counter() - t0
 
 
@@ -335,6 +342,11 @@ def profile(
         except TypeError as e:  # cannot be pickled
             skipped.append(f"processes: {str(e).split('. ')[0]}")
             break
+    if not runs:
+        raise ValueError(
+            f"profile: nothing could be timed: {'; '.join(skipped)}. Time threads too (threads=None gives "
+            f"1, 4, 16, 64). Received: threads={threads!r}"
+        )
     name, best_count, rate, reason = _recommend(probe, category, runs, cpus)
     report = ProfileReport(
         source=source_name(source),
