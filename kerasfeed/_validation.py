@@ -153,7 +153,9 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
         raise ValueError(
             f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}"
         )
-    if not np.isfinite(a.sum()):  # finite weights whose sum overflows: the same proportions, scaled down
+    with np.errstate(over="ignore"):
+        overflows = not np.isfinite(a.sum())
+    if overflows:  # finite weights whose sum does not fit: the same proportions, scaled down
         a = a / a.max()
     return a
 
