@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -158,6 +158,23 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
     if overflows:  # finite weights whose sum does not fit: the same proportions, scaled down
         a = a / a.max()
     return a
+
+
+def sequence_index(index: Any, length: int, owner: str, out_of_range: Callable[[], str]) -> int:
+    """``index`` of a sequence of ``length`` (a Python or numpy int; negative
+    counts from the end) as an int in ``[0, length)``.
+
+    Raises TypeError for another type (a bool, 1.0 and '3' included), naming
+    ``owner``; IndexError with ``out_of_range()``'s message.
+    """
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        raise TypeError(f"{owner} indices must be integers. Received: index={index!r}")
+    i = int(index)
+    if i < 0:
+        i += length
+    if not 0 <= i < length:
+        raise IndexError(out_of_range())
+    return i
 
 
 def optional_callable(name: str, value: Any, *, owner: Optional[str] = None) -> Any:

@@ -14,8 +14,7 @@ import pathlib
 import threading
 from typing import Any, Optional
 
-import numpy as np
-
+from kerasfeed import _validation as _v
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, read_manifest
 from kerasfeed.exporting.spec import ExportSpec
@@ -114,14 +113,11 @@ class ExportSource:
         return self.num_items
 
     def __getitem__(self, index: int) -> Any:
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-            raise TypeError(f"ExportSource indices must be integers. Received: index={index!r}")
-        i = int(index)
-        if not -self.num_items <= i < self.num_items:
-            raise IndexError(
-                f"ExportSource index out of range: the export holds {self.num_items} items. Received: index={index}"
-            )
-        i %= self.num_items
+        n = self.num_items
+        i = _v.sequence_index(
+            index, n, "ExportSource",
+            lambda: f"ExportSource index out of range: the export holds {n} items. Received: index={index}",
+        )  # fmt: skip
         k, position = i % self.num_shards, i // self.num_shards
         try:
             # Riegeli's errors (a bad chunk, a short or missing file) name no file.

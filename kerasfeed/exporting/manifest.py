@@ -20,6 +20,7 @@ import os
 import pathlib
 from typing import Any, Optional
 
+from kerasfeed._leaves import short_repr
 from kerasfeed._version import __version__
 from kerasfeed.exporting.spec import ExportSpec
 
@@ -107,7 +108,7 @@ def read_manifest(directory: Any, *, need_complete: bool = True) -> tuple[pathli
     if not isinstance(manifest, dict):
         raise ExportError(
             f"'{path}' is not a kerasfeed export manifest: it holds a JSON {type(manifest).__name__}, not an object. "
-            f"Received: {_short(manifest)}"
+            f"Received: {short_repr(manifest)}"
         )
     if manifest.get("format") != "kerasfeed-export" or manifest.get("format_version", 0) > FORMAT_VERSION:
         raise ExportError(
@@ -144,13 +145,13 @@ def _check_fields(path: pathlib.Path, manifest: dict) -> None:
 
     def check(entry: Any, fields: dict, where: str) -> None:
         if not isinstance(entry, dict):
-            fail(f"{where} is a {type(entry).__name__}, not an object", _short(entry))
+            fail(f"{where} is a {type(entry).__name__}, not an object", short_repr(entry))
         for key, kind in fields.items():
             if key not in entry:
                 fail(f"{where} has no {key!r}", f"keys {sorted(entry)}")
             value = entry[key]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                fail(f"{where}[{key!r}] must be of type {kind.__name__}, not {type(value).__name__}", _short(value))
+                fail(f"{where}[{key!r}] must be of type {kind.__name__}, not {type(value).__name__}", short_repr(value))
 
     check(manifest, _FIELDS, "the manifest")
     file_format, compression = manifest["file_format"], manifest.get("compression")
@@ -159,18 +160,13 @@ def _check_fields(path: pathlib.Path, manifest: dict) -> None:
              f"file_format={file_format!r}, compression={compression!r}")  # fmt: skip
     if len(manifest["shards"]) != manifest["num_shards"]:
         fail(f"it lists {len(manifest['shards'])} shards for num_shards={manifest['num_shards']}",
-             _short(manifest["shards"]))  # fmt: skip
+             short_repr(manifest["shards"]))  # fmt: skip
     for k, entry in enumerate(manifest["shards"]):
         if entry is not None:
             check(entry, _SHARD_FIELDS, f"shards[{k}]")
     check(manifest["element_spec"], _SPEC_FIELDS, "element_spec")
     for k, field in enumerate(manifest["element_spec"]["fields"]):
         check(field, _FIELD_FIELDS, f"element_spec['fields'][{k}]")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def file_crc32c(path: pathlib.Path) -> tuple[int, str]:

@@ -347,19 +347,10 @@ class H5Base(SceneSequence):
         return np.random.default_rng([self.seed, self.epoch, TRANSFORM_STREAM, int(index)])
 
     def _check_index(self, index: Any) -> int:
-        n = len(self)
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-            raise TypeError(
-                f"{type(self).__name__} indices must be integers. Received: index={index!r}"
-            )
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(
-                f"{type(self).__name__}: batch index {int(index)} is out of range for {n} batches."
-            )
-        return i
+        n, cls = len(self), type(self).__name__
+        return _v.sequence_index(
+            index, n, cls, lambda: f"{cls}: batch index {int(index)} is out of range for {n} batches."
+        )
 
     def _batch_order(self, n: int) -> np.ndarray:
         """The permutation of ``n`` batches (or windows) of this epoch."""

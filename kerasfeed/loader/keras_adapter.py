@@ -18,8 +18,7 @@ from typing import Any
 
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
-from kerasfeed.observe.api import STATS_ATTR
-from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
+from kerasfeed.observe.api import STATS_ATTR, collector_of
 
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
 MIN_KERAS = (3, 7)
@@ -105,11 +104,10 @@ def get_tf_dataset(loader: Any) -> Any:
         # Its pipeline reads the items now (and the shared executor reports to
         # it): stats(loader) and InputStats(dataset=loader) follow it, not the
         # loader's own, idle under this backend.
-        collector = find_tagged(loader._tf_dataset, STATS_ATTR) or getattr(
-            find_tagged(loader._tf_dataset, PIPELINE_ATTR), "stats", None
-        )
-        if collector is not None:
-            setattr(loader, STATS_ATTR, collector)
+        try:
+            setattr(loader, STATS_ATTR, collector_of(loader._tf_dataset))
+        except ValueError:
+            pass  # stats switched off (KERASFEED_STATS=0): nothing to follow
     return loader._tf_dataset
 
 

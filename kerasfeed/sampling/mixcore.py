@@ -75,13 +75,8 @@ class MixCore:
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(part, index in that part)`` of element ``index``."""
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-            raise TypeError(f"mix indices must be integers. Received: index={index!r}")
-        i = int(index)
-        if i < 0:
-            i += self._length
-        if not 0 <= i < self._length:
-            raise IndexError(f"mix: index {int(index)} is out of range for {self._length} elements.")
+        n = self._length
+        i = v.sequence_index(index, n, "mix", lambda: f"mix: index {int(index)} is out of range for {n} elements.")
         block, slot = divmod(i, self.period)
         if self.seed is not None:
             slot = int(self._block_order(block)[slot])
