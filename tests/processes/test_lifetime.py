@@ -52,6 +52,10 @@ def test_an_executor_is_a_context_manager_and_load_takes_int_indices_only():
                 ex.load(index, 0)
         with pytest.raises(TypeError, match=r"`epoch` must be an int. Received: epoch=0.5"):
             ex.load(1, 0.5)
+        for name, args in (("index", (-1, 0)), ("epoch", (1, -1))):  # the worker passed -1 on to source[-1]
+            with pytest.raises(ValueError, match=rf"`{name}` must be >= 0. Received: {name}=-1$"):
+                ex.load(*args)
+        assert ex.load(3, 0)[0][0, 0] == 3  # the executor still works after the refusals
     assert not any(alive(p) for p in pids)
 
 

@@ -209,9 +209,12 @@ def _an_int(name: str, value: Any) -> int:
     try:
         if isinstance(value, bool):
             raise TypeError
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"ProcessExecutor.load: `{name}` must be an int. Received: {name}={value!r}") from None
+    if value < 0:  # a worker would pass it on: source[-1] is another item, or a bare error there
+        raise ValueError(f"ProcessExecutor.load: `{name}` must be >= 0. Received: {name}={value}")
+    return value
 
 
 def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:
