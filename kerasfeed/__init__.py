@@ -58,6 +58,7 @@ _LAZY = {
     "WeightedOrder": "kerasfeed.sampling.weighted:WeightedOrder",
     "mix": "kerasfeed.sampling.mix:mix",
     "H5RowSequence": "kerasfeed.hdf5:H5RowSequence",
+    "FileChangedError": "kerasfeed.hdf5:FileChangedError",
     # Exports: sharded TFRecord/ArrayRecord files written in parallel (kerasfeed/exporting)
     "export": "kerasfeed.exporting.exporter:export",
     "load_export": "kerasfeed.exporting.reader:load_export",

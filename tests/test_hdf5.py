@@ -445,7 +445,7 @@ def test_a_file_replaced_by_rename_is_a_new_file(tmp_path):
     unread.close()
     worker_copy = pickle.loads(pickle.dumps(old))
     for seq in (old, worker_copy):
-        with pytest.raises(OSError, match=rf"file '{path}' was replaced after the sequence was built: .*\(10 rows\)"):
+        with pytest.raises(kerasfeed.FileChangedError, match=rf"file '{path}' was replaced after the sequence was built: .*\(10 rows\)"):
             seq[0]
     new.close()
     assert REGISTRY.open_count() == base
