@@ -269,6 +269,17 @@ def test_short_batch_mid_pass_is_yielded():
         list(pinned)
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_to_loader_yields_a_short_batch_mid_pass_like_to_dataset(executor):
+    # The loader kept the probed batch size fixed and refused item 3 (SignatureError).
+    kw = {"workers": 2} if executor == "processes" else {}
+    with kerasfeed.to_loader(ShortMiddle(), executor=executor, **kw) as loader:
+        batches = list(loader)
+        assert [x.shape for x, _ in batches] == [(n, 2) for n in (8, 8, 8, 5, 8, 8)]
+        assert [float(x[0, 0]) for x, _ in batches] == [0, 1, 2, 3, 4, 5]
+        assert [tuple(s.shape.as_list()) for s in loader.get_tf_dataset().element_spec] == [(None, 2), (None, 1)]
+
+
 class ExceptionPyDataset(keras.utils.PyDataset):
     """Keras' own scenario (its py_dataset_adapter tests): batches 0 and 1, then an error."""
 

@@ -40,6 +40,13 @@ class Signature:
         names = [field_name(path, skeleton) for path in paths]
         return cls(skeleton, names, dtypes, shapes)
 
+    def open_leading(self) -> "Signature":
+        """The signature with the first dimension of every leaf of rank >= 1
+        open (any size): items that are batches may be short anywhere in a
+        pass, as under ``to_dataset`` and Keras' own ``fit(seq)``."""
+        shapes = [[None, *shape[1:]] if len(shape) else shape for shape in self.shapes]
+        return Signature(self.skeleton, self.names, self.dtypes, shapes)
+
     def flat_arrays(self, index: int, item: Any) -> list:
         """The item's leaves as arrays; ``SignatureError`` on a mismatch."""
         leaves = leaves_like(self.skeleton, index, item, "the loader")

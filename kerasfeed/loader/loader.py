@@ -59,6 +59,10 @@ class Loader:
             # A shard probes its own first items, as to_dataset's do: none of another process's.
             probes = feed.probe(feed.probe_indices())
             self._signature = Signature.infer(probes)
+            # The probed batch sizes, for the per-device check (check_batches).
+            self._leading = [s[0] if len(s) else None for s in self._signature.shapes]
+            if options.batch_size is None:
+                self._signature = self._signature.open_leading()
             self._padding = self._signature.padding(options.padding_values)
             del probes
             self._pipeline = feed.pipeline(self._signature)
@@ -94,9 +98,8 @@ class Loader:
             self._reader.check_item = host_batches.item_batch_check(processes, "to_loader")
         if processes is None:
             return
-        leading = [s[0] if len(s) else None for s in self._signature.shapes]
         host_batches.check_local_batches(processes, batch_size=self.batch_size, partial=self.partial_batch_size,
-                                  leading=leading, owner="to_loader")
+                                  leading=self._leading, owner="to_loader")
 
     # -- iteration -----------------------------------------------------------
 
