@@ -104,6 +104,30 @@ def test_text_is_refused_as_a_source_by_every_front_end(text, tmp_path):
         assert str(info.value).endswith(f"Received: {text!r} of type {type(text).__name__}"), name
 
 
+class Thousands(Small):
+    def __getitem__(self, i):
+        return np.full((2,), 1000 + i, np.float32)
+
+
+def test_an_executor_instance_reads_only_its_own_source():
+    # Another source's executor served its own items under the new source's indices (0.0.. for 1000..).
+    train = Small()
+    for ex in (ProcessExecutor(train, workers=1), kerasfeed.to_loader(train, executor="threads").executor):
+        with ex:
+            for front_end in (kerasfeed.to_dataset, kerasfeed.to_loader):
+                with pytest.raises(ValueError, match=r"The executor given runs another source \(Small at .*\) than the "
+                                   r"one to read \(Thousands at .*\).*Received: executor=<"):
+                    front_end(Thousands(), executor=ex)
+                with pytest.raises(ValueError, match=r"`workers` and `worker_init` apply to an executor kerasfeed "
+                                   r"makes.*Received: workers=8, worker_init=None"):
+                    front_end(train, executor=ex, workers=8)  # was taken and ignored
+            assert [float(x[0]) for x in kerasfeed.to_loader(train, executor=ex)] == [0, 1, 2, 3, 4, 5]
+    # A path or a number is no source for the executor either (its items were the path's characters).
+    for bad in ("scenes.h5", 5, None):
+        with pytest.raises(TypeError, match=rf"^ProcessExecutor needs an indexable source.*Received: {bad!r} of type"):
+            ProcessExecutor(bad, workers=1)
+
+
 def test_a_seed_numpy_refuses_fails_when_the_dataset_is_made_not_mid_iteration():
     # On threads the permutation is drawn in the first pass, inside tf.data:
     # the seed must be refused before that, with the same message as processes.

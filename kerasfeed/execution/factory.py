@@ -31,6 +31,7 @@ def make_executor(
     """
     options = options or PoolOptions()
     if isinstance(executor, Executor):
+        _check_instance(executor, source, options)
         return executor
     if executor == "threads":
         if options.given:
@@ -51,3 +52,21 @@ def make_executor(
         f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
         f"Received: {executor!r}"
     )
+
+
+def _check_instance(executor: Executor, source: Any, options: PoolOptions) -> None:
+    # An executor runs the source it was made with: another source's items
+    # would come back under this one's indices, and options given beside it
+    # would be ignored.
+    own = getattr(executor, "source", None)
+    if own is not source:
+        raise ValueError(
+            f"The executor given runs another source ({type(own).__name__} at {id(own):#x}) than the one to read "
+            f"({type(source).__name__} at {id(source):#x}): an executor reads the source it was made with. Pass "
+            f"executor='{executor.name}' (or make the executor with this source). Received: executor={executor!r}"
+        )
+    if options.given:
+        raise ValueError(
+            "`workers` and `worker_init` apply to an executor kerasfeed makes; the one given was made with its "
+            f"own. Received: workers={options.workers!r}, worker_init={options.worker_init!r}, executor={executor!r}"
+        )

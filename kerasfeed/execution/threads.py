@@ -165,6 +165,11 @@ class ThreadExecutor(Executor):
         self._watch = ParkWatch(self)
         self.waits = WaitScope()
 
+    @property
+    def source(self) -> Any:
+        """The source the threads call."""
+        return self._runner.source
+
     def load(self, index: int, epoch: int) -> Any:
         # The consumer's source already saw set_epoch for this pass.
         if self._failure is not None:  # a timed-out item stopped the executor

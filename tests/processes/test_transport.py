@@ -89,9 +89,10 @@ def test_lent_items_reach_tensorflow_without_a_copy_and_their_slots_come_back():
         def __getitem__(self, i):
             return np.full((128, 1024), i, np.float32), np.int64(i)  # 512 KB: lent
 
-    ex = ProcessExecutor(Batches(), workers=2)
+    source = Batches()
+    ex = ProcessExecutor(source, workers=2)
     try:
-        ds = kerasfeed.to_dataset(Batches(), executor=ex, prefetch=0)
+        ds = kerasfeed.to_dataset(source, executor=ex, prefetch=0)
         for epoch in range(3):
             seen = [(int(x.numpy().min()), int(x.numpy().max()), int(y)) for x, y in ds]
             assert seen == [(i, i, i) for i in range(24)], epoch

@@ -80,6 +80,7 @@ class ProcessExecutor(Executor):
         timeout: Optional[float] = None,
         worker_nice: Optional[int] = None,
     ):
+        source_length(source, allow_infinite=True, owner="ProcessExecutor")  # a path, a number: say so here
         options = PoolOptions(
             workers=workers,
             worker_init=worker_init,
@@ -105,6 +106,11 @@ class ProcessExecutor(Executor):
         self._collector: Any = None
         self._watch = ParkWatch(self)
         self.pool = WorkerPool(source, options)
+
+    @property
+    def source(self) -> Any:
+        """The source the workers run (each holds its own copy)."""
+        return self._source
 
     @property
     def waits(self):  # see Executor.waits; the same scope across parked pools
