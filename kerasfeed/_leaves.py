@@ -49,6 +49,10 @@ def as_array(leaf: Any) -> np.ndarray:
         a = np.asarray(leaf)
     except ValueError as e:  # numpy >= 1.24: ragged nested sequences
         raise UnsupportedLeaf(f"cannot become an array ({e})", leaf) from None
+    except (TypeError, RuntimeError) as e:  # e.g. a torch tensor that requires grad, or of bfloat16
+        raise UnsupportedLeaf(
+            f"cannot become a numpy array ({type(e).__name__}: {e}; a torch tensor: `.detach().cpu().numpy()`)", leaf
+        ) from None
     if a.dtype.kind == "U":
         if isinstance(leaf, str):  # numpy's "U" dtype drops trailing NULs; keep them
             return np.array(leaf.encode("utf-8"), dtype=object)

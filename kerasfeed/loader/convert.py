@@ -16,6 +16,33 @@ def map_arrays(fn: Callable[[np.ndarray], Any], batch: Any) -> Any:
     return fn(batch)
 
 
+def torch_dtype(torch: Any, dtype: np.dtype) -> tuple[Any, np.dtype]:
+    """``(torch dtype, numpy dtype of the same bytes that torch.from_numpy takes)``.
+
+    ``torch.from_numpy`` has no bfloat16 (ml_dtypes', what JAX and Keras
+    give numpy): its bytes go through int16 and are viewed back, no copy.
+
+    Raises:
+        TypeError: torch has no tensor of ``dtype``, naming it.
+    """
+    if dtype.name == "bfloat16":
+        return torch.bfloat16, np.dtype(np.int16)
+    try:
+        return torch.from_numpy(np.empty(0, dtype)).dtype, dtype
+    except TypeError:
+        raise TypeError(
+            f"kerasfeed: a batch has an array of dtype {dtype.name}, which torch has no tensor for: convert it in "
+            f"`__getitem__` (e.g. to float32). Received: dtype={dtype.name}"
+        ) from None
+
+
+def from_numpy(torch: Any, a: np.ndarray) -> Any:
+    """``torch.from_numpy(a)`` for any dtype torch holds (bfloat16 included): a view, no copy."""
+    dtype, view = torch_dtype(torch, a.dtype)
+    t = torch.from_numpy(a if view == a.dtype else a.view(view))
+    return t if t.dtype == dtype else t.view(dtype)
+
+
 class TorchBatches:
     """A loader's batches as torch tensors; ``iter()`` reads one pass.
 
@@ -34,7 +61,7 @@ class TorchBatches:
                 return a  # strings: torch has no such tensor
             if not a.flags.writeable:
                 a = a.copy()  # torch.from_numpy needs writable memory
-            return torch.from_numpy(a)
+            return from_numpy(torch, a)
 
         for batch in self.loader:
             yield map_arrays(to_tensor, batch)
@@ -43,4 +70,4 @@ class TorchBatches:
         return self.loader.num_batches
 
 
-__all__ = ["TorchBatches", "map_arrays"]
+__all__ = ["TorchBatches", "from_numpy", "map_arrays", "torch_dtype"]

@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.loader.convert import TorchBatches, map_arrays
+from kerasfeed.loader.convert import TorchBatches, from_numpy, map_arrays, torch_dtype
 
 # Batches placed ahead when device_prefetch=None and the batches go to an accelerator.
 ACCELERATOR_DEPTH = 2
@@ -280,7 +280,7 @@ class _TorchPlace:
             return host_copy(self.torch, a, pin=True).to(self.device, non_blocking=True)
         if not a.flags.writeable:
             a = a.copy()  # torch.from_numpy needs writable memory
-        x = self.torch.from_numpy(a)
+        x = from_numpy(self.torch, a)
         return x if self.device.type == "cpu" else x.to(self.device)
 
     def __call__(self, batch: Any) -> tuple[Any, Any]:  # the prefetch thread
@@ -309,9 +309,10 @@ def host_copy(torch: Any, a: np.ndarray, pin: bool) -> Any:
     them spinning on every core (see NOTE [ Device prefetch ]). numpy copies
     on the calling thread with the GIL released.
     """
-    dtype = torch.from_numpy(np.empty(0, a.dtype)).dtype  # TypeError for what torch cannot hold, as from_numpy
+    dtype, view = torch_dtype(torch, a.dtype)  # TypeError for what torch cannot hold
     host = torch.empty(a.shape, dtype=dtype, pin_memory=pin)
-    np.copyto(host.numpy(), a, casting="no")
+    same = host if view == a.dtype else host.view(torch_dtype(torch, view)[0])  # bfloat16: its bytes as int16
+    np.copyto(same.numpy(), a.view(view), casting="no")
     return host
 
 

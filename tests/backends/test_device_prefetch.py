@@ -171,3 +171,34 @@ def test_torch_host_copy_is_a_copy_with_from_numpy_s_dtype_for_any_layout():
         assert not np.shares_memory(t.numpy(), a)
     with pytest.raises(TypeError):
         host_copy(torch, np.array(["a"], dtype="U1"), pin=False)
+
+
+def test_bfloat16_batches_become_torch_bfloat16_tensors():
+    # torch.from_numpy has no ml_dtypes bfloat16: the loader's torch batches raised a bare TypeError.
+    import ml_dtypes
+    import torch
+
+    from kerasfeed.loader.convert import from_numpy, torch_dtype
+    from kerasfeed.loader.device import host_copy
+
+    a = (np.arange(12, dtype=np.float32).reshape(3, 4) / 4).astype(ml_dtypes.bfloat16)
+    view = from_numpy(torch, a)
+    assert view.dtype == torch.bfloat16 and view.data_ptr() == a.ctypes.data  # no copy
+    strided = a[:, ::2]
+    for t in (view, host_copy(torch, a, pin=False), host_copy(torch, strided, pin=False)):
+        assert t.dtype == torch.bfloat16
+    np.testing.assert_array_equal(host_copy(torch, strided, pin=False).float().numpy(), strided.astype(np.float32))
+    np.testing.assert_array_equal(view.float().numpy(), a.astype(np.float32))
+    with pytest.raises(TypeError, match=r"dtype float8_e4m3fn, which torch has no tensor for.*Received: dtype=float8_e4m3fn"):
+        torch_dtype(torch, np.dtype(ml_dtypes.float8_e4m3fn))
+
+    class Half(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return np.full((2, 2), i + 0.5, ml_dtypes.bfloat16), np.int64(i)
+
+    with kerasfeed.to_loader(Half(), batch_size=3) as loader:
+        (x, y), = list(loader.torch())
+    assert x.dtype == torch.bfloat16 and x.float()[:, 0, 0].tolist() == [0.5, 1.5, 2.5] and y.tolist() == [0, 1, 2]

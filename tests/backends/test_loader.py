@@ -156,6 +156,22 @@ def test_a_leaf_no_front_end_can_hold_is_named_with_item_and_field(executor, at)
             loader.close()
 
 
+def test_a_torch_tensor_numpy_cannot_take_is_named_with_item_and_field():
+    # A bare torch RuntimeError/TypeError, naming neither the item nor the field.
+    import torch
+
+    class Grad(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return np.zeros(2, np.float32), torch.ones(2, requires_grad=i == 2)
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 2, field y cannot become a numpy array "
+                       r"\(RuntimeError: Can't call numpy\(\) on Tensor that requires grad.*\.detach\(\)"):
+        kerasfeed.to_loader(Grad(), batch_size=3)  # item 2 is probed
+
+
 def test_keras_version_guard():
     """Keras < 3.7 cannot take a data adapter: a clear error, not Keras' 'Unrecognized data type'."""
     check_keras_version("3.7.0")
