@@ -35,6 +35,15 @@ def _to_bytes(v: Any) -> bytes:
     raise UnsupportedLeaf(v)
 
 
+def dtype_mismatch(want: Any, got: np.dtype) -> str:
+    """``"dtype float32, received float64"``; with the byte order where only it
+    differs (``"<f4, received >f4"``, not ``"float32, received float32"``)."""
+    want = np.dtype(want)
+    if want.name == got.name:
+        return f"dtype {want.str}, received {got.str}"
+    return f"dtype {want.name}, received {got.name}"
+
+
 def as_array(leaf: Any) -> np.ndarray:
     """Converts a leaf to an ndarray that ``tf.numpy_function`` accepts.
 

@@ -25,23 +25,48 @@ def _flatten(item: Any, path: tuple, out: list, check_dict: Optional[Callable[[d
     if isinstance(item, dict):
         if check_dict is not None:
             check_dict(item, path)
-        return {k: _flatten(item[k], path + (k,), out, check_dict) for k in sorted(item)}
+        try:
+            keys = sorted(item)
+        except TypeError:  # e.g. {1: ..., "a": ...}: int and str do not compare
+            raise _UnsortableKeys(path, list(item)) from None
+        return {k: _flatten(item[k], path + (k,), out, check_dict) for k in keys}
     if isinstance(item, (tuple, list)):
         return tuple(_flatten(v, path + (i,), out, check_dict) for i, v in enumerate(item))
     out.append((path, item))
     return None
 
 
-def flatten(item: Any, check_dict: Optional[Callable[[dict, tuple], None]] = None) -> tuple[Any, list]:
+class _UnsortableKeys(Exception):
+    pass
+
+
+def flatten(
+    item: Any, check_dict: Optional[Callable[[dict, tuple], None]] = None, index: Any = None
+) -> tuple[Any, list]:
     """Returns ``(skeleton, [(path, leaf), ...])``, leaves in ``tf.nest`` order.
 
     Args:
         item: the nest.
         check_dict: called as ``check_dict(d, path)`` on every dict before
             its keys are sorted (to refuse keys a front end cannot hold).
+        index: the item's index, for messages.
+
+    Raises:
+        SignatureError: a dict whose keys do not sort (``tf.nest``'s order).
     """
     out: list = []
-    return _flatten(item, (), out, check_dict), out
+    try:
+        return _flatten(item, (), out, check_dict), out
+    except _UnsortableKeys as e:
+        from kerasfeed.errors import SignatureError
+
+        path, keys = e.args
+        where = f"Item {index}" if index is not None else "An item"
+        inner = f" at {''.join(f'[{p!r}]' for p in path)}" if path else ""
+        raise SignatureError(
+            f"{where} has a dict{inner} whose keys do not sort together (items are read in sorted key order, as "
+            f"tf.nest does): use keys of one type, e.g. all str. Received: keys={keys!r}"
+        ) from None
 
 
 def leaves_like(
@@ -61,7 +86,7 @@ def leaves_like(
         SignatureError: another structure; ``owner`` says whose (``the
             dataset``, ``the loader``, ``the export``).
     """
-    other, leaves = flatten(item, check_dict)
+    other, leaves = flatten(item, check_dict, index)
     if other != skeleton:
         from kerasfeed.errors import SignatureError
 
@@ -166,12 +191,12 @@ def infer_fields(
         return getattr(dtype, "name", dtype)
 
     first_index, first = probes[0]
-    skeleton, leaves = flatten(first, check_dict)
+    skeleton, leaves = flatten(first, check_dict, first_index)
     first_arrays = arrays(first_index, leaves, skeleton)
     shapes = [list(a.shape) for a in first_arrays]
     dtypes = [dtype_of(a) for a in first_arrays]
     for index, item in probes[1:]:
-        other, other_leaves = flatten(item, check_dict)
+        other, other_leaves = flatten(item, check_dict, index)
         if other != skeleton:
             raise SignatureError(
                 f"Items have different structures: item {first_index} is {describe(skeleton)} but item "

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasfeed
 from kerasfeed import _validation as v
@@ -198,3 +199,31 @@ def test_checks_refuse_with_what_was_received(check, args, message):
     with pytest.raises((TypeError, ValueError)) as e:
         check(*args)
     assert str(e.value) == message
+
+
+class MixedKeys(Small):
+    def __getitem__(self, i):
+        return np.zeros(2, np.float32), ({"b": {2: np.ones(1), "c": 1}} if i == 3 else {"b": {"c": np.ones(1)}})
+
+
+@pytest.mark.parametrize("front_end", ["to_dataset", "to_loader"])
+def test_dict_keys_that_do_not_sort_are_named_with_the_item(front_end):
+    # sorted() raised a bare "'<' not supported between instances of 'str' and 'int'", no item named.
+    with pytest.raises(kerasfeed.SignatureError, match=re.escape(
+            "Item 3 has a dict at [1]['b'] whose keys do not sort together (items are read in sorted key order, "
+            "as tf.nest does): use keys of one type, e.g. all str. Received: keys=[2, 'c']")):
+        getattr(kerasfeed, front_end)(MixedKeys(), probe=6)
+
+
+class BigEndianAt4(Small):
+    def __getitem__(self, i):
+        return np.full((2,), i, ">f4" if i == 4 else "<f4")
+
+
+def test_a_byte_order_change_is_shown_in_the_message():
+    # It said "expected dtype float32, received float32".
+    message = re.escape("Item 4, field item: expected dtype <f4, received >f4")
+    with pytest.raises(kerasfeed.SignatureError, match=message):
+        list(kerasfeed.to_loader(BigEndianAt4(), probe=2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        list(kerasfeed.to_dataset(BigEndianAt4(), probe=2))

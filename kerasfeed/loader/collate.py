@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._leaves import leaf_array, leaf_arrays, padding_leaves
+from kerasfeed._leaves import dtype_mismatch, leaf_array, leaf_arrays, padding_leaves
 from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
 
@@ -54,7 +54,7 @@ class Signature:
         for k, (_, leaf) in enumerate(leaves):
             a = leaf_array(index, self.names[k], leaf)
             if a.dtype != self.dtypes[k]:
-                self._fail(index, k, f"dtype {self.dtypes[k].name}, received {a.dtype.name}")
+                self._fail(index, k, dtype_mismatch(self.dtypes[k], a.dtype))
             shape = self.shapes[k]
             if not shape_fits(shape, a.shape):
                 self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")

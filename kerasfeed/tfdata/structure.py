@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from kerasfeed._leaves import leaf_array, leaf_arrays
+from kerasfeed._leaves import dtype_mismatch, leaf_array, leaf_arrays
 from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, shape_check, shape_text
 from kerasfeed._nest import pack as _pack
 from kerasfeed.errors import SignatureError
@@ -94,7 +94,7 @@ class ItemChecker:
                 if a.dtype != object:
                     self._fail(index, k, f"dtype string, received {a.dtype}")
             elif a.dtype != want:
-                self._fail(index, k, f"dtype {np.dtype(want).name}, received {a.dtype.name}")
+                self._fail(index, k, dtype_mismatch(want, a.dtype))
             check = self._shape_checks[k]  # runs for every item: C-level calls only
             if check is not None and (a.ndim != check[0] or check[1](a.shape) != check[2]):
                 self._fail(index, k, f"shape {shape_text(self.shapes[k])}, received shape {a.shape}")
