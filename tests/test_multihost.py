@@ -49,6 +49,27 @@ class Items:
         return np.full(2, i, np.float32)
 
 
+class Batches:
+    """Items that are whole batches (``batch_size=None``): ``size(i)`` rows of ``[i, i]``."""
+
+    def __init__(self, n, size):
+        self.n, self.size = n, size
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((self.size(i), 2), i, np.float32)
+
+
+def _short_last(n=8):
+    return Batches(n, lambda i: 4 if i < n - 1 else 2)
+
+
+def _short_at(j, n=16):  # item j is short
+    return Batches(n, lambda i: 2 if i == j else 4)
+
+
 def _processes(index=1, local=1, shards=2):
     return hosts.ProcessShards(2, index, shards, index if shards > 1 else 0, local, "FakeDistribution", "batch")
 
@@ -152,6 +173,77 @@ def test_a_per_process_batch_must_divide_among_the_local_devices(monkeypatch):
         assert len(loader) == 2
     with pytest.raises(ValueError, match=r"whole batches \(batch_size=None\) of 3 samples"):
         kerasfeed.to_loader(Items(10, rows=3))
+
+
+def test_items_that_are_batches_must_have_one_size_on_every_process(monkeypatch):
+    """Before: a short item on one process at a step where the other had a
+    full one reached jax.make_array_from_process_local_data silently (a wrong
+    global batch, and a different loss on every process)."""
+    sent = _peer(monkeypatch, _processes(index=0))
+    # Probes include the source's last item, where a short batch usually is: refused at creation.
+    with pytest.raises(ValueError, match=r"^to_loader: item 7 is a batch of 2 samples, but the probed items are "
+                       r"batches of 4 \(item 0\)\. Under the 2 processes of the FakeDistribution, each reading its "
+                       r"own shard, .*Received: item 7 batch size=2, expected 4$"):
+        kerasfeed.to_loader(_short_last())
+    assert int(sent[-1][0]) == 1  # the failure is sent to the peer (it raises instead of waiting)
+    # A short item that no probe saw is refused as it is read, before its batch is handed out.
+    with kerasfeed.to_loader(_short_at(8)) as loader:  # shard 0: items 0, 2, 4, 6, 8, ...
+        it = iter(loader)
+        assert [int(next(it)[0, 0]) for _ in range(4)] == [0, 2, 4, 6]
+        with pytest.raises(ValueError, match=r"item 8 is a batch of 2 samples, but the probed items are batches of 4"
+                           r" \(item 0\).*Received: item 8 batch size=2, expected 4$"):
+            next(it)
+    assert dict(zip(hosts.FACTS, sent[-1][1:].tolist()))["item batch size"] == 4  # the processes agree on it too
+    _peer(monkeypatch, _processes(index=0), change={"item batch size": 6})
+    with pytest.raises(ValueError, match=r"disagree on item batch size: item batch size \(process 0: 4, process 1: 6\)"):
+        kerasfeed.to_loader(Batches(8, lambda i: 4))
+    # Samples (batch_size set) may still vary: they are padded to one batch shape.
+    _peer(monkeypatch, _processes(index=0))
+    with kerasfeed.to_loader(Batches(16, lambda i: 1 + i * 7 % 5), batch_size=2, padding_values=0.0) as loader:
+        assert [b.shape[0] for b in loader] == [2] * 4
+    # Explicit shards in the cluster: the same rule; one shard (the whole source): no rule.
+    with pytest.raises(ValueError, match=r"item 7 is a batch of 2 samples"):
+        kerasfeed.to_loader(_short_last(), num_shards=2, shard_index=1)
+    with kerasfeed.to_loader(_short_last(), num_shards=1) as loader:
+        assert [len(b) for b in loader] == [4] * 7 + [2]
+
+
+def test_num_shards_alone_reads_this_process_s_shard(monkeypatch):
+    """Before: `num_shards=2` without `shard_index` read shard 0 on every process
+    (the docstring promised "this process's")."""
+    _peer(monkeypatch, _processes(index=1))
+    with kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2) as loader:
+        got = [int(v) for b in loader for v in b[:, 0]]
+    assert got == IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=1).indices(0).tolist()
+    with pytest.raises(ValueError, match=r"^to_loader: `num_shards=4` without `shard_index` in a cluster of 2 "
+                       r"processes: .*Pass `shard_index` \(this process is 1\), or num_shards=2\. "
+                       r"Received: num_shards=4, shard_index=None, processes=2$"):
+        kerasfeed.to_loader(Items(16), num_shards=4)
+    assert len(kerasfeed.to_loader(Items(16), num_shards=1)) == 16  # the whole source, as documented
+    with kerasfeed.to_loader(Items(16), num_shards=4, shard_index=3) as loader:  # explicit: as given
+        assert [int(b[0]) for b in loader] == [3, 7, 11, 15]
+
+
+def test_explicit_shards_under_several_processes_check_the_local_batch(monkeypatch):
+    """Before: explicit shards skipped the per-device check (local_distribution
+    was None under several processes), so `fit` failed mid-pass with a bare
+    JAX error; now refused at creation, and when an epoch begins."""
+    from types import SimpleNamespace as Fake
+
+    _peer(monkeypatch, _processes(index=0, local=2))
+    monkeypatch.setitem(sys.modules, "jax", sys.modules.get("jax") or Fake())
+    monkeypatch.setattr(hosts, "_active_distribution", lambda: Fake(num_processes=2))
+    assert hosts.local_distribution().local_batch_shards == 2
+    with pytest.raises(ValueError, match=r"last batch of every pass has 1 samples, which do not divide among the 2 "
+                       r"devices of process 0.*Received: batch_size=2, drop_remainder=False, last batch=1$"):
+        kerasfeed.to_loader(Items(14), batch_size=2, num_shards=2, shard_index=0)  # 7 items per process
+    with pytest.raises(ValueError, match=r"3 samples do not divide among 2 devices"):
+        kerasfeed.to_loader(Items(14), batch_size=3, num_shards=2, shard_index=0)
+    monkeypatch.setattr(hosts, "_active_distribution", lambda: None)  # set after the loader was made
+    with kerasfeed.to_loader(Items(14), batch_size=2, num_shards=2, shard_index=0) as loader:
+        monkeypatch.setattr(hosts, "_active_distribution", lambda: Fake(num_processes=2))
+        with pytest.raises(ValueError, match=r"last batch of every pass has 1 samples"):
+            loader.on_epoch_begin()
 
 
 def test_a_source_shorter_than_the_data_shards_is_refused_in_the_distribution_s_words(monkeypatch):
@@ -291,3 +383,68 @@ def test_two_jax_processes_fit_their_own_shards_and_resume(tmp_path):
         shard = IndexOrder(16, shuffle=True, seed=SEED, num_shards=2, shard_index=k).indices(0).tolist()
         assert [index_of[v] for v in rows["x0"]] == shard
         assert [index_of[v] for v in columns["x0"]] == IndexOrder(16, shuffle=True, seed=SEED).indices(0).tolist()
+
+
+# ------------------------------------- the sharding rules on a real cluster
+def _cluster_rules(out):
+    """Run as each of two JAX processes (``python test_multihost.py --rules OUT``):
+    the rules above, on a real cluster under ``DataParallel`` (two devices
+    per process). Writes ``rules_<k>.json``: each case's items or error."""
+    import jax
+    import keras
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    keras.distribution.initialize()
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
+    k, got = jax.process_index(), {}
+
+    def case(name, make, read=lambda b: [int(v) for v in np.ravel(b[..., 0])]):
+        try:
+            with make() as loader:
+                got[name] = [read(b) for b in loader]
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            got[name] = f"{type(e).__name__}: {e}"
+
+    # Every automatic creation is one exchange: both processes run the same cases, in order.
+    case("short_last", lambda: kerasfeed.to_loader(_short_last()))
+    case("short_last_explicit", lambda: kerasfeed.to_loader(_short_last(), num_shards=2, shard_index=k))
+    case("short_mid", lambda: kerasfeed.to_loader(_short_at(8)))  # item 8: process 0's shard, not probed
+    case("batch_sizes_differ", lambda: kerasfeed.to_loader(Batches(8, lambda i: 4 + 2 * k)))
+    case("padded", lambda: kerasfeed.to_loader(Batches(16, lambda i: 1 + i * 7 % 5), batch_size=2),
+         lambda b: [b[:, 0, 0].astype(int).tolist(), list(b.shape)])
+    case("num_shards_only", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2))
+    case("num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=4))
+    case("explicit_indivisible", lambda: kerasfeed.to_loader(Items(14), batch_size=2, num_shards=2, shard_index=k))
+    with open(os.path.join(out, f"rules_{k}.json"), "w") as f:
+        json.dump(got, f)
+
+
+@pytest.mark.timeout(300)
+def test_the_sharding_rules_on_two_jax_processes(tmp_path):
+    run_workers(os.path.abspath(__file__), ["--rules", str(tmp_path)], cwd=str(tmp_path), env_for=keras_jax_env)
+    got = [json.load(open(tmp_path / f"rules_{k}.json")) for k in range(PROCESSES)]
+    for k, r in enumerate(got):
+        # Items that are batches: one size on every process (the short last one is probed everywhere).
+        assert r["short_last"].startswith("ValueError: to_loader: item 7 is a batch of 2 samples, but the probed "
+                                          "items are batches of 4") and "DataParallel, each" in r["short_last"]
+        assert r["short_last_explicit"].startswith("ValueError: to_loader: item 7 is a batch of 2 samples")
+        assert "disagree on item batch size: item batch size (process 0: 4, process 1: 6)" in r["batch_sizes_differ"]
+        # Samples of varying shapes with `batch_size`: padded per batch, as before.
+        pairs = [[4 * j + k, 4 * j + 2 + k] for j in range(4)]
+        assert r["padded"] == [[p, [2, max(1 + i * 7 % 5 for i in p), 2]] for p in pairs], r["padded"]
+        # num_shards alone: this process's shard; shards disjoint and covering the pass.
+        r["num_shards_only"] = sum(r["num_shards_only"], [])
+        assert r["num_shards_only"] == IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k).indices(0).tolist()
+        assert r["num_shards_other"].startswith("ValueError: to_loader: `num_shards=4` without `shard_index` in a "
+                                                "cluster of 2 processes"), r["num_shards_other"]
+        assert r["num_shards_other"].endswith("Received: num_shards=4, shard_index=None, processes=2")
+        # Explicit shards: the per-device check at creation, as the automatic path does.
+        assert r["explicit_indivisible"].startswith(f"ValueError: to_loader: the last batch of every pass has 1 "
+                                                    f"samples, which do not divide among the 2 devices of process {k}")
+    assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
+    assert "item 8 is a batch of 2 samples" in got[0]["short_mid"]  # as process 0 reads it
+    assert isinstance(got[1]["short_mid"], list) and len(got[1]["short_mid"]) == 8  # its items are all full
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--rules"]:
+    _cluster_rules(sys.argv[2])

@@ -186,6 +186,57 @@ def test_explicit_shards_win_and_too_many_shards_are_refused():
     assert kerasfeed.worker_run_dir("logs") == os.path.join("logs", "worker_0")
 
 
+class Items:
+    """Item ``i`` is ``[i, i]`` (float32)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(2, i, np.float32)
+
+
+def _items(ds):
+    return [int(v) for b in ds for v in np.ravel(np.asarray(b)[..., 0])]
+
+
+def test_more_input_pipelines_than_items_are_refused_in_the_context_s_words():
+    """Before: "IndexOrder: `num_shards` must be in [1, 2] (the number of items)",
+    about an order the user never made."""
+    from types import SimpleNamespace as Context
+
+    context = Context(num_input_pipelines=3, input_pipeline_id=2)
+    for make in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        with pytest.raises(ValueError, match=rf"^{make.__name__}: the `input_context` has 3 input pipelines but the "
+                           r"source has only 2 items: every input pipeline .*Received: "
+                           r"input_context.num_input_pipelines=3, len\(source\)=2$"):
+            make(Items(2), batch_size=1, input_context=context)
+        assert _items(make(Items(3), input_context=context)) == [2]  # as many pipelines as items: one each
+
+
+def test_num_shards_alone_reads_this_worker_s_shard(monkeypatch):
+    """Before: `num_shards=2` without `shard_index` read shard 0 on every worker
+    (the docstring promised "this worker's under a multi-worker strategy")."""
+    from kerasfeed.loading import shards
+
+    checked = []
+    monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
+    monkeypatch.setattr(shards, "check_agreement", lambda worker, fields, api: checked.append(fields))
+    ds = kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2)
+    assert _items(ds) == IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=1).indices(0).tolist()
+    assert len(checked) == 1 and checked[0]["num_shards"] == 2  # the workers still check that they agree
+    with pytest.raises(ValueError, match=r"^to_dataset: `num_shards=3` without `shard_index` in a cluster of 2 "
+                       r"workers: .*Pass `shard_index` \(this worker is 1\), or num_shards=2\. "
+                       r"Received: num_shards=3, shard_index=None, workers=2$"):
+        kerasfeed.to_dataset(Items(16), num_shards=3)
+    assert len(_items(kerasfeed.to_dataset(Items(16), num_shards=1))) == 16  # the whole source, unchecked
+    assert _items(kerasfeed.to_dataset(Items(16), num_shards=4, shard_index=3)) == [3, 7, 11, 15]
+    assert len(checked) == 2
+
+
 def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
     import tensorflow as tf
 
@@ -234,3 +285,45 @@ def test_file_shards_split_between_workers_every_pass():
         order = IndexOrder(7, shuffle=True, seed=3).indices(e)
         assert sorted(a + b) == sorted(paths[i] for i in order[:6])  # the pass's first 6; one left over
     assert per_worker[0][0] != per_worker[0][1]  # reshuffled every pass
+
+
+# ------------------------------------------- the sharding rules on real workers
+def _worker_rules(out):
+    """Run as each of two tf.distribute workers (``python test_multiworker.py
+    --rules OUT``): writes ``rules_worker_<k>.json``, each case's items or error."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()  # first, before any other TF op
+    k, got = json.loads(os.environ["TF_CONFIG"])["task"]["index"], {}
+
+    def case(name, make):
+        try:
+            got[name] = _items(make())
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            got[name] = f"{type(e).__name__}: {e}"
+
+    # Every sharded creation is one exchange: both workers run the same cases, in order.
+    case("num_shards_only", lambda: kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2))
+    case("num_shards_other", lambda: kerasfeed.to_dataset(Items(16), num_shards=3))
+    case("too_few_for_distribute", lambda: kerasfeed.distribute(strategy, Items(1), batch_size=2))
+    with open(os.path.join(out, f"rules_worker_{k}.json"), "w") as f:
+        json.dump(got, f)
+
+
+@pytest.mark.timeout(300)
+def test_the_sharding_rules_on_two_workers(tmp_path):
+    run_workers(os.path.abspath(__file__), ["--rules", str(tmp_path)], cwd=str(tmp_path), timeout=240)
+    got = [json.load(open(tmp_path / f"rules_worker_{k}.json")) for k in range(WORKERS)]
+    for k, r in enumerate(got):
+        assert r["num_shards_only"] == IndexOrder(16, shuffle=True, seed=0, num_shards=2,
+                                                  shard_index=k).indices(0).tolist(), r
+        assert r["num_shards_other"].startswith("ValueError: to_dataset: `num_shards=3` without `shard_index` in a "
+                                                "cluster of 2 workers"), r["num_shards_other"]
+        assert "the `input_context` has 2 input pipelines but the source has only 1 items" in r[
+            "too_few_for_distribute"], r["too_few_for_distribute"]
+        assert r["too_few_for_distribute"].endswith("Received: input_context.num_input_pipelines=2, len(source)=1")
+    assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--rules"]:
+    _worker_rules(sys.argv[2])

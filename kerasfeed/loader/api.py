@@ -7,13 +7,14 @@ Resolves the arguments once (``LoaderOptions``), opens the front end's feed
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 from kerasfeed.execution.base import Executor
 from kerasfeed.loader.keras_adapter import loader_class
 from kerasfeed.loader.loader import Loader
 from kerasfeed.loader.options import LoaderOptions
-from kerasfeed.loading import hosts
+from kerasfeed.loading import host_batches, hosts
 from kerasfeed.loading.feed import open_feed
 from kerasfeed.loading.shards import given_shards
 from kerasfeed.sources.base import source_length
@@ -57,7 +58,8 @@ def to_loader(
         shuffle: read items in a new seeded random order every pass.
         seed: seed of the shuffle (and base seed of worker processes).
         executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
-            ``Executor`` instance (not closed by the loader).
+            ``Executor`` instance made with this very ``source`` (not
+            closed by the loader).
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process.
         drop_remainder: with ``batch_size``, drop the last short batch.
@@ -73,7 +75,11 @@ def to_loader(
             as ``to_dataset`` splits them. None: one shard per process under
             a multi-process Keras distribution on JAX (``DataParallel``,
             ``ModelParallel`` along its batch dimension; see below), else 1.
-        shard_index: the shard this loader yields (None: this process's, or 0).
+        shard_index: the shard this loader yields. None: this process's
+            under a multi-process distribution; with ``num_shards`` given in
+            a JAX cluster of several processes, this process's index when
+            ``num_shards`` equals their number (1: shard 0; another count
+            is refused: pass ``shard_index``); else 0.
         initial_state: ``{"epoch": e, "batches": b}`` (from
             ``TrainingProgress``): the first pass is pass ``e`` and starts
             after its first ``b`` batches; use ``fit(..., initial_epoch=e)``.
@@ -112,7 +118,10 @@ def to_loader(
     process's devices). Every process must create its loaders in the same
     order, with the same arguments: the processes check at creation that
     they agree on length, seed, order and batching (explicit ``num_shards``/
-    ``shard_index``/``input_context`` skip this). See ``docs/multiworker.md``.
+    ``shard_index``/``input_context`` skip this; the batch must still divide
+    among the local devices). With ``batch_size=None`` every item must then be
+    a batch of the same size (the probes, which include the source's last
+    item, and every item as it is read). See ``docs/multiworker.md``.
 
     Returns:
         A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
@@ -150,8 +159,11 @@ def to_loader(
     """
     # Under a multi-process Keras distribution (JAX) each process reads its own
     # shard, and the processes check that they agree (kerasfeed/loading/hosts.py).
+    # Explicit shards skip the check, but `num_shards` alone still means this
+    # process's shard in a cluster (shards.given_shards).
     explicit = input_context is not None or num_shards is not None or shard_index is not None
-    processes = None if explicit else hosts.current_processes()
+    cluster = hosts.current_processes()
+    processes = None if explicit else cluster
 
     def make() -> tuple[Loader, Optional[dict]]:
         total = source_length(source)
@@ -175,12 +187,19 @@ def to_loader(
             device_prefetch=device_prefetch,
         )
         adapter = loader_class()  # checks the Keras version before any worker starts
-        shards = given_shards if processes is None else hosts.process_shard_plan(processes)
+        if processes is None:
+            shards = functools.partial(given_shards, cluster=cluster)
+        else:
+            shards = hosts.process_shard_plan(processes)
         loader = adapter(open_feed(source, total, options, shards), options)
         try:
             if processes is None:
-                loader.check_batches(hosts.local_distribution())  # one process, several devices
-            return loader, None if processes is None else loader._join(processes)
+                # One process with several devices, or explicit shards under several processes.
+                loader.check_batches(hosts.local_distribution())
+                return loader, None
+            facts = loader._join(processes)
+            facts["item batch size"] = host_batches.item_batch_fact(loader._feed.item_batch_size)
+            return loader, facts
         except BaseException:
             loader.close()
             raise

@@ -19,6 +19,7 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.loading.arguments import Passes, resolve_passes
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
+from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batches
 from kerasfeed.loading.options import LoadOptions
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.loading.shards import ShardPlan, shard_probe_indices
@@ -43,6 +44,10 @@ class Feed:
         shards: the shards this pipeline reads.
         passes: its order and batch counts (``arguments.Passes``).
         executor: where ``source[i]`` runs.
+        item_batch_size: with items that are whole batches read by one of
+            several processes that each read their own shard
+            (``ShardPlan.equal_batches``), the leading size per leaf that
+            every item must have, from the probes; else None.
     """
 
     def __init__(
@@ -60,6 +65,8 @@ class Feed:
         self.shards = shards
         self.passes = passes
         self.executor = executor
+        self.item_batch_size: Optional[tuple] = None
+        self._probed: Any = None  # the first probed index, for messages
 
     @property
     def endless(self) -> bool:
@@ -86,8 +93,19 @@ class Feed:
         return probe_indices(self.total, probe)
 
     def probe(self, at: Any) -> list:
-        """``[(i, source[i]), ...]`` for ``i`` in ``at``, made by the executor."""
-        return [(i, self.executor.load(i, 0)) for i in at]
+        """``[(i, source[i]), ...]`` for ``i`` in ``at``, made by the executor.
+
+        Raises:
+            ValueError: items that are whole batches of different sizes
+                where several processes' batches make one step
+                (``host_batches.equal_probed_batches``).
+        """
+        probes = [(i, self.executor.load(i, 0)) for i in at]
+        why = self.shards.equal_batches
+        if why and self.options.batch_size is None and probes:
+            self.item_batch_size = equal_probed_batches(probes, why, self.options.api)
+            self._probed = probes[0][0]
+        return probes
 
     def pipeline(self, checker: Any) -> PassPipeline:
         """The pass pipeline the front end drives (``EndlessPipeline`` for an endless source).
@@ -97,6 +115,9 @@ class Feed:
                 refusing one that does not fit.
         """
         passes, shards = self.passes, self.shards
+        if self.item_batch_size is not None:  # refuses an item of another size, as it is read
+            checker = EqualItemBatches(checker, self.item_batch_size, self._probed, shards.equal_batches,
+                                       self.options.api)
         if self.endless:
             pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
         else:

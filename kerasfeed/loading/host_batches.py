@@ -5,13 +5,21 @@ divide among this process's devices on the batch axis (TF-free).
 layout of ``DataParallel``) splits every batch among the devices; one that
 does not divide fails inside the step, after the batches before it trained.
 The front end checks the batching when it is made, and items that are whole
-batches of sizes that vary as each is read. ``hosts.py`` decides the shards.
+batches as each is read. Under several processes that read their own shards
+those must also all be of one size (``EqualItemBatches``): one step joins
+every process's batch of that step, and a short one on one process while
+another has a full one makes a wrong global batch (JAX does not refuse it).
+``hosts.py`` decides the shards.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import numpy as np
+
+from kerasfeed._nest import flatten
+from kerasfeed.errors import SignatureError
 from kerasfeed.loading.hosts import ProcessShards
 
 
@@ -90,4 +98,83 @@ def item_batch_check(processes: Optional[ProcessShards], owner: str) -> Optional
     return check
 
 
-__all__ = ["check_local_batches", "item_batch_check"]
+def _leading_sizes(item: Any) -> Optional[tuple]:
+    """The leading size of each leaf of an item (None for a 0-d leaf), or
+    None when the item cannot be read so (its own check reports it)."""
+    try:
+        return tuple((np.shape(leaf) or (None,))[0] for _, leaf in flatten(item)[1])
+    except Exception:  # noqa: BLE001 - the signature check names what is wrong
+        return None
+
+
+def _size_text(sizes: tuple) -> str:
+    known = {d for d in sizes if d is not None}
+    return str(next(iter(known))) if len(known) == 1 else str(sizes)
+
+
+def _unequal(owner: str, index: Any, got: tuple, expected: tuple, probed: Any, why: str) -> ValueError:
+    size, want = _size_text(got), _size_text(expected)
+    return ValueError(
+        f"{owner}: item {index} is a batch of {size} samples, but the probed items are batches of {want} "
+        f"(item {probed}). Under {why}, a step joins every process's batch of that step "
+        "(jax.make_array_from_process_local_data), so with batch_size=None every item must have the same leading "
+        "size on every process: a short item on one process while another has a full one makes a wrong global "
+        f"batch. Return batches of {want} samples (drop or pad the short last one), or return samples and pass "
+        f"`batch_size` (with `drop_remainder=True` or a pass that divides). Received: item {index} batch size={size}, "
+        f"expected {want}"
+    )
+
+
+def equal_probed_batches(probes: list, why: str, owner: str) -> Optional[tuple]:
+    """The leading sizes (per leaf) that every item must have, from the
+    probed ``[(index, item), ...]`` (which include the source's last item,
+    where a short batch usually is). None when the probes cannot be read
+    (the signature check reports them).
+
+    Raises:
+        ValueError: probed items of different leading sizes.
+    """
+    expected = first = None
+    for index, item in probes:
+        sizes = _leading_sizes(item)
+        if sizes is None:
+            return None
+        if expected is None:
+            expected, first = sizes, index
+        elif sizes != expected:
+            raise _unequal(owner, index, sizes, expected, first, why)
+    return expected
+
+
+class EqualItemBatches:
+    """An item checker (``flat_arrays``, as the pipeline calls it) that
+    refuses items whose leading sizes differ from the probed ones, by name,
+    before the signature's generic message (``equal_probed_batches``)."""
+
+    def __init__(self, checker: Any, expected: tuple, probed: Any, why: str, owner: str):
+        self._checker, self.expected, self._probed, self._why, self._owner = checker, expected, probed, why, owner
+
+    def _check(self, index: Any, sizes: Optional[tuple]) -> None:
+        if sizes is not None and len(sizes) == len(self.expected) and sizes != self.expected:
+            raise _unequal(self._owner, index, sizes, self.expected, self._probed, self._why)
+
+    def flat_arrays(self, index: Any, item: Any) -> list:
+        try:
+            arrays = self._checker.flat_arrays(index, item)
+        except SignatureError:
+            self._check(index, _leading_sizes(item))
+            raise
+        self._check(index, tuple(a.shape[0] if getattr(a, "ndim", 0) else None for a in arrays))
+        return arrays
+
+
+def item_batch_fact(expected: Optional[tuple]) -> Any:
+    """What the processes exchange for ``hosts.FACTS``' "item batch size":
+    the one leading size of the items, or their sizes per leaf."""
+    if expected is None:
+        return None
+    known = {d for d in expected if d is not None}
+    return next(iter(known)) if len(known) == 1 else expected
+
+
+__all__ = ["EqualItemBatches", "check_local_batches", "equal_probed_batches", "item_batch_check", "item_batch_fact"]

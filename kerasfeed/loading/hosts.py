@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, TypeVar
 import numpy as np
 
 from kerasfeed.loading.arguments import Passes
-from kerasfeed.loading.shards import ShardPlan
+from kerasfeed.loading.shards import ShardPlan, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
 from kerasfeed.sampling.protocol import order_fingerprint
 
@@ -61,6 +61,7 @@ FACTS = (
     "batches in the first pass",
     "initial_state epoch",
     "initial_state batches",
+    "item batch size",
 )
 
 
@@ -126,20 +127,24 @@ def _active_distribution() -> Any:
 
 
 def local_distribution() -> Optional[ProcessShards]:
-    """The active Keras distribution when it runs in this process alone and
-    splits the batch among several of its devices (``DataParallel`` over the
-    local GPUs), as a ``ProcessShards`` of one process; else None.
+    """The active Keras distribution when it splits this process's batch
+    among several of its devices, as a ``ProcessShards``; else None. In one
+    process (``DataParallel`` over the local GPUs) that of one process;
+    under several, ``current_processes()``, whatever shards the loader was
+    given (explicit ``num_shards``/``shard_index`` included).
 
-    Its batches must divide among those devices as a process's batch does
-    under several processes (``host_batches.check_local_batches``): Keras' placement of a
-    batch that does not fails in the step, after the batches before it
-    trained. Read in the thread that will train (the distribution is per
-    thread).
+    Its batches must divide among those devices (``host_batches.
+    check_local_batches``): Keras' placement of a batch that does not fails
+    in the step, after the batches before it trained. Read in the thread
+    that will train (the distribution is per thread).
     """
     jax = sys.modules.get("jax")
     dist = _active_distribution()
-    if jax is None or dist is None or int(getattr(dist, "num_processes", 1)) != 1:
+    if jax is None or dist is None:
         return None
+    if int(getattr(dist, "num_processes", 1)) != 1:
+        processes = current_processes()
+        return processes if processes is not None and processes.local_batch_shards > 1 else None
     shards = _mesh_shards(dist, jax)
     if shards is None or shards[2] <= 1:
         return None
@@ -266,14 +271,20 @@ def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPl
             owner=options.owner,
         )
         num_shards = 1 if num_shards is None else num_shards
-        return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order)
+        together = None
+        if processes.num_processes > 1 and max(processes.num_shards, order_shards(options.order)) > 1:
+            together = f"the {processes.num_processes} processes of the {processes.source}, each reading its own shard"
+        return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order, together)
 
     return resolve
 
 
 def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int], num_shards: int,
-               batch_size: Optional[int], drop_remainder: bool) -> dict:
-    """``{fact: value}`` for ``FACTS``, from a pipeline's resolved passes."""
+               batch_size: Optional[int], drop_remainder: bool, item_batch_size: Any = None) -> dict:
+    """``{fact: value}`` for ``FACTS``, from a pipeline's resolved passes
+    (``item_batch_size``: with ``batch_size=None``, the leading size every
+    item must have, ``Feed.item_batch_size``; the front end may set it
+    after)."""
     return {
         "len(source)": total,
         "shuffle": bool(shuffle),
@@ -286,6 +297,7 @@ def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int]
         "batches in the first pass": passes.first_pass,
         "initial_state epoch": passes.resume.epoch,
         "initial_state batches": passes.resume.batches,
+        "item batch size": item_batch_size,
     }
 
 

@@ -200,30 +200,78 @@ class ShardPlan:
         order: the order object the pipeline reads: the one given (None:
             none, ``IndexOrder`` from ``shuffle``/``seed``/the shards), or
             this process's cut of it (``hosts.py``).
+        equal_batches: set when the pipeline is one of several processes'
+            shards whose batches one step joins (JAX's
+            ``make_array_from_process_local_data``): who they are, for
+            messages. Items that are whole batches must then all have the
+            same leading size (``host_batches.EqualItemBatches``).
     """
 
     num_shards: Optional[int]
     shard_index: Optional[int]
     parts: int
     order: Any = None
+    equal_batches: Optional[str] = None
+
+
+def cluster_shard_index(owner: str, num_shards: int, size: int, index: int, members: str) -> int:
+    """The default ``shard_index`` when ``num_shards`` is given without it in
+    a cluster of ``size`` processes (``members``: "processes", "workers"):
+    this one's own ``index`` when there is one shard per member, 0 for a
+    single shard (the whole source). Any other count has no default: shard 0
+    on every member would make them all read the same items.
+
+    Raises:
+        ValueError: ``num_shards`` is neither 1 nor ``size``.
+    """
+    if num_shards == 1:
+        return 0
+    if num_shards == size:
+        return index
+    member = {"processes": "process", "workers": "worker"}.get(members, members)
+    raise ValueError(
+        f"{owner}: `num_shards={num_shards}` without `shard_index` in a cluster of {size} {members}: the default "
+        f"shard is this {member}'s own only when `num_shards` equals the number of {members} ({size}), and shard 0 "
+        f"on every {member} would make them all read the same items. Pass `shard_index` (this {member} is "
+        f"{index}), or num_shards={size}. Received: num_shards={num_shards}, shard_index=None, {members}={size}"
+    )
+
+
+def check_context_pipelines(owner: str, length: int, pipelines: int) -> None:
+    """Refuses an ``input_context`` with more input pipelines than the
+    source has items, in its own words (not the ``IndexOrder``'s it builds)."""
+    if pipelines > length:
+        raise ValueError(
+            f"{owner}: the `input_context` has {pipelines} input pipelines but the source has only {length} items: "
+            "every input pipeline (one per worker, or per replica) needs at least one. Use fewer workers or a "
+            f"longer source. Received: input_context.num_input_pipelines={pipelines}, len(source)={length}"
+        )
 
 
 def resolve_shards(
-    num_shards: Optional[int], shard_index: Optional[int], input_context: Any, length: int
+    num_shards: Optional[int], shard_index: Optional[int], input_context: Any, length: int, owner: str = "to_dataset"
 ) -> tuple[int, int, Optional[WorkerIdentity]]:
     """Returns ``(num_shards, shard_index, worker)`` for a pipeline.
 
     Explicit ``input_context`` or ``num_shards``/``shard_index`` win; with
-    neither, a multi-worker strategy gives one shard per worker. ``worker`` is
-    set whenever this process is part of a multi-worker cluster (the
-    agreement check then runs).
+    neither, a multi-worker strategy gives one shard per worker, and
+    ``num_shards`` alone gives this worker's shard when it equals the
+    workers (``cluster_shard_index``). ``worker`` is set whenever this
+    process is part of a multi-worker cluster (the agreement check then
+    runs).
 
     Raises:
-        ValueError: both ways of sharding given, or more workers than items.
+        ValueError: both ways of sharding given, more workers (or input
+            pipelines) than items, or ``num_shards`` without ``shard_index``
+            in a cluster of another size.
     """
     worker = current_worker()
     if input_context is not None or num_shards is not None or shard_index is not None:
-        num_shards, shard_index = shards_from(num_shards, shard_index, input_context)
+        num_shards, shard_index = shards_from(num_shards, shard_index, input_context, owner=owner)
+        if input_context is not None:
+            check_context_pipelines(owner, length, num_shards)
+        elif num_shards is not None and shard_index is None and worker is not None:
+            shard_index = cluster_shard_index(owner, num_shards, worker.num_workers, worker.worker_id, "workers")
         return 1 if num_shards is None else num_shards, 0 if shard_index is None else shard_index, worker
     if worker is None:
         return 1, 0, None
@@ -276,7 +324,7 @@ def plan_shards(
     if order is not None:
         return _plan_order(api, length, num_shards, shard_index, input_context, order, fields)
     given = num_shards
-    num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length)
+    num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length, api)
     if input_context is None:  # a context's pair is tf.distribute's
         check_shard_pair(api, length, num_shards, shard_index, given is not None)
     # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
@@ -286,11 +334,16 @@ def plan_shards(
     return ShardPlan(num_shards, shard_index, num_shards)
 
 
+def order_shards(order: Any) -> int:
+    """The shards an order object fixes itself (1: none, or no order)."""
+    shards = getattr(order, "num_shards", 1)
+    return shards if isinstance(shards, int) and shards > 0 else 1
+
+
 def _plan_order(api, length, num_shards, shard_index, input_context, order, fields) -> ShardPlan:
     if input_context is not None:  # for the front end's "not both" message
         num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
-    shards = getattr(order, "num_shards", 1)
-    shards = shards if isinstance(shards, int) and shards > 0 else 1
+    shards = order_shards(order)
     worker = current_worker()
     if worker is not None and shards == 1 and num_shards is None and input_context is None:
         # An order object cannot be re-cut here; say so instead of letting
@@ -325,21 +378,38 @@ def cluster_shards(options: Any, length: int) -> ShardPlan:
     )
 
 
-def given_shards(options: Any, length: int) -> ShardPlan:
+def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
     """``to_loader``'s shards: only those given (``num_shards``/``shard_index``
     or ``input_context``), the whole source otherwise; no TensorFlow.
 
     Args:
         options: the front end's ``LoadOptions``.
         length: items in the source.
+        cluster: the JAX processes this one belongs to
+            (``hosts.ProcessShards``: ``num_processes``, ``process_index``,
+            ``source``), or None. ``num_shards`` alone then reads this
+            process's shard (``cluster_shard_index``), and a loader that
+            reads one of several shards needs items of one batch size
+            (``ShardPlan.equal_batches``).
     """
     num_shards, shard_index = shards_from(
         options.num_shards, options.shard_index, options.input_context, owner=options.owner
     )
+    order, context = options.order, options.input_context
+    if cluster is not None and num_shards is not None and shard_index is None and order is None and context is None:
+        shard_index = cluster_shard_index(
+            options.api, num_shards, cluster.num_processes, cluster.process_index, "processes"
+        )
     given, num_shards, shard_index = num_shards is not None, num_shards or 1, shard_index or 0
-    if options.order is None and options.input_context is None:
+    if order is None and context is None:
         check_shard_pair(options.api, length, num_shards, shard_index, given)
-    return ShardPlan(num_shards, shard_index, num_shards, options.order)
+    elif order is None:
+        check_context_pipelines(options.api, length, num_shards)
+    parts = max(num_shards, order_shards(order))
+    together = None
+    if cluster is not None and cluster.num_processes > 1 and parts > 1:
+        together = f"the {cluster.num_processes} processes of the {cluster.source}, each reading its own shard"
+    return ShardPlan(num_shards, shard_index, num_shards, order, together)
 
 
 def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
@@ -360,9 +430,12 @@ def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: i
 __all__ = [
     "ShardPlan",
     "WorkerIdentity",
+    "check_context_pipelines",
+    "cluster_shard_index",
     "cluster_shards",
     "current_worker",
     "given_shards",
+    "order_shards",
     "plan_shards",
     "resolve_shards",
     "shard_probe_indices",

@@ -69,7 +69,8 @@ def to_dataset(
         seed: seed of the shuffle; the same seed gives the same sequence of
             per-pass orders.
         executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
-            ``Executor`` instance: where ``source[i]`` runs.
+            ``Executor`` instance made with this very ``source``: where
+            ``source[i]`` runs.
         workers: number of worker processes (process executors only).
         worker_init: called once in each worker process (process executors).
         num_parallel_calls: None (the default): the executor makes items
@@ -95,7 +96,9 @@ def to_dataset(
             tf.data's auto-sharding is then turned off for this pipeline),
             otherwise the whole source.
         shard_index: the shard this dataset yields (None: 0, or this
-            worker's under a multi-worker strategy).
+            worker's under a multi-worker strategy: with ``num_shards``
+            given, when it equals the number of workers; another count but
+            1 is then refused).
         input_context: a ``tf.distribute.InputContext`` (as given to the
             function of ``strategy.distribute_datasets_from_function``); sets
             ``num_shards``/``shard_index`` to its input pipelines.
