@@ -227,3 +227,11 @@ def test_a_byte_order_change_is_shown_in_the_message():
         list(kerasfeed.to_loader(BigEndianAt4(), probe=2))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         list(kerasfeed.to_dataset(BigEndianAt4(), probe=2))
+
+
+@pytest.mark.parametrize("state", [{}, 0, False, [], ""])
+def test_only_none_is_a_fresh_start(state):
+    # A falsy initial_state was taken as {"epoch": 0, "batches": 0} in silence.
+    for front_end in (kerasfeed.to_loader, kerasfeed.to_dataset, kerasfeed.TrainingProgress):
+        with pytest.raises(ValueError, match=rf"A resume state is a dict with exactly the keys .* Received: {re.escape(repr(state))}$"):
+            front_end(state) if front_end is kerasfeed.TrainingProgress else front_end(Small(), initial_state=state)

@@ -109,7 +109,7 @@ class TrainingProgress(keras.callbacks.Callback):
     ):
         super().__init__()
         save_every = _v.positive_int("save_every", save_every)
-        start = ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+        start = ResumeState.from_dict({"epoch": 0, "batches": 0} if initial_state is None else initial_state)
         self._resume = start
         self._order = start.order
         # Items per batch and batches per pass of the front end given as `order` (None: not known).

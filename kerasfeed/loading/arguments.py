@@ -51,7 +51,8 @@ def count_batches(items: int, batch_size: Optional[int], drop_remainder: bool) -
 
 
 def resume_state(initial_state: Optional[Mapping[str, int]]) -> ResumeState:
-    return ResumeState.from_dict(initial_state or {"epoch": 0, "batches": 0})
+    # Only None is a fresh start: {}, 0 or False were taken as one, in silence.
+    return ResumeState.from_dict({"epoch": 0, "batches": 0} if initial_state is None else initial_state)
 
 
 def resolve_passes(
