@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
-from kerasfeed.observe.profile import CATEGORIES
+from kerasfeed.execution.auto import Probe, decide
+from kerasfeed.observe.profile import CATEGORIES, _cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,12 +52,17 @@ LEAN = {"items": 10, "workers": (2,), "threads": (4,)}
 
 @pytest.mark.parametrize(
     "source, category, executor",
-    [(Sleeping(), "waiting", "threads"), (PurePython(), "GIL-bound", "processes"), (LargeArrays(), "transport-bound", "processes")],
+    [(Sleeping(), "waiting", "threads"), (PurePython(), "GIL-bound", "processes"), (LargeArrays(), "transport-bound", None)],
     ids=["sleeping", "pure-python", "large-array"],
 )
 def test_profile_classifies_and_recommends(source, category, executor):
     report = kerasfeed.profile(source, **LEAN)
     assert report.category == category, report.evidence
+    # What executor="auto" chooses on the same probe (large items: its prediction of both, which the
+    # machine's load can tip; a rule of profile's own recommended processes where auto chose threads).
+    expected = decide(Probe(**report.probe), 2, _cpus())
+    assert report.executor == expected[0] and report.reason.startswith(expected[1]), (report.reason, expected)
+    executor = executor or expected[0]
     assert report.executor == executor, report.reason
     assert report.workers in (2, 4)
     assert {(r["executor"], r["count"]) for r in report.runs} == {("threads", 4), ("processes", 2)}
@@ -64,6 +70,19 @@ def test_profile_classifies_and_recommends(source, category, executor):
     table = report.table()
     assert category in table and f"executor={executor!r}" in table and "serial" in table
     json.dumps(report.as_dict(), default=str)
+
+
+def test_the_recommendation_is_auto_s_choice_for_large_items_too():
+    # 19 MB items that mostly wait and copy cheaply: auto predicts threads; profile had a rule of its
+    # own (items >= 4 MB: processes) and recommended processes where auto chose threads.
+    from kerasfeed.observe.profile import _recommend
+
+    probe = Probe(wall_s=0.01, cpu_s=0.005, runqueue_s=0.0, nbytes=19 * 2**20, copy_s=0.001,
+                  parallelism_2_threads=1.9, calls=10)
+    runs = [dict(executor="threads", count=4, items_per_s=280.0), dict(executor="processes", count=2, items_per_s=180.0)]
+    name, count, rate, reason = _recommend(probe, runs, 2)
+    assert (name, count, rate) == ("threads", 4, 280.0)
+    assert reason == decide(probe, 2, 2)[1]
 
 
 def test_profile_figures_and_chart(tmp_path):
@@ -90,6 +109,14 @@ def test_profile_rejects_bad_arguments():
         kerasfeed.profile(Sleeping(), items=0)
     with pytest.raises(TypeError):
         kerasfeed.profile(object())
+    with pytest.raises(TypeError, match=r"profile: `threads` must be a sequence of ints .*Received: threads=2.5$"):
+        kerasfeed.profile(Sleeping(), threads=2.5)  # a bare "'float' object is not iterable"
+
+
+def test_one_int_is_one_count():
+    # workers=2 was a bare "'int' object is not iterable".
+    report = kerasfeed.profile(Sleeping(), items=4, workers=2, threads=np.int64(4))
+    assert {(r["executor"], r["count"]) for r in report.runs} == {("threads", 4), ("processes", 2)}
 
 
 class Counted:

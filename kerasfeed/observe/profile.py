@@ -224,18 +224,14 @@ class ProfileReport:
         return plot_report(self, path)
 
 
-def _recommend(probe: Any, category: str, runs: list, cpus: int) -> tuple[str, int, float, str]:
+def _recommend(probe: Any, runs: list, cpus: int) -> tuple[str, int, float, str]:
     by_exec: dict[str, list] = {}
     for r in runs:
         by_exec.setdefault(r["executor"], []).append(r)
     max_workers = max((r["count"] for r in by_exec.get("processes", [])), default=cpus)
+    # What executor="auto" chooses on this probe (to_dataset's hand-over), nothing else: a rule of its
+    # own here (items >= 4 MB: processes) recommended processes where auto chose threads.
     name, reason = decide(probe, max(2, max_workers), cpus)
-    if category == "transport-bound" and probe.nbytes >= LARGE_ITEM_BYTES and cpus >= 2:
-        name = "processes"
-        reason = (
-            f"items carry {probe.nbytes / 2**20:.1f} MB: TensorFlow copies every array a thread returns in the "
-            "consumer, while worker processes lend theirs to it without a copy"
-        )
     if name not in by_exec:
         name = next(iter(by_exec))
         reason += f" (no {name} run was possible, see skipped)"
@@ -251,6 +247,17 @@ def _recommend(probe: Any, category: str, runs: list, cpus: int) -> tuple[str, i
                 f"({rival['items_per_s']:,.0f} items/s); timings on a busy machine vary, the probe decides"
             )
     return name, pick["count"], pick["items_per_s"], reason
+
+
+def _counts(name: str, value: Any) -> list:
+    """``workers=``/``threads=`` as a list of counts: one int is one count (it was a bare TypeError)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return [value]
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"profile: `{name}` must be a sequence of ints (or one int, or None). "
+                        f"Received: {name}={value!r}") from None
 
 
 def _check_chart(chart: Any) -> None:
@@ -319,8 +326,10 @@ def profile(
     if workers is None:
         workers = sorted({1, 2, cpus, 2 * cpus})
     else:
-        workers = [positive_int("workers", w, owner="profile") for w in workers]
-    threads = [1, 4, 16, 64] if threads is None else [positive_int("threads", t, owner="profile") for t in threads]
+        workers = [positive_int("workers", w, owner="profile") for w in _counts("workers", workers)]
+    threads = [1, 4, 16, 64] if threads is None else [
+        positive_int("threads", t, owner="profile") for t in _counts("threads", threads)
+    ]
     if not workers and not threads:
         raise ValueError(
             "profile: `workers` and `threads` are both empty: nothing to time (None gives the defaults). "
@@ -347,7 +356,7 @@ def profile(
             f"profile: nothing could be timed: {'; '.join(skipped)}. Time threads too (threads=None gives "
             f"1, 4, 16, 64). Received: threads={threads!r}"
         )
-    name, best_count, rate, reason = _recommend(probe, category, runs, cpus)
+    name, best_count, rate, reason = _recommend(probe, runs, cpus)
     report = ProfileReport(
         source=source_name(source),
         items=count,
