@@ -161,6 +161,12 @@ def to_loader(
     # shard, and the processes check that they agree (kerasfeed/loading/hosts.py).
     # Explicit shards skip the check, but `num_shards` alone still means this
     # process's shard in a cluster (shards.given_shards).
+    # NOTE [ The first import of Keras keeps its callers' frames ]
+    # Under TensorFlow, the first `import keras` leaves a reference cycle that
+    # holds the frames on the stack then (each frame holds its caller). Made
+    # here, before any local holds a loader, it keeps none: made inside
+    # make(), the first loader (its workers and fds) lived until the cyclic GC.
+    adapter = loader_class()  # also checks the Keras version before any worker starts
     explicit = input_context is not None or num_shards is not None or shard_index is not None
     cluster = hosts.current_processes()
     processes = None if explicit else cluster
@@ -186,7 +192,6 @@ def to_loader(
             copy=copy,
             device_prefetch=device_prefetch,
         )
-        adapter = loader_class()  # checks the Keras version before any worker starts
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)
         else:

@@ -137,6 +137,44 @@ def test_ctrl_c_stops_the_consumer_and_its_workers(tmp_path):
     assert wait_gone(pids, 5)
 
 
+FIRST_LOADER_SCRIPT = """
+import gc, sys, time
+import numpy as np
+import kerasfeed
+
+class Src:
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+gc.disable()  # only reference counting: what `del` frees at once
+assert "keras" not in sys.modules  # the first to_loader imports Keras
+loader = kerasfeed.to_loader(Src(), executor="processes", workers=1)
+next(iter(loader))
+print("PIDS", *loader.executor.pool.pids, flush=True)
+del loader
+time.sleep(30)
+"""
+
+
+def test_the_first_loader_is_freed_by_del(tmp_path):
+    # The first `import keras` (under TensorFlow) kept the frames on the stack then in a reference
+    # cycle: made inside to_loader's make(), it held the first loader and its workers until the cyclic GC.
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_LOADER_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), proc.stderr.read()
+        pids = [int(p) for p in line.split()[1:]]
+        assert wait_gone(pids, 10), "the first loader's worker outlived `del loader`"
+        assert proc.poll() is None  # the parent still runs: freed by reference counting, not by exit
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_interrupted_load_frees_its_slot_and_the_pool_stays_usable():
     class Slowish:
         def __len__(self):
