@@ -132,10 +132,14 @@ def summarize(value: Any, limit: int = 8) -> str:
 
 
 def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarray:
-    """A non-empty 1-D float64 array of finite, non-negative numbers, not all zero."""
+    """A non-empty 1-D float64 array of finite, non-negative numbers, not all zero.
+
+    The array is the caller's own read-only copy, never ``values`` itself: an
+    order keeps it, and later edits of the caller's array must not change it.
+    """
     where = _where(owner)
     try:
-        a = np.asarray(values, dtype=np.float64)
+        a = np.array(values, dtype=np.float64)  # a copy, also of a float64 array
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}`{name}` must be numbers. Received: {name}={summarize(values)}") from e
     if a.ndim != 1 or a.size == 0:
@@ -157,6 +161,7 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
         overflows = not np.isfinite(a.sum())
     if overflows:  # finite weights whose sum does not fit: the same proportions, scaled down
         a = a / a.max()
+    a.setflags(write=False)
     return a
 
 
@@ -182,6 +187,20 @@ def optional_callable(name: str, value: Any, *, owner: Optional[str] = None) -> 
     if value is not None and not callable(value):
         raise TypeError(f"{_where(owner)}`{name}` must be a callable or None. Received: {name}={value!r}")
     return value
+
+
+def path(name: str, value: Any, *, owner: Optional[str] = None) -> str:
+    """A non-empty str path (a str or an ``os.PathLike`` that gives one), as a str."""
+    try:
+        p = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    except TypeError:  # an __fspath__ that returns neither str nor bytes
+        p = None
+    if not isinstance(p, str) or not p:
+        raise TypeError(
+            f"{_where(owner)}`{name}` must be a non-empty path (a str or os.PathLike). "
+            f"Received: {name}={value!r} of type {type(value).__name__}"
+        )
+    return p
 
 
 def nearest_existing(path: str) -> str:

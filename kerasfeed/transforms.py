@@ -70,7 +70,7 @@ class ScenePointSampler:
             None if blocks_per_scene is None else _v.positive_int("blocks_per_scene", blocks_per_scene, owner=cls)
         )
         self.min_block_points = _v.positive_int("min_block_points", min_block_points, owner=cls)
-        self.center = bool(center)
+        self.center = _v.flag("center", center, owner=cls)
 
     def blocks(self, xy: np.ndarray) -> list:
         """The blocks of one scene.
@@ -108,6 +108,13 @@ class ScenePointSampler:
         return out
 
     def __call__(self, batch: Any, rng: np.random.Generator):
+        """Samples ``batch`` (``(points, point_labels)``) with ``rng``, the
+        ``np.random.Generator`` the sequence passes for this batch."""
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(
+                "ScenePointSampler: `rng` must be a numpy Generator (np.random.default_rng(seed)); the sequence "
+                f"passes its own. Received: rng={rng!r} of type {type(rng).__name__}"
+            )
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise ValueError(
                 "ScenePointSampler expects batches (points, point_labels), e.g. from "

@@ -91,7 +91,7 @@ class ExportSource:
     """
 
     def __init__(self, directory: Any, *, verify: Any = "size"):
-        self.directory, manifest = read_manifest(directory)
+        self.directory, manifest = read_manifest(_v.path("directory", directory, owner="ExportSource"))
         if manifest["file_format"] != "arrayrecord":
             raise ExportError(
                 "ExportSource reads exports written with format='arrayrecord' (random access); "

@@ -114,6 +114,7 @@ def export(
     ```
     """
     n = source_length(source)
+    directory = pathlib.Path(_v.path("directory", directory, owner="export"))
     num_shards = _v.positive_int("num_shards", num_shards, owner="export")
     if num_shards > n:
         raise ValueError(f"export: `num_shards` must be at most len(source) = {n}. Received: num_shards={num_shards}")
@@ -138,7 +139,6 @@ def export(
     from kerasfeed.exporting.encoding import require_crc32c
 
     require_crc32c()
-    directory = pathlib.Path(os.fspath(directory))
     name = source_name(source)
 
     # The writers set epoch 0 (the items are pass 0's); the spec and the "auto" probe

@@ -42,7 +42,7 @@ def verify_export(directory: Any) -> dict:
     kerasfeed.verify_export("/tmp/squares")   # {'items': 10, 'shards': 2, 'bytes': ...}
     ```
     """
-    directory, manifest = read_manifest(directory)
+    directory, manifest = read_manifest(_v.path("directory", directory, owner="verify_export"))
     raise_bad(directory, bad_shards(directory, manifest, checksum=True))
     counted = sum(s["count"] for s in manifest["shards"])
     if counted != manifest["num_items"]:  # pragma: no cover - per-shard counts are checked above
@@ -130,7 +130,7 @@ def load_export(
 
     from kerasfeed.tfdata.inline_map import graph_fn
 
-    directory, manifest = read_manifest(directory)
+    directory, manifest = read_manifest(_v.path("directory", directory, owner="load_export"))
     if manifest["file_format"] != "tfrecord":
         raise ExportError(
             f"load_export reads TFRecord exports; '{directory}' holds {manifest['file_format']} files: read it with "

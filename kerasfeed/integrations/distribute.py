@@ -44,6 +44,7 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
         num_workers`` items).
 
     Raises:
+        TypeError: ``strategy`` is not a ``tf.distribute.Strategy``.
         ValueError: ``batch_size`` not divisible by the number of replicas, a
             sharding argument given, more workers than items, or workers that
             disagree on the source length, seed or batching.
@@ -68,6 +69,14 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
         strategy.run(lambda x, y: tf.reduce_sum(x), args=(x, y))
     ```
     """
+    import tensorflow as tf
+
+    if not isinstance(strategy, (tf.distribute.Strategy, tf.compat.v1.distribute.Strategy)):
+        raise TypeError(
+            "kerasfeed.distribute: `strategy` must be a tf.distribute.Strategy (e.g. "
+            "tf.distribute.MirroredStrategy()). "
+            f"Received: strategy={strategy!r} of type {type(strategy).__name__}"
+        )
     taken = sorted(k for k in ("num_shards", "shard_index", "input_context") if k in to_dataset_kwargs)
     if taken:
         raise ValueError(

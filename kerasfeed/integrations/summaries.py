@@ -9,6 +9,7 @@ from typing import Any, Optional, Union
 
 import keras
 
+from kerasfeed import _validation as _v
 from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
 from kerasfeed.loading import hosts
 from kerasfeed.loading.shards import current_worker, tf_config_worker
@@ -30,11 +31,12 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
     kerasfeed.worker_run_dir("logs")  # 'logs/worker_0' outside a cluster
     ```
     """
+    log_dir = _v.path("log_dir", log_dir, owner="worker_run_dir")
     processes = hosts.current_processes()  # Keras' distribution API on JAX
     if processes is not None:
-        return os.path.join(os.fspath(log_dir), f"worker_{processes.process_index}")
+        return os.path.join(log_dir, f"worker_{processes.process_index}")
     worker = current_worker() or tf_config_worker()
-    return os.path.join(os.fspath(log_dir), f"worker_{0 if worker is None else worker.worker_id}")
+    return os.path.join(log_dir, f"worker_{0 if worker is None else worker.worker_id}")
 
 
 class WorkerSummaries(keras.callbacks.Callback):

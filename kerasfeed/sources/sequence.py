@@ -6,6 +6,8 @@ import functools
 import os
 import sys
 
+from kerasfeed import _validation as _v
+
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
     # TensorFlow, ~2 s and ~500 MB per process) just to unpickle a subclass.
@@ -79,8 +81,8 @@ class SceneSequence(_PyDataset):
         return getattr(self, "_kf_epoch", 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the pass number; called by kerasfeed before items of a pass."""
-        self._kf_epoch = int(epoch)
+        """Sets the pass number (an int >= 0); called by kerasfeed before items of a pass."""
+        self._kf_epoch = _v.non_negative_int("epoch", epoch, owner="SceneSequence.set_epoch")
 
     def on_epoch_begin(self) -> None:
         """Called at the start of every pass (by Keras and ``to_dataset``)."""
