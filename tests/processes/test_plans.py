@@ -8,7 +8,7 @@ import sys
 import threading
 
 import cloudpickle
-from _kit import Kit, count_up, dataset_kinds, drive
+from _kit import count_up, dataset_kinds, drive
 from _util import wait_until
 from tensorflow.core.framework import graph_pb2
 
@@ -37,9 +37,10 @@ def test_a_planned_pass_requests_items_ahead_in_order_and_maps_sequentially(kit)
     assert pool.plan_status().current is None  # finished once every item was taken
     assert pool.request_counts()[:3] == (0, 0, 0)
 
-    ds = kerasfeed.to_dataset(Kit(12), executor=kit, shuffle=True, seed=3)
+    n = len(kit.source)  # an executor reads the source it was made with
+    ds = kerasfeed.to_dataset(kit.source, executor=kit, shuffle=True, seed=3)
     first = [int(x[0, 0]) for x, _ in ds]
-    assert sorted(first) == list(range(12)) and first != list(range(12))
+    assert sorted(first) == list(range(n)) and first != list(range(n))
     kinds = dataset_kinds(ds)
     assert "_MapDataset" in kinds and "_ParallelMapDataset" not in kinds, kinds
     # ... and inline: the pick-up runs on tf.data's own thread, not handed to
@@ -47,7 +48,7 @@ def test_a_planned_pass_requests_items_ahead_in_order_and_maps_sequentially(kit)
     graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph().numpy())
     maps = [n for n in graph.node if n.op == "MapDataset"]
     assert len(maps) == 1 and maps[0].attr["use_inter_op_parallelism"].b is False
-    kinds = dataset_kinds(kerasfeed.to_dataset(Kit(12), executor=kit, num_parallel_calls=4))
+    kinds = dataset_kinds(kerasfeed.to_dataset(kit.source, executor=kit, num_parallel_calls=4))
     assert "_ParallelMapDataset" in kinds, kinds  # asked for explicitly
 
 
@@ -114,12 +115,12 @@ def test_a_next_pass_that_does_not_come_is_dropped_without_leaking_slots(kit):
 def test_to_dataset_starts_each_next_epoch_ahead_in_its_own_order(kit):
     pool = kit.pool
     made = pool.plan_status().plans_made  # the pool is shared with the other tests
-    ds = kerasfeed.to_dataset(Kit(10), executor=kit, shuffle=True, seed=5)
+    ds = kerasfeed.to_dataset(kit.source, executor=kit, shuffle=True, seed=5)
     previous = None
     for epoch in range(3):
         got = [(int(x[0, 0]), int(m["epoch"])) for x, m in ds]
         order = [i for i, _ in got]
-        assert sorted(order) == list(range(10)) and {e for _, e in got} == {epoch}
+        assert sorted(order) == list(range(len(kit.source))) and {e for _, e in got} == {epoch}
         if previous is not None:
             assert order == previous.indices.tolist()  # what was started ahead was this pass
         previous = pool.plan_status().next_pass

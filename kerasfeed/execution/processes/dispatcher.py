@@ -69,6 +69,7 @@ class Dispatcher:
         self.waits = waits if waits is not None else WaitScope()
         self.loads = 0  # loads started, and in progress (for parking: NOTE [ Parking after a failed pass ])
         self.loading = 0
+        self.acquiring = 0  # direct loads waiting for a slot (the plans wait for them)
         self._ids = itertools.count()
         self.items = 0
         self.consumer_cpu_s = 0.0
@@ -144,19 +145,44 @@ class Dispatcher:
         self.lanes.slot_done(lane, slot)
         self.cv.notify_all()
 
-    def _acquire(self, index: int) -> tuple[WorkerLane, Request]:
-        wait = None
-        with self.cv:
-            while True:
-                self.check_usable()
-                self.slots.collect_returned()
-                best = self.lanes.least_busy(planned=False)
-                if best is not None:
-                    self.loading += 1
-                    return best, self.lanes.new_request(best, self.new_id(), index)
-                wait = wait or self.waits.begin()
-                self.cv.wait(_POLL_S)
-                wait.check(f"a free slot for {self.name}[{index}]")
+    def _request(self, index: int, epoch: int) -> tuple[WorkerLane, Request]:
+        """Takes a slot for a direct load and sends its request.
+
+        A direct load that has to wait for a slot goes before the plans: while
+        one waits (``acquiring``), ``fill_plans`` sends nothing, so a slot an
+        answer frees is its (else the plan's refill takes every freed slot and
+        the load waits until the plan's answers pile up: the first item of a
+        pass started while an abandoned one still has requests in flight, or
+        of a second loader on the same executor). The plans fill again once
+        its request is sent."""
+        waited = False
+        try:
+            with self.cv:
+                wait = None
+                while True:
+                    self.check_usable()
+                    self.slots.collect_returned()
+                    best = self.lanes.least_busy(planned=False)
+                    if best is not None:
+                        self.loading += 1
+                        req = self.lanes.new_request(best, self.new_id(), index)
+                        break
+                    if wait is None:
+                        wait, waited = self.waits.begin(), True
+                        self.acquiring += 1
+                    self.cv.wait(_POLL_S)
+                    wait.check(f"a free slot for {self.name}[{index}]")
+            try:
+                best.process.send(protocol.Load(req.id, index, epoch, req.slot))
+            except OSError:
+                pass  # the worker died: its reader fails this request
+        finally:
+            if waited:
+                with self.cv:
+                    self.acquiring -= 1
+                    sends = self.fill_plans()
+                self.send_requests(sends)
+        return best, req
 
     @staticmethod
     def send_requests(sends: list[Send]) -> None:
@@ -203,7 +229,8 @@ class Dispatcher:
 
     def fill_plans(self) -> list[Send]:
         # With the lock held; the caller sends them after releasing it.
-        if self.closed or self.failure is not None:
+        # Nothing while a direct load waits for a slot: it goes first (``_request``).
+        if self.closed or self.failure is not None or self.acquiring:
             return []
         sends = self.plans.fill()
         if sends:
@@ -306,11 +333,7 @@ class Dispatcher:
         t0 = time.thread_time()
         taken = self._take_planned(index, epoch)
         if taken is None:
-            lane, req = self._acquire(index)
-            try:
-                lane.process.send(protocol.Load(req.id, index, epoch, req.slot))
-            except OSError:
-                pass  # the worker died: its reader fails this request
+            lane, req = self._request(index, epoch)
         else:
             lane, req = taken
         cpu = time.thread_time() - t0

@@ -75,6 +75,7 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
                 d.slot_done(lane, req.slot)
             elif req.planned:
                 lane.waiting += 1
+                d.cv.notify_all()  # no longer counted against a direct load's slots
             sends = d.fill_plans()
         req.event.set()
         d.send_requests(sends)

@@ -221,7 +221,7 @@ class WorkerLoop:
         try:
             self.source = apply_state(self.source, msg.payload)
             self.state_error = None
-        except Exception as e:  # noqa: BLE001 - every later item fails with it
+        except BaseException as e:  # noqa: BLE001 - every later item fails with it (SystemExit too)
             self.state_error = e
         self.epoch = msg.epoch  # the state carries the consumer's set_epoch(epoch)
 
@@ -241,7 +241,11 @@ class WorkerLoop:
             t1 = time.perf_counter()
             spec, fds, size, nbytes = self._encode_and_write(slot, item)
             t2 = time.perf_counter()
-        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+        except _Exit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            # KeyboardInterrupt, SystemExit too: SIGINT is ignored here, so they
+            # come from the source itself; an item error, not a worker death.
             err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
             self._send(protocol.ItemFailed(request.request_id, err))
             return
@@ -293,7 +297,7 @@ class WorkerLoop:
                 n += 1
         except _Exit:
             raise
-        except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer (as in ``load``)
             err = ItemError.from_exception(n, e, worker_id=self.id, pid=self.pid, source_name=name)
             self._send(protocol.StreamFailed(stream_id, err))
             return
