@@ -3,6 +3,7 @@ compatibility with states saved by the whole-pass orders, and billion-item sourc
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import kerasfeed
 from kerasfeed.execution.plan import LOOKAHEAD, PassPlan
-from kerasfeed.sampling.bijection import permute
+from kerasfeed.sampling.bijection import SMALL_N, derive_key, permute
 from kerasfeed.sampling.views import CHUNK, ArrayView, OrderView, RangeView, as_view, pass_view
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +35,16 @@ def _shuffle(n, seed, epoch=0):
 # ---- every index exactly once ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("n", SIZES + [SMALL_N - 1, SMALL_N, SMALL_N + 1])
 def test_every_index_exactly_once_per_pass(n):
     for seed in (0, 1, 2**40 + 3):
         for epoch in (0, 7):
             idx = _shuffle(n, seed, epoch)
             assert idx.dtype == np.int64 and len(idx) == n
             assert np.array_equal(np.sort(idx), np.arange(n)), (n, seed, epoch)
+            # The Feistel network itself (IndexOrder's passes past SMALL_N items, a balanced order's cycles).
+            feistel = permute(np.arange(n), n, derive_key(seed, 16, epoch))
+            assert np.array_equal(np.sort(feistel), np.arange(n)), (n, seed, epoch)
 
 
 @pytest.mark.parametrize("n, shards", [(10, 3), (97, 4), (1025, 2), (4099, 7)])
@@ -73,16 +77,22 @@ def test_huge_spaces_are_computed_by_position(n):
 # ---- quality: simple statistics of a uniform permutation -----------------------------------
 
 
-def test_passes_and_seeds_look_like_independent_uniform_permutations():
+def _feistel(n, seed, epoch=0):
+    # What IndexOrder computes past SMALL_N items (and did for every size in order version per-position-1).
+    return permute(np.arange(n), n, derive_key(seed, 16, epoch))
+
+
+@pytest.mark.parametrize("shuffle", [_shuffle, _feistel], ids=["IndexOrder", "feistel"])
+def test_passes_and_seeds_look_like_independent_uniform_permutations(shuffle):
     n, runs = 10_007, 300  # a prime: the Feistel domain is not a power of two
     positions = np.arange(n)
-    passes = np.stack([_shuffle(n, s, 0) for s in range(runs)])
+    passes = np.stack([shuffle(n, s, 0) for s in range(runs)])
     fixed = (passes == positions).sum(axis=1)
     # Fixed points of a uniform permutation: Poisson(1) (mean 1, variance 1).
     assert abs(fixed.mean() - 1) < 0.25 and 0.6 < fixed.var() < 1.45, (fixed.mean(), fixed.var())
     # Correlations: pass to pass (same seed), seed to seed (adjacent seeds, same pass),
     # position to index, neighbouring positions. Each ~N(0, 1/n) if independent.
-    later = np.stack([_shuffle(n, s, 1) for s in range(runs)])
+    later = np.stack([shuffle(n, s, 1) for s in range(runs)])
     limit = 5 / np.sqrt(n)
     for name, a, b in [
         ("pass to pass", passes, later),
@@ -103,6 +113,74 @@ def test_passes_and_seeds_look_like_independent_uniform_permutations():
     # The first item of a pass over the seeds: uniform over the space.
     counts = np.histogram(passes[:, 0], np.linspace(0, n, 6))[0]
     assert counts.min() > runs / 5 - 4 * np.sqrt(runs / 5), counts
+
+
+# ---- small index spaces: exactly uniform (a Feistel network over a few items is not) ---------
+
+PERMS_OF_5 = {p: i for i, p in enumerate(itertools.permutations(range(5)))}
+
+
+def _chi2(counts):
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_small_passes_are_uniform_over_all_permutations():
+    # Before: the 6-round Feistel network made some of the 120 permutations of 5 items 1.65x as
+    # frequent as they should be and others 0.46x (chi2 ~1100 here).
+    counts = np.zeros(120)
+    for seed in range(4):
+        order = kerasfeed.IndexOrder(5, shuffle=True, seed=seed)
+        for epoch in range(1500):
+            counts[PERMS_OF_5[tuple(order.indices(epoch).tolist())]] += 1
+    assert _chi2(counts) < 185, _chi2(counts)  # 119 degrees of freedom: 185 is p < 1e-4
+    assert counts.min() > 0
+
+
+def test_neighbouring_items_are_not_adjacent_more_often_than_uniform():
+    # Before: items i and i + 1 landed at neighbouring positions ~3 % too often for n up to ~100 (z ~ 7.5).
+    n, hits, total = 16, 0, 0
+    for seed in range(2):
+        order = kerasfeed.IndexOrder(n, shuffle=True, seed=seed)
+        for epoch in range(10_000):
+            hits += int(np.sum(np.abs(np.diff(order.indices(epoch))) == 1))
+            total += n - 1
+    p = 2 / n
+    z = (hits / total - p) / np.sqrt(p * (1 - p) / total)
+    assert abs(z) < 4.5, z
+
+
+def test_small_balanced_passes_are_uniform_too():
+    # One class of 5 items, num_samples=5: a pass is a permutation of them (the interleaving).
+    labels = np.array([0] * 5 + [1] * 3)
+    counts = np.zeros(120)
+    for seed in range(2):
+        order = kerasfeed.BalancedOrder(labels, class_weights=[1, 0], num_samples=5, seed=seed)
+        for epoch in range(1200):
+            counts[PERMS_OF_5[tuple(order.indices(epoch).tolist())]] += 1
+    assert _chi2(counts) < 185, _chi2(counts)
+    # 2000 classes of 5 items, 2 of each per pass: which 2 is the class's own permutation's choice.
+    # Before: the Feistel network over 5 items chose some pairs 1.085x as often as others 0.94x (chi2 ~63).
+    pairs = {p: i for i, p in enumerate(itertools.combinations(range(5), 2))}
+    order = kerasfeed.BalancedOrder(np.repeat(np.arange(2000), 5), num_samples=4000, seed=0)
+    counts = np.zeros(10)
+    for epoch in range(30):
+        for a, b in (np.sort(order.indices(epoch)) % 5).reshape(2000, 2).tolist():
+            counts[pairs[(a, b)]] += 1
+    assert _chi2(counts) < 30, _chi2(counts)  # 9 degrees of freedom: 30 is p < 5e-4
+
+
+def test_small_tables_are_cached_in_bounded_memory(monkeypatch):
+    from kerasfeed.sampling import bijection
+
+    monkeypatch.setattr(bijection, "TABLE_BUDGET", 100)
+    first = bijection.table(60, 1, 16, 0)
+    assert bijection.table(60, 1, 16, 0) is first and not first.flags.writeable
+    for epoch in range(1, 6):
+        bijection.table(60, 1, 16, epoch)
+    assert bijection._tables_size <= 100 and (60, 1, 16, 0) not in bijection._tables
+    np.testing.assert_array_equal(bijection.table(60, 1, 16, 0), first)  # drawn again: the same table
+    np.testing.assert_array_equal(first, np.random.default_rng([1, 16, 0]).permutation(60))
 
 
 def test_class_permutations_keyed_per_element_are_bijections_too():
@@ -186,12 +264,49 @@ LABELS = np.repeat(np.array([0, 1, 2]), [50, 20, 5])
 def test_golden_passes_and_fingerprints_pin_the_algorithm():
     # Changing how (seed, pass, position) maps to an index must change ORDER_VERSION.
     order = kerasfeed.IndexOrder(10, shuffle=True, seed=1)
-    assert order.indices(0).tolist() == [7, 3, 1, 6, 4, 8, 0, 9, 5, 2]
-    assert order.fingerprint == "b31fcfd4447980b9"
+    assert order.indices(0).tolist() == [2, 6, 5, 0, 3, 7, 8, 4, 9, 1]
+    assert order.indices(0).tolist() == np.random.default_rng([1, 16, 0]).permutation(10).tolist()
+    assert order.fingerprint == "8dc6e84e90a4613b"
     assert kerasfeed.IndexOrder(10).fingerprint == "d78b6470a908c806"  # unshuffled: the same as 0.1's
     balanced = kerasfeed.BalancedOrder(LABELS, seed=1)
-    assert balanced.indices(0)[:10].tolist() == [64, 71, 37, 70, 58, 66, 13, 70, 73, 5]
-    assert balanced.fingerprint == "531cca3f406f4355"
+    assert balanced.indices(0)[:10].tolist() == [15, 28, 40, 52, 74, 73, 59, 73, 36, 66]
+    assert balanced.fingerprint == "bcc943b1e391ceee"
+    # Passes that did not change with order version per-position-2 keep their fingerprints (and states).
+    big = kerasfeed.IndexOrder(SMALL_N + 1, shuffle=True, seed=1)
+    assert big.at(0, np.arange(8)).tolist() == [58406, 59244, 18895, 32708, 43809, 21337, 18675, 159]
+    assert big.fingerprint == "5cb53fd3c0b3db03"
+    weighted = kerasfeed.WeightedOrder(np.arange(1, 11.0), seed=1)
+    assert weighted.indices(0).tolist() == [5, 9, 6, 7, 5, 1, 4, 2, 5, 8]
+    assert weighted.fingerprint == "ea1d73b7d2693af7"
+    drawn = kerasfeed.WeightedOrder(np.arange(1, 11.0), num_samples=5, replacement=False, seed=1)
+    assert drawn.indices(0).tolist() == [7, 8, 3, 9, 6] and drawn.fingerprint == "65749930d2f6a7ef"
+
+
+@pytest.mark.parametrize("saved, kind", [
+    ("b31fcfd4447980b9", "shuffle"),  # what order version per-position-1 saved for IndexOrder(10, shuffle=True, seed=1)
+    ("531cca3f406f4355", "balanced"),  # ... and for BalancedOrder(LABELS, seed=1)
+])
+def test_states_saved_by_the_feistel_only_orders_are_refused_with_a_way_on(saved, kind):
+    if kind == "shuffle":
+        source, kwargs = np.arange(10, dtype=np.int64), dict(shuffle=True, seed=1)
+    else:
+        source, kwargs = np.arange(len(LABELS), dtype=np.int64), dict(order=kerasfeed.BalancedOrder(LABELS, seed=1))
+    state = {"epoch": 3, "batches": 1, "order": saved}
+    with pytest.raises(ValueError, match=(
+        r"`initial_state` was saved by an earlier kerasfeed whose shuffled and balanced orders permuted small index "
+        r"spaces .*order version 'per-position-1', fingerprint '" + saved + r"'.*exactly uniformly .*"
+        r"initial_state=\{'epoch': 4, 'batches': 0\} with fit\(..., initial_epoch=4\)\. "
+        r"Received: initial_state=\{'epoch': 3, 'batches': 1, 'order': '" + saved + "'}"
+    )):
+        kerasfeed.to_loader(source, batch_size=2, initial_state=state, executor="threads", **kwargs)
+    # A state of a large shuffled order (passes unchanged) still resumes.
+    big = {"epoch": 0, "batches": 1, "order": "5cb53fd3c0b3db03"}
+    loader = kerasfeed.to_loader(np.arange(SMALL_N + 1, dtype=np.int64), batch_size=SMALL_N // 2, shuffle=True,
+                                 seed=1, initial_state=big, executor="threads")
+    batches = list(loader)
+    assert [len(b) for b in batches] == [SMALL_N // 2, 1]
+    expected = kerasfeed.IndexOrder(SMALL_N + 1, shuffle=True, seed=1).at(0, np.arange(SMALL_N // 2, SMALL_N + 1))
+    np.testing.assert_array_equal(np.concatenate(batches), expected)
 
 
 def test_numpy_integer_arguments_become_plain_ints_and_errors_name_the_order():

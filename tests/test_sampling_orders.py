@@ -359,3 +359,143 @@ def test_index_order_refuses_an_epoch_that_is_not_a_non_negative_int():
         with pytest.raises(ValueError, match=r"^IndexOrder: `epoch`"):
             order.indices(epoch)
     np.testing.assert_array_equal(order.at(np.int64(2), [0, 1]), order.indices(2)[:2])
+
+
+# ---- fixes: aliasing, huge passes, wide labels, bad positions ------------------------------
+
+
+def test_weighted_orders_keep_their_own_copy_of_the_weights():
+    # Before: replacement=False kept the caller's float64 array; editing it changed later passes
+    # while the fingerprint (and so a saved state) still matched.
+    for replacement in (True, False):
+        w = np.ones(1000)
+        order = kerasfeed.WeightedOrder(w, num_samples=10, replacement=replacement, seed=0)
+        reference = kerasfeed.WeightedOrder(w.copy(), num_samples=10, replacement=replacement, seed=0)
+        fingerprint = order.fingerprint
+        w[:] = 0.0
+        w[-10:] = 1.0  # the caller reuses its array
+        np.testing.assert_array_equal(order.indices(7), reference.indices(7))
+        assert order.fingerprint == fingerprint
+    from kerasfeed import _validation
+
+    given = np.array([1.0, 2.0])
+    checked = _validation.weights("weights", given)
+    assert not np.shares_memory(checked, given) and not checked.flags.writeable
+
+
+def test_exact_class_counts_are_right_up_to_two_to_the_62_samples():
+    # Before: float quotas past 2^53: negative counts, divide warnings, a bare IndexError from at().
+    import warnings
+    from fractions import Fraction
+
+    labels = np.repeat(np.arange(3), 5)
+    for s in (2**53 + 1, 10**16 + 1, 2**62):
+        for weights in ([1, 1, 1], [0.1, 0.2, 0.7], [1, 2, 4]):
+            order = kerasfeed.BalancedOrder(labels, class_weights=weights, num_samples=s, seed=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                for epoch in range(3):
+                    counts = order.class_targets(epoch)
+                    exact = [Fraction(s) * Fraction(w) / sum(Fraction(x) for x in weights) for w in weights]
+                    assert int(counts.sum()) == s and counts.dtype == np.int64, counts
+                    assert all(abs(int(c) - q) < 1 for c, q in zip(counts.tolist(), exact)), (s, weights, counts)
+                idx = order.at(0, np.arange(50))
+            assert idx.min() >= 0 and idx.max() < 15
+
+
+def test_exact_class_counts_match_the_float_computation_where_it_was_exact():
+    # The integer computation gives today's counts wherever float64 carried the quotas exactly enough.
+    from kerasfeed.sampling.weighted import STREAM_COUNTS
+
+    rng = np.random.default_rng(123)
+    for trial in range(300):
+        k = int(rng.integers(1, 12))
+        weights = [rng.integers(0, 10, k).astype(float), rng.random(k), np.round(rng.random(k), 1)][trial % 3]
+        weights[0] += 1
+        s = int(rng.integers(1, 2 ** int(rng.integers(1, 40))))
+        order = kerasfeed.BalancedOrder(np.arange(k), class_weights=weights.tolist(), num_samples=s, seed=trial)
+        for epoch in range(3):
+            quota = s * order.proportions
+            base = np.floor(quota).astype(np.int64)
+            extra = s - int(base.sum())
+            expected = base
+            if extra:
+                edges = np.concatenate([[0.0], np.cumsum(quota - base)])
+                edges *= extra / edges[-1]
+                u = order._rng(STREAM_COUNTS, epoch).random()
+                expected = base + np.diff(np.floor(edges + u)).astype(np.int64)
+            np.testing.assert_array_equal(order.class_targets(epoch), expected, err_msg=str((trial, s, weights)))
+
+
+@pytest.mark.parametrize("labels", [
+    np.array([2**63 + 1, 2**63 + 5, 2**63 + 1, 2**63 + 1], dtype=np.uint64),  # before: a bare OverflowError
+    np.array([2**64 - 1, 2**64 - 3, 2**64 - 1], dtype=np.uint64),
+    np.array([-128, 127, 0, -128], dtype=np.int8),
+    np.array([-(2**63), -(2**63) + 7, -(2**63)], dtype=np.int64),
+    np.array([2**63 - 1, 2**63 - 300, 2**63 - 1], dtype=np.int64),
+])
+def test_integer_labels_of_any_width_are_counted_exactly(labels):
+    order = kerasfeed.BalancedOrder(labels, seed=0)
+    classes, counts = np.unique(labels, return_counts=True)
+    assert order.classes.dtype == labels.dtype and order.classes.tolist() == classes.tolist()
+    assert order.class_counts.tolist() == counts.tolist()
+    for c in classes.tolist():
+        assert sorted(np.flatnonzero(labels == c).tolist()) == sorted(
+            order._members[order._offsets[classes.tolist().index(c)] : order._offsets[classes.tolist().index(c) + 1]]
+            .tolist()
+        )
+
+
+def test_mixed_int_and_str_labels_in_a_list_are_refused():
+    # Before: numpy turned [0, 1, 'a'] into the strings '0', '1', 'a' without a word.
+    with pytest.raises(TypeError, match=r"^BalancedOrder: the labels must be of one comparable kind.*"
+                                        r"Received: labels of types \['int', 'str'\]$"):
+        kerasfeed.BalancedOrder([0, 1, "a"])
+    assert kerasfeed.BalancedOrder(["a", np.str_("b"), "a"], seed=0).classes.tolist() == ["a", "b"]
+
+
+def _orders():
+    return [
+        kerasfeed.IndexOrder(10, shuffle=True, seed=0),
+        kerasfeed.IndexOrder(10),
+        kerasfeed.BalancedOrder(LABELS, seed=0),
+        kerasfeed.WeightedOrder([1.0, 2.0, 3.0], seed=0),
+    ]
+
+
+@pytest.mark.parametrize("positions, error, message", [
+    ([0.9], TypeError, r"`positions` must be integers .*Received: positions=\[0.9\]"),  # before: read as 0
+    (["3"], TypeError, r"`positions` must be integers .*Received: positions=\['3'\]"),  # before: read as 3
+    ([True], TypeError, r"Received: positions=\[True\]"),
+    (np.arange(20.0), TypeError, r"Received: positions=ndarray of 20: \[0.0, 1.0, "),
+    ([2**64], IndexError, r"positions must be in \[0, \d+\) .*Received: position 18446744073709551616"),  # before: OverflowError
+    (np.array([2**63], dtype=np.uint64), IndexError, r"Received: position 9223372036854775808"),
+])
+def test_positions_that_are_not_integers_in_range_are_refused(positions, error, message):
+    for order in _orders():
+        with pytest.raises(error, match=rf"^{type(order).__name__}\.at: .*{message}"):
+            order.at(0, positions)
+        assert order.at(0, []).tolist() == [] and order.at(0, np.uint8([1])).tolist() == order.at(0, [1]).tolist()
+
+
+def test_sampled_orders_name_themselves_in_epoch_errors():
+    for order in _orders()[2:]:
+        name = type(order).__name__
+        for epoch in (-1, 1.5):
+            with pytest.raises(ValueError, match=rf"^{name}: `epoch` must be a non-negative int. Received: epoch={epoch}"):
+                order.at(epoch, [0])
+            with pytest.raises(ValueError, match=rf"^{name}: `epoch`"):
+                order.indices(epoch)
+
+
+def test_class_tables_past_the_budget_give_the_same_passes(monkeypatch):
+    from kerasfeed.sampling import balanced
+
+    labels = np.repeat(np.arange(5), [3, 70_000, 10, 1, 500])  # one class past SMALL_N items
+    order = kerasfeed.BalancedOrder(labels, num_samples=80_000, seed=3)
+    passes = [order.indices(e) for e in range(2)]
+    monkeypatch.setattr(balanced, "TABLE_BUDGET", 0)  # class by class, through the LRU of tables
+    again = kerasfeed.BalancedOrder(labels, num_samples=80_000, seed=3)
+    for e in range(2):
+        np.testing.assert_array_equal(again.indices(e), passes[e])
+    assert np.bincount(labels[passes[0]]).tolist() == [16_000] * 5

@@ -8,7 +8,17 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed.sampling.bijection import domain, permute, subkeys
+from kerasfeed.sampling.bijection import (
+    SMALL_N,
+    TABLE_BUDGET,
+    domain,
+    draw_table,
+    permute,
+    shuffled,
+    subkeys,
+    table,
+)
+from kerasfeed.sampling.fingerprints import ORDER_VERSION
 from kerasfeed.sampling.labels import encode_labels, group_by_class, missing_labels
 from kerasfeed.sampling.weighted import (
     STREAM_CLASS,
@@ -37,13 +47,16 @@ class BalancedOrder(SampledOrder):
 
     - **Class counts.** ``exact=True``: class ``c`` gets ``num_samples * p_c``
       indices rounded down or up (within ±1), the classes rounded up drawn
-      by systematic sampling so that the long-run mean is exact.
+      by systematic sampling so that the long-run mean is exact (computed in
+      integers from the exact values of the float weights: right up to
+      ``num_samples`` of 2^62).
       ``exact=False``: counts are multinomial, as with independent draws.
     - **Items of a class.** Each class is cycled through its own seeded
       permutation: within a pass no item repeats until every item of its
       class has come once (then a new permutation starts). A class that gets
       fewer indices than it has items contributes a fresh random subset each
-      pass.
+      pass (uniform: a class of at most 65,536 items is first shuffled by an
+      exact table per pass).
     - **Interleaving.** The pass's slots (class 0's, then class 1's, ...)
       are shuffled together by a seeded bijection: position ``p`` holds
       slot ``j = bijection(p)``, whose class and rank within the class give
@@ -56,8 +69,9 @@ class BalancedOrder(SampledOrder):
 
     Memory: 4 bytes per item (8 past 2^31 items) for the items grouped by
     class (a chunked counting sort of the labels, no per-class lists; see
-    ``kerasfeed/sampling/labels.py``), nothing per pass;
-    no limit at 2^24 items. Only ``exact=False`` with ``replacement=False``
+    ``kerasfeed/sampling/labels.py``); per pass, 2 bytes per item of the
+    classes of at most 65,536 items (their exact tables, the last two passes,
+    while they hold at most 2^22 items); no limit at 2^24 items. Only ``exact=False`` with ``replacement=False``
     (a weighted draw without replacement) draws a pass whole: 16 bytes per
     item while drawing, the last two passes kept (4 bytes per index).
 
@@ -98,6 +112,9 @@ class BalancedOrder(SampledOrder):
     ```
     """
 
+    # Balanced passes changed with ORDER_VERSION (exact tables over small spaces).
+    _order_version = ORDER_VERSION
+
     def __init__(
         self,
         labels: Any,
@@ -110,7 +127,10 @@ class BalancedOrder(SampledOrder):
         num_shards: int = 1,
         shard_index: int = 0,
     ):
+        given = labels
         labels = np.asarray(labels)
+        if labels.dtype.kind in "US" and not isinstance(given, np.ndarray):
+            _one_kind(given)  # numpy turns [0, 1, 'a'] into strings: refuse, as for an object array
         if labels.ndim != 1 or labels.size == 0:
             raise ValueError(
                 f"{OWNER}: `labels` must be a non-empty 1-D array with one label per item. "
@@ -129,6 +149,8 @@ class BalancedOrder(SampledOrder):
         # The Feistel domain of every class's own permutation (see bijection.domain).
         self._pairs = np.array([domain(int(k)) for k in counts], dtype=np.uint64).reshape(-1, 2)
         w = _class_weights(class_weights, self.classes)
+        self._class_w = w  # exact targets are computed from these (see class_targets)
+        self._split: Optional[tuple] = None
         self.proportions = w / w.sum()
         self._check_replacement()
 
@@ -201,17 +223,15 @@ class BalancedOrder(SampledOrder):
         rng = self._rng(STREAM_COUNTS, epoch)
         if not self.exact:
             return rng.multinomial(s, p).astype(np.int64)
-        quota = s * p
-        base = np.floor(quota).astype(np.int64)
-        frac = quota - base
-        extra_total = s - int(base.sum())
-        if extra_total == 0:
-            return base
-        # Systematic sampling: class c is rounded up with probability frac[c].
-        edges = np.concatenate([[0.0], np.cumsum(frac)])
-        edges *= extra_total / edges[-1]
-        ticks = np.floor(edges + rng.random())
-        return base + np.diff(ticks).astype(np.int64)
+        if self._split is None:
+            self._split = exact_split(s, self._class_w)
+        base, whole, threshold = self._split
+        if not whole[-1]:  # every quota a whole number
+            return base.copy()
+        # Systematic sampling: class c is rounded up with probability frac[c]; u = units / 2^53 exactly.
+        units = int(rng.random() * 2.0**53)
+        ticks = whole + (units >= threshold)
+        return base + np.diff(ticks, prepend=0)
 
     def _slots(self, epoch: int) -> np.ndarray:
         # Where each class's slots start in pass ``epoch`` (cumulated targets).
@@ -221,7 +241,7 @@ class BalancedOrder(SampledOrder):
         if not self.exact and not self.replacement:
             return self._whole_pass(epoch, g)
         starts = self._cached("slots", epoch, self._slots)
-        slot = permute(g, self.num_samples, self._key(STREAM_MIX, epoch))
+        slot = shuffled(g, self.num_samples, self.seed, STREAM_MIX, int(epoch))
         c = np.searchsorted(starts, slot, side="right") - 1
         rank = slot - starts[c]
         n = self.class_counts[c]
@@ -230,7 +250,36 @@ class BalancedOrder(SampledOrder):
             rank - cycle * n, n, subkeys(self._key(STREAM_CLASS, epoch), c, cycle),
             pairs=(self._pairs[c, 0], self._pairs[c, 1]),
         )
+        self._shuffle_small_classes(epoch, c, n, within)
         return self._members[self._offsets[c] + within].astype(np.int64)
+
+    def _shuffle_small_classes(self, epoch: int, c: np.ndarray, n: np.ndarray, within: np.ndarray) -> None:
+        # Class k of at most SMALL_N items: its cycles' Feistel permutations are followed by one exactly
+        # uniform table of pass ``epoch`` (each cycle's permutation is then exactly uniform).
+        small = np.flatnonzero(n <= SMALL_N)
+        if not small.size:
+            return
+        tables, starts = self._cached("tables", epoch, self._class_tables)
+        if tables is not None:  # every small class's table of the pass, in one array
+            within[small] = tables[starts[c[small]] + within[small]]
+            return
+        order = small[np.argsort(c[small], kind="stable")]  # too many items for that: class by class
+        classes, first = np.unique(c[order], return_index=True)
+        bounds = np.append(first, len(order))
+        for j, k in enumerate(classes.tolist()):
+            at = order[bounds[j] : bounds[j + 1]]
+            within[at] = table(int(self.class_counts[k]), self.seed, STREAM_CLASS, int(epoch), k)[within[at]]
+
+    def _class_tables(self, epoch: int) -> tuple:
+        # The tables of all classes of at most SMALL_N items, concatenated (2 bytes per item), with
+        # where each starts; (None, None) past TABLE_BUDGET items (then cached per class by ``table``).
+        small = np.flatnonzero(self.class_counts <= SMALL_N)
+        if int(self.class_counts[small].sum()) > TABLE_BUDGET:
+            return None, None
+        starts = np.full(len(self.class_counts), -1, dtype=np.int64)
+        starts[small] = np.concatenate([[0], np.cumsum(self.class_counts[small])[:-1]])
+        parts = [draw_table(int(self.class_counts[k]), self.seed, STREAM_CLASS, int(epoch), k) for k in small.tolist()]
+        return (np.concatenate(parts) if parts else np.zeros(0, np.uint16)), starts
 
     def _pass(self, epoch: int) -> np.ndarray:
         # exact=False, replacement=False: a weighted draw without replacement, whole.
@@ -251,6 +300,34 @@ class BalancedOrder(SampledOrder):
             f"replacement={self.replacement}, exact={self.exact}, seed={self.seed}, "
             f"num_shards={self.num_shards}, shard_index={self.shard_index})"
         )
+
+
+def exact_split(num_samples: int, weights: np.ndarray) -> tuple:
+    """What exact class counts are drawn from, in integers: ``(base, whole, threshold)``.
+
+    With ``q_c = num_samples * w_c / sum(w)`` computed exactly (the float
+    weights are dyadic rationals), ``base_c = floor(q_c)``; the cumulated
+    remainders ``R_c = sum_{j <= c} (q_j - base_j)`` are split into
+    ``whole_c = floor(R_c)`` and a fraction ``f_c``. Systematic sampling
+    with a uniform ``u = units / 2^53`` rounds up ``floor(R_c + u)``
+    classes up to ``c``: ``whole_c + (units >= threshold_c)`` with
+    ``threshold_c = ceil(2^53 (1 - f_c))`` (``2^53``, never, when ``f_c = 0``).
+    All int64 arrays (``base`` at most ``num_samples``, ``threshold`` at most 2^53).
+    """
+    ratios = [float(x).as_integer_ratio() for x in weights.tolist()]
+    scale = max(d for _, d in ratios)  # powers of two: every weight a whole multiple of 1 / scale
+    parts = [m * (scale // d) for m, d in ratios]
+    den = sum(parts)
+    base, whole, threshold = [], [], []
+    cum = 0
+    for part in parts:
+        b, r = divmod(num_samples * part, den)
+        cum += r
+        q, f = divmod(cum, den)
+        base.append(b)
+        whole.append(q)
+        threshold.append(-(-((den - f) << 53) // den))
+    return tuple(np.array(x, dtype=np.int64) for x in (base, whole, threshold))
 
 
 def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:
@@ -287,6 +364,16 @@ def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:
             )
     w = v.weights("class_weights", values, owner=OWNER)
     return w
+
+
+def _one_kind(given: Any) -> None:
+    # Labels numpy made strings of: every one must have been a string (or bytes) already.
+    if not (all(isinstance(x, str) for x in given) or all(isinstance(x, bytes) for x in given)):
+        kinds = sorted({type(x).__name__ for x in given})
+        raise TypeError(
+            f"{OWNER}: the labels must be of one comparable kind (ints, strings, ...) to be told apart as "
+            f"classes; numpy would turn them all into strings. Received: labels of types {kinds}"
+        )
 
 
 def _encoded(labels: np.ndarray) -> tuple:

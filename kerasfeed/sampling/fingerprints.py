@@ -15,7 +15,12 @@ import numpy as np
 # Names the algorithm that turns (seed, pass, position) into an index (kerasfeed
 # 0.1 drew whole passes instead); part of every shuffled or sampled order's
 # fingerprint, so a state saved under another algorithm is refused.
-ORDER_VERSION = "per-position-1"
+# per-position-2: index spaces of at most 2^16 (a shuffled IndexOrder's items, a
+# BalancedOrder's pass and classes) are shuffled by exactly uniform tables.
+ORDER_VERSION = "per-position-2"
+# per-position-1 used the Feistel network for every size. Orders whose passes did not
+# change (WeightedOrder, IndexOrder past 2^16 items) keep it: their states stay valid.
+ORDER_VERSION_1 = "per-position-1"
 
 
 def hash_parts(*parts: Any) -> str:
@@ -32,4 +37,4 @@ def hash_parts(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["ORDER_VERSION", "hash_parts"]
+__all__ = ["ORDER_VERSION", "ORDER_VERSION_1", "hash_parts"]

@@ -57,12 +57,20 @@ def _encode_by_counting(labels: np.ndarray, lo: int, hi: int) -> tuple[np.ndarra
     codes = np.empty(len(labels), dtype=small)
     for start in range(0, len(labels), CHUNK):
         codes[start : start + CHUNK] = lut[_shifted(labels[start : start + CHUNK], lo)]
-    classes = (present + lo).astype(labels.dtype)
+    unsigned = _unsigned(labels.dtype)
+    classes = (present.astype(unsigned) + unsigned.type(lo % 2 ** (8 * unsigned.itemsize))).view(labels.dtype)
     return classes, codes, counts_all[present]
 
 
+def _unsigned(dtype: np.dtype) -> np.dtype:
+    return np.dtype(f"u{np.dtype(dtype).itemsize}")
+
+
 def _shifted(chunk: np.ndarray, lo: int) -> np.ndarray:
-    return (chunk.astype(np.int64) - lo).astype(np.uint16)
+    # ``chunk - lo`` in the labels' own width, wrapping: exact, as every difference is in [0, 65536)
+    # (int64 arithmetic overflowed on uint64 labels of 2^63 or more).
+    unsigned = _unsigned(chunk.dtype)
+    return (chunk.view(unsigned) - unsigned.type(lo % 2 ** (8 * unsigned.itemsize))).astype(np.uint16)
 
 
 def group_by_class(codes: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -8,8 +8,8 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.sampling.bijection import MAX_N, derive_key, permute
-from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
+from kerasfeed.sampling.bijection import MAX_N, SMALL_N, shuffled
+from kerasfeed.sampling.fingerprints import ORDER_VERSION, ORDER_VERSION_1, hash_parts
 from kerasfeed.sampling.views import check_positions, indices_by_windows
 
 # The generator stream of IndexOrder's pass keys (the sampled orders use 11-15).
@@ -25,7 +25,10 @@ class IndexOrder:
     network, see ``kerasfeed/sampling/bijection.py``) computed for a window
     of positions at a time, so no pass is ever held whole (a pass of 10^9
     items costs no memory), the order is the same whatever executes the
-    items, and a pipeline can resume from any ``(epoch, position)``.
+    items, and a pipeline can resume from any ``(epoch, position)``. Up to
+    65,536 items a pass is an exactly uniform permutation instead
+    (``numpy.random.default_rng([seed, 16, epoch]).permutation(length)``,
+    a table of 2 bytes per item, cached).
 
     With ``num_shards > 1`` (one input pipeline per worker under
     ``tf.distribute``) every shard takes every ``num_shards``-th entry of the
@@ -100,15 +103,23 @@ class IndexOrder:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if not self.shuffle:  # the same passes whatever the algorithm: states stay valid
             return hash_parts("IndexOrder", int(self.length), False, None, int(self.num_shards))
-        return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), ORDER_VERSION)
+        # Past SMALL_N items the passes are those of ORDER_VERSION_1: its states stay valid.
+        version = ORDER_VERSION if self.length <= SMALL_N else ORDER_VERSION_1
+        return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), version)
 
     @property
-    def legacy_fingerprints(self) -> tuple:
-        """Fingerprints the same arguments had under earlier algorithms (kerasfeed 0.1's
-        materialized permutations): a state saved with one is refused with its own message."""
+    def legacy_fingerprints(self) -> dict:
+        """Fingerprints the same arguments had under earlier algorithms, each with
+        the algorithm's name ("0.1": kerasfeed 0.1's materialized permutations;
+        ORDER_VERSION_1: a Feistel network over small passes too): a state saved
+        with one is refused with its own message."""
         if not self.shuffle:
-            return ()
-        return (hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards)),)
+            return {}
+        parts = ("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards))
+        legacy = {hash_parts(*parts): "0.1"}
+        if self.length <= SMALL_N:
+            legacy[hash_parts(*parts, ORDER_VERSION_1)] = ORDER_VERSION_1
+        return legacy
 
     def at(self, epoch: int, positions: Any) -> np.ndarray:
         """The int64 item indices at ``positions`` (of this shard) in pass ``epoch``.
@@ -122,7 +133,7 @@ class IndexOrder:
             g = g * self.num_shards + self.shard_index
         if not self.shuffle:
             return g.copy()
-        return permute(g, self.length, derive_key(int(self.seed), STREAM_INDEX, int(epoch)))
+        return shuffled(g, self.length, int(self.seed), STREAM_INDEX, int(epoch))
 
     def indices(self, epoch: int) -> np.ndarray:
         """Returns the int64 item indices of pass ``epoch`` for this shard (the

@@ -31,7 +31,7 @@ TF-free loader) into a checked order; ``order_fingerprint`` and
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -138,8 +138,8 @@ class _CheckedOrder:
         return order_fingerprint(self.order)
 
     @property
-    def legacy_fingerprints(self) -> tuple:
-        return tuple(getattr(self.order, "legacy_fingerprints", ()))
+    def legacy_fingerprints(self) -> Any:
+        return getattr(self.order, "legacy_fingerprints", ())
 
     def at(self, epoch: int, positions: Any) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
@@ -216,11 +216,23 @@ def check_resume_order(state: Any, order: Any) -> None:
     if saved is None:
         return
     current = order_fingerprint(order)
-    if saved != current and saved in getattr(order, "legacy_fingerprints", ()):
+    legacy = getattr(order, "legacy_fingerprints", ())
+    if saved != current and saved in legacy:
+        # A mapping names the algorithm of each old fingerprint; a plain sequence is kerasfeed 0.1's.
+        if isinstance(legacy, Mapping) and legacy[saved] != "0.1":
+            was = (
+                f"`initial_state` was saved by an earlier kerasfeed whose shuffled and balanced orders permuted "
+                f"small index spaces (up to 65,536 items, samples or class items) with a Feistel network, measurably "
+                f"far from uniform there (order version {legacy[saved]!r}, fingerprint {saved!r}); this version draws "
+                f"those permutations exactly uniformly"
+            )
+        else:
+            was = (
+                f"`initial_state` was saved by kerasfeed 0.1, whose shuffled and sampled orders drew every pass whole "
+                f"(fingerprint {saved!r}); this version computes each position with a seeded bijection"
+            )
         raise ValueError(
-            f"`initial_state` was saved by kerasfeed 0.1, whose shuffled and sampled orders drew every pass whole "
-            f"(fingerprint {saved!r}); this version computes each position with a seeded bijection "
-            f"(docs/sampling.md, *Compatibility*), so the same seed gives other passes and the saved position "
+            f"{was} (docs/sampling.md, *Compatibility*), so the same seed gives other passes and the saved position "
             f"cannot be continued exactly. To go on with the new order from a pass boundary, resume from a state "
             f"without the fingerprint, e.g. initial_state={{'epoch': {state.epoch + 1}, 'batches': 0}} with "
             f"fit(..., initial_epoch={state.epoch + 1}). Received: initial_state={state.to_dict()}, order={order!r}"

@@ -230,14 +230,45 @@ def pass_view(order: Any, epoch: int) -> IndexView:
 
 
 def check_positions(positions: Any, length: int, owner: str) -> np.ndarray:
-    """``positions`` as a 1-D int64 array, each in ``[0, length)`` (else IndexError)."""
-    p = np.asarray(positions, dtype=np.int64).reshape(-1)
-    if p.size and (int(p.min()) < 0 or int(p.max()) >= length):
-        bad = int(p.min()) if int(p.min()) < 0 else int(p.max())
-        raise IndexError(
-            f"{owner}.at: positions must be in [0, {length}) (the shard's pass length). Received: position {bad}"
+    """``positions`` as a 1-D int64 array, each in ``[0, length)``.
+
+    Raises:
+        TypeError: a position that is not an integer (a float, a string, a bool).
+        IndexError: a position outside ``[0, length)``.
+    """
+    try:
+        a = np.asarray(positions)
+    except (TypeError, ValueError, OverflowError) as e:  # ragged nests, ...
+        raise TypeError(f"{owner}.at: `positions` must be integers. Received: positions={_short(positions)}") from e
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)  # [] is a float64 array: nothing asked
+    if a.dtype.kind == "O":  # Python ints past int64 (2**64), or mixed objects
+        values = a.reshape(-1).tolist()
+        if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in values):
+            raise TypeError(f"{owner}.at: `positions` must be integers. Received: positions={_short(positions)}")
+        low, high = min(int(x) for x in values), max(int(x) for x in values)
+    elif a.dtype.kind in "iu":
+        low, high = int(a.min()), int(a.max())
+    else:
+        raise TypeError(
+            f"{owner}.at: `positions` must be integers (a float or string position is not read as one). "
+            f"Received: positions={_short(positions)}"
         )
-    return p
+    if low < 0 or high >= length:
+        raise IndexError(
+            f"{owner}.at: positions must be in [0, {length}) (the shard's pass length). "
+            f"Received: position {low if low < 0 else high}"
+        )
+    return a.reshape(-1).astype(np.int64, copy=False)
+
+
+def _short(value: Any) -> str:
+    # A short repr for ``Received:`` (a window can hold thousands of positions).
+    try:
+        a = np.asarray(value, dtype=object).reshape(-1)
+    except (TypeError, ValueError):
+        return repr(value)[:200]
+    return repr(value) if a.size <= 8 else f"{type(value).__name__} of {a.size}: {a[:8].tolist()!r} ..."
 
 
 def indices_by_windows(at: Callable[[int, np.ndarray], np.ndarray], epoch: int, length: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 
 from kerasfeed import _validation as v
 from kerasfeed.sampling.bijection import MAX_N, derive_key, uniforms
-from kerasfeed.sampling.fingerprints import ORDER_VERSION, hash_parts
+from kerasfeed.sampling.fingerprints import ORDER_VERSION_1, hash_parts
 from kerasfeed.sampling.views import check_positions, indices_by_windows
 
 # Distinct generator streams, so that no two uses of (seed, pass) share draws.
@@ -27,6 +27,9 @@ class SampledOrder:
     replacement in proportion to weights) compute their pass whole in
     ``_pass(epoch)``; it is cached (the last two passes).
     """
+
+    # The algorithm's name in the fingerprint (see fingerprints.ORDER_VERSION).
+    _order_version = ORDER_VERSION_1
 
     def _init_common(
         self, owner: str, length: int, num_samples: Any, seed: Any, num_shards: Any, shard_index: Any
@@ -70,7 +73,7 @@ class SampledOrder:
         A pure function of ``(seed, epoch, position)`` and the arguments;
         positions must be in ``[0, shard_length)``.
         """
-        epoch = v.non_negative_int("epoch", epoch)
+        epoch = v.non_negative_int("epoch", epoch, owner=type(self).__name__)
         g = check_positions(positions, self.shard_length, type(self).__name__)
         if self.num_shards > 1:
             g = g * self.num_shards + self.shard_index
@@ -79,7 +82,8 @@ class SampledOrder:
     def indices(self, epoch: int) -> np.ndarray:
         """Returns the int64 item indices of pass ``epoch`` for this shard (the
         whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
-        return indices_by_windows(self.at, v.non_negative_int("epoch", epoch), self.shard_length)
+        epoch = v.non_negative_int("epoch", epoch, owner=type(self).__name__)
+        return indices_by_windows(self.at, epoch, self.shard_length)
 
     @property
     def fingerprint(self) -> str:
@@ -87,16 +91,19 @@ class SampledOrder:
         if self._fingerprint is None:
             self._fingerprint = hash_parts(
                 type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards,
-                ORDER_VERSION,
+                self._order_version,
             )
         return self._fingerprint
 
     @property
-    def legacy_fingerprints(self) -> tuple:
-        """Fingerprints the same arguments had under kerasfeed 0.1's whole-pass
-        algorithm (see ``IndexOrder.legacy_fingerprints``)."""
-        return (hash_parts(type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed,
-                           self.num_shards),)
+    def legacy_fingerprints(self) -> dict:
+        """Fingerprints the same arguments had under earlier algorithms, each with
+        its name (see ``IndexOrder.legacy_fingerprints``)."""
+        parts = (type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards)
+        legacy = {hash_parts(*parts): "0.1"}
+        if self._order_version != ORDER_VERSION_1:
+            legacy[hash_parts(*parts, ORDER_VERSION_1)] = ORDER_VERSION_1
+        return legacy
 
     def _key(self, stream: int, epoch: int, *more: int) -> np.uint64:
         return derive_key(self.seed, stream, int(epoch), *more)
@@ -170,7 +177,8 @@ class WeightedOrder(SampledOrder):
     replacement, the item at position ``p`` is drawn from a uniform that is a
     pure function of ``(seed, epoch, p)`` (a counter-based hash) by inverse
     CDF: nothing is held per pass, and memory is 8 bytes per item (the
-    cumulative weights, made in place when ``weights`` was converted), with no
+    cumulative weights, made in place of the order's own copy of
+    ``weights``: editing the caller's array later changes nothing), with no
     limit at 2^24 items. Without replacement a pass is drawn whole (16 bytes
     per item while drawing; the last two passes kept, 4 bytes per index).
 
@@ -226,11 +234,12 @@ class WeightedOrder(SampledOrder):
                 f"Received: num_samples={self.num_samples}, replacement=False"
             )
         self._weights_digest = hash_parts(w)
+        # ``w`` is this order's own read-only copy: later edits of the caller's array change nothing.
         self._weights = None if self.replacement else w
         if self.replacement:
-            # In place when ``w`` is a converted copy, not the caller's array.
-            mine = not (isinstance(weights, np.ndarray) and np.shares_memory(w, weights))
-            self._cdf = np.cumsum(w, out=w if mine else None)
+            w.setflags(write=True)  # it owns its data: the cumulative sum is made in its place
+            self._cdf = np.cumsum(w, out=w)
+            self._cdf.setflags(write=False)
         else:
             self._cdf = None
 
