@@ -107,9 +107,14 @@ def _leading_sizes(item: Any) -> Optional[tuple]:
         return None
 
 
-def _size_text(sizes: tuple) -> str:
+def _one_size(sizes: tuple) -> Any:
+    """The one leading size of an item's leaves (0-d leaves aside), else the sizes per leaf."""
     known = {d for d in sizes if d is not None}
-    return str(next(iter(known))) if len(known) == 1 else str(sizes)
+    return next(iter(known)) if len(known) == 1 else sizes
+
+
+def _size_text(sizes: tuple) -> str:
+    return str(_one_size(sizes))
 
 
 def _unequal(owner: str, index: Any, got: tuple, expected: tuple, probed: Any, why: str) -> ValueError:
@@ -171,10 +176,7 @@ class EqualItemBatches:
 def item_batch_fact(expected: Optional[tuple]) -> Any:
     """What the processes exchange for ``hosts.FACTS``' "item batch size":
     the one leading size of the items, or their sizes per leaf."""
-    if expected is None:
-        return None
-    known = {d for d in expected if d is not None}
-    return next(iter(known)) if len(known) == 1 else expected
+    return None if expected is None else _one_size(expected)
 
 
 __all__ = ["EqualItemBatches", "check_local_batches", "equal_probed_batches", "item_batch_check", "item_batch_fact"]

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional, TypeVar
 import numpy as np
 
 from kerasfeed.loading.arguments import Passes
-from kerasfeed.loading.shards import ShardPlan, order_shards
+from kerasfeed.loading.shards import ShardPlan, joined_shards, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
 from kerasfeed.sampling.protocol import order_fingerprint
 
@@ -271,9 +271,7 @@ def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPl
             owner=options.owner,
         )
         num_shards = 1 if num_shards is None else num_shards
-        together = None
-        if processes.num_processes > 1 and max(processes.num_shards, order_shards(options.order)) > 1:
-            together = f"the {processes.num_processes} processes of the {processes.source}, each reading its own shard"
+        together = joined_shards(processes, max(processes.num_shards, order_shards(options.order)))
         return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order, together)
 
     return resolve

@@ -405,11 +405,16 @@ def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
         check_shard_pair(options.api, length, num_shards, shard_index, given)
     elif order is None:
         check_context_pipelines(options.api, length, num_shards)
-    parts = max(num_shards, order_shards(order))
-    together = None
-    if cluster is not None and cluster.num_processes > 1 and parts > 1:
-        together = f"the {cluster.num_processes} processes of the {cluster.source}, each reading its own shard"
+    together = joined_shards(cluster, max(num_shards, order_shards(order)))
     return ShardPlan(num_shards, shard_index, num_shards, order, together)
+
+
+def joined_shards(cluster: Any, parts: int) -> Optional[str]:
+    """``ShardPlan.equal_batches``: who reads the shards a step joins, when
+    several processes (``hosts.ProcessShards``, or None) read ``parts > 1``."""
+    if cluster is None or cluster.num_processes <= 1 or parts <= 1:
+        return None
+    return f"the {cluster.num_processes} processes of the {cluster.source}, each reading its own shard"
 
 
 def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
@@ -435,6 +440,7 @@ __all__ = [
     "cluster_shards",
     "current_worker",
     "given_shards",
+    "joined_shards",
     "order_shards",
     "plan_shards",
     "resolve_shards",
