@@ -282,15 +282,19 @@ def test_golden_passes_and_fingerprints_pin_the_algorithm():
     assert drawn.indices(0).tolist() == [7, 8, 3, 9, 6] and drawn.fingerprint == "65749930d2f6a7ef"
 
 
+def _saved_order(kind):
+    """The source and the to_loader arguments of the orders whose old states the tests below resume."""
+    if kind == "shuffle":
+        return np.arange(10, dtype=np.int64), dict(shuffle=True, seed=1)
+    return np.arange(len(LABELS), dtype=np.int64), dict(order=kerasfeed.BalancedOrder(LABELS, seed=1))
+
+
 @pytest.mark.parametrize("saved, kind", [
     ("b31fcfd4447980b9", "shuffle"),  # what order version per-position-1 saved for IndexOrder(10, shuffle=True, seed=1)
     ("531cca3f406f4355", "balanced"),  # ... and for BalancedOrder(LABELS, seed=1)
 ])
 def test_states_saved_by_the_feistel_only_orders_are_refused_with_a_way_on(saved, kind):
-    if kind == "shuffle":
-        source, kwargs = np.arange(10, dtype=np.int64), dict(shuffle=True, seed=1)
-    else:
-        source, kwargs = np.arange(len(LABELS), dtype=np.int64), dict(order=kerasfeed.BalancedOrder(LABELS, seed=1))
+    source, kwargs = _saved_order(kind)
     state = {"epoch": 3, "batches": 1, "order": saved}
     with pytest.raises(ValueError, match=(
         r"`initial_state` was saved by an earlier kerasfeed whose shuffled and balanced orders permuted small index "
@@ -323,10 +327,7 @@ def test_numpy_integer_arguments_become_plain_ints_and_errors_name_the_order():
     ("ff35dcc72199f523", "balanced"),  # ... and for BalancedOrder(LABELS, seed=1)
 ])
 def test_states_saved_by_the_whole_pass_orders_are_refused_with_a_way_on(saved, kind):
-    if kind == "shuffle":
-        source, kwargs = np.arange(10, dtype=np.int64), dict(shuffle=True, seed=1)
-    else:
-        source, kwargs = np.arange(len(LABELS), dtype=np.int64), dict(order=kerasfeed.BalancedOrder(LABELS, seed=1))
+    source, kwargs = _saved_order(kind)
     state = {"epoch": 3, "batches": 1, "order": saved}
     with pytest.raises(ValueError, match=(
         r"`initial_state` was saved by kerasfeed 0.1, whose shuffled and sampled orders drew every pass whole "
