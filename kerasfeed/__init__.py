@@ -34,6 +34,7 @@ _LAZY = {
     "IndexOrder": "kerasfeed.sampling.order:IndexOrder",
     "ResumeState": "kerasfeed.sampling.state:ResumeState",
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
+    "BackupAndRestore": "kerasfeed.integrations.backup:BackupAndRestore",
     "ItemError": "kerasfeed.errors:ItemError",
     "SignatureError": "kerasfeed.errors:SignatureError",
     "WorkerError": "kerasfeed.errors:WorkerError",

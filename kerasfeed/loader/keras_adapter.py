@@ -135,7 +135,8 @@ def tf_dataset(loader: Any) -> Any:
         probe=options.probe,
         num_shards=feed.shards.num_shards,
         shard_index=feed.shards.shard_index,
-        initial_state=options.resume.to_dict(),
+        # None stays None: the dataset's passes then follow fit's epochs as the loader's do.
+        initial_state=None if options.initial_state is None else options.resume.to_dict(),
         order=order,
     )
 

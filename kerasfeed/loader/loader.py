@@ -11,6 +11,7 @@ makes it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Optional
 
 from kerasfeed.loader.batches import BatchReader
@@ -20,6 +21,7 @@ from kerasfeed.loader.device import DeviceFeed
 from kerasfeed.loader.options import LoaderOptions
 from kerasfeed.loader.passes import Passes
 from kerasfeed.loading import host_batches, hosts
+from kerasfeed.loading.arguments import count_batches
 from kerasfeed.loading.feed import Feed
 
 
@@ -69,7 +71,11 @@ class Loader:
         self._reader = BatchReader(
             self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy
         )
-        self._passes = Passes(self._pipeline.begin, self._reader.read, feed.passes.per_pass, feed.passes.first_pass)
+        count = functools.partial(count_batches, batch_size=options.batch_size, drop_remainder=options.drop_remainder)
+        self._passes = Passes(
+            self._pipeline.begin, self._reader.read, feed.passes.per_pass, feed.passes.first_pass,
+            feed.passes.items, count, self._pipeline.fit_target,
+        )
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once

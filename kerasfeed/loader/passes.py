@@ -33,10 +33,11 @@ class Pass:
     the pass over waits for a read still under way in the one it replaces.
     """
 
-    __slots__ = ("epoch", "indices", "batches", "position", "kept", "keep", "reader", "lock")
+    __slots__ = ("epoch", "skip", "indices", "batches", "position", "kept", "keep", "reader", "lock")
 
-    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1):
+    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0):
         self.epoch = epoch
+        self.skip = skip  # items of the pass before its first batch (a resumed pass)
         self.indices = indices
         self.batches = batches
         self.position = 0  # batches of this pass read
@@ -55,13 +56,21 @@ class Passes:
         read: ``BatchReader.read``: batch ``p.position`` of pass ``p``.
         per_pass: batches in a whole pass.
         first_pass: batches in the first pass (fewer when resumed inside it).
+        items: items in a whole pass.
+        count: batches that a pass of this many items makes.
+        fit_target: ``PassPipeline.fit_target``: ``(pass, items skipped)``
+            that a running ``fit`` reads next, or None.
     """
 
-    def __init__(self, begin: Callable[[], tuple], read: Callable[[Pass], Any], per_pass: int, first_pass: int):
+    def __init__(self, begin: Callable[[], tuple], read: Callable[[Pass], Any], per_pass: int, first_pass: int,
+                 items: int, count: Callable[[int], int], fit_target: Callable[[], Optional[tuple]]):
         self._begin_pass = begin
         self.read = read
         self.per_pass = per_pass
         self._first_pass = first_pass
+        self._items = items
+        self._count = count
+        self._fit_target = fit_target
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._newest = 0  # id of the newest iterator
@@ -91,10 +100,17 @@ class Passes:
             if self._open is not None and self._open is not self._peek:
                 self._open.kept = None  # no longer replayable: release it
             indices, epoch = self._begin_pass()
-            batches = self._first_pass if not self._begun else self.per_pass
+            # A pass begun under fit may start anywhere (its epoch; a pinned resume): counted from its items.
+            batches = self._count(len(indices))
             self._begun = True
-            p = self._open = Pass(int(epoch), indices, batches, reader, keep)
+            p = self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices))
             return p
+
+    def current(self, p: Pass) -> bool:
+        """Whether ``p`` is the pass a running ``fit`` reads next (True outside ``fit``):
+        a pass a model build read before a restored epoch is not."""
+        target = self._fit_target()
+        return target is None or target == (p.epoch, p.skip)
 
     def carry_on(self, p: Pass) -> None:
         """The reader went on with its own iterator (Keras with
@@ -152,8 +168,9 @@ class PassIterator:
         p = self._pass
         if p is not None and self._replay is None:
             with p.lock:  # waits for a read still under way in the iterator given up
-                if p.reader == self._id and (p.kept is None or len(p.kept) != p.position):
-                    p = self._pass = None  # it read more than it kept: start the next pass instead
+                if p.reader == self._id and (p.kept is None or len(p.kept) != p.position or not passes.current(p)):
+                    # it read more than it kept, or fit reads another pass (a restored epoch): begin that
+                    p = self._pass = None
         if p is None:
             p = self._pass = passes.begin(self._id, self._keep)
         with p.lock:

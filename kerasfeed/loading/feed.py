@@ -121,7 +121,10 @@ class Feed:
         if self.endless:
             pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
         else:
-            pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip)
+            # No initial_state given: passes begun under model.fit are its epochs (keras_fit.py).
+            follow = self.options.initial_state is None
+            pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip,
+                                    follow_keras=follow)
         # What TrainingProgress(order=<this front end>) records: items per batch, and batches per pass.
         pipeline.items_per_batch, pipeline.batches_per_pass = self.options.batch_size or 1, passes.per_pass
         if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s

@@ -12,13 +12,15 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
+from kerasfeed.loading.keras_fit import find_fit, keras_pass
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
 from kerasfeed.sources.base import has_own_epoch_hooks, set_epoch
@@ -38,7 +40,8 @@ class PassPipeline:
     dataset therefore releases the source and stops worker processes.
     """
 
-    def __init__(self, source: Any, order: Any, executor: Executor, checker: Any, start_epoch: int, skip: int):
+    def __init__(self, source: Any, order: Any, executor: Executor, checker: Any, start_epoch: int, skip: int,
+                 follow_keras: bool = False):
         self._source = source
         self._order = order
         self.executor = executor
@@ -46,6 +49,12 @@ class PassPipeline:
         self._lock = threading.Lock()
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
+        # Without an initial_state, a pass begun under model.fit is the fit's
+        # epoch (NOTE [ The pass follows Keras' epoch ] in keras_fit.py), and
+        # a pass pinned by kerasfeed.BackupAndRestore starts where the backup stopped.
+        self._follow = follow_keras
+        self._pins: dict[int, int] = {}  # pass -> items of it already trained on
+        self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
         self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
         # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep
@@ -63,10 +72,7 @@ class PassPipeline:
     def begin(self) -> tuple[IndexView, np.int64]:
         """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
         (``indices.window(start, stop)``; never the whole pass in memory)."""
-        with self._lock:
-            epoch, skip = self._next, self._skip
-            self._next += 1
-            self._skip = 0
+        epoch, skip = self.upcoming(consume=True)
         indices = pass_view(self._order, epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
@@ -84,6 +90,54 @@ class PassPipeline:
         else:
             self.executor.plan(epoch, indices)
         return indices, np.int64(epoch)
+
+    def upcoming(self, consume: bool = False) -> tuple[int, int]:
+        """``(pass, items skipped)`` of the pass that begins next; ``consume``
+        marks it begun (the next one then follows it)."""
+        target = self.fit_target()
+        with self._lock:
+            epoch, skip = self._next, self._skip
+            if target is not None:
+                epoch, skip = target[0], self._pins.get(target[0], 0)
+            if consume:
+                self._next, self._skip = epoch + 1, 0
+                self._pins.pop(epoch, None)
+        return epoch, skip
+
+    def fit_target(self) -> Optional[tuple[int, int]]:
+        """``(pass, items skipped)`` a pass begun now reads because a running
+        ``model.fit`` reads this pipeline; None when none does (or its epochs
+        are not passes, or an ``initial_state`` numbers the passes)."""
+        fit = find_fit(self.held_by) if self._follow else None
+        if fit is None:
+            return None
+        epoch = keras_pass(fit.current, fit.steps_per_epoch, self.batches_per_pass, fit.initial_epoch)
+        if epoch is None:
+            return None
+        with self._lock:
+            return epoch, self._pins.get(epoch, 0)
+
+    def pin(self, epoch: int, skip: int) -> None:
+        """The pass ``epoch``, when it begins under ``fit``, starts after its
+        first ``skip`` items (kerasfeed.BackupAndRestore resuming inside it)."""
+        with self._lock:
+            self._pins = {epoch: skip} if skip else {}
+
+    @property
+    def follows_keras(self) -> bool:
+        """Whether passes begun under ``model.fit`` are the fit's epochs (no ``initial_state`` given)."""
+        return self._follow
+
+    def held_by(self, x: Any) -> bool:
+        """Whether ``x`` (what a ``fit`` is given) reads through this pipeline: a
+        dataset or loader made with it, one derived from it, or a loader whose
+        TensorFlow dataset (under that backend) is."""
+        if x is None:
+            return False
+        for candidate in (x, getattr(x, "_tf_dataset", None)):
+            if candidate is not None and find_tagged(candidate, PIPELINE_ATTR) is self:
+                return True
+        return False
 
     def begin_count(self) -> tuple[np.int64, np.int64]:
         """``begin`` for tf.data: ``(items in the pass, epoch)``; the indices

@@ -1,0 +1,176 @@
+"""``kerasfeed.BackupAndRestore``: Keras' callback, with the data position in the same commit."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Union
+
+import keras
+
+from kerasfeed.integrations.backup_files import BackupFiles
+from kerasfeed.integrations.fit_data import FitData
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Backs up model, optimizer *and* data position; a killed ``fit`` resumes exactly.
+
+    A drop-in for ``keras.callbacks.BackupAndRestore`` (same arguments and
+    meaning). Every backup holds the model's and the optimizer's variables,
+    the epoch and batch reached, and where the kerasfeed dataset or loader
+    being fitted stands, in one atomic commit: a crash during a save leaves
+    the previous backup whole. Started again, the same ``model.fit`` call
+    restores all of it and goes on inside the interrupted epoch at its first
+    batch not trained yet; the epochs after it are whole passes, so the final
+    weights are those of a run never interrupted (with deterministic ops).
+
+    It finds the data by itself: the ``to_dataset`` dataset or ``to_loader``
+    loader ``fit`` was given (or one derived from it with ``.map`` etc.),
+    made without ``initial_state`` (under ``fit``, pass ``e`` is epoch ``e``).
+    With other data it restores model and epoch as Keras' own callback does,
+    and warns once that the data position is not restored. Epochs that are
+    not passes (``steps_per_epoch``) are refused with the reason. The data
+    may come back on another executor or worker count; another order, seed,
+    batch size or pass length is refused, naming what changed.
+
+    Args:
+        backup_dir: where the backups are kept (one directory per run).
+        save_freq: ``"epoch"`` (at the end of every epoch) or an int: every
+            that many batches.
+        double_checkpoint: keep the previous backup too and fall back on it
+            when the latest cannot be read.
+        delete_checkpoint: delete ``backup_dir`` when ``fit`` finishes.
+
+    Example:
+
+    ```python
+    loader = kerasfeed.to_loader(seq, shuffle=True, seed=0, executor="processes")
+    model.fit(loader, epochs=10,
+              callbacks=[kerasfeed.BackupAndRestore("run/backup", save_freq=500)])
+    # killed? run the same script again: it goes on at the next unseen batch
+    ```
+    """
+
+    def __init__(
+        self,
+        backup_dir: Union[str, os.PathLike],
+        save_freq: Union[str, int] = "epoch",
+        double_checkpoint: bool = False,
+        delete_checkpoint: bool = True,
+    ):
+        if isinstance(backup_dir, os.PathLike):
+            backup_dir = os.fspath(backup_dir)
+        if not isinstance(backup_dir, str) or not backup_dir:
+            raise ValueError(
+                f"BackupAndRestore: `backup_dir` must be a non-empty path. Received: backup_dir={backup_dir!r}"
+            )
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
+            raise ValueError(
+                "BackupAndRestore: `save_freq` must be 'epoch' or a positive int (batches between backups). "
+                f"Received: save_freq={save_freq!r}"
+            )
+        super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
+                         delete_checkpoint=delete_checkpoint)
+        self._files = BackupFiles(backup_dir, keep_previous=bool(double_checkpoint))
+        self._data = FitData(None, [])
+        self._epoch = 0  # the epoch being trained
+        self._steps = None  # steps in an epoch (Keras' params)
+        self._since_save = 0  # batches trained since the last backup
+        self._warned = False
+
+    # -- restore ---------------------------------------------------------------
+    def on_train_begin(self, logs: Any = None) -> None:
+        model = self._model
+        self._data = FitData.of(model)
+        if self._data.known:
+            self._data.check_fit()
+        self._steps = (self.params or {}).get("steps")
+        self._since_save = 0
+        record = self._files.latest()
+        if record is None:
+            return
+        if not model.built:
+            raise ValueError(
+                "BackupAndRestore: the model must be built before fit() restores it (call it on a batch, or give "
+                f"it an Input). Received: the unbuilt model {model.name!r}"
+            )
+        self._load_weights(record)
+        epoch, batch = int(record["epoch"]), int(record["batch"])
+        saved = record.get("data")
+        if self._data.known and saved is not None:
+            self._data.check(saved, self.backup_dir)
+            self._data.resume(epoch, batch)
+        else:
+            self._warn_once("a backup of other data than a kerasfeed dataset or loader")
+            batch = 0  # as Keras' own callback: the epoch again from its start
+        model._initial_epoch = epoch
+        self._epoch = epoch
+
+    def _load_weights(self, record: dict) -> None:
+        model = self._model
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)  # its variables must exist to be loaded
+        try:
+            model.load_weights(self._files.weights_of(record))
+        except OSError:
+            previous = self._files.weights_of(record, previous=True)
+            if previous is None:
+                raise
+            model.load_weights(previous)
+            raise RuntimeError(
+                f"BackupAndRestore: the latest backup in {self.backup_dir!r} could not be read; the previous "
+                "one's weights were loaded but its position is not known here. Delete the directory to start over. "
+                f"Received: {self._files.weights_of(record)!r}"
+            ) from None
+
+    def _warn_once(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"kerasfeed.BackupAndRestore: restored model and epoch from {what}; the data position is not "
+                "restored (the epoch starts again from its first batch). Fit a kerasfeed.to_dataset or "
+                "kerasfeed.to_loader to resume exactly.",
+                stacklevel=3,
+            )
+
+    # -- save ------------------------------------------------------------------
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self.save_freq == "epoch":
+            return
+        self._since_save += 1
+        if self._since_save >= self.save_freq:
+            self._save(self._epoch, batch + 1)  # `batch` counts from the resumed batch (fit_data.py)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.save_freq == "epoch":
+            self._save(epoch + 1, 0)
+
+    def _save(self, epoch: int, batch: int) -> None:
+        self._since_save = 0
+        if self._steps is not None and batch >= self._steps:
+            # The epoch's batches are all trained: a crash before its end (validation,
+            # on_epoch_end) resumes at the next epoch, as Keras' own callback would.
+            epoch, batch = epoch + 1, 0
+        record = {"epoch": epoch, "batch": batch, "keras": keras.version()}
+        if self._data.known:
+            record["data"] = self._data.record(epoch, batch)
+        model = self.model  # syncs the JAX state into the model's variables
+        self._files.commit(record, lambda path: model.save_weights(path, overwrite=True))
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._model._initial_epoch = None  # a later fit of this model starts where it is told
+        if self.delete_checkpoint:
+            self._files.delete()
+
+    # Keras' own save and load: the same commit and restore as above.
+    def _save_model(self) -> None:
+        self._save(self._epoch + 1, 0)
+
+    def _load_model(self) -> None:
+        self.on_train_begin()
+
+
+__all__ = ["BackupAndRestore"]

@@ -1,0 +1,160 @@
+"""The kerasfeed data a running ``model.fit`` reads, and its position in a backup.
+
+``FitData.of(model)`` finds, from a callback's ``on_train_begin``, the fit
+call's ``x`` and Keras' epoch iterator (``kerasfeed/loading/keras_fit.py``),
+and the kerasfeed pipelines behind ``x``: a ``to_dataset`` dataset (or one
+derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under
+that backend). ``record`` is the data position saved with a backup;
+``resume`` checks a saved one against this run and starts the epoch inside
+its pass (``NOTE [ Resuming inside an epoch ]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from kerasfeed.loading.keras_fit import FitView, find_fit
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
+from kerasfeed.sampling.protocol import order_fingerprint
+
+
+@dataclasses.dataclass
+class FitData:
+    """A running fit and the kerasfeed pipelines its ``x`` reads (none: other data).
+
+    Attributes:
+        view: the fit call (epoch iterator, steps_per_epoch).
+        pipelines: the ``PassPipeline``s that read ``x``'s passes.
+    """
+
+    view: Optional[FitView]
+    pipelines: list
+
+    @classmethod
+    def of(cls, model: Any) -> "FitData":
+        """The data of ``model``'s running ``fit`` (call from ``on_train_begin``)."""
+        found: list = []
+
+        def holds(x: Any) -> bool:
+            for candidate in (x, getattr(x, "_tf_dataset", None)):
+                pipeline = None if candidate is None else find_tagged(candidate, PIPELINE_ATTR)
+                if pipeline is not None and hasattr(pipeline, "pin") and pipeline not in found:
+                    found.append(pipeline)
+            return True
+
+        view = find_fit(holds, model=model)
+        return cls(view, found if view is not None else [])
+
+    @property
+    def known(self) -> bool:
+        """Whether ``fit`` reads kerasfeed data whose position can be kept."""
+        return bool(self.pipelines)
+
+    @property
+    def main(self) -> Any:
+        return self.pipelines[0]
+
+    def check_fit(self) -> None:
+        """Refuses what a backup cannot resume exactly.
+
+        Raises:
+            ValueError: an ``initial_state`` numbers the passes, or the fit's
+                epochs are not passes (``steps_per_epoch``).
+        """
+        p = self.main
+        if not p.follows_keras:
+            raise ValueError(
+                "kerasfeed.BackupAndRestore: the data was made with `initial_state=`, which numbers its passes "
+                "itself; the backup keeps the data position with the weights and restores both. Make the dataset "
+                "or loader without initial_state (a fit that starts at initial_epoch=e reads pass e). "
+                "Received: a dataset or loader made with initial_state"
+            )
+        steps = self.view.steps_per_epoch
+        if steps and steps != p.batches_per_pass:
+            raise ValueError(
+                "kerasfeed.BackupAndRestore counts one Keras epoch as one pass of the data, but this fit's epochs have "
+                f"steps_per_epoch={steps} steps and a pass has {p.batches_per_pass} batches: Keras reads a pass across "
+                "epochs, and a backup's batch of an epoch would not say where in which pass the data stands. Drop "
+                "steps_per_epoch (or make it a whole pass), or make the pass shorter with "
+                "kerasfeed.IndexOrder/shards. "
+                f"Received: steps_per_epoch={steps}, batches per pass={p.batches_per_pass}"
+            )
+
+    def record(self, epoch: int, batch: int) -> dict:
+        """The data position after ``batch`` batches of epoch ``epoch`` (its pass)."""
+        p = self.main
+        return {
+            "pass": epoch,
+            "batches": batch,
+            "items": batch * p.items_per_batch,
+            "order": order_fingerprint(p._order),
+            "items_per_batch": p.items_per_batch,
+            "batches_per_pass": p.batches_per_pass,
+        }
+
+    def check(self, saved: dict, where: str) -> None:
+        """Refuses a saved position that this run's data cannot continue exactly.
+
+        Raises:
+            ValueError: the order (seed, shuffle, order, data), the batch size
+                or the pass length differ from the saved run's.
+        """
+        now = self.record(saved["pass"], saved["batches"])
+        names = {
+            "order": "the order of the items (seed, shuffle, order=, or the number of items)",
+            "items_per_batch": "the items per batch (batch_size)",
+            "batches_per_pass": "the batches per pass",
+        }
+        changed = [k for k in names if saved.get(k) != now[k]]
+        if changed:
+            what = "; ".join(f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
+            raise ValueError(
+                f"kerasfeed.BackupAndRestore: the backup in {where!r} was taken with other data than this run's, so "
+                f"its position (pass {saved['pass']}, batch {saved['batches']}) would point at other items. Changed: "
+                f"{what}. Make the data as the saved run did (the executor and the worker count may change), or "
+                f"delete the backup to start over. Received: {now}"
+            )
+
+    def resume(self, epoch: int, batch: int) -> None:
+        """Makes epoch ``epoch`` of this fit start at its batch ``batch``.
+
+        NOTE [ Resuming inside an epoch ]: the pass of epoch ``epoch`` begins
+        after the items of its first ``batch`` batches (``PassPipeline.pin``),
+        and Keras' epoch iterator numbers that epoch's steps from ``batch``
+        and stops at the epoch's usual end, so the progress bar, the
+        callbacks' batch numbers and ``on_train_batch_end`` logs read as in
+        the interrupted run, and Keras never runs out of data. Later epochs
+        are whole passes. Keras' ``EpochIterator._enumerate_iterator`` is
+        private; the instance's is replaced for that one epoch.
+        """
+        for pipeline in self.pipelines:
+            pipeline.pin(epoch, batch * pipeline.items_per_batch)
+        if batch:
+            _start_epoch_at(self.view.epoch_iterator, batch)
+
+
+def _start_epoch_at(epoch_iterator: Any, skip: int) -> None:
+    original = epoch_iterator._enumerate_iterator  # the class's, bound
+    steps = epoch_iterator.num_batches
+
+    def resumed():
+        del epoch_iterator._enumerate_iterator  # the next epochs are whole
+        inner = original()
+        try:
+            for item in inner:
+                *numbers, iterator = item
+                if numbers[0] + skip >= steps:
+                    break
+                yield (*(n + skip for n in numbers), iterator)
+        finally:
+            inner.close()
+        # As after a pass read to its end: the next epoch reads a new iterator.
+        epoch_iterator._current_iterator = None
+        epoch_iterator._steps_seen = 0
+        epoch_iterator.data_adapter.on_epoch_end()
+
+    epoch_iterator._enumerate_iterator = resumed
+
+
+__all__ = ["FitData"]
