@@ -59,29 +59,24 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
 
     One epoch is one pass (``steps_per_epoch`` None or a whole pass): pass
     ``epoch``. Epochs of another length read the data on across epochs (Keras
-    keeps one iterator): the call's first pass is then the one that holds
-    batch ``initial_epoch * steps_per_epoch`` of the run, which must start a
-    pass; later passes of the call are counted on from it (None: go on
-    counting).
+    keeps one iterator), so passes are counted on from the pipeline's own
+    first one (None), which is right for a call that starts at epoch 0.
 
     Raises:
-        ValueError: a call starting mid-pass with epochs that are not passes.
+        ValueError: a call starting at a later epoch with epochs that are not
+            passes: where the data stands is not the epoch.
     """
     if not steps_per_epoch or steps_per_epoch == per_pass:
         return epoch
-    if epoch != initial_epoch:
+    if not initial_epoch:
         return None
-    done = initial_epoch * steps_per_epoch
-    if done % per_pass:
-        raise ValueError(
-            f"{owner}: this fit starts at epoch {initial_epoch} with steps_per_epoch={steps_per_epoch}, and a pass has "
-            f"{per_pass} batches: the run's batch {done} is batch {done % per_pass} of pass {done // per_pass}, and "
-            "Keras cannot start an epoch inside a pass (it would count that pass's batches from 0 and end the epoch "
-            "early). Drop steps_per_epoch (an epoch is then a pass), make it a whole pass, or resume with "
-            "initial_state={'epoch': ..., 'batches': ...} and fit calls of their own. "
-            f"Received: initial_epoch={initial_epoch}, steps_per_epoch={steps_per_epoch}, batches per pass={per_pass}"
-        )
-    return done // per_pass
+    raise ValueError(
+        f"{owner}: this fit starts at epoch {initial_epoch} with steps_per_epoch={steps_per_epoch}, and a pass has "
+        f"{per_pass} batches: Keras reads the passes across its epochs, so epoch {initial_epoch} does not say which "
+        "pass to read (nor where in it). Drop steps_per_epoch (an epoch is then a pass) or make it a whole pass; "
+        "or resume with initial_state={'epoch': ..., 'batches': ...} from kerasfeed.TrainingProgress. "
+        f"Received: initial_epoch={initial_epoch}, steps_per_epoch={steps_per_epoch}, batches per pass={per_pass}"
+    )
 
 
 def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitView]:

@@ -4,9 +4,13 @@ Run as ``KERAS_BACKEND=<name> python train.py CONFIG.json``. The config says
 the front end (``loader``/``dataset``), the executor and worker count, the
 callback (``kerasfeed`` or ``keras``), ``save_freq``, and ``kill_at``:
 ``[epoch, batch]`` after whose ``on_train_batch_end`` (every callback's,
-the backup's included) the process kills itself with SIGKILL, or null. The
-final weights go to ``CONFIG.json``'s ``out`` (an ``.npz``), written only
-when ``fit`` returns.
+the backup's included) the process kills itself with SIGKILL, or null.
+``crash_save``: ``{"at": n, "where": "weights" | "commit"}`` kills it during
+its n-th backup instead: half-way through writing the weights, or with the
+weights written and the commit not made. ``augment``: the source adds noise
+drawn from ``np.random`` (worker processes reseed it per item). The final
+weights go to ``CONFIG.json``'s ``out`` (an ``.npz``), written only when
+``fit`` returns, with the backup directory's existence after it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,42 @@ class KillAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def crash_during_save(at: int, where: str) -> None:
+    """SIGKILL inside the ``at``-th backup: mid-weights, or between the weights and the commit."""
+    from kerasfeed.integrations import backup_files
+
+    saves = {"n": 0}
+    commit = backup_files.BackupFiles.commit
+
+    def crashing_commit(self, record, write_weights):
+        saves["n"] += 1
+        if saves["n"] != at:
+            return commit(self, record, write_weights)
+
+        def write(path):
+            if where == "weights":
+                write_weights(path)
+                with open(path, "r+b") as f:  # as if the machine died half-way through the file
+                    f.truncate(os.path.getsize(path) // 2)
+                os.kill(os.getpid(), signal.SIGKILL)
+            write_weights(path)
+
+        real_replace = os.replace
+
+        def replace(src, dst):
+            if where == "commit" and dst.endswith(backup_files.LATEST):
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_replace(src, dst)
+
+        backup_files.os.replace = replace
+        try:
+            return commit(self, record, write)
+        finally:
+            backup_files.os.replace = real_replace
+
+    backup_files.BackupFiles.commit = crashing_commit
+
+
 def main(config_path: str) -> None:
     with open(config_path) as f:
         config = json.load(f)
@@ -66,7 +106,7 @@ def main(config_path: str) -> None:
         tf.config.experimental.enable_op_determinism()
     source = Noisy(augment=config.get("augment", False))
     common = dict(batch_size=BATCH, shuffle=True, seed=3, executor=config["executor"])
-    if config["executor"] == "processes":
+    if config["executor"] != "threads":
         common["workers"] = config.get("workers", 2)
     if config["front"] == "loader":
         data = kerasfeed.to_loader(source, **common)
@@ -81,8 +121,11 @@ def main(config_path: str) -> None:
         callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=config.get("save_freq", "epoch"))]
     if config.get("kill_at"):
         callbacks.append(KillAt(config["kill_at"]))
-    model.fit(data, epochs=config.get("epochs", 3), callbacks=callbacks, verbose=0)
-    np.savez(config["out"], *[np.asarray(w) for w in model.get_weights()])
+    if config.get("crash_save"):
+        crash_during_save(**config["crash_save"])
+    model.fit(data, epochs=config.get("epochs", 3), callbacks=callbacks, verbose=0, shuffle=False)
+    weights = [np.asarray(w) for w in model.get_weights()]
+    np.savez(config["out"], *weights, backup_left=np.array(os.path.exists(backup)))
 
 
 if __name__ == "__main__":

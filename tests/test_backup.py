@@ -1,0 +1,219 @@
+"""kerasfeed.BackupAndRestore and the pass following Keras' epoch, in one process (TensorFlow backend).
+
+The real crashes (SIGKILL, every backend) are in test_crash_resume.py; here a
+run is cut by an exception after a backup, and what a resumed ``fit`` sees is
+checked: passes, batch numbers, refusals, messages.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.integrations.backup_files import LATEST, BackupFiles
+from kerasfeed.loading.keras_fit import find_fit, keras_pass
+
+BATCHES = 6
+
+
+class Seq(kerasfeed.SceneSequence):
+    """Batch ``i`` of pass ``e``; records the passes begun."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.passes = []
+
+    def __len__(self):
+        return BATCHES
+
+    def __getitem__(self, i):
+        x = np.full((2, 3), i, "float32") + np.arange(3, dtype="float32")
+        return x, x.sum(1, keepdims=True) * 0.1
+
+    def on_epoch_begin(self):
+        self.passes.append(self.epoch)
+
+
+class Samples(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        x = np.array([np.sin(i), np.cos(i), i / 24], "float32")
+        return x, x[:1] * 2
+
+
+class Cut(keras.callbacks.Callback):
+    """Raises after batch ``batch`` of epoch ``epoch`` (after every other callback's hook)."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise KeyboardInterrupt("cut")
+
+
+class Steps(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen, self.epoch = [], 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((self.epoch, batch, "loss" in (logs or {})))
+
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+    return model
+
+
+def _assert_same_weights(a, b):
+    for x, y in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_keras_pass_is_the_epoch_when_epochs_are_passes():
+    assert keras_pass(3, None, 10, 0) == 3
+    assert keras_pass(3, 10, 10, 2) == 3
+    assert keras_pass(0, 4, 10, 0) is None  # epochs of another length: counted on from the first pass
+    with pytest.raises(ValueError, match=r"steps_per_epoch=4.*does not say which pass.*Received: initial_epoch=2"):
+        keras_pass(2, 4, 10, 2)
+
+
+def test_no_fit_is_found_outside_fit():
+    assert find_fit(lambda x: True) is None
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_a_fit_from_initial_epoch_reads_that_epochs_pass(front):
+    seq = Seq()
+    make = kerasfeed.to_dataset if front == "dataset" else kerasfeed.to_loader
+    data = make(seq, shuffle=True, seed=1)
+    _model().fit(data, epochs=4, initial_epoch=2, verbose=0, shuffle=False)
+    assert seq.passes == [2, 3]
+    # initial_state still numbers the passes itself
+    seq2 = Seq()
+    resumed = make(seq2, shuffle=True, seed=1, initial_state={"epoch": 5, "batches": 0})
+    _model().fit(resumed, epochs=3, initial_epoch=2, verbose=0, shuffle=False)
+    assert seq2.passes == [5]
+
+
+def test_backup_files_commit_is_all_or_nothing(tmp_path):
+    files = BackupFiles(str(tmp_path / "b"))
+    assert files.latest() is None
+    files.commit({"epoch": 0, "batch": 2}, lambda p: open(p, "wb").write(b"first"))
+    first = files.latest()
+    assert first["batch"] == 2 and open(files.weights_of(first), "rb").read() == b"first"
+
+    def broken(path):
+        open(path, "wb").write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        files.commit({"epoch": 0, "batch": 4}, broken)
+    assert files.latest() == first and open(files.weights_of(first), "rb").read() == b"first"
+    files.commit({"epoch": 1, "batch": 0}, lambda p: open(p, "wb").write(b"third"))
+    latest = files.latest()
+    assert latest["epoch"] == 1 and sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        latest["checkpoint"], LATEST,
+    ]  # the broken backup's folder and the first one are gone
+    (tmp_path / "b" / LATEST).write_text('{"epoch": 1}')
+    with pytest.raises(ValueError, match=r"not a backup record written by kerasfeed.*Received: '\{\"epoch\": 1\}'"):
+        files.latest()
+
+
+def test_a_cut_run_resumes_inside_its_epoch_with_keras_batch_numbers(tmp_path):
+    reference = _model()
+    reference.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False)
+
+    backup = str(tmp_path / "backup")
+    first = _model()
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                  callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), Cut(1, 4)])
+    record = json.loads((tmp_path / "backup" / LATEST).read_text())
+    assert (record["epoch"], record["batch"], record["data"]["pass"], record["data"]["batches"]) == (1, 4, 1, 4)
+
+    seq, steps, second = Seq(), Steps(), _model(seed=5)  # other initial weights: all restored
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*ran out of data")
+        second.fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                   callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), steps])
+    assert seq.passes == [1, 2]
+    assert [s[:2] for s in steps.seen] == [(1, 4), (1, 5)] + [(2, b) for b in range(BATCHES)]
+    assert all(s[2] for s in steps.seen)
+    _assert_same_weights(second, reference)
+    assert not (tmp_path / "backup").exists()
+    assert second._initial_epoch is None  # a later fit starts where it is told
+
+
+def test_a_backup_at_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_dataset(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=BATCHES), Cut(0, BATCHES - 1)])
+    record = json.loads((tmp_path / "backup" / LATEST).read_text())
+    assert (record["epoch"], record["batch"]) == (1, 0)
+
+
+def test_a_backup_of_other_data_restores_the_epoch_and_warns_once(tmp_path):
+    x = np.random.default_rng(0).normal(size=(12, 3)).astype("float32")
+    y = x[:, :1]
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(x, y, batch_size=4, epochs=3, verbose=0,
+                     callbacks=[kerasfeed.BackupAndRestore(backup, save_freq="epoch"), Cut(1, 1)])
+    steps = Steps()
+    with pytest.warns(UserWarning, match="data position is not restored") as caught:
+        _model().fit(x, y, batch_size=4, epochs=3, verbose=0,
+                     callbacks=[kerasfeed.BackupAndRestore(backup, save_freq="epoch"), steps])
+    assert sum("data position" in str(w.message) for w in caught) == 1
+    assert steps.seen[0][:2] == (1, 0)  # the epoch again, from its start
+
+
+def test_what_a_backup_cannot_resume_is_refused(tmp_path):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2), epochs=2, verbose=0,
+                     shuffle=False, callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), Cut(0, 3)])
+    cases = [
+        (dict(batch_size=4, shuffle=True, seed=3), r"the order of the items .*saved '\w+', now '\w+'"),
+        (dict(batch_size=3, shuffle=True, seed=2), r"the items per batch \(batch_size\): saved 4, now 3"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=r"other data than this run's.*" + message + r".*Received: "):
+            _model().fit(kerasfeed.to_loader(Samples(), **kwargs), epochs=2, verbose=0, shuffle=False,
+                         callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2)])
+    with pytest.raises(ValueError, match=r"steps_per_epoch=3 steps and a pass has 6 batches.*Received: "):
+        _model().fit(kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2), epochs=2, verbose=0,
+                     shuffle=False, steps_per_epoch=3, callbacks=[kerasfeed.BackupAndRestore(backup)])
+    resumed = kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2, initial_state={"epoch": 0, "batches": 0})
+    with pytest.raises(ValueError, match=r"made with `initial_state=`.*Received: "):
+        _model().fit(resumed, epochs=2, verbose=0, shuffle=False, callbacks=[kerasfeed.BackupAndRestore(backup)])
+
+
+@pytest.mark.parametrize("bad", [{"save_freq": 0}, {"save_freq": "batch"}, {"save_freq": True}, {"backup_dir": ""}])
+def test_bad_arguments_are_named(bad):
+    kwargs = {"backup_dir": "run/backup", **bad}
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=rf"`{name}`.*Received: {name}="):
+        kerasfeed.BackupAndRestore(**kwargs)
+
+
+def test_it_is_keras_callback():
+    assert isinstance(kerasfeed.BackupAndRestore("run/b"), keras.callbacks.BackupAndRestore)

@@ -1,0 +1,125 @@
+"""Real crashes: a training process SIGKILLed mid-epoch (its workers with it) and started again.
+
+Each run is ``tests/crash_scripts/train.py`` in a fresh process under one
+Keras backend: 3 epochs of 12 batches, SGD with momentum, a shuffled source.
+The process kills itself with SIGKILL after a given batch (or inside a
+backup), and the same script started again must end with exactly the weights
+of a run that was never interrupted, and leave no backup behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "crash_scripts" / "train.py"
+_REFERENCES: dict = {}
+
+
+def _python(backend: str) -> str:
+    if backend == "jax" and os.environ.get("KERASFEED_NOTF_PYTHON"):
+        return os.environ["KERASFEED_NOTF_PYTHON"]  # JAX where TensorFlow cannot even be imported
+    return sys.executable
+
+
+def _train(tmp: pathlib.Path, backend: str, name: str, **config) -> subprocess.CompletedProcess:
+    config = {"front": "loader", "executor": "threads", "backup": str(tmp / "backup"),
+              "out": str(tmp / f"{name}.npz"), **config}
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([_python(backend), str(SCRIPT), str(path)], env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def _weights(path: pathlib.Path) -> tuple[list, bool]:
+    with np.load(path) as f:
+        return [f[k] for k in f.files if k != "backup_left"], bool(f["backup_left"])
+
+
+def _reference(tmp_path_factory, backend: str, front: str, augment: bool = False) -> list:
+    key = (backend, front, augment)
+    if key not in _REFERENCES:
+        tmp = tmp_path_factory.mktemp("reference")
+        done = _train(tmp, backend, "ref", front=front, augment=augment,
+                      executor="processes" if augment else "threads")
+        assert done.returncode == 0, done.stderr[-3000:]
+        _REFERENCES[key] = _weights(tmp / "ref.npz")[0]
+    return _REFERENCES[key]
+
+
+def _crash_and_resume(tmp_path, backend: str, kills: list, finish: dict, **config) -> list:
+    """Runs the script once per entry of ``kills`` (each must die of SIGKILL), then once
+    more with ``finish`` to the end; returns the final weights."""
+    for i, kill in enumerate(kills):
+        done = _train(tmp_path, backend, f"killed{i}", **config, **kill)
+        assert done.returncode == -signal.SIGKILL, (kill, done.returncode, done.stderr[-3000:])
+        assert any((tmp_path / "backup").iterdir()), "killed before any backup"
+    done = _train(tmp_path, backend, "resumed", **{**config, **finish})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran out of data" not in done.stderr, done.stderr[-3000:]
+    weights, backup_left = _weights(tmp_path / "resumed.npz")
+    assert not backup_left and not (tmp_path / "backup").exists(), "the backup outlived the finished fit"
+    return weights
+
+
+def _assert_same(resumed: list, reference: list) -> None:
+    assert len(resumed) == len(reference)
+    for a, b in zip(resumed, reference):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_jax_loader_on_processes_killed_twice_in_one_epoch(tmp_path, tmp_path_factory):
+    config = dict(front="loader", executor="processes", workers=2, save_freq=5)
+    kills = [{"kill_at": [1, 4]}, {"kill_at": [1, 9]}]  # the second in the epoch the first resumed
+    resumed = _crash_and_resume(tmp_path, "jax", kills, {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "jax", "loader"))
+
+
+def test_tensorflow_dataset_resumed_on_another_executor(tmp_path, tmp_path_factory):
+    """Killed on 2 worker processes, resumed on threads: elastic."""
+    config = dict(front="dataset", executor="processes", workers=2, save_freq=5)
+    resumed = _crash_and_resume(tmp_path, "tensorflow", [{"kill_at": [1, 6]}], {"executor": "threads"}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "tensorflow", "dataset"))
+
+
+def test_torch_loader_killed_at_an_epoch_end_and_again_early_in_the_next(tmp_path, tmp_path_factory):
+    config = dict(front="loader", executor="threads", save_freq=3)
+    resumed = _crash_and_resume(tmp_path, "torch", [{"kill_at": [0, 10]}, {"kill_at": [1, 2]}], {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "torch", "loader"))
+
+
+def test_tensorflow_loader_backed_up_every_epoch(tmp_path, tmp_path_factory):
+    config = dict(front="loader", executor="threads", save_freq="epoch")
+    resumed = _crash_and_resume(tmp_path, "tensorflow", [{"kill_at": [1, 4]}], {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "tensorflow", "loader"))
+
+
+@pytest.mark.parametrize("backend,front", [("jax", "loader"), ("tensorflow", "dataset")])
+def test_keras_own_callback_at_epoch_ends_resumes_on_the_right_passes(tmp_path, tmp_path_factory, backend, front):
+    """keras.callbacks.BackupAndRestore restores the epoch; the shuffled data follows it."""
+    config = dict(front=front, executor="threads", save_freq="epoch", callback="keras")
+    resumed = _crash_and_resume(tmp_path, backend, [{"kill_at": [2, 5]}], {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, backend, front))
+
+
+@pytest.mark.parametrize("where", ["weights", "commit"])
+def test_a_crash_during_a_backup_resumes_from_the_one_before(tmp_path, tmp_path_factory, where):
+    config = dict(front="loader", executor="threads", save_freq=4)
+    kills = [{"crash_save": {"at": 5, "where": where}}]  # the 5th backup: batch 8 of epoch 1
+    resumed = _crash_and_resume(tmp_path, "jax", kills, {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "jax", "loader"))
+
+
+def test_np_random_augmentation_on_workers_resumes_with_another_worker_count(tmp_path, tmp_path_factory):
+    config = dict(front="loader", executor="processes", workers=2, save_freq=5, augment=True)
+    resumed = _crash_and_resume(tmp_path, "jax", [{"kill_at": [1, 7]}], {"workers": 1}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "jax", "loader", augment=True))
