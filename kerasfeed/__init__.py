@@ -35,6 +35,7 @@ _LAZY = {
     "ResumeState": "kerasfeed.sampling.state:ResumeState",
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
     "BackupAndRestore": "kerasfeed.integrations.backup:BackupAndRestore",
+    "item_rng": "kerasfeed.execution.item_random:item_rng",
     "ItemError": "kerasfeed.errors:ItemError",
     "SignatureError": "kerasfeed.errors:SignatureError",
     "WorkerError": "kerasfeed.errors:WorkerError",

@@ -68,6 +68,7 @@ import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.item_random import item_scope
 from kerasfeed.execution.processes.options import PoolOptions, usable_cpus, workers_for
 from kerasfeed.execution.threads import DEFAULT_BYTES_AHEAD, DEFAULT_THREAD_PARALLELISM, ThreadExecutor
 from kerasfeed.sources.base import source_length, source_name
@@ -145,7 +146,8 @@ def _runqueue_s() -> float:
 def item_at(source: Any, index: int) -> Any:
     """``source[index]``; what it raises becomes an ``ItemError`` naming the index (as in every executor)."""
     try:
-        return source[index]
+        with item_scope(index):  # kerasfeed.item_rng() works in probed items too
+            return source[index]
     except Exception as e:  # noqa: BLE001 - any error of the source is the item's
         raise ItemError.from_exception(index, e, source_name=source_name(source))
 
@@ -199,7 +201,8 @@ def probe_source(source: Any, calls: int = 3) -> Probe:
                 start.wait()
                 c0 = time.thread_time()
                 for i in indices:
-                    source[i]
+                    with item_scope(i):
+                        source[i]
                 cpu_used.append(time.thread_time() - c0)
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
@@ -434,9 +437,9 @@ def make_auto_executor(
         except TypeError as e:  # cannot be pickled: threads still work
             first = str(e).split(". ")[0]
             name, reason = "threads", f"processes would help ({reason}), but {first}"
-            ex = ThreadExecutor(source, timeout=options.timeout)
+            ex = ThreadExecutor(source, timeout=options.timeout, seed=options.seed)
     else:
-        ex = ThreadExecutor(source, timeout=options.timeout)
+        ex = ThreadExecutor(source, timeout=options.timeout, seed=options.seed)
     ex.reason = f"auto chose {name}: {reason}"
     ex.probe = probe  # type: ignore[attr-defined]
     logger.info("kerasfeed: executor='auto' for %s: %s", type(source).__name__, ex.reason)

@@ -21,7 +21,8 @@ def make_executor(
         source: the indexable source.
         options: the ``PoolOptions`` built (and checked) from the public
             keywords ``workers``/``worker_init``/``seed``; used whole by the
-            process executors. None = defaults.
+            process executors; the threads executor takes its ``timeout`` and
+            its ``seed`` (``kerasfeed.item_rng()``). None = defaults.
         handover: who takes the items, for ``"auto"``'s decision:
             ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
@@ -39,7 +40,7 @@ def make_executor(
                 "`workers` and `worker_init` apply to worker processes; "
                 f"executor='threads' received workers={options.workers!r}, worker_init={options.worker_init!r}"
             )
-        return ThreadExecutor(source, timeout=options.timeout)
+        return ThreadExecutor(source, timeout=options.timeout, seed=options.seed)
     if executor == "processes":
         from kerasfeed.execution.processes.executor import ProcessExecutor
 

@@ -12,7 +12,9 @@ import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
+from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.fpenv import set_default_fp_env
 from kerasfeed.execution.interpreter_races import get_item
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import PassPlan
@@ -42,10 +44,11 @@ def _nbytes(item: Any) -> int:
 
 
 class _Task:
-    __slots__ = ("index", "event", "value", "error", "taken", "started")
+    __slots__ = ("index", "epoch", "event", "value", "error", "taken", "started")
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, epoch: int):
         self.index = index
+        self.epoch = epoch
         self.event = threading.Event()
         self.value: Any = None
         self.error: Optional[BaseException] = None
@@ -57,22 +60,27 @@ class _Runner:
     """What the pool threads hold: the source, not the executor, so that an
     executor nobody uses any more is collected (and its threads stopped)."""
 
-    def __init__(self, source: Any, name: str):
+    def __init__(self, source: Any, name: str, seeds: item_random.ItemSeeds):
         self.source = source
         self.name = name
+        self.seeds = seeds  # for item_rng(): NOTE [ Random augmentation is a function of (seed, pass, index) ]
         self.item_bytes = 0  # the largest item seen so far
         self.stats: Any = None  # a StatsCollector, once attached
 
-    def call(self, index: int, started: Optional[float] = None) -> Any:
-        """``source[index]``; ``started``: the caller's clock read (perf_counter)
-        just before, reused as the make time's start."""
+    def call(self, index: int, epoch: int, started: Optional[float] = None) -> Any:
+        """``source[index]`` as item ``index`` of pass ``epoch``; ``started``:
+        the caller's clock read (perf_counter) just before, reused as the make
+        time's start."""
         stats = self.stats
         if stats is not None and started is None:
             started = time.perf_counter()
+        previous = item_random.enter(self.seeds, epoch, index)
         try:
             item = get_item(self.source, index, self.name)
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
+        finally:
+            item_random.leave(previous)
         if stats is not None:
             end = time.perf_counter()
             lane = threading.current_thread().name if stats.timeline is not None else None
@@ -84,6 +92,9 @@ class _Runner:
 
 
 def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
+    # Started from whichever thread planned the pass: under to_dataset, a
+    # TensorFlow thread (NOTE [ Threads that run the source start with the default floating-point environment ]).
+    set_default_fp_env()
     while True:
         job = tasks.get()
         if job is None:
@@ -99,10 +110,15 @@ def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
 def _run(runner: _Runner, task: _Task) -> None:
     task.started = started = time.perf_counter()  # for the timeout, and the make time's start
     try:
-        task.value = runner.call(task.index, started)
+        task.value = runner.call(task.index, task.epoch, started)
     except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
         task.error = e
     task.event.set()
+
+
+def _run_aside_thread(runner: _Runner, task: _Task) -> None:
+    set_default_fp_env()  # as _thread_loop: the caller may be a TensorFlow thread
+    _run(runner, task)
 
 
 def _stop_threads(tasks: "queue.SimpleQueue", count: int) -> None:
@@ -128,6 +144,12 @@ class ThreadExecutor(Executor):
     Items made ahead and not taken yet are bounded by ``parallelism`` and
     by ``bytes_ahead`` (counted with the largest item seen, at least 2).
 
+    Every ``source[index]`` call is item ``index`` of the load's or plan's
+    pass for ``kerasfeed.item_rng()``, seeded from ``seed``; the global
+    ``random``/``numpy.random`` are shared by the threads and not reseeded.
+    The pool's threads start with the default floating-point environment,
+    whichever thread (a TensorFlow one: flush-to-zero) started them.
+
     Args:
         source: the indexable source.
         parallelism: items in flight at once (pool threads).
@@ -136,6 +158,8 @@ class ThreadExecutor(Executor):
             starts it) before its load fails with ``TimeoutError``; None
             waits as long as it takes. A thread cannot be stopped: the stuck
             call runs on, and the executor is closed (the pass fails).
+        seed: the seed of ``kerasfeed.item_rng()`` (with the pass and the
+            index); None draws one from the OS once (draws differ per run).
     """
 
     lends_source_arrays = True
@@ -149,8 +173,10 @@ class ThreadExecutor(Executor):
         parallelism: int = DEFAULT_THREAD_PARALLELISM,
         bytes_ahead: int = DEFAULT_BYTES_AHEAD,
         timeout: Optional[float] = None,
+        seed: Optional[int] = None,
     ):
-        self._runner = _Runner(source, source_name(source))
+        seed = _v.seed("seed", seed, owner="ThreadExecutor")
+        self._runner = _Runner(source, source_name(source), item_random.ItemSeeds(seed))
         self._timeout = _v.seconds("timeout", timeout)
         self._parallelism = _v.positive_int("parallelism", parallelism, owner="ThreadExecutor")
         self._bytes_ahead = _v.positive_int("bytes_ahead", bytes_ahead, owner="ThreadExecutor")
@@ -177,20 +203,20 @@ class ThreadExecutor(Executor):
         task = self._take(index, epoch)
         if task is None:
             if self._timeout is None and threading.current_thread() is threading.main_thread():
-                return self._runner.call(index)  # Ctrl-C reaches the main thread in Python code
+                return self._runner.call(index, epoch)  # Ctrl-C reaches the main thread in Python code
             if self._closed:  # at exit, or the front end stopped: start no more calls into the source
                 raise RuntimeError(
                     f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset again. "
                     f"Received: index={index}"
                 )
-            task = self._run_aside(index)
+            task = self._run_aside(index, epoch)
         self._wait(task)
         if task.error is not None:
             raise task.error
         value, task.value = task.value, None
         return value
 
-    def _run_aside(self, index: int) -> _Task:
+    def _run_aside(self, index: int, epoch: int) -> _Task:
         # NOTE [ Loads outside the plan run on a thread of their own ]
         # A load of an item the pool has not started (a parallel map ahead of
         # a window full of slow items, a load after the plan was dropped) is
@@ -203,8 +229,10 @@ class ThreadExecutor(Executor):
         # without a timeout still makes it itself (the signature probe, direct
         # calls): Ctrl-C interrupts Python code there. Once the executor is
         # closed (the exit guard does so first), other threads start none.
-        task = _Task(index)
-        threading.Thread(target=_run, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True).start()
+        task = _Task(index, epoch)
+        threading.Thread(
+            target=_run_aside_thread, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True
+        ).start()
         return task
 
     def _wait(self, task: _Task) -> None:
@@ -277,7 +305,7 @@ class ThreadExecutor(Executor):
             index = plan.next_index()
             if index is None:
                 break
-            task = _Task(index)
+            task = _Task(index, plan.epoch)
             plan.started(index, task)
             self._tasks.put((plan, task))
 

@@ -17,8 +17,12 @@ class WorkerInfo:
     Attributes:
         id: the worker's id, ``0 .. num_workers - 1``.
         num_workers: how many worker processes the pool has.
-        seed: the seed of this worker's ``random`` and ``numpy.random``
-            global generators: the pool's base seed plus ``id``.
+        seed: what this worker seeded its ``random`` and ``numpy.random``
+            global generators with when it started (before ``worker_init``):
+            the pool's base seed plus ``id``. When the pipeline was given a
+            ``seed``, the worker also reseeds them before each item from
+            (seed, pass, index), so that an item's draws do not depend on
+            the worker (see ``kerasfeed.item_rng``).
     """
 
     id: int

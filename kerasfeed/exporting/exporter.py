@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
+from kerasfeed.execution.item_random import item_scope
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.spec import ExportSpec
 from kerasfeed.exporting.writer import Progress, ShardTask, remove
@@ -217,7 +218,8 @@ def _spec(source: Any, n: int, output_signature: Any) -> tuple[ExportSpec, list]
     probes = []
     for i in indices:
         try:
-            probes.append((i, source[i]))
+            with item_scope(i):  # kerasfeed.item_rng() works in probed items too
+                probes.append((i, source[i]))
         except Exception as e:
             raise ItemError.from_exception(i, e, source_name=source_name(source)) from e
     return ExportSpec.infer(probes), indices

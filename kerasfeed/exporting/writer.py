@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from kerasfeed.errors import ItemError, SignatureError
 from kerasfeed.execution.interpreter_races import get_item
+from kerasfeed.execution.item_random import ItemSeeds, item_scope
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.manifest import PROGRESS, TMP, ExportError, shard_name
 from kerasfeed.exporting.spec import ExportSpec
@@ -140,6 +141,7 @@ class ShardTask:
         self.compression = compression
         self.source_name = source_name
         self.hint = hint
+        self.item_seeds = ItemSeeds(None)  # kerasfeed.item_rng(): drawn once per export, the same in every worker
         self._local: Optional[tuple] = None  # (pid, Progress), per process
         self._active = 0  # tasks running in this process (threads executor)
         self._lock = threading.Lock()
@@ -187,7 +189,8 @@ class ShardTask:
                 if progress.stopped:
                     raise _Stopped
                 try:
-                    item = get_item(self.source, index, self.source_name)
+                    with item_scope(index, 0, self.item_seeds):
+                        item = get_item(self.source, index, self.source_name)
                 except Exception as e:
                     raise ItemError.from_exception(index, e, source_name=self.source_name) from e
                 writer.write(self.spec, self.spec.arrays(index, item, self.hint))

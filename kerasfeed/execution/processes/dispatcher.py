@@ -86,6 +86,8 @@ class Dispatcher:
                     "worker_id": lane.id,
                     "num_workers": options.workers,
                     "seed": options.seed + lane.id,
+                    "base_seed": options.seed,  # the items' (execution/item_random.py)
+                    "seed_given": bool(options.seed_given),
                     "nice": options.worker_nice,
                     "sys_path": list(sys.path),
                     "payload": payload,

@@ -95,8 +95,13 @@ class PoolOptions:
         workers: number of worker processes; None = ``default_workers()``
             (2 on 2 cores, 14 on 16, 32 on 64; see ``resolved``).
         worker_init: run once in each worker after the source arrives.
-        seed: base seed; worker ``k`` seeds ``random`` and ``numpy.random``
-            with ``seed + k``. None draws one from the OS (see ``resolved``).
+        seed: the seed of the items' random numbers. Given, the workers
+            reseed ``random`` and ``numpy.random`` before each item from
+            (seed, pass, index), and ``kerasfeed.item_rng()`` is seeded from
+            the same three (NOTE [ Random augmentation is a function of (seed,
+            pass, index) ] in ``execution/item_random.py``). None draws one
+            from the OS (see ``resolved``) for ``item_rng()``, and worker
+            ``k`` seeds the globals once with ``seed + k``.
         in_flight_per_worker: items requested from one worker at a time (one
             being made, the next ones queued); bounds memory and latency.
         timeout: seconds one item may take before the pass fails with a
@@ -106,6 +111,9 @@ class PoolOptions:
             consumer's threads (the training loop, the framework's runtime)
             win when CPUs are contended; 0 keeps the owner's priority. None =
             ``$KERASFEED_WORKER_NICE``, else ``DEFAULT_WORKER_NICE`` (10).
+        seed_given: whether ``seed`` is the user's; None (the default) until
+            ``resolved`` sets it, which keeps it when it resolves its own
+            result again (a parked pool's successor).
 
     Raises:
         TypeError, ValueError: a bad value (see ``kerasfeed._validation``).
@@ -124,6 +132,7 @@ class PoolOptions:
     in_flight_per_worker: int = 2
     timeout: Optional[float] = None
     worker_nice: Optional[int] = None
+    seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)  # bookkeeping
 
     def __post_init__(self):
         def put(name, value):
@@ -140,6 +149,8 @@ class PoolOptions:
                 f"`worker_nice` must be an int from 0 to 19 (0: no change), or None. Received: worker_nice={nice!r}"
             )
         put("worker_nice", _nice_from_env() if nice is None else nice)
+        if self.seed_given is not None and not isinstance(self.seed_given, bool):
+            raise TypeError(f"`seed_given` must be a bool or None. Received: seed_given={self.seed_given!r}")
 
     @property
     def given(self) -> bool:
@@ -147,7 +158,9 @@ class PoolOptions:
         return self.workers is not None or self.worker_init is not None
 
     def resolved(self) -> "PoolOptions":
-        """These options with ``workers`` and ``seed`` made concrete (a pool's own copy)."""
+        """These options with ``workers`` and ``seed`` made concrete (a pool's own copy);
+        ``seed_given`` says whether the seed was the user's."""
         workers = default_workers() if self.workers is None else self.workers
         seed = int.from_bytes(os.urandom(7), "little") if self.seed is None else self.seed
-        return dataclasses.replace(self, workers=workers, seed=seed)
+        given = (self.seed is not None) if self.seed_given is None else self.seed_given
+        return dataclasses.replace(self, workers=workers, seed=seed, seed_given=given)

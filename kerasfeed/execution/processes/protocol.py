@@ -31,8 +31,10 @@ class Init(NamedTuple):
     """Parent -> worker, first message: who the worker is and what it runs.
 
     ``config`` keys: ``worker_id``, ``num_workers``, ``seed`` (this worker's),
-    ``sys_path`` (the parent's), ``payload`` (cloudpickled source and
-    ``worker_init``).
+    ``base_seed`` (the pool's, for the items' random numbers), ``seed_given``
+    (whether the user gave it: the worker then reseeds ``random`` and
+    ``numpy.random`` before each item), ``nice``, ``sys_path`` (the
+    parent's), ``payload`` (cloudpickled source and ``worker_init``).
     """
 
     config: dict
@@ -42,7 +44,8 @@ class Init(NamedTuple):
 class Load(NamedTuple):
     """Parent -> worker: write ``source[index]`` (after ``set_epoch(epoch)``)
     into slot ``slot``; answered by ``ItemDone`` or ``ItemFailed`` with the
-    same ``request_id``."""
+    same ``request_id``. ``epoch`` is the pass number: with ``index`` it also
+    seeds the item's random numbers (``execution/item_random.py``)."""
 
     request_id: int
     index: int

@@ -34,7 +34,7 @@ _T0 = time.perf_counter()
 import numpy as np  # noqa: E402
 
 from kerasfeed.errors import ItemError  # noqa: E402
-from kerasfeed.execution import worker_info  # noqa: E402
+from kerasfeed.execution import item_random, worker_info  # noqa: E402
 from kerasfeed.execution.processes import protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
@@ -108,6 +108,7 @@ class WorkerLoop:
         self.epoch: Any = None
         self.state_error: Optional[BaseException] = None  # a SetState that failed here
         self._generators = GeneratorsSeen()  # a stream task's generator is read only once
+        self.seeds: Optional[item_random.ItemSeeds] = None  # set up in ``setup``
 
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
@@ -124,6 +125,9 @@ class WorkerLoop:
         sys.path[:] = list(init["sys_path"]) + [p for p in sys.path if p not in init["sys_path"]]
         info = worker_info.WorkerInfo(self.id, init["num_workers"], init["seed"])
         worker_info._set_worker_info(info)
+        # For worker_init and unseeded pools; a seeded pool's items reseed them (``load``), as
+        # NOTE [ Random augmentation is a function of (seed, pass, index) ] says.
+        self.seeds = item_random.ItemSeeds(init["base_seed"], given=init["seed_given"])
         random.seed(info.seed)
         np.random.seed(info.seed % 2**32)
         source, worker_init = pickle.loads(init["payload"])
@@ -237,7 +241,14 @@ class WorkerLoop:
                 set_epoch(self.source, epoch)
                 self.epoch = epoch
             t0 = time.perf_counter()
-            item = self.source[index]
+            seeds = self.seeds
+            if seeds.given:
+                seeds.seed_globals(epoch, index)
+            previous = item_random.enter(seeds, epoch, index)
+            try:
+                item = self.source[index]
+            finally:
+                item_random.leave(previous)
             t1 = time.perf_counter()
             spec, fds, size, nbytes = self._encode_and_write(slot, item)
             t2 = time.perf_counter()

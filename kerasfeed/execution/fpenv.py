@@ -1,0 +1,68 @@
+"""The floating-point environment of the threads kerasfeed starts.
+
+NOTE [ Threads that run the source start with the default floating-point environment ]
+TensorFlow's threads set flush-to-zero and denormals-are-zero (MXCSR FTZ/DAZ
+on x86; FPCR.FZ on ARM): a ``tf.numpy_function`` body makes
+``np.float32(1e-38) / np.float32(1e4)`` and even ``np.array([1e-45],
+np.float32)`` zero. A thread inherits its creator's floating-point
+environment (measured: a Python thread started from a ``numpy_function`` body
+flushes too). ``to_dataset``'s first call of a pass runs on such a thread and
+starts the threads executor's pool (``ThreadExecutor.plan``), and its loads
+outside the plan start aside threads there, so the source's items lost their
+subnormal values on that path only, while worker processes, ``to_loader``
+and ``export`` kept them. Every thread kerasfeed starts to run the source
+therefore first sets the default environment (``fesetenv(FE_DFL_ENV)``:
+~0.4 us, once per thread); items are then the same bits on every path. A load
+that runs in the caller's thread (the main thread, outside a plan) keeps that
+thread's environment: it is the user's own.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+_FESETENV: Any = None  # (fesetenv, FE_DFL_ENV) once looked up; False where unavailable
+
+
+def _lookup() -> Any:
+    import ctypes
+
+    try:
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL("libm.so.6")
+            except OSError:
+                lib = ctypes.CDLL(None)  # musl: in libc
+            default_env = ctypes.c_void_p(-1).value  # glibc and musl: FE_DFL_ENV is ((const fenv_t *) -1)
+        elif sys.platform == "darwin":
+            lib = ctypes.CDLL("libSystem.B.dylib")
+            default_env = ctypes.addressof(ctypes.c_char.in_dll(lib, "_FE_DFL_ENV"))
+        else:
+            return False
+        fesetenv = lib.fesetenv
+    except (OSError, AttributeError, ValueError):
+        return False
+    fesetenv.argtypes = [ctypes.c_void_p]
+    fesetenv.restype = ctypes.c_int
+    return fesetenv, default_env
+
+
+def set_default_fp_env() -> bool:
+    """Gives the calling thread the default floating-point environment (no
+    flush-to-zero, round to nearest, exceptions masked).
+
+    Returns:
+        Whether it could (False on platforms without ``fesetenv``).
+    """
+    global _FESETENV
+    found: Optional[Any] = _FESETENV
+    if found is None:
+        found = _FESETENV = _lookup()
+    if not found:
+        return False
+    fesetenv, default_env = found
+    return fesetenv(default_env) == 0
+
+
+__all__ = ["set_default_fp_env"]

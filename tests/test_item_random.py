@@ -1,0 +1,151 @@
+"""Random augmentation is exact: an item's draws are a function of (seed, pass, index).
+
+On worker processes of a seeded pipeline the global ``random``/``numpy.random``
+are reseeded before each item; ``kerasfeed.item_rng()`` gives the item's own
+generator on every executor (NOTE [ Random augmentation is a function of
+(seed, pass, index) ] in ``kerasfeed/execution/item_random.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.execution.item_random import ItemSeeds, item_scope
+from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed.execution.threads import ThreadExecutor
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+N, BATCH, SEED = 12, 4, 7
+
+
+class Noisy:
+    """Item i draws from the globals and from item_rng() (twice: one stream per item)."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        rng = kerasfeed.item_rng()
+        first = rng.random(2)
+        again = kerasfeed.item_rng()  # the same generator: its draws go on
+        return {
+            "i": np.int64(i),
+            "np": np.random.rand(3),
+            "py": np.float64(random.random()),
+            "rng": np.concatenate([first, again.random(1)]),
+            "same": np.bool_(again is rng),
+        }
+
+
+def _draws(executor, passes=2, **kwargs):
+    """{(pass, index): (np draws, random draw, item_rng draws)} of a to_loader run."""
+    out = {}
+    with kerasfeed.to_loader(Noisy(), batch_size=BATCH, shuffle=True, seed=SEED, executor=executor, **kwargs) as ld:
+        first = (kwargs.get("initial_state") or {}).get("epoch", 0)
+        for epoch in range(first, first + passes):
+            for batch in ld:
+                assert batch["same"].all()
+                for k, i in enumerate(batch["i"]):
+                    out[(epoch, int(i))] = (tuple(batch["np"][k]), float(batch["py"][k]), tuple(batch["rng"][k]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    return _draws("processes", workers=2)
+
+
+def test_globals_and_item_rng_are_the_same_whatever_the_worker_count(two_workers):
+    one = _draws("processes", workers=1)
+    assert len(one) == 2 * N and one == two_workers
+    # ... and differ between indices and between passes.
+    assert len({v[0] for v in one.values()}) == 2 * N
+    assert len({v[1] for v in one.values()}) == 2 * N
+    assert len({v[2] for v in one.values()}) == 2 * N
+    assert one[(0, 3)] != one[(1, 3)]
+
+
+def test_a_resumed_run_draws_what_the_same_items_drew(two_workers):
+    resumed = _draws("processes", passes=1, workers=2, initial_state={"epoch": 1, "batches": 2})
+    assert len(resumed) == N - 2 * BATCH  # pass 1 from its third batch on
+    assert all(resumed[key] == two_workers[key] for key in resumed)
+
+
+def test_item_rng_is_the_same_on_threads_and_processes(two_workers):
+    threads = _draws("threads")
+    assert threads.keys() == two_workers.keys()
+    assert all(threads[key][2] == two_workers[key][2] for key in threads)
+    # The documented formula, reproducible outside kerasfeed.
+    e, i = 1, 5
+    expected = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SEED, spawn_key=(e, 0, i, 0))))
+    assert threads[(e, i)][2] == tuple(expected.random(3))
+
+
+def test_item_rng_on_every_thread_executor_path():
+    # Inline in the main thread, on the pool's threads, on an aside thread
+    # (a load from another thread outside the plan): one answer per item.
+    expected = tuple(ItemSeeds(SEED).generator(2, 5).random(3))
+    ex = ThreadExecutor(Noisy(), parallelism=2, seed=SEED)
+    try:
+        inline = ex.load(5, 2)
+        ex.plan(2, [5, 1])
+        planned = ex.load(5, 2)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("aside", ex.load(5, 2)))
+        t.start()
+        t.join()
+    finally:
+        ex.close()
+    for item in (inline, planned, got["aside"]):
+        assert tuple(item["rng"]) == expected
+
+
+def test_outside_an_item_item_rng_raises():
+    with pytest.raises(RuntimeError, match=r"item_rng\(\) works only while kerasfeed makes an item.*Received: a call "):
+        kerasfeed.item_rng()
+    with item_scope(3, 1, ItemSeeds(SEED)):
+        inside = kerasfeed.item_rng().random()
+    assert inside == ItemSeeds(SEED).generator(1, 3).random()
+    with pytest.raises(RuntimeError, match="no item is being made"):
+        kerasfeed.item_rng()  # the scope ended
+
+
+def test_without_a_seed_item_rng_holds_within_a_pool_and_globals_are_per_worker():
+    with ProcessExecutor(Noisy(), workers=2) as ex:
+        ex.wait_ready()
+        first = [ex.load(4, 0) for _ in range(4)]  # the two workers take turns
+        assert len({tuple(item["rng"]) for item in first}) == 1  # one seed, drawn once for the pool
+        # The globals are not reseeded per item: the same item draws anew.
+        assert len({tuple(item["np"]) for item in first}) == 4
+
+
+def test_auto_and_export_give_item_rng_from_their_probes_on(two_workers, tmp_path):
+    # The probes (items made before the executor exists) have a generator too, and
+    # whichever executor "auto" picks is seeded with the pipeline's seed.
+    auto = _draws("auto", passes=1)
+    assert len(auto) == N and all(auto[key][2] == two_workers[key][2] for key in auto)
+    kerasfeed.export(Noisy(), tmp_path / "out", num_shards=2, executor="threads")
+    assert (tmp_path / "out").is_dir()
+
+
+def test_seeded_workers_reseed_before_each_item():
+    # The same item made twice (by either worker) draws the same from the globals.
+    with ProcessExecutor(Noisy(), workers=2, seed=SEED) as ex:
+        ex.wait_ready()
+        items = [ex.load(4, 1) for _ in range(4)]
+    assert len({(tuple(it["np"]), float(it["py"])) for it in items}) == 1
+    state = (np.random.get_state(), random.getstate())
+    try:
+        ItemSeeds(SEED).seed_globals(1, 4)  # what the workers did (this process's globals restored after)
+        assert tuple(items[0]["np"]) == tuple(np.random.rand(3)) and float(items[0]["py"]) == random.random()
+    finally:
+        np.random.set_state(state[0])
+        random.setstate(state[1])
