@@ -12,6 +12,7 @@ its pass (``NOTE [ Resuming inside an epoch ]``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 from kerasfeed.loading.keras_fit import FitView, find_fit
@@ -55,8 +56,8 @@ class FitData:
     def main(self) -> Any:
         return self.pipelines[0]
 
-    def check_fit(self) -> None:
-        """Refuses what a backup cannot resume exactly.
+    def check_fit(self, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
+        """Refuses what a backup cannot resume exactly (``owner``: the callback, for the messages).
 
         Raises:
             ValueError: an ``initial_state`` numbers the passes, or the fit's
@@ -65,7 +66,7 @@ class FitData:
         p = self.main
         if not p.follows_keras:
             raise ValueError(
-                "kerasfeed.BackupAndRestore: the data was made with `initial_state=`, which numbers its passes "
+                f"{owner}: the data was made with `initial_state=`, which numbers its passes "
                 "itself; the backup keeps the data position with the weights and restores both. Make the dataset "
                 "or loader without initial_state (a fit that starts at initial_epoch=e reads pass e). "
                 "Received: a dataset or loader made with initial_state"
@@ -73,13 +74,17 @@ class FitData:
         steps = self.view.steps_per_epoch
         if steps and steps != p.batches_per_pass:
             raise ValueError(
-                "kerasfeed.BackupAndRestore counts one Keras epoch as one pass of the data, but this fit's epochs have "
+                f"{owner} counts one Keras epoch as one pass of the data, but this fit's epochs have "
                 f"steps_per_epoch={steps} steps and a pass has {p.batches_per_pass} batches: Keras reads a pass across "
                 "epochs, and a backup's batch of an epoch would not say where in which pass the data stands. Drop "
                 "steps_per_epoch (or make it a whole pass), or make the pass shorter with "
                 "kerasfeed.IndexOrder/shards. "
                 f"Received: steps_per_epoch={steps}, batches per pass={p.batches_per_pass}"
             )
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
+        return order_fingerprint(self.main._order)  # the same for the whole fit: hashed once
 
     def record(self, epoch: int, batch: int) -> dict:
         """The data position after ``batch`` batches of epoch ``epoch`` (its pass)."""
@@ -88,12 +93,12 @@ class FitData:
             "pass": epoch,
             "batches": batch,
             "items": batch * p.items_per_batch,
-            "order": order_fingerprint(p._order),
+            "order": self._fingerprint,
             "items_per_batch": p.items_per_batch,
             "batches_per_pass": p.batches_per_pass,
         }
 
-    def check(self, saved: dict, where: str) -> None:
+    def check(self, saved: dict, where: str, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
         """Refuses a saved position that this run's data cannot continue exactly.
 
         Raises:
@@ -110,11 +115,47 @@ class FitData:
         if changed:
             what = "; ".join(f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
             raise ValueError(
-                f"kerasfeed.BackupAndRestore: the backup in {where!r} was taken with other data than this run's, so "
+                f"{owner}: the backup in {where!r} was taken with other data than this run's, so "
                 f"its position (pass {saved['pass']}, batch {saved['batches']}) would point at other items. Changed: "
                 f"{what}. Make the data as the saved run did (the executor and the worker count may change), or "
                 f"delete the backup to start over. Received: {now}"
             )
+
+    def position(self, epoch: int, batch: int, steps: Optional[int]) -> dict:
+        """What a backup after ``batch`` batches of epoch ``epoch`` saves: ``{"epoch", "batch"}``, and
+        ``"data"`` (``record``) for kerasfeed data. An epoch whose ``steps`` batches are all trained is
+        saved as the next one's start: a crash before its end (validation, ``on_epoch_end``) resumes at
+        the next epoch, as Keras' own callback would."""
+        if steps is not None and batch >= steps:
+            epoch, batch = epoch + 1, 0
+        out = {"epoch": epoch, "batch": batch}
+        if self.known:
+            out["data"] = self.record(epoch, batch)
+        return out
+
+    def restore(self, model: Any, saved: dict, where: str, *, owner: str = "kerasfeed.BackupAndRestore") -> bool:
+        """Makes ``model``'s fit start at the saved epoch, and inside it at the saved batch.
+
+        Args:
+            saved: what ``position`` made, read back from the backup.
+            where: the backup, for the messages.
+
+        Returns:
+            Whether the data position was restored; False (data that is
+            not kerasfeed's, or a backup without a position): the epoch
+            starts again from its first batch.
+
+        Raises:
+            ValueError: the saved position is another data's (``check``).
+        """
+        epoch, batch = int(saved["epoch"]), int(saved["batch"])
+        data = saved.get("data")
+        exact = self.known and data is not None
+        if exact:
+            self.check(data, where, owner=owner)
+            self.resume(epoch, batch)
+        model._initial_epoch = epoch  # Keras' trainer starts at it (as its BackupAndRestore does)
+        return exact
 
     def resume(self, epoch: int, batch: int) -> None:
         """Makes epoch ``epoch`` of this fit start at its batch ``batch``.
