@@ -193,7 +193,7 @@ def test_what_a_backup_cannot_resume_is_refused(tmp_path):
                      shuffle=False, callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), Cut(0, 3)])
     cases = [
         (dict(batch_size=4, shuffle=True, seed=3), r"the order of the items .*saved '\w+', now '\w+'"),
-        (dict(batch_size=3, shuffle=True, seed=2), r"the items per batch \(batch_size\): saved 4, now 3"),
+        (dict(batch_size=3, shuffle=True, seed=2), r"the items per step \(batch_size x processes .*\): saved 4, now 3"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=r"other data than this run's.*" + message + r".*Received: "):

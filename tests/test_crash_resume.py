@@ -123,3 +123,30 @@ def test_np_random_augmentation_on_workers_resumes_with_another_worker_count(tmp
     config = dict(front="loader", executor="processes", workers=2, save_freq=5, augment=True)
     resumed = _crash_and_resume(tmp_path, "jax", [{"kill_at": [1, 7]}], {"workers": 1}, **config)
     _assert_same(resumed, _reference(tmp_path_factory, "jax", "loader", augment=True))
+
+
+def test_two_jax_processes_killed_resume_as_one_with_the_same_global_batch(tmp_path):
+    """Elastic: 2 processes (batch 4 each, their own shards) killed mid-epoch, resumed by 1 process
+    (batch 8): the same global batches, each item once per pass. Weights match the uninterrupted
+    1-process run up to the order of the sum over a global batch (float32 rounding)."""
+    from multiworker_launch import keras_jax_env, run_workers
+
+    script = str(ROOT / "tests" / "crash_scripts" / "multihost_train.py")
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    python = _python("jax")
+    ref = subprocess.run([python, script, str(tmp_path / "ref_backup"), str(tmp_path / "ref.npz"), "8"], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    backup = str(tmp_path / "backup")
+    with pytest.raises(AssertionError, match="worker"):  # process 0 killed itself; the launcher ends process 1
+        run_workers(script, [backup, str(tmp_path / "killed.npz"), "8", "1", "4"], num_workers=2, timeout=240,
+                    cwd=str(tmp_path), env_for=keras_jax_env)
+    record = json.loads((tmp_path / "backup" / "latest.json").read_text())
+    assert (record["epoch"], record["batch"], record["data"]["shards"], record["data"]["global_batch"]) == (1, 3, 2, 8)
+    done = subprocess.run([python, script, backup, str(tmp_path / "resumed.npz"), "8"], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed, left = _weights(tmp_path / "resumed.npz")
+    assert not left
+    for a, b in zip(resumed, _weights(tmp_path / "ref.npz")[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from typing import Any, Union
 
@@ -10,6 +11,7 @@ import keras
 
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
+from kerasfeed.loading import hosts
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -77,6 +79,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._steps = None  # steps in an epoch (Keras' params)
         self._since_save = 0  # batches trained since the last backup
         self._warned = False
+        self._writer = True  # this process commits the backups (one of several: the first)
 
     # -- restore ---------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
@@ -86,6 +89,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._data.check_fit()
         self._steps = (self.params or {}).get("steps")
         self._since_save = 0
+        self._writer = _writes_backups()
         record = self._files.latest()
         if record is None:
             return
@@ -150,6 +154,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _save(self, epoch: int, batch: int) -> None:
         self._since_save = 0
+        if not self._writer:
+            # The first process commits for all (same weights, same position); the
+            # others still take part in gathering the variables (a collective under JAX).
+            with tempfile.TemporaryDirectory() as scratch:
+                self.model.save_weights(os.path.join(scratch, "discard.weights.h5"))
+            return
         if self._steps is not None and batch >= self._steps:
             # The epoch's batches are all trained: a crash before its end (validation,
             # on_epoch_end) resumes at the next epoch, as Keras' own callback would.
@@ -162,7 +172,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs: Any = None) -> None:
         self._model._initial_epoch = None  # a later fit of this model starts where it is told
-        if self.delete_checkpoint:
+        if self.delete_checkpoint and self._writer:
             self._files.delete()
 
     # Keras' own save and load: the same commit and restore as above.
@@ -171,6 +181,21 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _load_model(self) -> None:
         self.on_train_begin()
+
+
+def _writes_backups() -> bool:
+    """Whether this process commits backups: the only one, or the first of a
+    multi-process Keras distribution (JAX) or a tf.distribute cluster. Every
+    process restores from the same directory, which they must all see."""
+    processes = hosts.current_processes()
+    if processes is not None:
+        return processes.process_index == 0
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        extended = tf.distribute.get_strategy().extended
+        return bool(getattr(extended, "should_checkpoint", True))
+    return True
 
 
 __all__ = ["BackupAndRestore"]

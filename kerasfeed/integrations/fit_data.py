@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from kerasfeed.loading.keras_fit import FitView, find_fit
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
-from kerasfeed.sampling.protocol import order_fingerprint
+from kerasfeed.sampling.protocol import pass_fingerprint
 
 
 @dataclasses.dataclass
@@ -84,7 +84,7 @@ class FitData:
 
     @functools.cached_property
     def _fingerprint(self) -> str:
-        return order_fingerprint(self.main._order)  # the same for the whole fit: hashed once
+        return pass_fingerprint(self.main._order)  # the same for the whole fit: hashed once
 
     def record(self, epoch: int, batch: int) -> dict:
         """The data position after ``batch`` batches of epoch ``epoch`` (its pass)."""
@@ -96,6 +96,11 @@ class FitData:
             "order": self._fingerprint,
             "items_per_batch": p.items_per_batch,
             "batches_per_pass": p.batches_per_pass,
+            # A step's items over every process reading its own shard (each
+            # shard is every num_shards-th entry of the pass order, so a global
+            # batch is the same items whatever the number of processes).
+            "shards": p.num_shards,
+            "global_batch": p.items_per_batch * p.num_shards,
         }
 
     def check(self, saved: dict, where: str, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
@@ -108,17 +113,20 @@ class FitData:
         now = self.record(saved["pass"], saved["batches"])
         names = {
             "order": "the order of the items (seed, shuffle, order=, or the number of items)",
-            "items_per_batch": "the items per batch (batch_size)",
+            "global_batch": "the items per step (batch_size x processes reading their own shards)",
             "batches_per_pass": "the batches per pass",
         }
+        if "global_batch" not in saved:  # written before processes were counted
+            saved = dict(saved, global_batch=saved.get("items_per_batch"))
         changed = [k for k in names if saved.get(k) != now[k]]
         if changed:
             what = "; ".join(f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
             raise ValueError(
                 f"{owner}: the backup in {where!r} was taken with other data than this run's, so "
                 f"its position (pass {saved['pass']}, batch {saved['batches']}) would point at other items. Changed: "
-                f"{what}. Make the data as the saved run did (the executor and the worker count may change), or "
-                f"delete the backup to start over. Received: {now}"
+                f"{what}. Make the data as the saved run did (the executor, the worker count and, with the same "
+                f"items per step, the number of processes may change), or delete the backup to start over. "
+                f"Received: {now}"
             )
 
     def position(self, epoch: int, batch: int, steps: Optional[int]) -> dict:

@@ -127,6 +127,8 @@ class Feed:
                                     follow_keras=follow)
         # What TrainingProgress(order=<this front end>) records: items per batch, and batches per pass.
         pipeline.items_per_batch, pipeline.batches_per_pass = self.options.batch_size or 1, passes.per_pass
+        # Pipelines reading their own shards make one step together (processes, tf.distribute workers).
+        pipeline.num_shards = shards.num_shards if shards.order is None else 1
         if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s
             pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, pipeline.items_per_batch
         return pipeline

@@ -44,7 +44,7 @@ import numpy as np
 from kerasfeed.loading.arguments import Passes
 from kerasfeed.loading.shards import ShardPlan, joined_shards, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
-from kerasfeed.sampling.protocol import order_fingerprint
+from kerasfeed.sampling.protocol import order_fingerprint, pass_fingerprint
 
 T = TypeVar("T")
 
@@ -201,6 +201,10 @@ class _ProcessShardOrder:
     def fingerprint(self) -> str:
         # Without the shard index: every process resumes from one saved state.
         return hash_parts("ProcessShards", order_fingerprint(self.order), self.num_shards)
+
+    @property
+    def pass_fingerprint(self) -> str:
+        return pass_fingerprint(self.order)  # the whole passes, whatever the number of processes
 
     def indices(self, epoch: int) -> np.ndarray:
         idx = np.asarray(self.order.indices(epoch))

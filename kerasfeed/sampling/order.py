@@ -108,6 +108,15 @@ class IndexOrder:
         return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), version)
 
     @property
+    def pass_fingerprint(self) -> str:
+        """The fingerprint of the pass over all shards, whatever their number: a
+        shard is every ``num_shards``-th entry of one permutation, so runs
+        with other shard counts read the same passes (elastic resume)."""
+        if self.num_shards == 1:
+            return self.fingerprint
+        return dataclasses.replace(self, num_shards=1, shard_index=0).fingerprint
+
+    @property
     def legacy_fingerprints(self) -> dict:
         """Fingerprints the same arguments had under earlier algorithms, each with
         the algorithm's name ("0.1": kerasfeed 0.1's materialized permutations;

@@ -203,6 +203,13 @@ def order_fingerprint(order: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def pass_fingerprint(order: Any) -> str:
+    """The fingerprint of ``order``'s passes over all shards, whatever their
+    number, where the order knows it (``pass_fingerprint``); else its own."""
+    fp = getattr(order, "pass_fingerprint", None)
+    return str(fp) if fp is not None else order_fingerprint(order)
+
+
 def check_resume_order(state: Any, order: Any) -> None:
     """Refuses to resume from ``state`` (a ``ResumeState``) with a different order.
 
@@ -246,4 +253,4 @@ def check_resume_order(state: Any, order: Any) -> None:
         )
 
 
-__all__ = ["Order", "check_resume_order", "order_fingerprint", "resolve_order"]
+__all__ = ["Order", "check_resume_order", "order_fingerprint", "pass_fingerprint", "resolve_order"]
