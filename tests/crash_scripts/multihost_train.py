@@ -21,9 +21,9 @@ if os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES"):
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-import keras  # noqa: E402
+import keras
 
-import kerasfeed  # noqa: E402
+import kerasfeed
 
 ITEMS = 96
 
