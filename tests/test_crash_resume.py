@@ -30,19 +30,20 @@ def _python(backend: str) -> str:
     return sys.executable
 
 
-def _train(tmp: pathlib.Path, backend: str, name: str, **config) -> subprocess.CompletedProcess:
+def _train(tmp: pathlib.Path, backend: str, name: str, keras_path: str = "", **config) -> subprocess.CompletedProcess:
     config = {"front": "loader", "executor": "threads", "backup": str(tmp / "backup"),
               "out": str(tmp / f"{name}.npz"), **config}
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(config))
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    pythonpath = os.pathsep.join(p for p in (keras_path, str(ROOT)) if p)
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([_python(backend), str(SCRIPT), str(path)], env=env, capture_output=True, text=True,
                           timeout=240)
 
 
 def _weights(path: pathlib.Path) -> tuple[list, bool]:
     with np.load(path) as f:
-        return [f[k] for k in f.files if k != "backup_left"], bool(f["backup_left"])
+        return [f[k] for k in f.files if k.startswith("arr_")], bool(f["backup_left"])
 
 
 def _reference(tmp_path_factory, backend: str, front: str, augment: bool = False) -> list:
@@ -150,3 +151,30 @@ def test_two_jax_processes_killed_resume_as_one_with_the_same_global_batch(tmp_p
     assert not left
     for a, b in zip(resumed, _weights(tmp_path / "ref.npz")[0]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+OLDEST_KERAS = "3.7.0"  # the first Keras whose fit takes a data adapter (to_loader); setup.cfg accepts it
+
+
+@pytest.fixture(scope="module")
+def oldest_keras() -> str:
+    """Keras OLDEST_KERAS installed beside the environment's (first run only), for PYTHONPATH."""
+    target = pathlib.Path(sys.prefix) / f"keras-{OLDEST_KERAS}"
+    if not (target / "keras").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                        "--target", str(target), f"keras=={OLDEST_KERAS}"], check=True, timeout=300)
+    return str(target)
+
+
+@pytest.mark.parametrize("backend,front", [("tensorflow", "dataset"), ("torch", "loader")])
+def test_the_oldest_keras_accepted_resumes_too(tmp_path, tmp_path_factory, oldest_keras, backend, front):
+    """The fit frame and epoch iterator read (loading/keras_fit.py, integrations/fit_data.py) are
+    Keras' private structure: the oldest version to_loader accepts resumes exactly as well. (Its JAX
+    backend does not run on today's JAX at all, so JAX is tried on the current Keras only.)"""
+    config = dict(front=front, executor="threads", save_freq=5, keras_path=oldest_keras)
+    ref = _train(tmp_path, backend, "ref", **{**config, "backup": str(tmp_path / "ref_backup")})
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    resumed = _crash_and_resume(tmp_path, backend, [{"kill_at": [1, 4]}, {"kill_at": [1, 8]}], {}, **config)
+    _assert_same(resumed, _weights(tmp_path / "ref.npz")[0])
+    with np.load(tmp_path / "resumed.npz") as f:
+        assert str(f["keras"]) == OLDEST_KERAS

@@ -39,18 +39,30 @@ def order_of(obj: Any) -> Any:
 
 
 class TrainingProgress(keras.callbacks.Callback):
-    """Tracks the pass and batch that ``model.fit`` has consumed.
+    """Tracks the pass and batch that training has consumed: the data half of a checkpoint.
 
-    Pair it with ``to_dataset(..., initial_state=...)`` and
-    ``fit(..., initial_epoch=...)`` to resume a run on exactly the batches it
-    would have seen next. Dataset passes and Keras epochs are counted alike:
-    a run that starts at ``initial_epoch=e`` reads pass ``e``.
+    With ``model.fit``, use ``kerasfeed.BackupAndRestore``: it saves this
+    position with the model and the optimizer in one atomic commit, and the
+    same ``fit`` call started again resumes inside the interrupted epoch.
+    ``TrainingProgress`` is for custom loops, or for weights you save
+    yourself: a state is right only with the weights of the same batch.
+    Paired with ``keras.callbacks.BackupAndRestore`` it is wrong: that
+    callback restores weights of another moment (an epoch's end at
+    ``save_freq="epoch"``), and a state at batch ``k`` then skips the ``k``
+    batches those weights never trained.
+
+    A state ``{"epoch": e, "batches": b}`` given as ``initial_state=`` to
+    ``to_dataset``/``to_loader`` starts at batch ``b`` of pass ``e``. Dataset
+    passes and Keras epochs are counted alike: a run that starts at
+    ``initial_epoch=e`` reads pass ``e``.
 
     Args:
         initial_state: the state the dataset was resumed from, if any.
         path: if given, the JSON file the state is written to (atomically)
             every ``save_every`` batches and at the end of every epoch;
-            a directory, or a path under a file, is refused here.
+            a directory, or a path under a file, is refused here. Only
+            right beside weights saved at those same batches; else save
+            the state with your weights yourself (``save``).
         save_every: batches between writes to ``path``.
         order: the order being trained on (an ``IndexOrder``,
             ``BalancedOrder``, ... or, best, the dataset or loader being
@@ -67,36 +79,39 @@ class TrainingProgress(keras.callbacks.Callback):
         ValueError: ``order`` differs from the order ``initial_state`` was
             saved with, or bad arguments.
 
-    Example:
+    Example: a custom loop. ``checkpoint(model, progress)`` writes the
+    weights (``model.save_weights``: model and optimizer) and
+    ``progress.save(...)`` of the same moment and makes both current with
+    one atomic rename; ``restore(model)`` loads both back and returns the
+    state, or None on a first run (both in ``docs/resume.md``):
 
     ```python
-    ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0)
-    progress = kerasfeed.TrainingProgress(path="run/data_state.json", order=ds)
-    model.fit(ds, epochs=10, shuffle=False,
-              callbacks=[progress, keras.callbacks.BackupAndRestore("run/backup")])
-    # ... later, after a crash (weights restored from your checkpoint):
-    state = kerasfeed.TrainingProgress.load("run/data_state.json")
-    epoch = state["epoch"]
-    if state["batches"]:  # finish the interrupted epoch on its remaining batches
-        ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=state)
-        model.fit(ds, initial_epoch=epoch, epochs=epoch + 1,
-                  steps_per_epoch=len(seq) - state["batches"], shuffle=False,
-                  callbacks=[kerasfeed.TrainingProgress(state, path="run/data_state.json", order=ds)])
-        epoch += 1
-    start = {"epoch": epoch, "batches": 0}
-    ds = kerasfeed.to_dataset(seq, shuffle=True, seed=0, initial_state=start)
-    model.fit(ds, initial_epoch=epoch, epochs=10, shuffle=False,
-              callbacks=[kerasfeed.TrainingProgress(start, path="run/data_state.json", order=ds)])
+    state = restore(model)
+    loader = kerasfeed.to_loader(seq, shuffle=True, seed=0, initial_state=state)
+    progress = kerasfeed.TrainingProgress(state, order=loader)
+    progress.set_model(model)
+    model.stop_training = False
+    for epoch in range(progress.state()["epoch"], 10):
+        progress.on_epoch_begin(epoch)
+        for step, (x, y) in enumerate(loader):  # a resumed pass starts at its next batch
+            model.train_on_batch(x, y)
+            progress.on_train_batch_end(step)
+            if progress.state()["batches"] % 100 == 0:  # and at each pass's end
+                checkpoint(model, progress)
+        progress.on_epoch_end(epoch)
     ```
 
-    The interrupted epoch gets a ``fit`` call of its own, with its remaining
-    steps (``len(seq)`` batches per pass; ``ceil(items / batch_size)`` when
-    ``to_dataset`` batches), because a resumed pass is shorter than the
-    others and Keras gives every epoch of one ``fit`` the same number of
-    steps. One call going on past the resumed epoch also trains every batch
-    (the resumed dataset's ``cardinality()`` is a whole pass), but Keras
-    warns "Your input ran out of data" at the end of the resumed epoch; a
-    resumed ``to_loader`` refuses it (its second epoch raises).
+    Under ``model.fit`` with weights you save at the batch of the state,
+    the interrupted epoch gets a ``fit`` call of its own
+    (``initial_state=state``, ``initial_epoch=e``, ``epochs=e + 1``, this
+    callback made with ``state``), then a new dataset from
+    ``{"epoch": e + 1, "batches": 0}`` fits on: a resumed pass is shorter
+    than the others (a pass's batches less ``b``), and Keras gives every
+    epoch of one ``fit`` the same number of steps. One call going on
+    past the resumed epoch also trains every batch (the resumed dataset's
+    ``cardinality()`` is a whole pass), but Keras warns "Your input ran out
+    of data" at the end of the resumed epoch; a resumed ``to_loader``
+    refuses it (its second epoch raises).
     """
 
     def __init__(

@@ -125,7 +125,7 @@ def main(config_path: str) -> None:
         crash_during_save(**config["crash_save"])
     model.fit(data, epochs=config.get("epochs", 3), callbacks=callbacks, verbose=0, shuffle=False)
     weights = [np.asarray(w) for w in model.get_weights()]
-    np.savez(config["out"], *weights, backup_left=np.array(os.path.exists(backup)))
+    np.savez(config["out"], *weights, backup_left=np.array(os.path.exists(backup)), keras=np.array(keras.version()))
 
 
 if __name__ == "__main__":
