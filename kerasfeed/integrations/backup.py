@@ -99,16 +99,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"it an Input). Received: the unbuilt model {model.name!r}"
             )
         self._load_weights(record)
-        epoch, batch = int(record["epoch"]), int(record["batch"])
-        saved = record.get("data")
-        if self._data.known and saved is not None:
-            self._data.check(saved, self.backup_dir)
-            self._data.resume(epoch, batch)
-        else:
+        if not self._data.restore(model, record, self.backup_dir):
             self._warn_once("a backup of other data than a kerasfeed dataset or loader")
-            batch = 0  # as Keras' own callback: the epoch again from its start
-        model._initial_epoch = epoch
-        self._epoch = epoch
+        self._epoch = int(record["epoch"])
 
     def _load_weights(self, record: dict) -> None:
         model = self._model
@@ -160,13 +153,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             with tempfile.TemporaryDirectory() as scratch:
                 self.model.save_weights(os.path.join(scratch, "discard.weights.h5"))
             return
-        if self._steps is not None and batch >= self._steps:
-            # The epoch's batches are all trained: a crash before its end (validation,
-            # on_epoch_end) resumes at the next epoch, as Keras' own callback would.
-            epoch, batch = epoch + 1, 0
-        record = {"epoch": epoch, "batch": batch, "keras": keras.version()}
-        if self._data.known:
-            record["data"] = self._data.record(epoch, batch)
+        record = dict(self._data.position(epoch, batch, self._steps), keras=keras.version())
         model = self.model  # syncs the JAX state into the model's variables
         self._files.commit(record, lambda path: model.save_weights(path, overwrite=True))
 

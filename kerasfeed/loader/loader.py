@@ -203,7 +203,7 @@ class Loader:
                 f"batches, and Keras keeps that length for every epoch of one call: the next pass would be cut from "
                 f"{self._passes.per_pass} batches to {told}. Finish the interrupted epoch in a `fit` call of its own "
                 f"(initial_epoch={state.epoch}, epochs={state.epoch + 1}), then go on with a new loader made with "
-                f"initial_state={{'epoch': {state.epoch + 1}, 'batches': 0}} (README: Exact resume). Received: "
+                f"initial_state={{'epoch': {state.epoch + 1}, 'batches': 0}} (docs/resume.md). Received: "
                 f"epoch {epochs + 1} of one Keras call on this loader, whose first epoch had {told} batches."
             )
 
