@@ -108,7 +108,9 @@ class BackupFiles:
                     _remove(target)
 
     def delete(self) -> None:
-        """Removes the whole backup directory (a finished ``fit``)."""
+        """Removes the whole backup directory (a finished ``fit``): the record
+        first, so that a crash half-way leaves no record pointing at removed files."""
+        _remove(os.path.join(self.directory, LATEST))
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
