@@ -217,3 +217,20 @@ def test_bad_arguments_are_named(bad):
 
 def test_it_is_keras_callback():
     assert isinstance(kerasfeed.BackupAndRestore("run/b"), keras.callbacks.BackupAndRestore)
+
+
+def test_steps_per_execution_counts_batches_between_backups(tmp_path):
+    """save_freq counts batches, as Keras' callback does, also when one step runs several."""
+    backup = str(tmp_path / "backup")
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=2)
+    saved = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            record = json.loads((tmp_path / "backup" / LATEST).read_text()) if (tmp_path / "backup").exists() else None
+            saved.append(None if record is None else (record["epoch"], record["batch"]))
+
+    model.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=1, verbose=0, shuffle=False,
+              callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=4, delete_checkpoint=False), Spy()])
+    assert saved == [None, (0, 4), (0, 4)]  # executions of 2 batches: a backup once 4 are trained, none at 6

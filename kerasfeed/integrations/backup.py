@@ -78,6 +78,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epoch = 0  # the epoch being trained
         self._steps = None  # steps in an epoch (Keras' params)
         self._since_save = 0  # batches trained since the last backup
+        self._done = 0  # batches of the current epoch trained (a resumed epoch's first ones included)
+        self._resumed = (0, 0)  # (epoch, batch) the restored fit starts at
         self._warned = False
         self._writer = True  # this process commits the backups (one of several: the first)
 
@@ -102,6 +104,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if not self._data.restore(model, record, self.backup_dir):
             self._warn_once("a backup of other data than a kerasfeed dataset or loader")
         self._epoch = int(record["epoch"])
+        if record.get("data") is not None and self._data.known:
+            self._resumed = (self._epoch, int(record["batch"]))
 
     def _load_weights(self, record: dict) -> None:
         model = self._model
@@ -133,13 +137,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # -- save ------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
+        self._done = self._resumed[1] if epoch == self._resumed[0] else 0
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        # `batch` is the last step of the execution (steps_per_execution), counted
+        # from the resumed batch in a resumed epoch (fit_data.py).
+        trained, self._done = batch + 1 - self._done, batch + 1
         if self.save_freq == "epoch":
             return
-        self._since_save += 1
+        self._since_save += trained
         if self._since_save >= self.save_freq:
-            self._save(self._epoch, batch + 1)  # `batch` counts from the resumed batch (fit_data.py)
+            self._save(self._epoch, self._done)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self.save_freq == "epoch":
