@@ -16,7 +16,7 @@ import pytest
 
 import kerasfeed
 from kerasfeed.integrations.backup_files import LATEST, BackupFiles
-from kerasfeed.loading.keras_fit import find_fit, keras_pass
+from kerasfeed._keras_fit import find_fit, keras_pass
 
 BATCHES = 6
 
@@ -234,3 +234,19 @@ def test_steps_per_execution_counts_batches_between_backups(tmp_path):
     model.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=1, verbose=0, shuffle=False,
               callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=4, delete_checkpoint=False), Spy()])
     assert saved == [None, (0, 4), (0, 4)]  # executions of 2 batches: a backup once 4 are trained, none at 6
+
+
+def test_a_scene_sequence_fitted_by_keras_follows_the_epoch_it_starts_at():
+    """model.fit(seq) (Keras' own PyDataset path): seq.epoch is the fit's epoch from initial_epoch on."""
+    class Epochs(Seq):
+        def __getitem__(self, i):
+            if getattr(self, "_kf_in_epoch", False):  # not Keras' signature probe before the first epoch
+                self.seen_epochs = getattr(self, "seen_epochs", set()) | {self.epoch}
+            return super().__getitem__(i)
+
+    seq = Epochs()
+    _model().fit(seq, epochs=4, initial_epoch=2, verbose=0, shuffle=False)
+    assert seq.passes == [2, 3] and seq.seen_epochs == {2, 3}
+    seq2 = Epochs()
+    _model().fit(seq2, epochs=2, verbose=0, shuffle=False)
+    assert seq2.passes == [0, 1]

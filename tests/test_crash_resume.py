@@ -168,7 +168,7 @@ def oldest_keras() -> str:
 
 @pytest.mark.parametrize("backend,front", [("tensorflow", "dataset"), ("torch", "loader")])
 def test_the_oldest_keras_accepted_resumes_too(tmp_path, tmp_path_factory, oldest_keras, backend, front):
-    """The fit frame and epoch iterator read (loading/keras_fit.py, integrations/fit_data.py) are
+    """The fit frame and epoch iterator read (_keras_fit.py, integrations/fit_data.py) are
     Keras' private structure: the oldest version to_loader accepts resumes exactly as well. (Its JAX
     backend does not run on today's JAX at all, so JAX is tried on the current Keras only.)"""
     config = dict(front=front, executor="threads", save_freq=5, keras_path=oldest_keras)

@@ -1,7 +1,7 @@
 """The kerasfeed data a running ``model.fit`` reads, and its position in a backup.
 
 ``FitData.of(model)`` finds, from a callback's ``on_train_begin``, the fit
-call's ``x`` and Keras' epoch iterator (``kerasfeed/loading/keras_fit.py``),
+call's ``x`` and Keras' epoch iterator (``kerasfeed/_keras_fit.py``),
 and the kerasfeed pipelines behind ``x``: a ``to_dataset`` dataset (or one
 derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under
 that backend). ``record`` is the data position saved with a backup;
@@ -15,7 +15,7 @@ import dataclasses
 import functools
 from typing import Any, Optional
 
-from kerasfeed.loading.keras_fit import FitView, find_fit
+from kerasfeed._keras_fit import FitView, find_fit
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import pass_fingerprint
 
@@ -31,6 +31,8 @@ class FitData:
 
     view: Optional[FitView]
     pipelines: list
+    # The saved position ``check`` accepted last: ``resume`` restores its items left out (max_skipped).
+    accepted: Optional[dict] = None
 
     @classmethod
     def of(cls, model: Any) -> "FitData":
@@ -87,9 +89,11 @@ class FitData:
         return pass_fingerprint(self.main._order)  # the same for the whole fit: hashed once
 
     def record(self, epoch: int, batch: int) -> dict:
-        """The data position after ``batch`` batches of epoch ``epoch`` (its pass)."""
+        """The data position after ``batch`` batches of epoch ``epoch`` (its pass);
+        with ``max_skipped``, ``"skipped"``: the items left out of the pass before it."""
         p = self.main
-        return {
+        skipped = p.skipped_before(epoch, batch) if getattr(p, "skips", None) is not None else []
+        out = {
             "pass": epoch,
             "batches": batch,
             "items": batch * p.items_per_batch,
@@ -102,6 +106,9 @@ class FitData:
             "shards": p.num_shards,
             "global_batch": p.items_per_batch * p.num_shards,
         }
+        if skipped:
+            out["skipped"] = skipped
+        return out
 
     def check(self, saved: dict, where: str, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
         """Refuses a saved position that this run's data cannot continue exactly.
@@ -119,6 +126,7 @@ class FitData:
         if "global_batch" not in saved:  # written before processes were counted
             saved = dict(saved, global_batch=saved.get("items_per_batch"))
         changed = [k for k in names if saved.get(k) != now[k]]
+        self.accepted = None if changed else saved
         if changed:
             what = "; ".join(f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
             raise ValueError(
@@ -174,11 +182,18 @@ class FitData:
         and stops at the epoch's usual end, so the progress bar, the
         callbacks' batch numbers and ``on_train_batch_end`` logs read as in
         the interrupted run, and Keras never runs out of data. Later epochs
-        are whole passes. Keras' ``EpochIterator._enumerate_iterator`` is
+        are whole passes. Items the saved run left out (``max_skipped``, the
+        ``"skipped"`` of the position ``check`` accepted) count against the
+        resumed pass's budget and, where items are batches, are passed over. Keras' ``EpochIterator._enumerate_iterator`` is
         private; the instance's is replaced for that one epoch.
         """
+        saved = self.accepted if self.accepted is not None and self.accepted.get("pass") == epoch else {}
+        left_out = [i for e, i in saved.get("skipped", ()) if e == epoch]
         for pipeline in self.pipelines:
-            pipeline.pin(epoch, batch * pipeline.items_per_batch)
+            # Items the saved run left out before its position (max_skipped): the budget's count
+            # continues from them, and where items are batches they move the position on.
+            extra = pipeline.resume_skipped(epoch, left_out) if hasattr(pipeline, "resume_skipped") else 0
+            pipeline.pin(epoch, batch * pipeline.items_per_batch + extra)
         if batch:
             _start_epoch_at(self.view.epoch_iterator, batch)
 

@@ -19,7 +19,7 @@ import numpy as np
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
-from kerasfeed.loading.keras_fit import find_fit, keras_pass
+from kerasfeed._keras_fit import find_fit, keras_pass
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
@@ -50,7 +50,7 @@ class PassPipeline:
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
         # Without an initial_state, a pass begun under model.fit is the fit's
-        # epoch (NOTE [ The pass follows Keras' epoch ] in keras_fit.py), and
+        # epoch (NOTE [ The pass follows Keras' epoch ] in kerasfeed/_keras_fit.py), and
         # a pass pinned by kerasfeed.BackupAndRestore starts where the backup stopped.
         self._follow = follow_keras
         self._pins: dict[int, int] = {}  # pass -> items of it already trained on

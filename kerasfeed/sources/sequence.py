@@ -7,6 +7,7 @@ import os
 import sys
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_fit import find_fit
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
@@ -103,6 +104,15 @@ class SceneSequence(_PyDataset):
 
 def _begin_pass(seq) -> None:
     seq._kf_in_epoch = True
+    # Under model.fit(seq) the pass is the fit's epoch, also when the fit starts
+    # at initial_epoch=e (given, or restored by Keras' BackupAndRestore) (NOTE
+    # [ The pass follows Keras' epoch ] in _keras_fit.py). Outside fit (and
+    # under to_dataset/to_loader, whose fit reads another x) nothing changes.
+    fit = find_fit(lambda x: x is seq)
+    if fit is None or fit.epoch is None:
+        return
+    if fit.steps_per_epoch is None or fit.steps_per_epoch == getattr(seq, "num_batches", None):
+        seq._kf_epoch = fit.epoch  # (epochs of another length read passes across them: counted as before)
 
 
 def _end_pass(seq) -> None:
