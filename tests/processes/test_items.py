@@ -194,7 +194,7 @@ def test_unpicklable_h5py_file_names_the_attribute(tmp_path):
 
     class Eager:
         def __init__(self):
-            self.file = h5py.File(path, "r")
+            self.file = h5py.File(path, "a")  # read-only handles travel (tests/processes/test_byo_sequence.py)
 
         def __len__(self):
             return 4

@@ -2,19 +2,25 @@
 
 cloudpickle pickles classes and functions defined in ``__main__`` or in a
 notebook cell by value, so a source defined there works in a worker that
-never saw that code. What cannot be pickled (an open file, an ``h5py.File``,
-a lock, a socket) gets an error that names the attribute holding it.
+never saw that code. h5py files, groups and datasets opened read-only travel
+as references that each worker reopens (NOTE [ HDF5 handles travel to
+workers ] in ``h5_handles.py``). What cannot be pickled (an open file, an
+h5py handle open for writing, a lock, a socket) gets an error that names the
+attribute holding it. Workers unpickle with ``light_modules.loads``.
 """
 
 from __future__ import annotations
 
+import io
 from typing import Any, Optional
+
+from kerasfeed.execution.processes import h5_handles
 
 _MAX_DEPTH = 4
 _MAX_CHECKS = 200
 
 _FIX = (
-    "Open files, HDF5 handles, locks and connections lazily inside `__getitem__` "
+    "Open files, HDF5 handles that are not read-only, locks and connections lazily inside `__getitem__` "
     "(e.g. `if self._file is None: self._file = h5py.File(self.path, 'r')`) rather than in "
     "`__init__`, or drop them in `__getstate__`; or use executor='threads'."
 )
@@ -38,22 +44,45 @@ def _children(obj: Any, path: str):
                     yield f"{path}.{k}", getattr(obj, k)
 
 
+_pickler_class: Any = None
+
+
+def _pickler() -> Any:
+    """cloudpickle's ``Pickler`` that also reduces h5py objects (``h5_handles.reduce``)."""
+    global _pickler_class
+    if _pickler_class is None:
+        import cloudpickle
+
+        class Pickler(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                reduced = h5_handles.reduce(obj)
+                return reduced if reduced is not None else super().reducer_override(obj)
+
+        _pickler_class = Pickler
+    return _pickler_class
+
+
+def dumps(obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj, protocol=5)``, with h5py handles as references (TypeError if one cannot travel)."""
+    with io.BytesIO() as f:
+        _pickler()(f, protocol=5).dump(obj)
+        return f.getvalue()
+
+
 def find_unpicklable(obj: Any, path: str) -> Optional[tuple[str, Any, BaseException]]:
     """Returns ``(path, value, error)`` of the deepest part of ``obj`` that
     cannot be pickled, or None if ``obj`` pickles."""
-    import cloudpickle
-
     checks = 0
 
     def visit(o: Any, p: str, depth: int):
         nonlocal checks
         checks += 1
         try:
-            cloudpickle.dumps(o)
+            dumps(o)
             return None
         except Exception as e:  # noqa: BLE001 - any failure is what we look for
             err = e
-        if depth < _MAX_DEPTH:
+        if depth < _MAX_DEPTH and not h5_handles.is_h5(o):  # an h5py object is the answer, not its insides
             for cp, child in _children(o, p):
                 if checks >= _MAX_CHECKS:
                     break
@@ -79,10 +108,8 @@ def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
     Raises:
         TypeError: something in them cannot be pickled; the message names it.
     """
-    import cloudpickle
-
     try:
-        return cloudpickle.dumps((source, worker_init), protocol=5)
+        return dumps((source, worker_init))
     except Exception as e:  # re-raised with a better message
         for obj, path, what in ((source, "source", "source"), (worker_init, "worker_init", "`worker_init`")):
             found = find_unpicklable(obj, path)
@@ -103,10 +130,8 @@ def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
 
 def dumps_task(fn: Any, arg: Any, name: str) -> bytes:
     """Pickles a streaming task ``fn(arg)``; TypeError naming what failed."""
-    import cloudpickle
-
     try:
-        return cloudpickle.dumps((fn, arg), protocol=5)
+        return dumps((fn, arg))
     except Exception as e:
         found = find_unpicklable(fn, "task") or find_unpicklable(arg, "arg")
         where, value, err = found if found else ("task", fn, e)

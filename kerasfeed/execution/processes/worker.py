@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import item_random, worker_info  # noqa: E402
-from kerasfeed.execution.processes import protocol, shm  # noqa: E402
+from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
 from kerasfeed.sources.base import GeneratorsSeen, close_quietly, set_epoch, source_name  # noqa: E402
@@ -130,7 +130,7 @@ class WorkerLoop:
         self.seeds = item_random.ItemSeeds(init["base_seed"], given=init["seed_given"])
         random.seed(info.seed)
         np.random.seed(info.seed % 2**32)
-        source, worker_init = pickle.loads(init["payload"])
+        source, worker_init = light_modules.loads(init["payload"])  # light Keras/TF stand-ins meanwhile
         if worker_init is not None:
             worker_init()
         self.source = source

@@ -1,0 +1,346 @@
+"""A worker unpickles its source with light stand-ins for Keras and TensorFlow.
+
+NOTE [ Light framework stand-ins in workers ]
+=============================================
+
+A user's ``keras.utils.Sequence``/``PyDataset`` subclass names Keras' class as
+its base, so unpickling it (or importing its module) imports Keras, and so
+its backend: ~3.7 s and ~400 MB per worker under TensorFlow, for a
+``__getitem__`` that usually never touches Keras. ``loads`` (the worker's one
+call, where it unpickles the source) avoids that:
+
+- **Stand-ins, only while unpickling.** ``keras``, ``keras.utils``,
+  ``tensorflow``, ``tensorflow.keras`` and ``tensorflow.keras.utils`` are put
+  in ``sys.modules`` as ``StandIn`` modules whose ``Sequence``/``PyDataset``
+  are kerasfeed's light ``PyDataset`` (``sources/_light_pydataset.py``, the
+  same attributes, so the pickled state restores unchanged). A module the
+  pickle names (a class pickled by reference) imports them instead of the
+  real ones; a class pickled by value (``__main__``, a notebook) names its
+  base by reference, mapped by the unpickler (``_LIGHT_GLOBALS``). Afterwards
+  the stand-ins leave ``sys.modules``: later imports, ``"tensorflow" in
+  sys.modules`` checks and the worker's Ready report see the real state.
+- **Imported names wait for their first use.** ``from keras.utils import
+  to_categorical`` binds a ``LazyName`` (told apart by the frame asking: the
+  import system's ``_handle_fromlist`` or an ``IMPORT_FROM`` instruction), so
+  importing a name is free and calling it loads the framework. Once it is
+  loaded, the module namespaces that bound such names get the real objects
+  (``_resolve_bound``): a framework function is then given real arguments.
+- **Anything else loads the real framework.** Any other attribute of a
+  stand-in (``keras.utils.to_categorical(y)``, ``tf.image``) imports the real
+  module, drops every stand-in from ``sys.modules`` (a real Keras must never
+  import a stand-in as its own submodule) and forwards: a stand-in that a
+  module still holds keeps working, forwarding each access. An import of
+  another submodule while stand-ins are in place (``import keras.layers``)
+  does the same through ``_Finder``, which hands the import system the
+  already-loaded real module (``_Handoff``).
+- **Classes made on the light base stay light** after a real load:
+  ``keras.utils.Sequence`` read through a stand-in is still the light class,
+  so ``isinstance(self, keras.utils.Sequence)`` in the source's own code holds.
+  ``isinstance(source, <the real keras PyDataset>)`` does not; Keras never
+  sees the source in a worker.
+- **Every real framework import is timed** (``_Finder`` wraps the loader of
+  ``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
+  worker 0 warns once per framework: the use that pulled it in (the first
+  frame outside kerasfeed and importlib, and the stand-in attribute touched),
+  its cost, and advice (``frameworks.py`` writes it).
+
+``KERASFEED_LIGHT_FRAMEWORKS=0`` turns the stand-ins off (plain unpickling).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import io
+import opcode
+import os
+import pickle
+import sys
+import threading
+import types
+from typing import Any, Optional
+
+from kerasfeed.execution.processes import frameworks
+from kerasfeed.sources._light_pydataset import PyDataset
+
+_STAND_IN_TOPS = ("keras", "tensorflow")
+_WATCHED = ("tensorflow", "keras", "jax", "torch")
+# Dunder names a stand-in answers from the real module; others are missing (tools probe
+# them), and so is ``__file__`` for ``inspect``, which reads it from every module in sys.modules.
+_REAL_DUNDERS = frozenset({"__version__", "__all__", "__file__", "__git_version__", "__compiler_version__"})
+_CLASSES = {"Sequence": PyDataset, "PyDataset": PyDataset}
+# name -> (attributes that are light, submodule stand-ins by attribute)
+_LAYOUT = {
+    "keras": ({}, {"utils": "keras.utils"}),
+    "keras.utils": (_CLASSES, {}),
+    "tensorflow": ({}, {"keras": "tensorflow.keras"}),
+    "tensorflow.keras": ({}, {"utils": "tensorflow.keras.utils"}),
+    "tensorflow.keras.utils": (_CLASSES, {}),
+}
+# Globals a pickle names by reference that resolve to the light class.
+_LIGHT_GLOBALS = {
+    ("keras.src.trainers.data_adapters.py_dataset_adapter", "PyDataset"): PyDataset,
+    ("keras.utils", "Sequence"): PyDataset,
+    ("keras.utils", "PyDataset"): PyDataset,
+}
+# Modules cloudpickle names by reference (``subimport``) that are stand-ins under another name.
+_ALIASES = {"keras._tf_keras.keras": "tensorflow.keras", "keras._tf_keras.keras.utils": "tensorflow.keras.utils"}
+
+_IMPORT_FROM = opcode.opmap["IMPORT_FROM"]
+_lock = threading.RLock()
+_installed: dict[str, "StandIn"] = {}  # the stand-ins now in sys.modules
+_bound: list = []  # namespaces (module globals) where a LazyName was bound
+_resolving: list = []  # non-empty while _resolve_bound runs (it loads, and load_real calls it)
+
+
+class StandIn(types.ModuleType):
+    """A light stand-in for module ``name``; any attribute it does not hold loads the real module."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        light, subs = _LAYOUT[name]
+        self.__dict__.update(light)
+        # In the dict so that the import system never reaches __getattr__:
+        # a package (``import keras.layers`` asks for ``__path__``) with a spec.
+        self.__path__ = []
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        self.__loader__ = None
+        self.__package__ = name
+        self._kf_names: dict = {}  # LazyName by attribute
+        for attr, sub in subs.items():
+            setattr(self, attr, _installed.get(sub) or StandIn(sub))
+
+    def __getattr__(self, attr: str) -> Any:
+        frame = sys._getframe(1)
+        if attr.startswith("__") and attr.endswith("__") and (
+            attr not in _REAL_DUNDERS or (attr == "__file__" and frame.f_code.co_filename.endswith("inspect.py"))
+        ):
+            raise AttributeError(f"module {self.__name__!r} (kerasfeed's light stand-in) has no attribute {attr!r}")
+        if _installed and not attr.startswith("__") and _from_import(frame):
+            # ``from keras.utils import to_categorical``: a name bound now, used later (or never).
+            names = self.__dict__["_kf_names"]
+            if attr not in names:
+                names[attr] = LazyName(self.__name__, attr)
+            user = frame if frame.f_code.co_name != "_handle_fromlist" else frame.f_back
+            if user is not None and not any(user.f_globals is g for g in _bound):
+                _bound.append(user.f_globals)
+            return names[attr]
+        return getattr(load_real(self.__name__, f"{self.__name__}.{attr}"), attr)
+
+    def __repr__(self) -> str:
+        return f"<module {self.__name__!r} (kerasfeed's light stand-in: the real module loads on first use)>"
+
+
+def _from_import(frame: Any) -> bool:
+    """``frame`` runs ``from <stand-in> import name`` (the import system's check, or the binding)."""
+    code = frame.f_code
+    if code.co_name == "_handle_fromlist" and code.co_filename.startswith("<frozen importlib"):
+        return True
+    i = frame.f_lasti
+    return 0 <= i < len(code.co_code) and code.co_code[i] == _IMPORT_FROM
+
+
+class LazyName:
+    """A name imported from a stand-in (``from keras.utils import to_categorical``): the real
+    object on first use (a call, an attribute, ``isinstance``, a base class), forwarded to."""
+
+    __slots__ = ("_kf_module", "_kf_name", "_kf_obj")
+    _MISSING = object()
+
+    def __init__(self, module: str, name: str):
+        self._kf_module, self._kf_name, self._kf_obj = module, name, LazyName._MISSING
+
+    def _kf_real(self) -> Any:
+        obj = self._kf_obj
+        if obj is LazyName._MISSING:
+            module, name = self._kf_module, self._kf_name
+            obj = self._kf_obj = getattr(load_real(module, f"{module}.{name}"), name)
+        return obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kf_real()(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._kf_real(), attr)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._kf_real()[key]
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return isinstance(obj, self._kf_real())
+
+    def __subclasscheck__(self, cls: Any) -> bool:
+        return issubclass(cls, self._kf_real())
+
+    def __mro_entries__(self, bases: tuple) -> tuple:
+        return (self._kf_real(),)
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:  # a class attribute: bound as the real one is
+        real = self._kf_real()
+        get = getattr(type(real), "__get__", None)
+        return get(real, instance, owner) if get is not None else real
+
+    def __eq__(self, other: Any) -> bool:
+        return self._kf_real() == other
+
+    def __hash__(self) -> int:
+        return hash(self._kf_real())
+
+    def __repr__(self) -> str:
+        top = self._kf_module.partition(".")[0]
+        return f"<{self._kf_module}.{self._kf_name} (kerasfeed: loads {top} on first use)>"
+
+
+def load_real(name: str, touched: Optional[str] = None, *, module: bool = False) -> Any:
+    """The real ``name``, imported if need be, after every stand-in left ``sys.modules``; ``touched``
+    names the use that needed it. ``module``: the module of that name (an import statement); else
+    the attribute path from the top-level module (``tf.keras.utils``, as the user's code reaches it:
+    an attribute of TensorFlow, not always an importable module)."""
+    with _lock:
+        _withdraw()
+    top, _, rest = name.partition(".")
+    with frameworks.touching(touched):
+        real = importlib.import_module(top)
+        _resolve_bound()
+        if module:
+            return importlib.import_module(name)
+        for part in rest.split(".") if rest else ():
+            try:
+                real = getattr(real, part)
+            except AttributeError:
+                real = importlib.import_module(f"{real.__name__}.{part}")
+    return real
+
+
+def _resolve_bound() -> None:
+    """Module namespaces that bound a ``LazyName`` get the real object once its framework is loaded:
+    ``tf.cast(x, float32)`` (``from tensorflow import float32``) gives TensorFlow a real dtype, as
+    ``tf.cast`` is looked up (and loads TensorFlow) before its arguments."""
+    if _resolving:
+        return
+    _resolving.append(True)
+    try:
+        for namespace in _bound:
+            for key, value in list(namespace.items()):
+                if type(value) is LazyName and value._kf_module.partition(".")[0] in sys.modules:
+                    try:
+                        namespace[key] = value._kf_real()
+                    except Exception:  # noqa: BLE001 - a missing name stays lazy: its first use raises
+                        pass
+    finally:
+        _resolving.clear()
+
+
+def _install() -> None:
+    if any(top in sys.modules for top in _STAND_IN_TOPS):
+        return  # a real framework is here already (or stand-ins are): nothing to stand in for
+    for name in reversed(_LAYOUT):  # submodules first: their parents hold them
+        if name not in _installed:
+            _installed[name] = StandIn(name)
+    sys.modules.update(_installed)
+
+
+def _withdraw() -> None:
+    for name, stand_in in list(_installed.items()):
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+    _installed.clear()
+
+
+class _Handoff:
+    """Loader of a submodule under a stand-in: loads the real framework, returns the real module."""
+
+    def create_module(self, spec):
+        module = load_real(spec.name, spec.name, module=True)
+        self._real_spec = getattr(module, "__spec__", None)
+        return module
+
+    def exec_module(self, module) -> None:
+        # The import system set our spec on the real module: put its own back.
+        if self._real_spec is not None:
+            module.__spec__ = self._real_spec
+
+
+class _Finder:
+    """First on ``sys.meta_path`` in a worker: submodules under a stand-in, and timed framework imports."""
+
+    def __init__(self):
+        self._busy = threading.local()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None):
+        top = name.partition(".")[0]
+        if top in _STAND_IN_TOPS and _installed:
+            return importlib.machinery.ModuleSpec(name, _Handoff())
+        if name not in _WATCHED or name in sys.modules or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            spec = _next_spec(self, name, path, target)
+        finally:
+            self._busy.on = False
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = frameworks.TimedLoader(spec, spec.loader)
+        return spec
+
+
+def _next_spec(finder: _Finder, name: str, path: Any, target: Any):
+    """The spec the finders after ``finder`` give."""
+    meta = list(sys.meta_path)
+    for other in meta[meta.index(finder) + 1 :] if finder in meta else meta:
+        find = getattr(other, "find_spec", None)
+        spec = find(name, path, target) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+_finder = _Finder()
+
+
+def _enabled() -> bool:
+    return os.environ.get("KERASFEED_LIGHT_FRAMEWORKS", "1") != "0"
+
+
+def _import_module(name: str, package: Optional[str] = None) -> Any:
+    # How pickles name a module: cloudpickle's ``subimport(name)``, and ``importlib.import_module``
+    # (TensorFlow's lazy ``tf.keras`` reduces to it); with Keras' other names for the stand-ins.
+    return importlib.import_module(_ALIASES.get(name, name) if _installed else name, package)
+
+
+_MODULE_IMPORTERS = {("cloudpickle.cloudpickle", "subimport"), ("importlib", "import_module")}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if _installed:
+            light = _LIGHT_GLOBALS.get((module, name))
+            if light is not None:
+                return light
+            if (module, name) in _MODULE_IMPORTERS:
+                return _import_module
+            if module.partition(".")[0] in _STAND_IN_TOPS:  # e.g. a function imported in __main__
+                with frameworks.touching(f"{module}.{name}"):
+                    return super().find_class(module, name)
+        return super().find_class(module, name)
+
+
+def loads(payload: bytes) -> Any:
+    """Worker side: unpickles what ``pickling.dumps_for_workers`` made, with the stand-ins in place.
+
+    Also starts timing real framework imports in this process (for the warning)."""
+    with _lock:
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        if _enabled():
+            _install()
+    frameworks.started_unpickling(True)
+    try:
+        return _Unpickler(io.BytesIO(payload)).load()
+    finally:
+        frameworks.started_unpickling(False)
+        with _lock:
+            _withdraw()
+
+
+__all__ = ["StandIn", "load_real", "loads"]
