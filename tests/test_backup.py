@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
-from kerasfeed.integrations.backup_files import LATEST, BackupFiles
 from kerasfeed._keras_fit import find_fit, keras_pass
+from kerasfeed.integrations.backup_files import LATEST, BackupFiles
 
 BATCHES = 6
 
