@@ -6,6 +6,7 @@ processes can build and pickle them.
 
 from __future__ import annotations
 
+import copy
 import traceback
 from typing import Optional
 
@@ -16,6 +17,26 @@ def _traceback_text(exc: BaseException) -> str:
 
 def _where(worker_id, pid) -> str:
     return "" if worker_id is None else f" in worker {worker_id} (pid {pid})"
+
+
+# One cause of a failed attempt, as ``causes`` lists it: short, one line.
+CAUSE_CHARS = 160
+
+
+def short_cause(text: str) -> str:
+    """``text``'s first line, at most ``CAUSE_CHARS`` characters (an attempt's cause)."""
+    line = (text.strip().splitlines() or [""])[0].strip()
+    if line.startswith("kerasfeed: "):
+        line = line[len("kerasfeed: ") :]
+    return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 3] + "..."
+
+
+def attempts_text(causes: list) -> str:
+    """`` [3 attempts: 1) ...; 2) ...; 3) ...]``: what a final error adds to its message
+    (nothing for a single attempt, so that messages without retries are unchanged)."""
+    if len(causes) <= 1:
+        return ""
+    return f" [{len(causes)} attempts: " + "; ".join(f"{k}) {c}" for k, c in enumerate(causes, 1)) + "]"
 
 
 class ItemTraceback(Exception):
@@ -46,6 +67,9 @@ class ItemError(RuntimeError):
         traceback_text: the formatted original traceback.
         worker_id: id of the worker process that ran the item, or None.
         pid: process id where the item ran.
+        attempts: how many times the item was tried (1 without ``retries``).
+        causes: one short line per attempt, why it failed (the last one is
+            this error's own); the message lists them when there were several.
     """
 
     def __init__(
@@ -57,6 +81,8 @@ class ItemError(RuntimeError):
         worker_id: Optional[int] = None,
         pid: Optional[int] = None,
         source_name: str = "source",
+        attempts: int = 1,
+        causes: Optional[list] = None,
     ):
         self.index = index
         self.exc_type = exc_type
@@ -65,10 +91,23 @@ class ItemError(RuntimeError):
         self.worker_id = worker_id
         self.pid = pid
         self.source_name = source_name
+        self.causes = list(causes) if causes else [short_cause(f"{exc_type}: {exc_message}")]
+        self.attempts = attempts if causes else 1
         where = _where(worker_id, pid)
-        super().__init__(f"kerasfeed: {self._subject()}{where}: {exc_message}")
+        super().__init__(self._message(where))
         # The traceback travels as the cause, not in the message: one copy.
         self.__cause__ = ItemTraceback(f"Original traceback{where}:\n{traceback_text.rstrip()}")
+
+    def _message(self, where: str) -> str:
+        return f"kerasfeed: {self._subject()}{where}: {self.exc_message}" + attempts_text(self.causes)
+
+    def with_attempts(self, causes: list) -> "ItemError":
+        """A copy of this error after ``len(causes)`` attempts (``causes``: one
+        line each, this error's own last), its message listing them."""
+        new = copy.copy(self)  # through __reduce__: a fresh object with its own cause
+        new.causes, new.attempts = list(causes), max(1, len(causes))
+        new.args = (new._message(_where(new.worker_id, new.pid)),)
+        return new
 
     @property
     def full_message(self) -> str:
@@ -89,6 +128,8 @@ class ItemError(RuntimeError):
                 self.worker_id,
                 self.pid,
                 self.source_name,
+                self.attempts,
+                self.causes,
             ),
         )
 
@@ -126,16 +167,21 @@ class WorkerError(RuntimeError):
     """A worker process died, failed to start, or stopped answering.
 
     Raised by the process executor for the items that were pending on the
-    worker and for every later item: the pool does not restart workers (a
-    crash in native code usually repeats), so the pass stops with this error
-    instead of hanging.
+    worker and, without ``retries``, for every later item: such a pool does
+    not restart workers (a crash in native code usually repeats), so the
+    pass stops with this error instead of hanging. With ``retries`` the
+    worker is replaced and the item tried again; this error then comes only
+    when the item's last attempt failed so.
 
     Attributes:
         worker_id: id of the worker (0 .. workers-1).
         pid: the worker's process id.
         exitcode: the exit code, or ``-signal`` when a signal killed it,
             or None when it is unknown.
-        index: the item index that was pending on the worker, if any.
+        index: the item index that was pending on the worker, if any (the
+            item it died on: another load's item may fail with it too).
+        attempts: how many times the item was tried (1 without ``retries``).
+        causes: one short line per attempt (this error's own last).
     """
 
     def __init__(
@@ -145,15 +191,61 @@ class WorkerError(RuntimeError):
         pid: Optional[int] = None,
         exitcode: Optional[int] = None,
         index: Optional[int] = None,
+        attempts: int = 1,
+        causes: Optional[list] = None,
     ):
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
         self.index = index
+        self.causes = list(causes) if causes else [short_cause(message)]
+        self.attempts = attempts if causes else 1
+
+    def with_attempts(self, causes: list) -> "WorkerError":
+        """A copy after ``len(causes)`` attempts, the list at the end of its first line."""
+        head, sep, rest = str(self).partition("\n")
+        message = head + attempts_text(list(causes)) + sep + rest
+        return WorkerError(message, self.worker_id, self.pid, self.exitcode, self.index, max(1, len(causes)), causes)
 
     def __reduce__(self):
-        return (WorkerError, (str(self), self.worker_id, self.pid, self.exitcode, self.index))
+        return (
+            WorkerError,
+            (str(self), self.worker_id, self.pid, self.exitcode, self.index, self.attempts, self.causes),
+        )
+
+
+class ItemTimeout(ItemError, TimeoutError):
+    """``source[index]`` ran past ``timeout=`` on the threads executor.
+
+    A ``TimeoutError`` (what it always was) and an ``ItemError`` (with
+    ``index``, ``attempts`` and ``causes``), so that what handles an item's
+    failure handles this one too. The call itself runs on in its thread
+    (Python cannot stop a thread). Worker processes raise ``WorkerError``
+    instead: their stuck worker is stopped.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        message: str,
+        source_name: str = "source",
+        attempts: int = 1,
+        causes: Optional[list] = None,
+    ):
+        causes = causes or [short_cause(message)]
+        super().__init__(index, "TimeoutError", message, "", None, None, source_name, attempts, causes)
+        self.__cause__ = None  # nothing ran to the end: no traceback to show
+
+    def _message(self, where: str) -> str:
+        # The attempts go before the closing "Received: ...".
+        head, sep, received = self.exc_message.rpartition(" Received: ")
+        if not sep:
+            return self.exc_message + attempts_text(self.causes)
+        return f"{head}{attempts_text(self.causes)}{sep}{received}"
+
+    def __reduce__(self):
+        return (ItemTimeout, (self.index, self.exc_message, self.source_name, self.attempts, self.causes))
 
 
 class StreamError(ItemError):

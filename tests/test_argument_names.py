@@ -97,3 +97,23 @@ def test_scene_point_sampler_rng_must_be_a_numpy_generator():
         assert str(e.value).endswith(f"Received: rng={bad!r} of type {type(bad).__name__}")
     x, y = sampler((points, labels), rng=np.random.default_rng(1))
     assert x.shape == (1, 4, 3) and y.shape == (1, 4)
+
+
+def test_the_long_run_options_have_one_name_and_default_on_every_front_end():
+    # retries / max_skipped / worker_max_items / worker_max_rss (issue 40): declared once (LoadOptions),
+    # keyword-only on to_dataset, to_loader and export, with the fail-fast defaults.
+    import dataclasses
+    import inspect
+
+    from kerasfeed.loading.options import LoadOptions
+
+    defaults = {"retries": 0, "max_skipped": 0, "worker_max_items": None, "worker_max_rss": None}
+    fields = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    assert {k: fields[k] for k in defaults} == defaults
+    for front_end in (kerasfeed.to_dataset, kerasfeed.to_loader, kerasfeed.export):
+        params = inspect.signature(front_end).parameters
+        for name, default in defaults.items():
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (front_end.__name__, name)
+            assert params[name].default == default, (front_end.__name__, name)
+    # to_loader now takes timeout= too, as to_dataset does (a hung read under a long fit).
+    assert inspect.signature(kerasfeed.to_loader).parameters["timeout"].default is None

@@ -251,7 +251,7 @@ def test_auto_falls_back_to_threads_when_the_source_cannot_be_pickled():
 def test_factory_knows_auto_and_processes_and_rejects_others():
     ex = make_executor("auto", Waits())
     assert ex.name == "threads"
-    with pytest.raises(ValueError, match=r"one of \('threads', 'processes', 'auto'\).*Received: 'fork'"):
+    with pytest.raises(ValueError, match=r"one of \('threads', 'processes', 'auto'\) \(or 'ray'.*Received: 'fork'"):
         make_executor("fork", Waits())
 
 

@@ -39,6 +39,9 @@ def h5file(tmp_path_factory):
 ENTRY_POINTS = {
     "to_dataset": lambda h5, **kw: kerasfeed.to_dataset(Small(), **kw),
     "to_dataset/processes": lambda h5, **kw: kerasfeed.to_dataset(Small(), executor="processes", **kw),
+    "to_loader": lambda h5, **kw: kerasfeed.to_loader(Small(), **kw),
+    "to_loader/processes": lambda h5, **kw: kerasfeed.to_loader(Small(), executor="processes", **kw),
+    "export": lambda h5, **kw: kerasfeed.export(Small(), h5.parent / "never", num_shards=1, progress=False, **kw),
     "from_generators": lambda h5, **kw: kerasfeed.from_generators(one_item, 2, **kw),
     "from_files": lambda h5, **kw: kerasfeed.from_files(["a", "b"], read_one, **kw),
     "from_queue": lambda h5, **kw: kerasfeed.from_queue(lambda put: None, **kw),
@@ -68,6 +71,21 @@ BAD = [
      ["from_generators", "from_files"]),
     (dict(prefetch=-2), "`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch=-2",
      ["to_dataset", "from_generators", "from_files", "from_queue"]),
+    # The long-run options (issue 40): retries, recycled workers, the skip budget.
+    (dict(retries=-1), "`retries` must be a non-negative int. Received: retries=-1",
+     ["to_dataset", "to_dataset/processes", "to_loader", "to_loader/processes", "export", "ProcessExecutor"]),
+    (dict(retries=1.0), "`retries` must be a non-negative int. Received: retries=1.0",
+     ["to_dataset", "to_loader", "export", "ProcessExecutor"]),
+    (dict(worker_max_items=0), "`worker_max_items` must be a positive int. Received: worker_max_items=0",
+     ["to_dataset/processes", "to_loader/processes", "export", "ProcessExecutor"]),
+    (dict(worker_max_rss=2**20), "would replace workers after every item. Received: worker_max_rss=1048576",
+     ["to_dataset/processes", "to_loader/processes", "export", "ProcessExecutor"]),
+    (dict(max_skipped=-1), "`max_skipped` must be a non-negative int (0: no item is left out) or a float in (0, 1). "
+     "Received: max_skipped=-1", ["to_dataset", "to_dataset/processes", "to_loader", "to_loader/processes"]),
+    (dict(max_skipped=1.0), "`max_skipped` as a float is a fraction of a pass and must be in (0, 1); give an int for a "
+     "count of items. Received: max_skipped=1.0", ["to_dataset", "to_loader"]),
+    (dict(max_skipped="1"), "`max_skipped` must be an int (items a pass may leave out; 0: none) or a float in (0, 1) "
+     "(a fraction of a pass). Received: max_skipped='1'", ["to_dataset", "to_loader"]),
 ]
 CASES = [pytest.param(kw, msg, name, id=f"{name}-{next(iter(kw))}={kw[next(iter(kw))]!r}") for kw, msg, names in BAD for name in names]
 
@@ -235,3 +253,31 @@ def test_only_none_is_a_fresh_start(state):
     for front_end in (kerasfeed.to_loader, kerasfeed.to_dataset, kerasfeed.TrainingProgress):
         with pytest.raises(ValueError, match=rf"A resume state is a dict with exactly the keys .* Received: {re.escape(repr(state))}$"):
             front_end(state) if front_end is kerasfeed.TrainingProgress else front_end(Small(), initial_state=state)
+
+
+def test_the_long_run_options_keep_fail_fast_by_default_and_name_what_does_not_apply(tmp_path):
+    # Defaults: no retries, nothing skipped, no recycling (today's fail-fast behaviour).
+    for front_end in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        data = front_end(Small(), batch_size=2)
+        assert kerasfeed.stats(data)["skipped"] == 0
+    # Worker limits recycle worker processes: refused on threads, naming both.
+    for front_end in (kerasfeed.to_dataset, kerasfeed.to_loader):
+        with pytest.raises(ValueError, match=r"`worker_max_items` and `worker_max_rss` recycle worker processes.*"
+                           r"Received: worker_max_items=3, worker_max_rss=None"):
+            front_end(Small(), worker_max_items=3)
+    # A fraction of a pass needs a pass; an export writes every item.
+    class Endless(kerasfeed.SceneSequence):
+        @property
+        def num_batches(self):
+            return None
+
+        def __getitem__(self, i):
+            return np.full((2,), i, np.float32)
+
+    with pytest.raises(ValueError, match=r"`max_skipped` as a fraction of a pass needs a finite source.*"
+                       r"Received: max_skipped=0.1"):
+        kerasfeed.to_dataset(Endless(), max_skipped=0.1)
+    with pytest.raises(ValueError, match=r"^export: `max_skipped` must be 0: an export writes every item.*"
+                       r"Received: max_skipped=1$"):
+        kerasfeed.export(Small(), tmp_path / "e", num_shards=1, max_skipped=1, progress=False)
+    assert not (tmp_path / "e").exists()  # refused before anything was written

@@ -64,7 +64,8 @@ class Executor(abc.ABC):
     def gauges(self) -> dict:
         """Figures of this instant: ``ahead`` (items made, not taken yet),
         ``in_flight`` (being made), ``shm_bytes``, ``workers`` (per-worker
-        dicts with ``id``); whichever the executor knows."""
+        dicts with ``id``), and the counts of retries and replacements
+        (``execution/retries.py``: ``RetryCounts``); whichever the executor knows."""
         return {}
 
     def before_hook(self, name: str) -> None:
@@ -88,6 +89,15 @@ class Executor(abc.ABC):
         error, a signature mismatch, a worker failure). An executor that
         owns threads or processes then parks them once the pass is left
         (NOTE [ Parking after a failed pass ] in ``execution/parking.py``)."""
+
+    def item_skipped(self, index: int, epoch: int) -> None:
+        """Called by the pipeline *instead of* ``pass_failed`` when it leaves
+        out item ``index`` of pass ``epoch`` after its load raised its final
+        ``ItemError`` or ``WorkerError`` (a skip budget): the pass goes on, so
+        nothing parks, and later loads of the pass work as usual. An executor
+        that closed on that failure (``retries=0``: a dead worker's pool, a
+        timed-out thread pool) starts again and plans the rest of the pass
+        (the items of its plan not taken yet)."""
 
     def activity(self) -> tuple[int, int]:
         """``(loads started so far, loads in progress)``; cheap, any thread."""

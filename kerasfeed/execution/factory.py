@@ -9,6 +9,8 @@ from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.threads import ThreadExecutor
 
 EXECUTOR_NAMES = ("threads", "processes", "auto")
+# Accepted by name too, but listed apart: it needs an extra (`kerasfeed[ray]`); "auto" never picks it.
+OPTIONAL_EXECUTOR_NAMES = ("ray",)
 
 
 def make_executor(
@@ -21,8 +23,10 @@ def make_executor(
         source: the indexable source.
         options: the ``PoolOptions`` built (and checked) from the public
             keywords ``workers``/``worker_init``/``seed``; used whole by the
-            process executors; the threads executor takes its ``timeout`` and
-            its ``seed`` (``kerasfeed.item_rng()``). None = defaults.
+            process executors; the threads executor takes its ``timeout``,
+            ``retries`` and ``seed`` (``kerasfeed.item_rng()``), and refuses
+            ``worker_max_items``/``worker_max_rss`` (``executor="auto"``
+            ignores them when it picks threads). None = defaults.
         handover: who takes the items, for ``"auto"``'s decision:
             ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
@@ -40,17 +44,28 @@ def make_executor(
                 "`workers` and `worker_init` apply to worker processes; "
                 f"executor='threads' received workers={options.workers!r}, worker_init={options.worker_init!r}"
             )
-        return ThreadExecutor(source, timeout=options.timeout, seed=options.seed)
+        if options.recycles:
+            raise ValueError(
+                "`worker_max_items` and `worker_max_rss` recycle worker processes; threads cannot be replaced "
+                "that way (use executor='processes'). Received: "
+                f"worker_max_items={options.worker_max_items!r}, worker_max_rss={options.worker_max_rss!r}"
+            )
+        return ThreadExecutor(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
     if executor == "processes":
         from kerasfeed.execution.processes.executor import ProcessExecutor
 
         return ProcessExecutor.from_options(source, options)
+    if executor == "ray":  # Ray actors (execution/ray/): optional, imported only here
+        from kerasfeed.execution.ray.executor import RayExecutor
+
+        return RayExecutor.from_options(source, options)
     if executor == "auto":
         from kerasfeed.execution.auto import make_auto_executor
 
         return make_auto_executor(source, options, handover=handover)
     raise ValueError(
-        f"`executor` must be one of {EXECUTOR_NAMES} or a kerasfeed Executor. "
+        f"`executor` must be one of {EXECUTOR_NAMES} (or 'ray': Ray actors, with the `ray` extra) or a kerasfeed "
+        "Executor. "
         f"Received: {executor!r}"
     )
 
@@ -70,4 +85,11 @@ def _check_instance(executor: Executor, source: Any, options: PoolOptions) -> No
         raise ValueError(
             "`workers` and `worker_init` apply to an executor kerasfeed makes; the one given was made with its "
             f"own. Received: workers={options.workers!r}, worker_init={options.worker_init!r}, executor={executor!r}"
+        )
+    if options.retries or options.recycles:
+        raise ValueError(
+            "`retries`, `worker_max_items` and `worker_max_rss` apply to an executor kerasfeed makes; the one given "
+            "was made with its own (pass them to it). Received: "
+            f"retries={options.retries!r}, worker_max_items={options.worker_max_items!r}, "
+            f"worker_max_rss={options.worker_max_rss!r}, executor={executor!r}"
         )

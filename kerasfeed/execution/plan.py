@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kerasfeed.sampling.views import as_view
+from kerasfeed.sampling.views import IndexView, as_view
 
 # Positions past the next one to start where a load's item is looked for.
 LOOKAHEAD = 4096
@@ -154,3 +154,28 @@ class PassPlan:
         self._claimed.clear()
         self.outstanding = 0
         return handles
+
+
+class _Omitting(IndexView):
+    """``parent`` without its position ``gap``."""
+
+    def __init__(self, parent: IndexView, gap: int):
+        super().__init__(len(parent) - 1)
+        self.parent, self.gap = parent, gap
+
+    def _compute(self, start: int, stop: int) -> np.ndarray:
+        gap, parent = self.gap, self.parent
+        if stop <= gap:
+            return parent.window(start, stop)
+        if start >= gap:
+            return parent.window(start + 1, stop + 1)
+        return np.concatenate([parent.window(start, gap), parent.window(gap + 1, stop + 1)])
+
+
+def rest_of_pass(indices: Any, start: int, skipped: int) -> IndexView:
+    """Positions ``start`` on of ``indices``, without the first ``skipped``
+    among the next ``LOOKAHEAD`` (an item left out: ``Executor.item_skipped``)."""
+    rest = as_view(indices)[start:]
+    found = np.flatnonzero(rest.window(0, LOOKAHEAD) == skipped)
+    return _Omitting(rest, int(found[0])) if found.size else rest
+

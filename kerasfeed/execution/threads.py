@@ -8,16 +8,14 @@ import time
 import weakref
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from kerasfeed import _validation as _v
-from kerasfeed.errors import ItemError
+from kerasfeed.errors import ItemError, ItemTimeout
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.fpenv import set_default_fp_env
-from kerasfeed.execution.interpreter_races import get_item
 from kerasfeed.execution.parking import ParkWatch
-from kerasfeed.execution.plan import PassPlan
+from kerasfeed.execution.plan import PassPlan, rest_of_pass
+from kerasfeed.execution.retries import Attempts, RetryCounts
+from kerasfeed.execution.thread_tasks import Runner, Task, run_aside_thread, stop_threads, thread_loop
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources.base import source_name
 
@@ -31,99 +29,6 @@ DEFAULT_BYTES_AHEAD = 256 * 2**20
 # A load waits for its item in slices of this long, so that closing the
 # executor (at exit, or to stop a stuck pass) and ``timeout`` get through.
 _WAIT_SLICE_S = 0.1
-
-
-def _nbytes(item: Any) -> int:
-    if isinstance(item, np.ndarray):
-        return item.nbytes
-    if isinstance(item, (tuple, list)):
-        return sum(_nbytes(x) for x in item)
-    if isinstance(item, dict):
-        return sum(_nbytes(x) for x in item.values())
-    return 0
-
-
-class _Task:
-    __slots__ = ("index", "epoch", "event", "value", "error", "taken", "started")
-
-    def __init__(self, index: int, epoch: int):
-        self.index = index
-        self.epoch = epoch
-        self.event = threading.Event()
-        self.value: Any = None
-        self.error: Optional[BaseException] = None
-        self.taken = False
-        self.started: Optional[float] = None  # when a pool thread began it
-
-
-class _Runner:
-    """What the pool threads hold: the source, not the executor, so that an
-    executor nobody uses any more is collected (and its threads stopped)."""
-
-    def __init__(self, source: Any, name: str, seeds: item_random.ItemSeeds):
-        self.source = source
-        self.name = name
-        self.seeds = seeds  # for item_rng(): NOTE [ Random augmentation is a function of (seed, pass, index) ]
-        self.item_bytes = 0  # the largest item seen so far
-        self.stats: Any = None  # a StatsCollector, once attached
-
-    def call(self, index: int, epoch: int, started: Optional[float] = None) -> Any:
-        """``source[index]`` as item ``index`` of pass ``epoch``; ``started``:
-        the caller's clock read (perf_counter) just before, reused as the make
-        time's start."""
-        stats = self.stats
-        if stats is not None and started is None:
-            started = time.perf_counter()
-        previous = item_random.enter(self.seeds, epoch, index)
-        try:
-            item = get_item(self.source, index, self.name)
-        except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
-            raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
-        finally:
-            item_random.leave(previous)
-        if stats is not None:
-            end = time.perf_counter()
-            lane = threading.current_thread().name if stats.timeline is not None else None
-            stats.made(end - started, None, end, lane)
-        size = _nbytes(item)
-        if size > self.item_bytes:
-            self.item_bytes = size
-        return item
-
-
-def _thread_loop(tasks: "queue.SimpleQueue", runner: _Runner) -> None:
-    # Started from whichever thread planned the pass: under to_dataset, a
-    # TensorFlow thread (NOTE [ Threads that run the source start with the default floating-point environment ]).
-    set_default_fp_env()
-    while True:
-        job = tasks.get()
-        if job is None:
-            return
-        plan, task = job
-        if plan.cancelled and not task.taken:
-            task.event.set()  # a dropped pass: nobody will ask for it
-            continue
-        _run(runner, task)
-        del job, plan, task
-
-
-def _run(runner: _Runner, task: _Task) -> None:
-    task.started = started = time.perf_counter()  # for the timeout, and the make time's start
-    try:
-        task.value = runner.call(task.index, task.epoch, started)
-    except BaseException as e:  # noqa: BLE001 - re-raised by the load that takes it
-        task.error = e
-    task.event.set()
-
-
-def _run_aside_thread(runner: _Runner, task: _Task) -> None:
-    set_default_fp_env()  # as _thread_loop: the caller may be a TensorFlow thread
-    _run(runner, task)
-
-
-def _stop_threads(tasks: "queue.SimpleQueue", count: int) -> None:
-    for _ in range(count):
-        tasks.put(None)
 
 
 class ThreadExecutor(Executor):
@@ -155,11 +60,18 @@ class ThreadExecutor(Executor):
         parallelism: items in flight at once (pool threads).
         bytes_ahead: memory that items made ahead may take.
         timeout: seconds one item may run (counted from when a pool thread
-            starts it) before its load fails with ``TimeoutError``; None
-            waits as long as it takes. A thread cannot be stopped: the stuck
-            call runs on, and the executor is closed (the pass fails).
+            starts it) before its load fails with ``kerasfeed.errors.ItemTimeout``
+            (a ``TimeoutError``); None waits as long as it takes. A thread
+            cannot be stopped: the stuck call runs on; without ``retries``
+            the executor is closed (the pass fails).
         seed: the seed of ``kerasfeed.item_rng()`` (with the pass and the
             index); None draws one from the OS once (draws differ per run).
+        retries: further attempts of an item whose call raised or ran past
+            ``timeout`` (NOTE [ Retries happen in the load that waits for the
+            item ] in ``execution/retries.py``). Each retry runs on a thread
+            started for it. A timed-out call's thread is left behind, running,
+            counted in ``gauges()`` (``abandoned_threads``), and a new pool
+            thread takes its place.
     """
 
     lends_source_arrays = True
@@ -174,10 +86,16 @@ class ThreadExecutor(Executor):
         bytes_ahead: int = DEFAULT_BYTES_AHEAD,
         timeout: Optional[float] = None,
         seed: Optional[int] = None,
+        retries: int = 0,
     ):
         seed = _v.seed("seed", seed, owner="ThreadExecutor")
-        self._runner = _Runner(source, source_name(source), item_random.ItemSeeds(seed))
+        self._runner = Runner(source, source_name(source), item_random.ItemSeeds(seed))
         self._timeout = _v.seconds("timeout", timeout)
+        self._retries = _v.non_negative_int("retries", retries, owner="ThreadExecutor")
+        if self._retries and self._timeout is not None:
+            self._runner.abandon_lock = threading.Lock()
+        self.counts = RetryCounts()
+        self._abandoned: list[threading.Thread] = []  # left running a timed-out call
         self._parallelism = _v.positive_int("parallelism", parallelism, owner="ThreadExecutor")
         self._bytes_ahead = _v.positive_int("bytes_ahead", bytes_ahead, owner="ThreadExecutor")
         self._lock = threading.Lock()
@@ -185,7 +103,9 @@ class ThreadExecutor(Executor):
         self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._user_closed = False  # by ``close``, not by a timeout (see ``item_skipped``)
         self._failure: Optional[TimeoutError] = None
+        self._failed_plan: Optional[PassPlan] = None  # the plan a timeout closed
         self._finalizer: Optional[weakref.finalize] = None
         self._loads = 0  # loads started (for parking)
         self._watch = ParkWatch(self)
@@ -201,6 +121,21 @@ class ThreadExecutor(Executor):
         if self._failure is not None:  # a timed-out item stopped the executor
             raise TimeoutError(str(self._failure))
         task = self._take(index, epoch)
+        if not self._retries:
+            return self._attempt(task, index, epoch)
+        attempts = Attempts(index, self._retries)
+        while True:
+            try:
+                return self._attempt(task, index, epoch)
+            except ItemError as e:
+                if not attempts.again(e):
+                    self.counts.add("failed_items")
+                    raise attempts.final(e)  # its cause: the original traceback
+            self.counts.add("retried_items")
+            task = None  # made again outside the plan, on a thread of its own
+
+    def _attempt(self, task: Optional[Task], index: int, epoch: int) -> Any:
+        """One attempt at the item: the plan's ``task``, or made now (None)."""
         if task is None:
             if self._timeout is None and threading.current_thread() is threading.main_thread():
                 return self._runner.call(index, epoch)  # Ctrl-C reaches the main thread in Python code
@@ -216,7 +151,7 @@ class ThreadExecutor(Executor):
         value, task.value = task.value, None
         return value
 
-    def _run_aside(self, index: int, epoch: int) -> _Task:
+    def _run_aside(self, index: int, epoch: int) -> Task:
         # NOTE [ Loads outside the plan run on a thread of their own ]
         # A load of an item the pool has not started (a parallel map ahead of
         # a window full of slow items, a load after the plan was dropped) is
@@ -229,13 +164,13 @@ class ThreadExecutor(Executor):
         # without a timeout still makes it itself (the signature probe, direct
         # calls): Ctrl-C interrupts Python code there. Once the executor is
         # closed (the exit guard does so first), other threads start none.
-        task = _Task(index, epoch)
+        task = Task(index, epoch)
         threading.Thread(
-            target=_run_aside_thread, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True
+            target=run_aside_thread, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True
         ).start()
         return task
 
-    def _wait(self, task: _Task) -> None:
+    def _wait(self, task: Task) -> None:
         # In slices, never one unbounded wait: a closed executor (dataset
         # released, interpreter exit), a timeout, the iterator deleted or
         # Ctrl-C ends it (see execution/waits.py).
@@ -251,13 +186,62 @@ class ThreadExecutor(Executor):
                 )
             started = task.started
             if self._timeout is not None and started is not None and time.perf_counter() - started > self._timeout:
-                self._failure = TimeoutError(
-                    f"kerasfeed: {self._runner.name}[{task.index}] did not return within timeout={self._timeout} s "
-                    "(counted from when a thread started it); the call runs on in its thread and the dataset's "
-                    f"executor is closed. Received: index={task.index}, timeout={self._timeout}"
-                )
-                self.close()  # the pass cannot go on without this item
-                raise self._failure
+                self._timed_out(task)  # raises, unless the call returned just now
+
+    def _timed_out(self, task: Task) -> None:
+        name, index, timeout = self._runner.name, task.index, self._timeout
+        head = (
+            f"kerasfeed: {name}[{index}] did not return within timeout={timeout} s (counted from when a thread "
+            "started it); "
+        )
+        received = f" Received: index={index}, timeout={timeout}"
+        if not self._retries:
+            self._failure = ItemTimeout(
+                index, f"{head}the call runs on in its thread and the dataset's executor is closed.{received}", name
+            )
+            with self._lock:
+                self._failed_plan = self._plan  # the rest of the pass, should the item be skipped
+                self._left_behind(task)
+            self._shut()  # the pass cannot go on without this item
+            raise self._failure
+        if self._abandon(task):
+            raise ItemTimeout(index, f"{head}the call runs on in its thread, left behind.{received}", name)
+
+    def _abandon(self, task: Task) -> bool:
+        """Leaves a timed-out call running in its thread (Python cannot stop
+        one) and starts a pool thread in its place; False if it returned
+        just now (then it did not time out)."""
+        with self._runner.abandon_lock:
+            if task.event.is_set():
+                return False
+            task.abandoned = True  # its thread leaves the pool when (if ever) the call returns
+        thread = task.thread
+        with self._lock:
+            self._left_behind(task)
+            if thread in self._threads and not self._closed:
+                k = self._threads.index(thread)
+                self._threads[k] = self._new_thread(k)
+        return True
+
+    def _left_behind(self, task: Task) -> None:
+        # With the lock held: counted, and watched while it runs (gauges).
+        self.counts.add("abandoned_threads")
+        if task.thread is not None:
+            self._abandoned.append(task.thread)
+
+    def item_skipped(self, index: int, epoch: int) -> None:
+        # Only a timeout without retries closed the executor: open it again
+        # and make the rest of the pass (Executor.item_skipped).
+        with self._lock:
+            if self._failure is None or self._user_closed:
+                return
+            plan, self._failed_plan = self._failed_plan, None
+            self._failure, self._closed = None, False
+            # The closed pool's threads were told to stop on its queue (a stuck
+            # one never reads its stop entry): the new ones get their own.
+            self._tasks = queue.SimpleQueue()
+        if plan is not None and plan.epoch == int(epoch) and not plan.finished:
+            self.plan(plan.epoch, rest_of_pass(plan.indices, plan.taken, int(index)))
 
     def ready(self, index: int, epoch: int) -> bool:
         if self._failure is not None:
@@ -265,7 +249,9 @@ class ThreadExecutor(Executor):
         with self._lock:
             plan = self._plan
             task = None if plan is None else plan.peek(index, epoch)
-        return task is not None and task.event.is_set()
+        if task is None or not task.event.is_set():
+            return False
+        return task.error is None or not self._retries  # a failed one is made again first
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started here: these threads share the source
@@ -284,13 +270,15 @@ class ThreadExecutor(Executor):
         # With the lock held; started on the first plan only.
         if self._threads:
             return
-        for k in range(self._parallelism):
-            t = threading.Thread(
-                target=_thread_loop, args=(self._tasks, self._runner), name=f"kerasfeed-thread-{k}", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
-        self._finalizer = weakref.finalize(self, _stop_threads, self._tasks, len(self._threads))
+        self._threads = [self._new_thread(k) for k in range(self._parallelism)]
+        self._finalizer = weakref.finalize(self, stop_threads, self._tasks, len(self._threads))
+
+    def _new_thread(self, k: int) -> threading.Thread:
+        t = threading.Thread(
+            target=thread_loop, args=(self._tasks, self._runner), name=f"kerasfeed-thread-{k}", daemon=True
+        )
+        t.start()
+        return t
 
     def _window(self, plan: PassPlan) -> int:
         size = self._runner.item_bytes  # known from the probe calls, usually
@@ -305,11 +293,11 @@ class ThreadExecutor(Executor):
             index = plan.next_index()
             if index is None:
                 break
-            task = _Task(index, plan.epoch)
+            task = Task(index, plan.epoch)
             plan.started(index, task)
             self._tasks.put((plan, task))
 
-    def _take(self, index: int, epoch: int) -> Optional[_Task]:
+    def _take(self, index: int, epoch: int) -> Optional[Task]:
         with self._lock:
             self._loads += 1
             plan = self._plan
@@ -360,13 +348,23 @@ class ThreadExecutor(Executor):
         self._runner.stats = collector
 
     def gauges(self) -> dict:
+        """``ahead``, ``in_flight``, the retry counts (``RetryCounts``: threads
+        report ``retried_items``, ``failed_items``, ``abandoned_threads``) and
+        ``abandoned_threads_running``: left-behind calls still running."""
         with self._lock:
             plan = self._plan
             tasks = [] if plan is None else plan.pending_handles()
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            running = len(self._abandoned)
         done = sum(1 for t in tasks if t.event.is_set())
-        return {"ahead": done, "in_flight": len(tasks) - done}
+        counts = self.counts.as_dict(("retried_items", "failed_items", "abandoned_threads"))
+        return {"ahead": done, "in_flight": len(tasks) - done, **counts, "abandoned_threads_running": running}
 
     def close(self) -> None:
+        self._user_closed = True
+        self._shut()
+
+    def _shut(self) -> None:
         self._watch.disarm()
         with self._lock:
             self._closed = True

@@ -35,6 +35,10 @@ def export(
     format: str = "tfrecord",
     output_signature: Any = None,
     worker_init: Optional[Callable[[], None]] = None,
+    retries: int = 0,
+    max_skipped: Any = 0,
+    worker_max_items: Optional[int] = None,
+    worker_max_rss: Optional[int] = None,
 ) -> dict:
     """Writes every item of ``source`` once to ``num_shards`` files in ``directory``.
 
@@ -82,6 +86,21 @@ def export(
             from items 0, 1, 2 and the last when None (a dimension that
             differs becomes None).
         worker_init: run once in each worker process.
+        retries: how many more times ``source[i]`` is called after a call
+            that raised (in the same worker, with the same item seeds); a
+            shard whose worker died is written again from its start by a
+            fresh worker, up to ``retries`` times. 0 (the default): the first
+            failure fails the export.
+        max_skipped: must stay 0: an export writes every item. Its layout
+            puts item ``i`` at record ``i // num_shards`` of shard
+            ``i % num_shards``; ``ExportSource[i]``, ``load_export``'s item
+            order and ``resume=True``'s per-shard counts all read that, so
+            an item left out would move every later record of its shard.
+            Fix the item, or export a source without it.
+        worker_max_items, worker_max_rss: a worker process that was sent
+            this many shards, or whose resident memory passed this many bytes
+            after a shard, is replaced by a fresh one (None: never; worker
+            processes only).
 
     Returns:
         The manifest (also in ``directory/manifest.json``) as a dict.
@@ -119,11 +138,20 @@ def export(
     num_shards = _v.positive_int("num_shards", num_shards, owner="export")
     if num_shards > n:
         raise ValueError(f"export: `num_shards` must be at most len(source) = {n}. Received: num_shards={num_shards}")
-    if executor not in _EXECUTORS:
+    if executor not in (*_EXECUTORS, "ray"):  # "ray": Ray actors (the `ray` extra; the shards' directory shared)
         raise ValueError(f"export: `executor` must be one of {_EXECUTORS}. Received: executor={executor!r}")
     workers = _v.positive_int("workers", workers, allow_none=True, owner="export")
     overwrite, resume = _v.flag("overwrite", overwrite, owner="export"), _v.flag("resume", resume, owner="export")
     progress = _v.flag("progress", progress, owner="export")
+    retries = _v.non_negative_int("retries", retries, owner="export")
+    if not (isinstance(max_skipped, int) and not isinstance(max_skipped, bool) and max_skipped == 0):
+        raise ValueError(
+            "export: `max_skipped` must be 0: an export writes every item, in a layout (item i is record "
+            "i // num_shards of shard i % num_shards) that ExportSource[i], load_export's order and resume=True's "
+            "per-shard counts all read, so an item left out would move every later record of its shard. Fix the "
+            "item, or export a source without it (retries= tries a failing item again). "
+            f"Received: max_skipped={max_skipped!r}"
+        )
     if overwrite and resume:
         raise ValueError(
             "export: pass `overwrite=True` (start again) or `resume=True` (go on), not both. "
@@ -149,7 +177,9 @@ def export(
     try:
         return _export(source, directory, name, n=n, num_shards=num_shards, executor=executor, workers=workers,
                        compression=compression, overwrite=overwrite, resume=resume, progress=progress,
-                       file_format=format, output_signature=output_signature, worker_init=worker_init)  # fmt: skip
+                       file_format=format, output_signature=output_signature, worker_init=worker_init,
+                       limits=dict(retries=retries, worker_max_items=worker_max_items,
+                                   worker_max_rss=worker_max_rss))  # fmt: skip
     finally:
         # Leave the caller's source as it was (the threads executor runs on this very object).
         if before is not None and _current_epoch(source) != before:
@@ -164,8 +194,18 @@ def _current_epoch(source: Any) -> Optional[int]:
 
 def _export(source: Any, directory: pathlib.Path, name: str, *, n: int, num_shards: int, executor: str,
             workers: Optional[int], compression: Optional[str], overwrite: bool, resume: bool, progress: bool,
-            file_format: str, output_signature: Any, worker_init: Any) -> dict:  # fmt: skip
-    """``export`` once its arguments are checked and ``source`` is at epoch 0."""
+            file_format: str, output_signature: Any, worker_init: Any, limits: dict) -> dict:  # fmt: skip
+    """``export`` once its arguments are checked and ``source`` is at epoch 0; ``limits``: the
+    ``PoolOptions`` of retries and recycled workers."""
+    from kerasfeed.execution.processes.options import PoolOptions
+
+    pool = PoolOptions(**limits)  # checked before any file is touched
+    if executor == "threads" and pool.recycles:
+        raise ValueError(
+            "export: `worker_max_items` and `worker_max_rss` recycle worker processes; threads cannot be replaced "
+            f"that way (use executor='processes'). Received: worker_max_items={pool.worker_max_items!r}, "
+            f"worker_max_rss={pool.worker_max_rss!r}"
+        )
     spec, probed = _spec(source, n, output_signature)
     hint = (
         f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
@@ -176,15 +216,17 @@ def _export(source: Any, directory: pathlib.Path, name: str, *, n: int, num_shar
         executor = _auto_executor(source, workers)
         if executor == "threads":  # as in to_dataset: the process options do not apply
             workers = worker_init = None
+            limits = dict(limits, worker_max_items=None, worker_max_rss=None)
     try:
         manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=file_format,
                             compression=compression, source=name, overwrite=overwrite, resume=resume)  # fmt: skip
         todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
         if todo:
             task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=file_format,
-                             compression=compression, source_name=name, hint=hint)  # fmt: skip
+                             compression=compression, source_name=name, hint=hint,
+                             retries=limits["retries"])  # fmt: skip
             _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
-                 progress=progress, auto=auto)
+                 progress=progress, auto=auto, limits=limits)
         manifest["complete"] = True
         mf.write_manifest(directory, manifest)
     except OSError as e:  # the main process's own writes: directory, manifest, renames
@@ -271,7 +313,8 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
 
 
 def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *, executor: str,
-         workers: Optional[int], worker_init: Any, progress: bool, auto: bool = False) -> None:  # fmt: skip
+         workers: Optional[int], worker_init: Any, progress: bool, auto: bool = False,
+         limits: Optional[dict] = None) -> None:  # fmt: skip
     from kerasfeed.execution.factory import make_executor
     from kerasfeed.execution.processes.options import PoolOptions
 
@@ -284,14 +327,15 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
         shared = Progress(directory / mf.PROGRESS, task.num_shards, create=True)
         bar = _Bar(shared, todo, total) if progress else None
         try:
-            ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init))
+            # A shard is one executor item: a retried one (its worker died) is written again from its start.
+            ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init, **(limits or {})))
         except TypeError as e:  # "auto" chose processes, but the source cannot be sent to them
             if not auto:
                 raise
             from kerasfeed.execution.auto import logger
 
             logger.info("kerasfeed: export(executor='auto') falls back to threads: %s", str(e).split(". ")[0])
-            ex = make_executor("threads", task)
+            ex = make_executor("threads", task, PoolOptions(retries=(limits or {}).get("retries", 0)))
         ex.plan(0, todo)
         for k in todo:
             report = ex.load(k, 0)

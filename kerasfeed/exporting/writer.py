@@ -131,8 +131,10 @@ class ShardTask:
     """
 
     def __init__(self, source: Any, directory: pathlib.Path, spec: ExportSpec, *, num_items: int, num_shards: int,
-                 file_format: str, compression: Optional[str], source_name: str, hint: str):  # fmt: skip
+                 file_format: str, compression: Optional[str], source_name: str, hint: str,
+                 retries: int = 0):  # fmt: skip
         self.source = source
+        self.retries = retries  # more calls of source[i] after one that raised (export's `retries=`)
         self.directory = str(directory)
         self.spec = spec
         self.num_items = num_items
@@ -176,6 +178,21 @@ class ShardTask:
             with self._lock:
                 self._active -= 1
 
+    def _item(self, index: int) -> Any:
+        """``source[index]``, called again up to ``retries`` times after one that raised
+        (the same item seeds: a deterministic source makes the same item); the final
+        failure is an ``ItemError`` listing every attempt."""
+        causes: list = []
+        while True:
+            try:
+                with item_scope(index, 0, self.item_seeds):
+                    return get_item(self.source, index, self.source_name)
+            except Exception as e:
+                error = ItemError.from_exception(index, e, source_name=self.source_name)
+                causes.append(error.causes[-1])
+                if len(causes) > self.retries:
+                    raise (error.with_attempts(causes) if len(causes) > 1 else error) from e
+
     def _write(self, k: int) -> dict:
         progress = self._progress()
         name = shard_name(k, self.num_shards, self.file_format)
@@ -188,11 +205,7 @@ class ShardTask:
             for index in range(k, self.num_items, self.num_shards):
                 if progress.stopped:
                     raise _Stopped
-                try:
-                    with item_scope(index, 0, self.item_seeds):
-                        item = get_item(self.source, index, self.source_name)
-                except Exception as e:
-                    raise ItemError.from_exception(index, e, source_name=self.source_name) from e
+                item = self._item(index)
                 writer.write(self.spec, self.spec.arrays(index, item, self.hint))
                 n += 1
                 progress.set_count(k, n)

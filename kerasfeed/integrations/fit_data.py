@@ -92,7 +92,9 @@ class FitData:
         """The data position after ``batch`` batches of epoch ``epoch`` (its pass);
         with ``max_skipped``, ``"skipped"``: the items left out of the pass before it."""
         p = self.main
-        skipped = p.skipped_before(epoch, batch) if getattr(p, "skips", None) is not None else []
+        # The pipeline that reads the items keeps them (a loader under TensorFlow reads through its dataset's).
+        skipped = max((q.skipped_before(epoch, batch) for q in self.pipelines if getattr(q, "skips", None)),
+                      key=len, default=[])
         out = {
             "pass": epoch,
             "batches": batch,
@@ -184,8 +186,9 @@ class FitData:
         the interrupted run, and Keras never runs out of data. Later epochs
         are whole passes. Items the saved run left out (``max_skipped``, the
         ``"skipped"`` of the position ``check`` accepted) count against the
-        resumed pass's budget and, where items are batches, are passed over. Keras' ``EpochIterator._enumerate_iterator`` is
-        private; the instance's is replaced for that one epoch.
+        resumed pass's budget and, where items are batches, are passed over.
+        Keras' ``EpochIterator._enumerate_iterator`` is private; the
+        instance's is replaced for that one epoch.
         """
         saved = self.accepted if self.accepted is not None and self.accepted.get("pass") == epoch else {}
         left_out = [i for e, i in saved.get("skipped", ()) if e == epoch]

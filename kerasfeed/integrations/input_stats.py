@@ -39,6 +39,7 @@ class _Totals:
     def __init__(self, snap: dict, now: float):
         self.now = now
         self.items = snap["items"]
+        self.skipped = snap.get("skipped", 0)
         self.wait = snap["wait_total_s"]
         self.busy = {w["id"]: w.get("busy_s") or 0.0 for w in snap["workers"]}
         self.threads_busy_s = snap.get("threads_busy_s")
@@ -60,7 +61,9 @@ class InputStats(keras.callbacks.Callback):
 
     - ``input_wait_ms``: how long the pipeline's pick-up of items blocked,
       per training step, averaged over the epoch;
-    - ``input_wait_share``: that blocked time as a share of the epoch.
+    - ``input_wait_share``: that blocked time as a share of the epoch;
+    - ``input_skipped``: items left out during the epoch (``max_skipped=``),
+      when the dataset may leave any out.
 
     The pick-up runs on tf.data's thread; prefetching after it can hide a
     wait from the training step. A wait near zero means the input keeps up.
@@ -79,7 +82,8 @@ class InputStats(keras.callbacks.Callback):
     - ``input/items_per_s``, ``input/batches_per_s`` (over the interval);
     - ``input/worker_<k>/busy`` (share of the interval worker ``k`` spent
       making items), ``input/worker_<k>/rss_mb``, ``input/threads_busy``;
-    - ``input/ahead``, ``input/in_flight``, ``input/shm_mb``, ``input/errors``;
+    - ``input/ahead``, ``input/in_flight``, ``input/shm_mb``, ``input/errors``,
+      ``input/skipped`` (items left out so far: ``max_skipped=``);
     - at epoch ends: ``input/pass_gap_ms``, ``input/first_item_ms``.
 
     Which dataset: the one given as ``dataset=`` (any kerasfeed dataset or
@@ -176,6 +180,8 @@ class InputStats(keras.callbacks.Callback):
         if logs is not None:
             logs["input_wait_ms"] = waited / steps * 1e3
             logs["input_wait_share"] = waited / max(now.now - self._epoch_start.now, 1e-9)
+            if self._collector.may_skip:
+                logs["input_skipped"] = now.skipped - self._epoch_start.skipped
         if self._writer is not None:
             # Already written at this step: only the epoch-end tags (never two points at one step).
             self._write(snap, epoch_end=True, totals=now, interval=self._written_step != self._step)
@@ -190,7 +196,7 @@ class InputStats(keras.callbacks.Callback):
     @staticmethod
     def _empty() -> dict:
         # A dataset built after fit began: nothing before.
-        return {"items": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
+        return {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
 
     def _stop_searching(self) -> None:
         if self._searching and self._collector is None:
@@ -255,6 +261,7 @@ class InputStats(keras.callbacks.Callback):
         }
         scalars.update({k: v for k, v in optional.items() if v is not None})
         scalars["input/errors"] = snap["errors"]
+        scalars["input/skipped"] = snap["skipped"]
         if epoch_end:
             scalars.update(self._epoch_end_scalars(snap))
         self._writer.scalars(scalars, self._step)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from typing import Any, Mapping, Optional, Union
 
 import keras
@@ -129,6 +130,8 @@ class TrainingProgress(keras.callbacks.Callback):
         self._order = start.order
         # Items per batch and batches per pass of the front end given as `order` (None: not known).
         pipeline = None if order is None else find_tagged(order, PIPELINE_ATTR)
+        # Held weakly: the items it left out (max_skipped) go into every state; it must not keep the data alive.
+        self._pipeline = (lambda: None) if pipeline is None else weakref.ref(pipeline)
         self._per_batch = getattr(pipeline, "items_per_batch", None)
         self._per_pass = getattr(pipeline, "batches_per_pass", None)
         if self._per_batch is None and start.items is not None and start.batches:
@@ -149,8 +152,21 @@ class TrainingProgress(keras.callbacks.Callback):
         With an order fingerprint (see ``order``) the dict also has ``"order"``,
         and given the dataset or loader as ``order``, ``"items"``.
         """
-        items = None if self._per_batch is None else self._batches * self._per_batch
-        return ResumeState(self._epoch, self._batches, self._order, items).to_dict()
+        epoch, batches = self._epoch, self._batches
+        skipped = self._skipped(epoch, batches)
+        if skipped and self._per_batch == 1 and self._per_pass and batches + len(skipped) >= self._per_pass:
+            # Items that are batches, left out up to the pass's end: the next position is the next pass.
+            epoch, batches, skipped = epoch + 1, 0, []
+        items = None if self._per_batch is None else batches * self._per_batch
+        return ResumeState(epoch, batches, self._order, items, skipped or None).to_dict()
+
+    def _skipped(self, epoch: int, batches: int) -> list:
+        # What the pipeline left out of the pass before this position (max_skipped); without a
+        # live pipeline, what the state it resumed from says of that pass.
+        pipeline = self._pipeline()
+        if pipeline is not None and pipeline.skips is not None:
+            return pipeline.skipped_before(epoch, batches)
+        return [[epoch, i] for i in self._resume.skipped_in(epoch)]
 
     def on_train_begin(self, logs: Any = None) -> None:
         params = self.params or {}

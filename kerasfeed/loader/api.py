@@ -40,6 +40,11 @@ def to_loader(
     input_context: Any = None,
     copy: bool = False,
     device_prefetch: Optional[int] = None,
+    timeout: Optional[float] = None,
+    retries: int = 0,
+    max_skipped: Union[int, float] = 0,
+    worker_max_items: Optional[int] = None,
+    worker_max_rss: Optional[int] = None,
 ) -> Loader:
     """Turns an indexable source into numpy batches for any Keras 3 backend.
 
@@ -107,6 +112,24 @@ def to_loader(
             accelerator, 0 on a CPU; 0: off (Keras places each batch in the
             training thread). Plain ``iter(loader)`` always yields numpy.
             See ``kerasfeed/loader/device.py``.
+        timeout: seconds one item may take, counted from when its thread or
+            worker process is ready to run it; then the item fails
+            (``TimeoutError`` from threads, ``kerasfeed.WorkerError`` from a
+            worker, which is killed). None (the default) waits as long as the
+            worker lives. As in ``to_dataset``.
+        retries: how many more times an item is tried after an attempt that
+            raised, ran past ``timeout`` or whose worker died (the worker is
+            replaced); 0 (the default): the first failure fails the item.
+        max_skipped: items of a pass that may still fail after their retries
+            and be left out: an int count, or a float in (0, 1), a fraction
+            of the pass; 0 (the default): none. With ``batch_size`` the batch
+            that held one is one sample shorter (a pass keeps its number of
+            batches); with ``batch_size=None`` the pass is one batch shorter.
+            Logged, counted in ``kerasfeed.stats`` and kept with resume
+            states, as in ``to_dataset`` (``docs/reliability.md``).
+        worker_max_items, worker_max_rss: a worker process that was sent
+            this many items, or whose resident memory passed this many bytes,
+            finishes its items and is replaced (None: never).
 
     Under a multi-process ``keras.distribution`` (JAX; one process per host)
     each process reads only its own shard of every pass (processes whose
@@ -191,6 +214,11 @@ def to_loader(
             input_context=input_context,
             copy=copy,
             device_prefetch=device_prefetch,
+            timeout=timeout,
+            retries=retries,
+            max_skipped=max_skipped,
+            worker_max_items=worker_max_items,
+            worker_max_rss=worker_max_rss,
         )
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)

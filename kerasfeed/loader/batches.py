@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from kerasfeed.loader.collate import BatchBuilder, Signature, pack
-from kerasfeed.loader.passes import Pass
+from kerasfeed.loader.passes import END, Pass
 
 
 def _fresh(arrays: list) -> list:
@@ -38,33 +38,41 @@ class BatchReader:
     """Loads the items of one batch of a pass and assembles the batch.
 
     Args:
-        load: ``PassPipeline.load``: ``(index, epoch) -> [array per leaf]``.
+        load: ``PassPipeline.load``: ``(index, epoch) -> [array per leaf]``,
+            or None for an item left out (``max_skipped``).
         signature: what every item must look like.
         batch_size: None (items are batches) or samples per batch.
         padding: one padding value per leaf.
         copy: hand over fresh arrays even when items are whole batches.
+        skips: items may be left out (``max_skipped``): NOTE [ A skipped item
+            and its batch ] in ``kerasfeed/loading/skips.py``.
     """
 
     def __init__(
         self,
-        load: Callable[[int, int], list],
+        load: Callable[[int, int], Optional[list]],
         signature: Signature,
         batch_size: Optional[int],
         padding: list,
         copy: bool,
+        skips: bool = False,
     ):
         self._load = load
         self._signature = signature
         self._batch_size = batch_size
         self._padding = padding
         self._copy = copy
+        self._skips = skips
         # With batch_size=None: ``check(index, arrays)`` of each item, or None (Loader.check_batches).
         self.check_item: Optional[Callable[[int, list], None]] = None
 
     def read(self, p: Pass) -> Any:
-        """Batch ``p.position`` of pass ``p``, as a nest of numpy arrays."""
+        """Batch ``p.position`` of pass ``p``, as a nest of numpy arrays (``END``:
+        the pass ended on items left out)."""
         load, skeleton = self._load, self._signature.skeleton
         if self._batch_size is None:
+            if self._skips:
+                return self._next_item(p)
             index = p.indices[p.position]
             arrays = load(index, p.epoch)
             if self.check_item is not None:
@@ -74,14 +82,36 @@ class BatchReader:
         start = p.position * k
         rows = p.indices[start : start + k]
         batch = BatchBuilder(self._signature, len(rows), self._padding)
-        for i in rows:
-            batch.add(load(i, p.epoch))
+        if self._skips:  # a batch keeps its positions: an item left out is a row less
+            for i in rows:
+                arrays = load(i, p.epoch)
+                if arrays is not None:
+                    batch.add(arrays)
+        else:
+            for i in rows:
+                batch.add(load(i, p.epoch))
         if p.position + 1 == p.batches:
             # The dropped remainder still passes through the pipeline (as in
             # to_dataset), so the pass ends for the source and the executor.
             for i in p.indices[start + k :]:
                 load(i, p.epoch)
         return pack(skeleton, batch.finish())
+
+    def _next_item(self, p: Pass) -> Any:
+        """The next item of ``p`` not left out (items are batches): each one
+        left out moves the pass on by one (``p.skipped``)."""
+        while True:
+            at = p.position + p.skipped
+            if at >= p.batches:
+                return END
+            index = p.indices[at]
+            arrays = self._load(index, p.epoch)
+            if arrays is not None:
+                break
+            p.skipped += 1
+        if self.check_item is not None:
+            self.check_item(int(index), arrays)
+        return pack(self._signature.skeleton, _fresh(arrays) if self._copy else arrays)
 
 
 __all__ = ["BatchReader"]

@@ -121,11 +121,14 @@ class BatchBuilder:
         self._count = j + 1
 
     def finish(self) -> list:
-        """The batch's arrays, one per leaf."""
-        if self._count != self._size:
-            raise RuntimeError(f"kerasfeed: a batch of {self._size} got {self._count} samples. Received: {self._count}")
+        """The batch's arrays, one per leaf: the samples added (fewer than
+        ``size`` when items were left out: ``max_skipped``)."""
+        n = self._count
+        if not 0 < n <= self._size:
+            raise RuntimeError(f"kerasfeed: a batch of {self._size} got {n} samples. Received: {n}")
         return [
-            _padded(self._varying[k], self._padding[k]) if out is None else out for k, out in enumerate(self._out)
+            _padded(self._varying[k], self._padding[k]) if out is None else (out if n == self._size else out[:n])
+            for k, out in enumerate(self._out)
         ]
 
 

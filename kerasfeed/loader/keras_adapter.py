@@ -138,6 +138,7 @@ def tf_dataset(loader: Any) -> Any:
         # None stays None: the dataset's passes then follow fit's epochs as the loader's do.
         initial_state=None if options.initial_state is None else options.resume.to_dict(),
         order=order,
+        max_skipped=options.max_skipped,  # retries and worker limits: the loader's executor has them
     )
 
 __all__ = [

@@ -69,7 +69,8 @@ class Loader:
             del probes
             self._pipeline = feed.pipeline(self._signature)
         self._reader = BatchReader(
-            self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy
+            self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy,
+            skips=self._pipeline.skips is not None,
         )
         count = functools.partial(count_batches, batch_size=options.batch_size, drop_remainder=options.drop_remainder)
         self._passes = Passes(

@@ -23,6 +23,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+# What ``read`` returns when a pass ends on items left out (batch_size=None, max_skipped).
+END = object()
+
 
 class Pass:
     """One pass being read: its order, how far it was read, its first batches.
@@ -33,7 +36,7 @@ class Pass:
     the pass over waits for a read still under way in the one it replaces.
     """
 
-    __slots__ = ("epoch", "skip", "indices", "batches", "position", "kept", "keep", "reader", "lock")
+    __slots__ = ("epoch", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader", "lock")
 
     def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0):
         self.epoch = epoch
@@ -41,6 +44,7 @@ class Pass:
         self.indices = indices
         self.batches = batches
         self.position = 0  # batches of this pass read
+        self.skipped = 0  # items left out before the next one (batch_size=None, max_skipped)
         self.kept: Optional[list] = []  # the batches read, while at most `keep`; None after
         self.keep = keep
         self.reader = reader  # id of the iterator reading it
@@ -190,6 +194,10 @@ class PassIterator:
                 p.kept = None  # read to its end: never taken over (a one-batch pass included)
                 raise StopIteration
             batch = passes.read(p)
+            if batch is END:  # the pass ended on items left out (max_skipped)
+                self._done = True
+                p.kept = None
+                raise StopIteration
             p.position += 1
             if p.kept is not None:
                 if p.position <= p.keep:
@@ -199,4 +207,4 @@ class PassIterator:
             return batch
 
 
-__all__ = ["Pass", "PassIterator", "Passes"]
+__all__ = ["END", "Pass", "PassIterator", "Passes"]

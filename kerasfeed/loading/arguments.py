@@ -32,7 +32,8 @@ class Passes:
         first_pass: batches in the first pass (fewer when resumed inside it).
         resume: the resume state the first pass starts from.
         skip: items of the first pass already consumed (``resume.batches``
-            batches).
+            batches, and with ``batch_size=None`` the items the saved run
+            left out before them).
     """
 
     order: Any
@@ -103,6 +104,15 @@ def resolve_passes(
             f"resume at the next epoch instead. Received: initial_state={resume.to_dict()}"
         )
     skip = resume.batches * (batch_size or 1)
+    if batch_size is None:
+        # Items left out before the saved position were batches Keras never counted (loading/skips.py).
+        skip += len(resume.skipped_in(resume.epoch))
+        if skip >= n:
+            raise ValueError(
+                f"{_where(owner)}`initial_state` resumes after {resume.batches} batches and {skip - resume.batches} "
+                f"items left out, but a pass has only {n} items; resume at the next epoch instead. "
+                f"Received: initial_state={resume.to_dict()}"
+            )
     return Passes(order, n, per_pass, count_batches(n - skip, batch_size, drop_remainder), resume, skip)
 
 

@@ -22,15 +22,21 @@ BLOCK = 512  # indices per plan: the state of the source is checked once per blo
 
 
 def check_endless_arguments(
-    source: Any, shuffle: bool, initial_state: Optional[Mapping[str, int]], order: Any = None
+    source: Any, shuffle: bool, initial_state: Optional[Mapping[str, int]], order: Any = None, max_skipped: Any = 0
 ) -> None:
     """Refuses what an endless pass cannot do, naming why.
 
     Raises:
-        ValueError: ``shuffle=True``, ``order`` or ``initial_state`` with an
-            infinite source.
+        ValueError: ``shuffle=True``, ``order``, ``initial_state`` or a
+            fraction ``max_skipped`` with an infinite source.
     """
     name = type(source).__name__
+    if isinstance(max_skipped, float):
+        raise ValueError(
+            f"`max_skipped` as a fraction of a pass needs a finite source: {name}.num_batches is None (infinite). "
+            f"Give a count of items instead (an endless pass is one pass for the whole run). "
+            f"Received: max_skipped={max_skipped!r}"
+        )
     if order is not None:
         raise ValueError(
             f"`order` needs a finite source: {name}.num_batches is None (infinite), so there is no pass to "
@@ -94,13 +100,18 @@ class EndlessPipeline(PassPipeline):
             self._current = epoch
         if self.stats is not None:
             self.stats.pass_begin(epoch)
+        if self.skips is not None:
+            self.skips.begin(epoch, 0)
         self._run_begin_hooks(epoch)
         self._plan(epoch, 0)
         return np.int64(epoch)
 
+    def position_of(self, index: int, epoch: int) -> int:
+        return (int(index) - self._shard_index) // self._num_shards
+
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
-        arrays = self._arrays(index, epoch)
+        arrays = self._arrays(index, epoch)  # None: left out (max_skipped)
         position = (index - self._shard_index) // self._num_shards
         if position % self._block == self._block - 1 and epoch == self._current:
             self._plan(epoch, position // self._block + 1)

@@ -23,10 +23,14 @@ from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batche
 from kerasfeed.loading.options import LoadOptions
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.loading.shards import ShardPlan, shard_probe_indices
+from kerasfeed.loading.skips import SkipBudget, logger, skippable
 
 # The length an endless source counts as when shards are resolved: items for
 # any number of workers.
 ENDLESS = 2**62
+
+# Items tried in place of a probed item that fails, with max_skipped.
+PROBE_TRIES = 8
 
 # How a front end resolves its shards: (options, source length) -> ShardPlan
 # (``shards.cluster_shards``, ``shards.given_shards`` or
@@ -100,12 +104,37 @@ class Feed:
                 where several processes' batches make one step
                 (``host_batches.equal_probed_batches``).
         """
-        probes = [(i, self.executor.load(i, 0)) for i in at]
+        if self.options.max_skipped:
+            probes = [self._probe_around(i) for i in at]
+        else:
+            probes = [(i, self.executor.load(i, 0)) for i in at]
         why = self.shards.equal_batches
         if why and self.options.batch_size is None and probes:
             self.item_batch_size = equal_probed_batches(probes, why, self.options.api)
             self._probed = probes[0][0]
         return probes
+
+    def _probe_around(self, i: int) -> tuple:
+        """``(j, source[j])`` for ``i`` or, with ``max_skipped``, the nearest of the
+        next items (the previous ones for the last) when it fails as an item may:
+        a corrupt item among the probed must not keep a long run from starting."""
+        last = self.total is not None and i == self.total - 1
+        step = self.shards.num_shards if self.endless else 1
+        failed = None
+        for k in range(PROBE_TRIES):
+            j = i - k * step if last else i + k * step
+            if j < 0 or (self.total is not None and j >= self.total):
+                break
+            try:
+                return j, self.executor.load(j, 0)
+            except Exception as e:
+                if not skippable(e, j):
+                    raise
+                failed = failed or e
+                self.executor.item_skipped(j, 0)
+                logger.warning("kerasfeed: probing item %d failed (%s); max_skipped is set, so item %d is probed "
+                               "instead.", j, e, j - step if last else j + step)
+        raise failed
 
     def pipeline(self, checker: Any) -> PassPipeline:
         """The pass pipeline the front end drives (``EndlessPipeline`` for an endless source).
@@ -121,7 +150,7 @@ class Feed:
         if self.endless:
             pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
         else:
-            # No initial_state given: passes begun under model.fit are its epochs (keras_fit.py).
+            # No initial_state given: passes begun under model.fit are its epochs (kerasfeed/_keras_fit.py).
             follow = self.options.initial_state is None
             pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip,
                                     follow_keras=follow)
@@ -131,6 +160,13 @@ class Feed:
         pipeline.num_shards = shards.num_shards if shards.order is None else 1
         if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s
             pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, pipeline.items_per_batch
+        options = self.options
+        if options.max_skipped:  # failed items left out, up to a budget per pass (loading/skips.py)
+            pipeline.skips = SkipBudget(options.max_skipped, passes.items, options.batch_size, options.drop_remainder)
+            if pipeline.stats is not None:
+                pipeline.stats.may_skip = True
+            # A resumed pass continues the saved run's count (its position already counts those items).
+            pipeline.resume_skipped(passes.resume.epoch, passes.resume.skipped_in(passes.resume.epoch))
         return pipeline
 
     def abandon(self) -> None:
@@ -163,8 +199,15 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
             resume state past the end of a pass.
     """
     if total is None:
-        check_endless_arguments(source, options.shuffle, options.initial_state, options.order)
+        check_endless_arguments(source, options.shuffle, options.initial_state, options.order, options.max_skipped)
     plan = shards(options, ENDLESS if total is None else total)
+    if options.max_skipped and plan.equal_batches:
+        raise ValueError(
+            f"{options.api}: `max_skipped` cannot be used by {plan.equal_batches}: a step joins every process's "
+            "batch, and an item left out on one process would make its batch (or, with batch_size=None, its pass) "
+            "differ from the others'. Use retries= to try failing items again instead. "
+            f"Received: max_skipped={options.max_skipped!r}"
+        )
     passes = resolve_passes(
         total,
         order=plan.order,

@@ -20,6 +20,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.loading.arguments import resume_state
+from kerasfeed.loading.skips import check_max_skipped
 from kerasfeed.sampling.state import ResumeState
 
 
@@ -40,6 +41,12 @@ class LoadOptions:
             ``Executor`` instance.
         workers, worker_init, timeout: worker options (``pool`` holds them
             checked, with ``seed``).
+        retries, worker_max_items, worker_max_rss: an item tried again after
+            a failure; workers replaced at a limit (``pool`` holds them
+            checked; ``execution/retries.py``).
+        max_skipped: items of a pass that may fail (after their retries) and
+            be left out: an int count or a float fraction of a pass; 0 (the
+            default) fails fast (``loading/skips.py``).
         probe: leading items (and the last) probed for the structure.
 
     Derived (not arguments):
@@ -72,6 +79,10 @@ class LoadOptions:
     workers: Optional[int] = None
     worker_init: Optional[Callable[[], None]] = None
     timeout: Optional[float] = None
+    retries: int = 0
+    max_skipped: Union[int, float] = 0
+    worker_max_items: Optional[int] = None
+    worker_max_rss: Optional[int] = None
     probe: int = 3
     pool: PoolOptions = dataclasses.field(init=False, repr=False, compare=False)
     resume: ResumeState = dataclasses.field(init=False, repr=False, compare=False)
@@ -82,7 +93,9 @@ class LoadOptions:
     def __post_init__(self):
         # Built (and checked) once here, used whole by every process executor.
         self._put("pool", PoolOptions(workers=self.workers, worker_init=self.worker_init, seed=self.seed,
-                                      timeout=self.timeout))
+                                      timeout=self.timeout, retries=self.retries,
+                                      worker_max_items=self.worker_max_items, worker_max_rss=self.worker_max_rss))
+        self._put("max_skipped", check_max_skipped(self.max_skipped, self.owner))
         self._check_own()
         owner = self.owner
         self._put("batch_size", _v.positive_int("batch_size", self.batch_size, allow_none=True, owner=owner))
@@ -93,10 +106,21 @@ class LoadOptions:
         self._put("probe", _v.positive_int("probe", self.probe, owner=owner))
         self._put("shuffle", _v.flag("shuffle", self.shuffle, owner=owner))
         self._put("resume", resume_state(self.initial_state))
+        if self.max_skipped and self.batch_size == 1:
+            raise ValueError(
+                f"{_where(owner)}`max_skipped` with `batch_size=1` would leave every skipped item's batch empty, and a "
+                "batch of no samples cannot be trained on: use batch_size=None (each item a batch; a skipped one is "
+                "left out of the pass) or a larger batch_size. "
+                f"Received: max_skipped={self.max_skipped!r}, batch_size=1"
+            )
 
     def _check_own(self) -> None:
         """The front end's own arguments, checked after the worker options
         and before the shared ones (a subclass's hook)."""
+
+
+def _where(owner: Optional[str]) -> str:
+    return f"{owner}: " if owner else ""
 
 
 __all__ = ["LoadOptions"]

@@ -16,10 +16,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed.errors import ItemError
+from kerasfeed._keras_fit import find_fit, keras_pass
+from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
-from kerasfeed._keras_fit import find_fit, keras_pass
+from kerasfeed.loading.skips import SkipBudget, find_position, skippable
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
@@ -29,6 +30,10 @@ from kerasfeed.sources.base import has_own_epoch_hooks, set_epoch
 INDEX_WINDOW = 4096
 # Passes whose order stays available to ``window`` (iterators of older passes are abandoned ones).
 KEPT_PASSES = 8
+# Pool restarts one load waits through (max_skipped without retries: workers dying on other items).
+RESTARTS = 8
+# The mark of a loaded item beside its arrays (``load_marked``): kept, or left out (max_skipped).
+_KEPT, _LEFT_OUT = np.bool_(True), np.bool_(False)
 
 
 class PassPipeline:
@@ -68,6 +73,10 @@ class PassPipeline:
         self.stats = new_collector("pipeline")  # None when switched off
         if self.stats is not None:
             executor.attach_stats(self.stats)
+        # max_skipped: failed items left out, up to a budget (None: every failure ends the pass),
+        # and what a front end that marks items hands over in a left-out item's place.
+        self.skips: Optional[SkipBudget] = None
+        self.placeholder: Optional[list] = None
 
     def begin(self) -> tuple[IndexView, np.int64]:
         """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
@@ -81,6 +90,8 @@ class PassPipeline:
                 del self._views[stale]  # a view is small: a window of indices
         if self.stats is not None:
             self.stats.pass_begin(epoch)
+        if self.skips is not None:
+            self.skips.begin(epoch, skip)
         self._run_begin_hooks(epoch)
         # After the hooks: an executor in this process makes items from now on.
         # Worker processes may also go on with the next pass's first items
@@ -184,21 +195,84 @@ class PassPipeline:
         stats.picked(epoch, t1 - t0, t1)
         return item
 
-    def _arrays(self, index: int, epoch: int) -> list:
-        """Item ``index`` of pass ``epoch``, checked and flattened. A failure
-        is told to the executor (NOTE [ Parking after a failed pass ])."""
+    def _arrays(self, index: int, epoch: int) -> Optional[list]:
+        """Item ``index`` of pass ``epoch``, checked and flattened; None: it
+        failed and was left out (``max_skipped``). A failure that ends the
+        pass is told to the executor (NOTE [ Parking after a failed pass ])."""
         try:
             return self._checker.flat_arrays(index, self._pick(index, epoch))
         except WaitAbandoned:
             raise  # the consumer left on purpose
-        except ItemError as e:
+        except Exception as e:
+            error = e
+            if self.skips is not None and skippable(e, index):
+                error = self._leave_out(index, epoch, e)
+                if error is None:
+                    return None
+            elif self.skips is not None and isinstance(e, WorkerError) and e.index is not None:
+                return self._after_death(index, epoch, e)
             self.executor.pass_failed(epoch)
-            # The executor's own frames say nothing to the user (TensorFlow
-            # prints them under the original traceback): start from here.
-            raise e.with_traceback(None) from e.__cause__
-        except Exception:
-            self.executor.pass_failed(epoch)
+            if isinstance(error, ItemError):
+                # The executor's own frames say nothing to the user (TensorFlow
+                # prints them under the original traceback): start from here.
+                raise error.with_traceback(None) from error.__cause__
+            if error is not e:
+                raise error from e.__cause__
             raise
+
+    def _after_death(self, index: int, epoch: int, error: WorkerError) -> Optional[list]:
+        """Item ``index`` failed only because its worker died making item
+        ``error.index`` (no retries: the pool closed): the executor restarts
+        without that item (``Executor.item_skipped``, whose own load then
+        fails at once, where it may be left out) and ``index`` is loaded again."""
+        for _ in range(RESTARTS):
+            self.executor.item_skipped(int(error.index), epoch)
+            try:
+                return self._arrays(index, epoch)
+            except WorkerError as again:
+                if again.index is None or int(again.index) == index:
+                    raise
+                error = again
+        self.executor.pass_failed(epoch)
+        raise error
+
+    def _leave_out(self, index: int, epoch: int, error: BaseException) -> Optional[BaseException]:
+        """Leaves the failed item out if the budget allows (None), else the error to raise."""
+        refused = self.skips.skip(epoch, index, self.position_of(index, epoch), error)
+        if refused is not None:
+            return refused
+        self.executor.item_skipped(index, epoch)
+        if self.stats is not None:
+            self.stats.skipped(epoch)
+        return None
+
+    def position_of(self, index: int, epoch: int) -> Optional[int]:
+        """The position in pass ``epoch`` of item ``index`` being loaded now (None: not known).
+
+        Items are loaded in pass order (a parallel map only a few apart):
+        the search starts at the number loaded so far."""
+        with self._lock:
+            view, left = self._views.get(epoch), self._remaining.get(epoch, 0)
+        if view is None:
+            return None
+        offset = self.skips.offset(epoch)
+        taken = {p - offset for p in self.skips.positions(epoch)}
+        found = find_position(view, index, len(view) - left, taken)
+        return None if found is None else offset + found
+
+    def skipped_before(self, epoch: int, batches: int) -> list:
+        """``[[epoch, index], ...]`` left out of pass ``epoch`` before its batch
+        ``batches`` (what a resume state keeps; empty without ``max_skipped``)."""
+        return [] if self.skips is None else self.skips.before(epoch, batches)
+
+    def resume_skipped(self, epoch: int, indices: Any) -> int:
+        """A saved run left ``indices`` out of pass ``epoch`` before its saved
+        position: the budget's count continues from them. Returns the items
+        they add to that position (batch_size=None: each was a batch)."""
+        if self.skips is None:
+            return 0
+        self.skips.restore(epoch, indices)
+        return len(indices) if self.skips.batch_size is None else 0
 
     def ready(self, i, epoch) -> bool:
         """Whether ``load(i, epoch)`` would not wait (see ``Executor.ready``)."""
@@ -227,15 +301,29 @@ class PassPipeline:
             hook()
 
     def load(self, i, epoch):
+        """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
         arrays, last = self.take(i, epoch)
         if last or self._copy_views:
             # The hook may change in place what items view: hand over copies
             # (NOTE [ Epoch hooks and items that view the source ]); the last
             # item's arrays always, as the hook runs before this call returns.
-            arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
+            if arrays is not None:
+                arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
         if last:
             self.end_pass()
         return arrays
+
+    def load_marked(self, i, epoch) -> list:
+        """``load`` for tf.data with ``max_skipped``: the arrays and a True
+        mark, or for an item left out ``placeholder`` and a False mark (the
+        tail drops it: NOTE [ A skipped item and its batch ], skips.py)."""
+        arrays = self.load(i, epoch)
+        return self.placeholder + [_LEFT_OUT] if arrays is None else arrays + [_KEPT]
+
+    def take_marked(self, i, epoch) -> tuple:
+        """``take`` with the mark of ``load_marked`` (for the group loaders)."""
+        arrays, last = self.take(i, epoch)
+        return (self.placeholder + [_LEFT_OUT] if arrays is None else arrays + [_KEPT]), last
 
 
 def weak_method(obj: Any, name: str) -> Callable:

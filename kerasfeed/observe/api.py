@@ -45,6 +45,8 @@ def stats(ds: Any) -> dict:
     Keys (``None`` where not known yet or not applicable):
 
     - ``items``, ``batches``, ``errors``: picked up so far / items that raised.
+    - ``skipped``: items that failed and were left out (``max_skipped=``;
+      each is counted in ``errors`` too); per pass in ``passes``.
     - ``wait_ms``: ``{mean, p50, p95, p99, max, samples}`` of the pick-up's
       blocking time per item; ``wait_total_s``; ``ready_fraction``: share of
       pick-ups that found the item ready (blocked < 0.1 ms).
@@ -55,7 +57,7 @@ def stats(ds: Any) -> dict:
       producer's time between ``put`` calls); ``items_made``.
     - ``items_per_s``, ``batches_per_s``: of the latest pass with items.
     - ``passes``: per pass ``{epoch, items, batches, seconds, items_per_s,
-      batches_per_s, wait_s, first_item_s, gap_s}``; ``gap_s`` is the time
+      batches_per_s, wait_s, first_item_s, gap_s, skipped}``; ``gap_s`` is the time
       from the previous pass's last pick-up to this pass's first.
     - ``workers``: per worker process ``{id, items, busy_s, busy, pid, rss_mb}``
       (``busy``: share of the time since the first item spent making items);

@@ -88,7 +88,7 @@ def _summary_ms(ring: _Ring) -> Optional[dict]:
 
 
 class _Pass:
-    __slots__ = ("epoch", "begin", "first", "last", "items", "wait_s", "gap_s")
+    __slots__ = ("epoch", "begin", "first", "last", "items", "wait_s", "gap_s", "skipped")
 
     def __init__(self, epoch: int, begin: float, gap_from: Optional[float]):
         self.epoch, self.begin = epoch, begin
@@ -96,6 +96,7 @@ class _Pass:
         self.last: Optional[float] = None
         self.items = 0
         self.wait_s = 0.0
+        self.skipped = 0  # items left out (max_skipped)
         self.gap_s = gap_from  # the previous pass's last pick-up, until the first one here
 
     def as_dict(self, per_batch: int) -> dict:
@@ -112,6 +113,7 @@ class _Pass:
             "wait_s": self.wait_s,
             "first_item_s": None if self.first is None else self.first - self.begin,
             "gap_s": self.gap_s if self.first is not None else None,
+            "skipped": self.skipped,
         }
 
 
@@ -132,12 +134,14 @@ class StatsCollector:
         self.items_per_batch = max(1, int(items_per_batch or 1))
         self.executor: Optional[str] = None
         self.process: Optional[int] = None  # this process's index under a multi-process Keras distribution
+        self.may_skip = False  # the pipeline may leave failed items out (max_skipped)
         self._lock = threading.Lock()
         self._created = time.perf_counter()
         self._wait = _Ring(window)
         self._make = _Ring(window)
         self._wait_total = 0.0
         self._errors = 0
+        self._skipped = 0
         self._busy: dict[Any, list] = {}  # worker id -> [busy seconds, items]
         self._first_made: Optional[float] = None
         self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
@@ -196,6 +200,14 @@ class StatsCollector:
     def error(self) -> None:
         with self._lock:
             self._errors += 1
+
+    def skipped(self, epoch: int) -> None:
+        """An item of pass ``epoch`` failed and was left out (``max_skipped``; also counted in ``error``)."""
+        with self._lock:
+            self._skipped += 1
+            p = self._passes.get(int(epoch))
+            if p is not None:
+                p.skipped += 1
 
     def made(
         self,
@@ -267,6 +279,7 @@ class StatsCollector:
                 "batches": self._wait.count / self.items_per_batch,
                 "items_per_batch": self.items_per_batch,
                 "errors": self._errors,
+                "skipped": self._skipped,
                 "uptime_s": now - self._created,
                 "wait_total_s": self._wait_total,
                 "wait_ms": wait,

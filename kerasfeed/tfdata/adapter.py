@@ -48,6 +48,10 @@ def to_dataset(
     order: Any = None,
     group_items: Optional[int] = None,
     timeout: Optional[float] = None,
+    retries: int = 0,
+    max_skipped: Union[int, float] = 0,
+    worker_max_items: Optional[int] = None,
+    worker_max_rss: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -137,6 +141,24 @@ def to_dataset(
             threads, ``kerasfeed.WorkerError`` from a worker, which is
             killed). None (the default) waits as long as the worker lives.
             Ignored when ``executor`` is an ``Executor`` instance.
+        retries: how many more times an item is tried after an attempt that
+            raised, ran past ``timeout`` or whose worker died (the worker is
+            replaced); 0 (the default): the first failure fails the item.
+        max_skipped: items of a pass that may still fail after their retries
+            and be left out instead of ending the pass: an int count, or a
+            float in (0, 1), a fraction of the pass; 0 (the default): none.
+            With ``batch_size`` the batch that held a skipped item is one
+            sample shorter and a pass keeps its number of batches; with
+            ``batch_size=None`` the pass is one batch shorter per skipped
+            item (Keras then warns that the input ran out of data at that
+            epoch's end). Each skip is logged once (``kerasfeed`` logger),
+            counted in ``kerasfeed.stats`` and kept with resume states; past
+            the budget the error is raised, naming every item skipped.
+            See ``docs/reliability.md``.
+        worker_max_items, worker_max_rss: a worker process that was sent
+            this many items, or whose resident memory passed this many bytes,
+            finishes its items and is replaced (None: never; worker
+            processes only).
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality (resumed:
@@ -193,6 +215,10 @@ def to_dataset(
         order=order,
         group_items=group_items,
         timeout=timeout,
+        retries=retries,
+        max_skipped=max_skipped,
+        worker_max_items=worker_max_items,
+        worker_max_rss=worker_max_rss,
     )
     return assemble(source, total, options)
 
@@ -238,10 +264,14 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     """The tail: shuffle buffer and batching, the known cardinality, tf.data options, prefetch."""
     tail = feed.options.tail
     variable = any(None in s.shape.as_list() for s in checker.specs if s.shape.rank)
-    ds = tail.shuffle_and_batch(ds, variable=variable)
+    marked = bool(feed.options.max_skipped)  # elements (item, kept): items left out are dropped
+    ds = tail.shuffle_and_batch(ds, variable=variable, marked=marked)
+    # A resumed dataset's first pass is shorter than the others; so is a pass that left
+    # items out that were batches (NOTE [ A skipped item and its batch ], loading/skips.py).
+    shorter = feed.passes.skip or (marked and feed.options.batch_size is None)
     if feed.endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    elif not feed.passes.skip:  # a resumed dataset's first pass is shorter than the others
+    elif not shorter:
         ds = ds.apply(tf.data.experimental.assert_cardinality(feed.passes.per_pass))
     options = tf.data.Options()
     options.deterministic = True
@@ -253,7 +283,7 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     ds = own_sharding(ds.with_options(options), feed.shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
     ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
-    if feed.passes.skip and not feed.endless:
+    if shorter and not feed.endless:
         tell_keras_the_whole_pass(ds, feed.passes.per_pass)
     return ds
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from kerasfeed._leaves import padding_leaves
 from kerasfeed._nest import flatten
+from kerasfeed.tfdata.inline_map import graph_fn
 
 
 def batch(
@@ -18,16 +19,39 @@ def batch(
     ragged: bool,
     variable: bool,
     padding_values: Any,
+    marked: bool = False,
 ) -> tf.data.Dataset:
-    """Batches samples: ragged on request, zero-padded when shapes vary."""
+    """Batches samples: ragged on request, zero-padded when shapes vary.
+
+    ``marked``: elements are ``(item, kept)`` (``max_skipped``); items left
+    out are dropped from their batch after batching (``drop_left_out``)."""
     if batch_size is None:
-        return ds
+        return drop_left_out(ds, batched=False) if marked else ds
     if ragged:
-        return ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
-    if variable:
-        padding = _padding(ds.element_spec, padding_values)
-        return ds.padded_batch(batch_size, padding_values=padding, drop_remainder=drop_remainder)
-    return ds.batch(batch_size, drop_remainder=drop_remainder)
+        out = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    elif variable:
+        spec = ds.element_spec
+        padding = (_padding(spec[0], padding_values), tf.constant(False)) if marked else _padding(spec, padding_values)
+        out = ds.padded_batch(batch_size, padding_values=padding, drop_remainder=drop_remainder)
+    else:
+        out = ds.batch(batch_size, drop_remainder=drop_remainder)
+    return drop_left_out(out, batched=True) if marked else out
+
+
+def drop_left_out(ds: tf.data.Dataset, *, batched: bool) -> tf.data.Dataset:
+    """``(item, kept)`` elements without the items left out (``max_skipped``).
+
+    NOTE [ A skipped item and its batch ] (``kerasfeed/loading/skips.py``):
+    batches are made first, by position, so a batch keeps its positions and
+    loses only its rows left out (a boolean mask per leaf); unbatched items
+    left out are filtered (the pass is shorter)."""
+    if not batched:
+        return ds.filter(graph_fn(lambda item, kept: kept)).map(graph_fn(lambda item, kept: item))
+
+    def mask(t: Any, kept: tf.Tensor) -> Any:
+        return tf.ragged.boolean_mask(t, kept) if isinstance(t, tf.RaggedTensor) else tf.boolean_mask(t, kept)
+
+    return ds.map(graph_fn(lambda item, kept: tf.nest.map_structure(lambda t: mask(t, kept), item)))
 
 
 def _padding(spec: Any, padding_values: Any) -> Any:
@@ -41,4 +65,4 @@ def _padding(spec: Any, padding_values: Any) -> Any:
     return tf.nest.pack_sequence_as(spec, constants)
 
 
-__all__ = ["batch"]
+__all__ = ["batch", "drop_left_out"]

@@ -48,7 +48,7 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(loader: Any, checker: Any, ragged: bool) -> tf.data.Dataset:
+def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False) -> tf.data.Dataset:
     """Each pass: ``begin`` records the order; ``load`` gives groups of items
     until an empty one (``kerasfeed.loading.groups``); tf.data splits them in C++.
 
@@ -58,10 +58,13 @@ def grouped_items(loader: Any, checker: Any, ragged: bool) -> tf.data.Dataset:
             their lengths last), held weakly.
         checker: the item signature.
         ragged: the groups are a ``GroupLoader``'s.
+        marked: each group also holds every item's mark (``max_skipped``:
+            False for an item left out), after the leaves; the elements are
+            then ``(item, kept)``.
     """
     specs = checker.specs
     opened = open_leading(specs) if ragged else [False] * len(specs)
-    out_types = [s.dtype for s in specs] + ([tf.int64] if ragged else [])
+    out_types = [s.dtype for s in specs] + ([tf.bool] if marked else []) + ([tf.int64] if ragged else [])
     begin, load = loader
 
     def pass_groups(_):
@@ -81,6 +84,10 @@ def grouped_items(loader: Any, checker: Any, ragged: bool) -> tf.data.Dataset:
             else:
                 t.set_shape([None] + spec.shape.as_list())
             leaves.append(t)
+        if marked:
+            kept = flat[len(specs)]
+            kept.set_shape([None])
+            return checker.pack(leaves), kept
         return checker.pack(leaves)
 
     def has_items(*group):

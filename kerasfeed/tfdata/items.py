@@ -33,7 +33,9 @@ class Items:
     """The dataset of items, and how they are grouped.
 
     Attributes:
-        dataset: one element per item, in pass order.
+        dataset: one element per item, in pass order; with ``max_skipped``
+            ``(item, kept)``, ``kept`` False for an item left out (its
+            element is a placeholder the tail drops: ``batching.drop_left_out``).
         groups: the ``RunLoader``/``GroupLoader`` the dataset owns (held
             weakly by TensorFlow), or None.
         group: items per Python call (1: not grouped).
@@ -67,6 +69,9 @@ def item_dataset(
             f"(num_batches=None); use group_items=1 or None. Received: group_items={group_items}"
         )
     flat_specs = checker.specs
+    marked = pipeline.skips is not None  # max_skipped: every item comes with its mark
+    if marked:
+        pipeline.placeholder = placeholder(flat_specs)
     probed = [(i, [np.asarray(leaf) for _, leaf in flatten(item)[1]]) for i, item in probes]  # once, for both
     largest = max((sum(a.nbytes for a in leaves) for _, leaves in probed), default=None)
     group = 1 if endless else group_size(group_items, flat_specs, sequential, largest)
@@ -77,21 +82,36 @@ def item_dataset(
         ragged = any(opened) and not uniform_leading(probed, opened, feed.total)
         empty = [np.zeros([0] + [d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
         loader = GroupLoader if ragged else RunLoader
+        if marked:  # the marks are one more (dense) column, before the lengths of ragged groups
+            empty.append(np.zeros(0, np.bool_))
         if ragged:
             empty.append(np.zeros((0, sum(opened)), np.int64))
+        take = pipeline.take_marked if marked else pipeline.take
         # owned by the dataset; the source's on_epoch_end runs once the group holding the last item is stacked
-        groups = loader(pipeline.begin, pipeline.take, pipeline.ready, opened, group, empty, end_pass=pipeline.end_pass)
-        ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged)
+        groups = loader(pipeline.begin, take, pipeline.ready, opened + [False] * marked, group, empty,
+                        end_pass=pipeline.end_pass)
+        ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged, marked)
         return Items(ds, groups, group)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
+
+
+def placeholder(specs: list) -> list:
+    """What stands in for an item left out (``max_skipped``): per leaf, no values
+    (0 for each open dimension) of its dtype; the tail drops it."""
+    out = []
+    for s in specs:
+        shape = [] if s.shape.rank is None else [d or 0 for d in s.shape.as_list()]
+        out.append(np.full(shape, b"", object) if s.dtype == tf.string else np.zeros(shape, s.dtype.as_numpy_dtype))
+    return out
 
 
 def _one_by_one(
     feed: Feed, pipeline: PassPipeline, checker: ItemChecker, sequential: bool, parallel: Optional[int]
 ) -> tf.data.Dataset:
-    begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load")
+    marked = pipeline.skips is not None
+    begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load_marked" if marked else "load")
     flat_specs = checker.specs
-    out_types = [s.dtype for s in flat_specs]
+    out_types = [s.dtype for s in flat_specs] + [tf.bool] * marked
     # Each pass's indices reach tf.data a window at a time (index_windows.py).
     index_stream = None if feed.endless else pass_index_stream(
         weak_method(pipeline, "begin_count"), weak_method(pipeline, "window")
@@ -108,6 +128,9 @@ def _one_by_one(
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
         for t, spec in zip(flat, flat_specs):
             t.set_shape(spec.shape)
+        if marked:  # (item, kept): the tail drops items left out
+            flat[-1].set_shape([])
+            return checker.pack(list(flat[:-1])), flat[-1]
         return checker.pack(list(flat))
 
     ds = tf.data.Dataset.range(1).flat_map(endless_stream if feed.endless else index_stream)
@@ -116,4 +139,4 @@ def _one_by_one(
     return ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
 
 
-__all__ = ["Items", "item_dataset"]
+__all__ = ["Items", "item_dataset", "placeholder"]

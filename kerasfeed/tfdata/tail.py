@@ -92,8 +92,10 @@ class TailOptions:
             return n
         return n // size if self.drop_remainder else -(-n // size)
 
-    def shuffle_and_batch(self, ds: Any, *, variable: bool) -> Any:
-        """The shuffle buffer (if any), then batching; ``variable``: some shape varies."""
+    def shuffle_and_batch(self, ds: Any, *, variable: bool, marked: bool = False) -> Any:
+        """The shuffle buffer (if any), then batching; ``variable``: some shape varies;
+        ``marked``: elements are ``(item, kept)`` and items left out are dropped
+        (``max_skipped``: ``batching.drop_left_out``)."""
         from kerasfeed.tfdata.batching import batch
 
         if self.shuffle_buffer:
@@ -105,6 +107,7 @@ class TailOptions:
             ragged=self.ragged,
             variable=variable,
             padding_values=self.padding_values,
+            marked=marked,
         )
         if self.items_per_epoch is not None:  # a declared length: fit knows its steps
             import tensorflow as tf

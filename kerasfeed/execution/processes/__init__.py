@@ -3,8 +3,11 @@
 Parent side (``pool.py`` is the façade; each unit names its worker-side counterpart):
 
 - ``pool.py``             ``WorkerPool``: the public handle, ``stats()``
-- ``dispatcher.py``       the one lock: loads, plans, parking, close ordering
+- ``dispatcher.py``       the one lock: loads (and their retries), plans
+- ``shutdown.py``         parking and close ordering
 - ``readers.py``          the reader thread of each worker; a worker's death
+- ``replacement.py``      successors of dead, hung or recycled workers;
+                          NOTE [ Replacing a worker ]
 - ``pass_plans.py``       the pass requested ahead and the next pass
 - ``lanes.py``            each worker's requests; which worker takes the next one
 - ``slots.py``            shared-memory slots and the lending budget

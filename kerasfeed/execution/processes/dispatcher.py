@@ -29,13 +29,15 @@ import time
 from typing import Any, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.processes import protocol, shm
+from kerasfeed.execution.processes import protocol, shm, shutdown
 from kerasfeed.execution.processes.lanes import Lanes, Request, RequestCounts, WorkerLane
 from kerasfeed.execution.processes.pass_plans import PassPlans, PlanStatus, Send
-from kerasfeed.execution.processes.process import GRACE_S, NO_RESTART, WorkerProcess, fresh_error
+from kerasfeed.execution.processes.process import NO_RESTART, WorkerProcess, fresh_error
 from kerasfeed.execution.processes.readers import read_loop
+from kerasfeed.execution.processes.replacement import Replacements
 from kerasfeed.execution.processes.slots import SlotTable
 from kerasfeed.execution.processes.stream_sessions import StreamSessions
+from kerasfeed.execution.retries import Attempts, RetryCounts
 from kerasfeed.execution.waits import WaitScope
 
 logger = logging.getLogger("kerasfeed")
@@ -52,10 +54,19 @@ class Dispatcher:
         options: the ``PoolOptions``.
         name: the pool's name in error messages.
         waits: the ``WaitScope`` of the pool's loads (a new one if None).
+        counts: where retries and replaced workers are counted (a new one if None).
     """
 
-    def __init__(self, payload: bytes, options: Any, name: str, waits: Optional[WaitScope] = None):
+    def __init__(
+        self,
+        payload: bytes,
+        options: Any,
+        name: str,
+        waits: Optional[WaitScope] = None,
+        counts: Optional[RetryCounts] = None,
+    ):
         self.options = options
+        self.retries = options.retries
         self.name = name
         self.owner_pid = os.getpid()
         self.in_flight_per_worker = options.in_flight_per_worker
@@ -74,32 +85,42 @@ class Dispatcher:
         self.items = 0
         self.consumer_cpu_s = 0.0
         self.stats: Any = None  # a kerasfeed StatsCollector: gets each item's make time
+        self.unfinished: Any = None  # the rest of the pass being read when the pool closed (PassPlans.unfinished)
         self.slots = SlotTable(options.workers, self.in_flight_per_worker)
         self.streams = StreamSessions(self)
-        self.lanes = Lanes(self.slots, self.in_flight_per_worker)
+        reader = functools.partial(read_loop, self)
+        self.counts = counts if counts is not None else RetryCounts()
+        self.replacements = Replacements(self, payload, options, reader, self.counts)
+        self.lanes = Lanes(self.slots, self.in_flight_per_worker, options.worker_max_items, self.replacements.retire)
         self.plans = PassPlans(self.lanes, self.slots, self.new_id, self.in_flight_per_worker)
+        self._sys_path = list(sys.path)
         try:
             for wid in range(options.workers):
                 self.lanes.add(WorkerProcess.launch(wid))
             for lane in self.lanes:
-                init = {
-                    "worker_id": lane.id,
-                    "num_workers": options.workers,
-                    "seed": options.seed + lane.id,
-                    "base_seed": options.seed,  # the items' (execution/item_random.py)
-                    "seed_given": bool(options.seed_given),
-                    "nice": options.worker_nice,
-                    "sys_path": list(sys.path),
-                    "payload": payload,
-                }
                 try:
-                    lane.process.send(protocol.Init(init))
+                    lane.process.send(protocol.Init(self.init_config(lane.id, payload)))
                 except OSError:
                     pass  # died while booting: its reader reports why
-                lane.process.start_reader(functools.partial(read_loop, self), lane)
+                lane.process.start_reader(reader, lane)
         except BaseException:
             self.close()
             raise
+
+    def init_config(self, worker_id: int, payload: bytes) -> dict:
+        """The ``protocol.Init`` config of worker ``worker_id`` (a first one or a successor)."""
+        options = self.options
+        return {
+            "worker_id": worker_id,
+            "num_workers": options.workers,
+            "seed": options.seed + worker_id,
+            "base_seed": options.seed,  # the items' (execution/item_random.py)
+            "seed_given": bool(options.seed_given),
+            "nice": options.worker_nice,
+            "sys_path": self._sys_path,
+            "payload": payload,
+            "max_rss": options.worker_max_rss,
+        }
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -146,6 +167,16 @@ class Dispatcher:
         # With the lock held: a load's slot is free again.
         self.lanes.slot_done(lane, slot)
         self.cv.notify_all()
+
+    def settle(self, lane: WorkerLane, req: Request) -> None:
+        """With the lock held: ``req`` (no longer pending) has its answer or
+        error; its event is set by the caller, after the lock."""
+        req.done = True
+        if req.abandoned:  # its caller was interrupted: free the slot here
+            self.slot_done(lane, req.slot)
+        elif req.planned:
+            lane.waiting += 1
+            self.cv.notify_all()  # no longer counted against a direct load's slots
 
     def _request(self, index: int, epoch: int) -> tuple[WorkerLane, Request]:
         """Takes a slot for a direct load and sends its request.
@@ -212,11 +243,7 @@ class Dispatcher:
             with self.cv:
                 self.check_usable()
                 self.drop_plans()  # nothing new is requested until the state is out
-            for lane in self.lanes:
-                try:
-                    lane.process.send(protocol.SetState(epoch, state))
-                except OSError:
-                    pass  # the worker died: its reader reports it
+            self.replacements.send_state(epoch, state)  # successors get it too
         with self.cv:
             self.check_usable()
             self.plans.start(epoch, indices, next_pass)
@@ -256,7 +283,9 @@ class Dispatcher:
                 return True
             plan = self.plans.plan
             handle = None if plan is None else plan.peek(index, epoch)
-        return handle is not None and handle[1].event.is_set()
+        if handle is None or not handle[1].event.is_set():
+            return False
+        return handle[1].error is None or not self.retries  # a failed one is made again first
 
     # ------------------------------------------------------------ load
     def _lend_or_copy(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
@@ -310,6 +339,13 @@ class Dispatcher:
                 wait.check(lambda: f"{self.name}[{req.index}] (worker {lane.id}, pid {proc.pid})")
                 deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
                 if deadline is not None and time.monotonic() > deadline and not req.event.is_set():
+                    if self.retries:
+                        # Replaced, not fatal: its reader answers what was
+                        # pending on it (NOTE [ Replacing a worker ]).
+                        if lane.stopped_for is None:
+                            lane.stopped_for = f"did not return an item within timeout={timeout} s and was stopped"
+                            proc.kill()
+                        continue
                     err = WorkerError(
                         f"kerasfeed: worker {lane.id} (pid {proc.pid}) did not return {self.name}[{req.index}] within "
                         f"timeout={timeout} s; the worker was stopped.\n{NO_RESTART}",
@@ -340,6 +376,8 @@ class Dispatcher:
             lane, req = taken
         cpu = time.thread_time() - t0
         self._wait(lane, req)
+        if req.error is not None and self.retries:
+            lane, req = self._retry(index, epoch, lane, req)
         t1 = time.thread_time()
         item, lent = None, False
         try:
@@ -353,6 +391,23 @@ class Dispatcher:
                     sends = self.fill_plans()
                 self.send_requests(sends)
         return item
+
+    def _retry(self, index: int, epoch: int, lane: WorkerLane, req: Request) -> tuple[WorkerLane, Request]:
+        """Makes the item again while its attempts allow (NOTE [ Retries happen
+        in the load that waits for the item ] in ``execution/retries.py``);
+        returns the last request, its error the final one if it failed."""
+        attempts = Attempts(index, self.retries)
+        while req.error is not None:
+            counted = attempts.counts(req.error)
+            if not attempts.again(req.error):
+                self.counts.add("failed_items")
+                req.error = attempts.final(req.error)
+                break
+            self._release(lane, req)
+            self.counts.add("retried_items" if counted else "requeued_items")
+            lane, req = self._request(index, epoch)  # ahead of the plans, on any worker
+            self._wait(lane, req)
+        return lane, req
 
     # ------------------------------------------------------------ queries
     def request_counts(self) -> RequestCounts:
@@ -368,65 +423,11 @@ class Dispatcher:
         with self.lock:
             return self.lanes.idle()
 
-    # ------------------------------------------------------------ shutdown
+    # ------------------------------------------------------------ shutdown (shutdown.py)
     def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
-        """Closes the pool if no load started or ran since ``activity`` (``(loads,
-        loading)``; None: at once); later calls raise, and the executor starts
-        a new pool (NOTE [ Parking after a failed pass ]). Returns whether the
-        pool is closed now (True for a pool closed already)."""
-        if os.getpid() != self.owner_pid:
-            return False
-        with self.lock:
-            if self.closed:
-                return True
-            busy = any(lane.stream is not None for lane in self.lanes)
-            if busy or (activity is not None and (self.loads, self.loading) != tuple(activity)):
-                return False
-            self.parked = True
-            pending, streams = self._mark_closed()
-        self._shut_down(pending, streams)
-        return True
+        """See ``shutdown.park``."""
+        return shutdown.park(self, activity)
 
     def close(self) -> None:
-        """See NOTE [ Worker process shutdown ] in process.py (this is its order)."""
-        if os.getpid() != self.owner_pid:
-            # A forked copy (e.g. a fork-based multiprocessing worker): the
-            # sockets and processes belong to the parent; touching them (a
-            # shutdown() acts on the shared socket) would break its pool.
-            return
-        with self.lock:
-            if self.closed:
-                return
-            pending, streams = self._mark_closed()
-        self._shut_down(pending, streams)
-
-    def _mark_closed(self) -> tuple[list[Request], list[Any]]:
-        # With the lock held: from here on every call raises (check_usable).
-        self.closed = True
-        self.plans.forget()
-        pending = [req for lane in self.lanes for req in lane.pending.values()]
-        for lane in self.lanes:
-            lane.pending.clear()
-        streams = [lane.stream for lane in self.lanes if lane.stream is not None]
-        self.cv.notify_all()
-        return pending, streams
-
-    def _shut_down(self, pending: list[Request], streams: list[Any]) -> None:
-        for req in pending:
-            if req.error is None:  # a worker's failure may have told it why already
-                req.error = WorkerError(
-                    f"kerasfeed: the worker pool of {self.name} was closed while {self.name}[{req.index}] was loading."
-                )
-            req.event.set()
-        for st in streams:
-            st.queue.put(protocol.WorkerDied(WorkerError(f"kerasfeed: the worker pool of {self.name} was closed.")))
-        for lane in self.lanes:
-            lane.process.ask_to_stop()
-        deadline = time.monotonic() + GRACE_S
-        for lane in self.lanes:
-            lane.process.terminate_after(deadline)
-        for lane in self.lanes:
-            lane.process.kill_after(GRACE_S)
-        for lane in self.lanes:
-            lane.process.release()
-            self.slots.close_segments(lane.id)
+        """See ``shutdown.close`` and NOTE [ Worker process shutdown ] in process.py."""
+        shutdown.close(self)

@@ -10,8 +10,11 @@ from typing import Any, Callable, Optional, Sequence
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
+from kerasfeed.execution.plan import rest_of_pass
 from kerasfeed.execution.processes.options import PoolOptions, workers_for
 from kerasfeed.execution.processes.pool import WorkerPool
+from kerasfeed.execution.processes.process import fresh_error
+from kerasfeed.execution.retries import RetryCounts
 from kerasfeed.sources.base import source_length
 
 
@@ -25,11 +28,12 @@ class ProcessExecutor(Executor):
     The workers start when the executor is created, are reused across
     epochs, and stop on ``close()`` (or at the end of a ``with`` block),
     when the executor (or the dataset that holds it) is garbage collected,
-    or at interpreter exit. A worker that dies fails the pass with
-    ``kerasfeed.WorkerError`` and stops the other workers; workers are not
-    restarted. After a pass fails on an item and is left, the idle workers
-    stop too, and the next pass starts fresh ones
-    (NOTE [ Parking after a failed pass ]).
+    or at interpreter exit. Without ``retries``, a worker that dies fails the
+    pass with ``kerasfeed.WorkerError`` and stops the other workers; workers
+    are not restarted. With ``retries``, a worker that died or hung is
+    replaced and its item made again (NOTE [ Replacing a worker ]). After a
+    pass fails on an item and is left, the idle workers stop too, and the
+    next pass starts fresh ones (NOTE [ Parking after a failed pass ]).
 
     Args:
         source: the indexable source; sent to each worker by value
@@ -51,6 +55,11 @@ class ProcessExecutor(Executor):
         worker_nice: nice steps (0-19) below this process the workers run,
             so that the training loop wins contended CPUs; 0 = the same
             priority; None = ``$KERASFEED_WORKER_NICE`` or 10.
+        retries: further attempts of an item that raised, timed out or whose
+            worker died (``PoolOptions.retries``); 0 fails at once.
+        worker_max_items: replace a worker after it was sent this many items.
+        worker_max_rss: replace a worker whose resident memory passed this
+            many bytes after an item (at least 64 MB).
 
     Example:
 
@@ -79,6 +88,9 @@ class ProcessExecutor(Executor):
         in_flight_per_worker: int = 2,
         timeout: Optional[float] = None,
         worker_nice: Optional[int] = None,
+        retries: int = 0,
+        worker_max_items: Optional[int] = None,
+        worker_max_rss: Optional[int] = None,
     ):
         source_length(source, allow_infinite=True, owner="ProcessExecutor")  # a path, a number: say so here
         options = PoolOptions(
@@ -88,6 +100,9 @@ class ProcessExecutor(Executor):
             in_flight_per_worker=in_flight_per_worker,
             timeout=timeout,
             worker_nice=worker_nice,
+            retries=retries,
+            worker_max_items=worker_max_items,
+            worker_max_rss=worker_max_rss,
         )
         self._start(source, options)
 
@@ -105,7 +120,10 @@ class ProcessExecutor(Executor):
         self._closed = False
         self._collector: Any = None
         self._watch = ParkWatch(self)
-        self.pool = WorkerPool(source, options)
+        self.counts = RetryCounts()  # over every pool this executor starts
+        # (pass, {item left out after it killed a pool: that death's WorkerError})
+        self._skipped: tuple[int, dict] = (-1, {})
+        self.pool = WorkerPool(source, options, counts=self.counts)
 
     @property
     def source(self) -> Any:
@@ -124,13 +142,21 @@ class ProcessExecutor(Executor):
         with self._restart_lock:
             old = self.pool
             if old.parked and not self._closed:
-                self.pool = WorkerPool(self._source, old.options, name=old.name, waits=old.waits)
-                if self._collector is not None:
-                    self.pool.observe(self._collector)
+                self._new_pool(old)
             return self.pool
+
+    def _new_pool(self, old: WorkerPool) -> None:
+        # With the restart lock held: a pool like ``old``, the source as it is now.
+        self.pool = WorkerPool(self._source, old.options, name=old.name, waits=old.waits, counts=self.counts)
+        if self._collector is not None:
+            self.pool.observe(self._collector)
 
     def load(self, index: int, epoch: int) -> Any:
         index, epoch = _an_int("index", index), _an_int("epoch", epoch)
+        if self._skipped[1] and self._skipped[0] == epoch and index in self._skipped[1]:
+            # Left out after it killed a pool (item_skipped): never made again; its
+            # load raises that death again, at the item's own position.
+            raise self._skipped_error(index, epoch)
         pool = self._live_pool()
         try:
             return pool.load(index, epoch)
@@ -156,6 +182,39 @@ class ProcessExecutor(Executor):
 
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
+
+    def _skipped_error(self, index: int, epoch: int) -> WorkerError:
+        death = self._skipped[1][index]
+        if death is not None:
+            return fresh_error(death)
+        return WorkerError(
+            f"kerasfeed: {self.pool.name}[{index}] of pass {epoch} was left out after a worker died (item_skipped); "
+            f"it is not made again in this pass. Received: index={index}, epoch={epoch}",
+            index=index,
+        )
+
+    def item_skipped(self, index: int, epoch: int) -> None:
+        # With retries the pool goes on by itself (the worker was replaced);
+        # without, a death or timeout closed it: a new one makes the rest of
+        # the pass (Executor.item_skipped). An item error leaves it usable.
+        index, epoch = int(index), int(epoch)
+        pool = self.pool
+        if not pool.failed:
+            return
+        with self._restart_lock:
+            if self._closed or self.pool is not pool:
+                return
+            pool.close()  # closing already (its reader thread): the rest of the pass is known after this
+            self._new_pool(pool)
+            new = self.pool
+            if self._skipped[0] != epoch:
+                self._skipped = (epoch, {})
+            failure = pool.failure
+            self._skipped[1][index] = failure if failure is not None and failure.index == index else None
+        rest = pool.unfinished()
+        if rest is not None and rest[0] == epoch:
+            _, indices, taken, next_pass = rest
+            new.plan(epoch, rest_of_pass(indices, taken, index), next_pass)
 
     def activity(self) -> tuple[int, int]:
         return self.pool.activity()

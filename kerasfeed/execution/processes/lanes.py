@@ -9,7 +9,7 @@ requests go; the process itself is its ``WorkerProcess`` (``process.py``).
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes.process import WorkerProcess
@@ -64,6 +64,14 @@ class WorkerLane:
         waiting: of those, answered plan requests no load has taken yet.
         stream: the ``StreamSession`` it runs, if any.
         death: the ``WorkerError`` that explains its death, once dead.
+        sent: requests sent to it so far (for ``worker_max_items``).
+        retiring: why it takes no more requests and is being replaced
+            (``worker_max_items``/``worker_max_rss``), or None.
+        successor_started: a worker to take its place was started.
+        exit_sent: it was told to leave (retired, every request answered).
+        stopped_for: why the pool killed it (a timeout), for its error.
+        boot_failures: how many workers before it under its id in a row died
+            before they were ready (a start-up that keeps failing is fatal).
     """
 
     def __init__(self, process: WorkerProcess):
@@ -74,23 +82,44 @@ class WorkerLane:
         self.waiting = 0
         self.stream: Optional[Any] = None
         self.death: Optional[WorkerError] = None
+        self.sent = 0
+        self.retiring: Optional[str] = None
+        self.successor_started = False
+        self.exit_sent = False
+        self.stopped_for: Optional[str] = None
+        self.boot_failures = 0
 
     def usable(self) -> bool:
-        return self.stream is None and self.death is None
+        return self.stream is None and self.death is None and self.retiring is None
 
 
 class Lanes:
     """Every worker's lane, and the choice of a worker for a request.
 
+    ``all`` holds one lane per worker id, the live one; a lane replaced while
+    its process still answers requests (retiring) is kept in ``retired``
+    until it leaves: ``every()`` is both.
+
     Args:
         slots: the pool's slot table (a request holds one slot).
         in_flight_per_worker: requests one worker may have at once.
+        max_items: ``worker_max_items``: a lane sent that many requests retires.
+        on_retire: called (owner's lock held) with a lane that just retired.
     """
 
-    def __init__(self, slots: SlotTable, in_flight_per_worker: int):
+    def __init__(
+        self,
+        slots: SlotTable,
+        in_flight_per_worker: int,
+        max_items: Optional[int] = None,
+        on_retire: Optional[Callable[[WorkerLane, str], None]] = None,
+    ):
         self.all: list[WorkerLane] = []
+        self.retired: list[WorkerLane] = []
         self._slots = slots
         self._limit = in_flight_per_worker
+        self._max_items = max_items
+        self._on_retire = on_retire
         self._next_worker = 0  # where the round-robin search starts
 
     def add(self, process: WorkerProcess) -> WorkerLane:
@@ -100,6 +129,22 @@ class Lanes:
 
     def __iter__(self):
         return iter(self.all)
+
+    def every(self) -> list[WorkerLane]:
+        """The live lanes and the retired ones still running."""
+        return self.all + self.retired
+
+    def replace(self, old: WorkerLane, new: WorkerLane) -> None:
+        """``new`` takes ``old``'s place (its worker id); ``old`` stays in
+        ``retired`` while its process still answers."""
+        self.all[self.all.index(old)] = new
+        if old.death is None:  # still running (or leaving): close() must still reap it
+            self.retired.append(old)
+
+    def forget(self, lane: WorkerLane) -> None:
+        """A retired lane's process is gone."""
+        if lane in self.retired:
+            self.retired.remove(lane)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -138,6 +183,11 @@ class Lanes:
         lane.busy += 1
         req = Request(request_id, index, self._slots.take(lane.id))
         lane.pending[req.id] = req
+        lane.sent += 1
+        if self._max_items is not None and lane.sent >= self._max_items and lane.retiring is None:
+            lane.retiring = f"was sent worker_max_items={self._max_items} items"
+            if self._on_retire is not None:
+                self._on_retire(lane, lane.retiring)
         return req
 
     def slot_done(self, lane: WorkerLane, slot: int) -> None:
@@ -148,7 +198,7 @@ class Lanes:
     def abandon_pending(self) -> list[Request]:
         """Marks every unanswered request abandoned; returns them."""
         out = []
-        for lane in self.all:
+        for lane in self.every():
             for req in lane.pending.values():
                 if not req.done:
                     req.abandoned = True
@@ -157,14 +207,15 @@ class Lanes:
 
     # ------------------------------------------------------------ queries
     def counts(self) -> "RequestCounts":
+        lanes = self.every()
         return RequestCounts(
-            sum(len(lane.pending) for lane in self.all),
-            sum(lane.busy for lane in self.all),
-            sum(lane.waiting for lane in self.all),
-            sum(lane.stream is not None for lane in self.all),
+            sum(len(lane.pending) for lane in lanes),
+            sum(lane.busy for lane in lanes),
+            sum(lane.waiting for lane in lanes),
+            sum(lane.stream is not None for lane in lanes),
         )
 
     def idle(self) -> bool:
         return all(
-            lane.busy == 0 and lane.waiting == 0 and not lane.pending and lane.stream is None for lane in self.all
+            lane.busy == 0 and lane.waiting == 0 and not lane.pending and lane.stream is None for lane in self.every()
         )

@@ -35,6 +35,9 @@ MAX_DEFAULT_WORKERS = 32
 # otherwise: under contention the kernel prefers the consumer's threads.
 DEFAULT_WORKER_NICE = 10
 NICE_ENV = "KERASFEED_WORKER_NICE"
+# A worker's interpreter with numpy and kerasfeed takes ~40-60 MB before the
+# source: a lower ``worker_max_rss`` would replace workers after every item.
+MIN_WORKER_MAX_RSS = 64 * 2**20
 
 
 def usable_cpus() -> int:
@@ -111,6 +114,19 @@ class PoolOptions:
             consumer's threads (the training loop, the framework's runtime)
             win when CPUs are contended; 0 keeps the owner's priority. None =
             ``$KERASFEED_WORKER_NICE``, else ``DEFAULT_WORKER_NICE`` (10).
+        retries: how many more times an item is tried after an attempt that
+            raised, ran past ``timeout``, or whose worker died (0: the first
+            failure fails the item, as always). A worker that died or hung is
+            replaced (the pool keeps its size) and the pass goes on in order;
+            see NOTE [ Retries happen in the load that waits for the item ]
+            (``execution/retries.py``) and NOTE [ Replacing a worker ]
+            (``processes/replacement.py``). The threads executor takes it too.
+        worker_max_items: a worker that was sent this many items finishes them
+            and is replaced by a fresh one (None: never). Worker processes only.
+        worker_max_rss: bytes of resident memory past which a worker, checking
+            itself after each item, finishes the items sent to it and is
+            replaced (None: never; at least ``MIN_WORKER_MAX_RSS``, 64 MB).
+            Worker processes only.
         seed_given: whether ``seed`` is the user's; None (the default) until
             ``resolved`` sets it, which keeps it when it resolves its own
             result again (a parked pool's successor).
@@ -132,6 +148,9 @@ class PoolOptions:
     in_flight_per_worker: int = 2
     timeout: Optional[float] = None
     worker_nice: Optional[int] = None
+    retries: int = 0
+    worker_max_items: Optional[int] = None
+    worker_max_rss: Optional[int] = None
     seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)  # bookkeeping
 
     def __post_init__(self):
@@ -149,8 +168,28 @@ class PoolOptions:
                 f"`worker_nice` must be an int from 0 to 19 (0: no change), or None. Received: worker_nice={nice!r}"
             )
         put("worker_nice", _nice_from_env() if nice is None else nice)
+        put("retries", _v.non_negative_int("retries", self.retries))
+        put("worker_max_items", _v.positive_int("worker_max_items", self.worker_max_items, allow_none=True))
+        rss = _v.positive_int("worker_max_rss", self.worker_max_rss, allow_none=True)
+        if rss is not None and rss < MIN_WORKER_MAX_RSS:
+            raise ValueError(
+                f"`worker_max_rss` is in bytes and must be at least {MIN_WORKER_MAX_RSS} (64 MB): a worker's "
+                f"interpreter alone takes about 50 MB, so a lower limit would replace workers after every item. "
+                f"Received: worker_max_rss={rss!r}"
+            )
+        put("worker_max_rss", rss)
         if self.seed_given is not None and not isinstance(self.seed_given, bool):
             raise TypeError(f"`seed_given` must be a bool or None. Received: seed_given={self.seed_given!r}")
+
+    @property
+    def recycles(self) -> bool:
+        """Whether workers are replaced at a limit (``worker_max_items``/``worker_max_rss``)."""
+        return self.worker_max_items is not None or self.worker_max_rss is not None
+
+    @property
+    def replaces_workers(self) -> bool:
+        """Whether a pool may start workers after its first ones (retries, recycling)."""
+        return self.retries > 0 or self.recycles
 
     @property
     def given(self) -> bool:

@@ -118,6 +118,17 @@ class PassPlans:
         self._drop(plan)
         self._drop(next_pass_plan)
 
+    def unfinished(self) -> Optional[tuple[int, Any, int, Optional[tuple[int, Any]]]]:
+        """``(epoch, indices, taken, next_pass)`` of the pass being read (its
+        order, and how many of its items loads took; they come in order) and
+        of the pass expected next; None when no pass is being read."""
+        plan = self.plan
+        if plan is None or plan.finished:
+            return None
+        upcoming = self.next_pass_plan
+        next_pass = self.next_pass if upcoming is None else (upcoming.epoch, upcoming.indices)
+        return plan.epoch, plan.indices, plan.taken, next_pass
+
     def forget(self) -> None:
         """Forgets every plan without touching their requests (the pool is closing)."""
         self.plan = self.next_pass_plan = self.next_pass = None

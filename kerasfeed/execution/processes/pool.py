@@ -10,15 +10,19 @@ its counterpart on the worker side, ``worker.py``):
 - ``lanes.py``            ``WorkerLane``/``Lanes``: each worker's requests, choice of a worker
 - ``pass_plans.py``       ``PassPlans``: the pass requested ahead and the next pass
 - ``stream_sessions.py``  ``StreamSessions``: generator streams, ``StreamIterator``
-- ``dispatcher.py``       ``Dispatcher``: the one lock, ``load``, plans, parking
-                          and close ordering
+- ``dispatcher.py``       ``Dispatcher``: the one lock, ``load`` (and its retries),
+                          plans
+- ``shutdown.py``         parking and close ordering
 - ``readers.py``          the reader threads: answers, failure propagation
+- ``replacement.py``      ``Replacements``: successors of dead, hung or recycled
+                          workers; holds NOTE [ Replacing a worker ]
 - ``options.py``          ``PoolOptions``
 
 Workers start when the pool is created (fresh interpreters, the source sent
 by value) and live until it is closed: across epochs, passes and datasets.
-A worker that dies fails the pass loudly and is not restarted; see
-NOTE [ Worker process shutdown ] in ``process.py``.
+Without ``retries`` a worker that dies fails the pass loudly and is not
+restarted (NOTE [ Worker process shutdown ] in ``process.py``); with it, or
+with ``worker_max_items``/``worker_max_rss``, workers are replaced.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from kerasfeed.execution.processes.options import PoolOptions, default_workers
 from kerasfeed.execution.processes.pass_plans import PlanStatus
 from kerasfeed.execution.processes.pickling import dumps_for_workers, dumps_task
 from kerasfeed.execution.processes.stream_sessions import StreamIterator, short_repr
+from kerasfeed.execution.retries import RetryCounts
 from kerasfeed.execution.state_sync import StateTracker
 
 __all__ = ["WorkerPool", "PoolOptions", "StreamIterator", "default_workers"]
@@ -55,6 +60,7 @@ class WorkerPool:
         name: a name for error messages; defaults to the source's class name.
         waits: the ``WaitScope`` of its loads (``execution/waits.py``); a new
             one if None (an executor that restarts its pool passes its own).
+        counts: the ``RetryCounts`` to add to (likewise).
 
     Raises:
         TypeError: the source or ``worker_init`` cannot be pickled (the
@@ -79,6 +85,7 @@ class WorkerPool:
         *,
         name: Optional[str] = None,
         waits: Any = None,
+        counts: Optional[RetryCounts] = None,
     ):
         if options is None:
             options = PoolOptions()
@@ -89,7 +96,7 @@ class WorkerPool:
         payload = dumps_for_workers(source, self.options.worker_init)
         # What the workers' copy is: later passes send what changed since.
         self._state = StateTracker(source) if source is not None else None
-        self._dispatcher = Dispatcher(payload, self.options, self.name, waits)
+        self._dispatcher = Dispatcher(payload, self.options, self.name, waits, counts)
         # Runs on close(), on garbage collection and at interpreter exit.
         self._finalizer = weakref.finalize(self, self._dispatcher.close)
 
@@ -98,6 +105,26 @@ class WorkerPool:
         """The pool's ``WaitScope`` (``execution/waits.py``): deleting the last
         iterator over it ends the waits in progress."""
         return self._dispatcher.waits
+
+    @property
+    def counts(self) -> RetryCounts:
+        """Retries and replaced workers (``execution/retries.py``)."""
+        return self._dispatcher.counts
+
+    @property
+    def failure(self) -> Any:
+        """The ``WorkerError`` that closed the pool (a worker's death, a
+        timeout, a start-up failure), or None."""
+        return self._dispatcher.failure
+
+    @property
+    def failed(self) -> bool:
+        return self._dispatcher.failure is not None
+
+    def unfinished(self) -> Any:
+        """``(epoch, indices, next_pass)``: the rest of the pass the pool was
+        reading when it closed (``PassPlans.unfinished``), or None."""
+        return self._dispatcher.unfinished
 
     @property
     def num_workers(self) -> int:
@@ -190,6 +217,11 @@ class WorkerPool:
             self._dispatcher.check_usable()
             state, _ = self._state.check()
         self._dispatcher.start_plan(int(epoch), indices, next_pass, state=state)
+        replacements = self._dispatcher.replacements
+        if state is not None and replacements.wants_rebase():
+            # Here the source is what the workers hold: a successor's new start
+            # (NOTE [ Replacing a worker ]).
+            replacements.rebase(dumps_for_workers(self._state.source, self.options.worker_init), int(epoch))
 
     def before_hook(self, name: str) -> None:
         """The consumer is about to run the source's pass hook ``name`` (see
@@ -231,9 +263,11 @@ class WorkerPool:
             ``items`` and ``per_worker`` details (pid, alive, whether
             TensorFlow/Keras were imported), and ``state``: how the source's
             state reaches the workers (``mode``, ``syncs``: passes that sent
-            a change, ``sent_bytes``).
+            a change, ``sent_bytes``), and the counts of ``RetryCounts``
+            (``retried_items``, ``replaced_workers``, ``recycled_workers``, ...).
         """
         out = _stats(self._dispatcher)
+        out.update(self.counts.as_dict(_POOL_COUNTS))
         if self._state is not None:
             out["state"] = {"mode": self._state.mode, "syncs": self._state.syncs, "sent_bytes": self._state.sent_bytes}
         return out
@@ -246,9 +280,9 @@ class WorkerPool:
     def gauges(self) -> dict:
         """Figures of this instant, cheap enough to poll: ``ahead`` (items made
         for the plan and not taken yet), ``in_flight`` (requested, not
-        answered), ``shm_bytes``, and per worker ``id``, ``pid``, ``alive``,
-        ``rss_mb``."""
-        return _gauges(self._dispatcher)
+        answered), ``shm_bytes``, per worker ``id``, ``pid``, ``alive``,
+        ``rss_mb``, and the counts of ``RetryCounts``."""
+        return dict(_gauges(self._dispatcher), **self.counts.as_dict(_POOL_COUNTS))
 
     def close(self) -> None:
         """Stops the workers and frees the shared memory. Idempotent."""
@@ -264,6 +298,10 @@ class WorkerPool:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
         return f"<WorkerPool {self.name!r} workers={self.num_workers} {state}>"
+
+
+# What a pool counts (threads count ``abandoned_threads`` instead).
+_POOL_COUNTS = ("retried_items", "requeued_items", "failed_items", "replaced_workers", "recycled_workers")
 
 
 def _gauges(d: Dispatcher) -> dict:

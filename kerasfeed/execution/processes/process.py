@@ -98,7 +98,7 @@ def describe_exit(code: Optional[int]) -> str:
 def fresh_error(err: WorkerError) -> WorkerError:
     """A copy of ``err`` to raise: one object raised in many threads would
     collect everyone's traceback."""
-    return WorkerError(str(err), err.worker_id, err.pid, err.exitcode, err.index)
+    return WorkerError(str(err), err.worker_id, err.pid, err.exitcode, err.index, err.attempts, err.causes)
 
 
 _launcher: Optional["queue.SimpleQueue"] = None

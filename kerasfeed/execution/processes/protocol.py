@@ -10,8 +10,9 @@ Parent -> worker (in ``process.py``: ``WorkerProcess.send``):
     ``Credit``, ``Cancel``; ``Exit`` (EOF on the socket means the same).
 Worker -> parent (in ``worker.py``: ``WorkerLoop``):
     ``Ready`` or ``InitError`` once; then ``ItemDone`` / ``ItemFailed`` per
-    ``Load``, and ``StreamItem`` ... ``StreamEnd`` / ``StreamFailed`` per
-    ``StartStream``.
+    ``Load`` (and once ``Retire`` after an item that left it past
+    ``worker_max_rss``), and ``StreamItem`` ... ``StreamEnd`` /
+    ``StreamFailed`` per ``StartStream``.
 Consumer only (never on the wire): ``WorkerDied``, put on a stream session's
 queue by the reader thread that saw its worker die.
 
@@ -34,7 +35,8 @@ class Init(NamedTuple):
     ``base_seed`` (the pool's, for the items' random numbers), ``seed_given``
     (whether the user gave it: the worker then reseeds ``random`` and
     ``numpy.random`` before each item), ``nice``, ``sys_path`` (the
-    parent's), ``payload`` (cloudpickled source and ``worker_init``).
+    parent's), ``payload`` (cloudpickled source and ``worker_init``), and
+    ``max_rss`` (``worker_max_rss``, or None; may be absent).
     """
 
     config: dict
@@ -150,6 +152,16 @@ class ItemFailed(NamedTuple):
     kind = "error"
 
 
+class Retire(NamedTuple):
+    """Worker -> parent, once, right after an item's answer: its resident
+    memory (``rss`` bytes) passed ``worker_max_rss``. The parent sends it no
+    more requests, starts a successor, and sends ``Exit`` once the requests
+    already sent are answered (NOTE [ Replacing a worker ] in ``replacement.py``)."""
+
+    rss: int
+    kind = "retire"
+
+
 class StreamItem(NamedTuple):
     """Worker -> parent: item number ``n`` of stream ``stream_id`` is in
     ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``); ``make_s``: the
@@ -197,7 +209,7 @@ class WorkerDied(NamedTuple):
 
 
 ToWorker = Union[Init, Load, SetState, StartStream, Credit, Cancel, Exit]
-ToParent = Union[Ready, InitError, ItemDone, ItemFailed, StreamItem, StreamEnd, StreamFailed]
+ToParent = Union[Ready, InitError, ItemDone, ItemFailed, Retire, StreamItem, StreamEnd, StreamFailed]
 
 _BY_KIND: dict[str, Any] = {
     cls.kind: cls
@@ -213,6 +225,7 @@ _BY_KIND: dict[str, Any] = {
         InitError,
         ItemDone,
         ItemFailed,
+        Retire,
         StreamItem,
         StreamEnd,
         StreamFailed,

@@ -70,15 +70,13 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
                 req.spec, req.nbytes = msg.spec, msg.nbytes
             else:
                 req.error = msg.error
-            req.done = True
-            if req.abandoned:  # its caller was interrupted: free the slot here
-                d.slot_done(lane, req.slot)
-            elif req.planned:
-                lane.waiting += 1
-                d.cv.notify_all()  # no longer counted against a direct load's slots
+            d.settle(lane, req)
             sends = d.fill_plans()
         req.event.set()
         d.send_requests(sends)
+        d.replacements.answered(lane)  # a retiring worker leaves after its last answer
+    elif isinstance(msg, protocol.Retire):
+        d.replacements.over_memory(lane, msg.rss)
     elif isinstance(msg, (protocol.StreamItem, protocol.StreamEnd, protocol.StreamFailed)):
         d.streams.on_message(lane, msg, fds)
     elif isinstance(msg, protocol.Ready):
@@ -96,7 +94,7 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
         return
     proc = lane.process
     code = proc.reap()
-    if d.closed:
+    if d.closed or d.replacements.worker_gone(lane, code):  # retired, or replaced (NOTE [ Replacing a worker ])
         return
     head, details = proc.explain_exit(code)
     with d.lock:

@@ -1,0 +1,88 @@
+"""Parking and closing a pool, in the order NOTE [ Worker process shutdown ] (``process.py``) gives.
+
+Part of the ``Dispatcher`` (``dispatcher.py``), which each function takes as
+``d`` and whose lock they take.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes import protocol
+from kerasfeed.execution.processes.process import GRACE_S
+
+
+def park(d: Any, activity: Optional[tuple[int, int]] = None) -> bool:
+    """Closes the pool if no load started or ran since ``activity`` (``(loads,
+    loading)``; None: at once); later calls raise, and the executor starts
+    a new pool (NOTE [ Parking after a failed pass ]). Returns whether the
+    pool is closed now (True for a pool closed already)."""
+    if os.getpid() != d.owner_pid:
+        return False
+    with d.lock:
+        if d.closed:
+            return True
+        busy = any(lane.stream is not None for lane in d.lanes)
+        if busy or (activity is not None and (d.loads, d.loading) != tuple(activity)):
+            return False
+        d.parked = True
+        pending, streams, lanes = _mark_closed(d)
+    _shut_down(d, pending, streams, lanes)
+    return True
+
+
+def close(d: Any) -> None:
+    """See NOTE [ Worker process shutdown ] in process.py (this is its order)."""
+    if os.getpid() != d.owner_pid:
+        # A forked copy (e.g. a fork-based multiprocessing worker): the
+        # sockets and processes belong to the parent; touching them (a
+        # shutdown() acts on the shared socket) would break its pool.
+        return
+    with d.lock:
+        if d.closed:
+            return
+        pending, streams, lanes = _mark_closed(d)
+    _shut_down(d, pending, streams, lanes)
+
+
+def _mark_closed(d: Any) -> tuple[list, list, list]:
+    # With the lock held: from here on every call raises (check_usable).
+    d.closed = True
+    d.unfinished = d.plans.unfinished()  # for a pool started after a skipped item (ProcessExecutor.item_skipped)
+    d.plans.forget()
+    lanes = d.lanes.every()  # retired lanes still running too
+    pending = [req for lane in lanes for req in lane.pending.values()]
+    for lane in lanes:
+        lane.pending.clear()
+    streams = [lane.stream for lane in lanes if lane.stream is not None]
+    d.replacements.stop_launching()
+    d.cv.notify_all()
+    return pending, streams, lanes
+
+
+def _shut_down(d: Any, pending: list, streams: list, lanes: list) -> None:
+    for req in pending:
+        if req.error is None:  # a worker's failure may have told it why already
+            req.error = WorkerError(
+                f"kerasfeed: the worker pool of {d.name} was closed while {d.name}[{req.index}] was loading."
+            )
+        req.event.set()
+    for st in streams:
+        st.queue.put(protocol.WorkerDied(WorkerError(f"kerasfeed: the worker pool of {d.name} was closed.")))
+    for lane in lanes:
+        lane.process.ask_to_stop()
+    deadline = time.monotonic() + GRACE_S
+    for lane in lanes:
+        lane.process.terminate_after(deadline)
+    for lane in lanes:
+        lane.process.kill_after(GRACE_S)
+    for lane in lanes:
+        lane.process.release()
+    for wid in sorted({lane.id for lane in lanes}):
+        d.slots.close_segments(wid)
+
+
+__all__ = ["close", "park"]
