@@ -50,6 +50,7 @@ _LAZY = {
     "get_worker_info": "kerasfeed.execution.worker_info:get_worker_info",
     "WorkerInfo": "kerasfeed.execution.worker_info:WorkerInfo",
     "ProcessExecutor": "kerasfeed.execution.processes.executor:ProcessExecutor",
+    "RayExecutor": "kerasfeed.execution.ray.executor:RayExecutor",  # needs the `ray` extra when used
     "datasets": "kerasfeed.datasets:",
     "H5SliceSequence": "kerasfeed.hdf5:H5SliceSequence",
     "H5WindowSequence": "kerasfeed.hdf5:H5WindowSequence",

@@ -22,9 +22,35 @@ LEFTOVER_GRACE_S = 5.0
 _SINGLETON_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
+# Process trees a module-scoped fixture starts and owns for its whole module, by the
+# fixture's name (``owned_process_trees`` below): not a test's leftovers.
+_OWNED_TREES: dict[str, frozenset[int]] = {}
+
+
+@pytest.fixture(scope="session")
+def owned_process_trees() -> dict:
+    """Where a module-scoped fixture registers the processes it starts for its whole
+    module, whose descendants come and go with its tests (tests/test_ray.py's Ray cluster:
+    GCS and raylets, whose pooled worker processes outlive the test that started them):
+    ``owned_process_trees[fixture_name] = frozenset(root pids)``. The leftover check skips
+    those roots and their descendants; the fixture deletes its key at its teardown, after
+    checking that they are gone. Every other process is checked as before."""
+    return _OWNED_TREES
+
+
+def _owned(p: psutil.Process, owned: set) -> bool:
+    try:
+        return p.pid in owned or any(a.pid in owned for a in p.parents())
+    except psutil.Error:
+        return False
+
+
 def _children() -> dict[int, str]:
     out = {}
+    owned = set().union(*_OWNED_TREES.values())
     for p in psutil.Process().children(recursive=True):
+        if owned and _owned(p, owned):
+            continue
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 out[p.pid] = f"<zombie, never waited for> {p.name()}"

@@ -1,0 +1,173 @@
+"""The Ray actor that makes items: ``source[index]`` on any node of the cluster.
+
+The actor side of ``RayExecutor`` (the counterpart of ``processes/worker.py``
+for worker processes, and written to behave the same): it receives the
+pickled source once, runs ``worker_init`` once, sets up
+``get_worker_info()`` and the item seeds, applies what the consumer's epoch
+hooks changed (``execution/state_sync.py``), and answers ``load(index,
+epoch)`` calls one at a time, in the order they were sent.
+
+This module never imports Ray: ``FeedActor`` is a plain class, made an actor
+class by ``pool.py`` (``ray.remote(FeedActor)``) in the consumer. On a node,
+Ray unpickles it by reference, so every node needs kerasfeed installed (the
+same version as the consumer's). The item goes back as the call's return
+value, through the object store: arrays travel out of band (pickle protocol
+5), and a consumer on the same node maps them without a copy.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed.errors import ItemError
+from kerasfeed.execution import item_random, worker_info
+from kerasfeed.execution.state_sync import apply_state
+from kerasfeed.sources.base import set_epoch, source_name
+
+
+class Failed:
+    """What ``FeedActor.load`` returns instead of an item when ``source[index]``
+    raised: the ``ItemError`` (with the original traceback as text), so that
+    Ray never wraps it in its own task error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __reduce__(self):
+        return (Failed, (self.error,))
+
+
+def _rss_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class FeedActor:
+    """Makes the items of one source (one ``RayExecutor`` worker).
+
+    Args:
+        payload: ``pickling.dumps_for_workers(source, worker_init)``.
+        config: ``worker_id``, ``num_workers``, ``base_seed``, ``seed_given``
+            and ``sys_path`` (the consumer's import path: its entries that
+            exist on this node go first, so a source's modules resolve as in
+            the consumer on a single machine).
+        states: the state changes (``StateTracker.check`` payloads) sent to
+            the pool since ``payload`` was made, applied in order: a worker
+            that replaces a lost one starts from the same source as the others.
+
+    An error while starting is kept and reported by ``ready`` (with its
+    traceback), not raised: Ray would only say that the actor died.
+    """
+
+    def __init__(self, payload: bytes, config: dict, states: list):
+        t0 = time.perf_counter()
+        self.id = int(config["worker_id"])
+        self.pid = os.getpid()
+        self.source: Any = None
+        self.name = "source"
+        self.epoch: Any = None
+        self.state_error: Optional[BaseException] = None
+        self.init_error: Optional[tuple[str, str, str]] = None
+        self.seeds = item_random.ItemSeeds(config["base_seed"], given=config["seed_given"])
+        try:
+            self._setup(payload, config, states)
+        except BaseException as e:  # noqa: BLE001 - reported by ready()
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            self.init_error = (type(e).__name__, str(e), tb)
+        self.startup_s = time.perf_counter() - t0
+
+    def _setup(self, payload: bytes, config: dict, states: list) -> None:
+        here = [p for p in config.get("sys_path", ()) if isinstance(p, str) and p and os.path.isdir(p)]
+        sys.path[:] = here + [p for p in sys.path if p not in here]
+        info = worker_info.WorkerInfo(self.id, int(config["num_workers"]), int(config["base_seed"]) + self.id)
+        worker_info._set_worker_info(info)
+        random.seed(info.seed)
+        np.random.seed(info.seed % 2**32)
+        # The light Keras/TensorFlow stand-ins while unpickling, as in worker
+        # processes (NOTE [ Light framework stand-ins in workers ]).
+        from kerasfeed.execution.processes import light_modules
+
+        source, worker_init = light_modules.loads(payload)
+        if worker_init is not None:
+            worker_init()
+        for change in states:
+            source = apply_state(source, change)
+        self.source = source
+        if source is not None:
+            self.name = source_name(source)
+
+    def ready(self) -> dict:
+        """How the start went: ``error`` (None, or ``(type, message,
+        traceback)``), and ``pid``, ``node_id``, ``host``, ``startup_s``,
+        ``rss_bytes`` and whether TensorFlow/Keras were imported."""
+        node_id = None
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - informative only
+            pass
+        return {
+            "error": self.init_error,
+            "pid": self.pid,
+            "node_id": node_id,
+            "host": os.uname().nodename if hasattr(os, "uname") else None,
+            "startup_s": self.startup_s,
+            "rss_bytes": _rss_bytes(),
+            "tensorflow_imported": "tensorflow" in sys.modules,
+            "keras_imported": "keras" in sys.modules,
+        }
+
+    def rss(self) -> Optional[int]:
+        return _rss_bytes()
+
+    def set_state(self, epoch: int, payload: bytes) -> None:
+        """Applies what the consumer's epoch hooks changed (before any item of pass ``epoch``)."""
+        try:
+            self.source = apply_state(self.source, payload)
+            self.state_error = None
+        except BaseException as e:  # noqa: BLE001 - every later item fails with it
+            self.state_error = e
+        self.epoch = epoch  # the state carries the consumer's set_epoch(epoch)
+
+    def load(self, index: int, epoch: int) -> Any:
+        """``(item, make_s)``: item ``index`` of pass ``epoch`` and the
+        seconds ``source[index]`` took; ``Failed`` if it raised."""
+        try:
+            if self.init_error is not None:
+                raise RuntimeError(f"the worker did not start: {self.init_error[0]}: {self.init_error[1]}")
+            if self.state_error is not None:
+                raise RuntimeError(
+                    "the source's state sent at the start of this pass could not be applied in the worker: "
+                    f"{type(self.state_error).__name__}: {self.state_error}"
+                ) from self.state_error
+            if epoch != self.epoch:
+                set_epoch(self.source, epoch)
+                self.epoch = epoch
+            seeds = self.seeds
+            if seeds.given:
+                seeds.seed_globals(epoch, index)
+            t0 = time.perf_counter()
+            previous = item_random.enter(seeds, epoch, index)
+            try:
+                item = self.source[index]
+            finally:
+                item_random.leave(previous)
+            return item, time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            return Failed(ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name))
+
+
+__all__ = ["FeedActor", "Failed"]
