@@ -11,6 +11,7 @@ sequentially, which saves the main process tf.data's per-call thread hops.
 from __future__ import annotations
 
 import abc
+import operator
 from typing import Any, Optional, Sequence
 
 
@@ -128,3 +129,23 @@ class Executor(abc.ABC):
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"<{type(self).__name__} name={self.name!r}{why}>"
+
+def item_position(owner: str, name: str, value: Any) -> int:
+    """``index`` or ``epoch`` of a ``load`` call, as a plain int >= 0.
+
+    ``int()`` would take ``'1'`` and ``2.7`` (2): a worker would make another
+    item than the one asked for; a negative one would reach ``source[-1]``.
+
+    Raises:
+        TypeError: not an int (a bool neither).
+        ValueError: negative.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{owner}.load: `{name}` must be an int. Received: {name}={value!r}") from None
+    if value < 0:
+        raise ValueError(f"{owner}.load: `{name}` must be >= 0. Received: {name}={value}")
+    return value

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import operator
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.base import Executor
+from kerasfeed.execution.base import Executor, item_position
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import rest_of_pass
 from kerasfeed.execution.processes.options import PoolOptions, workers_for
@@ -152,7 +151,8 @@ class ProcessExecutor(Executor):
             self.pool.observe(self._collector)
 
     def load(self, index: int, epoch: int) -> Any:
-        index, epoch = _an_int("index", index), _an_int("epoch", epoch)
+        index = item_position("ProcessExecutor", "index", index)
+        epoch = item_position("ProcessExecutor", "epoch", epoch)
         if self._skipped[1] and self._skipped[0] == epoch and index in self._skipped[1]:
             # Left out after it killed a pool (item_skipped): never made again; its
             # load raises that death again, at the item's own position.
@@ -267,19 +267,6 @@ class ProcessExecutor(Executor):
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
         return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"
-
-
-def _an_int(name: str, value: Any) -> int:
-    # int() would take '1' and 2.7 (2): the worker would make another item than the one asked for.
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"ProcessExecutor.load: `{name}` must be an int. Received: {name}={value!r}") from None
-    if value < 0:  # a worker would pass it on: source[-1] is another item, or a bare error there
-        raise ValueError(f"ProcessExecutor.load: `{name}` must be >= 0. Received: {name}={value}")
-    return value
 
 
 def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:

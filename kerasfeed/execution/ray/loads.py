@@ -25,11 +25,11 @@ hands over writable copies. Ray keeps the object pinned while a view lives.
 
 from __future__ import annotations
 
-import operator
 import time
 from typing import Any, Optional
 
 from kerasfeed.errors import ItemError, WorkerError
+from kerasfeed.execution.base import item_position
 from kerasfeed.execution.ray.actor import Failed
 from kerasfeed.execution.ray.options import MAX_LOSSES_PER_ITEM
 from kerasfeed.execution.ray.pool import ActorPool, Call
@@ -54,18 +54,6 @@ def _nbytes(item: Any) -> int:
     return 0
 
 
-def _an_int(name: str, value: Any) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"RayExecutor.load: `{name}` must be an int. Received: {name}={value!r}") from None
-    if value < 0:
-        raise ValueError(f"RayExecutor.load: `{name}` must be >= 0. Received: {name}={value}")
-    return value
-
-
 class LoadsMixin:
     """``load`` and the waits under it (see the module docstring)."""
 
@@ -79,7 +67,7 @@ class LoadsMixin:
             )
 
     def load(self, index: int, epoch: int) -> Any:
-        index, epoch = _an_int("index", index), _an_int("epoch", epoch)
+        index, epoch = item_position("RayExecutor", "index", index), item_position("RayExecutor", "epoch", epoch)
         t0 = time.thread_time()
         with self._lock:
             pool = self._live_pool()
