@@ -308,3 +308,9 @@ class StreamError(ItemError):
     ) -> "StreamError":
         tb = _traceback_text(exc)
         return cls(what, type(exc).__name__, str(exc), tb, index, items_before, worker_id, pid)
+
+
+class FileChangedError(OSError):
+    """A file changed on disk since it was opened or described: replaced (renamed over its path) or
+    shortened in place. Raised by the HDF5 sequences and by h5py handles a source sends to worker
+    processes (``execution/processes/h5_handles.py``)."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from kerasfeed import _validation as _v
+from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.handles import REGISTRY
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
@@ -25,10 +26,6 @@ if TYPE_CHECKING:
 # Distinct streams of the seeded generators, so that the batch order, the
 # sample order and the transform's randomness never share draws.
 ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
-
-
-class FileChangedError(OSError):
-    """A file changed on disk since the sequence was built (replaced, or shortened in place)."""
 
 
 class H5Base(SceneSequence):

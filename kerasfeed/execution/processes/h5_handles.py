@@ -38,15 +38,10 @@ import sys
 import threading
 from typing import Any, Optional
 
+from kerasfeed.errors import FileChangedError
+
 _DRIVERS = ("sec2", "stdio", "core")  # a plain file on disk that a worker can reopen
 _KINDS = ("File", "Group", "Dataset")
-
-
-class FileChangedError(OSError):
-    """The file at a travelling handle's path is no longer the one the parent had open.
-
-    The HDF5 readers' ``kerasfeed.FileChangedError`` lives a layer above
-    (``kerasfeed/hdf5``); in the consumer both read as ``FileChangedError``."""
 
 
 def is_h5(obj: Any) -> bool:
