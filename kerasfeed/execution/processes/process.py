@@ -261,9 +261,8 @@ class WorkerProcess:
         self.ready.set()
         if self.info.get("tensorflow_imported") and self.id == 0:
             logger.warning(
-                "kerasfeed: worker processes of %s imported TensorFlow while unpickling the source or in "
-                "worker_init (start-up %.1f s; about 500 MB per worker). If the source does not need it, "
-                "define it in a module that does not import tensorflow/keras (or in __main__/a notebook).",
+                "kerasfeed: worker processes of %s loaded TensorFlow while starting (start-up %.1f s): worker 0's "
+                "warning above names the use that pulled it in, its cost and what to do (docs/your_sequence.md).",
                 pool_name,
                 self.info["launch_to_ready_s"],
             )
