@@ -250,3 +250,12 @@ def test_a_scene_sequence_fitted_by_keras_follows_the_epoch_it_starts_at():
     seq2 = Epochs()
     _model().fit(seq2, epochs=2, verbose=0, shuffle=False)
     assert seq2.passes == [0, 1]
+
+
+def test_a_keras_too_old_to_resume_inside_an_epoch_is_refused_by_name():
+    from kerasfeed.integrations.backup import _check_keras
+
+    _check_keras("3.7.0")
+    _check_keras("3.15.1")
+    with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.7.*Received: keras 3\.6\.0"):
+        _check_keras("3.6.0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import warnings
 from typing import Any, Union
@@ -60,6 +61,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
     ):
+        _check_keras(keras.version())
         if isinstance(backup_dir, os.PathLike):
             backup_dir = os.fspath(backup_dir)
         if not isinstance(backup_dir, str) or not backup_dir:
@@ -176,6 +178,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _load_model(self) -> None:
         self.on_train_begin()
+
+
+# The first Keras whose epoch iterator has the step enumeration a resumed epoch starts inside
+# (EpochIterator._enumerate_iterator; fit_data.py), and whose fit takes to_loader's data adapter.
+MIN_KERAS = (3, 7)
+
+
+def _check_keras(version: str) -> None:
+    """Refuses a Keras older than ``MIN_KERAS``, naming it."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    if parts is None or tuple(int(p) for p in parts.groups()) < MIN_KERAS:
+        raise RuntimeError(
+            f"kerasfeed.BackupAndRestore needs Keras >= {'.'.join(map(str, MIN_KERAS))}: older Keras enumerates "
+            "an epoch's steps where a resumed epoch cannot start inside it (pip install -U keras). "
+            f"Received: keras {version}"
+        )
 
 
 def _writes_backups() -> bool:
