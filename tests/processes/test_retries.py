@@ -307,3 +307,37 @@ def test_the_options_are_checked_by_name():
     ex = make_executor("threads", Staged(), PoolOptions(retries=2))
     assert ex._retries == 2
     ex.close()
+
+
+class FlakySamples(Flaky):
+    """``(x, y)`` samples of ``Flaky`` for a model."""
+
+    def __getitem__(self, i):
+        v = super().__getitem__(i).astype("float32")
+        return v, v[:1] * 0.5 + v[1:2]
+
+
+@pytest.mark.parametrize("how", ["exit", "segv", "hang"])
+def test_a_fit_whose_items_kill_or_hang_their_worker_once_trains_as_a_run_without_faults(tmp_path, how):
+    """Within model.fit on worker processes: the first attempt of two items kills its worker (or hangs
+    past timeout=); the epochs complete, in order, with exactly the fault-free run's weights."""
+    import keras
+
+    def train(root, bad):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+        loader = kerasfeed.to_loader(FlakySamples(root, bad=bad, how=how, n=16), batch_size=4, shuffle=True, seed=0,
+                                     executor="processes", workers=2, retries=1, timeout=2 if how == "hang" else None)
+        with loader:
+            model.fit(loader, epochs=2, verbose=0, shuffle=False)
+            stats = kerasfeed.stats(loader)
+        return model.get_weights(), stats
+
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "faulty").mkdir()
+    reference, _ = train(tmp_path / "ref", ())
+    weights, stats = train(tmp_path / "faulty", (3, 11))
+    for a, b in zip(weights, reference):
+        np.testing.assert_array_equal(a, b)
+    assert stats["retried_items"] == 2 and stats["replaced_workers"] == 2, stats
