@@ -65,7 +65,7 @@ def test_a_worker_that_imports_tensorflow_is_reported(caplog):
         finally:
             ex.close()
     assert stats["per_worker"][0]["tensorflow_imported"] is True
-    assert any("imported TensorFlow" in r.getMessage() for r in caplog.records)
+    assert any("loaded TensorFlow while starting" in r.getMessage() for r in caplog.records)
 
 
 class Structures:
