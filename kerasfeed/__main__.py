@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.command == "demo":
-        from kerasfeed.demo import check_demo_arguments
+        from kerasfeed._demo_args import check_demo_arguments
 
         try:  # before TensorFlow's import (seconds)
             check_demo_arguments(args.workdir, epochs=args.epochs, executor=args.executor)

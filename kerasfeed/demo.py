@@ -9,16 +9,14 @@ machinery) and through ``model.fit(kerasfeed.to_dataset(seq))``.
 from __future__ import annotations
 
 import math
-import os
 import pathlib
-import tempfile
 import time
 from typing import Any, Optional
 
 import numpy as np
 
 import kerasfeed
-from kerasfeed import _validation as _v
+from kerasfeed._demo_args import check_demo_arguments
 
 
 class SceneFile(kerasfeed.SceneSequence):
@@ -101,33 +99,6 @@ def _describe_executor(ds, asked: str) -> str:
     if asked != "auto" or not reason:
         return f"{name}: asked for with executor={asked!r}"
     return f"{name}: {reason}"
-
-
-def check_demo_arguments(
-    workdir: Optional[str],
-    *,
-    epochs: int,
-    executor: str,
-    num_scenes: int = 640,
-    num_points: int = 512,
-    batch_size: int = 16,
-) -> str:
-    """The demo's folder (``workdir`` or the cache); ValueError for an argument the
-    demo cannot run with, before TensorFlow is imported or a scene is written."""
-    if executor not in ("auto", "threads", "processes"):
-        raise ValueError(f"`executor` must be 'auto', 'threads' or 'processes'. Received: executor={executor!r}")
-    for name, value in (("epochs", epochs), ("num_points", num_points), ("batch_size", batch_size)):
-        _v.positive_int(name, value, owner="demo")
-    if not isinstance(num_scenes, int) or isinstance(num_scenes, bool) or num_scenes < 2:
-        raise ValueError(
-            "demo: `num_scenes` must be an int of at least 2 (a fifth, at least one, is held out). "
-            f"Received: num_scenes={num_scenes!r}"
-        )
-    if workdir is None:
-        workdir = os.environ.get("KERASFEED_CACHE") or os.path.join(tempfile.gettempdir(), "kerasfeed-demo")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ValueError(f"demo: the work folder is a file, not a folder. Received: workdir={workdir!r}")
-    return workdir
 
 
 def run_demo(

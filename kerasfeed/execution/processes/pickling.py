@@ -12,6 +12,7 @@ attribute holding it. Workers unpickle with ``light_modules.loads``.
 from __future__ import annotations
 
 import io
+import types
 from typing import Any, Optional
 
 from kerasfeed.execution.processes import h5_handles
@@ -46,6 +47,18 @@ def _children(obj: Any, path: str):
 
 _pickler_class: Any = None
 
+# cloudpickle 3.1.3 names every code object it pickles by value "<dynamic-code>"
+# (deterministic payloads), so a worker's traceback through a class defined in
+# ``__main__`` or a test shows no source lines. Workers run on this machine and
+# can read the file: the real name is kept (earlier versions keep it already).
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+def _code_keeping_its_file(pickler: Any, code: types.CodeType) -> Any:
+    rebuild, args = pickler.dispatch_table[types.CodeType](code)
+    return rebuild, tuple(code.co_filename if a == _ANONYMOUS_FILE else a for a in args)
+
+
 
 def _pickler() -> Any:
     """cloudpickle's ``Pickler`` that also reduces h5py objects (``h5_handles.reduce``)."""
@@ -55,6 +68,8 @@ def _pickler() -> Any:
 
         class Pickler(cloudpickle.Pickler):
             def reducer_override(self, obj: Any) -> Any:
+                if isinstance(obj, types.CodeType):
+                    return _code_keeping_its_file(self, obj)
                 reduced = h5_handles.reduce(obj)
                 return reduced if reduced is not None else super().reducer_override(obj)
 
