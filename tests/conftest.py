@@ -7,11 +7,40 @@ test left no child process and no kerasfeed shared-memory segment behind
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import time
 
 import psutil
 import pytest
+
+# NOTE [ A hang that pytest-timeout cannot end ]
+# pytest-timeout (setup.cfg, 300 s) raises from a SIGALRM handler, which Python
+# runs only when the main thread executes bytecode: a test stuck inside C (a
+# TensorFlow iterator's GetNext waiting on its py_function, a call holding the
+# GIL) never sees it, and neither does its teardown after a timeout. Under
+# pytest-xdist such a worker also stops answering the other worker's steal
+# requests, so the whole run waits. faulthandler's watchdog is a C thread: past
+# HARD_TIMEOUT_S it writes every thread's stack to the run's stderr and ends
+# the worker process, which xdist reports as a crashed test before going on.
+HARD_TIMEOUT_S = 420
+_STDERR_FD: list[int] = []
+
+
+def pytest_configure(config):
+    if not _STDERR_FD:
+        _STDERR_FD.append(os.dup(sys.__stderr__.fileno()))  # before tests capture fd 2
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    faulthandler.dump_traceback_later(HARD_TIMEOUT_S, exit=True, file=_STDERR_FD[0])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
 
 # Children that exit a little after their owner is released (Keras' pools,
 # kernels of executed notebooks) get this long.
