@@ -18,10 +18,13 @@ Keras 3.0; ``tests/test_crash_resume.py`` trains through it on every backend.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import sys
 import threading
 from typing import Any, Callable, Optional
+
+logger = logging.getLogger("kerasfeed")
 
 # The modules whose ``fit`` is Keras' training loop (one per backend).
 _TRAINER = re.compile(r"^keras\.src\.backend\.[a-z_]+\.trainer$")
@@ -123,4 +126,37 @@ def _view(local: dict, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fi
     )
 
 
-__all__ = ["FitView", "find_fit", "keras_pass"]
+# NOTE [ An epoch shortened by items left out ]
+# With batch_size=None each item is a batch, so a pass that left k items out
+# (max_skipped) has k batches fewer than the len() Keras was told. Keras' epoch
+# iterator ends such an epoch when the data ends, rightly (the next epoch
+# starts on time with the next pass), and calls its ``_interrupted_warning``:
+# "Your input ran out of data ... use .repeat()", advice that is wrong here.
+# The pipeline replaces that method on the running fit's epoch iterator (the
+# instance only, once): when the pass just read ended complete and short by
+# exactly its items left out, the explanation is logged instead (each skip was
+# already a warning); any other run-out still gets Keras' own warning. Private
+# Keras structure (the method exists since Keras 3.0);
+# tests/test_skip_budget.py trains through it with warnings as errors.
+_EXPLAINED = "_kerasfeed_explains_short_epochs"
+
+
+def explain_short_epochs(epoch_iterator: Any, explain: Callable[[], Optional[str]]) -> None:
+    """Has ``epoch_iterator`` (a running fit's) log ``explain()`` in place of
+    Keras' "ran out of data" warning whenever ``explain()`` returns a text."""
+    original = getattr(epoch_iterator, "_interrupted_warning", None)
+    if original is None or getattr(epoch_iterator, _EXPLAINED, False):
+        return
+
+    def interrupted_warning():
+        text = explain()
+        if text is None:
+            return original()
+        logger.info(text)
+        return None
+
+    epoch_iterator._interrupted_warning = interrupted_warning
+    setattr(epoch_iterator, _EXPLAINED, True)
+
+
+__all__ = ["FitView", "explain_short_epochs", "find_fit", "keras_pass"]

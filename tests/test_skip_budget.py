@@ -272,6 +272,50 @@ class Batches(kerasfeed.SceneSequence):
         return x, x[:, :1] * 2
 
 
+class _StepsPerEpoch(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps[-1] += 1
+
+
+@pytest.mark.parametrize("front, executor", [("dataset", "processes"), ("loader", "threads")])
+def test_batches_left_out_end_their_epochs_early_without_keras_warning(front, executor, caplog):
+    """batch_size=None: items are batches. Seed 0 puts bad batch 1 first in pass 0 and last in pass 1 (6 in
+    the middle of both): each epoch trains on exactly the other 8 batches in pass order, once each (the weights
+    of train_on_batch over them), and kerasfeed explains the short epoch where Keras would warn that the
+    input ran out."""
+    workers = {"workers": 2} if executor == "processes" else {}
+    kwargs = dict(batch_size=None, shuffle=True, seed=0, max_skipped=2, executor=executor, **workers)
+    twin = _make(front, Batches(), **kwargs)
+    passes = [[tuple(np.asarray(t) for t in b) for b in twin] for _ in range(2)]
+    _close(twin)
+    orders = [[int(k) for k in kerasfeed.IndexOrder(N // B, shuffle=True, seed=0).indices(e)] for e in range(2)]
+    assert orders[0][0] == 1 and orders[1][-1] == 1
+    got = [[round(float(x[0, 2]) * N / B) for x, _ in p] for p in passes]
+    assert got == [[k for k in order if k not in (1, 6)] for order in orders]
+    data = _make(front, Batches(), **kwargs)
+    steps = _StepsPerEpoch()
+    fitted = _model()
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="kerasfeed"):
+        warnings.filterwarnings("error", message=".*ran out of data")
+        history = fitted.fit(data, epochs=2, verbose=0, shuffle=False, callbacks=[steps])
+    _close(data)
+    assert steps.steps == [8, 8] and len(history.history["loss"]) == 2
+    explained = [r.getMessage() for r in caplog.records if "ended 2 batches early" in r.getMessage()]
+    assert [m.split(" ended")[0] for m in explained] == ["kerasfeed: pass 0", "kerasfeed: pass 1"], explained
+    by_hand = _model()
+    for x, y in passes[0] + passes[1]:
+        by_hand.train_on_batch(x, y)
+    for a, b in zip(fitted.get_weights(), by_hand.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("source, batch_size", [(Corrupt, B), (Batches, None)])
 def test_backup_and_restore_with_items_left_out_resumes_to_the_same_weights(tmp_path, source, batch_size):
     # Seed 2, pass 1: samples 3 and 17 at positions 14 and 33 (batches 3 and 8); batches 1 and 6 at 3 and 9.
@@ -279,7 +323,7 @@ def test_backup_and_restore_with_items_left_out_resumes_to_the_same_weights(tmp_
     kwargs = dict(batch_size=batch_size, shuffle=True, seed=2, max_skipped=2)
     bad, cut = {"bad": (3, 17)} if source is Corrupt else {"bad": (1, 6)}, (1, 3)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # batch_size=None: Keras warns that each epoch ran out early
+        warnings.filterwarnings("error", message=".*ran out of data")  # batch_size=None too: explained instead
         reference = _model()
         reference.fit(kerasfeed.to_loader(source(**bad), **kwargs), epochs=3, verbose=0, shuffle=False)
         backup = str(tmp_path / "backup")

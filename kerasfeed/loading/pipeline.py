@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed._keras_fit import find_fit, keras_pass
+from kerasfeed._keras_fit import explain_short_epochs, find_fit, keras_pass
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.waits import WaitAbandoned
@@ -77,6 +77,7 @@ class PassPipeline:
         # and what a front end that marks items hands over in a left-out item's place.
         self.skips: Optional[SkipBudget] = None
         self.placeholder: Optional[list] = None
+        self._short: Optional[tuple[int, int]] = None  # (pass, items left out): the last pass, complete but short
 
     def begin(self) -> tuple[IndexView, np.int64]:
         """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
@@ -244,7 +245,29 @@ class PassPipeline:
         self.executor.item_skipped(index, epoch)
         if self.stats is not None:
             self.stats.skipped(epoch)
+        if self.skips.batch_size is None:
+            self._explain_under_fit()
         return None
+
+    def _explain_under_fit(self) -> None:
+        """Items are batches: a running fit whose epochs are passes hears why its
+        epoch ends early (NOTE [ An epoch shortened by items left out ])."""
+        fit = find_fit(self.held_by)
+        if fit is None or fit.epoch_iterator is None or fit.steps_per_epoch not in (None, self.batches_per_pass):
+            return
+        ref = weakref.ref(self)  # the epoch iterator may outlive this fit's data
+        explain_short_epochs(fit.epoch_iterator, lambda: None if ref() is None else ref().short_epoch_text())
+
+    def short_epoch_text(self) -> Optional[str]:
+        """Why the pass just read ended early (once), or None if it did not end complete and short."""
+        with self._lock:
+            short, self._short = self._short, None
+        if short is None:
+            return None
+        epoch, left = short
+        return (f"kerasfeed: pass {epoch} ended {left} batch{'es' if left > 1 else ''} early: its {left} item"
+                f"{'s' if left > 1 else ''} left out (max_skipped, batch_size=None) were whole batches; the epoch "
+                "ends after the batches it has, and the next starts with the next pass.")
 
     def position_of(self, index: int, epoch: int) -> Optional[int]:
         """The position in pass ``epoch`` of item ``index`` being loaded now (None: not known).
@@ -290,6 +313,10 @@ class PassPipeline:
             last = self._remaining[epoch] == 0
             if last:
                 del self._remaining[epoch]
+        if last and self.skips is not None and self.skips.batch_size is None:
+            left = self.skips.count(epoch)
+            with self._lock:
+                self._short = (epoch, left) if left else None
         return arrays, last
 
     def end_pass(self) -> None:

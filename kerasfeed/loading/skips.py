@@ -18,10 +18,12 @@ resumed run:
   skipped. A batch all of whose items failed raises (naming the batch and
   every item skipped): a batch of no samples cannot be trained on.
 - with ``batch_size=None`` (each item is a batch), a skipped item is a
-  batch left out: the pass is one batch shorter per skipped item, and Keras
-  ends that epoch early with its "Your input ran out of data" warning (the
-  next epoch starts on time). A saved position counts the skipped items
-  before it (``before``).
+  batch left out: the pass is one batch shorter per skipped item. Under
+  ``model.fit`` that epoch ends after the batches it has (the next one
+  starts on time with the next pass), and kerasfeed explains the short
+  epoch in place of Keras' "Your input ran out of data" warning (NOTE
+  [ An epoch shortened by items left out ] in ``kerasfeed/_keras_fit.py``).
+  A saved position counts the skipped items before it (``before``).
 
 The budget is per pass: an int is a count of items, a float in (0, 1) a
 fraction of a pass's items (rounded down). Past it, the item's error is
@@ -146,6 +148,11 @@ class SkipBudget:
     def positions(self, epoch: int) -> set:
         with self._lock:
             return {p for p, _ in self._passes.get(epoch, ())}
+
+    def count(self, epoch: int) -> int:
+        """Items of pass ``epoch`` left out so far (those before a resumed start included)."""
+        with self._lock:
+            return len(self._passes.get(epoch, ()))
 
     def restore(self, epoch: int, indices: Any) -> None:
         """The items a saved run skipped in pass ``epoch`` before its saved position: the budget continues."""
