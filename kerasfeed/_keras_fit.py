@@ -136,8 +136,8 @@ def _view(local: dict, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fi
 # instance only, once): when the pass just read ended complete and short by
 # exactly its items left out, the explanation is logged instead (each skip was
 # already a warning); any other run-out still gets Keras' own warning. Private
-# Keras structure (the method exists since Keras 3.0);
-# tests/test_skip_budget.py trains through it with warnings as errors.
+# Keras structure (in Keras 3.7 to 3.15; where it is missing, Keras' warning
+# stays); tests/test_skip_budget.py trains through it with warnings as errors.
 _EXPLAINED = "_kerasfeed_explains_short_epochs"
 
 
