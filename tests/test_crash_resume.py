@@ -98,6 +98,29 @@ def test_torch_loader_killed_at_an_epoch_end_and_again_early_in_the_next(tmp_pat
     _assert_same(resumed, _reference(tmp_path_factory, "torch", "loader"))
 
 
+def test_torch_fit_on_ray_killed_mid_epoch_resumes_and_its_ray_goes_with_it(tmp_path, tmp_path_factory):
+    """executor="ray" with no cluster: kerasfeed starts Ray on 127.0.0.1 in each run. Killed by SIGKILL
+    mid-epoch, nothing of that Ray outlives the run (its GCS, raylet, agents and actors: NOTE [ Ray started by
+    kerasfeed ends with its owner ]); the same script started again resumes to the uninterrupted weights."""
+    import psutil
+
+    config = dict(front="loader", executor="ray", workers=2, save_freq=5)
+    children = tmp_path / "children.json"
+    resumed = _crash_and_resume(tmp_path, "torch", [{"kill_at": [1, 4], "children_to": str(children)}], {}, **config)
+    ray_procs = [(pid, created) for pid, created in json.loads(children.read_text())]
+    assert len(ray_procs) >= 5  # GCS, raylet, 2 agents, 2 actors and more
+
+    def alive(pid, created):
+        try:
+            return psutil.Process(pid).create_time() == created
+        except psutil.Error:
+            return False
+
+    left = [pid for pid, created in ray_procs if alive(pid, created)]
+    assert not left, [psutil.Process(pid).cmdline()[:3] for pid in left]
+    _assert_same(resumed, _reference(tmp_path_factory, "torch", "loader"))
+
+
 def test_tensorflow_loader_backed_up_every_epoch(tmp_path, tmp_path_factory):
     config = dict(front="loader", executor="threads", save_freq="epoch")
     resumed = _crash_and_resume(tmp_path, "tensorflow", [{"kill_at": [1, 4]}], {}, **config)

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "kerasfeed"
 # layer do not import each other, except in the base layer.
 LAYERS = [
     ["_version", "_validation", "_leaves", "_quiet", "_records", "_keras_fit", "errors", "_nest", "transforms",
-     "datasets"],
+     "datasets", "_demo_args"],
     ["sources"],
     ["sampling"],
     ["hdf5", "execution"],

@@ -47,16 +47,23 @@ class Noisy(kerasfeed.SceneSequence):
 
 
 class KillAt(keras.callbacks.Callback):
-    def __init__(self, at):
+    def __init__(self, at, children_to=None):
         super().__init__()
         self.at = at
         self.epoch = 0
+        self.children_to = children_to  # where to write [pid, start time] of every descendant before dying
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         if [self.epoch, batch] == self.at:
+            if self.children_to:
+                import psutil
+
+                kids = [[p.pid, p.create_time()] for p in psutil.Process().children(recursive=True)]
+                with open(self.children_to, "w") as f:
+                    json.dump(kids, f)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -120,7 +127,7 @@ def main(config_path: str) -> None:
     else:
         callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=config.get("save_freq", "epoch"))]
     if config.get("kill_at"):
-        callbacks.append(KillAt(config["kill_at"]))
+        callbacks.append(KillAt(config["kill_at"], config.get("children_to")))
     if config.get("crash_save"):
         crash_during_save(**config["crash_save"])
     model.fit(data, epochs=config.get("epochs", 3), callbacks=callbacks, verbose=0, shuffle=False)

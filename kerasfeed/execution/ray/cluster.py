@@ -43,6 +43,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -63,6 +64,7 @@ class _Connection:
     owned: Optional[str] = None  # "started" or "connected" by kerasfeed; None: the user's (or none)
     address: Optional[str] = None
     exit_hook = False
+    guard: Any = None  # reaper.Guard (NOTE [ Ray started by kerasfeed ends with its owner ])
 
 
 _conn = _Connection()
@@ -140,18 +142,34 @@ def current_address(ray: Any) -> Optional[str]:
         return None
 
 
+@contextlib.contextmanager
+def _users_random_kept() -> Iterator[None]:
+    """Python's global ``random`` as the user left it: ``ray.init`` draws from it, so a
+    model built after ``executor="ray"`` started got other initial weights than with
+    any other executor (``keras.utils.set_random_seed`` seeds that generator too)."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 def _start_local(ray: Any) -> None:
-    with _loopback_stays_loopback():
+    from kerasfeed.execution.ray.reaper import Guard, descendants
+
+    before = descendants()
+    with _loopback_stays_loopback(), _users_random_kept():
         ray.init(
             address="local",
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
             logging_level=logging.WARNING,
         )
+    _conn.guard = Guard(before)
     address = current_address(ray) or ""
     hp = _host_port(address)
     if hp is None or not _is_loopback(hp[0]):
-        ray.shutdown()
+        _shutdown("started")
         raise RuntimeError(
             "kerasfeed: the Ray instance started for executor='ray' did not stay on 127.0.0.1 (this Ray version "
             "rewrote the node address), so it was stopped again: it would have listened on the network. Start Ray "
@@ -165,7 +183,7 @@ def _connect(ray: Any, address: str) -> None:
     hp = _host_port(address)
     local = hp is not None and _is_loopback(hp[0])
     try:
-        with _loopback_stays_loopback() if local else contextlib.nullcontext():
+        with _loopback_stays_loopback() if local else contextlib.nullcontext(), _users_random_kept():
             kwargs = {"_node_ip_address": "127.0.0.1"} if local else {}
             ray.init(address=address, logging_level=logging.WARNING, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -210,6 +228,9 @@ def _shutdown(owned: str) -> None:
         ray.shutdown()  # stops the processes Ray started here; a connection only disconnects
     except Exception as e:  # noqa: BLE001 - at exit or after the user's own shutdown
         logger.debug("kerasfeed: ray.shutdown() after the last RayExecutor (%s) failed: %s", owned, e)
+    guard, _conn.guard = _conn.guard, None
+    if guard is not None:
+        guard.close()
 
 
 def acquire(address: Optional[str]) -> Lease:
@@ -235,6 +256,9 @@ def acquire(address: Optional[str]) -> Lease:
             return Lease(current, owner)
         if _conn.owned is not None:  # someone called ray.shutdown() under kerasfeed's executors
             _conn.owned, _conn.users = None, 0
+            if _conn.guard is not None:
+                _conn.guard.close()
+                _conn.guard = None
         target = address if address is not None else (os.environ.get("RAY_ADDRESS") or None)
         if target is None:
             _start_local(ray)
