@@ -105,12 +105,12 @@ def fingerprint(value: Any) -> Any:
     buffers: list = []
     try:
         skeleton = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    except Exception:  # noqa: BLE001 - lambdas, classes in __main__: cloudpickle
-        import cloudpickle
+    except Exception:  # noqa: BLE001 - lambdas, classes in __main__, h5py handles: what workers are sent
+        from kerasfeed.execution.processes import pickling
 
         buffers = []
         try:
-            skeleton = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+            skeleton = pickling.dumps(value, buffer_callback=buffers.append)
         except Exception as e:  # noqa: BLE001 - reported if it must be sent
             return _Unpicklable(value, e)
     parts = []
@@ -225,9 +225,7 @@ class StateTracker:
         return payload, False
 
     def _payload(self, post: dict, send: set) -> bytes:
-        import cloudpickle
-
-        from kerasfeed.execution.processes.pickling import find_unpicklable
+        from kerasfeed.execution.processes.pickling import dumps, find_unpicklable
 
         for key in sorted(send, key=str):
             fp = post.get(key)
@@ -251,7 +249,7 @@ class StateTracker:
         else:
             state = self._state()
             change = ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
-        return cloudpickle.dumps(change, protocol=5)
+        return dumps(change)  # h5py handles as references, as the source itself travels (h5_handles.py)
 
 
 _MISSING = _Same(object())

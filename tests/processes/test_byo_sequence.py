@@ -237,6 +237,24 @@ def test_hdf5_file_opened_in_init_gives_the_same_batches(tmp_path):
     source.f.close()
 
 
+def test_hdf5_files_opened_in_on_epoch_end_reach_the_workers_for_the_next_pass(tmp_path):
+    """The source's state after on_epoch_end travels to the workers like the source itself: its new
+    read-only handles as references each worker reopens (not an unpicklable h5py object)."""
+    first = _scene_file(tmp_path / "a.h5")
+    second = str(tmp_path / "b.h5")
+    with h5py.File(second, "w") as f:
+        f["x"] = -np.arange(48, dtype=np.float32).reshape(24, 2)
+        f["y"] = np.arange(24) % 2
+        f.create_group("meta").attrs["scale"] = 2.0
+    threads = _passes(eager_h5.RotatingH5([first, second]), "threads", passes=3)
+    processes = _passes(eager_h5.RotatingH5([first, second]), "processes", passes=3, workers=2)
+    for t, p in zip(threads, processes):
+        _assert_same(t, p)
+    assert processes[0][1][0].tolist() == [[4.0, 4.5], [5.0, 5.5], [6.0, 6.5], [7.0, 7.5]]  # a.h5, scale 0.5
+    assert processes[1][1][0].tolist() == [[-16.0, -18.0], [-20.0, -22.0], [-24.0, -26.0], [-28.0, -30.0]]  # b.h5
+    assert processes[2][1][0].tolist() == processes[0][1][0].tolist()
+
+
 def test_hdf5_handle_open_for_writing_is_refused_naming_the_attribute(tmp_path):
     source = eager_h5.EagerH5(_scene_file(tmp_path / "scenes.h5"), mode="r+")
     try:

@@ -77,10 +77,10 @@ def _pickler() -> Any:
     return _pickler_class
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
     """``cloudpickle.dumps(obj, protocol=5)``, with h5py handles as references (TypeError if one cannot travel)."""
     with io.BytesIO() as f:
-        _pickler()(f, protocol=5).dump(obj)
+        _pickler()(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
         return f.getvalue()
 
 

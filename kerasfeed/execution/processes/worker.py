@@ -37,8 +37,9 @@ from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import item_random, worker_info  # noqa: E402
 from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
+from kerasfeed.execution.source_calls import call_source  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
-from kerasfeed.sources.base import GeneratorsSeen, close_quietly, set_epoch, source_name  # noqa: E402
+from kerasfeed.sources.base import GeneratorsSeen, close_quietly, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5
 
@@ -254,23 +255,7 @@ class WorkerLoop:
     def load(self, request: protocol.Load) -> None:
         index, epoch, slot = request.index, request.epoch, request.slot
         try:
-            if self.state_error is not None:
-                raise RuntimeError(
-                    "the source's state sent at the start of this pass could not be applied in the worker: "
-                    f"{type(self.state_error).__name__}: {self.state_error}"
-                ) from self.state_error
-            if epoch != self.epoch:
-                set_epoch(self.source, epoch)
-                self.epoch = epoch
-            t0 = time.perf_counter()
-            seeds = self.seeds
-            if seeds.given:
-                seeds.seed_globals(epoch, index)
-            previous = item_random.enter(seeds, epoch, index)
-            try:
-                item = self.source[index]
-            finally:
-                item_random.leave(previous)
+            item, make_s = call_source(self, index, epoch)
             t1 = time.perf_counter()
             spec, fds, size, nbytes = self._encode_and_write(slot, item)
             t2 = time.perf_counter()
@@ -282,7 +267,7 @@ class WorkerLoop:
             err = ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name)
             self._send(protocol.ItemFailed(request.request_id, err))
             return
-        self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes, t1 - t0, t2 - t1), fds)
+        self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes, make_s, t2 - t1), fds)
         if self.rss is not None and not self.retiring:
             rss = self.rss()
             if rss > self.max_rss:

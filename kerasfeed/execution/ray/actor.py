@@ -28,8 +28,9 @@ import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution import item_random, worker_info
+from kerasfeed.execution.source_calls import call_source
 from kerasfeed.execution.state_sync import apply_state
-from kerasfeed.sources.base import set_epoch, source_name
+from kerasfeed.sources.base import source_name
 
 
 class Failed:
@@ -148,24 +149,7 @@ class FeedActor:
         try:
             if self.init_error is not None:
                 raise RuntimeError(f"the worker did not start: {self.init_error[0]}: {self.init_error[1]}")
-            if self.state_error is not None:
-                raise RuntimeError(
-                    "the source's state sent at the start of this pass could not be applied in the worker: "
-                    f"{type(self.state_error).__name__}: {self.state_error}"
-                ) from self.state_error
-            if epoch != self.epoch:
-                set_epoch(self.source, epoch)
-                self.epoch = epoch
-            seeds = self.seeds
-            if seeds.given:
-                seeds.seed_globals(epoch, index)
-            t0 = time.perf_counter()
-            previous = item_random.enter(seeds, epoch, index)
-            try:
-                item = self.source[index]
-            finally:
-                item_random.leave(previous)
-            return item, time.perf_counter() - t0
+            return call_source(self, index, epoch)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
             return Failed(ItemError.from_exception(index, e, worker_id=self.id, pid=self.pid, source_name=self.name))
 
