@@ -108,3 +108,35 @@ def test_threads_started_from_a_tensorflow_thread_keep_subnormals(reference):
         ex.close()
     assert _bits(got["aside"]) == reference[4]
     assert _bits(got["planned"]) == reference[1]
+
+
+class HookScaled(Subnormals):
+    """``on_epoch_end`` computes a subnormal scale that the next pass's items carry."""
+
+    def __init__(self):
+        self.scale = np.float32(1.0)
+        self.passes = 0
+
+    def on_epoch_end(self):
+        self.passes += 1
+        self.scale = np.float32(1e-38) / np.float32(1e3 * self.passes)
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item["scale"] = np.array([self.scale], np.float32)
+        return item
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_epoch_hooks_under_to_dataset_compute_the_source_bits(executor):
+    """The hooks run in TensorFlow's thread under to_dataset: what they compute for later items is not
+    flushed either (execution/fpenv.py, default_fp_env)."""
+    want = np.float32(1e-38) / np.float32(1e3)
+    assert want != 0  # a subnormal here, in the main thread
+    ds = kerasfeed.to_dataset(HookScaled(), batch_size=3, executor=executor)
+    try:
+        passes = [[b["scale"] for b in ds.as_numpy_iterator()] for _ in range(2)]
+    finally:
+        kerasfeed.executor_of(ds).close()
+    assert {float(s) for p in passes[0] for s in np.ravel(p)} == {1.0}
+    assert {int(s.view(np.uint32)) for p in passes[1] for s in np.ravel(p)} == {int(want.view(np.uint32))}

@@ -15,12 +15,20 @@ therefore first sets the default environment (``fesetenv(FE_DFL_ENV)``:
 ~0.4 us, once per thread); items are then the same bits on every path. A load
 that runs in the caller's thread (the main thread, outside a plan) keeps that
 thread's environment: it is the user's own.
+
+The source's epoch hooks (``set_epoch``, ``on_epoch_begin``, ``on_epoch_end``)
+run in the consumer's thread, which under ``to_dataset`` is one of
+TensorFlow's: a hook that computes what later items use (a scale, a
+normalisation) got flushed values there and so other items on that path.
+``default_fp_env()`` runs them with the default environment and gives the
+thread its own back afterwards (TensorFlow's ops on it keep theirs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 _FESETENV: Any = None  # (fesetenv, FE_DFL_ENV) once looked up; False where unavailable
 
@@ -45,7 +53,22 @@ def _lookup() -> Any:
         return False
     fesetenv.argtypes = [ctypes.c_void_p]
     fesetenv.restype = ctypes.c_int
-    return fesetenv, default_env
+    fegetenv = getattr(lib, "fegetenv", None)
+    if fegetenv is not None:
+        fegetenv.argtypes = [ctypes.c_void_p]
+        fegetenv.restype = ctypes.c_int
+    return fesetenv, default_env, fegetenv
+
+
+# Bytes kept for a saved fenv_t (32 on x86-64 glibc, 8 on AArch64): room to spare.
+_FENV_BYTES = 256
+
+
+def _found() -> Any:
+    global _FESETENV
+    if _FESETENV is None:
+        _FESETENV = _lookup()
+    return _FESETENV
 
 
 def set_default_fp_env() -> bool:
@@ -55,14 +78,33 @@ def set_default_fp_env() -> bool:
     Returns:
         Whether it could (False on platforms without ``fesetenv``).
     """
-    global _FESETENV
-    found: Optional[Any] = _FESETENV
-    if found is None:
-        found = _FESETENV = _lookup()
+    found: Optional[Any] = _found()
     if not found:
         return False
-    fesetenv, default_env = found
+    fesetenv, default_env, _ = found
     return fesetenv(default_env) == 0
 
 
-__all__ = ["set_default_fp_env"]
+@contextlib.contextmanager
+def default_fp_env() -> Iterator[None]:
+    """Runs the block with the default floating-point environment, then gives
+    the thread back the one it had (a no-op where it cannot be saved)."""
+    found = _found()
+    if not found or found[2] is None:
+        yield
+        return
+    import ctypes
+
+    fesetenv, default_env, fegetenv = found
+    saved = ctypes.create_string_buffer(_FENV_BYTES)
+    if fegetenv(saved) != 0:
+        yield
+        return
+    fesetenv(default_env)
+    try:
+        yield
+    finally:
+        fesetenv(saved)
+
+
+__all__ = ["default_fp_env", "set_default_fp_env"]

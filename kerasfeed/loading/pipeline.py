@@ -19,6 +19,7 @@ import numpy as np
 from kerasfeed._keras_fit import explain_short_epochs, find_fit, keras_pass
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.fpenv import default_fp_env
 from kerasfeed.execution.waits import WaitAbandoned
 from kerasfeed.loading.skips import SkipBudget, find_position, skippable
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
@@ -173,12 +174,15 @@ class PassPipeline:
         # The executor hears when each hook is about to run: one whose items
         # run on a copy of the source (worker processes) tells from that what
         # the hooks changed and carries it over (see execution/state_sync.py).
-        self.executor.before_hook("set_epoch")
-        set_epoch(self._source, epoch)
-        self.executor.before_hook("on_epoch_begin")
-        hook = getattr(self._source, "on_epoch_begin", None)
-        if callable(hook):
-            hook()
+        # Hooks run with the default floating-point environment, as items do
+        # (NOTE [ Threads that run the source start with the default floating-point environment ]).
+        with default_fp_env():
+            self.executor.before_hook("set_epoch")
+            set_epoch(self._source, epoch)
+            self.executor.before_hook("on_epoch_begin")
+            hook = getattr(self._source, "on_epoch_begin", None)
+            if callable(hook):
+                hook()
 
     def _pick(self, index: int, epoch: int) -> Any:
         stats = self.stats
@@ -325,7 +329,8 @@ class PassPipeline:
         consumer that may never ask past the last element."""
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
-            hook()
+            with default_fp_env():  # as items (execution/fpenv.py)
+                hook()
 
     def load(self, i, epoch):
         """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
