@@ -18,6 +18,7 @@ Keras 3.0; ``tests/test_crash_resume.py`` trains through it on every backend.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import re
 import sys
@@ -82,6 +83,30 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
     )
 
 
+def current_frames() -> dict:
+    """``sys._current_frames()`` with the garbage collector held off.
+
+    NOTE [ sys._current_frames and the garbage collector ]: in CPython up to
+    3.11, ``sys._current_frames()`` holds the runtime's thread-list lock while
+    it makes frame objects; an allocation there may start a collection, and a
+    collected object whose deallocation takes that lock again (a
+    ``threading.local``, a thread state) deadlocks the process inside C, where
+    no signal handler runs (cpython#106883, fixed in 3.12 by the same means:
+    no collection during the call). Found in a fresh-clone run of this suite
+    on the 2-core machine: a pass begun while a thread pool's threads came and
+    went hung there for good (and, it seems, the CI run that never finished).
+    The collector is switched back on only if it was on.
+    """
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitView]:
     """The running Keras ``fit`` whose ``x`` holds the caller's pipeline, or None.
 
@@ -91,7 +116,7 @@ def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitVie
 
     The calling thread is searched first, then the others (see the NOTE above).
     """
-    frames = sys._current_frames()
+    frames = current_frames()
     frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
     tops = [sys._getframe(1), *frames.values()]
     frames.clear()
@@ -159,4 +184,4 @@ def explain_short_epochs(epoch_iterator: Any, explain: Callable[[], Optional[str
     setattr(epoch_iterator, _EXPLAINED, True)
 
 
-__all__ = ["FitView", "explain_short_epochs", "find_fit", "keras_pass"]
+__all__ = ["FitView", "current_frames", "explain_short_epochs", "find_fit", "keras_pass"]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from _util import wait_until
 
+from kerasfeed._keras_fit import current_frames
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.processes import ProcessExecutor
 from kerasfeed.execution.processes import dispatcher as dispatcher_module
@@ -63,7 +64,7 @@ def _open(folder, *indices):
 
 def _waiting_for_a_slot(thread):
     """The thread sleeps on the dispatcher's condition (a load waiting for a slot)."""
-    frame = sys._current_frames().get(thread.ident)
+    frame = current_frames().get(thread.ident)  # without the collector (kerasfeed/_keras_fit.py)
     names = []
     while frame is not None:
         names.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
