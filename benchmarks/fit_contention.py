@@ -57,7 +57,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import machine  # noqa: E402
 
 VARIANTS = ("memory", "memory+burn", "memory+work", "kf", "kf-prefetch0", "kf-copy", "kf-inflight4",
-            "kf-reserve2", "kf-switch", "kf-premade", "kf-premade-threads")
+            "kf-reserve2", "kf-switch", "kf-premade", "kf-premade-threads", "kf-nice0", "memory+work-nice0")
 _MARK = "FIT_CONTENTION "
 
 
@@ -115,7 +115,8 @@ def _feed(variant: str, seq: Any, workers: int) -> tuple:
         return loader, {}, loader
     init = _reserved_cpus_init(2) if variant == "kf-reserve2" else None
     ex = kerasfeed.ProcessExecutor(seq, workers=workers, worker_init=init,
-                                   in_flight_per_worker=4 if variant == "kf-inflight4" else 2)
+                                   in_flight_per_worker=4 if variant == "kf-inflight4" else 2,
+                                   worker_nice=0 if variant == "kf-nice0" else None)
     loader = kerasfeed.to_loader(seq, executor=ex, copy=variant == "kf-copy",
                                  device_prefetch=0 if variant == "kf-prefetch0" else None)
     return loader, {}, loader
@@ -170,13 +171,14 @@ def child(config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _burners(variant: str, count: int, config: Dict[str, Any], env: Dict[str, str]) -> List[subprocess.Popen]:
-    if variant not in ("memory+burn", "memory+work"):
+    if variant not in ("memory+burn", "memory+work", "memory+work-nice0"):
         return []
     code = ("while True: pass" if variant == "memory+burn" else
             "from benchmarks.workloads import make_workload\n"
             f"s = make_workload({config['workload']!r}, {config['batches']}, {config['cache_dir']!r})\n"
             "while True: [s[i] for i in range(len(s))]")
-    return [subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", code], env=env) for _ in range(count)]
+    nice = [] if variant.endswith("-nice0") else ["nice", "-n", "10"]
+    return [subprocess.Popen([*nice, sys.executable, "-c", code], env=env) for _ in range(count)]
 
 
 def run(variants: Sequence[str], *, workload: str, workers: int, batches: int, epochs: int, burners: int,

@@ -289,11 +289,11 @@ def test_fit_contention_times_fit_per_variant_without_tensorflow(tmp_path):
     env.update(PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", XLA_FLAGS="--xla_backend_optimization_level=0")
     cmd = [python, str(ROOT / "benchmarks" / "fit_contention.py"), "--output-dir", str(tmp_path), "--workers", "1",
            "--batches", "2", "--epochs", "2", "--model", "conv-small"]
-    proc = subprocess.run(cmd + ["--variants", "memory,kf-prefetch0,kf-premade"], cwd=str(ROOT), env=env,
+    proc = subprocess.run(cmd + ["--variants", "memory,kf-prefetch0,kf-premade,kf-nice0"], cwd=str(ROOT), env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads((tmp_path / "fit_contention.json").read_text())["rows"]
-    assert [r["variant"] for r in rows] == ["memory", "kf-prefetch0", "kf-premade"]
+    assert [r["variant"] for r in rows] == ["memory", "kf-prefetch0", "kf-premade", "kf-nice0"]
     for r in rows:
         assert r["steps_per_s"] > 0 and len(r["epoch_rates"]) == 1 and r["threads_us"]["MainThread"] >= 0, r
     assert rows[1]["device"]["prefetch"] == 0 and "| kf-prefetch0 |" in proc.stdout
