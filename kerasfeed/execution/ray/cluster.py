@@ -228,6 +228,11 @@ def _shutdown(owned: str) -> None:
         ray.shutdown()  # stops the processes Ray started here; a connection only disconnects
     except Exception as e:  # noqa: BLE001 - at exit or after the user's own shutdown
         logger.debug("kerasfeed: ray.shutdown() after the last RayExecutor (%s) failed: %s", owned, e)
+    _close_guard()
+
+
+def _close_guard() -> None:
+    """Ends the guard of the Ray kerasfeed started, if any (its processes are gone or going)."""
     guard, _conn.guard = _conn.guard, None
     if guard is not None:
         guard.close()
@@ -256,9 +261,7 @@ def acquire(address: Optional[str]) -> Lease:
             return Lease(current, owner)
         if _conn.owned is not None:  # someone called ray.shutdown() under kerasfeed's executors
             _conn.owned, _conn.users = None, 0
-            if _conn.guard is not None:
-                _conn.guard.close()
-                _conn.guard = None
+            _close_guard()
         target = address if address is not None else (os.environ.get("RAY_ADDRESS") or None)
         if target is None:
             _start_local(ray)
