@@ -198,10 +198,12 @@ class Replacements:
             start = not lane.successor_started
             lane.successor_started = True
             d.lanes.forget(lane)
+        # Counted before the waiters wake: one of them may retry, finish the pass
+        # and read the count before this thread runs again.
+        self.counts.add("replaced_workers")
         for req in mine:
             req.event.set()
         proc.release()
-        self.counts.add("replaced_workers")
         logger.warning("%s", str(err).splitlines()[0])
         if start:
             self._start_successor(lane)
