@@ -32,21 +32,26 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import pickle
 import secrets
 import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-ALIGN = 64  # cache line; also what TensorFlow needs to wrap an array without copying
+from kerasfeed._layout import (  # noqa: F401 - the item layout, importable from here as before
+    _SPEC_CACHE,
+    _SPEC_CACHE_MAX,
+    ALIGN,
+    dumps_spec,
+    encode,
+    loads_spec,
+    rebuild,
+    round_up,
+)
+
 SEGMENT_PREFIX = "kerasfeed"
 # Test hook / portability switch: "memfd" (default where available) or "posix".
 BACKEND_ENV = "KERASFEED_SHM_BACKEND"
-
-
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 def create_segment(size: int, tag: str = "") -> int:
@@ -114,50 +119,12 @@ def new_segment(size: int, tag: str = "") -> tuple[Segment, int]:
 def grown_size(nbytes: int) -> int:
     """Capacity of a new segment for an item of ``nbytes``: a little headroom
     so that items of slightly varying size do not re-create it every time."""
-    return _round_up(max(nbytes + nbytes // 8, 1), mmap.PAGESIZE)
+    return round_up(max(nbytes + nbytes // 8, 1), mmap.PAGESIZE)
 
 
 # ---------------------------------------------------------------- encoding
-# Spec nodes (tuples, so they pickle small and fast):
-#   ("a", dtype, shape, offset)   array leaf stored in the segment
-#   ("o", obj)                    anything else, pickled inline (scalars, str,
-#                                 object arrays, empty arrays)
-#   ("t", [children]) / ("l", [children]) / ("d", [(key, child), ...])
-#   ("n", namedtuple_type, [children])
-
-
-def encode(item: Any) -> tuple[Any, list[tuple[int, np.ndarray]], int]:
-    """Splits ``item`` into a spec, the arrays to write and the bytes needed.
-
-    Returns:
-        ``(spec, [(offset, array), ...], nbytes)``.
-    """
-    arrays: list[tuple[int, np.ndarray]] = []
-    spec = _encode(item, arrays)
-    end = arrays[-1][0] + arrays[-1][1].nbytes if arrays else 0
-    return spec, arrays, end
-
-
-def _encode(obj: Any, arrays: list) -> Any:
-    # A module-level function, not a recursive closure: a closure that refers
-    # to itself is a reference cycle, and it would keep every item's arrays
-    # alive until the cyclic garbage collector happens to run.
-    t = type(obj)
-    if t is np.ndarray and not obj.dtype.hasobject and obj.nbytes > 0:
-        offset = _round_up(arrays[-1][0] + arrays[-1][1].nbytes, ALIGN) if arrays else 0
-        arrays.append((offset, obj))
-        return ("a", obj.dtype, obj.shape, offset)
-    if t is tuple:
-        return ("t", [_encode(x, arrays) for x in obj])
-    if t is list:
-        return ("l", [_encode(x, arrays) for x in obj])
-    if t is dict:
-        return ("d", [(k, _encode(v, arrays)) for k, v in obj.items()])
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return ("n", t, [_encode(x, arrays) for x in obj])
-    return ("o", obj)
-
-
+# The item layout (spec + aligned arrays) is kerasfeed/_layout.py's; the
+# names stay importable from here.
 def write(segment: Segment, arrays: list[tuple[int, np.ndarray]]) -> None:
     """Copies the arrays of an encoded item into ``segment``."""
     for offset, a in arrays:
@@ -217,66 +184,5 @@ def decode(spec: Any, segment: Optional[Segment]) -> Any:
     return _rebuild(spec, copy_out)
 
 
-def _rebuild(spec: Any, array: Callable[[Any, tuple, int], np.ndarray]) -> Any:
-    # A module-level function, not a recursive closure (see ``_encode``).
-    kind = spec[0]
-    if kind == "a":
-        _, dtype, shape, offset = spec
-        return array(dtype, shape, offset)
-    if kind == "o":
-        return spec[1]
-    if kind == "t":
-        return tuple(_rebuild(c, array) for c in spec[1])
-    if kind == "l":
-        return [_rebuild(c, array) for c in spec[1]]
-    if kind == "d":
-        return {k: _rebuild(c, array) for k, c in spec[1]}
-    if kind == "n":
-        return spec[1](*(_rebuild(c, array) for c in spec[2]))
-    raise ValueError(f"kerasfeed: corrupt shared-memory spec node. Received: {kind!r}")
 
-
-def dumps_spec(spec: Any) -> bytes:
-    """Pickles a spec; falls back to cloudpickle for inline objects of classes
-    that only exist by value in this process (e.g. defined in a notebook)."""
-    try:
-        return pickle.dumps(spec, protocol=5)
-    except Exception:  # noqa: BLE001 - whatever pickle refuses, cloudpickle tries
-        import cloudpickle
-
-        return cloudpickle.dumps(spec, protocol=5)
-
-
-# Unpickled specs of items made of arrays only, by their bytes. Most sources
-# return the same shapes and dtypes every time, so the consumer would unpickle
-# the same few hundred bytes (numpy dtypes included: ~4 us) for every item.
-# A spec is only read, and ``_rebuild`` makes new containers and arrays, so
-# one object can serve every item. Specs holding inline objects ("o" nodes)
-# are not cached: those objects must not be shared between items.
-_SPEC_CACHE: dict = {}
-_SPEC_CACHE_MAX = 64
-
-
-def _arrays_only(spec: Any) -> bool:
-    kind = spec[0]
-    if kind == "a":
-        return True
-    if kind in ("t", "l"):
-        return all(_arrays_only(c) for c in spec[1])
-    if kind == "d":
-        return all(_arrays_only(c) for _, c in spec[1])
-    if kind == "n":
-        return all(_arrays_only(c) for c in spec[2])
-    return False
-
-
-def loads_spec(raw: bytes) -> Any:
-    """Unpickles a spec made by ``dumps_spec`` (cached when it holds arrays only)."""
-    spec = _SPEC_CACHE.get(raw)
-    if spec is None:
-        spec = pickle.loads(raw)
-        if _arrays_only(spec):
-            if len(_SPEC_CACHE) >= _SPEC_CACHE_MAX:  # shapes that keep changing: start again
-                _SPEC_CACHE.clear()
-            _SPEC_CACHE[raw] = spec
-    return spec
+_rebuild = rebuild
