@@ -36,6 +36,7 @@ _LAZY = {
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
     "BackupAndRestore": "kerasfeed.integrations.backup:BackupAndRestore",
     "item_rng": "kerasfeed.execution.item_random:item_rng",
+    "Cache": "kerasfeed.cache.options:Cache",
     # Orbax: the data position in the same checkpoint as the model (kerasfeed.orbax: custom loops).
     "OrbaxCheckpoint": "kerasfeed.integrations.orbax_callback:OrbaxCheckpoint",
     "orbax": "kerasfeed.integrations.orbax:",

@@ -21,6 +21,7 @@ LAYERS = [
      "datasets", "_demo_args"],
     ["sources"],
     ["sampling"],
+    ["cache"],
     ["hdf5", "execution"],
     ["observe"],
     ["loading"],

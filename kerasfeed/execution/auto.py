@@ -437,9 +437,9 @@ def make_auto_executor(
         except TypeError as e:  # cannot be pickled: threads still work
             first = str(e).split(". ")[0]
             name, reason = "threads", f"processes would help ({reason}), but {first}"
-            ex = ThreadExecutor(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
+            ex = ThreadExecutor.from_options(source, options)
     else:
-        ex = ThreadExecutor(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
+        ex = ThreadExecutor.from_options(source, options)
     ex.reason = f"auto chose {name}: {reason}"
     ex.probe = probe  # type: ignore[attr-defined]
     logger.info("kerasfeed: executor='auto' for %s: %s", type(source).__name__, ex.reason)

@@ -50,7 +50,7 @@ def make_executor(
                 "that way (use executor='processes'). Received: "
                 f"worker_max_items={options.worker_max_items!r}, worker_max_rss={options.worker_max_rss!r}"
             )
-        return ThreadExecutor(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
+        return ThreadExecutor.from_options(source, options)
     if executor == "processes":
         from kerasfeed.execution.processes.executor import ProcessExecutor
 

@@ -31,11 +31,11 @@ def is_ast_race(error: BaseException) -> bool:
     return isinstance(error, SystemError) and AST_RACE_MESSAGE in str(error)
 
 
-def get_item(source: Any, index: int, name: str) -> Any:
-    """``source[index]``, made again when it failed only by the AST race."""
+def get_item(source: Any, index: int, name: str, cache: Any = None) -> Any:
+    """``source[index]`` (through ``cache.make`` with cache=), made again when it failed only by the AST race."""
     for attempt in range(AST_RACE_RETRIES + 1):
         try:
-            return source[index]
+            return source[index] if cache is None else cache.make(source, index)
         except SystemError as e:
             if attempt == AST_RACE_RETRIES or not is_ast_race(e):
                 raise

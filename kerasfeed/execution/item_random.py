@@ -50,6 +50,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from kerasfeed.sources import stage
+
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 
@@ -196,6 +198,9 @@ def item_rng() -> np.random.Generator:
             return self.x[i] + rng.normal(0.0, 0.1, self.x[i].shape).astype("float32")
     ```
     """
+    refused = stage.refusal("kerasfeed.item_rng()")
+    if refused is not None:
+        raise refused
     item = _CURRENT.item
     if item is None:
         raise RuntimeError(

@@ -3,8 +3,9 @@
 A worker process (``processes/worker.py``) and a Ray actor (``ray/actor.py``)
 each keep their copy of the source, the pass they were last told
 (``epoch``), the error of a source state they could not apply
-(``state_error``: every later item fails with it) and the item seeds
-(``seeds``, ``item_random.ItemSeeds``). ``call_source`` is the one place that
+(``state_error``: every later item fails with it), the item seeds
+(``seeds``, ``item_random.ItemSeeds``) and, with ``cache=``, the
+``cached_items.ItemCache`` their items go through (``cache``, else None). ``call_source`` is the one place that
 turns those into an item, so both make the same bits for the same item.
 """
 
@@ -38,8 +39,9 @@ def call_source(worker: Any, index: int, epoch: int) -> tuple[Any, float]:
         seeds.seed_globals(epoch, index)
     t0 = time.perf_counter()
     previous = item_random.enter(seeds, epoch, index)
+    cache = worker.cache  # cache=: NOTE [ An item with cache= ] (cached_items.py)
     try:
-        item = worker.source[index]
+        item = worker.source[index] if cache is None else cache.make(worker.source, index)
     finally:
         item_random.leave(previous)
     return item, time.perf_counter() - t0

@@ -60,6 +60,7 @@ class Runner:
         # Set when a timed-out call may be left behind (``retries`` with a
         # ``timeout``): deciding that and the thread's own check are atomic.
         self.abandon_lock: Optional[threading.Lock] = None
+        self.cache: Any = None  # cache=: a cached_items.ItemCache (NOTE [ An item with cache= ])
 
     def call(self, index: int, epoch: int, started: Optional[float] = None) -> Any:
         """``source[index]`` as item ``index`` of pass ``epoch``; ``started``:
@@ -70,7 +71,7 @@ class Runner:
             started = time.perf_counter()
         previous = item_random.enter(self.seeds, epoch, index)
         try:
-            item = get_item(self.source, index, self.name)
+            item = get_item(self.source, index, self.name, self.cache)
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
         finally:

@@ -111,6 +111,14 @@ class ThreadExecutor(Executor):
         self._watch = ParkWatch(self)
         self.waits = WaitScope()
 
+    @classmethod
+    def from_options(cls, source: Any, options: Any) -> "ThreadExecutor":
+        """The executor for ``source`` from a front end's ``PoolOptions`` (its ``timeout``,
+        ``seed``, ``retries``, and with cache= the ``item_cache`` its item calls go through)."""
+        ex = cls(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
+        ex._runner.cache = options.item_cache
+        return ex
+
     @property
     def source(self) -> Any:
         """The source the threads call."""

@@ -45,6 +45,7 @@ def to_loader(
     max_skipped: Union[int, float] = 0,
     worker_max_items: Optional[int] = None,
     worker_max_rss: Optional[int] = None,
+    cache: Any = None,
 ) -> Loader:
     """Turns an indexable source into numpy batches for any Keras 3 backend.
 
@@ -130,6 +131,14 @@ def to_loader(
         worker_max_items, worker_max_rss: a worker process that was sent
             this many items, or whose resident memory passed this many bytes,
             finishes its items and is replaced (None: never).
+        cache: keep items once made, so that later passes read them instead
+            of making them again: ``"memory"`` (RAM, freed with the
+            pipeline), a directory path (kept on local disk and reused by the
+            next run while the source is unchanged), a ``kerasfeed.Cache``
+            (its ``max_bytes`` and ``version``), or None (the default). With a
+            source that defines ``load(i)`` and ``augment(item)``, only
+            ``load`` is stored and ``augment`` runs every pass. Items are
+            bit-identical to an uncached run's. See ``docs/cache.md``.
 
     Under a multi-process ``keras.distribution`` (JAX; one process per host)
     each process reads only its own shard of every pass (processes whose
@@ -219,6 +228,7 @@ def to_loader(
             max_skipped=max_skipped,
             worker_max_items=worker_max_items,
             worker_max_rss=worker_max_rss,
+            cache=cache,
         )
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)

@@ -13,10 +13,15 @@ assembly drives: a ``tf.data`` graph for ``to_dataset``, plain Python for
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
+from kerasfeed.cache.options import open_store
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.cache_front import CacheFront
+from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.factory import make_executor
+from kerasfeed.execution.item_random import ItemSeeds
 from kerasfeed.loading.arguments import Passes, resolve_passes
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batches
@@ -220,8 +225,42 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
         resume=options.resume,
         owner=options.owner,
     )
-    executor = make_executor(options.executor, source, options.pool, handover=options.handover)
+    if options.cache is not None:
+        executor = cached_executor(source, total, options, plan)
+    else:
+        executor = make_executor(options.executor, source, options.pool, handover=options.handover)
     return Feed(source, total, options, plan, passes, executor)
+
+
+def cached_executor(source: Any, total: Optional[int], options: LoadOptions, plan: ShardPlan) -> Executor:
+    """The executor of a pipeline with ``cache=``: the store opened for ``source``, the executor's
+    item calls going through it, and the front that serves the items stored before each pass
+    (NOTE [ Serving hits in the consumer ], ``execution/cache_front.py``).
+
+    Raises:
+        ValueError: an endless source, or an ``Executor`` instance given (its item calls are its own).
+        RuntimeError: a kept cache's directory in use by another run.
+    """
+    if total is None:
+        raise ValueError(
+            f"{options.api}: `cache` needs a source with a length (items are stored by index); this one is endless. "
+            f"Received: cache={options.cache!r}"
+        )
+    if isinstance(options.executor, Executor):
+        raise ValueError(
+            f"{options.api}: `cache` needs an executor kerasfeed makes (its item calls go through the store); pass "
+            f"executor='threads', 'processes', 'auto' or 'ray'. Received: executor={options.executor!r}"
+        )
+    store, close = open_store(options.cache, source, total, (plan.shard_index, plan.num_shards))
+    try:
+        item_cache = ItemCache.for_source(source, store)
+        pool = dataclasses.replace(options.pool, item_cache=item_cache)
+        inner = make_executor(options.executor, source, pool, handover=options.handover)
+    except BaseException:
+        close()
+        raise
+    return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.seed),
+                      on_close=close)
 
 
 __all__ = ["ENDLESS", "Feed", "ShardResolver", "open_feed"]

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Callable, ClassVar, Mapping, Optional, Union
 
 from kerasfeed import _validation as _v
+from kerasfeed.cache.options import resolve_cache
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.loading.arguments import resume_state
@@ -48,6 +49,8 @@ class LoadOptions:
             be left out: an int count or a float fraction of a pass; 0 (the
             default) fails fast (``loading/skips.py``).
         probe: leading items (and the last) probed for the structure.
+        cache: ``"memory"``, a directory, a ``kerasfeed.Cache`` or None;
+            held as a ``Cache`` (or None) once checked (``cache/options.py``).
 
     Derived (not arguments):
         pool: the ``PoolOptions`` every process executor uses whole.
@@ -84,6 +87,7 @@ class LoadOptions:
     worker_max_items: Optional[int] = None
     worker_max_rss: Optional[int] = None
     probe: int = 3
+    cache: Any = None
     pool: PoolOptions = dataclasses.field(init=False, repr=False, compare=False)
     resume: ResumeState = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -104,6 +108,7 @@ class LoadOptions:
             self.batch_size, owner=owner, drop_remainder=self.drop_remainder, padding_values=self.padding_values
         )
         self._put("probe", _v.positive_int("probe", self.probe, owner=owner))
+        self._put("cache", resolve_cache(self.cache, owner))
         self._put("shuffle", _v.flag("shuffle", self.shuffle, owner=owner))
         self._put("resume", resume_state(self.initial_state))
         if self.max_skipped and self.batch_size == 1:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from typing import Any
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_fit import find_fit
+from kerasfeed.sources import stage
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
@@ -30,6 +32,17 @@ class SceneSequence(_PyDataset):
       ``keras.utils.PyDataset``.
     - ``kerasfeed.to_dataset(seq)``: a real ``tf.data.Dataset`` with parallel
       loading, batching and prefetching.
+
+    Instead of ``__getitem__`` a subclass may define ``load(i)`` (the costly,
+    deterministic part: reading and decoding) and optionally
+    ``augment(item)`` (what runs every pass: random crops, noise, drawing from
+    ``kerasfeed.item_rng()``); ``__getitem__(i)`` is then
+    ``augment(load(i))``. With ``cache=`` (``to_dataset``, ``to_loader``)
+    only ``load`` is stored: ``docs/cache.md``. Inside ``load`` under
+    ``cache=``, ``epoch`` and ``item_rng()`` raise (their values would be
+    stored and repeat every pass); attributes that change between passes but
+    that ``load`` does not read are named in a class attribute
+    ``cache_ignores = ("name", ...)``.
 
     Args:
         workers: Keras' thread or process count for ``model.fit(seq)``.
@@ -79,7 +92,19 @@ class SceneSequence(_PyDataset):
     @property
     def epoch(self) -> int:
         """The pass (epoch) currently being read, starting at 0."""
+        refused = stage.refusal(f"{type(self).__name__}.epoch")  # NOTE [ What a cached stage may not read ]
+        if refused is not None:
+            raise refused
         return getattr(self, "_kf_epoch", 0)
+
+    def __getitem__(self, index: int) -> Any:
+        """Batch ``index``: ``augment(load(index))`` when the class defines
+        ``load`` (``augment`` optional); otherwise a subclass implements it."""
+        load = getattr(self, "load", None)
+        if load is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement `__getitem__` (or `load`)")
+        augment = getattr(self, "augment", None)
+        return load(index) if augment is None else augment(load(index))
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the pass number (an int >= 0); called by kerasfeed before items of a pass."""

@@ -52,6 +52,7 @@ def to_dataset(
     max_skipped: Union[int, float] = 0,
     worker_max_items: Optional[int] = None,
     worker_max_rss: Optional[int] = None,
+    cache: Any = None,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -159,6 +160,14 @@ def to_dataset(
             this many items, or whose resident memory passed this many bytes,
             finishes its items and is replaced (None: never; worker
             processes only).
+        cache: keep items once made, so that later passes read them instead
+            of making them again: ``"memory"`` (RAM, freed with the
+            pipeline), a directory path (kept on local disk and reused by the
+            next run while the source is unchanged), a ``kerasfeed.Cache``
+            (its ``max_bytes`` and ``version``), or None (the default). With a
+            source that defines ``load(i)`` and ``augment(item)``, only
+            ``load`` is stored and ``augment`` runs every pass. Items are
+            bit-identical to an uncached run's. See ``docs/cache.md``.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality (resumed:
@@ -219,6 +228,7 @@ def to_dataset(
         max_skipped=max_skipped,
         worker_max_items=worker_max_items,
         worker_max_rss=worker_max_rss,
+        cache=cache,
     )
     return assemble(source, total, options)
 

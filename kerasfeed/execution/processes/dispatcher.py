@@ -99,7 +99,7 @@ class Dispatcher:
                 self.lanes.add(WorkerProcess.launch(wid))
             for lane in self.lanes:
                 try:
-                    lane.process.send(protocol.Init(self.init_config(lane.id, payload)))
+                    lane.process.send(protocol.Init(self.init_config(lane.id, payload)), self.init_fds())
                 except OSError:
                     pass  # died while booting: its reader reports why
                 lane.process.start_reader(reader, lane)
@@ -120,7 +120,13 @@ class Dispatcher:
             "sys_path": self._sys_path,
             "payload": payload,
             "max_rss": options.worker_max_rss,
+            "cache": None if options.item_cache is None else options.item_cache.described(),
         }
+
+    def init_fds(self) -> tuple:
+        """The fds sent with every ``protocol.Init``: the item store's, with cache= (sent as they are: NOTE
+        [ The item store ])."""
+        return () if self.options.item_cache is None else self.options.item_cache.fds()
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

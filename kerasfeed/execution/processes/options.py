@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from kerasfeed import _validation as _v
 
@@ -152,6 +152,8 @@ class PoolOptions:
     worker_max_items: Optional[int] = None
     worker_max_rss: Optional[int] = None
     seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)  # bookkeeping
+    # cache=: the cached_items.ItemCache the workers' items go through (its store's fds travel with Init).
+    item_cache: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         def put(name, value):

@@ -215,13 +215,13 @@ class WorkerProcess:
         return max(since, ready_at) + timeout
 
     # ------------------------------------------------------------ messages
-    def send(self, message: protocol.ToWorker) -> None:
-        """Sends one message (thread-safe).
+    def send(self, message: protocol.ToWorker, fds: tuple = ()) -> None:
+        """Sends one message (thread-safe), with ``fds`` (kept open here).
 
         Raises:
             OSError: the worker is gone.
         """
-        self.chan.send(protocol.encode(message))
+        self.chan.send(protocol.encode(message), fds)
 
     def send_quietly(self, message: protocol.ToWorker, nowait: bool = False) -> bool:
         """Sends unless the worker is gone; False only if ``nowait`` and

@@ -238,7 +238,7 @@ class Replacements:
                 messages += [protocol.SetState(epoch, state) for epoch, state in self._states]
                 for message in messages:
                     try:
-                        proc.send(message)
+                        proc.send(message, d.init_fds() if isinstance(message, protocol.Init) else ())
                     except OSError:
                         break  # it died while booting (or the pool closed): its reader says why
             new = WorkerLane(proc)

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 
 from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import item_random, worker_info  # noqa: E402
+from kerasfeed.execution.cached_items import ItemCache  # noqa: E402
 from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.source_calls import call_source  # noqa: E402
@@ -114,11 +115,14 @@ class WorkerLoop:
     Args:
         chan: the worker's end of its socket.
         init: the ``protocol.Init`` config.
+        fds: the fds that came with it (the item store's, with cache=).
     """
 
-    def __init__(self, chan: Channel, init: dict):
+    def __init__(self, chan: Channel, init: dict, fds: Optional[list] = None):
         self.chan = chan
         self.init = init
+        self._init_fds = list(fds or ())
+        self.cache: Optional[ItemCache] = None  # cache=: set up in ``setup`` (NOTE [ An item with cache= ])
         self.id = init["worker_id"]
         self.pid = os.getpid()
         self.slots: dict[int, shm.Segment] = {}
@@ -153,6 +157,16 @@ class WorkerLoop:
         self.seeds = item_random.ItemSeeds(init["base_seed"], given=init["seed_given"])
         random.seed(info.seed)
         np.random.seed(info.seed % 2**32)
+        fds, self._init_fds = self._init_fds, []
+        try:
+            self.cache = ItemCache.in_worker(init.get("cache"), fds)  # takes the store's fds
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if self.cache is None:
+            for fd in fds:
+                os.close(fd)
         source, worker_init = light_modules.loads(init["payload"])  # light Keras/TF stand-ins meanwhile
         if worker_init is not None:
             worker_init()
@@ -347,13 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     # subreaper from a death, but a changed parent pid can.
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="kerasfeed-parent-watch", daemon=True).start()
     try:
-        raw, _ = chan.recv()
+        raw, fds = chan.recv()
     except (EOFError, OSError):
         return 0
     init = protocol.decode(raw)
     if not isinstance(init, protocol.Init):
         return 0
-    return WorkerLoop(chan, init.config).run()
+    return WorkerLoop(chan, init.config, fds).run()
 
 
 if __name__ == "__main__":

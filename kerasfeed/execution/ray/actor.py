@@ -28,6 +28,7 @@ import numpy as np
 
 from kerasfeed.errors import ItemError
 from kerasfeed.execution import item_random, worker_info
+from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.source_calls import call_source
 from kerasfeed.execution.state_sync import apply_state
 from kerasfeed.sources.base import source_name
@@ -60,10 +61,11 @@ class FeedActor:
 
     Args:
         payload: ``pickling.dumps_for_workers(source, worker_init)``.
-        config: ``worker_id``, ``num_workers``, ``base_seed``, ``seed_given``
-            and ``sys_path`` (the consumer's import path: its entries that
+        config: ``worker_id``, ``num_workers``, ``base_seed``, ``seed_given``,
+            ``sys_path`` (the consumer's import path: its entries that
             exist on this node go first, so a source's modules resolve as in
-            the consumer on a single machine).
+            the consumer on a single machine) and ``cache`` (with cache=:
+            ``ItemCache.described()`` of a cache without a store, else None).
         states: the state changes (``StateTracker.check`` payloads) sent to
             the pool since ``payload`` was made, applied in order: a worker
             that replaces a lost one starts from the same source as the others.
@@ -82,6 +84,8 @@ class FeedActor:
         self.state_error: Optional[BaseException] = None
         self.init_error: Optional[tuple[str, str, str]] = None
         self.seeds = item_random.ItemSeeds(config["base_seed"], given=config["seed_given"])
+        # cache=: the stored stage only (no store here: the consumer stores and augments; cache_front.py).
+        self.cache = ItemCache.in_worker(config.get("cache"), [])
         try:
             self._setup(payload, config, states)
         except BaseException as e:  # noqa: BLE001 - reported by ready()

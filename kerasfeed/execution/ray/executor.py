@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
+from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.processes.pickling import dumps_for_workers
 from kerasfeed.execution.ray import cluster
@@ -169,6 +170,9 @@ class RayExecutor(LoadsMixin, Executor):
                              in_flight_per_worker=pool.in_flight_per_worker, timeout=pool.timeout,
                              retries=getattr(pool, "retries", 0))  # fmt: skip
         ex = cls.__new__(cls)
+        # cache=: the actors run the stored stage only (they may be on other hosts; cache_front.py).
+        cache = getattr(pool, "item_cache", None)
+        ex._cache = None if cache is None else ItemCache(None, cache.stage_name, cache.augment).described()
         ex._start(source, options)
         return ex
 
@@ -212,7 +216,7 @@ class RayExecutor(LoadsMixin, Executor):
         available = cluster.room(self._ray, self._options, items, self._held.lease.address, self._name)
         workers = workers_for(self._options, available, items)
         pool = ActorPool(self._ray, payload, self._options, workers, self._base_seed, self._seed_given, self._name,
-                         self.counts)  # fmt: skip
+                         self.counts, getattr(self, "_cache", None))  # fmt: skip
         self._held.pool = pool
         self._lost = pool.lost_errors
         try:

@@ -115,10 +115,11 @@ class ActorPool:
         base_seed, seed_given: the items' seeds (``execution/item_random.py``).
         name: the source's name, for messages.
         counts: the executor's ``RetryCounts``.
+        cache: with cache=, what the actors' item calls run (``ItemCache.described()``), else None.
     """
 
     def __init__(self, ray: Any, payload: bytes, options: RayOptions, workers: int, base_seed: int,
-                 seed_given: bool, name: str, counts: Any):  # fmt: skip
+                 seed_given: bool, name: str, counts: Any, cache: Optional[dict] = None):  # fmt: skip
         self.ray = ray
         self.options = options
         self.name = name
@@ -129,7 +130,7 @@ class ActorPool:
         self.states: list[bytes] = []  # sent since payload (a replacement applies them)
         self.states_bytes = 0
         self.config = {"num_workers": workers, "base_seed": base_seed, "seed_given": seed_given,
-                       "sys_path": list(sys.path)}  # fmt: skip
+                       "sys_path": list(sys.path), "cache": cache}  # fmt: skip
         self.lanes = [Lane(k) for k in range(workers)]
         self.lost_errors = lost_errors(ray)
         self._seq = itertools.count()

@@ -1,0 +1,189 @@
+"""A cache kept in a directory: reused by the next run while the source is unchanged.
+
+NOTE [ A kept cache's directory ]
+``index.bin`` and ``data.bin`` (the store, NOTE [ The item store ]),
+``key.json`` (what it was made from, NOTE [ When a kept cache is stale ]) and
+``lock``. Opening it:
+
+1. ``flock`` on ``lock`` (exclusive, not waiting): one run at a time fills
+   a directory. The kernel drops the lock with its holder, SIGKILL included,
+   so nothing stale is ever left to clean by hand (tf.data's cache leaves
+   lock files after a killed run, tensorflow#28798); a second run that finds
+   it held is refused at once, naming the holder's pid.
+2. The key: when ``key.json`` differs from this source's key, or the files
+   are of another layout or length, the store is emptied and one log line
+   says why; else every item in it is served from the first pass on.
+3. A store left by a run that did not close it cleanly is kept when that
+   run was on this boot (a killed process loses nothing its kernel already
+   holds: every published entry points at a whole record) and emptied when
+   the machine restarted since (pages not yet on disk may be lost, and an
+   entry could then point at bytes that never reached it).
+
+``key.json`` is written (atomically: a temporary file renamed) before any
+item is stored, so a key always describes the items beside it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from typing import Optional
+
+from kerasfeed.cache.keys import key_change
+from kerasfeed.cache.store import H_BOOT, H_CLEAN, H_ITEMS_N, H_LAYOUT, H_MAGIC, LAYOUT, MAGIC, ItemStore, index_bytes
+
+logger = logging.getLogger("kerasfeed")
+
+INDEX, DATA, KEY, LOCK = "index.bin", "data.bin", "key.json", "lock"
+
+
+def boot_id() -> int:
+    """This boot's id (Linux), as an int; 0 where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return int(f.read().strip().replace("-", ""), 16) & (2**64 - 1)
+    except (OSError, ValueError):
+        return 0
+
+
+class KeptDirectory:
+    """The lock and key of one cache directory, held while the store is open.
+
+    Args:
+        directory: the cache's directory (made if missing).
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        self._lock_fd: Optional[int] = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                               0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._lock_fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise RuntimeError(
+                f"kerasfeed cache: the directory {directory} is in use by another run (pid {holder}): one run at a "
+                "time fills a kept cache. Give this run its own directory (cache=... or Cache(directory=...)), or "
+                f"wait for that run to end. Received: cache directory {directory!r}"
+            ) from None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def read_key(self) -> Optional[dict]:
+        try:
+            with open(self.path(KEY)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def write_key(self, key: dict) -> None:
+        tmp = self.path(KEY + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(key, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path(KEY))
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                os.close(self._lock_fd)  # drops the flock
+            finally:
+                self._lock_fd = None
+
+
+def _stale_reason(store: ItemStore, n: int, boot: int) -> Optional[str]:
+    if store.header(H_MAGIC) != MAGIC or store.header(H_LAYOUT) != LAYOUT:
+        return "its files are not a kerasfeed cache of this layout"
+    if store.header(H_ITEMS_N) != n:
+        return f"it holds {store.header(H_ITEMS_N)} items' entries, the source has {n}"
+    if not store.header(H_CLEAN) and store.header(H_BOOT) != boot:
+        return "the run that filled it did not finish, and the machine restarted since"
+    return None
+
+
+def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemStore, KeptDirectory]:
+    """Opens (or makes, or rebuilds) the kept cache in ``directory`` for a source of ``n`` items.
+
+    Returns:
+        The store (``capacity`` bytes, or what it holds already if more) and
+        the directory, whose lock is held until ``close_kept``.
+
+    Raises:
+        RuntimeError: another run holds the directory.
+    """
+    kept = KeptDirectory(directory)
+    try:
+        store, reused = _open_store(kept, key, n, capacity)
+    except BaseException:
+        kept.release()
+        raise
+    figures = store.figures()
+    if reused and figures["items"]:
+        logger.info("kerasfeed: cache %s reused: %d of %d items held (%.1f MB).", directory, figures["items"], n,
+                    figures["bytes"] / 2**20)
+    return store, kept
+
+
+def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[ItemStore, bool]:
+    boot = boot_id()
+    index_path, data_path = kept.path(INDEX), kept.path(DATA)
+    existed = os.path.exists(index_path) and os.path.exists(data_path)
+    reason = key_change(kept.read_key(), key) if existed else None
+    fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for p in (index_path, data_path)]
+    try:
+        if existed and reason is None and os.fstat(fds[0]).st_size == index_bytes(n):
+            held = os.fstat(fds[1]).st_size
+            if held < capacity:  # grown to the capacity asked for (it stays sparse)
+                os.ftruncate(fds[1], capacity)
+            store = ItemStore(fds[0], fds[1], n, max(held, capacity))
+            reason = _stale_reason(store, n, boot)
+            if reason is None:
+                store.set_header(H_CLEAN, 0)
+                store.set_header(H_BOOT, boot)
+                return store, True
+            store.close()
+            fds = [os.open(p, os.O_RDWR | os.O_CLOEXEC) for p in (index_path, data_path)]
+        elif existed and reason is None:
+            reason = "its index is not of this source's length"
+        for fd in fds:
+            os.ftruncate(fd, 0)  # empty: the entries read as zero again
+        os.ftruncate(fds[0], index_bytes(n))
+        os.ftruncate(fds[1], capacity)
+        store = ItemStore(fds[0], fds[1], n, capacity)
+    except BaseException:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    if existed:
+        logger.warning("kerasfeed: cache %s rebuilt: %s.", kept.directory, reason)
+    kept.write_key(key)
+    store.format(boot)
+    store.flush()
+    return store, False
+
+
+def close_kept(store: ItemStore, kept: KeptDirectory) -> None:
+    """Writes the store back, marks it closed cleanly, closes it and frees the directory."""
+    try:
+        if not store.closed:
+            store.flush()
+            store.set_header(H_CLEAN, 1)
+            store.flush()
+            store.close()
+    finally:
+        kept.release()
+
+
+__all__ = ["KeptDirectory", "boot_id", "close_kept", "open_kept"]

@@ -1,0 +1,183 @@
+"""What a kept cache was made from: the key checked before a directory's items are served again.
+
+NOTE [ When a kept cache is stale ]
+A directory cache outlives the run that filled it, so before serving its
+items a new run checks that the source would make the same ones. The key
+holds:
+
+- ``class``, ``length`` and ``version`` (``Cache(version=...)``: the user's
+  lever for anything the rest cannot see);
+- ``code``: a digest of the cached stage's code (``load``, else
+  ``__getitem__``; its bytecode, constants and names, not its line numbers),
+  so editing what makes an item rebuilds the cache, and editing a comment
+  does not;
+- ``attributes``: the source's plain attributes (numbers, strings, small
+  arrays and lists of them; what its constructor was given, such as a batch
+  size or a point count) by value or digest; attributes that hold objects
+  (open files, models) are left out, and so are Keras' own worker settings,
+  which do not change items;
+- ``files``: every file the source names, as ``size`` and ``mtime_ns``
+  (remote objects as their store's ETag): the source's own
+  ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
+  attributes that are existing paths and h5py objects it holds, one level
+  into lists, tuples and dicts.
+
+Any difference rebuilds the cache and one log line says which part changed.
+The records themselves carry their items' specs, so the item spec needs no
+entry of its own: it follows from the code, the attributes and the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import types
+from typing import Any, Optional
+
+import numpy as np
+
+# Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change items.
+_SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch"})
+_ATOMIC = (bool, int, float, complex, str, bytes, np.generic)
+_ARRAY_DIGEST_MAX = 64 * 2**20  # larger arrays count by shape and dtype only
+_SEQUENCE_MAX = 10_000
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def stage_of(source: Any) -> str:
+    """The cached stage's name: ``"load"`` when the source has one, else ``"__getitem__"``."""
+    return "load" if callable(getattr(source, "load", None)) else "__getitem__"
+
+
+def _code_digest(fn: Any) -> str:
+    h = hashlib.blake2b(digest_size=12)
+
+    def add(code: types.CodeType) -> None:
+        h.update(code.co_code)
+        h.update(repr(code.co_names).encode())
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add(const)
+            else:
+                h.update(repr(const).encode())
+
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return f"<no code: {type(fn).__name__}>"
+    add(code)
+    return h.hexdigest()
+
+
+def _value(value: Any) -> Optional[str]:
+    """A plain attribute's value (or digest); None for what the key leaves out."""
+    if value is None or isinstance(value, _ATOMIC):
+        text = repr(value)
+        return text if len(text) <= 200 else "digest:" + _digest(text.encode())
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        if value.nbytes > _ARRAY_DIGEST_MAX:
+            return f"array{value.shape}:{value.dtype}"
+        return f"array{value.shape}:{value.dtype}:{_digest(np.ascontiguousarray(value).tobytes())}"
+    if isinstance(value, (tuple, list)) and len(value) <= _SEQUENCE_MAX and all(
+        v is None or isinstance(v, _ATOMIC) for v in value
+    ):
+        return f"{type(value).__name__}:{_digest(repr(value).encode())}"
+    return None
+
+
+def file_identity(path: str) -> Optional[str]:
+    """``size=...,mtime_ns=...`` of a local file; None when it is not one."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not os.path.isfile(path):
+        return None
+    return f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+
+
+def _files_in(value: Any, found: dict) -> None:
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            path = os.fspath(value)
+        except TypeError:
+            return
+        if isinstance(path, str) and len(path) < 4096 and os.path.isfile(path):
+            found[os.path.abspath(path)] = file_identity(path)
+        return
+    if type(value).__module__.startswith("h5py") and hasattr(value, "file"):
+        try:
+            name = value.file.filename
+        except Exception:  # noqa: BLE001 - a closed h5py object has no file
+            return
+        identity = file_identity(name)
+        if identity is not None:
+            found[os.path.abspath(name)] = identity
+
+
+def source_files(source: Any) -> dict:
+    """``{path or URL: identity}`` of the files ``source`` names (see the NOTE)."""
+    found: dict = {}
+    own = getattr(source, "kerasfeed_identity", None)
+    if callable(own):
+        found.update({str(k): str(v) for k, v in dict(own()).items()})
+    for value in _attributes(source).values():
+        _files_in(value, found)
+        if isinstance(value, (list, tuple)) and len(value) <= _SEQUENCE_MAX:
+            for v in value:
+                _files_in(v, found)
+        elif isinstance(value, dict) and len(value) <= _SEQUENCE_MAX:
+            for v in value.values():
+                _files_in(v, found)
+    return found
+
+
+def _attributes(source: Any) -> dict:
+    state = getattr(source, "__dict__", None)
+    return {k: v for k, v in (state or {}).items() if k not in _SKIPPED}
+
+
+def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
+    """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
+    cls = type(source)
+    stage = stage_of(source)
+    attributes = {k: v for k, v in ((k, _value(v)) for k, v in sorted(_attributes(source).items())) if v is not None}
+    return {
+        "layout": layout,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "length": int(length),
+        "version": None if version is None else repr(version),
+        "stage": stage,
+        "code": _code_digest(getattr(cls, stage, None)),
+        "attributes": attributes,
+        "files": source_files(source),
+    }
+
+
+def key_change(old: Optional[dict], new: dict) -> Optional[str]:
+    """Why a cache made under ``old`` cannot serve ``new`` (one sentence), or None when it can."""
+    if old is None:
+        return "it has no key (not a kerasfeed cache, or one cut short before its key was written)"
+    for part in ("layout", "class", "length", "version", "stage", "code"):
+        if old.get(part) != new.get(part):
+            what = {"code": f"the code of `{new['stage']}` changed", "layout": "its file layout is another version's"}
+            return what.get(part, f"`{part}` changed ({old.get(part)!r} -> {new.get(part)!r})")
+    old_files, new_files = old.get("files", {}), new.get("files", {})
+    for name in sorted(old_files.keys() | new_files.keys()):
+        if old_files.get(name) != new_files.get(name):
+            if name not in new_files:
+                return f"the source no longer names {name}"
+            if name not in old_files:
+                return f"the source names a new file, {name}"
+            return f"{name} changed ({old_files[name]} -> {new_files[name]})"
+    old_attrs, new_attrs = old.get("attributes", {}), new.get("attributes", {})
+    for name in sorted(old_attrs.keys() & new_attrs.keys()):
+        if old_attrs[name] != new_attrs[name]:
+            return f"the source's attribute `{name}` changed ({old_attrs[name]} -> {new_attrs[name]})"
+    return None
+
+
+__all__ = ["file_identity", "key_change", "source_files", "source_key", "stage_of"]

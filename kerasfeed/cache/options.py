@@ -1,0 +1,151 @@
+"""``kerasfeed.Cache``: where items are kept once made, checked once (TF-free).
+
+``cache=`` on ``to_dataset`` and ``to_loader`` takes ``"memory"``, a directory
+path, or a ``Cache``; ``resolve_cache`` turns each into a ``Cache`` (or
+None), and ``open_store`` (when the pipeline is built, with its source) opens
+the store it describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any, Callable, Optional
+
+from kerasfeed import _validation as _v
+from kerasfeed.cache.kept import close_kept, open_kept
+from kerasfeed.cache.keys import source_key
+from kerasfeed.cache.store import LAYOUT, ItemStore
+
+# What a store may hold when max_bytes is not given: this share of the memory
+# available when it is opened ("memory"), or of the free disk at its directory.
+MEMORY_SHARE = 0.5
+DISK_SHARE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """Items kept once made, so that later passes read them instead of making them again.
+
+    Pass it (or ``"memory"``, or a directory path) as ``cache=`` to
+    ``kerasfeed.to_dataset`` or ``kerasfeed.to_loader``. The first pass (or
+    whichever first reads an item) makes items and stores them; later passes,
+    in any order, read them from the store: one copy per host, shared by the
+    consumer and every worker process. With a source that defines ``load(i)``
+    and ``augment(item)``, only ``load`` is stored and ``augment`` runs every
+    pass (fresh random augmentation with ``kerasfeed.item_rng()``). See
+    ``docs/cache.md``.
+
+    Args:
+        directory: None: the store is in RAM (anonymous memory, freed with
+            the pipeline; nothing on disk or in ``/dev/shm``). A path: a
+            kept cache on local disk, reused by later runs while the source
+            is unchanged (its class, the code of its stored stage, its plain
+            attributes, the size and modification time of the files it
+            names, and ``version``); a change rebuilds it, with one log line
+            saying why. One run at a time uses a directory.
+        max_bytes: what the store may hold, at most. None: half the memory
+            available when the pipeline is made (in RAM), or half the free
+            disk at ``directory``. Past it, the items stored first stay and
+            the rest are made every pass.
+        version: anything with a stable ``repr``; a kept cache made under
+            another version is rebuilt (for what the key cannot see, such as
+            a change in a function the stored stage calls).
+
+    Example:
+
+    ```python
+    import numpy as np
+    import kerasfeed
+
+    class Decoded(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 8
+
+        def load(self, i):                          # made once, stored
+            return np.full((4, 3), i, "float32")
+
+        def augment(self, x):                       # every pass
+            return x + kerasfeed.item_rng().normal(size=x.shape).astype("float32")
+
+    loader = kerasfeed.to_loader(Decoded(), cache="memory", shuffle=True, seed=0)
+    for epoch in range(2):
+        for x in loader:
+            pass
+    print(kerasfeed.stats(loader)["cache_items"])   # 8: every item made once
+    ```
+    """
+
+    directory: Optional[str] = None
+    max_bytes: Optional[int] = None
+    version: Any = None
+
+    def __post_init__(self):
+        if self.directory is not None:
+            object.__setattr__(self, "directory", _v.path("directory", self.directory, owner="Cache"))
+        object.__setattr__(self, "max_bytes", _v.positive_int("max_bytes", self.max_bytes, allow_none=True,
+                                                              owner="Cache"))
+
+
+def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
+    """``cache=`` as a ``Cache``: None, ``"memory"``, a directory (str or ``os.PathLike``) or a ``Cache``.
+
+    Raises:
+        TypeError: anything else, named.
+    """
+    if value is None or isinstance(value, Cache):
+        return value
+    if isinstance(value, str) and value == "memory":
+        return Cache()
+    if isinstance(value, (str, os.PathLike)):
+        return Cache(directory=_v.path("cache", value, owner=owner))
+    where = f"{owner}: " if owner else ""
+    raise TypeError(
+        f"{where}`cache` must be None, 'memory', a directory path or a kerasfeed.Cache. "
+        f"Received: cache={value!r} of type {type(value).__name__}"
+    )
+
+
+def _capacity(cache: Cache, directory: Optional[str]) -> int:
+    if cache.max_bytes is not None:
+        size = cache.max_bytes
+    elif directory is None:
+        import psutil
+
+        size = int(psutil.virtual_memory().available * MEMORY_SHARE)
+    else:
+        size = int(shutil.disk_usage(directory).free * DISK_SHARE)
+    return max(size, 128)  # the first record starts at 64
+
+
+def open_store(
+    cache: Cache, source: Any, n: int, shard: tuple[int, int] = (0, 1)
+) -> tuple[ItemStore, Callable[[], None]]:
+    """Opens the store ``cache`` describes for ``source`` (``n`` items).
+
+    Args:
+        shard: ``(index, count)`` of this process's shard when several
+            processes read one source (multi-host): a kept cache then uses
+            ``directory/shard-{index}-of-{count}``, each process its own.
+
+    Returns:
+        The store and the function that closes it (a kept directory's is
+        written back, marked closed cleanly and unlocked).
+
+    Raises:
+        RuntimeError: the directory is in use by another run.
+    """
+    if cache.directory is None:
+        store = ItemStore.memory(n, _capacity(cache, None))
+        return store, store.close
+    directory = cache.directory
+    if shard[1] > 1:
+        directory = os.path.join(directory, f"shard-{shard[0]}-of-{shard[1]}")
+    os.makedirs(directory, exist_ok=True)
+    key = source_key(source, n, cache.version, LAYOUT)
+    store, kept = open_kept(directory, key, n, _capacity(cache, directory))
+    return store, lambda: close_kept(store, kept)
+
+
+__all__ = ["Cache", "open_store", "resolve_cache"]

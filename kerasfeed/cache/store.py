@@ -1,0 +1,278 @@
+"""The item store: one copy of every cached item per host, read and written by every process of a pipeline.
+
+NOTE [ The item store ]
+Two files: an *index* and a *data* file. For ``cache="memory"`` both are
+memfds (RAM, no name anywhere, nothing in ``/dev/shm``; the kernel frees them
+when the last process holding one ends, SIGKILL included); a kept directory
+holds them as ``index.bin`` and ``data.bin`` (``kept.py``). Worker processes
+get the two fds with their first message and map them; pool threads and the
+consumer use the owner's mappings. So there is one copy per host, whatever
+the number of workers.
+
+- The index: a 4 KiB header (the counters below), then three u64 per source
+  index: ``(offset, length, stamp)``; offset 0 means "not cached".
+- The data: records (NOTE [ A cached item's record ], ``records.py``) laid
+  one after another by a bump allocator, up to ``capacity`` bytes (the file
+  is that long but sparse: only written pages take memory or disk).
+
+Writers (pool threads, worker processes, the consumer) take one lock twice
+per item: to allocate the record's bytes, then, once the record is written
+outside the lock, to publish its entry if no other writer published that
+index meanwhile. The lock is a ``threading.Lock`` for the threads of a
+process plus a POSIX record lock on the index's first 8 bytes for the
+processes (the kernel drops it with a dead holder). A record is published
+only once written whole and never changes afterwards, so a reader that
+follows an entry always finds a whole record; a process killed while
+writing leaves bytes that no entry points at. (POSIX record locks belong to
+a process and go when *any* fd of the file is closed in it: the owner never
+closes a duplicate of the index fd while the store is open; fds are sent to
+workers as they are.)
+
+Stamps: ``new_cut()`` (the consumer, when a pass starts) raises the header's
+stamp; each entry keeps the stamp current when it was published. An entry
+whose stamp is below a pass's cut was cached before that pass began:
+the consumer serves those items itself and asks the executor for the rest
+(``missing``), and the two sides agree on which is which however the
+workers race.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed.cache.records import encode_record, read_record, write_record
+
+HEADER_BYTES = 4096
+_Q = HEADER_BYTES // 8  # index entries start at this u64
+# Header u64 slots.
+H_MAGIC, H_LAYOUT, H_ITEMS_N, H_CAPACITY, H_BUMP, H_STAMP, H_HELD, H_HELD_BYTES, H_FULL, H_CLEAN, H_BOOT = range(11)
+MAGIC = int.from_bytes(b"KFCACHE1", "little")
+LAYOUT = 1  # bump when the file layout changes: a kept cache of another layout is rebuilt
+FIRST_OFFSET = 64  # offset 0 marks an empty entry
+# Positions per chunk when a pass's misses are worked out (``missing``).
+_CHUNK = 1 << 20
+
+
+def index_bytes(n: int) -> int:
+    """Length of the index file for ``n`` items."""
+    return HEADER_BYTES + 24 * n
+
+
+class ItemStore:
+    """The index and data files of one cache, mapped in this process.
+
+    Made by ``memory`` (fresh memfds), ``kept.open_kept`` (a directory's files)
+    or ``attach`` (a worker process, from the fds its pool sent).
+
+    Args:
+        index_fd, data_fd: the files (this object owns and closes them).
+        n: the number of source items.
+        capacity: the data file's length: what the store may hold.
+    """
+
+    def __init__(self, index_fd: int, data_fd: int, n: int, capacity: int):
+        self.n, self.capacity = n, capacity
+        self._index_fd, self._data_fd = index_fd, data_fd
+        self._index = mmap.mmap(index_fd, index_bytes(n))
+        self._q = memoryview(self._index).cast("Q")
+        self._rw: Optional[mmap.mmap] = None  # mapped on the first write
+        self._ro = mmap.mmap(data_fd, capacity, prot=mmap.PROT_READ)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------ making
+    @classmethod
+    def memory(cls, n: int, capacity: int) -> "ItemStore":
+        """A fresh store in RAM (two memfds, mode 0600)."""
+        fds = []
+        try:
+            for name, size in (("index", index_bytes(n)), ("data", capacity)):
+                fd = os.memfd_create(f"kerasfeed-cache-{name}", os.MFD_CLOEXEC)
+                fds.append(fd)
+                os.fchmod(fd, 0o600)
+                os.ftruncate(fd, size)
+            store = cls(fds[0], fds[1], n, capacity)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        store.format()
+        return store
+
+    @classmethod
+    def attach(cls, described: dict, fds: list) -> "ItemStore":
+        """A worker's view of the store its pool sent (``described()`` and ``fds()``)."""
+        if len(fds) != 2:
+            raise RuntimeError(f"kerasfeed cache: a worker got {len(fds)} fds for the item store, not 2")
+        return cls(fds[0], fds[1], described["n"], described["capacity"])
+
+    def described(self) -> dict:
+        """What a worker needs besides the fds to ``attach``."""
+        return {"n": self.n, "capacity": self.capacity}
+
+    def fds(self) -> tuple[int, int]:
+        """The index and data fds, to send to a worker as they are (see the NOTE)."""
+        return self._index_fd, self._data_fd
+
+    def format(self, boot: int = 0) -> None:
+        """Writes a fresh header (owner only, before any other process uses
+        the store; the entries of fresh or truncated files are zero already)."""
+        q = self._q
+        for slot, value in ((H_MAGIC, MAGIC), (H_LAYOUT, LAYOUT), (H_ITEMS_N, self.n), (H_CAPACITY, self.capacity),
+                            (H_BUMP, FIRST_OFFSET), (H_STAMP, 1), (H_HELD, 0), (H_HELD_BYTES, 0), (H_FULL, 0),
+                            (H_CLEAN, 0), (H_BOOT, boot)):
+            q[slot] = value
+
+    def header(self, slot: int) -> int:
+        return self._q[slot]
+
+    def set_header(self, slot: int, value: int) -> None:
+        self._q[slot] = value
+
+    # ------------------------------------------------------------ lock
+    def _acquire(self) -> None:
+        self._lock.acquire()
+        try:
+            fcntl.lockf(self._index_fd, fcntl.LOCK_EX, 8, 0, 0)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _release(self) -> None:
+        try:
+            fcntl.lockf(self._index_fd, fcntl.LOCK_UN, 8, 0, 0)
+        finally:
+            self._lock.release()
+
+    # ------------------------------------------------------------ items
+    def put(self, index: int, item: Any) -> bool:
+        """Stores item ``index`` (no-op if it is stored already); False when
+        it does not fit in what is left of ``capacity``.
+
+        Raises:
+            TypeError: a leaf that cannot be stored (``records.encode_record``).
+        """
+        q, e = self._q, _Q + 3 * index
+        if q[e]:
+            return True
+        record = encode_record(index, item)
+        self._acquire()
+        try:
+            if q[e]:
+                return True
+            offset = q[H_BUMP]
+            if offset + record.length > self.capacity:
+                q[H_FULL] = 1
+                return False
+            q[H_BUMP] = offset + record.length
+        finally:
+            self._release()
+        if self._rw is None:
+            self._rw = mmap.mmap(self._data_fd, self.capacity)
+        write_record(self._rw, offset, index, record)
+        self._acquire()
+        try:
+            if not q[e]:  # else another writer published it meanwhile: these bytes stay unused
+                q[e + 1], q[e + 2] = record.length, q[H_STAMP]
+                q[e] = offset  # last: the entry is whole once it has an offset
+                q[H_HELD] += 1
+                q[H_HELD_BYTES] += record.length
+        finally:
+            self._release()
+        return True
+
+    def get(self, index: int, before: Optional[int] = None) -> Optional[Any]:
+        """Item ``index`` as read-only views of the store (no copy), or None
+        when it is not cached (with ``before``: not cached before that cut)."""
+        q, e = self._q, _Q + 3 * index
+        offset = q[e]
+        if not offset or (before is not None and q[e + 2] >= before):
+            return None
+        return read_record(self._ro, offset, index, q[e + 1])
+
+    def has(self, index: int, before: Optional[int] = None) -> bool:
+        """Whether ``get(index, before)`` would find the item (cheap)."""
+        q, e = self._q, _Q + 3 * index
+        return bool(q[e]) and (before is None or q[e + 2] < before)
+
+    def new_cut(self) -> int:
+        """A new stamp: entries published before this call are below it, later ones are not."""
+        self._acquire()
+        try:
+            self._q[H_STAMP] += 1
+            return self._q[H_STAMP]
+        finally:
+            self._release()
+
+    def cached_mask(self, before: int) -> np.ndarray:
+        """One bool per source index: cached before the cut ``before``."""
+        entries = np.frombuffer(self._index, np.uint64, count=3 * self.n, offset=HEADER_BYTES).reshape(self.n, 3)
+        try:
+            return (entries[:, 0] != 0) & (entries[:, 2] < before)
+        finally:
+            del entries  # the mapping must not stay exported (close)
+
+    def missing(self, indices: Any, before: int) -> Any:
+        """``indices`` (a pass's order: a lazy view or an array) without those
+        cached before the cut ``before``: the view itself when none is cached,
+        else an int64 array of the rest (empty when every one is)."""
+        held = self._q[H_HELD]
+        if held == 0:
+            return indices
+        mask = self.cached_mask(before)
+        if held >= self.n and mask.all():
+            return np.empty(0, np.int64)
+        parts = []
+        for start in range(0, len(indices), _CHUNK):
+            chunk = np.asarray(indices.window(start, start + _CHUNK) if hasattr(indices, "window")
+                               else indices[start : start + _CHUNK], np.int64)
+            parts.append(chunk[~mask[chunk]])
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def figures(self) -> dict:
+        """Items and bytes held, the capacity, and whether a put did not fit."""
+        q = self._q
+        return {"items": q[H_HELD], "bytes": q[H_HELD_BYTES], "capacity": self.capacity, "full": bool(q[H_FULL]),
+                "n": self.n, "used": q[H_BUMP]}
+
+    # ------------------------------------------------------------ end
+    def flush(self) -> None:
+        """Writes the mappings back to their files (kept directories)."""
+        if self._rw is not None:
+            self._rw.flush()
+        self._index.flush()
+
+    def close(self) -> None:
+        """Unmaps and closes the files. Idempotent. Views handed out keep
+        their pages mapped until they are gone."""
+        if self._closed:
+            return
+        self._closed = True
+        self._q.release()
+        for mm in (self._index, self._rw):
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # a view is alive: the mapping goes with it
+        # Items handed out view the read mapping and hold it (their ``base``), but numpy holds no buffer export,
+        # so closing it would unmap pages under them: it is dropped instead, and unmapped with its last view.
+        self._ro = None  # type: ignore[assignment]
+        for fd in (self._index_fd, self._data_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+__all__ = ["ItemStore", "index_bytes"]

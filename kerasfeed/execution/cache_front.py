@@ -1,0 +1,232 @@
+"""The consumer's side of ``cache=``: items the store holds are served here, the rest are made by the executor.
+
+NOTE [ Serving hits in the consumer ]
+When a pass starts (``plan``, after the source's epoch hooks), the front
+takes a cut of the store (``ItemStore.new_cut``): the items stored before it
+are *hits* of this pass, the others *misses*, and both sides keep to that
+split however the workers race. Without ``augment`` nothing runs per pass
+for a hit, so the front serves it itself from the store (read-only views of
+its pages, no copy, no round trip to a worker) and plans only the misses
+on the executor; a pass whose items are all stored plans nothing. With
+``augment`` every item goes to the executor, whose threads or workers read
+the stored item and augment it (NOTE [ An item with cache= ]). Ray actors
+may be on other hosts: they run the stored stage for the misses only, and
+the front stores each and runs ``augment`` itself, with the item's seeds.
+
+NOTE [ A budget keeps a fixed subset ]
+Past ``max_bytes`` nothing more is stored: the items stored first stay, the
+rest are made every pass. Under a fresh permutation every pass, any eviction
+policy would only trade one stored item for another at the cost of a write:
+the hit rate of a budgeted cache is the share of items that fit, whichever
+they are, so a fixed subset costs nothing against LRU and writes nothing
+after the store is full.
+
+NOTE [ A source that changes between passes ]
+Stored items are what the stored stage made when they were first loaded. A
+source whose state changes between passes (an ``on_epoch_end`` that
+reshuffles the index list its ``__getitem__`` reads) would make other items
+later, so the front compares the source's attributes at every pass start
+with the last pass's (the fingerprints the worker processes' state sync
+uses) and fails the pass naming the attribute that changed. Attributes set
+from None (a file opened lazily) are not changes; attributes the stored
+stage does not read are named in the source's ``cache_ignores``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from kerasfeed.execution import item_random
+from kerasfeed.execution.base import Executor
+from kerasfeed.execution.cached_items import ItemCache
+from kerasfeed.execution.state_sync import fingerprint
+
+# Passes whose cut stays known (loads of older passes go to the executor).
+_KEPT_CUTS = 8
+_OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
+
+
+class CacheFront(Executor):
+    """An executor whose items go through an item store (see the NOTEs).
+
+    Args:
+        inner: the executor that makes items (its item calls run ``cache``).
+        cache: the consumer's ``ItemCache`` (its store is the one the
+            executor's threads or workers use).
+        source: the source (its ``augment`` and its state, checked per pass).
+        remote: the executor runs away from the store (Ray): it makes
+            misses only, stored and augmented here.
+        seeds: the items' seeds, for ``augment`` run here.
+        on_close: releases the store (and a kept directory's lock).
+    """
+
+    def __init__(self, inner: Executor, cache: ItemCache, source: Any, *, remote: bool = False,
+                 seeds: Optional[item_random.ItemSeeds] = None, on_close: Optional[Callable[[], None]] = None):
+        self.inner = inner
+        self.cache = cache
+        self.store = cache.store
+        self._source = source
+        self._remote = remote
+        self._serve = remote or not cache.augment  # hits served here, misses only planned
+        self._augment_here = remote and cache.augment
+        self._seeds = seeds if seeds is not None else item_random.ItemSeeds(None)
+        self._on_close = on_close
+        self._cuts: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+        self._state: Optional[dict] = None
+        self._ignored = frozenset(getattr(source, "cache_ignores", ()) or ()) | _OWN
+        self._closed = False
+
+    # The executor's own attributes (name, reason, probe, counts...) read through.
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    @property
+    def reason(self) -> str:  # type: ignore[override]
+        return self.inner.reason
+
+    @property
+    def prefetches(self) -> bool:  # type: ignore[override]
+        return self.inner.prefetches
+
+    @property
+    def lends_source_arrays(self) -> bool:  # type: ignore[override]
+        return self.inner.lends_source_arrays
+
+    @property
+    def waits(self) -> Any:  # type: ignore[override]
+        return self.inner.waits
+
+    @property
+    def source(self) -> Any:
+        return self._source
+
+    # ------------------------------------------------------------ passes
+    def plan(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]] = None) -> None:
+        self._check_source()
+        cut = self.store.new_cut()
+        with self._lock:
+            self._cuts[epoch] = cut
+            for old in [e for e in self._cuts if e <= epoch - _KEPT_CUTS]:
+                del self._cuts[old]
+        # The next pass is not planned ahead: its misses are known only at its own cut.
+        self.inner.plan(epoch, self.store.missing(indices, cut) if self._serve else indices)
+
+    def _check_source(self) -> None:
+        state = getattr(self._source, "__dict__", None)
+        if state is None:
+            return
+        now = {k: fingerprint(v) for k, v in state.items() if k not in self._ignored}
+        before, self._state = self._state, now
+        if before is None:
+            return
+        for key in sorted(before.keys() & now.keys(), key=str):
+            if before[key] != now[key] and state.get(key) is not None and not _was_none(before[key]):
+                raise ValueError(
+                    f"kerasfeed cache: the source's attribute `{key}` changed since the last pass (in on_epoch_end, "
+                    "set_epoch or on_epoch_begin). Stored items were made from its earlier value, so they may no "
+                    "longer be what the source makes: with cache=, what the stored stage (`load`, or `__getitem__`) "
+                    "reads must not change between passes. Do per-pass work in `augment(item)`; if the stored stage "
+                    f"does not read `{key}`, name it in the source's `cache_ignores`. Received: {key} changed in "
+                    f"{type(self._source).__name__}"
+                )
+
+    def _cut(self, epoch: int) -> Optional[int]:
+        return self._cuts.get(epoch)
+
+    # ------------------------------------------------------------ items
+    def load(self, index: int, epoch: int) -> Any:
+        cut = self._cuts.get(epoch)
+        if cut is not None and self.store.has(index, cut):
+            self.hits += 1
+            if self._serve:
+                item = self.store.get(index, cut)
+                return self._augmented(item, index, epoch) if self._augment_here else item
+        elif cut is not None:
+            self.misses += 1
+        item = self.inner.load(index, epoch)
+        if self._remote:
+            stored = self.store.get(index) if self.store.put(index, item) else None
+            item = stored if stored is not None else item
+            if self._augment_here:
+                item = self._augmented(item, index, epoch)
+        return item
+
+    def _augmented(self, item: Any, index: int, epoch: int) -> Any:
+        previous = item_random.enter(self._seeds, epoch, index)
+        try:
+            return self._source.augment(item)
+        finally:
+            item_random.leave(previous)
+
+    def ready(self, index: int, epoch: int) -> bool:
+        cut = self._cuts.get(epoch)
+        if self._serve and cut is not None and not self._augment_here and self.store.has(index, cut):
+            return True
+        return self.inner.ready(index, epoch)
+
+    # ------------------------------------------------------------ the rest reads through
+    def attach_stats(self, collector: Any) -> None:
+        self.inner.attach_stats(collector)
+        collector.add_gauges(self.cache_gauges)
+
+    def cache_gauges(self) -> dict:
+        figures = self.store.figures()
+        return {
+            "cache_hits": self.hits,
+            "cache_misses": self.misses,
+            "cache_items": figures["items"],
+            "cache_bytes": figures["bytes"],
+            "cache_capacity": figures["capacity"],
+            "cache_full": figures["full"],
+            "cache_fill": figures["items"] / figures["n"] if figures["n"] else 1.0,
+        }
+
+    def gauges(self) -> dict:
+        return {**self.inner.gauges(), **self.cache_gauges()}
+
+    def before_hook(self, name: str) -> None:
+        self.inner.before_hook(name)
+
+    def pass_failed(self, epoch: int) -> None:
+        self.inner.pass_failed(epoch)
+
+    def item_skipped(self, index: int, epoch: int) -> None:
+        self.inner.item_skipped(index, epoch)
+
+    def activity(self) -> tuple[int, int]:
+        return self.inner.activity()
+
+    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
+        return self.inner.park(activity)
+
+    def parallel_calls(self) -> int:
+        return self.inner.parallel_calls()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.inner.close()
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    def __repr__(self) -> str:
+        return f"<CacheFront over {self.inner!r}>"
+
+
+def _was_none(fp: Any) -> bool:
+    return getattr(fp, "obj", 0) is None
+
+
+__all__ = ["CacheFront"]

@@ -1,0 +1,141 @@
+"""One item through the item cache: ``augment(stored or load(i))`` (light: numpy and the standard library).
+
+NOTE [ An item with cache= ]
+A source may split an item in two: ``load(i)``, made once and stored, and
+``augment(item)``, run on every pass after the store (fresh random
+augmentation, drawing from ``kerasfeed.item_rng()``). Without ``load`` the
+whole ``__getitem__`` is the stored stage and nothing runs per pass.
+``ItemCache.make`` is what every executor's item call runs with ``cache=``
+(pool threads: ``thread_tasks.Runner``; worker processes and Ray actors:
+``source_calls.call_source``):
+
+1. the stored item when the store holds it (read-only views, no copy);
+2. else the stage, under ``sources/stage.enter_cached`` (``item_rng()`` and
+   ``epoch`` refuse to run there: NOTE [ What a cached stage may not read ])
+   and with the global generators watched (a draw from them is warned about
+   once: its numbers would be frozen), then stored (unless the store is full:
+   NOTE [ A budget keeps a fixed subset ] in ``cache_front.py``);
+3. ``augment`` on it, when the source has one. ``augment`` always gets
+   read-only arrays (stored or not), so one that writes in place fails on the
+   first item rather than on the first hit.
+
+A Ray actor has no store (it may run on another host): it runs the stage
+only, and the consumer stores the item and augments it (``cache_front.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed.cache.keys import stage_of
+from kerasfeed.cache.store import ItemStore
+from kerasfeed.execution import worker_info
+from kerasfeed.sources import stage
+
+logger = logging.getLogger("kerasfeed")
+_warned = [False]
+
+
+def _global_states() -> tuple:
+    # Python's generator: its whole state; numpy's legacy one: position and the key's first word.
+    state = np.random.get_state()
+    return random.getstate(), state[2], int(state[1][0]), state[3]
+
+
+def _warn_global_draw(name: str, index: int) -> None:
+    info = worker_info.get_worker_info()
+    if _warned[0] or (info is not None and info.id != 0):  # once, in the consumer or worker 0
+        return
+    _warned[0] = True
+    logger.warning(
+        "kerasfeed: `%s` (item %d) drew from the global `random` or `numpy.random` generator; with cache= its "
+        "result is made once and stored, so those draws are frozen and repeat every pass. Move random work into "
+        "`augment(item)` and draw from kerasfeed.item_rng() there.", name, index,
+    )
+
+
+def run_stage(source: Any, name: str, index: int) -> Any:
+    """The cached stage ``name`` of item ``index``, refusing what depends on the pass."""
+    before = _global_states()
+    previous = stage.enter_cached(name)
+    try:
+        item = getattr(source, name)(index) if name == "load" else source[index]
+    finally:
+        stage.leave(previous)
+    if _global_states() != before:
+        _warn_global_draw(name, index)
+    return item
+
+
+def _read_only(item: Any) -> Any:
+    if isinstance(item, np.ndarray):
+        item.flags.writeable = False
+    elif isinstance(item, (tuple, list)):
+        for x in item:
+            _read_only(x)
+    elif isinstance(item, dict):
+        for x in item.values():
+            _read_only(x)
+    return item
+
+
+class ItemCache:
+    """What an executor's item calls go through with ``cache=``.
+
+    Args:
+        store: the store (None: the stage only, for an executor away from
+            the store's host; the consumer stores and augments).
+        stage_name: ``"load"`` or ``"__getitem__"`` (``keys.stage_of``).
+        augment: whether the source's ``augment`` runs after the store.
+    """
+
+    def __init__(self, store: Optional[ItemStore], stage_name: str, augment: bool):
+        self.store = store
+        self.stage_name = stage_name
+        self.augment = augment
+
+    @classmethod
+    def for_source(cls, source: Any, store: Optional[ItemStore]) -> "ItemCache":
+        name = stage_of(source)
+        return cls(store, name, name == "load" and callable(getattr(source, "augment", None)))
+
+    def make(self, source: Any, index: int) -> Any:
+        """Item ``index`` (see NOTE [ An item with cache= ])."""
+        store = self.store
+        item = store.get(index) if store is not None else None
+        if item is None:
+            item = run_stage(source, self.stage_name, index)
+            if store is None:
+                return item  # the consumer stores and augments it
+            stored = store.get(index) if store.put(index, item) and self.augment else None
+            if self.augment:
+                item = _read_only(item) if stored is None else stored
+        return source.augment(item) if self.augment else item
+
+    # ------------------------------------------------------------ worker processes
+    def described(self) -> dict:
+        """What a worker process needs (with ``fds()``) to make items the same way."""
+        return {"store": None if self.store is None else self.store.described(), "stage": self.stage_name,
+                "augment": self.augment}
+
+    def fds(self) -> tuple:
+        return () if self.store is None else self.store.fds()
+
+    @classmethod
+    def in_worker(cls, described: Optional[dict], fds: list) -> Optional["ItemCache"]:
+        """The worker's ``ItemCache`` from its first message (None without cache=)."""
+        if described is None:
+            return None
+        store = None if described["store"] is None else ItemStore.attach(described["store"], fds)
+        return cls(store, described["stage"], described["augment"])
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+__all__ = ["ItemCache", "run_stage"]

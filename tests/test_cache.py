@@ -1,0 +1,283 @@
+"""cache=: items made once, every later pass read from the store (threads, processes, to_dataset).
+
+Loads are counted across processes: each ``load`` appends a line to a file
+(O_APPEND writes of one line are atomic), so a worker's calls count too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+import kerasfeed
+
+N = 24
+
+
+def _log_call(path: str, index: int) -> None:
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} {index}\n")
+
+
+def _calls(path: str) -> list[int]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [int(line.split()[1]) for line in f if line.strip()]
+
+
+class Decoded(kerasfeed.SceneSequence):
+    """``load`` is the costly part (counted); ``augment`` draws from ``item_rng`` every pass."""
+
+    def __init__(self, log: str, n: int = N, augment: bool = True):
+        super().__init__()
+        self.log, self.n, self.with_augment = log, n, augment
+
+    def __len__(self):
+        return self.n
+
+    def load(self, i):
+        _log_call(self.log, i)
+        x = np.arange(i, i + 12, dtype="float32").reshape(3, 4) * 0.5
+        return {"x": x, "id": np.int64(i), "name": f"item-{i}"}, np.full((2,), i % 3, "int32")
+
+    def augment(self, item):
+        features, y = item
+        if not self.with_augment:
+            return item
+        noise = kerasfeed.item_rng().normal(size=features["x"].shape).astype("float32")
+        return {**features, "x": features["x"] + noise}, y
+
+
+class Plain(kerasfeed.SceneSequence):
+    """No ``load``: the whole ``__getitem__`` is stored."""
+
+    def __init__(self, log: str, n: int = N):
+        super().__init__()
+        self.log, self.n = log, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        _log_call(self.log, i)
+        return np.full((4, 1 + i % 3), i, "float64"), np.int64(i)  # variable shapes
+
+
+def _leaves(item):
+    if isinstance(item, dict):
+        return [v for k in sorted(item) for v in _leaves(item[k])]
+    if isinstance(item, (tuple, list)):
+        return [v for x in item for v in _leaves(x)]
+    return [np.asarray(item)]
+
+
+def _passes(loader, passes: int) -> list:
+    return [[_leaves(b) for b in loader] for _ in range(passes)]
+
+
+def _assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for pa, pb in zip(a, b):
+        assert len(pa) == len(pb)
+        for xa, xb in zip(pa, pb):
+            assert len(xa) == len(xb)
+            for la, lb in zip(xa, xb):
+                np.testing.assert_array_equal(la, lb)
+                assert la.dtype == lb.dtype
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+@pytest.mark.parametrize("source", [Decoded, Plain])
+def test_every_item_is_loaded_once_over_shuffled_passes_and_batches_match_an_uncached_run(tmp_path, executor, source):
+    log = str(tmp_path / "calls")
+    kwargs = dict(shuffle=True, seed=7, executor=executor, batch_size=None if source is Decoded else 4)
+    if executor == "processes":
+        kwargs["workers"] = 2
+    if source is Plain:
+        kwargs["padding_values"] = -1.0  # variable shapes in a batch
+    with kerasfeed.to_loader(source(str(tmp_path / "uncached")), **kwargs) as plain:
+        expected = _passes(plain, 4)
+    with kerasfeed.to_loader(source(log), cache="memory", **kwargs) as cached:
+        got = _passes(cached, 4)
+        stats = kerasfeed.stats(cached)
+    _assert_same(expected, got)
+    calls = _calls(log)
+    assert sorted(calls) == list(range(N)), f"each item loaded once; loads: {sorted(calls)}"
+    assert stats["cache_items"] == N and stats["cache_fill"] == 1.0
+    assert stats["cache_hits"] >= 3 * N  # passes 1-3 read every item from the store
+    pids = {int(line.split()[0]) for line in open(log)}
+    assert (pids == {os.getpid()}) == (executor == "threads")  # worker processes loaded them
+
+
+def test_augment_runs_every_pass_and_matches_the_uncached_numbers(tmp_path):
+    log = str(tmp_path / "calls")
+    with kerasfeed.to_loader(Decoded(str(tmp_path / "u")), shuffle=True, seed=1, executor="processes",
+                             workers=2) as plain:
+        expected = _passes(plain, 3)
+    with kerasfeed.to_loader(Decoded(log), shuffle=True, seed=1, executor="processes", workers=2,
+                             cache="memory") as cached:
+        got = _passes(cached, 3)
+    _assert_same(expected, got)
+    # Fresh augmentation: item 5's x differs between passes (and equals the uncached run's each time).
+    assert sorted(_calls(log)) == list(range(N))
+    xs = [[leaves[2] for leaves in p] for p in got]  # leaves: id, name, x, y (sorted dict keys first)
+    assert not np.array_equal(sorted(map(np.sum, xs[0])), sorted(map(np.sum, xs[1])))
+
+
+def test_to_dataset_reads_the_store_and_matches_an_uncached_dataset(tmp_path):
+    log = str(tmp_path / "calls")
+    ds0 = kerasfeed.to_dataset(Plain(str(tmp_path / "u")), shuffle=True, seed=2, batch_size=3,
+                               executor="processes", workers=2, padding_values=-1.0)
+    expected = [[[t.numpy() for t in b] for b in ds0] for _ in range(3)]
+    ds = kerasfeed.to_dataset(Plain(log), shuffle=True, seed=2, batch_size=3, executor="processes", workers=2,
+                              padding_values=-1.0, cache="memory")
+    got = [[[t.numpy() for t in b] for b in ds] for _ in range(3)]
+    _assert_same(expected, got)
+    assert sorted(_calls(log)) == list(range(N))
+    assert kerasfeed.stats(ds)["cache_hits"] >= 2 * N
+
+
+def test_a_budget_of_half_the_items_gives_every_batch_with_fewer_loads(tmp_path):
+    log = str(tmp_path / "calls")
+    with kerasfeed.to_loader(Plain(str(tmp_path / "u")), shuffle=True, seed=4, batch_size=4) as plain:
+        expected = _passes(plain, 3)
+    # One record of Plain is at most 64 (header) + spec + 96 bytes of data, padded: measure it.
+    from kerasfeed.cache.records import encode_record
+
+    item_bytes = max(encode_record(i, Plain(log)[i]).length for i in range(N))
+    os.remove(log)
+    with kerasfeed.to_loader(Plain(log), shuffle=True, seed=4, batch_size=4,
+                             cache=kerasfeed.Cache(max_bytes=item_bytes * N // 2)) as cached:
+        got = _passes(cached, 3)
+        stats = kerasfeed.stats(cached)
+    _assert_same(expected, got)
+    calls = _calls(log)
+    assert N < len(calls) < 3 * N, f"some items stored, the rest made every pass: {len(calls)} loads"
+    assert stats["cache_full"] and 0 < stats["cache_items"] <= N // 2 + 1
+
+
+def test_a_partial_first_pass_loses_nothing(tmp_path):
+    log = str(tmp_path / "calls")
+    with kerasfeed.to_loader(Plain(log), shuffle=True, seed=5, batch_size=4, cache="memory") as cached:
+        it = iter(cached)
+        first = [_leaves(next(it)) for _ in range(2)]  # 8 items of pass 0, then a new pass
+        del it
+        rest = _passes(cached, 2)
+    with kerasfeed.to_loader(Plain(str(tmp_path / "u")), shuffle=True, seed=5, batch_size=4) as plain:
+        it = iter(plain)
+        expected_first = [_leaves(next(it)) for _ in range(2)]
+        del it
+        expected_rest = _passes(plain, 2)
+    _assert_same([expected_first], [first])
+    _assert_same(expected_rest, rest)
+    calls = _calls(log)
+    assert sorted(set(calls)) == list(range(N)) and len(calls) <= N + 4  # nothing made twice but in-flight extras
+
+
+class DrawsInLoad(Plain):
+    def __getitem__(self, i):
+        return np.full((2,), kerasfeed.item_rng().random(), "float32")
+
+
+class ReadsEpochInLoad(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full((2,), self.epoch, "float32")
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_item_rng_or_epoch_inside_the_stored_stage_is_refused_naming_cache_and_augment(tmp_path, executor):
+    kw = dict(executor=executor, cache="memory")
+    if executor == "processes":
+        kw["workers"] = 1
+    for source, what in ((DrawsInLoad(str(tmp_path / "l")), "item_rng"), (ReadsEpochInLoad(), "epoch")):
+        with pytest.raises(Exception) as e:
+            kerasfeed.to_loader(source, **kw)
+        text = str(e.value)
+        assert what in text and "cache=" in text and "augment" in text, text
+    # Without cache= both work as before.
+    with kerasfeed.to_loader(ReadsEpochInLoad(), executor=executor) as ld:
+        assert len(list(ld)) == 4
+
+
+class DrawsGlobalRandom(Plain):
+    def __getitem__(self, i):
+        return np.full((2,), np.random.random(), "float32")
+
+
+def test_a_stored_stage_drawing_from_the_global_generators_is_warned_about_once(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        with kerasfeed.to_loader(DrawsGlobalRandom(str(tmp_path / "l")), cache="memory") as ld:
+            _passes(ld, 2)
+    warned = [r for r in caplog.records if "global `random` or `numpy.random`" in r.getMessage()]
+    assert len(warned) == 1 and "augment" in warned[0].getMessage()
+
+
+class Reshuffles(Plain):
+    """The Keras idiom: an index list reshuffled in on_epoch_end, read by __getitem__."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.order = np.arange(N)
+
+    def __getitem__(self, i):
+        return np.full((2,), self.order[i], "int64")
+
+    def on_epoch_end(self):
+        np.random.default_rng(len(self.log)).shuffle(self.order)
+
+
+def test_a_source_whose_state_changes_between_passes_fails_naming_the_attribute(tmp_path):
+    with kerasfeed.to_loader(Reshuffles(str(tmp_path / "l")), cache="memory") as ld:
+        list(ld)
+        with pytest.raises(ValueError, match=r"attribute `order` changed.*cache_ignores"):
+            list(ld)
+
+
+class IgnoresCounter(Plain):
+    cache_ignores = ("seen",)
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.seen = 0
+
+    def on_epoch_end(self):
+        self.seen += 1
+
+
+def test_cache_ignores_names_attributes_the_stored_stage_does_not_read(tmp_path):
+    log = str(tmp_path / "l")
+    with kerasfeed.to_loader(IgnoresCounter(log), batch_size=4, cache="memory") as ld:
+        _passes(ld, 3)
+    assert sorted(_calls(log)) == list(range(N))
+
+
+def test_bad_cache_arguments_are_named(tmp_path):
+    src = Plain(str(tmp_path / "l"))
+    with pytest.raises(TypeError, match=r"`cache` must be None, 'memory', a directory path or a kerasfeed.Cache"):
+        kerasfeed.to_loader(src, cache=3)
+    with pytest.raises(ValueError, match="max_bytes"):
+        kerasfeed.Cache(max_bytes=0)
+    from kerasfeed.execution.threads import ThreadExecutor
+
+    with ThreadExecutor(src) as ex:
+        with pytest.raises(ValueError, match="needs an executor kerasfeed makes"):
+            kerasfeed.to_loader(src, executor=ex, cache="memory")
+
+
+class Endless(kerasfeed.SceneSequence):
+    num_batches = None
+
+    def __getitem__(self, i):
+        return np.zeros(2)
+
+
+def test_an_endless_source_is_refused_with_cache():
+    with pytest.raises(ValueError, match="`cache` needs a source with a length"):
+        kerasfeed.to_dataset(Endless(), cache="memory")
