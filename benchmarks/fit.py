@@ -39,9 +39,10 @@ from benchmarks.machine import machine_info  # noqa: E402
 
 VIEWS = ("fit", "numpy")
 FIT_WAYS = ("memory", "keras-threads", "keras-processes", "grain-threads", "grain-mp", "torch",
-            "kerasfeed-threads", "kerasfeed-processes", "kerasfeed-auto")
+            "kerasfeed-threads", "kerasfeed-processes", "kerasfeed-auto", "kerasfeed-cached",
+            "kerasfeed-cached-threads")
 NUMPY_WAYS = ("serial", "grain-threads", "grain-mp", "torch", "kerasfeed-threads", "kerasfeed-processes",
-              "kerasfeed-auto", "kerasfeed-tfdata")
+              "kerasfeed-auto", "kerasfeed-tfdata", "kerasfeed-cached", "kerasfeed-cached-threads")
 REFERENCES = {"fit": ("memory",), "numpy": ("grain-threads", "grain-mp")}
 FULL_EPOCHS, QUICK_EPOCHS = 4, 2  # epoch 1 is never timed
 TITLES = {"fit": "`model.fit` (TensorFlow backend, tiny model): batches/s (ratio to the in-memory limit)",

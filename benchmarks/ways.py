@@ -315,6 +315,8 @@ def _kerasfeed(executor: str, **loader_kwargs: Any) -> Callable[[Any, Context], 
 
         workers = {"processes": ctx.workers, "auto": ctx.auto_workers}.get(executor)
         kwargs = {} if workers is None else {"workers": workers}
+        if "cache" in loader_kwargs:  # both front ends take it
+            kwargs["cache"] = loader_kwargs.pop("cache")
         if ctx.tf_front:
             ds = kerasfeed.to_dataset(seq, executor=executor, **kwargs)
             ex = kerasfeed.executor_of(ds)
@@ -427,6 +429,12 @@ def _registry() -> List[Way]:
             measures="kerasfeed.to_dataset / to_loader (seq, executor='processes', workers=W)"),
         Way("kerasfeed-auto", kf + ", auto", _kerasfeed("auto"),
             measures="kerasfeed.to_dataset / to_loader (seq, executor='auto'): kerasfeed picks (see its reason)"),
+        Way("kerasfeed-cached", kf + ", processes (workers={workers}), cache='memory'",
+            _kerasfeed("processes", cache="memory"),
+            measures="kerasfeed.to_dataset / to_loader (seq, executor='processes', workers=W, cache='memory'): "
+                     "epochs after the first read the store (fit times the best later epoch)"),
+        Way("kerasfeed-cached-threads", kf + ", threads, cache='memory'", _kerasfeed("threads", cache="memory"),
+            measures="kerasfeed.to_dataset / to_loader (seq, executor='threads', cache='memory')"),
         Way("kerasfeed-no-prefetch", "kerasfeed `to_loader`, processes (workers={workers}), device_prefetch=0",
             _kerasfeed("processes", device_prefetch=0), modes=("loop", "adapter", "fit"),
             unsupported=lambda ctx: "n/a (to_loader only)" if ctx.tf_front else None,
