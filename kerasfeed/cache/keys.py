@@ -11,11 +11,13 @@ holds:
   ``__getitem__``; its bytecode, constants and names, not its line numbers),
   so editing what makes an item rebuilds the cache, and editing a comment
   does not;
-- ``attributes``: the source's plain attributes (numbers, strings, small
-  arrays and lists of them; what its constructor was given, such as a batch
-  size or a point count) by value or digest; attributes that hold objects
-  (open files, models) are left out, and so are Keras' own worker settings,
-  which do not change items;
+- ``attributes``: the source's public plain attributes (numbers, strings,
+  small arrays and lists of them: what its constructor was given, such as a
+  batch size or a point count) by value or digest. Left out: attributes
+  whose name starts with ``_`` (a class's own state: open handles, pids),
+  attributes that hold objects (open files, models), and those the source
+  names in ``cache_ignores`` (a seed drawn per run that the stored stage does
+  not read);
 - ``files``: every file the source names, as ``size`` and ``mtime_ns``
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
@@ -144,7 +146,9 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
     cls = type(source)
     stage = stage_of(source)
-    attributes = {k: v for k, v in ((k, _value(v)) for k, v in sorted(_attributes(source).items())) if v is not None}
+    ignored = frozenset(getattr(source, "cache_ignores", ()) or ())
+    public = {k: v for k, v in _attributes(source).items() if not k.startswith("_") and k not in ignored}
+    attributes = {k: v for k, v in ((k, _value(v)) for k, v in sorted(public.items())) if v is not None}
     return {
         "layout": layout,
         "class": f"{cls.__module__}.{cls.__qualname__}",

@@ -33,6 +33,9 @@ class H5Base(SceneSequence):
 
     # Shared keyword arguments a subclass does not take, with why (for the message).
     _REFUSED: Mapping[str, str] = {}
+    # cache=: a seed drawn per run is not part of a kept cache's key (NOTE [ When a kept cache is stale ]); the
+    # orders it seeds read `epoch`, which a stored stage may not (NOTE [ What a cached stage may not read ]).
+    cache_ignores = ("seed",)
 
     def __init__(self, paths: PathsLike, keys: KeysLike, batch_size: int, **options: Unpack[H5Keywords]):
         """Args: ``paths``, ``keys``, ``batch_size`` and the ``H5Options`` keywords (checked there)."""

@@ -1,0 +1,118 @@
+"""A kept directory cache across real runs: reused, rebuilt when its HDF5 file changes, safe after SIGKILL,
+refused to a second run at the same time.
+
+Each run is a fresh interpreter (``tests/cache_scripts/kept_run.py``) on worker
+processes; loads are counted across every process through a log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from kerasfeed.datasets import make_synthetic_scenes
+from tests._util import wait_until
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "cache_scripts", "kept_run.py")
+SCENES, BATCH = 48, 4
+ITEMS = SCENES // BATCH
+
+
+def _env() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+            "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _run(h5, cache, log, *extra, check=True) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, SCRIPT, str(h5), str(cache), str(log), *extra], capture_output=True,
+                          text=True, env=_env(), timeout=240)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return {}, proc.stderr
+
+
+def _loads(log) -> list[int]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [int(line.split()[1]) for line in f if line.strip()]
+
+
+@pytest.fixture
+def scenes(tmp_path):
+    return make_synthetic_scenes(tmp_path / "scenes.h5", num_scenes=SCENES, points_per_scene=64, chunk_scenes=4)
+
+
+def test_a_second_run_reads_the_kept_cache_and_a_changed_file_rebuilds_it(tmp_path, scenes):
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    first, _ = _run(scenes, cache, log)
+    assert sorted(_loads(log)) == list(range(ITEMS)) and first["cache_items"] == ITEMS
+    os.remove(log)
+    second, err = _run(scenes, cache, log)
+    assert _loads(log) == [], "a second run over the same file makes nothing"
+    assert second["digest"] == first["digest"] and second["cache_misses"] == 0
+    assert second["cache_hits"] == 2 * ITEMS  # every item of its first pass came from the kept store
+    # Change the file: same size (a value rewritten), a newer modification time.
+    with h5py.File(scenes, "r+") as f:
+        f["points"][0, 0, 0] += 1.0
+    os.utime(scenes, ns=(time.time_ns(), time.time_ns() + 10**9))
+    third, err = _run(scenes, cache, log)
+    assert sorted(_loads(log)) == list(range(ITEMS)), "the cache was rebuilt: every item made again"
+    assert "rebuilt" in err and str(scenes) in err and "mtime_ns" in err, err[-2000:]
+    assert third["digest"] != first["digest"]
+
+
+def test_a_run_killed_while_filling_leaves_no_half_written_entry(tmp_path, scenes):
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    reference, _ = _run(scenes, tmp_path / "reference-cache", tmp_path / "reference-loads", "--passes", "1")
+    proc = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(cache), str(log), "--passes", "1",
+                             "--slow", "0.15"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert wait_until(lambda: len(_loads(log)) >= ITEMS // 2, timeout=120), "the run did not start loading"
+        os.killpg(proc.pid, signal.SIGKILL)  # the run and its workers, mid-fill
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    made_before = len(set(_loads(log)))
+    assert 0 < made_before < ITEMS
+    os.remove(log)
+    again, err = _run(scenes, cache, log, "--passes", "1")
+    assert again["digest"] == reference["digest"], "items read from the killed run's store are whole and right"
+    remade = set(_loads(log))
+    assert len(remade) < ITEMS, "what the killed run stored is served"
+    assert "rebuilt" not in err  # same boot: the published entries are kept
+
+
+def test_two_runs_on_one_directory_at_once_refuse_the_second(tmp_path, scenes):
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    slow = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(cache), str(log), "--slow", "2"],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: len(_loads(log)) >= 1, timeout=120)
+        _, err = _run(scenes, cache, tmp_path / "other-loads", check=False)
+        assert "is in use by another run (pid" in err and str(slow.pid) in err, err[-2000:]
+    finally:
+        os.killpg(slow.pid, signal.SIGKILL)
+        slow.communicate()
+
+
+def test_a_kept_cache_survives_a_threads_run_and_serves_a_processes_run(tmp_path, scenes):
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    first, _ = _run(scenes, cache, log, "--executor", "threads")
+    os.remove(log)
+    second, _ = _run(scenes, cache, log)
+    assert _loads(log) == [] and second["digest"] == first["digest"]
+    assert np.isclose(second["cache_items"], ITEMS)
