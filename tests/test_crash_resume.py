@@ -92,6 +92,14 @@ def test_tensorflow_dataset_resumed_on_another_executor(tmp_path, tmp_path_facto
     _assert_same(resumed, _reference(tmp_path_factory, "tensorflow", "dataset"))
 
 
+def test_tensorflow_dataset_with_a_kept_cache_killed_mid_epoch_resumes_exactly(tmp_path, tmp_path_factory):
+    """cache=: the killed run filled part of a kept directory; the resumed run reads it (and fills the rest)."""
+    config = dict(front="dataset", executor="processes", workers=2, save_freq=5, cache=str(tmp_path / "items"))
+    resumed = _crash_and_resume(tmp_path, "tensorflow", [{"kill_at": [1, 6]}], {}, **config)
+    _assert_same(resumed, _reference(tmp_path_factory, "tensorflow", "dataset"))
+    assert (tmp_path / "items" / "key.json").exists()
+
+
 def test_torch_loader_killed_at_an_epoch_end_and_again_early_in_the_next(tmp_path, tmp_path_factory):
     config = dict(front="loader", executor="threads", save_freq=3)
     resumed = _crash_and_resume(tmp_path, "torch", [{"kill_at": [0, 10]}, {"kill_at": [1, 2]}], {}, **config)

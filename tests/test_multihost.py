@@ -415,6 +415,18 @@ def _cluster_rules(out):
     case("num_shards_only", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2))
     case("num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=4))
     case("explicit_indivisible", lambda: kerasfeed.to_loader(Items(14), batch_size=2, num_shards=2, shard_index=k))
+    # cache= with an order whose shards keep their items: each process stores and reads only its own.
+    loads = []
+
+    class Logged(Items):
+        def __getitem__(self, i):
+            loads.append(int(i))
+            return super().__getitem__(i)
+
+    order = IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k, fixed_shards=True)
+    with kerasfeed.to_loader(Logged(16), batch_size=2, cache="memory", order=order) as loader:
+        passes = [[int(v) for b in loader for v in np.ravel(b[..., 0])] for _ in range(3)]
+    got["cached_fixed_shards"] = {"passes": passes, "loads": sorted(loads)}
     with open(os.path.join(out, f"rules_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -423,6 +435,12 @@ def _cluster_rules(out):
 def test_the_sharding_rules_on_two_jax_processes(tmp_path):
     run_workers(os.path.abspath(__file__), ["--rules", str(tmp_path)], cwd=str(tmp_path), env_for=keras_jax_env)
     got = [json.load(open(tmp_path / f"rules_{k}.json")) for k in range(PROCESSES)]
+    cached = [r["cached_fixed_shards"] for r in got]
+    for c in cached:  # the same own items every pass, a new order each pass, each item loaded once
+        assert len({tuple(sorted(p)) for p in c["passes"]}) == 1 and len({tuple(p) for p in c["passes"]}) == 3
+        own, loads = set(c["passes"][0]), Counter(c["loads"])
+        assert all(loads[i] == 1 for i in own) and set(loads) - own <= {0, 1, 2, 15}  # other items: probes only
+    assert sorted(cached[0]["passes"][0] + cached[1]["passes"][0]) == list(range(16))
     for k, r in enumerate(got):
         # Items that are batches: one size on every process (the short last one is probed everywhere).
         assert r["short_last"].startswith("ValueError: to_loader: item 7 is a batch of 2 samples, but the probed "

@@ -445,3 +445,39 @@ def test_unreachable_address_fails_fast_and_a_local_start_stays_on_loopback_and_
     assert out["owner"] == "started" and out["running"] and out["processes"] >= 3, out
     assert out["listen"] and set(out["listen"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}, out  # loopback only
     assert not out["initialized_after"] and not out["left"], out  # Ray stopped with the last executor
+
+
+class LoadAugment:
+    """cache=: ``load`` counted through a log file (any process), ``augment`` drawing from item_rng."""
+
+    def __init__(self, log: str):
+        self.log = log
+
+    def __len__(self):
+        return 12
+
+    def load(self, i):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {i}\n")
+        return np.arange(i, i + 6, dtype=np.float32).reshape(2, 3)
+
+    def augment(self, x):
+        return x + kerasfeed.item_rng().normal(size=x.shape).astype(np.float32)
+
+    def __getitem__(self, i):
+        return self.augment(self.load(i))
+
+
+def test_cache_on_ray_loads_each_item_once_and_augments_as_the_processes_executor(ray_cluster, tmp_path):
+    kw = dict(shuffle=True, seed=5, workers=2)
+    log = str(tmp_path / "ray-loads")
+    with kerasfeed.to_loader(LoadAugment(log), executor="ray", cache="memory", **kw) as loader:
+        got = _batches(loader, 3)
+        stats = kerasfeed.stats(loader)
+    with kerasfeed.to_loader(LoadAugment(str(tmp_path / "p-loads")), executor="processes", **kw) as plain:
+        want = _batches(plain, 3)
+    _same(got, want)
+    with open(log) as f:
+        loads = sorted(int(line.split()[1]) for line in f)
+    assert loads == list(range(12)), "each item loaded once, by an actor"
+    assert stats["cache_items"] == 12 and stats["cache_hits"] >= 24

@@ -12,8 +12,9 @@ from kerasfeed.sampling.bijection import MAX_N, SMALL_N, shuffled
 from kerasfeed.sampling.fingerprints import ORDER_VERSION, ORDER_VERSION_1, hash_parts
 from kerasfeed.sampling.views import check_positions, indices_by_windows
 
-# The generator stream of IndexOrder's pass keys (the sampled orders use 11-15).
-STREAM_INDEX = 16
+# The generator stream of IndexOrder's pass keys (the sampled orders use 11-15), and with
+# fixed_shards the fixed partition into shards and each shard's order within a pass.
+STREAM_INDEX, STREAM_PARTITION, STREAM_WITHIN = 16, 17, 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,17 @@ class IndexOrder:
     shards have the same number of steps (synchronous training would hang
     otherwise); with shuffling, the dropped remainder differs every pass.
 
+    With ``fixed_shards=True`` (and ``shuffle``) each shard keeps the same
+    items every pass, read in a new order each pass: the items are split
+    into shards once, by a seeded permutation (the same ``length %
+    num_shards`` items are left out of every pass), and each shard's pass is
+    a permutation of its own items drawn from ``(seed, epoch, shard)``. That
+    is the order for ``cache=`` under several processes or hosts: each
+    process stores what it reads, and reads only that from its second pass
+    on (with a fresh global order every pass, a host would find about
+    ``1/num_shards`` of its items stored). The global batches then differ
+    from the default order's; a resume needs the same shard count.
+
     Args:
         length: number of items in the source.
         shuffle: draw a new permutation for every pass.
@@ -43,6 +55,7 @@ class IndexOrder:
             (not allowed with several shards: they must agree on the order).
         num_shards: number of disjoint shards the order is split into.
         shard_index: which shard this order yields, in ``[0, num_shards)``.
+        fixed_shards: keep each shard's items the same every pass (see above).
 
     Example:
 
@@ -58,12 +71,14 @@ class IndexOrder:
     seed: Optional[int] = None
     num_shards: int = 1
     shard_index: int = 0
+    fixed_shards: bool = False
 
     def __post_init__(self):
         _v.positive_int("length", self.length, owner="IndexOrder")
         if self.length > MAX_N:
             raise ValueError(f"IndexOrder: `length` must be at most 2^62. Received: length={self.length}")
         _v.flag("shuffle", self.shuffle, owner="IndexOrder")
+        _v.flag("fixed_shards", self.fixed_shards, owner="IndexOrder")
         # Checked here, not when the first pass draws its permutation.
         _v.seed("seed", self.seed, owner="IndexOrder")
         for name in ("num_shards", "shard_index"):
@@ -94,6 +109,10 @@ class IndexOrder:
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
 
     @property
+    def _fixed(self) -> bool:
+        return self.fixed_shards and self.shuffle and self.num_shards > 1
+
+    @property
     def shard_length(self) -> int:
         """Number of indices in every pass of this shard."""
         return self.length // self.num_shards
@@ -103,6 +122,8 @@ class IndexOrder:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if not self.shuffle:  # the same passes whatever the algorithm: states stay valid
             return hash_parts("IndexOrder", int(self.length), False, None, int(self.num_shards))
+        if self._fixed:
+            return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), "fixed")
         # Past SMALL_N items the passes are those of ORDER_VERSION_1: its states stay valid.
         version = ORDER_VERSION if self.length <= SMALL_N else ORDER_VERSION_1
         return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), version)
@@ -112,7 +133,7 @@ class IndexOrder:
         """The fingerprint of the pass over all shards, whatever their number: a
         shard is every ``num_shards``-th entry of one permutation, so runs
         with other shard counts read the same passes (elastic resume)."""
-        if self.num_shards == 1:
+        if self.num_shards == 1 or self._fixed:  # fixed shards: their passes are those of this shard count
             return self.fingerprint
         return dataclasses.replace(self, num_shards=1, shard_index=0).fingerprint
 
@@ -122,7 +143,7 @@ class IndexOrder:
         the algorithm's name ("0.1": kerasfeed 0.1's materialized permutations;
         ORDER_VERSION_1: a Feistel network over small passes too): a state saved
         with one is refused with its own message."""
-        if not self.shuffle:
+        if not self.shuffle or self._fixed:
             return {}
         parts = ("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards))
         legacy = {hash_parts(*parts): "0.1"}
@@ -138,6 +159,9 @@ class IndexOrder:
         """
         epoch = _v.non_negative_int("epoch", epoch, owner="IndexOrder")
         g = check_positions(positions, self.shard_length, "IndexOrder")
+        if self._fixed:  # this shard's own items, in this pass's order among them
+            within = shuffled(g, self.shard_length, int(self.seed), STREAM_WITHIN, int(epoch), self.shard_index)
+            return shuffled(within * self.num_shards + self.shard_index, self.length, int(self.seed), STREAM_PARTITION)
         if self.num_shards > 1:
             g = g * self.num_shards + self.shard_index
         if not self.shuffle:

@@ -8,7 +8,8 @@ the backup's included) the process kills itself with SIGKILL, or null.
 ``crash_save``: ``{"at": n, "where": "weights" | "commit"}`` kills it during
 its n-th backup instead: half-way through writing the weights, or with the
 weights written and the commit not made. ``augment``: the source adds noise
-drawn from ``np.random`` (worker processes reseed it per item). The final
+drawn from ``np.random`` (worker processes reseed it per item). ``cache``:
+passed as ``cache=`` (a directory outlives a killed run). The final
 weights go to ``CONFIG.json``'s ``out`` (an ``.npz``), written only when
 ``fit`` returns, with the backup directory's existence after it.
 """
@@ -115,6 +116,8 @@ def main(config_path: str) -> None:
     common = dict(batch_size=BATCH, shuffle=True, seed=3, executor=config["executor"])
     if config["executor"] != "threads":
         common["workers"] = config.get("workers", 2)
+    if config.get("cache"):  # cache=: "memory" or a kept directory (it outlives the killed run)
+        common["cache"] = config["cache"]
     if config["front"] == "loader":
         data = kerasfeed.to_loader(source, **common)
     else:
