@@ -281,3 +281,51 @@ class Endless(kerasfeed.SceneSequence):
 def test_an_endless_source_is_refused_with_cache():
     with pytest.raises(ValueError, match="`cache` needs a source with a length"):
         kerasfeed.to_dataset(Endless(), cache="memory")
+
+
+def test_input_stats_report_hits_misses_bytes_and_fill_in_fit_logs_and_tensorboard(tmp_path):
+    import keras
+    from tbparse import SummaryReader
+
+    class Samples(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 32
+
+        def load(self, i):
+            return np.full((3,), i, "float32"), np.float32(i)
+
+    ds = kerasfeed.to_dataset(Samples(), batch_size=4, shuffle=True, seed=0, cache="memory")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(ds, epochs=3, verbose=0, shuffle=False,
+                        callbacks=[kerasfeed.InputStats(str(tmp_path), every_n_steps=4)])
+    hits = history.history["input_cache_hits"]
+    assert hits[0] < 0.2 and hits[1] == hits[2] == 1.0, hits  # pass 0 makes them (its probes aside), then all stored
+    assert history.history["input_cache_mb"][-1] > 0
+    frame = SummaryReader(str(tmp_path), pivot=False).tensors
+    assert {"input/cache_hits", "input/cache_misses", "input/cache_mb", "input/cache_fill"} <= set(frame["tag"])
+    assert frame[frame["tag"] == "input/cache_fill"]["value"].iloc[-1] == 1.0
+    snap = kerasfeed.stats(ds)
+    assert snap["cache_items"] == 32 and snap["cache_misses"] + 4 == 32  # 4 probed items were stored before pass 0
+
+
+def test_profile_recommends_a_cache_for_costly_items_that_fit_and_not_for_cheap_ones():
+    from types import SimpleNamespace as Probe
+
+    from kerasfeed.observe.profile import cache_advice
+
+    costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
+    plain = Plain("unused")
+    assert cache_advice(costly, "GIL-bound", 100, plain, memory=2**30, disk=2**32).startswith("cache='memory'")
+    assert "augment(item)" in cache_advice(costly, "GIL-bound", 100, plain, memory=2**30, disk=2**32)
+    on_disk = cache_advice(costly, "waiting", 4096, Decoded("unused"), memory=2**30, disk=2**33)
+    assert on_disk.startswith("cache='<a local directory>'") and "augment(item)" not in on_disk
+    assert cache_advice(costly, "GIL-bound", 10**6, plain, memory=2**30, disk=2**32).startswith(
+        "kerasfeed.Cache(max_bytes=...)")
+    cheap = Probe(wall_s=2e-4, copy_s=1e-4, nbytes=19 * 2**20)
+    assert cache_advice(cheap, "transport-bound", 100, plain).startswith("not worth it")
+
+
+def test_profile_report_says_whether_to_cache(tmp_path):
+    report = kerasfeed.profile(Plain(str(tmp_path / "log")), items=8, workers=[1], threads=[1])
+    assert report.cache and "cache" in report.table()

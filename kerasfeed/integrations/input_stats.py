@@ -43,6 +43,7 @@ class _Totals:
         self.wait = snap["wait_total_s"]
         self.busy = {w["id"]: w.get("busy_s") or 0.0 for w in snap["workers"]}
         self.threads_busy_s = snap.get("threads_busy_s")
+        self.cache = (snap["cache_hits"], snap["cache_misses"]) if "cache_hits" in snap else None
 
 
 def _weak(obj: Any) -> Any:
@@ -63,7 +64,9 @@ class InputStats(keras.callbacks.Callback):
       per training step, averaged over the epoch;
     - ``input_wait_share``: that blocked time as a share of the epoch;
     - ``input_skipped``: items left out during the epoch (``max_skipped=``),
-      when the dataset may leave any out.
+      when the dataset may leave any out;
+    - with ``cache=``: ``input_cache_hits`` (the share of the epoch's items
+      read from the store) and ``input_cache_mb`` (what the store holds).
 
     The pick-up runs on tf.data's thread; prefetching after it can hide a
     wait from the training step. A wait near zero means the input keeps up.
@@ -84,6 +87,9 @@ class InputStats(keras.callbacks.Callback):
       making items), ``input/worker_<k>/rss_mb``, ``input/threads_busy``;
     - ``input/ahead``, ``input/in_flight``, ``input/shm_mb``, ``input/errors``,
       ``input/skipped`` (items left out so far: ``max_skipped=``);
+    - with ``cache=``: ``input/cache_hits``, ``input/cache_misses`` (items so
+      far), ``input/cache_mb``, ``input/cache_fill`` (the share of the
+      source's items stored);
     - at epoch ends: ``input/pass_gap_ms``, ``input/first_item_ms``.
 
     Which dataset: the one given as ``dataset=`` (any kerasfeed dataset or
@@ -182,6 +188,10 @@ class InputStats(keras.callbacks.Callback):
             logs["input_wait_share"] = waited / max(now.now - self._epoch_start.now, 1e-9)
             if self._collector.may_skip:
                 logs["input_skipped"] = now.skipped - self._epoch_start.skipped
+            if now.cache is not None:
+                hits, misses = (a - b for a, b in zip(now.cache, self._epoch_start.cache or (0, 0)))
+                logs["input_cache_hits"] = hits / max(hits + misses, 1)
+                logs["input_cache_mb"] = snap["cache_bytes"] / 2**20
         if self._writer is not None:
             # Already written at this step: only the epoch-end tags (never two points at one step).
             self._write(snap, epoch_end=True, totals=now, interval=self._written_step != self._step)
@@ -262,6 +272,9 @@ class InputStats(keras.callbacks.Callback):
         scalars.update({k: v for k, v in optional.items() if v is not None})
         scalars["input/errors"] = snap["errors"]
         scalars["input/skipped"] = snap["skipped"]
+        if "cache_hits" in snap:
+            scalars.update({"input/cache_hits": snap["cache_hits"], "input/cache_misses": snap["cache_misses"],
+                            "input/cache_mb": snap["cache_bytes"] / 2**20, "input/cache_fill": snap["cache_fill"]})
         if epoch_end:
             scalars.update(self._epoch_end_scalars(snap))
         self._writer.scalars(scalars, self._step)

@@ -167,6 +167,7 @@ class ProfileReport:
         items_per_s, batches_per_s: the rate measured for the recommendation.
         reason: why.
         skipped: runs that could not be made, with the reason.
+        cache: whether ``cache=`` would pay, and with what (``cache_advice``).
     """
 
     source: str
@@ -183,6 +184,7 @@ class ProfileReport:
     batches_per_s: float
     reason: str
     skipped: list
+    cache: str = ""
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -214,6 +216,8 @@ class ProfileReport:
             f"~{self.batches_per_s:,.1f} batches/s ({self.items_per_s:,.1f} items/s) measured here",
             f"  why: {self.reason}",
         ]
+        if self.cache:
+            lines.append(f"  cache: {self.cache}")
         return "\n".join(lines)
 
     def plot(self, path: Optional[str] = None):
@@ -247,6 +251,47 @@ def _recommend(probe: Any, runs: list, cpus: int) -> tuple[str, int, float, str]
                 f"({rival['items_per_s']:,.0f} items/s); timings on a busy machine vary, the probe decides"
             )
     return name, pick["count"], pick["items_per_s"], reason
+
+
+# cache= pays when making an item costs this many times reading it back (about one copy of its bytes).
+CACHE_GAIN = 5.0
+
+
+def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optional[int] = None,
+                 disk: Optional[int] = None) -> str:
+    """Whether ``cache=`` would pay for a source of ``n`` items like ``probe``, and which kind.
+
+    Args:
+        memory, disk: bytes a store could take in RAM / on local disk (None:
+            ``Cache``'s defaults: half the available memory, half the free disk
+            of the working directory).
+    """
+    import shutil
+
+    from kerasfeed.cache.options import DISK_SHARE, MEMORY_SHARE
+
+    make_ms, read_ms = probe.wall_s * 1e3, max(probe.copy_s, 1e-6) * 1e3
+    if category == "transport-bound" or probe.wall_s < CACHE_GAIN * max(probe.copy_s, 1e-6):
+        return (f"not worth it: an item costs {make_ms:.2f} ms to make and about {read_ms:.2f} ms to read back "
+                "(its copy): making it is as cheap as storing it")
+    if memory is None:
+        import psutil
+
+        memory = int(psutil.virtual_memory().available * MEMORY_SHARE)
+    if disk is None:
+        disk = int(shutil.disk_usage(".").free * DISK_SHARE)
+    total = probe.nbytes * n
+    split = ("" if callable(getattr(source, "load", None)) else
+             "; random augmentation belongs in augment(item), after a load(i) that is stored")
+    gain = f"items cost {make_ms:.2f} ms to make and ~{read_ms:.2f} ms to read back"
+    if total <= memory:
+        return f"cache='memory' ({total / 2**30:.2f} GB for {n} items fits in RAM): {gain}{split}"
+    if total <= disk:
+        return (f"cache='<a local directory>' ({total / 2**30:.2f} GB for {n} items: more than half the memory, "
+                f"fits on disk, and a kept directory serves the next run too): {gain}{split}")
+    share = max(memory, disk) / max(total, 1)
+    return (f"kerasfeed.Cache(max_bytes=...): all {n} items take {total / 2**30:.1f} GB, more than memory or disk "
+            f"can hold; a budget stores the first {share:.0%} and makes the rest every pass: {gain}{split}")
 
 
 def _counts(name: str, value: Any) -> list:
@@ -372,6 +417,7 @@ def profile(
         batches_per_s=rate / per_batch,
         reason=reason,
         skipped=skipped,
+        cache=cache_advice(probe, category, n, source),
     )
     if chart is not None:
         import matplotlib.pyplot as plt
