@@ -19,6 +19,11 @@ whole ``__getitem__`` is the stored stage and nothing runs per pass.
    read-only arrays (stored or not), so one that writes in place fails on the
    first item rather than on the first hit.
 
+A worker process sends an item without ``augment`` that the store holds as
+``IN_STORE`` (``handed_over_stored``): nothing is written to its slot and the
+consumer reads the store, so a first pass with cache= writes each item once,
+as one without it does (into the store instead of a slot).
+
 A Ray actor has no store (it may run on another host): it runs the stage
 only, and the consumer stores the item and augments it (``cache_front.py``).
 """
@@ -115,6 +120,11 @@ class ItemCache:
             if self.augment:
                 item = _read_only(item) if stored is None else stored
         return source.augment(item) if self.augment else item
+
+    def handed_over_stored(self, index: int) -> bool:
+        """Whether a worker process answers item ``index`` as stored (nothing in its slot: the consumer
+        reads the store): the item is the stored one (no ``augment``) and the store holds it."""
+        return not self.augment and self.store is not None and self.store.has(index)
 
     # ------------------------------------------------------------ worker processes
     def described(self) -> dict:

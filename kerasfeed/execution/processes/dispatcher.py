@@ -306,6 +306,8 @@ class Dispatcher:
             raise
 
     def _lend_or_copy_open(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
+        if req.spec == protocol.IN_STORE:  # cache=: read where the worker stored it (its slot stays free)
+            return self.options.item_cache.store.get(req.index), False
         spec = shm.loads_spec(req.spec)
         seg = self.slots.segment(lane.id, req.slot)
         nbytes = req.nbytes

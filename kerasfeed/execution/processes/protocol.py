@@ -123,10 +123,16 @@ class InitError(NamedTuple):
     kind = "init_error"
 
 
+# ``ItemDone.spec`` of an item the worker put in the item store (cache=): the parent reads it there.
+IN_STORE = b""
+
+
 class ItemDone(NamedTuple):
     """Worker -> parent: the item of ``Load`` ``request_id`` is in ``slot``.
 
-    ``spec``: the pickled structure (``shm.dumps_spec``); ``new_size``: the
+    ``spec``: the pickled structure (``shm.dumps_spec``), or ``IN_STORE``
+    when the item is in the item store and nothing was written to the slot
+    (cache=, no ``augment``); ``new_size``: the
     size of a new segment for the slot (its fd attached), or None;
     ``nbytes``: the bytes of the segment the item uses; ``make_s``: the
     worker's own time for ``source[index]``; ``write_s``: its time to write

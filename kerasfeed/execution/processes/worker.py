@@ -271,7 +271,10 @@ class WorkerLoop:
         try:
             item, make_s = call_source(self, index, epoch)
             t1 = time.perf_counter()
-            spec, fds, size, nbytes = self._encode_and_write(slot, item)
+            if self.cache is not None and self.cache.handed_over_stored(index):
+                spec, fds, size, nbytes = protocol.IN_STORE, (), None, 0  # NOTE [ An item with cache= ]
+            else:
+                spec, fds, size, nbytes = self._encode_and_write(slot, item)
             t2 = time.perf_counter()
         except _Exit:
             raise
