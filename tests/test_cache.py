@@ -329,3 +329,91 @@ def test_profile_recommends_a_cache_for_costly_items_that_fit_and_not_for_cheap_
 def test_profile_report_says_whether_to_cache(tmp_path):
     report = kerasfeed.profile(Plain(str(tmp_path / "log")), items=8, workers=[1], threads=[1])
     assert report.cache and "cache" in report.table()
+
+
+class Mixed(kerasfeed.SceneSequence):
+    """Strings (fixed-width and object arrays), a Python str, nests and a namedtuple-free dict."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"names": np.array([f"scene-{i}", "x" * i]), "tags": np.array(["a", b"raw", str(i)], dtype=object),
+                "nest": (np.arange(i + 1, dtype="int16"), [np.float64(i), "text"])}
+
+
+def test_strings_object_arrays_and_nests_are_stored_and_read_back_equal():
+    with kerasfeed.to_loader(Mixed(), executor="processes", workers=1) as ld:
+        expected = list(ld)
+    with kerasfeed.to_loader(Mixed(), executor="processes", workers=1, cache="memory") as ld:
+        first, second = list(ld), list(ld)
+    for want, a, b in zip(expected, first, second):
+        for got in (a, b):
+            assert list(got["names"]) == list(want["names"]) and list(got["tags"]) == list(want["tags"])
+            assert got["names"].dtype == want["names"].dtype
+            np.testing.assert_array_equal(got["nest"][0], want["nest"][0])
+            assert list(got["nest"][1]) == list(want["nest"][1])
+    assert [len(x["names"][1]) for x in second] == [len("x" * i) for i in range(6)]
+
+
+class Unstorable(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import threading
+
+        return np.zeros(2), threading.Lock()
+
+
+def test_an_item_that_cannot_be_stored_is_refused_naming_the_index():
+    with pytest.raises(Exception, match=r"item 0 cannot be cached.*Lock|item 0 cannot be cached"):
+        kerasfeed.to_loader(Unstorable(), cache="memory")
+
+
+def _cache_memfds() -> list:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "kerasfeed-cache" in os.readlink(f"/proc/self/fd/{fd}"):
+                found.append(fd)
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        return found + [line for line in f if "kerasfeed-cache" in line]
+
+
+def test_nothing_is_left_after_close(tmp_path):
+    import gc
+
+    before = _cache_memfds()
+    loader = kerasfeed.to_loader(Plain(str(tmp_path / "l")), batch_size=4, executor="processes", workers=1,
+                                 cache="memory")
+    batches = _passes(loader, 2)
+    assert len(_cache_memfds()) > len(before)  # the store is there while the loader is
+    loader.close()
+    del batches, loader
+    gc.collect()
+    assert _cache_memfds() == before
+
+
+def test_a_version_or_a_code_change_makes_a_kept_cache_stale(tmp_path):
+    from kerasfeed.cache.keys import key_change, source_key
+
+    src = Plain(str(tmp_path / "l"))
+    key = source_key(src, N, "v1", 1)
+    assert key_change(key, source_key(src, N, "v1", 1)) is None
+    assert "`version` changed ('v1' -> 'v2')" in key_change(key, source_key(src, N, "v2", 1))
+    assert "the code of `__getitem__` changed" in key_change(key, source_key(Mixed(), N, "v1", 1)) or \
+        "`class` changed" in key_change(key, source_key(Mixed(), N, "v1", 1))
+
+    class Edited(Plain):
+        def __getitem__(self, i):
+            return np.zeros(2)
+
+    edited = Edited(str(tmp_path / "l"))
+    assert "the code of `__getitem__` changed" in key_change({**key, "class": source_key(edited, N, "v1", 1)["class"]},
+                                                             source_key(edited, N, "v1", 1))
+    src.n = N + 1  # a public attribute: what the constructor was given
+    assert "attribute `n` changed (24 -> 25)" in key_change(key, source_key(src, N, "v1", 1))
+    assert key_change(None, key).startswith("it has no key")

@@ -168,7 +168,7 @@ def key_change(old: Optional[dict], new: dict) -> Optional[str]:
     for part in ("layout", "class", "length", "version", "stage", "code"):
         if old.get(part) != new.get(part):
             what = {"code": f"the code of `{new['stage']}` changed", "layout": "its file layout is another version's"}
-            return what.get(part, f"`{part}` changed ({old.get(part)!r} -> {new.get(part)!r})")
+            return what.get(part, f"`{part}` changed ({old.get(part)} -> {new.get(part)})")
     old_files, new_files = old.get("files", {}), new.get("files", {})
     for name in sorted(old_files.keys() | new_files.keys()):
         if old_files.get(name) != new_files.get(name):
