@@ -106,7 +106,7 @@ def fingerprint(value: Any) -> Any:
     try:
         skeleton = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     except Exception:  # noqa: BLE001 - lambdas, classes in __main__, h5py handles: what workers are sent
-        from kerasfeed.execution.processes import pickling
+        from kerasfeed.execution import pickling
 
         buffers = []
         try:
@@ -225,7 +225,7 @@ class StateTracker:
         return payload, False
 
     def _payload(self, post: dict, send: set) -> bytes:
-        from kerasfeed.execution.processes.pickling import dumps, find_unpicklable
+        from kerasfeed.execution.pickling import dumps, find_unpicklable
 
         for key in sorted(send, key=str):
             fp = post.get(key)

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import ItemError
-from kerasfeed.execution.processes import ProcessExecutor
 
 TESTS = pathlib.Path(__file__).resolve().parent.parent
 if str(TESTS) not in sys.path:
@@ -168,7 +168,7 @@ print(sorted(k for k in ("tensorflow", "keras", "jax", "torch") if k in sys.modu
 
 
 def test_stand_ins_leave_sys_modules_and_imported_names_wait(tmp_path):
-    from kerasfeed.execution.processes.pickling import dumps_for_workers
+    from kerasfeed.execution.pickling import dumps_for_workers
 
     payload = tmp_path / "payload.pkl"
     payload.write_bytes(dumps_for_workers((from_imports.OneHot(workers=4, max_queue_size=9), plain_keras.KerasSequence())))

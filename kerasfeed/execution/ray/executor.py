@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
-from kerasfeed.execution.processes.pickling import dumps_for_workers
+from kerasfeed.execution.pickling import dumps_for_workers
 from kerasfeed.execution.ray import cluster
 from kerasfeed.execution.ray.loads import LoadsMixin
 from kerasfeed.execution.ray.options import (
