@@ -1,18 +1,15 @@
-"""The members of a distributed run check that their pipelines agree: one protocol over a list of facts.
+"""The members of a distributed run check that their pipelines agree: one protocol, a list of facts.
 
 Every worker of a ``tf.distribute`` cluster (``shards.py``) and every process
 of a multi-process Keras distribution (``hosts.py``) builds its own pipeline
-over its own shard. If two built theirs from a different source length, seed,
-shard count, batching or resume state, shards would overlap or step counts
-would differ, silently. So when a sharded pipeline is created the members
-all-gather one row of int64s, the codes of the facts their caller lists
-(``check_agreement``), through an ``exchange``: the cluster's collective ops
-here (``check_workers``; a worker that never joins fails after
-``AGREEMENT_TIMEOUT_S`` instead of hanging), JAX's ``process_allgather`` in
-``hosts.py``. A mismatch fails on every member with a message naming what
-differs; a member whose pipeline failed sends a failure row instead, so the
-others raise rather than wait at the first step. TensorFlow is imported only
-when a cluster's check runs.
+over its own shard; built from another source length, seed, shard count,
+batching or resume state, shards would overlap or step counts differ,
+silently. So the members all-gather one int64 row, the codes of the facts
+their caller lists (``check_agreement``): through the cluster's collective
+ops (``check_workers``; TensorFlow imported then, a worker that never joins
+fails after ``AGREEMENT_TIMEOUT_S``) or JAX (``hosts.exchange``). A mismatch
+fails on every member, naming what differs; a member whose pipeline failed
+sends a failure row, so the others raise instead of waiting at the first step.
 """
 
 from __future__ import annotations
@@ -58,20 +55,12 @@ def check_agreement(
     member: str = "process",
     group: str = "",
 ) -> None:
-    """Exchanges this member's ``facts`` and compares them with every other member's.
-
-    Every member must call this once per pipeline, in the same order (it is
-    one collective exchange).
-
-    Args:
-        names: the facts, in the order every member sends them.
-        facts: ``{name: value}`` (ints, bools, None, or anything with a stable
-            ``repr``); None: this member failed to create its pipeline.
-        exchange: all-gathers one int64 row per member into a ``(count, len(row))`` table.
-        owner: the public function's name, for messages.
-        me, count: this member's index, and the members.
-        member: ``"process"`` or ``"worker"``; ``group``: what they are
-            members of (``"of the keras.distribution.DataParallel"``), for messages.
+    """Exchanges this member's ``facts`` (``{name: value}`` with the ``names``, in the
+    same order on every member; None: its pipeline failed) through ``exchange`` (one
+    int64 row per member into a ``(count, len(row))`` table) and compares them.
+    Every member calls it once per pipeline, in the same order. ``me``: this member's
+    index; ``member``, ``group`` (``"of the keras.distribution.DataParallel"``) and
+    ``owner`` (the public function) are for messages.
 
     Raises:
         RuntimeError: another member failed to create its pipeline, or the
@@ -112,18 +101,9 @@ def check_agreement(
 
 
 def check_workers(worker: Any, facts: dict, owner: str) -> None:
-    """``check_agreement`` over a ``tf.distribute`` cluster, through its collective ops.
-
-    Args:
-        worker: this process's ``shards.WorkerIdentity``.
-        facts: ``{name: value}``, the same names in the same order on every worker.
-        owner: the public function's name, for messages.
-
-    Raises:
-        ValueError, RuntimeError: see ``check_agreement``; RuntimeError also when
-            the other workers did not create a matching pipeline within
-            ``AGREEMENT_TIMEOUT_S`` seconds, or the exchange failed.
-    """
+    """``check_agreement`` of this worker (a ``shards.WorkerIdentity``) over its ``tf.distribute``
+    cluster's collective ops; RuntimeError also when the other workers did not create a
+    matching pipeline within ``AGREEMENT_TIMEOUT_S`` seconds."""
 
     def exchange(row: np.ndarray) -> np.ndarray:
         import tensorflow as tf
