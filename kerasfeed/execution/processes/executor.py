@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from kerasfeed.errors import WorkerError
+from kerasfeed.errors import WorkerError, short_repr
 from kerasfeed.execution.base import Executor, item_position
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.pickling import dumps_for_workers, dumps_task
@@ -22,7 +22,7 @@ from kerasfeed.execution.plan import rest_of_pass
 from kerasfeed.execution.processes.dispatcher import Dispatcher
 from kerasfeed.execution.processes.options import PoolOptions, workers_for
 from kerasfeed.execution.processes.process import fresh_error
-from kerasfeed.execution.processes.stream_sessions import StreamIterator, short_repr
+from kerasfeed.execution.processes.stream_sessions import StreamIterator
 from kerasfeed.execution.retries import RetryCounts
 from kerasfeed.execution.state_sync import StateTracker
 from kerasfeed.sources.base import source_length
@@ -297,7 +297,7 @@ class ProcessExecutor(Executor):
                 items it had produced.
             kerasfeed.WorkerError: the worker died.
         """
-        label = name or f"{getattr(fn, '__qualname__', type(fn).__name__)}({short_repr(arg)})"
+        label = name or f"{getattr(fn, '__qualname__', type(fn).__name__)}({short_repr(arg, 40)})"
         payload = dumps_task(fn, arg, label)
         d = self._dispatcher
         lane, session = d.streams.start(payload, label)
