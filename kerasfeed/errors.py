@@ -322,4 +322,4 @@ class StreamError(ItemError):
 class FileChangedError(OSError):
     """A file changed on disk since it was opened or described: replaced (renamed over its path) or
     shortened in place. Raised by the HDF5 sequences and by h5py handles a source sends to worker
-    processes (``execution/processes/h5_handles.py``)."""
+    processes (``execution/h5_handles.py``)."""

@@ -16,7 +16,7 @@ import types
 from typing import Any, Optional
 
 from kerasfeed.errors import short_repr
-from kerasfeed.execution.processes import h5_handles
+from kerasfeed.execution import h5_handles
 
 _MAX_DEPTH = 4
 _MAX_CHECKS = 200

@@ -25,8 +25,8 @@ Worker side and shared:
 - ``channel.py``       framed messages and fd passing over a Unix socket
 - ``light_modules.py`` light Keras/TensorFlow stand-ins while a worker unpickles its source
 - ``frameworks.py``    the warning when a worker loads a framework anyway
-- ``h5_handles.py``    read-only h5py handles, reopened in each worker
 
-The source travels by value through ``execution/pickling.py``. This package
+The source travels by value through ``execution/pickling.py`` (h5py handles as
+references each worker reopens: ``execution/h5_handles.py``). This package
 imports nothing itself: a worker imports only the worker side.
 """
