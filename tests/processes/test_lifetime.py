@@ -71,6 +71,20 @@ def test_garbage_collected_executor_stops_workers():
     assert wait_gone(pids, 5)
 
 
+def test_workers_started_again_after_parking_stop_with_the_collected_executor():
+    """One handle owns whichever workers run now: those started after parking die with it too."""
+    ex = ProcessExecutor(Kit(), workers=1)
+    first = ex.pids
+    assert ex.park()  # as after a failed pass that was left
+    assert wait_gone(first, 5)
+    assert ex.load(3, 0)[0][0, 0] == 3  # starts new workers
+    second = ex.pids
+    assert second != first and all(alive(p) for p in second)
+    del ex
+    gc.collect()
+    assert wait_gone(second, 5)
+
+
 PARENT_SCRIPT = """
 import os, signal, sys, time
 import numpy as np
