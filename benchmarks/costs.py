@@ -149,8 +149,10 @@ class ReadyBatches(workloads.SceneSequence):
 def _dispatcher(ds: Any) -> Any:
     import kerasfeed
 
-    pool = kerasfeed.executor_of(ds).pool
-    return getattr(pool, "_dispatcher", None) or pool._core  # the name before the split
+    ex = kerasfeed.executor_of(ds)
+    if hasattr(ex, "_dispatcher"):
+        return ex._dispatcher
+    return getattr(ex.pool, "_dispatcher", None) or ex.pool._core  # older trees: behind a WorkerPool
 
 
 def _source(workload: str, items: int) -> Any:

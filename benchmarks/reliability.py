@@ -102,7 +102,7 @@ def _killer(live: dict, kills: list, stop: threading.Event, every: float) -> Non
         if live["ds"] is None:  # between two fit calls
             continue
         try:
-            pid = random.choice(kerasfeed.executor_of(live["ds"]).pool.pids)
+            pid = random.choice(kerasfeed.executor_of(live["ds"]).pids)
             os.kill(pid, signal.SIGKILL)
         except Exception as e:  # noqa: BLE001 - between datasets, or the worker already gone
             print(f"killer: no worker to kill now ({type(e).__name__}: {e}); retrying", file=sys.stderr, flush=True)

@@ -15,16 +15,11 @@ from typing import Any
 import numpy as np
 
 from kerasfeed._nest import describe, field_name, flatten, pack
-from kerasfeed.errors import SignatureError
+from kerasfeed.errors import SignatureError, short_repr
 
 
 class UnsupportedLeaf(ValueError):
     """A leaf no front end can hand over (the rule is what TensorFlow holds); the caller adds the index and field."""
-
-
-def short_repr(obj: Any, limit: int = 80) -> str:
-    r = repr(obj)
-    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def _to_bytes(v: Any) -> bytes:

@@ -23,6 +23,15 @@ def _where(worker_id, pid) -> str:
 CAUSE_CHARS = 160
 
 
+def short_repr(obj: object, limit: int = 80) -> str:
+    """``repr(obj)`` cut to ``limit`` characters, for ``Received:`` (a stand-in if ``repr`` raises)."""
+    try:
+        r = repr(obj)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the error being reported
+        r = f"<{type(obj).__name__} object>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 def short_cause(text: str) -> str:
     """``text``'s first line, at most ``CAUSE_CHARS`` characters (an attempt's cause)."""
     line = (text.strip().splitlines() or [""])[0].strip()
@@ -313,4 +322,4 @@ class StreamError(ItemError):
 class FileChangedError(OSError):
     """A file changed on disk since it was opened or described: replaced (renamed over its path) or
     shortened in place. Raised by the HDF5 sequences and by h5py handles a source sends to worker
-    processes (``execution/processes/h5_handles.py``)."""
+    processes (``execution/h5_handles.py``)."""

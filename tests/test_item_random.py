@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed.execution.item_random import ItemSeeds, item_scope
-from kerasfeed.execution.processes import ProcessExecutor
 from kerasfeed.execution.threads import ThreadExecutor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -21,7 +21,7 @@ import pytest
 
 import kerasfeed
 from kerasfeed.integrations.keras import fingerprint_of
-from kerasfeed.loading import hosts
+from kerasfeed.loading import agreement, hosts
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.protocol import order_fingerprint
 
@@ -86,7 +86,7 @@ def _peer(monkeypatch, processes, change=None, failed=False):
             other[:] = 0
             other[0] = 1
         for name, value in (change or {}).items():
-            other[1 + hosts.FACTS.index(name)] = hosts._code(value)
+            other[1 + hosts.FACTS.index(name)] = agreement._code(value)
         return np.stack([other, row] if p.process_index == 1 else [row, other])
 
     monkeypatch.setattr(hosts, "current_processes", lambda: processes)
@@ -152,7 +152,7 @@ def test_processes_that_disagree_or_fail_raise_on_every_process(monkeypatch):
         kerasfeed.to_loader(Items(11), batch_size=2, shuffle=True, seed=3)
     assert len(closed) == 1  # the loader made before the exchange is closed (its executor stopped)
     _peer(monkeypatch, _processes(index=1), failed=True)
-    with pytest.raises(RuntimeError, match=r"process 0 of 2 failed to create its loader"):
+    with pytest.raises(RuntimeError, match=r"process 0 of 2 failed to create its pipeline"):
         kerasfeed.to_loader(Items(11), batch_size=2, shuffle=True, seed=3)
     # A local failure is sent too (the peer then raises instead of waiting), then raised here.
     sent = _peer(monkeypatch, _processes(index=0))

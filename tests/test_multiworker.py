@@ -224,7 +224,7 @@ def test_num_shards_alone_reads_this_worker_s_shard(monkeypatch):
 
     checked = []
     monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
-    monkeypatch.setattr(shards, "check_agreement", lambda worker, fields, api: checked.append(fields))
+    monkeypatch.setattr(shards, "check_workers", lambda worker, facts, api: checked.append(facts))
     ds = kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2)
     assert _items(ds) == IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=1).indices(0).tolist()
     assert len(checked) == 1 and checked[0]["num_shards"] == 2  # the workers still check that they agree

@@ -99,7 +99,7 @@ def test_workers_stop_after_a_failed_fit_while_its_traceback_is_kept(executor):
         want = {"raise": f"Faulty[{BAD}] raised ValueError", "kill": "SIGKILL", "hang": "timeout=0.5"}[how]
         assert want in text, (front, how, text[-2000:])
         kept.append(failed)
-        pids = ex.pool.pids if executor == "processes" else []
+        pids = ex.pids if executor == "processes" else []
         # Threads that cannot be stopped: a timed-out item's call runs on (documented).
         threads = [] if executor == "processes" else [t for t in ex._threads if how != "hang"]
         held = weakref.ref(ex)

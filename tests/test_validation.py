@@ -9,9 +9,10 @@ import pytest
 import tensorflow as tf
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed import _validation as v
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.execution.processes import PoolOptions, ProcessExecutor
+from kerasfeed.execution.processes.options import PoolOptions
 
 
 class Small(kerasfeed.SceneSequence):

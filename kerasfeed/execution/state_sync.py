@@ -46,6 +46,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kerasfeed.errors import short_repr
+
 # Bookkeeping every process keeps for itself (see SceneSequence).
 _OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
@@ -106,7 +108,7 @@ def fingerprint(value: Any) -> Any:
     try:
         skeleton = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     except Exception:  # noqa: BLE001 - lambdas, classes in __main__, h5py handles: what workers are sent
-        from kerasfeed.execution.processes import pickling
+        from kerasfeed.execution import pickling
 
         buffers = []
         try:
@@ -225,7 +227,7 @@ class StateTracker:
         return payload, False
 
     def _payload(self, post: dict, send: set) -> bytes:
-        from kerasfeed.execution.processes.pickling import dumps, find_unpicklable
+        from kerasfeed.execution.pickling import dumps, find_unpicklable
 
         for key in sorted(send, key=str):
             fp = post.get(key)
@@ -240,7 +242,7 @@ class StateTracker:
                     f"worker processes before the next pass, but `{path}` ({cls.__module__}.{cls.__qualname__}) cannot "
                     f"be pickled: {type(err).__name__}: {err}. Keep such objects out of the pickled state (open them "
                     "lazily in `__getitem__` and drop them in `__getstate__`), or use executor='threads'. "
-                    f"Received: {path}={_short(value)}"
+                    f"Received: {path}={short_repr(value, 120)}"
                 )
         if self.mode == "whole":
             change: tuple = ("whole", self.source)
@@ -253,14 +255,6 @@ class StateTracker:
 
 
 _MISSING = _Same(object())
-
-
-def _short(obj: Any, limit: int = 120) -> str:
-    try:
-        r = repr(obj)
-    except Exception:  # noqa: BLE001
-        r = f"<{type(obj).__name__} object>"
-    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def apply_state(source: Any, payload: bytes) -> Any:

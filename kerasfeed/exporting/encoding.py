@@ -22,11 +22,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kerasfeed._nest import pack
 from kerasfeed._records import crc32c, crc32c_implementation, frame  # noqa: F401 - crc32c, frame: the writer's
 from kerasfeed._records import field as _field
 from kerasfeed._records import message as _message
 from kerasfeed._records import varint as _varint
-from kerasfeed.exporting.spec import STRING, ExportSpec, pack
+from kerasfeed.exporting.spec import STRING, ExportSpec
 
 
 def require_crc32c() -> None:

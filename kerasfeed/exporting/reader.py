@@ -6,9 +6,10 @@ import os
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
+from kerasfeed._nest import pack
 from kerasfeed.exporting.arrayrecord import check_verify, raise_bad
 from kerasfeed.exporting.manifest import ExportError, bad_shards, read_manifest
-from kerasfeed.exporting.spec import STRING, ExportSpec, pack
+from kerasfeed.exporting.spec import STRING, ExportSpec
 
 AUTOTUNE = _v.AUTOTUNE
 _TF_COMPRESSION = {None: "", "GZIP": "GZIP", "ZLIB": "ZLIB"}

@@ -17,7 +17,7 @@ import numpy as np
 
 from kerasfeed import _nest
 from kerasfeed._leaves import leaf_array, leaf_arrays
-from kerasfeed._nest import feature_key, field_name, pack, shape_fits
+from kerasfeed._nest import feature_key, field_name, shape_fits
 from kerasfeed._nest import shape_text as _shape_text
 from kerasfeed.errors import SignatureError
 
@@ -164,14 +164,6 @@ class ExportSpec:
         spec = cls(_tuple_skeleton(data["structure"]), paths, dtypes, shapes)
         spec.keys = [f["key"] for f in fields]
         return spec
-
-    def tensor_specs(self) -> Any:
-        """The nest of ``tf.TensorSpec`` (imports TensorFlow)."""
-        import tensorflow as tf
-
-        dtypes = [tf.string if d == STRING else tf.as_dtype(d) for d in self.dtypes]
-        specs = [tf.TensorSpec(s, d) for s, d in zip(self.shapes, dtypes)]
-        return pack(self.skeleton, specs)
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, ExportSpec) and self.to_json() == other.to_json()

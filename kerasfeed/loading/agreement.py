@@ -1,22 +1,27 @@
-"""The workers of a multi-worker cluster check that their pipelines agree.
+"""The members of a distributed run check that their pipelines agree: one protocol, a list of facts.
 
-Every worker of a ``tf.distribute`` cluster builds its own pipeline over its
-own shard (``shards.py``). If two workers built theirs from a different
-source length, seed, shard count, batching or resume state, shards would
-overlap or step counts would differ, silently. So when a sharded pipeline is
-created the workers all-gather a few int64s through the cluster's collective
-ops: a mismatch fails on every worker with a message naming what differs, and
-a worker that never joins fails after ``AGREEMENT_TIMEOUT_S`` instead of
-hanging. TensorFlow is imported only when a check runs.
+Every worker of a ``tf.distribute`` cluster (``shards.py``) and every process
+of a multi-process Keras distribution (``hosts.py``) builds its own pipeline
+over its own shard; built from another source length, seed, shard count,
+batching or resume state, shards would overlap or step counts differ,
+silently. So the members all-gather one int64 row, the codes of the facts
+their caller lists (``check_agreement``): through the cluster's collective
+ops (``check_workers``; TensorFlow imported then, a worker that never joins
+fails after ``AGREEMENT_TIMEOUT_S``) or JAX (``hosts.exchange``). A mismatch
+fails on every member, naming what differs; a member whose pipeline failed
+sends a failure row, so the others raise instead of waiting at the first step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
-# Collective group of the agreement check; far above the keys tf.distribute
+import numpy as np
+
+# Collective group of the workers' check; far above the keys tf.distribute
 # allocates for its own groups (they count up from 1).
 _GROUP_KEY = 0x6B660000
 _instance_keys = itertools.count(1)
@@ -24,82 +29,107 @@ _instance_lock = threading.Lock()
 AGREEMENT_TIMEOUT_S = 120.0
 
 
-def _split_seed(seed: Optional[int]) -> tuple[int, int]:
-    if seed is None:
-        return -1, -1
-    return int(seed) >> 32, int(seed) & 0xFFFFFFFF
+def _code(value: Any) -> int:
+    """An int64 for a fact: non-negative ints as themselves, None as -1, anything
+    else (a larger int, a fingerprint) as a negative 61-bit hash of its text."""
+    if value is None:
+        return -1
+    if isinstance(value, (bool, int, np.integer)) and 0 <= int(value) < 2**63:
+        return int(value)
+    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return -2 - (int.from_bytes(digest, "big") >> 3)
 
 
-def fingerprint(**fields: Any) -> dict:
-    """``{name: int}``: what every worker's pipeline must agree on.
-
-    ``seed`` is split in two int64s; None values become -1.
-    """
-    out = {}
-    for name, value in fields.items():
-        if name == "seed":
-            out["seed (high 32 bits)"], out["seed (low 32 bits)"] = _split_seed(value)
-        else:
-            out[name] = -1 if value is None else int(value)
-    return out
+def _text(code: int) -> str:
+    return str(code) if code >= 0 else "None" if code == -1 else f"#{-2 - code:x}"
 
 
-def check_agreement(worker: Any, fields: dict, api: str, timeout: Optional[float] = None) -> None:
-    """All-gathers ``fields`` over the cluster; raises if workers disagree.
-
-    Every worker must create its sharded pipelines in the same order (each
-    creation is one collective instance); whole-source ones (``num_shards=1``)
-    are not checked.
-
-    Args:
-        worker: this process's ``shards.WorkerIdentity``.
-        fields: from ``fingerprint``.
-        api: the public function's name, for messages.
-        timeout: seconds to wait for the other workers (default
-            ``AGREEMENT_TIMEOUT_S``).
+def check_agreement(
+    names: Sequence[str],
+    facts: Optional[dict],
+    exchange: Callable[[np.ndarray], np.ndarray],
+    *,
+    owner: str,
+    me: int,
+    count: int,
+    member: str = "process",
+    group: str = "",
+) -> None:
+    """Exchanges this member's ``facts`` (``{name: value}`` with the ``names``, in the
+    same order on every member; None: its pipeline failed) through ``exchange`` (one
+    int64 row per member into a ``(count, len(row))`` table) and compares them.
+    Every member calls it once per pipeline, in the same order. ``me``: this member's
+    index; ``member``, ``group`` (``"of the keras.distribution.DataParallel"``) and
+    ``owner`` (the public function) are for messages.
 
     Raises:
-        ValueError: some field differs between workers (names the field and
-            every worker's value).
-        RuntimeError: not every worker created a matching pipeline within
-            ``timeout`` seconds, or the exchange failed.
+        RuntimeError: another member failed to create its pipeline, or the
+            exchange returned a table of another shape.
+        ValueError: a fact differs between members (names it and every member's value).
     """
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow.python.ops import collective_ops
-
-    timeout = AGREEMENT_TIMEOUT_S if timeout is None else timeout
-    names = list(fields)
-    values = tf.constant([[fields[n] for n in names]], tf.int64)
-    with _instance_lock:
-        instance = next(_instance_keys)
-    try:
-        with tf.device(worker.device):
-            gathered = collective_ops.all_gather_v2(
-                values, group_size=worker.num_workers, group_key=_GROUP_KEY, instance_key=instance, timeout=timeout
-            )
-        table = np.asarray(gathered.numpy())
-    except tf.errors.OpError as e:  # timed out, or a peer left: never a hang
+    row = np.zeros(1 + len(names), np.int64)
+    if facts is None:
+        row[0] = 1
+    else:
+        row[1:] = [_code(facts[name]) for name in names]
+    table = exchange(row)
+    if table.shape != (count, len(row)):
+        raise RuntimeError(f"{owner}: the agreement check got a table of shape {table.shape}. Received: {table!r}")
+    if facts is None:
+        return
+    plural = member + ("es" if member.endswith("s") else "s")
+    failed = [k for k in range(count) if table[k, 0]]
+    if failed:
         raise RuntimeError(
-            f"{api}: worker {worker.worker_id} of {worker.num_workers} waited {timeout:.0f} s for the other workers "
-            "to create the same pipeline (the check that they agree on source length, seed and shards). Every worker "
-            "must create its sharded kerasfeed datasets in the same order; for a dataset on one worker only, pass "
-            "`num_shards=1`. "
-            f"Received: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        ) from None
-    if table.shape != (worker.num_workers, len(names)):
-        raise RuntimeError(f"{api}: the agreement check got a table of shape {table.shape}. Received: {table!r}")
-    differ = [j for j in range(len(names)) if len(set(table[:, j].tolist())) > 1]
+            f"{owner}: {member} {failed[0]} of {count} failed to create its pipeline (its own error is in its "
+            f"output), so {member} {me} stops here too instead of waiting for it at the first training step. "
+            f"Received: failed {plural}={failed}"
+        )
+    differ = [j for j in range(len(names)) if len(set(table[:, 1 + j].tolist())) > 1]
     if differ:
-        lines = []
-        for j in differ:
-            per = ", ".join(f"worker {k}: {int(v)}" for k, v in enumerate(table[:, j]))
-            lines.append(f"{names[j]} ({per})")
+        per = "; ".join(
+            f"{names[j]} (" + ", ".join(f"{member} {k}: {_text(int(v))}" for k, v in enumerate(table[:, 1 + j])) + ")"
+            for j in differ
+        )
+        name = names[differ[0]]
         raise ValueError(
-            f"{api}: the workers disagree on {', '.join(names[j] for j in differ)}. Every worker must build its "
-            "pipeline from the same source (same length), the same seed, shard count and batching, and resume "
-            f"from the same state; otherwise shards overlap or step counts differ. Received: {'; '.join(lines)}"
+            f"{owner}: the {count} {plural} {group + ' ' if group else ''}disagree on "
+            f"{', '.join(names[j] for j in differ)}: {per}. Every {member} must build its pipeline from the same "
+            "source (same length), with the same shuffle, seed, order, shards, batching and resume state, or the "
+            f"shards overlap and the step counts differ. Received: {name}={facts[name]!r} on {member} {me}"
         )
 
 
-__all__ = ["AGREEMENT_TIMEOUT_S", "check_agreement", "fingerprint"]
+def check_workers(worker: Any, facts: dict, owner: str) -> None:
+    """``check_agreement`` of this worker (a ``shards.WorkerIdentity``) over its ``tf.distribute``
+    cluster's collective ops; RuntimeError also when the other workers did not create a
+    matching pipeline within ``AGREEMENT_TIMEOUT_S`` seconds."""
+
+    def exchange(row: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+        from tensorflow.python.ops import collective_ops
+
+        timeout = AGREEMENT_TIMEOUT_S
+        with _instance_lock:
+            instance = next(_instance_keys)
+        try:
+            with tf.device(worker.device):
+                gathered = collective_ops.all_gather_v2(
+                    tf.constant([row], tf.int64), group_size=worker.num_workers, group_key=_GROUP_KEY,
+                    instance_key=instance, timeout=timeout,
+                )
+            return np.asarray(gathered.numpy())
+        except tf.errors.OpError as e:  # timed out, or a peer left: never a hang
+            raise RuntimeError(
+                f"{owner}: worker {worker.worker_id} of {worker.num_workers} waited {timeout:.0f} s for the other "
+                "workers to create the same pipeline (the check that they agree on source length, seed and shards). "
+                "Every worker must create its sharded kerasfeed datasets in the same order; for a dataset on one "
+                f"worker only, pass `num_shards=1`. Received: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            ) from None
+
+    check_agreement(
+        tuple(facts), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers, member="worker"
+    )
+
+
+__all__ = ["AGREEMENT_TIMEOUT_S", "check_agreement", "check_workers"]

@@ -35,12 +35,12 @@ among this process's devices on the batch axis, so it must divide among them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sys
 from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 
+from kerasfeed.loading.agreement import check_agreement
 from kerasfeed.loading.arguments import Passes
 from kerasfeed.loading.shards import ShardPlan, joined_shards, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
@@ -303,21 +303,6 @@ def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int]
     }
 
 
-def _code(value: Any) -> int:
-    """An int64 for a fact: small non-negative ints as themselves, None as -1,
-    anything else as a negative 61-bit hash of its text."""
-    if value is None:
-        return -1
-    if isinstance(value, (bool, int, np.integer)) and 0 <= int(value) < 2**62:
-        return int(value)
-    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
-    return -2 - (int.from_bytes(digest, "big") >> 3)
-
-
-def _text(code: int) -> str:
-    return str(code) if code >= 0 else "None" if code == -1 else f"#{-2 - code:x}"
-
-
 def exchange(processes: ProcessShards, row: np.ndarray) -> np.ndarray:
     """All-gathers one int64 row per process through JAX: a ``(P, len(row))`` table.
 
@@ -330,48 +315,6 @@ def exchange(processes: ProcessShards, row: np.ndarray) -> np.ndarray:
     return table.reshape(processes.num_processes, -1).view(np.int64)
 
 
-def check_agreement(processes: ProcessShards, facts: Optional[dict], *, owner: str) -> None:
-    """Exchanges this process's ``facts`` (None: it failed) and compares them.
-
-    Every process of the cluster must call this once per loader, in the same
-    order (it is one collective exchange).
-
-    Raises:
-        RuntimeError: another process failed to create its loader.
-        ValueError: a fact differs between processes (names it and every
-            process's value).
-    """
-    row = np.zeros(1 + len(FACTS), np.int64)
-    if facts is None:
-        row[0] = 1
-    else:
-        row[1:] = [_code(facts[name]) for name in FACTS]
-    table = exchange(processes, row)
-    me = processes.process_index
-    failed = [p for p in range(table.shape[0]) if table[p, 0]]
-    if facts is None:
-        return
-    if failed:
-        raise RuntimeError(
-            f"{owner}: process {failed[0]} of {processes.num_processes} failed to create its loader (its own error "
-            f"is in its output), so process {me} stops here too instead of waiting for it at the first training "
-            f"step. Received: failed processes={failed}"
-        )
-    differ = [j for j, name in enumerate(FACTS) if len(set(table[:, 1 + j].tolist())) > 1]
-    if differ:
-        per = "; ".join(
-            f"{FACTS[j]} (" + ", ".join(f"process {p}: {_text(int(v))}" for p, v in enumerate(table[:, 1 + j])) + ")"
-            for j in differ
-        )
-        name = FACTS[differ[0]]
-        raise ValueError(
-            f"{owner}: the {processes.num_processes} processes of the {processes.source} disagree on "
-            f"{', '.join(FACTS[j] for j in differ)}: {per}. Every process must build its loader from the same "
-            "source (same length), with the same shuffle, seed, order, batching and initial_state, or the shards "
-            f"overlap and the step counts differ. Received: {name}={facts[name]!r} on process {me}"
-        )
-
-
 def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]], *, owner: str) -> T:
     """``make()``'s object, once every process made its own and they agree.
 
@@ -382,16 +325,23 @@ def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]
     """
     if processes is None:
         return make()[0]
+
+    def check(facts: Optional[dict]) -> None:
+        check_agreement(
+            FACTS, facts, lambda row: exchange(processes, row), owner=owner, me=processes.process_index,
+            count=processes.num_processes, group=f"of the {processes.source}",
+        )
+
     try:
         made, facts = make()
     except Exception:
         try:
-            check_agreement(processes, None, owner=owner)
+            check(None)
         except Exception:  # noqa: BLE001 - the exchange failed too: this process's own error matters
             pass
         raise
     try:
-        check_agreement(processes, facts, owner=owner)
+        check(facts)
     except BaseException:
         close = getattr(made, "close", None)
         if callable(close):
@@ -404,7 +354,6 @@ __all__ = [
     "FACTS",
     "ProcessShards",
     "agreed",
-    "check_agreement",
     "current_processes",
     "exchange",
     "pass_facts",

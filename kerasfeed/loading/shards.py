@@ -23,14 +23,13 @@ must be created at program start, before other TensorFlow ops, so a dataset
 made afterwards sees it even outside ``strategy.scope()``). The choice is made
 when the pipeline is created because its number of steps depends on it and
 ``tf.distribute``/Keras read that number before the first pass. The workers
-then check that they agree (``agreement.py``). TensorFlow is imported only
-when it is asked who this worker is.
+then check that they agree (``agreement.check_workers``). TensorFlow is
+imported only when it is asked who this worker is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -38,7 +37,7 @@ import sys
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
-from kerasfeed.loading.agreement import check_agreement, fingerprint
+from kerasfeed.loading.agreement import check_workers
 from kerasfeed.sampling.protocol import order_fingerprint
 from kerasfeed.sampling.views import pass_view
 
@@ -330,7 +329,7 @@ def plan_shards(
     # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
     # does not involve the other workers.
     if worker is not None and num_shards > 1:
-        check_agreement(worker, fingerprint(length=length, num_shards=num_shards, **fields), api)
+        check_workers(worker, {"length": length, "num_shards": num_shards, **fields}, api)
     return ShardPlan(num_shards, shard_index, num_shards)
 
 
@@ -354,9 +353,8 @@ def _plan_order(api, length, num_shards, shard_index, input_context, order, fiel
             api, worker.worker_id, worker.num_workers, worker.num_workers, worker.worker_id,
         )
     if worker is not None and shards > 1:
-        digest = hashlib.blake2b(order_fingerprint(order).encode(), digest_size=7).digest()
-        fields = {**fields, "order": int.from_bytes(digest, "big")}
-        check_agreement(worker, fingerprint(length=length, num_shards=shards, **fields), api)
+        facts = {"length": length, "num_shards": shards, **fields, "order": order_fingerprint(order)}
+        check_workers(worker, facts, api)
     return ShardPlan(num_shards, shard_index, shards, order)
 
 

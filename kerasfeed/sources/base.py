@@ -8,6 +8,8 @@ import types
 import weakref
 from typing import Any, Optional, Protocol, runtime_checkable
 
+from kerasfeed.errors import short_repr
+
 
 @runtime_checkable
 class RandomAccessSource(Protocol):
@@ -120,13 +122,8 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
     return n
 
 
-def _short(obj: Any, limit: int = 120) -> str:
-    try:
-        r = repr(obj)
-    except Exception:  # noqa: BLE001
-        r = f"<{type(obj).__name__} object>"
-    r = r if len(r) <= limit else r[: limit - 3] + "..."
-    return f"{r} of type {type(obj).__name__}"
+def _short(obj: Any) -> str:
+    return f"{short_repr(obj, 120)} of type {type(obj).__name__}"
 
 
 def source_name(source: Any) -> str:

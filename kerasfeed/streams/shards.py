@@ -106,7 +106,7 @@ class ShardedStream:
             if workers is None:
                 workers = min(n, max(DEFAULT_THREAD_WORKERS, cycle_length or 0))
         elif workers is None:
-            from kerasfeed.execution.processes.pool import default_workers
+            from kerasfeed.execution.processes.options import default_workers
 
             workers = min(n, default_workers())
         self.workers = workers
@@ -143,9 +143,9 @@ class ShardedStream:
         self._stats: Any = None
         self.waits: Any = None  # WaitScope: the pool's with worker processes (below)
         if executor == "processes":
+            from kerasfeed.execution.pickling import dumps_task
+            from kerasfeed.execution.processes.executor import ProcessExecutor
             from kerasfeed.execution.processes.options import PoolOptions
-            from kerasfeed.execution.processes.pickling import dumps_task
-            from kerasfeed.execution.processes.pool import WorkerPool
 
             # Fail now, naming the culprit, rather than in the first pass.
             dumps_task(task, self.args[0], self.describe(0))
@@ -154,7 +154,7 @@ class ShardedStream:
             options = PoolOptions(
                 workers=workers, worker_init=worker_init, seed=seed, in_flight_per_worker=2, timeout=timeout
             )
-            self.pool = WorkerPool(None, options, name=f"{kind}s of {_task_name(task)}")
+            self.pool = ProcessExecutor.from_options(None, options, name=f"{kind}s of {_task_name(task)}")
         # Deleting the last iterator over the stream, or Ctrl-C, ends its waits
         # (``execution/waits.py``; counted by ``tfdata/consumers.py``).
         self.waits = self.pool.waits if self.pool is not None else WaitScope()
@@ -188,20 +188,11 @@ class ShardedStream:
         ``kerasfeed.observe.stats.StatsCollector``): timed by the producer
         thread that runs the shard, or by the worker process (per worker,
         with the worker's shared-memory write in its busy time), and the
-        worker processes' instant figures (``gauges``)."""
+        worker processes' instant figures (``ProcessExecutor.gauges``)."""
         collector.executor = self.executor
         self._stats = collector
         if self.pool is not None:
-            self.pool.observe(collector)
-            collector.add_gauges(self.gauges)
-
-    def gauges(self) -> dict:
-        """``shm_bytes`` and per worker ``id``, ``pid``, ``alive``, ``rss_mb``
-        (processes executor; see ``WorkerPool.gauges``)."""
-        if self.pool is None:
-            return {}
-        g = self.pool.gauges()
-        return {"shm_bytes": g["shm_bytes"], "workers": g["workers"]}
+            self.pool.attach_stats(collector)
 
     def probe(self, count: int) -> list[tuple[Any, tuple[int, int]]]:
         """Returns up to ``count`` items for signature inference.

@@ -199,7 +199,7 @@ def test_worker_arrays_are_handed_over_without_a_copy():
         owner = batches[0][0].base
         assert owner is not None and not isinstance(owner, np.ndarray), type(owner)  # a shared-memory buffer
         assert len(loader.executor.stats()["per_worker"]) == 2
-    assert loader.executor.pool.closed
+    assert loader.executor.closed
 
 
 def test_order_gives_the_batches_of_to_dataset_and_is_checked_on_resume():

@@ -77,6 +77,20 @@ def alive(pid):
         return False
 
 
+def free_slots(ex, worker_id):
+    """Worker ``worker_id``'s free shared-memory slots of a ``ProcessExecutor``, sorted."""
+    d = ex._dispatcher
+    with d.lock:
+        return d.slots.free_slots(worker_id)
+
+
+def slots_in_use(ex):
+    """Slots in flight, lent to the consumer or streaming, over all workers."""
+    d = ex._dispatcher
+    with d.lock:
+        return d.slots.in_use()
+
+
 def wait_gone(pids, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _kit import Kit, record_init
 
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 
 
 @pytest.fixture(scope="module")

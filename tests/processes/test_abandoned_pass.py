@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from _util import wait_until
 
+from kerasfeed import ProcessExecutor
 from kerasfeed._keras_fit import current_frames
 from kerasfeed.errors import ItemError
-from kerasfeed.execution.processes import ProcessExecutor
 from kerasfeed.execution.processes import dispatcher as dispatcher_module
 
 # Classes below reach the workers by value, like code defined in `__main__`.
@@ -92,7 +92,7 @@ def gated(tmp_path, monkeypatch):
     monkeypatch.setattr(dispatcher_module, "_POLL_S", _LONG_POLL_S)
     ex = ProcessExecutor(Gated(str(tmp_path)), workers=1, in_flight_per_worker=2)
     try:
-        ex.pool.wait_ready(60)
+        ex.wait_ready(60)
         yield ex, str(tmp_path)
     finally:
         _open(str(tmp_path), *range(100))  # nothing stays stuck in the worker
@@ -101,7 +101,7 @@ def gated(tmp_path, monkeypatch):
 
 def test_a_pass_after_an_abandoned_one_gets_its_first_item_before_the_plan_refills(gated):
     ex, folder = gated
-    pool = ex.pool
+    pool = ex._dispatcher
     ex.plan(0, list(range(10)))
     assert wait_until(lambda: pool.request_counts().pending == 2)  # items 0 and 1: every slot, both stuck
     # The pass is abandoned (`break`, Ctrl-C, `del it`) and a new one starts:
@@ -124,7 +124,7 @@ def test_a_pass_after_an_abandoned_one_gets_its_first_item_before_the_plan_refil
 
 def test_a_plan_s_answer_wakes_a_load_waiting_for_a_slot(gated):
     ex, folder = gated
-    pool = ex.pool
+    pool = ex._dispatcher
     ex.plan(0, list(range(10)))
     assert wait_until(lambda: pool.request_counts().pending == 2)
     # Another pass's load (another loader on this executor): every slot is the plan's.
@@ -169,19 +169,19 @@ def raising_stream(kind):
 def test_keyboard_interrupt_and_system_exit_in_an_item_or_stream_are_item_errors():
     ex = ProcessExecutor(Raising(), workers=1)
     try:
-        pids = ex.pool.pids
+        pids = ex.pids
         for index, kind in ((3, "KeyboardInterrupt"), (4, "SystemExit"), (5, "GeneratorExit")):
             with pytest.raises(ItemError) as e:
                 ex.load(index, 0)
             assert e.value.index == index and e.value.exc_type == kind, str(e.value)
             assert f"Raising[{index}] raised {kind} in worker 0" in str(e.value)
         for kind, name in (("kbi", "KeyboardInterrupt"), ("exit", "SystemExit")):
-            it = ex.pool.stream(raising_stream, kind, name="gen")
+            it = ex.stream(raising_stream, kind, name="gen")
             assert next(it)[0] == 0
             with pytest.raises(ItemError) as e:
                 next(it)
             assert e.value.index == 1 and e.value.exc_type == name, str(e.value)
         # The pool is still usable, with the same worker.
-        assert ex.load(7, 0).tolist() == [7, 7] and ex.pool.pids == pids
+        assert ex.load(7, 0).tolist() == [7, 7] and ex.pids == pids
     finally:
         ex.close()

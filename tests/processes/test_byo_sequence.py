@@ -23,14 +23,21 @@ import numpy as np
 import pytest
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import ItemError
-from kerasfeed.execution.processes import ProcessExecutor
 
 TESTS = pathlib.Path(__file__).resolve().parent.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # byo_sources: real module files the workers import
 
-from byo_sources import eager_h5, from_imports, keras_utils_pydataset, plain_keras, tf_keras_utils  # noqa: E402
+from byo_sources import (  # noqa: E402
+    bound_names,
+    eager_h5,
+    from_imports,
+    keras_utils_pydataset,
+    plain_keras,
+    tf_keras_utils,
+)
 
 # Classes defined below travel by value, like a notebook cell's or __main__'s.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -168,7 +175,7 @@ print(sorted(k for k in ("tensorflow", "keras", "jax", "torch") if k in sys.modu
 
 
 def test_stand_ins_leave_sys_modules_and_imported_names_wait(tmp_path):
-    from kerasfeed.execution.processes.pickling import dumps_for_workers
+    from kerasfeed.execution.pickling import dumps_for_workers
 
     payload = tmp_path / "payload.pkl"
     payload.write_bytes(dumps_for_workers((from_imports.OneHot(workers=4, max_queue_size=9), plain_keras.KerasSequence())))
@@ -190,6 +197,17 @@ def test_getitem_that_calls_keras_loads_it_then_and_says_so(monkeypatch, capfd):
     assert "kerasfeed: worker process 0" in err and "loaded keras" in err, err
     assert "plain_keras.py:" in err and "in `__getitem__`" in err and "`keras.utils.to_categorical`" in err
     assert " s, +" in err and "MB PSS per worker" in err and "np.eye(num_classes" in err
+
+
+def test_names_bound_at_import_stay_lazy_in_the_worker_and_work_as_the_real_ones():
+    """A dtype read at module level (``DTYPE = tf.float32``), one imported by name and an imported
+    function: TensorFlow loads at the first item, not at the import, and takes them as they are."""
+    threads = _passes(bound_names.Bound(), "threads", passes=1)[0]
+    processes = _passes(bound_names.Bound(), "processes", passes=1, workers=1)[0]
+    _assert_same([b[:4] for b in threads], [b[:4] for b in processes])
+    assert [b[0].tolist() for b in processes] == [[0.0, 1.0], [1.0, 2.0]] and processes[1][3].tolist() == [True, True]
+    assert processes[0][4].tolist() == [True] * 3  # bound in the worker's module: forwarding names
+    assert threads[0][4].tolist() == [False] * 3
 
 
 def test_module_that_uses_tensorflow_at_import_warns_with_the_line(capfd):

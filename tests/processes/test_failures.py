@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from _kit import Kit
 
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.processes import ProcessExecutor
 
 # Classes and functions below reach the workers by value, exactly like code
 # defined in a notebook cell or in `__main__` (the worker never imports this
@@ -58,7 +58,7 @@ def test_crashing_worker_fails_fast_with_pid_and_cause(how, expect):
             ex.load(5, 0)
         assert time.monotonic() - t0 < 10
         err = e.value
-        assert err.pid in ex.pool.pids and f"(pid {err.pid})" in str(err)
+        assert err.pid in ex.pids and f"(pid {err.pid})" in str(err)
         assert "while loading Crashy[5]" in str(err) and "does not restart workers" in str(err)
         if how == "segv":  # the worker's Python stack at the crash is in the message
             assert "in __getitem__" in str(err) and "Segmentation fault" in str(err)
@@ -78,7 +78,7 @@ def test_sigkilled_busy_worker_fails_pending_and_later_items():
     ex = ProcessExecutor(Crashy("sleep"), workers=1)
     try:
         ex.wait_ready(60)
-        pid = ex.pool.pids[0]
+        pid = ex.pids[0]
         threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match=rf"worker 0 \(pid {pid}\) of Crashy was killed by signal SIGKILL \(9\)"):
@@ -94,7 +94,7 @@ def test_idle_worker_killed_between_items_is_reported():
     ex = ProcessExecutor(Crashy("none"), workers=2)
     try:
         assert ex.load(1, 0)[0] == 1
-        victim = ex.pool.pids[1]
+        victim = ex.pids[1]
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 10
         with pytest.raises(WorkerError, match=rf"\(pid {victim}\) of Crashy was killed by signal SIGKILL"):

@@ -20,8 +20,8 @@ import pytest
 from _kit import Kit, Point, drive
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import ItemError
-from kerasfeed.execution.processes import ProcessExecutor
 from kerasfeed.execution.threads import ThreadExecutor
 
 # Classes and functions below reach the workers by value, exactly like code
@@ -39,7 +39,7 @@ def test_items_are_getitem_and_epoch_reaches_workers(kit):
         for i, (x, meta) in enumerate(drive(kit, range(20), epoch=epoch)):
             np.testing.assert_array_equal(x, np.full((4, 3), i, np.float32))
             assert meta["epoch"] == epoch
-            assert meta["worker"] in (0, 1) and meta["pid"] in kit.pool.pids
+            assert meta["worker"] in (0, 1) and meta["pid"] in kit.pids
             assert meta["pid"] != os.getpid()
             # Light workers: neither TensorFlow nor Keras, though this process has both
             # and the source is a SceneSequence (a keras.utils.PyDataset here).
@@ -153,7 +153,7 @@ def test_item_error_carries_index_worker_type_message_traceback(kit):
     err = e.value
     assert err.index == 999
     assert err.exc_type == "ValueError" and err.exc_message == "bad item 999"
-    assert err.worker_id in (0, 1) and err.pid in kit.pool.pids
+    assert err.worker_id in (0, 1) and err.pid in kit.pids
     assert 'raise ValueError(f"bad item {i}")' in err.traceback_text
     msg = str(err)
     assert "Kit[999] raised ValueError in worker" in msg and f"(pid {err.pid})" in msg
@@ -214,7 +214,7 @@ MAIN_SCRIPT = """
 import sys
 print("MAIN RAN", flush=True)  # a worker must not re-run this module
 import numpy as np
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 
 class Defined(object):  # lives only in __main__: must travel by value
     def __len__(self):
@@ -240,7 +240,7 @@ def test_class_defined_in_main_reaches_workers_by_value(tmp_path):
 NOTEBOOK_CELL = """
 import sys
 import numpy as np
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 
 class Cell:  # defined in a notebook cell: lives in the kernel's __main__
     def __len__(self):

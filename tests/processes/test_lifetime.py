@@ -18,11 +18,12 @@ import cloudpickle
 import numpy as np
 import psutil
 import pytest
-from _kit import Kit, alive, wait_gone
+from _kit import Kit, alive, free_slots, wait_gone
 from _util import wait_until
 
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.processes import ProcessExecutor, shm
+from kerasfeed.execution.processes import shm
 
 # Classes and functions below reach the workers by value, exactly like code
 # defined in a notebook cell or in `__main__` (the worker never imports this
@@ -34,7 +35,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def test_close_is_idempotent_and_stops_workers():
     ex = ProcessExecutor(Kit(), workers=2)
-    pids = ex.pool.pids
+    pids = ex.pids
     assert ex.load(1, 0)[0][0, 0] == 1
     ex.close()
     ex.close()
@@ -45,7 +46,7 @@ def test_close_is_idempotent_and_stops_workers():
 
 def test_an_executor_is_a_context_manager_and_load_takes_int_indices_only():
     with ProcessExecutor(Kit(), workers=1) as ex:
-        pids = ex.pool.pids
+        pids = ex.pids
         assert ex.load(np.int64(2), np.int32(0))[0][0, 0] == 2
         for index in ("1", 2.7, True, None):  # int() made '1' item 1 and 2.7 item 2
             with pytest.raises(TypeError, match=rf"ProcessExecutor.load: `index` must be an int. Received: index={index!r}$"):
@@ -62,7 +63,7 @@ def test_an_executor_is_a_context_manager_and_load_takes_int_indices_only():
 def test_garbage_collected_executor_stops_workers():
     ex = ProcessExecutor(Kit(), workers=2)
     ex.load(0, 0)
-    pids = ex.pool.pids
+    pids = ex.pids
     holder = {"ex": ex}
     holder["self"] = holder  # a reference cycle: only the cyclic GC frees it
     del ex, holder
@@ -70,10 +71,24 @@ def test_garbage_collected_executor_stops_workers():
     assert wait_gone(pids, 5)
 
 
+def test_workers_started_again_after_parking_stop_with_the_collected_executor():
+    """One handle owns whichever workers run now: those started after parking die with it too."""
+    ex = ProcessExecutor(Kit(), workers=1)
+    first = ex.pids
+    assert ex.park()  # as after a failed pass that was left
+    assert wait_gone(first, 5)
+    assert ex.load(3, 0)[0][0, 0] == 3  # starts new workers
+    second = ex.pids
+    assert second != first and all(alive(p) for p in second)
+    del ex
+    gc.collect()
+    assert wait_gone(second, 5)
+
+
 PARENT_SCRIPT = """
 import os, signal, sys, time
 import numpy as np
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 
 class Src:
     def __len__(self):
@@ -84,7 +99,7 @@ class Src:
 
 ex = ProcessExecutor(Src(), workers=2)
 ex.wait_ready(60)
-print("PIDS", *ex.pool.pids, flush=True)
+print("PIDS", *ex.pids, flush=True)
 mode = sys.argv[1]
 if mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
@@ -152,7 +167,7 @@ gc.disable()  # only reference counting: what `del` frees at once
 assert "keras" not in sys.modules  # the first to_loader imports Keras
 loader = kerasfeed.to_loader(Src(), executor="processes", workers=1)
 next(iter(loader))
-print("PIDS", *loader.executor.pool.pids, flush=True)
+print("PIDS", *loader.executor.pids, flush=True)
 del loader
 time.sleep(30)
 """
@@ -190,8 +205,8 @@ def test_interrupted_load_frees_its_slot_and_the_pool_stays_usable():
         threading.Timer(0.2, _thread.interrupt_main).start()
         with pytest.raises(KeyboardInterrupt):
             ex.load(0, 0)
-        assert wait_until(lambda: len(ex.pool.free_slots(0)) >= 2, timeout=5)
-        assert ex.pool.free_slots(0) == [0, 1]  # the late answer freed its slot
+        assert wait_until(lambda: len(free_slots(ex, 0)) >= 2, timeout=5)
+        assert free_slots(ex, 0) == [0, 1]  # the late answer freed its slot
         assert ex.load(3, 0).tolist() == [3, 3, 3]
     finally:
         ex.close()
@@ -239,7 +254,7 @@ def test_fifty_epochs_do_not_grow_shm_fds_threads_or_children():
         assert after[0] == base[0] and after[2:] == base[2:], (base, after)
         assert after[1] <= base[1] + 2, f"open fds grew from {base[1]} to {after[1]}"
         # segments are reused: at most one per slot, each at most the largest item
-        assert ex.stats()["shm_bytes"] <= ex.pool.in_flight_limit * shm.grown_size(12 * 1000 * 4)
+        assert ex.stats()["shm_bytes"] <= ex.parallel_calls() * shm.grown_size(12 * 1000 * 4)
         assert all(w["alive"] for w in ex.stats()["per_worker"])
     finally:
         ex.close()
@@ -257,7 +272,7 @@ def test_worker_memory_does_not_grow_with_items():
     try:
         for i in range(20):
             ex.load(i, 0)
-        worker = psutil.Process(ex.pool.pids[0])
+        worker = psutil.Process(ex.pids[0])
         before = worker.memory_info().rss
         for i in range(300):  # 450 MB through one worker
             assert ex.load(i, 0)[0][0, 0, 0, 0] == i

@@ -8,7 +8,7 @@ import sys
 import threading
 
 import cloudpickle
-from _kit import count_up, dataset_kinds, drive
+from _kit import count_up, dataset_kinds, drive, slots_in_use
 from _util import wait_until
 from tensorflow.core.framework import graph_pb2
 
@@ -25,7 +25,7 @@ ahead_none = PlanView(epoch=-1, indices=[], started=0, outstanding=0, all_starte
 
 
 def test_a_planned_pass_requests_items_ahead_in_order_and_maps_sequentially(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     order = [5, 2, 9, 0, 7, 1]
     kit.plan(3, order)
     # Requested before any load asked: the window covers the whole (short) pass.
@@ -53,7 +53,7 @@ def test_a_planned_pass_requests_items_ahead_in_order_and_maps_sequentially(kit)
 
 
 def test_an_abandoned_plan_never_blocks_later_loads_or_leaks_slots(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     kit.plan(0, list(range(30)))
     assert int(kit.load(0, 0)[0][0, 0]) == 0
     # The pass is dropped here: answers sent ahead wait, unclaimed.
@@ -65,11 +65,11 @@ def test_an_abandoned_plan_never_blocks_later_loads_or_leaks_slots(kit):
     kit.plan(1, [3, 4])
     assert [int(kit.load(i, 1)[0][0, 0]) for i in (3, 4)] == [3, 4]
     assert wait_until(pool.idle)
-    assert pool.slots_in_use() == 0  # every slot is free again
+    assert slots_in_use(kit) == 0  # every slot is free again
 
 
 def test_the_next_pass_is_started_ahead_and_kept_by_its_plan(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     first, second = [4, 0, 2, 6], [7, 1, 5, 3, 2]
     kit.plan(2, first, next_pass=(3, second))
     assert [int(kit.load(i, 2)[0][0, 0]) for i in first] == first
@@ -92,7 +92,7 @@ def test_the_next_pass_is_started_ahead_and_kept_by_its_plan(kit):
 
 
 def test_a_next_pass_that_does_not_come_is_dropped_without_leaking_slots(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     kit.plan(0, [1, 2], next_pass=(1, [10, 11, 12]))
     assert [int(kit.load(i, 0)[0][0, 0]) for i in (1, 2)] == [1, 2]
     assert wait_until(lambda: (pool.plan_status().next_pass or ahead_none).all_started)
@@ -105,15 +105,15 @@ def test_a_next_pass_that_does_not_come_is_dropped_without_leaking_slots(kit):
     kit.plan(7, [5], next_pass=(8, [6]))
     assert int(kit.load(5, 7)[0][0, 0]) == 5
     assert wait_until(lambda: (pool.plan_status().next_pass or ahead_none).all_started)
-    items = list(kit.pool.stream(count_up, 2))  # a stream needs an idle worker: the next pass goes
+    items = list(kit.stream(count_up, 2))  # a stream needs an idle worker: the next pass goes
     status = pool.plan_status()
     assert [int(d["i"]) for d in items] == [0, 1] and status.next_pass is None and not status.next_pass_expected
     assert wait_until(pool.idle)
-    assert pool.slots_in_use() == 0
+    assert slots_in_use(kit) == 0
 
 
 def test_to_dataset_starts_each_next_epoch_ahead_in_its_own_order(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     made = pool.plan_status().plans_made  # the pool is shared with the other tests
     ds = kerasfeed.to_dataset(kit.source, executor=kit, shuffle=True, seed=5)
     previous = None
@@ -132,7 +132,7 @@ def test_to_dataset_starts_each_next_epoch_ahead_in_its_own_order(kit):
 
 
 def test_a_load_far_ahead_of_the_plan_is_requested_directly_and_not_twice(kit):
-    pool = kit.pool
+    pool = kit._dispatcher
     order = list(range(100, 140))
     kit.plan(4, order)
     result = {}

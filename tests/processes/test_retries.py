@@ -23,8 +23,9 @@ import pytest
 from _util import wait_until
 
 import kerasfeed
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import ItemError, WorkerError
-from kerasfeed.execution.processes import ProcessExecutor, replacement
+from kerasfeed.execution.processes import replacement
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.threads import ThreadExecutor
 
@@ -80,7 +81,7 @@ def fault_free(root, n=N):
 
 
 def pool_is_whole(ex, workers):
-    pids = ex.pool.pids
+    pids = ex.pids
     return len(pids) == workers and all(psutil.pid_exists(p) for p in pids) and len(set(pids)) == workers
 
 
@@ -90,18 +91,18 @@ def test_an_item_whose_first_attempt_fails_is_made_again_and_the_pass_completes_
     timeout = 1 if how == "hang" else None
     ex = ProcessExecutor(Flaky(tmp_path, [BAD], how), workers=2, retries=1, timeout=timeout, seed=0)
     try:
-        first_pids = ex.pool.pids
+        first_pids = ex.pids
         got = read_pass(ex, list(range(N)))
         assert all(np.array_equal(a, b) for a, b in zip(got, expected)), (got, expected)
         assert tries(tmp_path, BAD) == 2  # the failed attempt and its retry; no other item repeated
         stats = ex.stats()
         assert stats["retried_items"] == 1 and stats["failed_items"] == 0
         if how == "raise":  # an item error leaves its worker alone
-            assert stats["replaced_workers"] == 0 and ex.pool.pids == first_pids
+            assert stats["replaced_workers"] == 0 and ex.pids == first_pids
         else:
             assert stats["replaced_workers"] == 1
-            assert wait_until(lambda: pool_is_whole(ex, 2), timeout=10), ex.pool.pids
-            assert len(set(ex.pool.pids) - set(first_pids)) == 1  # one new worker, the other kept
+            assert wait_until(lambda: pool_is_whole(ex, 2), timeout=10), ex.pids
+            assert len(set(ex.pids) - set(first_pids)) == 1  # one new worker, the other kept
             assert ex.gauges()["replaced_workers"] == 1
         # The pool goes on: a second pass, in another order, with the same items.
         again = read_pass(ex, list(range(N))[::-1], epoch=0)
@@ -152,7 +153,7 @@ def test_without_retries_a_death_still_fails_fast_and_a_skipped_item_starts_a_ne
     ex = ProcessExecutor(Flaky(tmp_path, [3], "exit", fails=99), workers=2, seed=0)
     try:
         ex.plan(0, list(range(N)))
-        got, errors, pools = [], [], [ex.pool]
+        got, errors, pools = [], [], [ex._dispatcher]
         for i in range(N):  # what a skip budget does (loading/pipeline.py)
             while True:
                 try:
@@ -166,12 +167,12 @@ def test_without_retries_a_death_still_fails_fast_and_a_skipped_item_starts_a_ne
                     # The pool closed while this item waited: its error names the item the
                     # worker died on. That one is left out; this one is loaded again.
                     ex.item_skipped(e.index, 0)
-                pools.append(ex.pool)
+                pools.append(ex._dispatcher)
         assert got == [i for i in range(N) if i != 3]
         first = errors[0]
         assert first.index == 3 and first.attempts == 1 and "exit code 3 while loading Flaky[3]" in str(first)
         assert "does not restart workers" in str(first)  # fail-fast as always: the pool closed
-        assert pools[0].closed and ex.pool is not pools[0]
+        assert pools[0].closed and ex._dispatcher is not pools[0]
         assert tries(tmp_path, 3) == 1  # never made again
     finally:
         ex.close()
@@ -199,7 +200,7 @@ def test_a_leaking_source_is_recycled_at_worker_max_rss_and_its_memory_stays_bou
         peak, got = 0, []
         for i in range(16):
             got.append(ex.load(i, 0))
-            for pid in ex.pool.pids:  # the live workers, measured from here
+            for pid in ex.pids:  # the live workers, measured from here
                 try:
                     peak = max(peak, psutil.Process(pid).memory_info().rss)
                 except psutil.Error:
@@ -269,20 +270,20 @@ class Tabled(Staged):
 def test_a_worker_replaced_after_a_death_gets_the_epoch_state_also_after_a_rebase():
     src = Tabled(n=24)
     ex = ProcessExecutor(src, workers=2, retries=1, seed=0)
-    seen = set(ex.pool.pids)
+    seen = set(ex.pids)
     try:
         for epoch in range(4):
             ex.plan(epoch, list(range(src.n)))
             first = ex.load(0, epoch)
             os.kill(int(first[3]), signal.SIGKILL)  # the worker that made it
-            assert wait_until(lambda: int(first[3]) not in ex.pool.pids and pool_is_whole(ex, 2), timeout=10)
-            ex.pool.wait_ready(10)  # its successor: it makes some of the rest
+            assert wait_until(lambda: int(first[3]) not in ex.pids and pool_is_whole(ex, 2), timeout=10)
+            ex.wait_ready(10)  # its successor: it makes some of the rest
             rest = [ex.load(i, epoch) for i in range(1, src.n)]
             assert [tuple(int(v) for v in x[:3]) for x in [first] + rest] == [(i, epoch, epoch) for i in range(src.n)]
             assert set(int(x[3]) for x in rest) - seen  # a successor made some of them
             seen |= {int(x[3]) for x in [first] + rest}
             src.on_epoch_end()
-        replacements = ex.pool._dispatcher.replacements
+        replacements = ex._dispatcher.replacements
         assert replacements._states[0][1] == replacement._NO_CHANGE  # the pool pickled the source anew
         assert wait_until(lambda: ex.stats()["replaced_workers"] == 4, timeout=10)
         assert wait_until(lambda: pool_is_whole(ex, 2), timeout=10)

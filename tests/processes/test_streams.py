@@ -11,11 +11,12 @@ import time
 import cloudpickle
 import numpy as np
 import pytest
-from _kit import count_up, drive
+from _kit import count_up, drive, free_slots
 from _util import wait_until
 
+from kerasfeed import ProcessExecutor
 from kerasfeed.errors import ItemError, WorkerError
-from kerasfeed.execution.processes import PoolOptions, WorkerPool
+from kerasfeed.execution.processes.options import PoolOptions
 
 # Classes and functions below reach the workers by value, exactly like code
 # defined in a notebook cell or in `__main__` (the worker never imports this
@@ -39,14 +40,14 @@ def endless_with_times(_):
 
 
 def test_stream_yields_generator_items_in_order(kit):
-    items = list(kit.pool.stream(count_up, 5))
+    items = list(kit.stream(count_up, 5))
     assert [int(d["i"]) for d in items] == list(range(5))
     for i, d in enumerate(items):
         np.testing.assert_array_equal(d["x"], np.full(i + 1, i, np.int32))
 
 
 def test_stream_error_names_item_and_worker_and_pool_survives(kit):
-    it = kit.pool.stream(broken_after_two, None, name="reader('a.csv')")
+    it = kit.stream(broken_after_two, None, name="reader('a.csv')")
     assert next(it)[0] == 0 and next(it)[0] == 1
     with pytest.raises(ItemError) as e:
         next(it)
@@ -56,8 +57,8 @@ def test_stream_error_names_item_and_worker_and_pool_survives(kit):
 
 
 def test_stream_is_bounded_and_closing_it_frees_the_worker(kit):
-    k = kit.pool.options.in_flight_per_worker
-    it = kit.pool.stream(endless_with_times, None)
+    k = kit.options.in_flight_per_worker
+    it = kit.stream(endless_with_times, None)
     made, taken = [], []
     for _ in range(k + 3):
         item = next(it)
@@ -70,8 +71,8 @@ def test_stream_is_bounded_and_closing_it_frees_the_worker(kit):
     # (unbounded, all would be made at once).
     assert made[k + 1] >= taken[0] - 0.05 and made[k + 2] >= taken[1] - 0.05
     it.close()
-    assert wait_until(lambda: kit.pool.request_counts().streams == 0, timeout=5)
-    assert kit.pool.idle() and all(kit.pool.free_slots(w) == list(range(k)) for w in range(kit.workers))
+    assert wait_until(lambda: kit._dispatcher.request_counts().streams == 0, timeout=5)
+    assert kit._dispatcher.idle() and all(free_slots(kit, w) == list(range(k)) for w in range(kit.workers))
     assert [int(x[0, 0]) for x, _ in drive(kit, range(6))] == list(range(6))
 
 
@@ -81,7 +82,7 @@ def dies_after_one(_):
 
 
 def test_stream_worker_death_is_reported():
-    pool = WorkerPool(None, PoolOptions(workers=1))
+    pool = ProcessExecutor.from_options(None, PoolOptions(workers=1), name="streams")
     try:
         it = pool.stream(dies_after_one, None)
         t0 = time.monotonic()
@@ -98,7 +99,7 @@ def test_stream_worker_death_is_reported():
 
 
 def test_an_item_read_after_the_worker_s_death_closed_the_pool_reports_the_death():
-    pool = WorkerPool(None, PoolOptions(workers=1))
+    pool = ProcessExecutor.from_options(None, PoolOptions(workers=1), name="streams")
     try:
         it = pool.stream(dies_after_one, None)
         deadline = time.monotonic() + 30
@@ -131,7 +132,7 @@ def slow_start(_):
 
 
 def test_stream_timeout_stops_a_stuck_task():
-    pool = WorkerPool(None, PoolOptions(workers=1, timeout=0.5))
+    pool = ProcessExecutor.from_options(None, PoolOptions(workers=1, timeout=0.5), name="streams")
     try:
         it = pool.stream(slow_start, None, name="stuck()")
         t0 = time.monotonic()

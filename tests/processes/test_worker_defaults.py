@@ -8,7 +8,7 @@ import sys
 import cloudpickle
 import pytest
 
-from kerasfeed.execution.processes import ProcessExecutor
+from kerasfeed import ProcessExecutor
 from kerasfeed.execution.processes.options import MAX_DEFAULT_WORKERS, NICE_ENV, PoolOptions, default_workers
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -56,7 +56,7 @@ def test_workers_run_at_the_configured_niceness():
             pid, inside = ex.load(0, 0)
             assert inside == min(19, own + nice), (nice, own, inside)
             assert os.getpriority(os.PRIO_PROCESS, int(pid)) == inside
-            assert ex.pool.pids == [int(pid)]
+            assert ex.pids == [int(pid)]
         finally:
             ex.close()
 
@@ -72,9 +72,9 @@ def test_no_more_workers_start_than_a_pass_has_items(workers, monkeypatch):
     ex = ProcessExecutor(Niceness(), workers=workers)
     try:
         expected = 3 if workers == 3 else 4
-        assert ex.pool.num_workers == expected and len(ex.pool.pids) == expected
+        assert ex.workers == expected and len(ex.pids) == expected
         assert len(psutil.Process().children()) == expected
         pids = {ex.load(i, 0)[0] for i in range(4)}  # every item is still made, by the workers started
-        assert pids <= set(ex.pool.pids)
+        assert pids <= set(ex.pids)
     finally:
         ex.close()

@@ -31,7 +31,7 @@ ex = kerasfeed.ProcessExecutor(HoldsTheGil(), workers=2)
 ex.wait_ready()
 for i in range(2):
     threading.Thread(target=ex.load, args=(i, 0), daemon=True).start()
-pids = ex.pool.pids
+pids = ex.pids
 while len(os.listdir(os.environ["MARKS"])) < 2:
     time.sleep(0.05)
 print(json.dumps({"parent": os.getpid(), "workers": pids}), flush=True)

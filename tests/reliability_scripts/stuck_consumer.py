@@ -49,7 +49,7 @@ def main():
     assert ds._kerasfeed_group_items > 1
     KEEP.append(ds)
     ex = kerasfeed.executor_of(ds)
-    pids = ex.pool.pids if executor == "processes" else []
+    pids = ex.pids if executor == "processes" else []
     if mode == "delete-break":
         got = []
         for x in ds:  # the loop's iterator is deleted when the loop is left

@@ -1,8 +1,9 @@
 """Worker processes with a shared-memory transport (``executor="processes"``).
 
-Parent side (``pool.py`` is the façade; each unit names its worker-side counterpart):
+Parent side (``executor.py`` is the handle; each unit names its worker-side counterpart):
 
-- ``pool.py``             ``WorkerPool``: the public handle, ``stats()``
+- ``executor.py``         ``ProcessExecutor``: the handle (loads, plans, streams,
+                          ``stats()``), restarts after parking, the weakref finalizer
 - ``dispatcher.py``       the one lock: loads (and their retries), plans
 - ``shutdown.py``         parking and close ordering
 - ``readers.py``          the reader thread of each worker; a worker's death
@@ -19,14 +20,13 @@ Parent side (``pool.py`` is the façade; each unit names its worker-side counter
 
 Worker side and shared:
 
-- ``worker.py``    ``WorkerLoop``, the loop in the child process
-- ``shm.py``       nested numpy structures through shared memory
-- ``channel.py``   framed messages and fd passing over a Unix socket
-- ``pickling.py``  sending the source by value, with errors that name the culprit
-- ``executor.py``  ``ProcessExecutor``, the ``Executor`` the tf.data adapter uses
+- ``worker.py``        ``WorkerLoop``, the loop in the child process
+- ``shm.py``           nested numpy structures through shared memory
+- ``channel.py``       framed messages and fd passing over a Unix socket
+- ``light_modules.py`` light Keras/TensorFlow stand-ins while a worker unpickles its source
+- ``frameworks.py``    the warning when a worker loads a framework anyway
+
+The source travels by value through ``execution/pickling.py`` (h5py handles as
+references each worker reopens: ``execution/h5_handles.py``). This package
+imports nothing itself: a worker imports only the worker side.
 """
-
-from kerasfeed.execution.processes.executor import ProcessExecutor
-from kerasfeed.execution.processes.pool import PoolOptions, StreamIterator, WorkerPool
-
-__all__ = ["ProcessExecutor", "WorkerPool", "PoolOptions", "StreamIterator"]

@@ -46,7 +46,7 @@ _POLL_S = 0.5
 
 
 class Dispatcher:
-    """The pool's state and its one lock; shared by the ``WorkerPool`` handle
+    """The pool's state and its one lock; shared by the ``ProcessExecutor`` handle
     and the reader threads (which must not keep the handle alive).
 
     Args:

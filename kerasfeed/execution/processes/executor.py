@@ -1,19 +1,30 @@
-"""``executor="processes"``: ``source[i]`` runs in persistent worker processes."""
+"""``executor="processes"``: ``source[i]`` runs in persistent worker processes.
+
+``ProcessExecutor`` is the one handle on its workers: it owns the
+``Dispatcher`` (``dispatcher.py``: the lock, loads, plans) and closes it
+through ``weakref.finalize`` on ``close()``, on garbage collection and at
+interpreter exit (NOTE [ Worker process shutdown ] in ``process.py``). The
+units behind it are listed in ``processes/__init__.py``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
-from kerasfeed.errors import WorkerError
+from kerasfeed.errors import WorkerError, short_repr
 from kerasfeed.execution.base import Executor, item_position
 from kerasfeed.execution.parking import ParkWatch
+from kerasfeed.execution.pickling import dumps_for_workers, dumps_task
 from kerasfeed.execution.plan import rest_of_pass
+from kerasfeed.execution.processes.dispatcher import Dispatcher
 from kerasfeed.execution.processes.options import PoolOptions, workers_for
-from kerasfeed.execution.processes.pool import WorkerPool
 from kerasfeed.execution.processes.process import fresh_error
+from kerasfeed.execution.processes.stream_sessions import StreamIterator
 from kerasfeed.execution.retries import RetryCounts
+from kerasfeed.execution.state_sync import StateTracker
 from kerasfeed.sources.base import source_length
 
 
@@ -106,14 +117,20 @@ class ProcessExecutor(Executor):
         self._start(source, options)
 
     @classmethod
-    def from_options(cls, source: Any, options: PoolOptions) -> "ProcessExecutor":
-        """The executor for ``source`` with options built (and checked) already."""
+    def from_options(cls, source: Any, options: PoolOptions, *, name: Optional[str] = None) -> "ProcessExecutor":
+        """The executor for ``source`` with options built (and checked) already.
+
+        ``source`` None: workers that only run ``stream`` tasks (``from_generators``,
+        ``from_files``); ``name`` names them in messages."""
         ex = cls.__new__(cls)
-        ex._start(source, options)
+        ex._start(source, options, name)
         return ex
 
-    def _start(self, source: Any, options: PoolOptions) -> None:
-        options = _no_more_workers_than_items(source, options)
+    def _start(self, source: Any, options: PoolOptions, name: Optional[str] = None) -> None:
+        if source is not None:
+            options = _no_more_workers_than_items(source, options)
+        self.options = options.resolved()  # workers and seed made concrete: every restart starts the same workers
+        self._label = name or type(source).__name__  # in messages
         self._source = source  # a parked pool's successor gets it as it is then
         self._restart_lock = threading.Lock()
         self._closed = False
@@ -122,7 +139,22 @@ class ProcessExecutor(Executor):
         self.counts = RetryCounts()  # over every pool this executor starts
         # (pass, {item left out after it killed a pool: that death's WorkerError})
         self._skipped: tuple[int, dict] = (-1, {})
-        self.pool = WorkerPool(source, options, counts=self.counts)
+        self._launch(None)
+
+    def _launch(self, waits: Any) -> None:
+        """Starts the workers (a first pool, or one after a parked or dead one) with the source as it is now."""
+        payload = dumps_for_workers(self._source, self.options.worker_init)  # TypeError naming what cannot travel
+        # What the workers' copy is: later passes send what changed since.
+        self._state = StateTracker(self._source) if self._source is not None else None
+        d = Dispatcher(payload, self.options, self._label, waits, self.counts)
+        d.stats = self._collector
+        self._dispatcher = d
+        self._finalizer = weakref.finalize(self, d.close)
+
+    def _relaunch(self) -> None:
+        # With the restart lock held: the old pool is closed (or closing); its waits go on.
+        self._finalizer()
+        self._launch(self._dispatcher.waits)
 
     @property
     def source(self) -> Any:
@@ -131,54 +163,81 @@ class ProcessExecutor(Executor):
 
     @property
     def waits(self):  # see Executor.waits; the same scope across parked pools
-        return self.pool.waits
+        return self._dispatcher.waits
 
-    def _live_pool(self) -> WorkerPool:
-        """The pool, started again if it was parked."""
-        pool = self.pool
-        if not pool.parked:
-            return pool
+    def _live(self) -> Dispatcher:
+        """The dispatcher, with workers started again if they were parked."""
+        d = self._dispatcher
+        if not d.parked:
+            return d
         with self._restart_lock:
-            old = self.pool
-            if old.parked and not self._closed:
-                self._new_pool(old)
-            return self.pool
-
-    def _new_pool(self, old: WorkerPool) -> None:
-        # With the restart lock held: a pool like ``old``, the source as it is now.
-        self.pool = WorkerPool(self._source, old.options, name=old.name, waits=old.waits, counts=self.counts)
-        if self._collector is not None:
-            self.pool.observe(self._collector)
+            if self._dispatcher.parked and not self._closed:
+                self._relaunch()
+            return self._dispatcher
 
     def load(self, index: int, epoch: int) -> Any:
+        """Returns ``source[index]`` made by a worker that saw ``set_epoch(epoch)``.
+
+        Thread-safe and blocking; the GIL is released while waiting.
+
+        Raises:
+            kerasfeed.ItemError: ``source[index]`` raised in the worker.
+            kerasfeed.WorkerError: a worker died, failed to start or timed out.
+        """
         index = item_position("ProcessExecutor", "index", index)
         epoch = item_position("ProcessExecutor", "epoch", epoch)
         if self._skipped[1] and self._skipped[0] == epoch and index in self._skipped[1]:
             # Left out after it killed a pool (item_skipped): never made again; its
             # load raises that death again, at the item's own position.
             raise self._skipped_error(index, epoch)
-        pool = self._live_pool()
+        d = self._live()
         try:
-            return pool.load(index, epoch)
+            return d.load(index, epoch)
         except WorkerError:
-            if not pool.parked or self._closed:
+            if not d.parked or self._closed:
                 raise
-        return self._live_pool().load(index, epoch)  # it was parked just before this load
+        return self._live().load(index, epoch)  # it was parked just before this load
 
     def ready(self, index: int, epoch: int) -> bool:
-        pool = self.pool
-        return not pool.parked and pool.ready(int(index), int(epoch))
+        d = self._dispatcher
+        return not d.parked and d.ready(int(index), int(epoch))
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
-        self._watch.pass_started(int(epoch))  # the consumer goes on
-        pool = self._live_pool()
+        """Starts making the items of pass ``epoch`` ahead, in this order (``Executor.plan``).
+
+        ``load(i, epoch)`` for those items then picks up what the workers
+        already made. A new plan (or a stream) drops the previous one; loads
+        outside the current plan still work, one request each. Once every item
+        of this pass is requested, the workers go on with the first items of
+        ``next_pass`` (within the same window), which its ``plan`` call keeps.
+        """
+        epoch = int(epoch)
+        if next_pass is not None:
+            next_pass = (int(next_pass[0]), next_pass[1])
+        self._watch.pass_started(epoch)  # the consumer goes on
+        d = self._live()
         try:
-            pool.plan(int(epoch), indices, next_pass)
+            self._plan(d, epoch, indices, next_pass)
             return
         except WorkerError:
-            if not pool.parked or self._closed:
+            if not d.parked or self._closed:
                 raise
-        self._live_pool().plan(int(epoch), indices, next_pass)
+        self._plan(self._live(), epoch, indices, next_pass)
+
+    def _plan(self, d: Dispatcher, epoch: int, indices: Sequence[int], next_pass: Any) -> None:
+        # ``indices`` may be a lazy IndexView: the plan reads it a window at a time.
+        # A pass boundary: whatever changed in the source since the workers'
+        # copy reaches them before any item of this pass (TypeError if it
+        # cannot be pickled); items made ahead from the old copy are dropped.
+        state = None
+        if self._state is not None:
+            d.check_usable()
+            state, _ = self._state.check()
+        d.start_plan(epoch, indices, next_pass, state=state)
+        if state is not None and d.replacements.wants_rebase():
+            # Here the source is what the workers hold: a successor's new start
+            # (NOTE [ Replacing a worker ]).
+            d.replacements.rebase(dumps_for_workers(self._source, self.options.worker_init), epoch)
 
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
@@ -188,7 +247,7 @@ class ProcessExecutor(Executor):
         if death is not None:
             return fresh_error(death)
         return WorkerError(
-            f"kerasfeed: {self.pool.name}[{index}] of pass {epoch} was left out after a worker died (item_skipped); "
+            f"kerasfeed: {self._label}[{index}] of pass {epoch} was left out after a worker died (item_skipped); "
             f"it is not made again in this pass. Received: index={index}, epoch={epoch}",
             index=index,
         )
@@ -198,68 +257,119 @@ class ProcessExecutor(Executor):
         # without, a death or timeout closed it: a new one makes the rest of
         # the pass (Executor.item_skipped). An item error leaves it usable.
         index, epoch = int(index), int(epoch)
-        pool = self.pool
-        if not pool.failed:
+        d = self._dispatcher
+        if d.failure is None:
             return
         with self._restart_lock:
-            if self._closed or self.pool is not pool:
+            if self._closed or self._dispatcher is not d:
                 return
-            pool.close()  # closing already (its reader thread): the rest of the pass is known after this
-            self._new_pool(pool)
-            new = self.pool
+            self._relaunch()  # closing already (its reader thread): the rest of the pass is known after this
+            new = self._dispatcher
             if self._skipped[0] != epoch:
                 self._skipped = (epoch, {})
-            failure = pool.failure
-            self._skipped[1][index] = failure if failure is not None and failure.index == index else None
-        rest = pool.unfinished()
+            self._skipped[1][index] = d.failure if d.failure.index == index else None
+        rest = d.unfinished
         if rest is not None and rest[0] == epoch:
             _, indices, taken, next_pass = rest
-            new.plan(epoch, rest_of_pass(indices, taken, index), next_pass)
+            self._plan(new, epoch, rest_of_pass(indices, taken, index), next_pass)
 
     def activity(self) -> tuple[int, int]:
-        return self.pool.activity()
+        d = self._dispatcher
+        return d.loads, d.loading
 
     def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
-        return self.pool.park(activity)
+        return self._dispatcher.park(activity)
 
     def before_hook(self, name: str) -> None:
-        self.pool.before_hook(name)
+        # What the hook changes reaches the workers at the next ``plan``.
+        if self._state is not None:
+            self._state.before_hook(name)
+
+    def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> StreamIterator:
+        """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.
+
+        The worker is reserved for the stream until it ends or the returned
+        iterator is closed; at most ``in_flight_per_worker`` items are ahead
+        of the consumer. ``fn`` and ``arg`` are sent by value (cloudpickle).
+
+        Raises (from the iterator):
+            kerasfeed.ItemError: the task raised; ``index`` is the number of
+                items it had produced.
+            kerasfeed.WorkerError: the worker died.
+        """
+        label = name or f"{getattr(fn, '__qualname__', type(fn).__name__)}({short_repr(arg, 40)})"
+        payload = dumps_task(fn, arg, label)
+        d = self._dispatcher
+        lane, session = d.streams.start(payload, label)
+        return StreamIterator(self, d.streams, lane, session)
 
     def parallel_calls(self) -> int:
-        # For a parallel map (when the caller asks for one instead of the
-        # sequential map a planned pass needs): enough calls to keep every
-        # worker busy, never more; extra calls would only queue in here.
-        return self.pool.in_flight_limit
+        # The most items in flight (and in shared memory) at once. For a
+        # parallel map (when the caller asks for one instead of the sequential
+        # map a planned pass needs): enough calls to keep every worker busy.
+        return self.options.workers * self.options.in_flight_per_worker
 
     @property
     def workers(self) -> int:
-        return self.pool.num_workers
+        return self.options.workers
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' pids, in worker id order."""
+        return [lane.process.pid for lane in self._dispatcher.lanes]
 
     def attach_stats(self, collector: Any) -> None:
+        """Also sends each item's make time, as the worker timed it, to ``collector``."""
         super().attach_stats(collector)
         self._collector = collector
-        self.pool.observe(collector)
+        self._dispatcher.stats = collector
 
     def gauges(self) -> dict:
-        """See ``WorkerPool.gauges``."""
-        return self.pool.gauges()
+        """Figures of this instant, cheap enough to poll (``Executor.gauges``): ``ahead``,
+        ``in_flight``, ``shm_bytes``, per worker ``id``, ``pid``, ``alive``, ``rss_mb``
+        (``/proc/<pid>/statm``), and the counts of ``RetryCounts``; a stream-only executor
+        (``source`` None) has no plan: only ``shm_bytes`` and ``workers``."""
+        g = figures(self._dispatcher, full=False)
+        if self._source is None:
+            return {"shm_bytes": g["shm_bytes"], "workers": g["workers"]}
+        return dict(g, **self.counts.as_dict(_POOL_COUNTS))
 
     def stats(self) -> dict:
-        """See ``WorkerPool.stats``."""
-        return self.pool.stats()
+        """Start-up time, memory, transport and consumer-side cost of the workers.
+
+        Returns:
+            A dict with ``workers``, ``startup_s`` (launch to ready, slowest
+            worker), ``rss_mb_per_worker``, ``uss_mb_per_worker`` (memory only
+            that worker uses), ``consumer_us_per_item`` (CPU time the
+            consumer process spent per item: dispatch, answer handling and the
+            copy out of shared memory), ``shm_bytes``, ``in_flight_limit``,
+            ``items`` and ``per_worker`` details (pid, alive, whether
+            TensorFlow/Keras were imported), and ``state``: how the source's
+            state reaches the workers (``mode``, ``syncs``: passes that sent
+            a change, ``sent_bytes``), and the counts of ``RetryCounts``
+            (``retried_items``, ``replaced_workers``, ``recycled_workers``, ...).
+        """
+        out = dict(figures(self._dispatcher, full=True), **self.counts.as_dict(_POOL_COUNTS))
+        if self._state is not None:
+            out["state"] = {"mode": self._state.mode, "syncs": self._state.syncs, "sent_bytes": self._state.sent_bytes}
+        return out
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
-        """Blocks until every worker has started."""
-        self._live_pool().wait_ready(timeout)
+        """Blocks until every worker has started (source unpickled, ``worker_init`` run)."""
+        self._live().wait_ready(timeout)
 
     def close(self) -> None:
+        """Stops the workers and frees the shared memory. Idempotent."""
         with self._restart_lock:  # no new pool after this
             self._closed = True
         self._watch.disarm()
-        self.pool.close()
-        stats = self.pool._dispatcher.stats
-        if stats is not None:  # TensorFlow may keep the closed dataset: see ThreadExecutor.close
-            stats.compact()
+        self._finalizer()
+        if self._collector is not None:  # TensorFlow may keep the closed dataset: see ThreadExecutor.close
+            self._collector.compact()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._dispatcher.closed
 
     def __reduce__(self):
         raise TypeError("kerasfeed: a ProcessExecutor cannot be pickled (it owns processes).")
@@ -269,9 +379,62 @@ class ProcessExecutor(Executor):
         return f"<ProcessExecutor name={self.name!r} workers={self.workers}{why}>"
 
 
+# What a pool counts (threads count ``abandoned_threads`` instead).
+_POOL_COUNTS = ("retried_items", "requeued_items", "failed_items", "replaced_workers", "recycled_workers")
+
+
 def _no_more_workers_than_items(source: Any, options: PoolOptions) -> PoolOptions:
     try:
         items = source_length(source, allow_infinite=True)
     except (TypeError, ValueError):  # the front end reports a bad source itself
         return options
     return dataclasses.replace(options, workers=workers_for(options.workers, items))
+
+
+def figures(d: Dispatcher, *, full: bool) -> dict:
+    """The workers' figures now: ``ProcessExecutor.gauges``'s (cheap: RSS from
+    ``/proc/<pid>/statm``), or with ``full`` ``stats``'s (USS from the slower smaps walk)."""
+    import psutil
+
+    workers = []
+    for lane in d.lanes:
+        w = lane.process
+        entry = {"id": w.id, "pid": w.pid, "alive": w.proc.poll() is None, "rss_mb": None}
+        if full:
+            rss = w.info.get("rss_bytes")
+            entry.update(startup_s=w.info.get("launch_to_ready_s"), ready_rss_mb=None if rss is None else rss / 2**20,
+                         tensorflow_imported=w.info.get("tensorflow_imported"),
+                         keras_imported=w.info.get("keras_imported"), uss_mb=None)
+        if entry["alive"]:
+            try:
+                mem = psutil.Process(w.pid).memory_full_info() if full else psutil.Process(w.pid).memory_info()
+                entry["rss_mb"] = mem.rss / 2**20
+                if full:
+                    entry["uss_mb"] = mem.uss / 2**20
+            except (psutil.Error, OSError):
+                pass
+        workers.append(entry)
+    with d.lock:
+        d.slots.collect_returned()
+        shm_bytes, lent_bytes, lent_items = d.slots.shm_bytes(), d.slots.lent_bytes, d.slots.lent_items
+    if not full:
+        counts = d.request_counts()
+        return {"ahead": counts.waiting, "in_flight": counts.pending, "shm_bytes": shm_bytes, "workers": workers}
+    startups = [e["startup_s"] for e in workers if e["startup_s"] is not None]
+    rss = [e["rss_mb"] for e in workers if e["rss_mb"] is not None]
+    uss = [e["uss_mb"] for e in workers if e["uss_mb"] is not None]
+    consumer_s = d.consumer_cpu_s + sum(lane.process.reader_cpu_s for lane in d.lanes)
+    return {
+        "workers": len(d.lanes),
+        "start_method": "spawn (fresh interpreter via subprocess)",
+        "in_flight_limit": len(d.lanes) * d.in_flight_per_worker,
+        "startup_s": max(startups) if len(startups) == len(workers) else None,
+        "rss_mb_per_worker": sum(rss) / len(rss) if rss else None,
+        "uss_mb_per_worker": sum(uss) / len(uss) if uss else None,
+        "items": d.items,
+        "consumer_us_per_item": consumer_s / d.items * 1e6 if d.items else None,
+        "shm_bytes": shm_bytes,
+        "lent_bytes": lent_bytes,
+        "lent_items": lent_items,
+        "per_worker": workers,
+    }

@@ -23,7 +23,7 @@ from kerasfeed.execution import worker_info
 
 logger = logging.getLogger("kerasfeed")
 
-_WATCHED = ("tensorflow", "keras", "jax", "torch")
+WATCHED = ("tensorflow", "keras", "jax", "torch")  # the frameworks a worker times and warns about
 _HERE = os.path.dirname(os.path.abspath(__file__))  # the worker's own machinery
 _SKIP_NAMES = ("importlib", "cloudpickle", "pickle.py")
 
@@ -143,7 +143,7 @@ def report(top: str, seconds: float, before: tuple, use: str, when: str, touched
         return
     _reported.add(top)
     pss_before, had = before
-    names = [top] + [m for m in _WATCHED if m != top and m in sys.modules and m not in had]
+    names = [top] + [m for m in WATCHED if m != top and m in sys.modules and m not in had]
     pss = _pss_bytes()
     mb = f", +{(pss - pss_before) / 2**20:.0f} MB PSS" if pss is not None and pss_before is not None else ""
     loaded = names[0] + (f" (with {', '.join(names[1:])})" if len(names) > 1 else "")
@@ -177,7 +177,7 @@ class TimedLoader:
         if depth == 0:  # the outermost framework import: the one that is timed and reported
             touched = getattr(_state, "touched", None)
             use, when = describe_use(_user_frame(), touched, _unpickling[0])
-            before = (_pss_bytes(), {m for m in _WATCHED if m in sys.modules and m != self._spec.name})
+            before = (_pss_bytes(), {m for m in WATCHED if m in sys.modules and m != self._spec.name})
             t0 = time.perf_counter()
         try:
             self._loader.exec_module(module)

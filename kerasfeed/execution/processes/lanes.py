@@ -39,7 +39,7 @@ class Request:
 
 
 class RequestCounts(NamedTuple):
-    """A snapshot of the requests over all workers (``WorkerPool.request_counts``).
+    """A snapshot of the requests over all workers (``Dispatcher.request_counts``).
 
     Attributes:
         pending: sent and not answered.

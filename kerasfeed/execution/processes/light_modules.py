@@ -7,42 +7,40 @@ A user's ``keras.utils.Sequence``/``PyDataset`` subclass names Keras' class as
 its base, so unpickling it (or importing its module) imports Keras, and so
 its backend: ~3.7 s and ~400 MB per worker under TensorFlow, for a
 ``__getitem__`` that usually never touches Keras. ``loads`` (the worker's one
-call, where it unpickles the source) avoids that:
+call, where it unpickles the source) avoids that with two things:
 
-- **Stand-ins, only while unpickling.** ``keras``, ``keras.utils``,
+- **Module stand-ins, only while unpickling.** ``keras``, ``keras.utils``,
   ``tensorflow``, ``tensorflow.keras`` and ``tensorflow.keras.utils`` are put
-  in ``sys.modules`` as ``StandIn`` modules whose ``Sequence``/``PyDataset``
-  are kerasfeed's light ``PyDataset`` (``sources/_light_pydataset.py``, the
-  same attributes, so the pickled state restores unchanged). A module the
-  pickle names (a class pickled by reference) imports them instead of the
-  real ones; a class pickled by value (``__main__``, a notebook) names its
-  base by reference, mapped by the unpickler (``_LIGHT_GLOBALS``). Afterwards
-  the stand-ins leave ``sys.modules``: later imports, ``"tensorflow" in
-  sys.modules`` checks and the worker's Ready report see the real state.
-- **Imported names wait for their first use.** ``from keras.utils import
-  to_categorical`` binds a ``LazyName`` (told apart by the frame asking: the
-  import system's ``_handle_fromlist`` or an ``IMPORT_FROM`` instruction), so
-  importing a name is free and calling it loads the framework. Once it is
-  loaded, the module namespaces that bound such names get the real objects
-  (``_resolve_bound``): a framework function is then given real arguments.
-- **Anything else loads the real framework.** Any other attribute of a
-  stand-in (``keras.utils.to_categorical(y)``, ``tf.image``) imports the real
-  module, drops every stand-in from ``sys.modules`` (a real Keras must never
-  import a stand-in as its own submodule) and forwards: a stand-in that a
-  module still holds keeps working, forwarding each access. An import of
-  another submodule while stand-ins are in place (``import keras.layers``)
-  does the same through ``_Finder``, which hands the import system the
-  already-loaded real module (``_Handoff``).
-- **Classes made on the light base stay light** after a real load:
-  ``keras.utils.Sequence`` read through a stand-in is still the light class,
-  so ``isinstance(self, keras.utils.Sequence)`` in the source's own code holds.
-  ``isinstance(source, <the real keras PyDataset>)`` does not; Keras never
-  sees the source in a worker.
-- **Every real framework import is timed** (``_Finder`` wraps the loader of
-  ``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
-  worker 0 warns once per framework: the use that pulled it in (the first
-  frame outside kerasfeed and importlib, and the stand-in attribute touched),
-  its cost, and advice (``frameworks.py`` writes it).
+  in ``sys.modules`` as ``StandIn`` modules. Afterwards they leave it: later
+  imports, ``"tensorflow" in sys.modules`` checks and the worker's Ready
+  report see the real state; a module that bound one keeps it.
+- **Class remapping.** A stand-in's ``Sequence``/``PyDataset`` is kerasfeed's
+  light ``PyDataset`` (``sources/_light_pydataset.py``, the same attributes,
+  so the pickled state restores unchanged), and so is Keras' class named by
+  reference in the pickle (a class pickled by value, from ``__main__`` or a
+  notebook, names its base that way; ``_LIGHT_GLOBALS``). It stays light
+  after a real load: ``isinstance(self, keras.utils.Sequence)`` in the
+  source's own code holds, ``isinstance(source, <the real PyDataset>)`` does
+  not (Keras never sees the source in a worker).
+
+Any other attribute of a stand-in is the real one, loaded on its first use
+(the stand-in's module ``__getattr__``). While the worker unpickles (module
+imports, ``__setstate__``) it is a ``LazyName`` instead, because the import
+line ``from keras.utils import to_categorical`` reads the attribute too and
+must stay free: the framework loads when the name is called, read from or
+checked against, and the name forwards from then on. A module's globals are
+never rewritten, so a name bound then stays a ``LazyName``: ``is`` fails
+against the real object, and a framework function given one as a direct
+argument gets the real object (``LazyName.__call__`` unwraps them) but not
+one nested in a container. Importing another submodule while the stand-ins
+are in place (``import keras.layers`` at a module's top) loads the real
+framework: ``_Finder`` hands the import system the real module.
+
+Every real framework import is timed (``_Finder`` wraps the loader of
+``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
+worker 0 warns once per framework: the use that pulled it in (the first frame
+outside kerasfeed and importlib, and the stand-in attribute touched), its
+cost, and advice (``frameworks.py`` writes it).
 
 ``KERASFEED_LIGHT_FRAMEWORKS=0`` turns the stand-ins off (plain unpickling).
 """
@@ -52,7 +50,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import io
-import opcode
 import os
 import pickle
 import sys
@@ -64,7 +61,6 @@ from kerasfeed.execution.processes import frameworks
 from kerasfeed.sources._light_pydataset import PyDataset
 
 _STAND_IN_TOPS = ("keras", "tensorflow")
-_WATCHED = ("tensorflow", "keras", "jax", "torch")
 # Dunder names a stand-in answers from the real module; others are missing (tools probe
 # them), and so is ``__file__`` for ``inspect``, which reads it from every module in sys.modules.
 _REAL_DUNDERS = frozenset({"__version__", "__all__", "__file__", "__git_version__", "__compiler_version__"})
@@ -86,11 +82,8 @@ _LIGHT_GLOBALS = {
 # Modules cloudpickle names by reference (``subimport``) that are stand-ins under another name.
 _ALIASES = {"keras._tf_keras.keras": "tensorflow.keras", "keras._tf_keras.keras.utils": "tensorflow.keras.utils"}
 
-_IMPORT_FROM = opcode.opmap["IMPORT_FROM"]
 _lock = threading.RLock()
-_installed: dict[str, "StandIn"] = {}  # the stand-ins now in sys.modules
-_bound: list = []  # namespaces (module globals) where a LazyName was bound
-_resolving: list = []  # non-empty while _resolve_bound runs (it loads, and load_real calls it)
+_installed: dict[str, "StandIn"] = {}  # the stand-ins now in sys.modules (while unpickling)
 
 
 class StandIn(types.ModuleType):
@@ -106,38 +99,21 @@ class StandIn(types.ModuleType):
         self.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         self.__loader__ = None
         self.__package__ = name
-        self._kf_names: dict = {}  # LazyName by attribute
         for attr, sub in subs.items():
             setattr(self, attr, _installed.get(sub) or StandIn(sub))
 
     def __getattr__(self, attr: str) -> Any:
-        frame = sys._getframe(1)
         if attr.startswith("__") and attr.endswith("__") and (
-            attr not in _REAL_DUNDERS or (attr == "__file__" and frame.f_code.co_filename.endswith("inspect.py"))
+            attr not in _REAL_DUNDERS
+            or (attr == "__file__" and sys._getframe(1).f_code.co_filename.endswith("inspect.py"))
         ):
             raise AttributeError(f"module {self.__name__!r} (kerasfeed's light stand-in) has no attribute {attr!r}")
-        if _installed and not attr.startswith("__") and _from_import(frame):
-            # ``from keras.utils import to_categorical``: a name bound now, used later (or never).
-            names = self.__dict__["_kf_names"]
-            if attr not in names:
-                names[attr] = LazyName(self.__name__, attr)
-            user = frame if frame.f_code.co_name != "_handle_fromlist" else frame.f_back
-            if user is not None and not any(user.f_globals is g for g in _bound):
-                _bound.append(user.f_globals)
-            return names[attr]
+        if _installed:  # unpickling: an import line, or a use that can wait
+            return LazyName(self.__name__, attr)
         return getattr(load_real(self.__name__, f"{self.__name__}.{attr}"), attr)
 
     def __repr__(self) -> str:
         return f"<module {self.__name__!r} (kerasfeed's light stand-in: the real module loads on first use)>"
-
-
-def _from_import(frame: Any) -> bool:
-    """``frame`` runs ``from <stand-in> import name`` (the import system's check, or the binding)."""
-    code = frame.f_code
-    if code.co_name == "_handle_fromlist" and code.co_filename.startswith("<frozen importlib"):
-        return True
-    i = frame.f_lasti
-    return 0 <= i < len(code.co_code) and code.co_code[i] == _IMPORT_FROM
 
 
 class LazyName:
@@ -158,7 +134,8 @@ class LazyName:
         return obj
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kf_real()(*args, **kwargs)
+        real = self._kf_real()
+        return real(*map(_real, args), **{k: _real(v) for k, v in kwargs.items()})
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._kf_real(), attr)
@@ -201,7 +178,6 @@ def load_real(name: str, touched: Optional[str] = None, *, module: bool = False)
     top, _, rest = name.partition(".")
     with frameworks.touching(touched):
         real = importlib.import_module(top)
-        _resolve_bound()
         if module:
             return importlib.import_module(name)
         for part in rest.split(".") if rest else ():
@@ -212,23 +188,8 @@ def load_real(name: str, touched: Optional[str] = None, *, module: bool = False)
     return real
 
 
-def _resolve_bound() -> None:
-    """Module namespaces that bound a ``LazyName`` get the real object once its framework is loaded:
-    ``tf.cast(x, float32)`` (``from tensorflow import float32``) gives TensorFlow a real dtype, as
-    ``tf.cast`` is looked up (and loads TensorFlow) before its arguments."""
-    if _resolving:
-        return
-    _resolving.append(True)
-    try:
-        for namespace in _bound:
-            for key, value in list(namespace.items()):
-                if type(value) is LazyName and value._kf_module.partition(".")[0] in sys.modules:
-                    try:
-                        namespace[key] = value._kf_real()
-                    except Exception:  # noqa: BLE001 - a missing name stays lazy: its first use raises
-                        pass
-    finally:
-        _resolving.clear()
+def _real(value: Any) -> Any:
+    return value._kf_real() if type(value) is LazyName else value
 
 
 def _install() -> None:
@@ -271,28 +232,23 @@ class _Finder:
         top = name.partition(".")[0]
         if top in _STAND_IN_TOPS and _installed:
             return importlib.machinery.ModuleSpec(name, _Handoff())
-        if name not in _WATCHED or name in sys.modules or getattr(self._busy, "on", False):
+        if name not in frameworks.WATCHED or name in sys.modules or getattr(self._busy, "on", False):
             return None
         self._busy.on = True
-        try:
-            spec = _next_spec(self, name, path, target)
+        try:  # the spec the finders after this one give
+            meta = list(sys.meta_path)
+            spec = None
+            for other in meta[meta.index(self) + 1 :] if self in meta else meta:
+                find = getattr(other, "find_spec", None)
+                spec = find(name, path, target) if find is not None else None
+                if spec is not None:
+                    break
         finally:
             self._busy.on = False
         if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = frameworks.TimedLoader(spec, spec.loader)
         return spec
-
-
-def _next_spec(finder: _Finder, name: str, path: Any, target: Any):
-    """The spec the finders after ``finder`` give."""
-    meta = list(sys.meta_path)
-    for other in meta[meta.index(finder) + 1 :] if finder in meta else meta:
-        find = getattr(other, "find_spec", None)
-        spec = find(name, path, target) if find is not None else None
-        if spec is not None:
-            return spec
-    return None
 
 
 _finder = _Finder()

@@ -92,7 +92,7 @@ def _nice_from_env() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PoolOptions:
-    """Options of a ``WorkerPool``, checked when built.
+    """Options of a ``ProcessExecutor``'s workers, checked when built.
 
     Args:
         workers: number of worker processes; None = ``default_workers()``

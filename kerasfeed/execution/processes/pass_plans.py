@@ -42,7 +42,7 @@ class PlanView(NamedTuple):
 
 
 class PlanStatus(NamedTuple):
-    """A snapshot of the plans (``WorkerPool.plan_status``).
+    """A snapshot of the plans (``Dispatcher.plan_status``).
 
     Attributes:
         current: the pass being loaded, or None.

@@ -29,7 +29,7 @@ modules cite this note by its name.
   So the pool is closed at once (the other workers stopped, the shared
   memory released) rather than when it is collected: a kept traceback or a
   failed iterator that Keras holds would put that off for ever.
-- **Shutdown** (``Dispatcher.close``; run by ``WorkerPool.close``, by
+- **Shutdown** (``Dispatcher.close``; run by ``ProcessExecutor.close``, by
   garbage collection and at interpreter exit through ``weakref.finalize``):
   under the lock, mark closed, drop the plans and fail what is pending;
   then, without the lock, shut every socket down (idle workers see EOF and

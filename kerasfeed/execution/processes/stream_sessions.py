@@ -255,7 +255,3 @@ class StreamIterator(Iterator[Any]):
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
-
-def short_repr(obj: Any, limit: int = 40) -> str:
-    r = repr(obj)
-    return r if len(r) <= limit else r[: limit - 3] + "..."

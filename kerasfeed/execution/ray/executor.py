@@ -22,7 +22,7 @@ from kerasfeed.errors import WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.parking import ParkWatch
-from kerasfeed.execution.processes.pickling import dumps_for_workers
+from kerasfeed.execution.pickling import dumps_for_workers
 from kerasfeed.execution.ray import cluster
 from kerasfeed.execution.ray.loads import LoadsMixin
 from kerasfeed.execution.ray.options import (

@@ -119,10 +119,6 @@ class RayOptions:
         put(self, "start_timeout", _v.seconds("start_timeout", self.start_timeout, allow_none=False, owner=OWNER))
         put(self, "actor_options", _actor_options(self.actor_options))
 
-    @property
-    def cpus_per_worker(self) -> float:
-        return self.resources.get("CPU", 0.0)
-
     def ray_actor_options(self) -> dict:
         """The resource part of ``ActorClass.options(...)`` for one worker."""
         res = dict(self.resources)

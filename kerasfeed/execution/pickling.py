@@ -15,7 +15,8 @@ import io
 import types
 from typing import Any, Optional
 
-from kerasfeed.execution.processes import h5_handles
+from kerasfeed.errors import short_repr
+from kerasfeed.execution import h5_handles
 
 _MAX_DEPTH = 4
 _MAX_CHECKS = 200
@@ -109,14 +110,6 @@ def find_unpicklable(obj: Any, path: str) -> Optional[tuple[str, Any, BaseExcept
     return visit(obj, path, 0)
 
 
-def _short_repr(obj: Any, limit: int = 200) -> str:
-    try:
-        r = repr(obj)
-    except Exception:  # noqa: BLE001
-        r = f"<{type(obj).__name__} object>"
-    return r if len(r) <= limit else r[: limit - 3] + "..."
-
-
 def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
     """Pickles ``(source, worker_init)`` for the workers.
 
@@ -135,11 +128,11 @@ def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
             raise TypeError(
                 f"kerasfeed: executor='processes' sends the {what} to worker processes by pickling it "
                 f"(cloudpickle), but `{where}` ({cls.__module__}.{cls.__qualname__}) cannot be pickled: "
-                f"{type(err).__name__}: {err}. {_FIX} Received: {path}={_short_repr(obj)}"
+                f"{type(err).__name__}: {err}. {_FIX} Received: {path}={short_repr(obj, 200)}"
             ) from e
         raise TypeError(
             f"kerasfeed: could not pickle the source for the worker processes: {type(e).__name__}: {e}. "
-            f"{_FIX} Received: source={_short_repr(source)}"
+            f"{_FIX} Received: source={short_repr(source, 200)}"
         ) from e
 
 
@@ -154,5 +147,5 @@ def dumps_task(fn: Any, arg: Any, name: str) -> bytes:
         raise TypeError(
             f"kerasfeed: the streaming task {name} cannot be sent to a worker process: `{where}` "
             f"({cls.__module__}.{cls.__qualname__}) cannot be pickled: {type(err).__name__}: {err}. "
-            f"{_FIX} Received: task={_short_repr(fn)}, arg={_short_repr(arg)}"
+            f"{_FIX} Received: task={short_repr(fn, 200)}, arg={short_repr(arg, 200)}"
         ) from e
