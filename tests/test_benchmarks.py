@@ -25,6 +25,7 @@ from benchmarks import report, runner, ways, workloads  # noqa: E402
 def test_workload_items_have_the_documented_shapes(tmp_path):
     expected = {"cpu": ((32, 64, 64, 3), np.float32, (32,)), "io": ((32, 4), np.float32, (32,)),
                 "big": ((32, 224, 224, 3), np.float32, (32,)), "h5": ((8, 4096, 6), np.float32, (8,)),
+                "h5aug": ((8, 4096, 6), np.float32, (8,)),
                 "decode": ((64, 96, 96, 3), np.uint8, (64,)), "h5img": ((64, 96, 96, 3), np.uint8, (64,))}
     assert set(expected) == set(workloads.REGISTRY)
     for name, (shape, dtype, labels) in expected.items():
@@ -36,6 +37,9 @@ def test_workload_items_have_the_documented_shapes(tmp_path):
     decode = workloads.make_workload("decode", 2, tmp_path)
     np.testing.assert_array_equal(decode[1][0], decode[1][0])  # seeded by the index: the same batch twice
     assert not np.array_equal(decode[0][0], decode[1][0])
+    h5, h5aug = workloads.make_workload("h5", 3, tmp_path), workloads.make_workload("h5aug", 3, tmp_path)
+    np.testing.assert_array_equal(h5aug.load(1)[0], h5[1][0])  # load is h5's slice; augment changes it
+    assert not np.array_equal(h5aug[1][0], h5[1][0]) and np.array_equal(h5aug[1][0][..., 3:], h5[1][0][..., 3:])
     with pytest.raises(ValueError, match="Unknown workload 'gpu'.*Received: 'gpu'"):
         workloads.make_workload("gpu", 3, tmp_path)
 

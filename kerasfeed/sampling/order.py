@@ -108,6 +108,12 @@ class IndexOrder:
             # Fixed once per order object: passes still differ from each other.
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
 
+    def __repr__(self) -> str:
+        # fixed_shards shows only when set: the repr names the order in messages, as it always did.
+        fixed = ", fixed_shards=True" if self.fixed_shards else ""
+        return (f"IndexOrder(length={self.length!r}, shuffle={self.shuffle!r}, seed={self.seed!r}, "
+                f"num_shards={self.num_shards!r}, shard_index={self.shard_index!r}{fixed})")
+
     @property
     def _fixed(self) -> bool:
         return self.fixed_shards and self.shuffle and self.num_shards > 1
