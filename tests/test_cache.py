@@ -417,3 +417,28 @@ def test_a_version_or_a_code_change_makes_a_kept_cache_stale(tmp_path):
     src.n = N + 1  # a public attribute: what the constructor was given
     assert "attribute `n` changed (24 -> 25)" in key_change(key, source_key(src, N, "v1", 1))
     assert key_change(None, key).startswith("it has no key")
+
+
+class Large(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 6
+
+    def load(self, i):
+        return np.full((256, 1024), i, "float32")
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_items_read_from_the_store_are_read_only_views_of_it_not_copies(executor):
+    import mmap
+
+    kw = {"workers": 1} if executor == "processes" else {}
+    with kerasfeed.to_loader(Large(), cache="memory", executor=executor, **kw) as loader:
+        for _ in range(2):
+            for batch in loader:
+                owner = batch
+                while not isinstance(owner, mmap.mmap) and getattr(owner, "base", None) is not None:
+                    owner = owner.base
+                assert isinstance(owner, mmap.mmap), type(owner)  # the store's mapping: no copy was made
+                assert not batch.flags.writeable  # a consumer cannot write into the store
+                with pytest.raises(ValueError, match="read-only"):
+                    batch[0, 0] = 1.0

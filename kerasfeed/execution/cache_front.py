@@ -47,6 +47,10 @@ _KEPT_CUTS = 8
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
 
 
+def _read_through(name: str) -> property:
+    return property(lambda self: getattr(self.inner, name))
+
+
 class CacheFront(Executor):
     """An executor whose items go through an item store (see the NOTEs).
 
@@ -79,31 +83,18 @@ class CacheFront(Executor):
         self._ignored = frozenset(getattr(source, "cache_ignores", ()) or ()) | _OWN
         self._closed = False
 
-    # The executor's own attributes (name, reason, probe, counts...) read through.
+    # The executor's own attributes (name, reason, probe, counts...) read through; those the
+    # Executor base class defines need a property each (a class attribute hides __getattr__).
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return self.inner.name
-
-    @property
-    def reason(self) -> str:  # type: ignore[override]
-        return self.inner.reason
-
-    @property
-    def prefetches(self) -> bool:  # type: ignore[override]
-        return self.inner.prefetches
-
-    @property
-    def lends_source_arrays(self) -> bool:  # type: ignore[override]
-        return self.inner.lends_source_arrays
-
-    @property
-    def waits(self) -> Any:  # type: ignore[override]
-        return self.inner.waits
+    name = _read_through("name")  # type: ignore[assignment]
+    reason = _read_through("reason")  # type: ignore[assignment]
+    prefetches = _read_through("prefetches")  # type: ignore[assignment]
+    lends_source_arrays = _read_through("lends_source_arrays")  # type: ignore[assignment]
+    waits = _read_through("waits")  # type: ignore[assignment]
 
     @property
     def source(self) -> Any:
@@ -138,9 +129,6 @@ class CacheFront(Executor):
                     f"does not read `{key}`, name it in the source's `cache_ignores`. Received: {key} changed in "
                     f"{type(self._source).__name__}"
                 )
-
-    def _cut(self, epoch: int) -> Optional[int]:
-        return self._cuts.get(epoch)
 
     # ------------------------------------------------------------ items
     def load(self, index: int, epoch: int) -> Any:
