@@ -443,3 +443,24 @@ def test_items_read_from_the_store_are_read_only_views_of_it_not_copies(executor
         assert not batch.flags.writeable  # a consumer cannot write into the store
         with pytest.raises(ValueError, match="read-only"):
             batch[0, 0] = 1.0
+
+
+def test_a_resumed_first_pass_recycled_workers_and_auto_keep_items_equal_and_made_once(tmp_path):
+    state = {"epoch": 1, "batches": 3}
+    with kerasfeed.to_loader(Plain(str(tmp_path / "u")), batch_size=4, shuffle=True, seed=9,
+                             initial_state=state) as plain:
+        expected = _passes(plain, 2)
+    cases = {
+        "resumed": dict(initial_state=state),
+        "recycled": dict(executor="processes", workers=2, worker_max_items=3, initial_state=state),
+        "auto": dict(executor="auto", initial_state=state),
+    }
+    for name, kw in cases.items():
+        log = str(tmp_path / name)
+        with kerasfeed.to_loader(Plain(log), batch_size=4, shuffle=True, seed=9, cache="memory", **kw) as loader:
+            at_creation = set(_calls(log))  # probes (auto's also times items it does not store)
+            os.remove(log)
+            got = _passes(loader, 2)
+        _assert_same(expected, got)
+        made = _calls(log)
+        assert len(made) == len(set(made)) and at_creation | set(made) == set(range(N)), (name, made)
