@@ -10,6 +10,11 @@
 - **kept**: a script run twice over one kept directory, in two fresh processes:
   the second run's first epoch against the first run's cached epochs (a
   kept cache serves the next run from its first epoch).
+- **memory**: one store per host: a source of 2 MB items with an ``augment``
+  (so every worker reads every stored item) on 2 worker processes; the
+  store's pages as each process maps them (``/proc/<pid>/smaps``: RSS, and
+  PSS, which splits a shared page among its mappers), against the bytes
+  stored; and a kept directory's disk use against its files' apparent size.
 
 Prints markdown tables with the machine and the date; writes
 ``DIR/cache_latest.json`` and ``.md``.
@@ -57,6 +62,59 @@ def _child(workload: str, batches: int, cache: str, passes: int, data: str, work
     return {"times": times, "misses": stats.get("cache_misses"), "hits": stats.get("cache_hits")}
 
 
+class _Blocks:
+    """``load(i)``: a 2 MB float32 block (stored); ``augment``: + 1 (reads every stored page)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def load(self, i: int) -> Any:
+        import numpy as np
+
+        return np.full((512, 1024), i, np.float32)
+
+    def augment(self, x: Any) -> Any:
+        return x + 1.0
+
+    def __getitem__(self, i: int) -> Any:
+        return self.augment(self.load(i))
+
+
+def _store_pages(pid: int) -> Dict[str, int]:
+    """KB of the item store's mappings in process ``pid`` (memfd or a kept directory's data.bin)."""
+    rss = pss = 0
+    inside = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = "kerasfeed-cache-data" in line or line.rstrip().endswith("data.bin")
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1])
+            elif inside and line.startswith("Pss:"):
+                pss += int(line.split()[1])
+    return {"rss_kb": rss, "pss_kb": pss}
+
+
+def _memory_child(cache: str) -> Dict[str, Any]:
+    import psutil
+
+    import kerasfeed
+
+    with kerasfeed.to_loader(_Blocks(), executor="processes", workers=2, cache=cache, shuffle=True, seed=0) as ld:
+        for _ in range(2):
+            for _batch in ld:
+                pass
+        stats = kerasfeed.stats(ld)
+        procs = [os.getpid()] + [p.pid for p in psutil.Process().children(recursive=True)]
+        pages = {str(p): _store_pages(p) for p in procs}
+    out = {"stored_bytes": stats["cache_bytes"], "pages": pages}
+    if cache != "memory":
+        data = os.path.join(cache, "data.bin")
+        out["disk_bytes"] = os.stat(data).st_blocks * 512
+        out["apparent_bytes"] = os.path.getsize(data)
+    return out
+
+
 def _run_child(*args: str) -> Dict[str, Any]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, __file__, CHILD, *args], capture_output=True, text=True, env=env,
@@ -96,7 +154,10 @@ def run(workloads_: List[str], batches: int, rounds: int, passes: int, workers: 
             runs.append({"first_run": one["times"], "second_run_first_epoch": two["times"][0],
                          "second_run_made": two["misses"]})
         kept[name] = runs
-    return {"rows": rows, "kept": kept}
+    memory = {"memory": _run_child("memory", "memory")}
+    with tempfile.TemporaryDirectory() as d:
+        memory["directory"] = _run_child("memory", os.path.join(d, "items"))
+    return {"rows": rows, "kept": kept, "memory": memory}
 
 
 def markdown(result: Dict[str, Any], info: Dict[str, Any]) -> str:
@@ -116,10 +177,21 @@ def markdown(result: Dict[str, Any], info: Dict[str, Any]) -> str:
             later = statistics.median(k["first_run"][1:]) if len(k["first_run"]) > 1 else float("nan")
             lines.append(f"| {name} | {k['first_run'][0]:.3f}, {later:.3f} | "
                          f"{k['second_run_first_epoch']:.3f} ({k['second_run_made']}) |")
+    lines += ["", "| store | stored MB | processes mapping its pages | their PSS summed, MB (one copy: = stored) | "
+              "disk MB (apparent size) |", "| --- | --- | --- | --- | --- |"]
+    for kind, m in result["memory"].items():
+        mapping = sum(1 for v in m["pages"].values() if v["rss_kb"])
+        pss = sum(v["pss_kb"] for v in m["pages"].values()) / 1024
+        disk = "" if "disk_bytes" not in m else f"{m['disk_bytes'] / 2**20:.0f} ({m['apparent_bytes'] / 2**30:.0f} GB)"
+        stored = m["stored_bytes"] / 2**20
+        lines.append(f"| {kind} | {stored:.0f} | {mapping} of {len(m['pages'])} | {pss:.0f} | {disk} |")
     return "\n".join(lines)
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD and sys.argv[2] == "memory":
+        print(json.dumps(_memory_child(sys.argv[3])))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         name, batches, cache, passes, data, workers = sys.argv[2:8]
         print(json.dumps(_child(name, int(batches), cache, int(passes), data, int(workers))))
