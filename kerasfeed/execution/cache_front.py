@@ -133,12 +133,15 @@ class CacheFront(Executor):
     # ------------------------------------------------------------ items
     def load(self, index: int, epoch: int) -> Any:
         cut = self._cuts.get(epoch)
-        if cut is not None and self.store.has(index, cut):
-            self.hits += 1
-            if self._serve:
+        if cut is not None:
+            if self._serve:  # stored before this pass: served here, no executor involved
                 item = self.store.get(index, cut)
-                return self._augmented(item, index, epoch) if self._augment_here else item
-        elif cut is not None:
+                if item is not None:
+                    self.hits += 1
+                    return self._augmented(item, index, epoch) if self._augment_here else item
+            elif self.store.has(index, cut):  # the executor reads it from the store and augments it
+                self.hits += 1
+                return self.inner.load(index, epoch)
             self.misses += 1
         item = self.inner.load(index, epoch)
         if self._remote:
