@@ -135,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with open(path, "rb") as f:
             self.connection.sendfile(f, start, end - start)
-        srv._count(end - start)
+        srv._count(end - start, (name, start, end))
 
 
 def _etag(st) -> str:
@@ -162,6 +162,7 @@ class RangeServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._faults: collections.deque = collections.deque()
         self.requests = self.bytes_sent = 0
+        self.log: list = []  # (name, start, end) of every byte range served
         self._thread: threading.Thread | None = None
 
     @property
@@ -181,10 +182,11 @@ class RangeServer(ThreadingHTTPServer):
         with self._lock:
             return self._faults.popleft() if self._faults else None
 
-    def _count(self, nbytes: int) -> None:
+    def _count(self, nbytes: int, what: tuple) -> None:
         with self._lock:
             self.requests += 1
             self.bytes_sent += nbytes
+            self.log.append(what)
 
     def counts(self) -> tuple:
         with self._lock:

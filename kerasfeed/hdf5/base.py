@@ -19,7 +19,7 @@ from kerasfeed.hdf5.handles import REGISTRY
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, check_url, is_url, redact
+from kerasfeed.hdf5.remote.urls import Credentials, check_url, is_url, options_per_scheme, protocol, redact
 from kerasfeed.sources.sequence import SceneSequence
 
 if TYPE_CHECKING:
@@ -184,9 +184,11 @@ class H5Base(SceneSequence):
                              f"one. Received: swmr=True, path='{redact(self._paths[min(urls)])}'")
         from kerasfeed.hdf5.remote.files import RemoteFile
 
-        credentials = Credentials(opts.storage_options)
+        per_scheme = options_per_scheme(opts.storage_options, {protocol(u) for u in urls.values()}, cls)
+        credentials = {scheme: Credentials(o) for scheme, o in per_scheme.items()}
         remote_options = opts.remote_options or RemoteOptions()
-        return {j: RemoteFile(url, credentials, remote_options, cls, self._open_kwargs) for j, url in urls.items()}
+        return {j: RemoteFile(url, credentials[protocol(url)], remote_options, cls, self._open_kwargs)
+                for j, url in urls.items()}
 
     def _read_many(self, parts: list, local=None) -> list:
         """``[(file index, key, [(a, b), ...]), ...]`` -> each part's rows, the runs concatenated.

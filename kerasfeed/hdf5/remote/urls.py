@@ -74,6 +74,28 @@ def check_url(url: str, owner: str) -> str:
     return url
 
 
+def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -> dict:
+    """``{protocol: storage options}`` for the protocols of a reader's URLs.
+
+    ``storage_options`` is either one dict for every URL, or, keyed by
+    scheme (``{"s3": {...}, "gs": {...}, "https": {...}}``, fsspec's form for
+    several filesystems), one per kind of URL.
+    """
+    options = dict(options or {})
+    if not options or not all(isinstance(k, str) and k.lower() in PROTOCOLS for k in options):
+        return {p: options for p in protocols}
+    out = {p: {} for p in protocols}
+    for scheme, value in options.items():
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"{owner}: `storage_options` keyed by scheme needs a dict per scheme. "
+                f"Received: storage_options[{scheme!r}] of type {type(value).__name__}"
+            )
+        if PROTOCOLS[scheme.lower()] in out:
+            out[PROTOCOLS[scheme.lower()]] = dict(value)
+    return out
+
+
 def _is_secret(name: Any, value: Any) -> bool:
     low = str(name).lower()
     if low in _PUBLIC_NAMES:
@@ -162,4 +184,4 @@ class Credentials:
         return f"<storage_options {names}{' + secret options kept in this process' if self.has_secrets else ''}>"
 
 
-__all__ = ["PROTOCOLS", "Credentials", "check_url", "is_url", "protocol", "redact", "split_options"]
+__all__ = ["PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "split_options"]
