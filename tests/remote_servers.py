@@ -113,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         etag = _etag(st)
         match = self.headers.get("If-Match")
-        if match is not None and match != etag:
+        if srv.if_match and match is not None and match != etag:
             self._reply(412, b"precondition failed")
             return
         size, start, end, status = st.st_size, 0, st.st_size, 200
@@ -159,6 +159,7 @@ class RangeServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.files = dict(files or {})
         self.delay, self.token, self.stall_s = delay, token, 5.0
+        self.if_match = True  # False: ignore If-Match, as some servers do (the reader then checks the ETag)
         self._lock = threading.Lock()
         self._faults: collections.deque = collections.deque()
         self.requests = self.bytes_sent = 0

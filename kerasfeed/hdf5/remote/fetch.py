@@ -91,9 +91,15 @@ STATS = RequestStats()
 def run(fn: Callable[..., Awaitable], *args: Any) -> Any:
     """Runs ``fn(*args)`` on fsspec's event loop; the calling thread waits (GIL released): one round."""
     import fsspec.asyn
+    from fsspec.exceptions import FSTimeoutError
 
     STATS.add(rounds=1)
-    return fsspec.asyn.sync(fsspec.asyn.get_loop(), fn, *args)
+    try:
+        return fsspec.asyn.sync(fsspec.asyn.get_loop(), fn, *args)
+    except FSTimeoutError as e:  # fsspec's stand-in for any TimeoutError: ours carries the message
+        if isinstance(e.__cause__, TimeoutError):
+            raise e.__cause__ from None
+        raise
 
 
 class _Fail(Exception):
