@@ -139,7 +139,7 @@ def test_every_reader_gets_the_local_batches_from_urls(stores, scheme):
                 for i in range(len(plain)):
                     _same(remote[i], plain[i])
     seq = kerasfeed.H5SliceSequence(urls, "labels", 4, **kw)
-    assert repr(seq).startswith(f"<H5SliceSequence 2 files, keys='labels'")
+    assert repr(seq).startswith("<H5SliceSequence 2 files, keys='labels'")
 
 
 def test_layouts_and_filters_take_the_fast_path_or_h5py(stores):

@@ -16,7 +16,8 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.handles import REGISTRY
-from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
+from kerasfeed.hdf5.inspection import check_file
+from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.hdf5.remote.options import RemoteOptions
 from kerasfeed.hdf5.remote.urls import Credentials, check_url, is_url, options_per_scheme, protocol, redact
@@ -323,60 +324,19 @@ class H5Base(SceneSequence):
         for j, path in enumerate(self._paths):
             if j in self._remote:
                 rf = self._remote[j]
-                length = rf.inspect(lambda f: (self._leaves, self._check_file(
-                    rf.name, f, lambda key: f[key], specs, first_file, chunk_rows)))
+                length = rf.inspect(lambda f: (self._leaves, check_file(
+                    self, rf.name, f, lambda key: f[key], specs, first_file, chunk_rows)))
                 lengths.append(length)
                 stamps.append(("remote", rf.pin.identity()))
                 continue
             ident, f = self._acquire(path)
             stamps.append(ident[1:3])
             try:
-                lengths.append(self._check_file(
-                    path, f, lambda key: REGISTRY.dataset(ident, key), specs, first_file, chunk_rows))
+                lengths.append(check_file(
+                    self, path, f, lambda key: REGISTRY.dataset(ident, key), specs, first_file, chunk_rows))
             finally:
                 REGISTRY.release(ident)
         return np.asarray(lengths, dtype=np.int64), specs, (chunk_rows or [None])[0], stamps
-
-    def _check_file(self, path: str, f, dataset, specs: dict, first_file: dict, chunk_rows: list) -> int:
-        """Checks the keys of one open file against the others; returns its rows."""
-        cls = type(self).__name__
-        shapes = {}
-        for key in self._leaves:
-            ds = f.get(key)
-            if ds is None or not hasattr(ds, "shape"):
-                kind = "no dataset" if ds is None else "a group, not a dataset, at"
-                raise ValueError(
-                    f"{cls}: file '{path}' has {kind} key '{key}'. "
-                    f"Datasets in the file: {list_datasets(f)}. Received: keys={self._keys_structure!r}"
-                )
-            ds = dataset(key)
-            if self.swmr:
-                ds.refresh()
-            if ds.ndim == 0:
-                raise ValueError(
-                    f"{cls}: dataset '{key}' in file '{path}' is a scalar; rows need at least "
-                    f"one axis. Received: shape={ds.shape}"
-                )
-            shapes[key] = ds.shape
-            spec = (tuple(ds.shape[1:]), ds.dtype)
-            if key not in specs:
-                specs[key], first_file[key] = spec, path
-            elif specs[key] != spec:
-                raise ValueError(
-                    f"{cls}: dataset '{key}' differs between files: '{first_file[key]}' has rows "
-                    f"of shape {specs[key][0]} and dtype {specs[key][1]}, but '{path}' has "
-                    f"rows of shape {spec[0]} and dtype {spec[1]}."
-                )
-            if not chunk_rows:
-                chunk_rows.append(ds.chunks[0] if ds.chunks else None)
-        lens = {key: s[0] for key, s in shapes.items()}
-        if len(set(lens.values())) > 1:
-            detail = ", ".join(f"'{k}': {n}" for k, n in lens.items())
-            raise ValueError(
-                f"{cls}: the datasets in file '{path}' have different lengths along "
-                f"axis 0; every key must have the same number of rows. Received: {detail}"
-            )
-        return next(iter(lens.values()))
 
     # ---- reading -----------------------------------------------------------
 

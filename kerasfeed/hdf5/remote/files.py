@@ -171,7 +171,7 @@ def read_parts(parts: list) -> list:
             continue
         try:
             out.append(rf.layouts[key].assemble(runs, fetched.get(id(rf), {})))
-        except (ValueError, Exception) as e:  # noqa: BLE001 - zlib.error, a short chunk: the message names them
+        except (ValueError, Exception) as e:
             raise OSError(
                 f"{rf.owner}: decoding rows {runs[0][0]}..{runs[-1][1]} of dataset '{key}' in '{rf.name}' "
                 f"failed: {type(e).__name__}: {e}"

@@ -70,7 +70,9 @@ def check_url(url: str, owner: str) -> str:
             f"pass them in `storage_options` or the environment. Received: path='{redact(url)}' with user info"
         )
     if not parts.netloc or parts.path in ("", "/"):
-        raise ValueError(f"{owner}: the URL names no object (a bucket or host and a path). Received: path='{redact(url)}'")
+        raise ValueError(
+            f"{owner}: the URL names no object (a bucket or host and a path). Received: path='{redact(url)}'"
+        )
     return url
 
 
@@ -184,4 +186,6 @@ class Credentials:
         return f"<storage_options {names}{' + secret options kept in this process' if self.has_secrets else ''}>"
 
 
-__all__ = ["PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "split_options"]
+__all__ = [
+    "PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "split_options",
+]
