@@ -60,6 +60,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         srv = self.server
+        if self.path == "/__counts__":  # for a server in another process: requests and bytes so far
+            requests, sent = srv.counts()
+            self._reply(200, json.dumps({"requests": requests, "bytes": sent}).encode())
+            return
         fault = srv._take_fault()
         if srv.delay:
             time.sleep(srv.delay)
@@ -154,6 +158,7 @@ class RangeServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 512  # a reader opens many connections at once (the default backlog is 5)
 
     def __init__(self, files: dict | None = None, delay: float = 0.0, token: str | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)

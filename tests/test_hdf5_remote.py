@@ -175,7 +175,8 @@ def test_one_wave_per_batch_merged_ranges_and_no_metadata_after_construction(sto
     srv = stores["srv"]
     STATS.reset()
     requests0, _ = srv.counts()
-    seq = kerasfeed.H5SliceSequence(url, ("points", "labels", "point_labels"), 12)
+    whole = {"small_dataset": 0}  # every key is small here: no dataset fetched whole (see the test below)
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels", "point_labels"), 12, remote_options=whole)
     built = STATS.as_dict()
     assert built["stats"] == 1  # the object's size and version, once
     requests1, _ = srv.counts()
@@ -189,15 +190,32 @@ def test_one_wave_per_batch_merged_ranges_and_no_metadata_after_construction(sto
     assert srv.counts()[0] - requests1 == first["requests"]
     _same(x, kerasfeed.H5SliceSequence(local, ("points", "labels", "point_labels"), 12)[0])
     # A whole pass reads each stored chunk once (batches align with chunks here), plus the small gaps
-    # merged requests read across (RemoteOptions.merge_gap); with merge_gap=0, exactly the stored bytes.
+    # merged requests read across (RemoteOptions.merge_gap, chunks.WASTE): at most 1.1 bytes per byte stored.
     stored = sum(int(layouts[k].size.sum()) for k in ("points", "labels", "point_labels"))
-    for gap, most in ((4096, 1.1 * stored), (0, stored)):
-        seq = kerasfeed.H5SliceSequence(url, ("points", "labels", "point_labels"), 12, remote_options={"merge_gap": gap})
-        STATS.reset()
-        for i in range(len(seq)):
-            seq[i]
-        assert STATS.as_dict()["rounds"] == len(seq) and stored <= STATS.as_dict()["bytes"] <= most
+    STATS.reset()
+    for i in range(len(seq)):
+        seq[i]
+    assert STATS.as_dict()["rounds"] == len(seq) and stored <= STATS.as_dict()["bytes"] <= 1.1 * stored
     assert requests1 - requests0 <= 2  # construction: the version, then the metadata in one block
+
+
+def test_a_small_dataset_is_fetched_whole_once_per_process(stores):
+    url, local = stores["urls"]["http"][0], stores["local"][0]
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, remote_options={"small_dataset": 1024})
+    labels, points = seq._remote[0].layouts["labels"], seq._remote[0].layouts["points"]
+    assert labels.stored_bytes <= 1024 < points.stored_bytes
+    plain = kerasfeed.H5SliceSequence(local, ("points", "labels"), 4)
+    STATS.reset()
+    _same(seq[0], plain[0])
+    first = STATS.as_dict()
+    assert first["rounds"] == 1 and first["bytes"] >= labels.stored_bytes  # labels whole, in the same wave
+    STATS.reset()
+    for i in range(1, len(seq)):
+        _same(seq[i], plain[i])
+    rest = STATS.as_dict()
+    # Afterwards only points' chunks are fetched: the labels are kept in this process (not pickled).
+    assert rest["bytes"] == points.stored_bytes - points.ranges([(0, 4)])[0][1] + points.ranges([(0, 4)])[0][0]
+    assert "labels" in seq._remote[0].kept and pickle.loads(pickle.dumps(seq))._remote[0].kept == {}
 
 
 def test_threads_processes_and_export_give_the_local_batches(stores, tmp_path):

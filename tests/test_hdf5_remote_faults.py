@@ -24,7 +24,9 @@ from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.remote.fetch import STATS
 from kerasfeed.hdf5.remote.h5file import collector_held
 
-FAST_RETRY = {"backoff": 0.01, "max_backoff": 0.02}  # the tests' waits between tries stay short
+# The tests' waits between tries stay short, and every batch sends requests (the scene files are small enough
+# to be kept whole in memory after the first read otherwise: RemoteOptions.small_dataset).
+FAST_RETRY = {"backoff": 0.01, "max_backoff": 0.02, "small_dataset": 0}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,8 @@ def test_an_object_replaced_during_the_run_is_a_file_changed_error(scenes, srv, 
     srv.if_match = server_checks_if_match  # else the reader compares the ETag of each answer
     path = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=1)
     srv.files["b.h5"] = str(path)
-    seq = kerasfeed.H5SliceSequence(f"{srv.url}/b.h5", "points", 4)
+    # (A dataset kept whole in memory, RemoteOptions.small_dataset, reads the version it was fetched from.)
+    seq = kerasfeed.H5SliceSequence(f"{srv.url}/b.h5", "points", 4, remote_options=FAST_RETRY)
     seq[0]
     make_synthetic_scenes(path, num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=2)  # renamed over it
     with pytest.raises(FileChangedError, match=r"the object 'http://127.0.0.1:\d+/b.h5' was replaced after"):
@@ -112,7 +115,8 @@ def test_s3_missing_objects_refused_credentials_and_replaced_objects(scenes, tmp
             with pytest.raises(PermissionError, match=r"access to 's3://kerasfeed-data/a.h5' was refused") as e:
                 kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=moto.options(secret="not-it"))
             assert "not-it" not in str(e.value)
-            seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=moto.options())
+            seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=moto.options(),
+                                            remote_options=FAST_RETRY)
             _same([seq[0]], scenes[1][:1])
             for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):  # neither the key nor the secret travels
                 assert moto.secret.encode() not in blob and moto.key.encode() not in blob

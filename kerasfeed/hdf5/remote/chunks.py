@@ -64,6 +64,15 @@ class Layout:
     def fast(self) -> bool:
         return self.kind != "fallback"
 
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes the dataset's data takes in the file (what reading all of it fetches)."""
+        if self.kind == "chunked":
+            return int(self.size.sum())
+        if self.kind == "contiguous" and self.offset is not None:
+            return self.shape[0] * self._row_bytes()
+        return 0
+
     @classmethod
     def of(cls, key: str, ds) -> "Layout":
         """The layout of the h5py dataset ``ds`` (one metadata read of its chunk index)."""
@@ -143,7 +152,7 @@ class Layout:
                     out[pos : pos + b - a] = self.fill
                 else:
                     start = self.offset + a * rb
-                    data = fetched[(start, start + (b - a) * rb)]
+                    data = _within(fetched, start, start + (b - a) * rb)
                     out[pos : pos + b - a] = np.frombuffer(data, self.dtype).reshape(b - a, *self.shape[1:])
                 pos += b - a
             return out
@@ -189,6 +198,17 @@ class Layout:
         return np.frombuffer(data, self.dtype).reshape(self.chunks)
 
 
+def _within(fetched: dict, start: int, end: int) -> Any:
+    """Bytes ``[start, end)`` from the fetched ranges (the range itself, or one holding it: a kept dataset)."""
+    data = fetched.get((start, end))
+    if data is not None:
+        return data
+    for (s, e), data in fetched.items():
+        if s <= start and end <= e:
+            return memoryview(data)[start - s : end - s]
+    raise KeyError((start, end))
+
+
 def unshuffle(data: Any, element: int) -> bytes:
     """Undoes HDF5's shuffle filter: byte ``k`` of every element was stored together."""
     if element <= 1:
@@ -211,20 +231,33 @@ def _dtype_refused(ds) -> str:
     return ""
 
 
+# A request may read this share of its useful bytes in gaps between them (chunk-index nodes, other datasets'
+# chunks), beyond `merge_gap`: bytes read stay within 1/16 of bytes needed.
+WASTE = 1 / 16
+
+
 def merge(ranges: list, gap: int, limit: int) -> list:
     """Sorted byte ranges merged into requests: ``[(start, end, [member ranges]), ...]``.
 
-    Ranges at most ``gap`` bytes apart share a request, which grows no
-    larger than ``limit`` bytes (a single larger range is one request).
+    Two ranges share a request when the bytes between them are at most
+    ``gap``, or when the request's skipped bytes stay within ``WASTE`` of
+    its useful ones; a request grows no larger than ``limit`` bytes (a single
+    larger range is one request).
     """
     out: list = []
+    useful = waste = 0  # of the last request
     for start, end in sorted(set(ranges)):
-        if out and start - out[-1][1] <= gap and max(end, out[-1][1]) - out[-1][0] <= limit:
-            last = out[-1]
-            out[-1] = (last[0], max(last[1], end), last[2] + [(start, end)])
-        else:
-            out.append((start, end, [(start, end)]))
+        if out:
+            first, last, members = out[-1]
+            between = max(0, start - last)
+            fits = max(end, last) - first <= limit
+            if fits and (between <= gap or waste + between <= WASTE * (useful + end - start)):
+                out[-1] = (first, max(last, end), members + [(start, end)])
+                useful, waste = useful + end - start, waste + between
+                continue
+        out.append((start, end, [(start, end)]))
+        useful, waste = end - start, 0
     return out
 
 
-__all__ = ["Layout", "merge", "unshuffle"]
+__all__ = ["WASTE", "Layout", "merge", "unshuffle"]

@@ -32,6 +32,8 @@ from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.remote.options import RemoteOptions
 from kerasfeed.hdf5.remote.urls import Credentials, protocol, redact
 
+_timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
+
 # HTTP statuses worth another try: timeout, throttling, server errors.
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 # Exception classes (by name, anywhere in the class's MRO) that mean the connection failed or stalled.
@@ -185,7 +187,10 @@ class Store:
         opts, causes = self.options, []
         for k in range(opts.attempts):
             try:
-                return await asyncio.wait_for(attempt(), opts.timeout)
+                if _timeout is None:  # Python 3.10
+                    return await asyncio.wait_for(attempt(), opts.timeout)
+                async with _timeout(opts.timeout):  # no task of its own, unlike wait_for
+                    return await attempt()
             except asyncio.TimeoutError:
                 fail = _Fail("retry", f"no answer within timeout={opts.timeout:g} s")
             except Exception as e:  # noqa: BLE001 - sorted by _classify; anything else is raised
@@ -347,6 +352,9 @@ STORES = _Stores()
 
 async def gather_ranges(requests: list) -> list:
     """``[(store, start, end, pin), ...]`` fetched concurrently; bytes in the same order."""
+    if len(requests) == 1:  # no task to make
+        store, s, e, pin = requests[0]
+        return [await store.get(s, e, pin)]
     return list(await asyncio.gather(*(store.get(s, e, pin) for store, s, e, pin in requests)))
 
 

@@ -46,10 +46,11 @@ class RemoteFile:
         self._lock = threading.Lock()
         self._h5 = None  # this process's h5py file, for datasets off the fast path
         self._datasets: dict = {}
+        self.kept: dict = {}  # key -> {(start, end): bytes}: small datasets fetched whole in this process
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_lock", "_h5", "_datasets"):
+        for name in ("_lock", "_h5", "_datasets", "kept"):
             state.pop(name, None)
         return state
 
@@ -138,17 +139,26 @@ def read_parts(parts: list) -> list:
     Every byte range of every fast-path part (across files and keys) goes
     out in one wave (``fetch.run``): per file, ranges are merged
     (``RemoteOptions.merge_gap``/``max_request``) and fetched concurrently;
-    the chunks are then decoded on this thread. Parts off the fast path are
+    the chunks are then decoded on this thread. A small dataset
+    (``RemoteOptions.small_dataset``) is fetched whole the first time and
+    kept by the ``RemoteFile`` in this process. Parts off the fast path are
     read through h5py after.
     """
     wanted: dict = {}  # id(file) -> (file, set of byte ranges)
-    plans = []
+    plans, keep = [], []
     for rf, key, runs in parts:
         layout = rf.layouts[key]
         if not layout.fast:
             plans.append(None)
             continue
-        ranges = layout.ranges(runs)
+        if key in rf.kept:
+            plans.append(())
+            continue
+        if layout.stored_bytes <= rf.options.small_dataset:  # fetched whole once, then kept
+            ranges = layout.ranges([(0, layout.shape[0])])
+            keep.append((rf, key, ranges))
+        else:
+            ranges = layout.ranges(runs)
         wanted.setdefault(id(rf), (rf, set()))[1].update(ranges)
         plans.append(ranges)
     requests, members = [], []
@@ -164,13 +174,16 @@ def read_parts(parts: list) -> list:
         table = fetched.setdefault(id(rf), {})
         for s, e in inside:
             table[(s, e)] = view[s - start : e - start]
+    for rf, key, ranges in keep:
+        table = fetched.get(id(rf), {})
+        rf.kept[key] = {r: bytes(table[r]) for r in ranges}  # a copy: the response it came in can go
     out = []
     for (rf, key, runs), plan in zip(parts, plans):
         if plan is None:
             out.append(rf.read_fallback(key, runs))
             continue
         try:
-            out.append(rf.layouts[key].assemble(runs, fetched.get(id(rf), {})))
+            out.append(rf.layouts[key].assemble(runs, rf.kept[key] if plan == () else fetched.get(id(rf), {})))
         except (ValueError, Exception) as e:
             raise OSError(
                 f"{rf.owner}: decoding rows {runs[0][0]}..{runs[-1][1]} of dataset '{key}' in '{rf.name}' "

@@ -31,9 +31,14 @@ class RemoteOptions:
         backoff: the first wait between tries, in seconds.
         max_backoff: the longest wait between tries.
         merge_gap: byte ranges of one batch at most this far apart are read
-            in one request (the bytes between are read and dropped).
+            in one request (the bytes between are read and dropped); ranges
+            farther apart are too while the bytes skipped stay within 1/16
+            of the bytes needed.
         max_request: a merged request grows no larger than this many bytes
             (larger reads are split and sent concurrently).
+        small_dataset: a dataset that stores at most this many bytes (labels,
+            say) is fetched whole the first time a process reads it, and
+            kept: its rows then cost no request (0: never).
         block_size: the size of the blocks that the reads h5py makes itself
             (the file's metadata, datasets outside the fast path) fetch and
             keep.
@@ -45,7 +50,8 @@ class RemoteOptions:
     max_backoff: float = 2.0
     merge_gap: int = 4096
     max_request: int = 8 << 20
-    block_size: int = 256 << 10
+    small_dataset: int = 1 << 20
+    block_size: int = 64 << 10
 
     def __post_init__(self):
         owner = "RemoteOptions"
@@ -56,6 +62,8 @@ class RemoteOptions:
                                                            owner=owner))
         object.__setattr__(self, "merge_gap", _v.non_negative_int("merge_gap", self.merge_gap, owner=owner))
         object.__setattr__(self, "max_request", _v.positive_int("max_request", self.max_request, owner=owner))
+        object.__setattr__(self, "small_dataset", _v.non_negative_int("small_dataset", self.small_dataset,
+                                                                       owner=owner))
         object.__setattr__(self, "block_size", _v.positive_int("block_size", self.block_size, owner=owner))
 
     def wait(self, attempt: int, draw: float) -> float:
