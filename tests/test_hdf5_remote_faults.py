@@ -145,6 +145,14 @@ def test_missing_objects_and_refused_credentials_over_http_are_named_at_creation
             assert b"t0ken-123" not in dumps(seq)
 
 
+def test_an_object_that_is_not_hdf5_is_named(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"not an HDF5 file\n" * 100)
+    with http_server({"notes.h5": str(text)}) as srv:
+        with pytest.raises(OSError, match=r"object 'http://127.0.0.1:\d+/notes.h5' could not be opened as HDF5"):
+            kerasfeed.H5SliceSequence(f"{srv.url}/notes.h5", "labels", 4)
+
+
 def test_credentials_are_never_pickled_and_workers_say_where_to_put_them(scenes):
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
     options = {"headers": {"Authorization": f"Bearer {secret}"}, "client_kwargs": {"trust_env": False}}

@@ -105,7 +105,7 @@ def run(fn: Callable[..., Awaitable], *args: Any) -> Any:
 
 
 class _Fail(Exception):
-    """One failed try: ``kind`` is ``retry``, ``changed``, ``missing`` or ``denied``."""
+    """One failed try: ``kind`` is ``retry``, ``changed``, ``missing``, ``denied`` or ``other`` (not retried)."""
 
     def __init__(self, kind: str, why: str):
         super().__init__(why)
@@ -147,7 +147,7 @@ def _classify(err: BaseException) -> _Fail:
         return _Fail("retry", why)
     if isinstance(err, OSError) and err.errno in (errno.EBUSY, errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
         return _Fail("retry", why)  # s3fs' translation of SlowDown / ServiceUnavailable
-    raise err
+    return _Fail("other", why)
 
 
 class Store:
@@ -195,6 +195,8 @@ class Store:
                 fail = _Fail("retry", f"no answer within timeout={opts.timeout:g} s")
             except Exception as e:  # noqa: BLE001 - sorted by _classify; anything else is raised
                 fail = _classify(e)
+            if fail.kind == "other":
+                raise OSError(f"{self.owner}: {what} of '{redact(self.url)}' failed: {fail}") from None
             if fail.kind != "retry":
                 raise self._error(fail, what) from None
             causes.append(str(fail))
