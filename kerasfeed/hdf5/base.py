@@ -94,7 +94,9 @@ class H5Base(SceneSequence):
         A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat``
         now); a remote object's is its version and size as the store
         reports them now (``"etag=...,size=..."``; ``generation=`` on GCS),
-        one request per object. A changed file has another identity.
+        one request per object. A changed file has another identity. A URL
+        is keyed without its query string (a presigned URL's signature is
+        no name to keep in a cache's index).
 
         Raises:
             FileNotFoundError, PermissionError, OSError: a file is gone or
@@ -103,7 +105,7 @@ class H5Base(SceneSequence):
         out = {}
         for j, path in enumerate(self._paths):
             if j in self._remote:
-                out[path] = self._remote[j].stat_now().identity()
+                out[self._shown(j)] = self._remote[j].stat_now().identity()
                 continue
             try:
                 st = os.stat(path)
@@ -151,6 +153,7 @@ class H5Base(SceneSequence):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_remote", {})  # pickled before URLs were read
         self._reset_handles()
 
     def __repr__(self) -> str:
