@@ -216,6 +216,26 @@ def test_a_shuffled_pass_equals_the_processes_executors_batch_for_batch(ray_clus
     assert _no_kerasfeed_actors()
 
 
+def test_hdf5_over_http_on_actors_gives_the_local_batches(ray_cluster, tmp_path):
+    """A remote HDF5 source travels to the actors with its chunk layouts; its header secret does not."""
+    from remote_servers import http_server
+
+    from kerasfeed.datasets import make_synthetic_scenes
+
+    path = str(make_synthetic_scenes(tmp_path / "a.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4))
+    secret = "ray-header-s3cr3t"
+    with http_server({"a.h5": path}) as srv:
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", ("points", "labels"), 4, shuffle=True, seed=2,
+                                        storage_options={"headers": {"Authorization": secret, "X-Trace": "t1"}})
+        blob = ray.cloudpickle.dumps(seq)
+        assert secret.encode() not in blob and b"X-Trace" in blob  # a credential stays, other headers travel
+        kw = dict(batch_size=2, shuffle=True, seed=5)
+        local = kerasfeed.H5SliceSequence(path, ("points", "labels"), 4, shuffle=True, seed=2)
+        _same(_batches(kerasfeed.to_loader(seq, executor="ray", workers=2, **kw), 2),
+              _batches(kerasfeed.to_loader(local, executor="threads", **kw), 2))
+        assert srv.counts()[0] > 0
+
+
 def test_a_node_removed_mid_pass_loses_and_repeats_nothing(ray_cluster):
     n = 48
     ex = kerasfeed.RayExecutor(Slow(n), workers=2, seed=1)

@@ -55,16 +55,30 @@ Files replaced or shortened after construction:
   error, naming the file, the key and the rows. After changing a file,
   build a new sequence.
 
+Files in object stores (docs/remote.md):
+  Every path may be an ``s3://``, ``gs://`` or ``http(s)://`` URL, beside
+  local paths, with ``storage_options=`` for fsspec (``pip install
+  kerasfeed[remote]``). The object's version is pinned at construction and
+  its chunk layout read once; a batch's chunks are then fetched as byte
+  ranges, all at once, and decoded outside h5py (``remote/chunks.py`` says
+  which layouts and filters do, and which h5py reads instead). An object
+  replaced during the run raises ``FileChangedError``; credentials passed in
+  ``storage_options`` are never pickled (``remote/urls.py``).
+
 Modules: ``slices.py`` (``H5SliceSequence``), ``windows.py``
 (``H5WindowSequence``), ``rows.py`` (``H5RowSequence``), ``base.py`` (what
-they share), ``handles.py`` (the per-process handle registry), ``keys.py``
-(paths and keys). ``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.
+they share), ``inspection.py`` (a file's keys checked at construction),
+``handles.py`` (the per-process handle registry), ``keys.py`` (paths and
+keys), ``options.py`` (the shared keyword arguments), ``remote/`` (URLs).
+``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.
 """
 
 from kerasfeed.hdf5.base import FileChangedError
+from kerasfeed.hdf5.remote.options import RemoteOptions
 from kerasfeed.hdf5.rows import H5RowSequence
 from kerasfeed.hdf5.slices import H5SliceSequence
 from kerasfeed.hdf5.windows import H5WindowSequence
 from kerasfeed.transforms import ScenePointSampler
 
-__all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler", "FileChangedError"]
+__all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler", "FileChangedError",
+           "RemoteOptions"]

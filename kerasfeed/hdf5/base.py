@@ -16,8 +16,11 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.handles import REGISTRY
-from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, list_datasets, parse_keys
+from kerasfeed.hdf5.inspection import check_file
+from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
+from kerasfeed.hdf5.remote.options import RemoteOptions
+from kerasfeed.hdf5.remote.urls import Credentials, check_url, is_url, options_per_scheme, protocol, redact
 from kerasfeed.sources.sequence import SceneSequence
 
 if TYPE_CHECKING:
@@ -59,6 +62,7 @@ class H5Base(SceneSequence):
         self.seed = seed
         self.transform = opts.transform
         self._open_kwargs = dict(opts.open_kwargs or {})
+        self._remote = self._remote_files(opts, cls)  # file index -> RemoteFile (filled by _inspect)
         self._reset_handles()
         # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype);
         # stamps[f] = (st_dev, st_ino) of the file inspected at that path.
@@ -87,6 +91,34 @@ class H5Base(SceneSequence):
         """Total rows over all files."""
         return self._row_offsets[-1]
 
+    def kerasfeed_identity(self) -> dict:
+        """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.
+
+        A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat``
+        now); a remote object's is its version and size as the store
+        reports them now (``"etag=...,size=..."``; ``generation=`` on GCS),
+        one request per object. A changed file has another identity. A URL
+        is keyed without its query string (a presigned URL's signature is
+        no name to keep in a cache's index).
+
+        Raises:
+            FileNotFoundError, PermissionError, OSError: a file is gone or
+                cannot be read; the message names it.
+        """
+        out = {}
+        for j, path in enumerate(self._paths):
+            if j in self._remote:
+                out[self._shown(j)] = self._remote[j].stat_now().identity()
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"{type(self).__name__}: HDF5 file not found. Received: path='{path}'"
+                ) from None
+            out[path] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+        return out
+
     def close(self) -> None:
         """Releases this object's files in the current process.
 
@@ -96,6 +128,8 @@ class H5Base(SceneSequence):
         """
         if getattr(self, "_h5_pid", None) != os.getpid():
             return  # state inherited through fork belongs to the parent
+        for rf in getattr(self, "_remote", {}).values():
+            rf.close()
         with self._h5_lock:
             held, self._h5_held, self._h5_datasets = self._h5_held, {}, {}
             self._window_cache = {}
@@ -122,14 +156,69 @@ class H5Base(SceneSequence):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_remote", {})  # pickled before URLs were read
         self._reset_handles()
 
     def __repr__(self) -> str:
-        files = self._paths[0] if len(self._paths) == 1 else f"{len(self._paths)} files"
+        files = self._shown(0) if len(self._paths) == 1 else f"{len(self._paths)} files"
         return (
             f"<{type(self).__name__} {files!s}, keys={self._keys_structure!r}, "
             f"batch_size={self.batch_size}, batches={len(self)}>"
         )
+
+    # ---- remote files ------------------------------------------------------
+
+    def _shown(self, file_index: int) -> str:
+        """The path of a file fit for messages (a URL without its query string: ``urls.redact``)."""
+        path = self._paths[file_index]
+        return redact(path) if file_index in self._remote else path
+
+    def _shown_paths(self) -> list:
+        return [self._shown(j) for j in range(len(self._paths))]
+
+    def _remote_files(self, opts: H5Options, cls: str) -> dict:
+        """A ``RemoteFile`` (not yet inspected) per URL among the paths; checks the remote arguments."""
+        urls = {j: check_url(p, cls) for j, p in enumerate(self._paths) if is_url(p)}
+        if not urls:
+            if opts.storage_options is not None:
+                raise ValueError(
+                    f"{cls}: `storage_options` apply to s3://, gs:// and http(s):// paths, and no path is one. "
+                    f"Received: paths={list(self._paths)} and storage_options with keys {sorted(opts.storage_options)}"
+                )
+            return {}
+        if opts.swmr:
+            raise ValueError(f"{cls}: `swmr=True` reads files being appended to on this machine; a URL cannot be "
+                             f"one. Received: swmr=True, path='{redact(self._paths[min(urls)])}'")
+        from kerasfeed.hdf5.remote.files import RemoteFile
+
+        per_scheme = options_per_scheme(opts.storage_options, {protocol(u) for u in urls.values()}, cls)
+        credentials = {scheme: Credentials(o) for scheme, o in per_scheme.items()}
+        remote_options = opts.remote_options or RemoteOptions()
+        return {j: RemoteFile(url, credentials[protocol(url)], remote_options, cls, self._open_kwargs)
+                for j, url in urls.items()}
+
+    def _read_many(self, parts: list, local=None) -> list:
+        """``[(file index, key, [(a, b), ...]), ...]`` -> each part's rows, the runs concatenated.
+
+        The remote parts go out together, in one wave (``remote.files.read_parts``);
+        ``local(file index, key, runs)`` reads the others (default: ``_read_rows`` per run).
+        """
+        out: list = [None] * len(parts)
+        remote = [j for j, (f, _, _) in enumerate(parts) if f in self._remote]
+        if remote:
+            from kerasfeed.hdf5.remote.files import read_parts
+
+            got = read_parts([(self._remote[parts[j][0]], parts[j][1], parts[j][2]) for j in remote])
+            for j, arr in zip(remote, got):
+                out[j] = arr
+        for j, (f, key, runs) in enumerate(parts):
+            if out[j] is None:
+                if local is not None:
+                    out[j] = local(f, key, runs)
+                else:
+                    arrays = [self._read_rows(f, key, a, b) for a, b in runs]
+                    out[j] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return out
 
     # ---- handles -----------------------------------------------------------
 
@@ -236,57 +325,31 @@ class H5Base(SceneSequence):
 
     def _inspect(self):
         """Opens each file briefly: checks keys and shapes, returns the layout."""
-        cls = type(self).__name__
-        lengths, specs, first_file, chunk_rows, stamps = [], {}, {}, None, []
-        for path in self._paths:
+        lengths, specs, first_file, stamps = [], {}, {}, []
+        chunk_rows: list = []
+        for j, path in enumerate(self._paths):
+            if j in self._remote:
+                rf = self._remote[j]
+                length = rf.inspect(lambda f: (self._leaves, check_file(
+                    self, rf.name, f, lambda key: f[key], specs, first_file, chunk_rows)))
+                lengths.append(length)
+                stamps.append(("remote", rf.pin.identity()))
+                continue
             ident, f = self._acquire(path)
             stamps.append(ident[1:3])
             try:
-                shapes = {}
-                for key in self._leaves:
-                    ds = f.get(key)
-                    if ds is None or not hasattr(ds, "shape"):
-                        kind = "no dataset" if ds is None else "a group, not a dataset, at"
-                        raise ValueError(
-                            f"{cls}: file '{path}' has {kind} key '{key}'. "
-                            f"Datasets in the file: {list_datasets(f)}. Received: keys={self._keys_structure!r}"
-                        )
-                    ds = REGISTRY.dataset(ident, key)
-                    if self.swmr:
-                        ds.refresh()
-                    if ds.ndim == 0:
-                        raise ValueError(
-                            f"{cls}: dataset '{key}' in file '{path}' is a scalar; rows need at least "
-                            f"one axis. Received: shape={ds.shape}"
-                        )
-                    shapes[key] = ds.shape
-                    spec = (tuple(ds.shape[1:]), ds.dtype)
-                    if key not in specs:
-                        specs[key], first_file[key] = spec, path
-                    elif specs[key] != spec:
-                        raise ValueError(
-                            f"{cls}: dataset '{key}' differs between files: '{first_file[key]}' has rows "
-                            f"of shape {specs[key][0]} and dtype {specs[key][1]}, but '{path}' has "
-                            f"rows of shape {spec[0]} and dtype {spec[1]}."
-                        )
-                    if chunk_rows is None:
-                        chunk_rows = ds.chunks[0] if ds.chunks else None
-                lens = {key: s[0] for key, s in shapes.items()}
-                if len(set(lens.values())) > 1:
-                    detail = ", ".join(f"'{k}': {n}" for k, n in lens.items())
-                    raise ValueError(
-                        f"{cls}: the datasets in file '{path}' have different lengths along "
-                        f"axis 0; every key must have the same number of rows. Received: {detail}"
-                    )
-                lengths.append(next(iter(lens.values())))
+                lengths.append(check_file(
+                    self, path, f, lambda key: REGISTRY.dataset(ident, key), specs, first_file, chunk_rows))
             finally:
                 REGISTRY.release(ident)
-        return np.asarray(lengths, dtype=np.int64), specs, chunk_rows, stamps
+        return np.asarray(lengths, dtype=np.int64), specs, (chunk_rows or [None])[0], stamps
 
     # ---- reading -----------------------------------------------------------
 
     def _read_rows(self, file_index: int, key: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of ``key`` in one file."""
+        if file_index in self._remote:
+            return self._read_many([(file_index, key, [(start, stop)])])[0]
         try:
             ds = self._dataset(file_index, key)
             if self.swmr and stop > ds.shape[0]:
@@ -326,9 +389,11 @@ class H5Base(SceneSequence):
                 parts.append((f, pos - offsets[f], f_stop - offsets[f]))
             pos = f_stop
             f += 1
+        # Every (key, file) read of the batch at once: the remote ones go out in one wave.
+        reads = self._read_many([(f, key, [(a, b)]) for key in self._leaves for f, a, b in parts])
         out = {}
-        for key in self._leaves:
-            arrays = [self._read_rows(f, key, a, b) for f, a, b in parts]
+        for k, key in enumerate(self._leaves):
+            arrays = reads[k * len(parts) : (k + 1) * len(parts)]
             out[key] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         return out
 

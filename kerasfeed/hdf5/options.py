@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional, TypedDict
 import numpy as np
 
 from kerasfeed import _validation as _v
+from kerasfeed.hdf5.remote.options import RemoteOptions, check_storage_options
 
 Transform = Callable[[Any, np.random.Generator], Any]
 
@@ -34,6 +35,11 @@ class H5Options:
         transform: optional ``transform(batch, rng) -> batch``.
         swmr: open files in SWMR read mode.
         open_kwargs: extra ``h5py.File`` arguments, e.g. ``rdcc_nbytes``.
+        storage_options: fsspec options for ``s3://``, ``gs://`` and
+            ``http(s)://`` paths (endpoint, credentials, ``anon``); secret
+            ones never leave this process (docs/remote.md).
+        remote_options: timeouts, retries and request sizes for those paths:
+            a dict of ``RemoteOptions`` fields, or one.
         workers, use_multiprocessing, max_queue_size: passed to
             ``keras.utils.PyDataset`` for ``model.fit(seq)``.
     """
@@ -44,6 +50,8 @@ class H5Options:
     transform: Optional[Transform] = None
     swmr: bool = False
     open_kwargs: Optional[Mapping[str, Any]] = None
+    storage_options: Optional[Mapping[str, Any]] = dataclasses.field(default=None, repr=False)
+    remote_options: Any = None
     workers: int = 1
     use_multiprocessing: bool = False
     max_queue_size: int = 10
@@ -95,6 +103,10 @@ class H5Options:
                         f"(use `swmr=` for SWMR). Received: open_kwargs={dict(open_kwargs)!r}"
                     )
             kw["open_kwargs"] = dict(open_kwargs)
+        if "storage_options" in kw:
+            kw["storage_options"] = check_storage_options(kw["storage_options"], owner)
+        if kw.get("remote_options") is not None:
+            kw["remote_options"] = RemoteOptions.build(kw["remote_options"], owner)
         return cls(**kw)
 
 
@@ -107,6 +119,8 @@ class H5Keywords(TypedDict, total=False):
     transform: Optional[Transform]
     swmr: bool
     open_kwargs: Optional[Mapping[str, Any]]
+    storage_options: Optional[Mapping[str, Any]]
+    remote_options: Any
     workers: int
     use_multiprocessing: bool
     max_queue_size: int

@@ -128,12 +128,15 @@ class H5RowSequence(H5Base):
         unique, inverse = np.unique(rows, return_inverse=True)  # sorted: what HDF5 selections need
         offsets = self._row_offsets
         cuts = np.searchsorted(unique, offsets[1:-1])
+        # (file, its rows) of every file the batch touches; then every (key, file) read at once.
+        files = [(f, part - offsets[f]) for f, part in enumerate(np.split(unique, cuts)) if len(part)]
+        reads = self._read_many(
+            [(f, key, _runs(rows)) for key in self._leaves for f, rows in files],
+            local=lambda f, key, runs: self._read_row_list(f, key, np.concatenate([np.arange(a, b) for a, b in runs])),
+        )
         arrays = {}
-        for key in self._leaves:
-            parts = []
-            for f, part in enumerate(np.split(unique, cuts)):
-                if len(part):
-                    parts.append(self._read_row_list(f, key, part - offsets[f]))
+        for k, key in enumerate(self._leaves):
+            parts = reads[k * len(files) : (k + 1) * len(files)]
             arrays[key] = (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse.reshape(-1)]
         return self._finish(self._check_index(index), arrays)
 
@@ -164,6 +167,12 @@ class H5RowSequence(H5Base):
         state = super().__getstate__()
         state.pop("_pass_cache", None)
         return state
+
+
+def _runs(rows: np.ndarray) -> list:
+    """Sorted row numbers as runs of consecutive rows: ``[(first, stop), ...]``."""
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cuts)]
 
 
 __all__ = ["H5RowSequence"]

@@ -117,7 +117,7 @@ class H5SliceSequence(H5Base):
                 "with drop_remainder=True"
             )
             raise ValueError(
-                f"{cls}: no batches: {why}. Received: paths={list(self._paths)}, rows per file={self.file_lengths}"
+                f"{cls}: no batches: {why}. Received: paths={self._shown_paths()}, rows per file={self.file_lengths}"
             )
 
     def __len__(self) -> int:

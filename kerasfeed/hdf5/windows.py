@@ -78,7 +78,7 @@ class H5WindowSequence(H5Base):
             raise ValueError(
                 f"{cls}: no batches: the files have {self.file_lengths} rows, giving {n} windows of "
                 f"window={self.window}, stride={self.stride}; batch_size={self.batch_size}, "
-                f"drop_remainder={self.drop_remainder}. Received: paths={list(self._paths)}"
+                f"drop_remainder={self.drop_remainder}. Received: paths={self._shown_paths()}"
             )
 
     def __len__(self) -> int:
@@ -102,23 +102,28 @@ class H5WindowSequence(H5Base):
         i = self._check_index(index)
         s0, s1 = self._sample_range(i)
         offsets = self._window_offsets
+        # (file, first window, stop window, first row, stop row) of every file the batch touches.
+        spans = []
+        s = s0
+        f = int(np.searchsorted(offsets, s, side="right")) - 1
+        while s < s1:
+            f_stop = min(s1, int(offsets[f + 1]))
+            if f_stop > s:
+                first = int(s - offsets[f]) * self.stride
+                last = int(f_stop - 1 - offsets[f]) * self.stride
+                spans.append((f, s, f_stop, first, last + self.window))
+            s = f_stop
+            f += 1
+        # Every (key, file) read at once: the remote ones go out in one wave.
+        reads = self._read_many([(f, key, [(a, b)]) for key in self._leaves for f, _, _, a, b in spans])
         out = {}
-        for key in self._leaves:
+        for k, key in enumerate(self._leaves):
             trailing, dtype = self._specs[key]
             arr = np.empty((s1 - s0, self.window, *trailing), dtype=dtype)
-            s = s0
-            f = int(np.searchsorted(offsets, s, side="right")) - 1
-            while s < s1:
-                f_stop = min(s1, int(offsets[f + 1]))
-                if f_stop > s:
-                    first = int(s - offsets[f]) * self.stride
-                    last = int(f_stop - 1 - offsets[f]) * self.stride
-                    rows = self._read_rows(f, key, first, last + self.window)
-                    # (n, *trailing, window) view -> (n, window, *trailing) copy
-                    view = np.lib.stride_tricks.sliding_window_view(rows, self.window, axis=0)
-                    arr[s - s0 : f_stop - s0] = np.moveaxis(view[:: self.stride], -1, 1)
-                s = f_stop
-                f += 1
+            for (f, w0, w1, _, _), rows in zip(spans, reads[k * len(spans) : (k + 1) * len(spans)]):
+                # (n, *trailing, window) view -> (n, window, *trailing) copy
+                view = np.lib.stride_tricks.sliding_window_view(rows, self.window, axis=0)
+                arr[w0 - s0 : w1 - s0] = np.moveaxis(view[:: self.stride], -1, 1)
             out[key] = arr
         return self._finish(i, out)
 

@@ -1,0 +1,279 @@
+"""Remote HDF5 benchmark: the same gzip-chunked file drained locally and from an HTTP store 20 ms away.
+
+Run on its own: ``python benchmarks/remote.py`` (``--quick`` for a tiny run,
+``--json PATH`` to keep the numbers). The store is ``tests/remote_servers.py``
+run as a process of its own on 127.0.0.1 (byte ranges, ETags, a fixed
+``--delay`` before every answer, ``sendfile`` for the bytes), so that it
+does not share the reader's GIL. The file is ``make_synthetic_scenes``
+(gzip level 4, chunks of 8 scenes); a batch is ``--batch`` scenes of
+``points`` (float32, points x 6) and ``labels``.
+
+Rows (batches/s, one pass per round after an untimed warm pass; rounds
+alternate between the rows so that a busy machine slows them alike):
+
+- ``local, threads`` / ``local, processes``: ``to_loader`` over the local file;
+- ``remote, threads`` / ``remote, processes`` (and ``remote, ray`` with
+  ``--ray``): the same over ``http://`` (chunks fetched as byte ranges, one
+  wave per batch, decoded outside h5py);
+- ``h5py over fsspec``: what users do today, ``h5py.File(fsspec.open(url))``
+  read batch by batch in one loop (h5py reads serially under its lock;
+  fsspec's default read-ahead cache, 5 MB blocks), and the same with
+  ``to_loader(executor="threads")`` over a Sequence reading that file.
+
+Per remote row: requests per batch and bytes read per byte stored (the
+server's counts over one pass of a fresh reader, its construction
+included; a pass needs every stored chunk once, so 1.0 is the floor); the
+round trips before the first batch (the file's metadata at construction,
+then the first batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any, Callable, Dict, List
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+class StoreProcess:
+    """``tests/remote_servers.py`` serving a directory from a process of its own."""
+
+    def __init__(self, root: str, delay: float):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "remote_servers.py"), "--root", root, "--delay", str(delay)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        self.port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def counts(self) -> Dict[str, int]:
+        with urllib.request.urlopen(f"{self.url}/__counts__", timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class H5pyOverFsspec:
+    """The usual way today: a Sequence holding ``h5py.File(fsspec.open(url).open())``."""
+
+    def __init__(self, url: str, batch: int):
+        import fsspec
+        import h5py
+
+        self._file = fsspec.open(url, "rb").open()
+        self._h5 = h5py.File(self._file, "r")
+        self._points, self._labels = self._h5["points"], self._h5["labels"]
+        self.batch = batch
+        self._n = len(self._labels) // batch
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int):
+        s = slice(i * self.batch, (i + 1) * self.batch)
+        return self._points[s], self._labels[s]
+
+
+def _stored_bytes(path: str, keys) -> int:
+    import h5py
+
+    total = 0
+    with h5py.File(path, "r") as f:
+        for key in keys:
+            found: list = []
+            f[key].id.chunk_iter(lambda info: found.append(info.size))
+            total += sum(found)
+    return total
+
+
+def _drain(loader) -> int:
+    n = 0
+    for _ in loader:
+        n += 1
+    return n
+
+
+def _first_batch(make: Callable[[], Any]) -> Dict[str, Any]:
+    """Round trips to build the source (the file's metadata) and then to get batch 0."""
+    from kerasfeed.hdf5.remote.fetch import STATS
+
+    STATS.reset()
+    t0 = time.perf_counter()
+    seq = make()
+    built = STATS.as_dict()
+    t1 = time.perf_counter()
+    STATS.reset()
+    seq[0]
+    first = STATS.as_dict()
+    t2 = time.perf_counter()
+    return {"metadata_round_trips": built["rounds"], "metadata_requests": built["requests"] + built["stats"],
+            "first_batch_round_trips": first["rounds"], "build_s": t1 - t0, "first_batch_s": t2 - t1}
+
+
+def run(args) -> Dict[str, Any]:
+    import kerasfeed
+    from kerasfeed.datasets import make_synthetic_scenes
+
+    tmp = tempfile.mkdtemp(prefix="kf-remote-bench-")
+    path = str(make_synthetic_scenes(os.path.join(tmp, "scenes.h5"), num_scenes=args.scenes,
+                                     points_per_scene=args.points, chunk_scenes=8, seed=0))
+    keys = ("points", "labels")
+    stored = _stored_bytes(path, keys)
+    store = StoreProcess(tmp, args.delay)
+    url = f"{store.url}/scenes.h5"
+    out: Dict[str, Any] = {"delay_s": args.delay, "scenes": args.scenes, "points": args.points,
+                           "batch": args.batch, "file_bytes": os.path.getsize(path), "stored_bytes": stored}
+    loaders: Dict[str, Any] = {}
+    try:
+        out["first_batch"] = {"remote": _first_batch(lambda: kerasfeed.H5SliceSequence(url, keys, args.batch))}
+        before = store.counts()["requests"]
+        t0 = time.perf_counter()
+        H5pyOverFsspec(url, args.batch)[0]
+        out["first_batch"]["h5py over fsspec"] = {"round_trips": store.counts()["requests"] - before,
+                                                  "first_batch_s": time.perf_counter() - t0}
+
+        def loader(seq, executor):
+            kw = {"workers": args.workers} if executor in ("processes", "ray") else {}
+            return kerasfeed.to_loader(seq, executor=executor, **kw)
+
+        local = kerasfeed.H5SliceSequence(path, keys, args.batch)
+        remote = kerasfeed.H5SliceSequence(url, keys, args.batch)
+        executors = ["threads", "processes"] + (["ray"] if args.ray else [])
+        for ex in executors:
+            loaders[f"local, {ex}"] = loader(local, ex)
+            loaders[f"remote, {ex}"] = loader(remote, ex)
+        loaders["h5py over fsspec, threads"] = kerasfeed.to_loader(H5pyOverFsspec(url, args.batch),
+                                                                   executor="threads")
+        plain = H5pyOverFsspec(url, args.batch)
+        rows: Dict[str, List[float]] = {name: [] for name in [*loaders, "h5py over fsspec, loop"]}
+        for name, ld in loaders.items():  # warm: workers started, connections open, caches filled
+            _drain(ld)
+        for i in range(len(plain)):
+            plain[i]
+        for _ in range(args.rounds):
+            for name in rows:
+                t0 = time.perf_counter()
+                if name == "h5py over fsspec, loop":
+                    n = len(plain)
+                    for i in range(n):
+                        plain[i]
+                else:
+                    n = _drain(loaders[name])
+                rows[name].append(n / (time.perf_counter() - t0))
+        for ld in loaders.values():
+            ld.close()
+        loaders.clear()
+        out["rows"] = {}
+        for name, rates in rows.items():
+            out["rows"][name] = {"batches_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                                 "rounds": rates, "requests_per_batch": None, "bytes_read_per_byte_stored": None}
+        # Traffic, row by row (a loader of worker processes starts its next pass ahead, so the counts of
+        # interleaved rounds would mix): a fresh reader, one pass from construction on, then closed.
+        for name in rows:
+            if name.startswith("local"):
+                continue
+            c0 = store.counts()
+            if name == "h5py over fsspec, loop":
+                src = H5pyOverFsspec(url, args.batch)
+                n = len(src)
+                for i in range(n):
+                    src[i]
+            else:
+                ex = name.split(", ")[1]
+                src = H5pyOverFsspec(url, args.batch) if name.startswith("h5py") else \
+                    kerasfeed.H5SliceSequence(url, keys, args.batch)
+                ld = loader(src, ex) if not name.startswith("h5py") else kerasfeed.to_loader(src, executor=ex)
+                n = _drain(ld)
+                ld.close()
+            c1 = store.counts()
+            out["rows"][name]["requests_per_batch"] = (c1["requests"] - c0["requests"]) / n
+            out["rows"][name]["bytes_read_per_byte_stored"] = (c1["bytes"] - c0["bytes"]) / stored
+        best = {side: max((r["batches_per_s"], k) for k, r in out["rows"].items() if k.startswith(side))
+                for side in ("local", "remote")}
+        out["best"] = {side: {"row": k, "batches_per_s": v} for side, (v, k) in best.items()}
+        out["ratio_remote_to_local"] = best["remote"][0] / best["local"][0]
+        # The ratio per round (best remote row over best local row of the same round): its spread.
+        per_round = [max(out["rows"][k]["rounds"][r] for k in rows if k.startswith("remote"))
+                     / max(out["rows"][k]["rounds"][r] for k in rows if k.startswith("local"))
+                     for r in range(args.rounds)]
+        out["ratio_per_round"] = per_round
+    finally:
+        for ld in loaders.values():
+            close = getattr(ld, "close", None)
+            if close is not None:
+                close()
+        store.stop()
+    return out
+
+
+def _table(out: Dict[str, Any]) -> str:
+    lines = [
+        f"delay {out['delay_s'] * 1000:.0f} ms per request; {out['scenes']} scenes x {out['points']} points, "
+        f"batches of {out['batch']}; file {out['file_bytes'] / 2**20:.1f} MiB",
+        "| row | batches/s median [min-max] | requests/batch | bytes read / byte stored |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, r in out["rows"].items():
+        req = "-" if r["requests_per_batch"] is None else f"{r['requests_per_batch']:.2f}"
+        amp = "-" if r["bytes_read_per_byte_stored"] is None else f"{r['bytes_read_per_byte_stored']:.3f}"
+        lines.append(f"| {name} | {r['batches_per_s']:.1f} [{r['min']:.1f}-{r['max']:.1f}] | {req} | {amp} |")
+    fb = out["first_batch"]
+    rr = out["ratio_per_round"]
+    lines += [
+        f"best remote / best local: {out['ratio_remote_to_local']:.2f} ({out['best']['remote']['row']} / "
+        f"{out['best']['local']['row']}); per round {min(rr):.2f}-{max(rr):.2f}",
+        f"first batch, remote: {fb['remote']['metadata_round_trips']} round trips for the metadata "
+        f"({fb['remote']['metadata_requests']} requests), then {fb['remote']['first_batch_round_trips']} for the "
+        f"batch ({fb['remote']['build_s'] * 1000:.0f} ms + {fb['remote']['first_batch_s'] * 1000:.0f} ms)",
+        f"first batch, h5py over fsspec: {fb['h5py over fsspec']['round_trips']} round trips "
+        f"({fb['h5py over fsspec']['first_batch_s'] * 1000:.0f} ms)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> Dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenes", type=int, default=2048)
+    p.add_argument("--points", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--delay", type=float, default=0.02)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--ray", action="store_true", help="also the Ray executor (a local Ray on 127.0.0.1)")
+    p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.scenes, args.points, args.rounds, args.batch = 128, 64, 2, 16
+    out = run(args)
+    out["machine"] = _machine()
+    print(_table(out))
+    print(json.dumps(out))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _machine() -> Dict[str, Any]:
+    import platform
+
+    return {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+            "load_avg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""Byte ranges of one object over fsspec: stat, ranged GETs pinned to the object's version, retries, timeouts.
+
+NOTE [ One wave of requests per batch, on fsspec's event loop ]
+===============================================================
+
+s3fs, gcsfs and fsspec's HTTP filesystem are asynchronous: their requests
+run as coroutines on one event-loop thread per process (``fsspec.asyn``).
+A batch's byte ranges, over every file and key it reads, are sent as one
+``asyncio.gather`` from the thread that makes the batch, which waits for
+them with the GIL released (``run``): one round trip per batch, and the
+threads executor's 64 calls in flight are 64 waves in flight, not 64 calls
+queued behind h5py's lock. Every request is pinned to the version the
+source saw: ``If-Match: <ETag>`` on S3 and HTTP (a store that has replaced
+the object answers 412), the generation on GCS (a replaced object's old
+generation is gone: 404), and the response's own ETag and length are
+checked, so a replaced object is a ``FileChangedError``, never bytes of the
+new object decoded with the old layout. ``RemoteOptions`` says which
+failures are tried again and how long each try may take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import os
+import random
+import threading
+from typing import Any, Awaitable, Callable, Optional
+
+from kerasfeed.errors import FileChangedError
+from kerasfeed.hdf5.remote.options import RemoteOptions
+from kerasfeed.hdf5.remote.urls import Credentials, protocol, redact
+
+_timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
+
+# HTTP statuses worth another try: timeout, throttling, server errors.
+_RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+# Exception classes (by name, anywhere in the class's MRO) that mean the connection failed or stalled.
+_TRANSIENT = {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError", "ServerTimeoutError",
+              "HTTPClientError", "ConnectionError", "TimeoutError", "ReadTimeoutError", "IncompleteRead",
+              "ResponseStreamingError"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStat:
+    """An object's size and version, as the store reports them."""
+
+    size: int
+    etag: Optional[str] = None
+    generation: Optional[str] = None
+    version: Optional[str] = None
+    last_modified: Optional[str] = None
+
+    def identity(self) -> str:
+        """The version and size as one string (``kerasfeed_identity``)."""
+        parts = [f"{name}={value}" for name, value in (
+            ("etag", self.etag), ("generation", self.generation), ("version", self.version),
+            ("last_modified", None if self.etag or self.generation else self.last_modified),
+        ) if value]
+        return ",".join([*parts, f"size={self.size}"])
+
+
+class RequestStats:
+    """Requests this process sent to object stores (for tests and benchmarks).
+
+    ``rounds``: waits of a calling thread on the network (one per batch on
+    the fast path, one per block h5py reads itself); ``requests``/``bytes``:
+    GETs sent and bytes received; ``retries``: tries made again.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.rounds = self.requests = self.bytes = self.retries = self.stats = 0
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {k: getattr(self, k) for k in ("rounds", "requests", "bytes", "retries", "stats")}
+
+
+STATS = RequestStats()
+
+
+def run(fn: Callable[..., Awaitable], *args: Any) -> Any:
+    """Runs ``fn(*args)`` on fsspec's event loop; the calling thread waits (GIL released): one round."""
+    import fsspec.asyn
+    from fsspec.exceptions import FSTimeoutError
+
+    STATS.add(rounds=1)
+    try:
+        return fsspec.asyn.sync(fsspec.asyn.get_loop(), fn, *args)
+    except FSTimeoutError as e:  # fsspec's stand-in for any TimeoutError: ours carries the message
+        if isinstance(e.__cause__, TimeoutError):
+            raise e.__cause__ from None
+        raise
+
+
+class _Fail(Exception):
+    """One failed try: ``kind`` is ``retry``, ``changed``, ``missing``, ``denied`` or ``other`` (not retried)."""
+
+    def __init__(self, kind: str, why: str):
+        super().__init__(why)
+        self.kind = kind
+
+
+def _status_of(err: BaseException) -> Optional[int]:
+    """The HTTP status an error of aiohttp, botocore (under s3fs' translation) or gcsfs carries."""
+    for e in (err, err.__cause__, err.__context__):
+        if e is None:
+            continue
+        status = getattr(e, "status", None) or getattr(e, "code", None)
+        if isinstance(status, int) and status >= 100:
+            return status
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code:
+                return int(code)
+    return None
+
+
+def _classify(err: BaseException) -> _Fail:
+    """What one failed try means (see ``_RETRY_STATUS`` and ``_TRANSIENT``)."""
+    if isinstance(err, _Fail):
+        return err
+    why = f"{type(err).__name__}: {err}".strip().rstrip(":")
+    names = {c.__name__ for c in type(err).__mro__}
+    if "NoCredentialsError" in names or "PartialCredentialsError" in names:
+        return _Fail("denied", f"no credentials found ({why})")
+    status = _status_of(err)
+    if status == 412:
+        return _Fail("changed", "the store refused the pinned version (HTTP 412)")
+    if isinstance(err, FileNotFoundError) or status in (404, 410):
+        return _Fail("missing", why)
+    if isinstance(err, PermissionError) or status in (401, 403) or str(err).startswith("Forbidden"):
+        return _Fail("denied", why)
+    if status in _RETRY_STATUS or names & _TRANSIENT or isinstance(err, asyncio.TimeoutError):
+        return _Fail("retry", why)
+    if isinstance(err, OSError) and err.errno in (errno.EBUSY, errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
+        return _Fail("retry", why)  # s3fs' translation of SlowDown / ServiceUnavailable
+    return _Fail("other", why)
+
+
+class Store:
+    """One object in one process: its filesystem, and requests with retries (``RemoteOptions``).
+
+    Args:
+        url: the object's URL.
+        credentials: its ``storage_options`` (see ``urls.Credentials``).
+        options: timeouts and retries.
+        owner: the public class, for messages.
+    """
+
+    def __init__(self, url: str, credentials: Credentials, options: RemoteOptions, owner: str):
+        self.url, self.credentials, self.options, self.owner = url, credentials, options, owner
+        self.protocol = protocol(url)
+        self._fs = None
+        self._lock = threading.Lock()
+
+    @property
+    def fs(self):
+        with self._lock:
+            if self._fs is None:
+                import fsspec  # only for URLs: local files never import it
+
+                opts = self.credentials.options()
+                if self.protocol == "s3":
+                    # A batch's ranges go out at once: more than botocore's 10 pooled connections.
+                    config = dict(opts.get("config_kwargs") or {})
+                    config.setdefault("max_pool_connections", 64)
+                    opts["config_kwargs"] = config
+                self._fs = fsspec.filesystem(self.protocol, **opts)
+            return self._fs
+
+    # ---- requests, each with its tries -------------------------------------
+
+    async def _tries(self, what: str, attempt: Callable[[], Awaitable]) -> Any:
+        opts, causes = self.options, []
+        for k in range(opts.attempts):
+            try:
+                if _timeout is None:  # Python 3.10
+                    return await asyncio.wait_for(attempt(), opts.timeout)
+                async with _timeout(opts.timeout):  # no task of its own, unlike wait_for
+                    return await attempt()
+            except asyncio.TimeoutError:
+                fail = _Fail("retry", f"no answer within timeout={opts.timeout:g} s")
+            except Exception as e:  # noqa: BLE001 - sorted by _classify; anything else is raised
+                fail = _classify(e)
+            if fail.kind == "other":
+                raise OSError(f"{self.owner}: {what} of '{redact(self.url)}' failed: {fail}") from None
+            if fail.kind != "retry":
+                raise self._error(fail, what) from None
+            causes.append(str(fail))
+            if k + 1 < opts.attempts:
+                STATS.add(retries=1)
+                await asyncio.sleep(opts.wait(k, random.random()))
+        error = TimeoutError if all(c.startswith("no answer") for c in causes) else OSError
+        raise error(
+            f"{self.owner}: {what} of '{redact(self.url)}' failed {len(causes)} times (attempts="
+            f"{opts.attempts}, waits from {opts.backoff:g} s to {opts.max_backoff:g} s, timeout={opts.timeout:g} s "
+            f"each; `remote_options` sets these, `retries=` of to_dataset/to_loader retries the batch): "
+            + "; ".join(dict.fromkeys(causes))
+        )
+
+    def _error(self, fail: _Fail, what: str) -> OSError:
+        url = redact(self.url)
+        if fail.kind == "changed":
+            return FileChangedError(
+                f"{self.owner}: the object '{url}' was replaced after the source read its layout ({what}: {fail}). "
+                "Build a new source to read the new object."
+            )
+        if fail.kind == "missing":
+            return FileNotFoundError(f"{self.owner}: HDF5 object not found: '{url}' ({fail}). Received: path='{url}'")
+        home = "" if self.credentials.secrets_here() or not self.credentials.has_secrets else (
+            " The credentials given in `storage_options` stay in the process that built the source (they are "
+            "never pickled); give worker processes and Ray actors credentials the way fsspec finds them: "
+            "environment variables (AWS_ACCESS_KEY_ID, ...), a profile, or GOOGLE_APPLICATION_CREDENTIALS."
+        )
+        return PermissionError(
+            f"{self.owner}: access to '{url}' was refused ({fail}): wrong or missing credentials, or no "
+            f"permission to read it.{home} Received: path='{url}'"
+        )
+
+    async def stat(self) -> ObjectStat:
+        """The object's size and version now (a fresh request, no listing cache)."""
+        STATS.add(stats=1)
+        return await self._tries("reading the size and version", self._stat_once)
+
+    async def get(self, start: int, end: int, pin: ObjectStat) -> bytes:
+        """Bytes ``[start, end)`` of the version ``pin``; ``FileChangedError`` if it is gone."""
+        try:
+            data = await self._tries(f"reading bytes {start}-{end}", lambda: self._get_once(start, end, pin))
+        except FileNotFoundError as e:  # it was there when the source read its layout
+            raise FileChangedError(
+                f"{self.owner}: the object '{redact(self.url)}' was deleted after the source read its layout "
+                "(HTTP 404 for a range of it). Build a new source once it is back."
+            ) from e
+        STATS.add(requests=1, bytes=len(data))
+        return data
+
+    # ---- one try, per protocol ---------------------------------------------
+
+    async def _stat_once(self) -> ObjectStat:
+        fs = self.fs
+        if self.protocol == "s3":
+            info = await fs._info(self.url, refresh=True)
+            return ObjectStat(int(info["size"]), etag=info.get("ETag"), version=info.get("VersionId"))
+        if self.protocol == "gcs":
+            fs.invalidate_cache(self.url)
+            info = await fs._info(self.url)
+            generation = info.get("generation")
+            return ObjectStat(int(info["size"]), etag=info.get("etag"),
+                              generation=str(generation) if generation else None)
+        # HTTP: a one-byte GET (a presigned URL answers GET only, and some servers refuse HEAD).
+        async with await self._http_get({"Range": "bytes=0-0"}) as r:
+            self._http_status(r)
+            if r.status == 206:
+                size = int(r.headers.get("Content-Range", "/-1").rpartition("/")[2])
+            else:
+                size = int(r.headers.get("Content-Length", -1))
+            if size < 0:
+                raise OSError(f"the server gave no size (no Content-Range or Content-Length; status {r.status})")
+            return ObjectStat(size, etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"))
+
+    async def _get_once(self, start: int, end: int, pin: ObjectStat) -> bytes:
+        fs, url = self.fs, self.url
+        if self.protocol == "s3":
+            bucket, key, _ = fs.split_path(url)
+            kw = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
+            if pin.etag:
+                kw["IfMatch"] = pin.etag
+            if pin.version:
+                kw["VersionId"] = pin.version
+            resp = await fs._call_s3("get_object", **kw)
+            try:
+                data = await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+        elif self.protocol == "gcs":
+            try:
+                data = await fs._cat_file(url, start=start, end=end, generation=pin.generation)
+            except FileNotFoundError:
+                raise _Fail("changed", f"generation {pin.generation} is gone (HTTP 404)") from None
+        else:
+            headers = {"Range": f"bytes={start}-{end - 1}"}
+            if pin.etag:
+                headers["If-Match"] = pin.etag
+            async with await self._http_get(headers) as r:
+                self._http_status(r)
+                etag = r.headers.get("ETag")
+                if pin.etag and etag and etag != pin.etag:
+                    raise _Fail("changed", f"the server answered ETag {etag}, the source read {pin.etag}")
+                data = await r.read()
+                if r.status == 200 and len(data) == pin.size:  # the server ignored Range
+                    data = data[start:end]
+        if len(data) != end - start:
+            raise _Fail("retry", f"{len(data)} bytes received of {end - start}")
+        return data
+
+    async def _http_get(self, headers: dict):
+        fs = self.fs
+        session = await fs.set_session()
+        kw = dict(fs.kwargs)
+        merged = dict(kw.pop("headers", None) or {})
+        merged.update(headers)
+        merged["Accept-Encoding"] = "identity"  # byte offsets of the stored object, not of a compressed one
+        return session.get(fs.encode_url(self.url), headers=merged, **kw)
+
+    @staticmethod
+    def _http_status(r) -> None:
+        if r.status in (200, 206):
+            return
+        if r.status == 412:
+            raise _Fail("changed", "the server answered 412 to If-Match")
+        if r.status in (404, 410):
+            raise _Fail("missing", f"HTTP {r.status}")
+        if r.status in (401, 403):
+            raise _Fail("denied", f"HTTP {r.status}")
+        if r.status in _RETRY_STATUS:
+            raise _Fail("retry", f"HTTP {r.status}")
+        raise OSError(f"HTTP {r.status} {r.reason}")
+
+
+class _Stores:
+    """This process's ``Store`` per (URL, options): one filesystem and connection pool per object."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._stores: dict = {}
+
+    def get(self, url: str, credentials: Credentials, options: RemoteOptions, owner: str) -> Store:
+        key = (url, credentials.key(), options)
+        with self._lock:
+            if self._pid != os.getpid():  # forked: fsspec makes new loops and sessions in a child
+                self._stores, self._pid = {}, os.getpid()
+            store = self._stores.get(key)
+            if store is None:
+                store = self._stores[key] = Store(url, credentials, options, owner)
+            return store
+
+
+STORES = _Stores()
+
+
+async def gather_ranges(requests: list) -> list:
+    """``[(store, start, end, pin), ...]`` fetched concurrently; bytes in the same order."""
+    if len(requests) == 1:  # no task to make
+        store, s, e, pin = requests[0]
+        return [await store.get(s, e, pin)]
+    return list(await asyncio.gather(*(store.get(s, e, pin) for store, s, e, pin in requests)))
+
+
+__all__ = ["ObjectStat", "RequestStats", "STATS", "STORES", "Store", "gather_ranges", "run"]

@@ -1,0 +1,135 @@
+"""The file object h5py reads a remote file through: blocks fetched pinned to the object's version, and kept.
+
+NOTE [ h5py over a remote file, and the collector ]
+===================================================
+
+h5py reads a Python file object under its process-wide lock, one ``read``
+at a time (h5py#2001). kerasfeed lets it do so only for what needs h5py:
+the file's metadata, read once at construction (superblock, object headers,
+chunk indexes), and the datasets outside the fast path (``chunks.py``).
+``BlockFile`` serves those reads from blocks of ``block_size`` bytes, each
+fetched once (several missing blocks of one read in one wave), so the
+~10 small reads of an open cost a few requests, not ten.
+
+While h5py waits on the network it holds its lock, and the fetch runs on
+fsspec's event-loop thread: if the cyclic collector ran there and freed an
+h5py object, that object's finalizer would wait for the lock forever
+(h5py#2019, and h5py's docs on file-like objects). ``collector_held``
+keeps the collector off while any thread of the process is inside such an
+h5py call (counted, so overlapping calls re-enable it once, at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import threading
+from collections import OrderedDict
+
+from kerasfeed.hdf5.remote.fetch import ObjectStat, Store, gather_ranges, run
+
+_GC_LOCK = threading.Lock()
+_GC_STATE = {"depth": 0, "was_enabled": False}
+
+
+@contextlib.contextmanager
+def collector_held():
+    """Keeps the cyclic garbage collector off for the block (see the NOTE); nests across threads."""
+    with _GC_LOCK:
+        if _GC_STATE["depth"] == 0:
+            _GC_STATE["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _GC_STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_STATE["depth"] -= 1
+            if _GC_STATE["depth"] == 0 and _GC_STATE["was_enabled"]:
+                gc.enable()
+
+
+class BlockFile(io.RawIOBase):
+    """A read-only, seekable file of one object version, in blocks (for h5py only).
+
+    Args:
+        store: the object's ``Store``.
+        pin: the version every block is read from.
+        block_size: bytes per block.
+        max_blocks: blocks kept (least recently used dropped).
+    """
+
+    def __init__(self, store: Store, pin: ObjectStat, block_size: int, max_blocks: int = 64):
+        super().__init__()
+        self._store, self._pin = store, pin
+        self._block, self._max = block_size, max_blocks
+        self._blocks: OrderedDict = OrderedDict()
+        self._pos = 0
+        self.error = None  # the last fetch error: h5py reports its own error in its place
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._pin.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self._pin.size)
+        if end <= self._pos:
+            return 0
+        first, last = self._pos // self._block, (end - 1) // self._block
+        missing = [b for b in range(first, last + 1) if b not in self._blocks]
+        if missing:
+            size = self._pin.size
+            spans = [(b * self._block, min((b + 1) * self._block, size)) for b in missing]
+            try:
+                got = run(gather_ranges, [(self._store, s, e, self._pin) for s, e in spans])
+            except BaseException as e:
+                self.error = e
+                raise
+            for b, data in zip(missing, got):
+                self._blocks[b] = data
+        n = 0
+        for b in range(first, last + 1):
+            data = self._blocks[b]
+            self._blocks.move_to_end(b)
+            lo = max(self._pos, b * self._block) - b * self._block
+            hi = min(end, (b + 1) * self._block) - b * self._block
+            view[n : n + hi - lo] = data[lo:hi]
+            n += hi - lo
+        while len(self._blocks) > max(self._max, last - first + 1):
+            self._blocks.popitem(last=False)
+        self._pos += n
+        return n
+
+
+def open_h5(store: Store, pin: ObjectStat, block_size: int, open_kwargs: dict) -> tuple:
+    """``(h5py.File, BlockFile)`` of ``pin``; call it, and use the file, under ``collector_held``."""
+    import h5py
+
+    raw = BlockFile(store, pin, block_size)
+    try:
+        return h5py.File(raw, "r", **open_kwargs), raw
+    except Exception:
+        if raw.error is not None:  # h5py's "unable to open" hides why the read failed
+            raise raw.error from None
+        raise
+
+
+def fetch_error(raw: BlockFile, err: BaseException) -> BaseException:
+    """The fetch error behind an error h5py raised while reading ``raw`` (else ``err``)."""
+    found, raw.error = raw.error, None
+    return found if found is not None else err
+
+
+__all__ = ["BlockFile", "collector_held", "fetch_error", "open_h5"]

@@ -1,0 +1,315 @@
+"""HDF5 readers over s3://, gs:// and http:// URLs: the local file's batches, bit for bit, from real servers on 127.0.0.1.
+
+The stores (``remote_servers.py``): moto's S3 server in a process of its own
+(IAM authentication on), and a stdlib HTTP server with byte ranges that also
+answers gcsfs' two calls for ``gs://``. Faults, credentials and changed
+objects: ``test_hdf5_remote_faults.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+from remote_servers import AWS_ISOLATION, MotoS3, http_server
+
+import kerasfeed
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.hdf5.remote.fetch import STATS
+
+# gcsfs' experimental file system asks a gRPC service for the bucket's type: not a JSON-API server's job.
+GCS_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+ROWS = 30
+
+
+def _write_layouts(path) -> dict:
+    """One file, one dataset per layout and filter the readers tell apart; returns what h5py reads of each."""
+    rng = np.random.default_rng(5)
+    data = {
+        "gzip_shuffle": rng.normal(size=(ROWS, 5, 3)).astype("<f4"),
+        "gzip_big_endian": rng.normal(size=(ROWS, 4)).astype(">f8"),
+        "plain_chunks": rng.integers(-9, 9, size=(ROWS, 7)).astype(np.int16),
+        "chunks_2d": rng.integers(0, 255, size=(ROWS, 10), dtype=np.uint8),
+        "flags": rng.random(ROWS) > 0.5,
+        "complex": (rng.normal(size=ROWS) + 1j * rng.normal(size=ROWS)).astype(np.complex64),
+        "contiguous": rng.normal(size=(ROWS, 6)).astype(np.float32),
+        "compact": np.arange(ROWS, dtype=np.int32),
+        "lzf": rng.normal(size=(ROWS, 3)).astype(np.float32),
+        "fletcher32": rng.integers(0, 99, size=(ROWS, 2)).astype(np.int64),
+        "words": np.array([f"w{i}" * (i % 4 + 1) for i in range(ROWS)], dtype=object),
+        "records": np.array([(i, i / 2) for i in range(ROWS)], dtype=[("a", "<i4"), ("b", "<f8")]),
+    }
+    with h5py.File(path, "w") as f:
+        f.create_dataset("gzip_shuffle", data=data["gzip_shuffle"], chunks=(4, 5, 3), compression="gzip",
+                         shuffle=True, maxshape=(None, 5, 3))
+        f.create_dataset("gzip_big_endian", data=data["gzip_big_endian"], chunks=(7, 4), compression="gzip",
+                         shuffle=True)
+        f.create_dataset("plain_chunks", data=data["plain_chunks"], chunks=(3, 7))
+        f.create_dataset("chunks_2d", data=data["chunks_2d"], chunks=(4, 3), compression="gzip")  # edge chunks
+        f.create_dataset("flags", data=data["flags"], chunks=(8,), compression="gzip")
+        f.create_dataset("complex", data=data["complex"], chunks=(6,))
+        f.create_dataset("contiguous", data=data["contiguous"])
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        space = h5py.h5s.create_simple((ROWS,))
+        h5py.h5d.create(f.id, b"compact", h5py.h5t.NATIVE_INT32, space, dcpl=dcpl).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, data["compact"])
+        f.create_dataset("lzf", data=data["lzf"], chunks=(5, 3), compression="lzf")
+        f.create_dataset("fletcher32", data=data["fletcher32"], chunks=(4, 2), fletcher32=True)
+        f.create_dataset("words", data=data["words"], dtype=h5py.string_dtype(), chunks=(10,))
+        f.create_dataset("records", data=data["records"], chunks=(10,))
+        # Chunks never written read as the fill value.
+        sparse = f.create_dataset("sparse", shape=(ROWS, 2), dtype=np.int32, chunks=(5, 2), fillvalue=-7,
+                                  compression="gzip")
+        sparse[10:15] = 1
+    with h5py.File(path, "r") as f:
+        return {k: f[k][()] for k in f}
+
+
+FAST = {"gzip_shuffle", "gzip_big_endian", "plain_chunks", "chunks_2d", "flags", "complex", "contiguous", "sparse"}
+FALLBACK = {"compact": "compact layout", "lzf": "lzf filter", "fletcher32": "fletcher32 filter",
+            "words": "variable-length", "records": "dtype"}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Scene files and the layouts file, served over HTTP (and gs://) and uploaded to moto's S3."""
+    d = tmp_path_factory.mktemp("remote")
+    a = make_synthetic_scenes(d / "a.h5", num_scenes=20, points_per_scene=32, chunk_scenes=4, seed=1)
+    b = make_synthetic_scenes(d / "b.h5", num_scenes=13, points_per_scene=32, chunk_scenes=4, seed=2)
+    layouts = d / "layouts.h5"
+    contents = _write_layouts(layouts)
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {**AWS_ISOLATION, **GCS_ENV}.items():
+            mp.setenv(k, v)
+        moto = MotoS3()
+        try:
+            files = {"bkt/a.h5": str(a), "bkt/b.h5": str(b), "bkt/layouts.h5": str(layouts)}
+            with http_server(files) as srv:
+                urls = {
+                    "http": [f"{srv.url}/bkt/a.h5", f"{srv.url}/bkt/b.h5", f"{srv.url}/bkt/layouts.h5"],
+                    "gs": ["gs://bkt/a.h5", "gs://bkt/b.h5", "gs://bkt/layouts.h5"],
+                    "s3": [moto.upload(str(p), f"h5/{p.name}") for p in (a, b, layouts)],
+                }
+                options = {"http": None, "gs": {"endpoint_url": srv.url, "token": "anon"}, "s3": moto.options()}
+                yield dict(local=[str(a), str(b), str(layouts)], urls=urls, options=options, srv=srv, moto=moto,
+                           contents=contents, mp=mp)
+        finally:
+            moto.stop()
+
+
+def _same(got, want) -> None:
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            _same(got[k], want[k])
+    else:
+        got, want = np.asarray(got), np.asarray(want)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()  # bit for bit (NaNs and signed zeros included)
+
+
+def _drain(seq, **kw) -> list:
+    """A whole pass of ``to_loader(seq, **kw)``; the loader is closed (no pass started ahead stays)."""
+    loader = kerasfeed.to_loader(seq, **kw)
+    try:
+        return list(loader)
+    finally:
+        loader.close()
+
+
+def _readers(paths, **kw):
+    order = kerasfeed.IndexOrder(33, shuffle=True, seed=3)
+    return [
+        kerasfeed.H5SliceSequence(paths, ("points", {"y": "labels"}), 6, shuffle=True, seed=1, **kw),
+        kerasfeed.H5SliceSequence(paths, ("points", "labels"), 5, shuffle_window_chunks=2, seed=2, **kw),
+        kerasfeed.H5WindowSequence(paths, "point_labels", 4, window=3, stride=2, shuffle=True, seed=4, **kw),
+        kerasfeed.H5RowSequence(paths, ("points", "point_labels"), 7, order=order, **kw),
+    ]
+
+
+@pytest.mark.parametrize("scheme", ["http", "s3", "gs"])
+def test_every_reader_gets_the_local_batches_from_urls(stores, scheme):
+    local = stores["local"][:2]
+    urls = stores["urls"][scheme][:2]
+    kw = {} if stores["options"][scheme] is None else {"storage_options": stores["options"][scheme]}
+    for mixed in ([urls[0], local[1]], urls):  # a URL beside a local file, and URLs only
+        for remote, plain in zip(_readers(mixed, **kw), _readers(local)):
+            assert len(remote) == len(plain) and remote.file_lengths == plain.file_lengths == (20, 13)
+            for epoch in (0, 1):
+                remote.set_epoch(epoch), plain.set_epoch(epoch)
+                for i in range(len(plain)):
+                    _same(remote[i], plain[i])
+    if scheme == "http":  # every batch's chunks fetched (no dataset kept whole: RemoteOptions.small_dataset)
+        for remote, plain in zip(_readers(urls, remote_options={"small_dataset": 0}), _readers(local)):
+            for i in range(len(plain)):
+                _same(remote[i], plain[i])
+    seq = kerasfeed.H5SliceSequence(urls, "labels", 4, **kw)
+    assert repr(seq).startswith("<H5SliceSequence 2 files, keys='labels'")
+
+
+def test_layouts_and_filters_take_the_fast_path_or_h5py(stores):
+    """Which layouts and filters are decoded by kerasfeed (docs/remote.md), and both give h5py's rows."""
+    url, contents = stores["urls"]["http"][2], stores["contents"]
+    keys = sorted(FAST | set(FALLBACK))
+    seq = kerasfeed.H5SliceSequence(url, {k: k for k in keys}, 7)
+    layouts = seq._remote[0].layouts
+    assert {k for k in keys if layouts[k].fast} == FAST
+    for key, why in FALLBACK.items():
+        assert why in layouts[key].why, (key, layouts[key].why)
+    assert layouts["contiguous"].kind == "contiguous" and layouts["sparse"].grid.min() == -1  # unwritten chunks
+    for i in range(len(seq)):
+        batch = seq[i]
+        for key in keys:
+            want = contents[key][7 * i : 7 * i + 7]
+            if key == "words":
+                assert list(batch[key]) == list(want)
+            else:
+                _same(batch[key], want)
+    # Scattered rows (runs across chunk edges, repeats) through the fast path and the fallback alike.
+    order = kerasfeed.IndexOrder(ROWS, shuffle=True, seed=9)
+    rows_seq = kerasfeed.H5RowSequence(url, ("chunks_2d", "lzf", "sparse"), 11, order=order)
+    for i in range(len(rows_seq)):
+        picked = rows_seq.batch_rows(i)
+        got = rows_seq[i]
+        for k, key in enumerate(("chunks_2d", "lzf", "sparse")):
+            _same(got[k], contents[key][picked])
+
+
+def test_one_wave_per_batch_merged_ranges_and_no_metadata_after_construction(stores):
+    local, srv = stores["local"][0], stores["srv"]
+    srv.files["bkt/wave.h5"] = local  # a name of its own: the server's log counts this test's requests only
+    url = f"{srv.url}/bkt/wave.h5"
+
+    def served():
+        return [r for r in srv.log if r[0] == "bkt/wave.h5"]
+
+    STATS.reset()
+    whole = {"small_dataset": 0}  # every key is small here: no dataset fetched whole (see the test below)
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels", "point_labels"), 12, remote_options=whole)
+    built = STATS.as_dict()
+    assert built["stats"] == 1  # the object's size and version, once
+    assert len(served()) <= 2  # construction: the version, then the metadata in one block
+    before = len(served())
+    STATS.reset()
+    x = seq[0]  # rows 0..11: three chunks of each key, adjacent in the file
+    first = STATS.as_dict()
+    assert first["rounds"] == 1 and first["stats"] == 0  # one wave, no metadata
+    layouts = seq._remote[0].layouts
+    chunk_ranges = sum(len(layouts[k].ranges([(0, 12)])) for k in ("points", "labels", "point_labels"))
+    requests = len(served()) - before
+    # 9 chunks, adjacent per key: at most one request per key (keys near each other may share one)
+    assert chunk_ranges == 9 and requests == first["requests"] <= 3
+    _same(x, kerasfeed.H5SliceSequence(local, ("points", "labels", "point_labels"), 12)[0])
+    # A whole pass reads each stored chunk once (batches align with chunks here), plus the small gaps
+    # merged requests read across (RemoteOptions.merge_gap, chunks.WASTE): at most 1.1 bytes per byte stored.
+    stored = sum(int(layouts[k].size.sum()) for k in ("points", "labels", "point_labels"))
+    STATS.reset()
+    for i in range(len(seq)):
+        seq[i]
+    assert STATS.as_dict()["rounds"] == len(seq) and stored <= STATS.as_dict()["bytes"] <= 1.1 * stored
+
+
+def test_a_small_dataset_is_fetched_whole_once_per_process(stores):
+    url, local = stores["urls"]["http"][0], stores["local"][0]
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, remote_options={"small_dataset": 1024})
+    labels, points = seq._remote[0].layouts["labels"], seq._remote[0].layouts["points"]
+    assert labels.stored_bytes <= 1024 < points.stored_bytes
+    plain = kerasfeed.H5SliceSequence(local, ("points", "labels"), 4)
+    STATS.reset()
+    _same(seq[0], plain[0])
+    first = STATS.as_dict()
+    assert first["rounds"] == 1 and first["bytes"] >= labels.stored_bytes  # labels whole, in the same wave
+    STATS.reset()
+    for i in range(1, len(seq)):
+        _same(seq[i], plain[i])
+    rest = STATS.as_dict()
+    # Afterwards only points' chunks are fetched: the labels are kept in this process (not pickled).
+    assert rest["bytes"] == points.stored_bytes - points.ranges([(0, 4)])[0][1] + points.ranges([(0, 4)])[0][0]
+    assert "labels" in seq._remote[0].kept and pickle.loads(pickle.dumps(seq))._remote[0].kept == {}
+
+
+def test_threads_processes_and_export_give_the_local_batches(stores, tmp_path):
+    """The fast path in worker processes needs no metadata request: the layouts travel with the source."""
+    url, local = stores["urls"]["http"][:2], stores["local"][:2]
+    want = _drain(kerasfeed.H5SliceSequence(local, ("points", "labels"), 4), executor="threads")
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4)
+    srv = stores["srv"]
+    before = len(srv.log)
+    STATS.reset()
+    _same(_drain(seq, executor="threads"), want)
+    in_process = srv.log[before:]
+    assert len(in_process) == STATS.as_dict()["requests"] and STATS.as_dict()["stats"] == 0
+    before = len(srv.log)
+    _same(_drain(seq, executor="processes", workers=2), want)
+    # The workers asked for chunks only (the ranges this process asked for): no version, no metadata block.
+    in_workers = srv.log[before:]
+    assert in_workers and set(in_workers) == set(in_process)
+    # export: items in index order, the local file's.
+    kerasfeed.export(seq, tmp_path / "exported", num_shards=2, executor="threads", progress=False)
+    _same([item for item in kerasfeed.load_export(tmp_path / "exported").as_numpy_iterator()], want)
+
+
+def test_s3_on_worker_processes_with_credentials_from_the_environment(stores):
+    moto, mp = stores["moto"], stores["mp"]
+    url, local = stores["urls"]["s3"][:2], stores["local"][:2]
+    mp.setenv("AWS_ACCESS_KEY_ID", moto.key)  # what worker processes inherit
+    mp.setenv("AWS_SECRET_ACCESS_KEY", moto.secret)
+    try:
+        seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 5, storage_options={"endpoint_url": moto.endpoint})
+        plain = kerasfeed.H5SliceSequence(local, ("points", "labels"), 5)
+        _same(_drain(seq, executor="processes", workers=2, shuffle=True, seed=1),
+              _drain(plain, executor="threads", shuffle=True, seed=1))
+    finally:
+        mp.delenv("AWS_ACCESS_KEY_ID")
+        mp.delenv("AWS_SECRET_ACCESS_KEY")
+
+
+def test_kerasfeed_identity_names_each_file_and_changes_with_it(stores, tmp_path):
+    srv = stores["srv"]
+    path = make_synthetic_scenes(tmp_path / "c.h5", num_scenes=8, points_per_scene=8, seed=1)
+    srv.files["bkt/c.h5"] = str(path)
+    url = f"{srv.url}/bkt/c.h5"
+    moto = stores["moto"]
+    s3 = moto.upload(str(path), "h5/c.h5")
+    # storage_options keyed by scheme: the S3 options reach s3fs only, not the HTTP file system.
+    seq = kerasfeed.H5SliceSequence([str(path), url, s3], "labels", 4, storage_options={"s3": moto.options()})
+    first = seq.kerasfeed_identity()
+    st = os.stat(path)
+    assert list(first) == [str(path), url, s3]
+    assert first[str(path)] == f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+    assert first[url].startswith('etag="') and first[url].endswith(f",size={st.st_size}")
+    assert first[s3].startswith('etag="') and first[s3].endswith(f",size={st.st_size}")
+    assert seq.kerasfeed_identity() == first  # stable while nothing changes
+    make_synthetic_scenes(path, num_scenes=8, points_per_scene=8, seed=2)  # same size, new bytes
+    moto.upload(str(path), "h5/c.h5")
+    now = seq.kerasfeed_identity()
+    assert all(now[k] != first[k] for k in first)
+    # The identity holds no credentials, and pickling keeps the method.
+    assert moto.secret not in repr(now) and pickle.loads(pickle.dumps(seq)).kerasfeed_identity() == now
+
+
+def test_remote_arguments_are_checked_up_front(stores):
+    url, local = stores["urls"]["http"][0], stores["local"][0]
+    with pytest.raises(ValueError, match=r"`storage_options` apply to s3://, gs:// and http\(s\):// paths"):
+        kerasfeed.H5SliceSequence(local, "labels", 4, storage_options={"anon": True})
+    with pytest.raises(TypeError, match=r"unknown `remote_options` field 'retry'"):
+        kerasfeed.H5SliceSequence(url, "labels", 4, remote_options={"retry": 3})
+    with pytest.raises(ValueError, match=r"`attempts` must be a positive int. Received: attempts=0"):
+        kerasfeed.H5SliceSequence(url, "labels", 4, remote_options={"attempts": 0})
+    with pytest.raises(TypeError, match=r"`storage_options` must be a dict"):
+        kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=["key"])
+    with pytest.raises(ValueError, match=r"`swmr=True` .* a URL cannot be one"):
+        kerasfeed.H5SliceSequence(url, "labels", 4, swmr=True)
+    with pytest.raises(ValueError, match=r"may not carry credentials") as e:
+        kerasfeed.H5SliceSequence("https://me:hunter2@127.0.0.1:9/a.h5", "labels", 4)
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(ValueError, match=r"has no dataset key 'nope'"):
+        kerasfeed.H5SliceSequence(url, "nope", 4)

@@ -1,0 +1,205 @@
+"""Faults of a remote store for the HDF5 readers: throttling, dropped connections, stalls, replaced and missing
+objects, refused credentials; and credentials that never leave the process that was given them.
+
+Servers on 127.0.0.1 only (``remote_servers.py``): the HTTP server injects the faults into its next requests.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+import cloudpickle
+import numpy as np
+import pytest
+from remote_servers import AWS_ISOLATION, MotoS3, http_server
+
+import kerasfeed
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.errors import FileChangedError
+from kerasfeed.hdf5.remote.fetch import STATS
+from kerasfeed.hdf5.remote.h5file import collector_held
+
+# The tests' waits between tries stay short, and every batch sends requests (the scene files are small enough
+# to be kept whole in memory after the first read otherwise: RemoteOptions.small_dataset).
+FAST_RETRY = {"backoff": 0.01, "max_backoff": 0.02, "small_dataset": 0}
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("faults")
+    path = make_synthetic_scenes(d / "a.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4, seed=1)
+    want = list(kerasfeed.H5SliceSequence(str(path), ("points", "labels"), 4))
+    return str(path), want
+
+
+@pytest.fixture
+def srv(scenes):
+    with http_server({"a.h5": scenes[0]}) as server:
+        yield server
+
+
+def _same(got, want) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_throttling_and_dropped_connections_are_retried_and_the_pass_completes(scenes, srv):
+    seq = kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", ("points", "labels"), 4, remote_options=FAST_RETRY)
+    STATS.reset()
+    for fault in ("503", "503", "429", "drop", "503", "drop"):
+        srv.inject(fault)
+    _same(list(kerasfeed.to_loader(seq, executor="threads")), scenes[1])
+    # Every status fault cost a try of ours; a dropped keep-alive connection aiohttp may retry itself.
+    assert srv.faults_left() == 0 and 4 <= STATS.as_dict()["retries"] <= 6
+
+
+def test_a_store_failing_past_the_budget_names_the_url_and_retries_go_on_top(scenes, srv):
+    url = f"{srv.url}/a.h5"
+    seq = kerasfeed.H5SliceSequence(url, "labels", 4, remote_options={"attempts": 2, **FAST_RETRY})
+    srv.inject("503", 2)  # both tries of the batch's one request
+    with pytest.raises(OSError, match=r"reading bytes \d+-\d+ of '.*/a.h5' failed 2 times \(attempts=2.*HTTP 503"):
+        seq[0]
+    # The batch made again by `retries=` of the loader meets a store that answers.
+    srv.inject("503", 2)
+    got = list(kerasfeed.to_loader(seq, executor="threads", retries=1))
+    assert srv.faults_left() == 0
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate([y for _, y in scenes[1]]))
+
+
+def test_a_request_that_stalls_times_out_and_is_tried_again(scenes, srv):
+    srv.stall_s = 2.0
+    url = f"{srv.url}/a.h5"
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, remote_options={"timeout": 0.3, **FAST_RETRY})
+    STATS.reset()
+    srv.inject("stall")
+    _same([seq[0]], scenes[1][:1])
+    assert STATS.as_dict()["retries"] == 1
+    seq = kerasfeed.H5SliceSequence(url, "labels", 4, remote_options={"timeout": 0.3, "attempts": 2, **FAST_RETRY})
+    srv.inject("stall", 2)
+    with pytest.raises(TimeoutError, match=r"failed 2 times .*no answer within timeout=0.3 s"):
+        seq[1]
+
+
+@pytest.mark.parametrize("server_checks_if_match", [True, False])
+def test_an_object_replaced_during_the_run_is_a_file_changed_error(scenes, srv, tmp_path, server_checks_if_match):
+    srv.if_match = server_checks_if_match  # else the reader compares the ETag of each answer
+    path = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=1)
+    srv.files["b.h5"] = str(path)
+    # (A dataset kept whole in memory, RemoteOptions.small_dataset, reads the version it was fetched from.)
+    seq = kerasfeed.H5SliceSequence(f"{srv.url}/b.h5", "points", 4, remote_options=FAST_RETRY)
+    seq[0]
+    make_synthetic_scenes(path, num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=2)  # renamed over it
+    with pytest.raises(FileChangedError, match=r"the object 'http://127.0.0.1:\d+/b.h5' was replaced after"):
+        seq[1]
+    os.unlink(path)
+    with pytest.raises(FileChangedError, match=r"was deleted after the source read its layout"):
+        seq[2]
+
+
+def test_s3_missing_objects_refused_credentials_and_replaced_objects(scenes, tmp_path):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in AWS_ISOLATION.items():
+            mp.setenv(k, v)
+        moto = MotoS3()
+        try:
+            url = moto.upload(scenes[0], "a.h5")
+            with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 's3://kerasfeed-data/nope.h5'"):
+                kerasfeed.H5SliceSequence(url.replace("a.h5", "nope.h5"), "labels", 4, storage_options=moto.options())
+            with pytest.raises(PermissionError, match=r"access to 's3://kerasfeed-data/a.h5' was refused") as e:
+                kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=moto.options(secret="not-it"))
+            assert "not-it" not in str(e.value)
+            seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=moto.options(),
+                                            remote_options=FAST_RETRY)
+            _same([seq[0]], scenes[1][:1])
+            for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):  # neither the key nor the secret travels
+                assert moto.secret.encode() not in blob and moto.key.encode() not in blob
+                assert moto.endpoint.encode() in blob
+            other = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4,
+                                          seed=3)
+            moto.upload(str(other), "a.h5")  # a new version: S3 answers 412 to the pinned ETag
+            with pytest.raises(FileChangedError, match=r"'s3://kerasfeed-data/a.h5' was replaced .*HTTP 412"):
+                seq[1]
+        finally:
+            moto.stop()
+
+
+def test_missing_objects_and_refused_credentials_over_http_are_named_at_creation(scenes):
+    with http_server({"a.h5": scenes[0]}, token="t0ken-123") as srv:
+        with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 'http://127.0.0.1:\d+/b.h5\?…'"):
+            kerasfeed.H5SliceSequence(f"{srv.url}/b.h5?X-Amz-Signature=s3cr3t", "labels", 4,
+                                      storage_options={"headers": {"Authorization": "Bearer t0ken-123"}})
+        with pytest.raises(PermissionError, match=r"access to 'http://127.0.0.1:\d+/a.h5' was refused \(HTTP 403\)"):
+            kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", "labels", 4)
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", ("points", "labels"), 4,
+                                        storage_options={"headers": {"Authorization": "Bearer t0ken-123"}})
+        _same([seq[i] for i in range(len(seq))], scenes[1])
+        # The header is a secret: it stays in this process.
+        for dumps in (pickle.dumps, cloudpickle.dumps):
+            assert b"t0ken-123" not in dumps(seq)
+
+
+def test_an_object_that_is_not_hdf5_is_named(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"not an HDF5 file\n" * 100)
+    with http_server({"notes.h5": str(text)}) as srv:
+        with pytest.raises(OSError, match=r"object 'http://127.0.0.1:\d+/notes.h5' could not be opened as HDF5"):
+            kerasfeed.H5SliceSequence(f"{srv.url}/notes.h5", "labels", 4)
+
+
+def test_credentials_are_never_pickled_and_workers_say_where_to_put_them(scenes):
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    options = {"headers": {"Authorization": f"Bearer {secret}"}, "client_kwargs": {"trust_env": False}}
+    with http_server({"a.h5": scenes[0]}, token=secret) as guarded:
+        seq = kerasfeed.H5SliceSequence(f"{guarded.url}/a.h5", ("points", "labels"), 4, storage_options=options)
+        for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):
+            assert secret.encode() not in blob
+            assert b"trust_env" in blob  # public options travel
+        assert secret not in repr(seq) and secret not in repr(seq._remote[0].credentials)
+        _same([pickle.loads(pickle.dumps(seq))[0]], scenes[1][:1])  # a copy in this process finds them again
+        # A worker process has no secrets: the store refuses it, and the message says why.
+        with pytest.raises(Exception, match=r"(?s)HTTP 403.*stay in the process that built the source") as e:
+            list(kerasfeed.to_loader(seq, executor="processes", workers=1))
+        assert secret not in str(e.value)
+
+
+def test_local_files_import_no_fsspec(tmp_path):
+    code = (
+        "import sys, kerasfeed\n"
+        "from kerasfeed.datasets import make_synthetic_scenes\n"
+        f"p = make_synthetic_scenes({str(tmp_path / 'local.h5')!r}, num_scenes=8, points_per_scene=8)\n"
+        "seq = kerasfeed.H5SliceSequence(p, 'labels', 4); seq[0]; seq.kerasfeed_identity()\n"
+        "print('imported:', [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiohttp') if m in sys.modules])\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "imported: []" in out.stdout, out.stdout
+
+
+def test_the_collector_is_held_off_while_h5py_waits_on_the_network():
+    """h5py#2019: a collection on fsspec's loop thread while h5py holds its lock would deadlock."""
+    assert gc.isenabled()
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def other():
+        with collector_held():
+            inside.set()
+            leave.wait(5)
+
+    t = threading.Thread(target=other)
+    t.start()
+    inside.wait(5)
+    with collector_held():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread is still inside
+    leave.set()
+    t.join(5)
+    assert gc.isenabled()
