@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
+from kerasfeed import _handoff
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol, shm, shutdown
 from kerasfeed.execution.processes.lanes import Lanes, Request, RequestCounts, WorkerLane
@@ -121,6 +122,7 @@ class Dispatcher:
             "payload": payload,
             "max_rss": options.worker_max_rss,
             "cache": None if options.item_cache is None else options.item_cache.described(),
+            "handoff": _handoff.entries(),  # NOTE [ Secrets travel to workers in memory, never with the source ]
         }
 
     def init_fds(self) -> tuple:

@@ -33,6 +33,7 @@ _T0 = time.perf_counter()
 
 import numpy as np  # noqa: E402
 
+from kerasfeed import _handoff  # noqa: E402
 from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import item_random, worker_info  # noqa: E402
 from kerasfeed.execution.cached_items import ItemCache  # noqa: E402
@@ -167,6 +168,7 @@ class WorkerLoop:
         if self.cache is None:
             for fd in fds:
                 os.close(fd)
+        _handoff.receive(init.get("handoff"))  # before the source: its copy finds them by token
         source, worker_init = light_modules.loads(init["payload"])  # light Keras/TF stand-ins meanwhile
         if worker_init is not None:
             worker_init()

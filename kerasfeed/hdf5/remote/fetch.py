@@ -221,8 +221,8 @@ class Store:
         if fail.kind == "missing":
             return FileNotFoundError(f"{self.owner}: HDF5 object not found: '{url}' ({fail}). Received: path='{url}'")
         home = "" if self.credentials.secrets_here() or not self.credentials.has_secrets else (
-            " The credentials given in `storage_options` stay in the process that built the source (they are "
-            "never pickled); give worker processes and Ray actors credentials the way fsspec finds them: "
+            " The credentials given in `storage_options` reach kerasfeed's worker processes in memory but never "
+            "travel to Ray actors (nor with the pickled source); give actors credentials the way fsspec finds them: "
             "environment variables (AWS_ACCESS_KEY_ID, ...), a profile, or GOOGLE_APPLICATION_CREDENTIALS."
         )
         return PermissionError(

@@ -8,15 +8,17 @@ s3fs, a token dict for gcsfs, an ``Authorization`` header for HTTP). A
 source travels to worker processes and Ray actors by pickling, and a pickle
 can end up in a log, a crash dump or Ray's object store. So ``Credentials``
 splits the options once, at construction: the public part (endpoint, region,
-``anon``, a profile *name*, timeouts) travels; the secret part stays in a
-table of the process that built the source, under a random token. A copy
-unpickled in that same process finds its secrets again by the token; a copy
-in another process does not, and its filesystem is built from the public
-options alone, so fsspec looks for credentials the way it does by itself:
-environment variables (``AWS_ACCESS_KEY_ID``..., inherited by worker
-processes), a profile or credentials file, ``GOOGLE_APPLICATION_CREDENTIALS``,
-the instance's metadata service. A worker that finds none fails its first
-read with a message that says so. Credentials written into a URL
+``anon``, a profile *name*, timeouts) travels; the secret part stays in the
+building process's hand-off table under a random token (NOTE [ Secrets
+travel to workers in memory, never with the source ] in
+``kerasfeed/_handoff.py``). A copy unpickled in that process finds its
+secrets by the token, and so does one in a kerasfeed worker process, which
+gets the table in memory with its first message. A Ray actor does not: its
+filesystem is built from the public options alone, so fsspec looks for
+credentials the way it does by itself: environment variables
+(``AWS_ACCESS_KEY_ID``...), a profile or credentials file,
+``GOOGLE_APPLICATION_CREDENTIALS``, the instance's metadata service. An
+actor that finds none fails its first read with a message that says so. Credentials written into a URL
 (``https://user:pass@host/...``) are refused; a query string (a presigned
 URL's signature) is part of the address, travels with it, and is left out
 of every message.
@@ -24,10 +26,10 @@ of every message.
 
 from __future__ import annotations
 
-import secrets as _secrets
-import threading
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
+
+from kerasfeed import _handoff
 
 # URL scheme -> fsspec protocol of the filesystems that read it.
 PROTOCOLS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
@@ -134,10 +136,6 @@ def _merge(public: Mapping, secret: Mapping) -> dict:
     return out
 
 
-_TABLE: dict = {}  # token -> secret options, in the process that was given them
-_TABLE_LOCK = threading.Lock()
-
-
 class Credentials:
     """The ``storage_options`` of a source: public ones travel, secret ones stay (NOTE above).
 
@@ -153,9 +151,7 @@ class Credentials:
         self.has_secrets = bool(secret)
         self.token = _token
         if secret:
-            self.token = _secrets.token_hex(16)
-            with _TABLE_LOCK:
-                _TABLE[self.token] = secret
+            self.token = _handoff.put(secret)
 
     @classmethod
     def _restore(cls, public: dict, token: Optional[str], has_secrets: bool) -> "Credentials":
@@ -168,13 +164,11 @@ class Credentials:
 
     def secrets_here(self) -> bool:
         """Whether this process holds the secret options given at construction."""
-        with _TABLE_LOCK:
-            return self.token in _TABLE
+        return _handoff.get(self.token) is not None
 
     def options(self) -> dict:
         """The options for fsspec in this process: the public ones, plus the secret ones where they are."""
-        with _TABLE_LOCK:
-            secret = _TABLE.get(self.token) if self.token else None
+        secret = _handoff.get(self.token)
         return _merge(self.public, secret) if secret else dict(self.public)
 
     def key(self) -> tuple:
