@@ -8,6 +8,7 @@ objects: ``test_hdf5_remote_faults.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
@@ -313,3 +314,33 @@ def test_remote_arguments_are_checked_up_front(stores):
     assert "hunter2" not in str(e.value)
     with pytest.raises(ValueError, match=r"has no dataset key 'nope'"):
         kerasfeed.H5SliceSequence(url, "nope", 4)
+
+
+def test_a_remote_source_cached_to_a_kept_directory_reads_the_store_once(stores, tmp_path, caplog):
+    """Issue 47 with the item cache: a second run over a kept directory fetches no chunk (only the
+    object's version, for the key); an object replaced in the store rebuilds the cache."""
+    srv = stores["srv"]
+    own = make_synthetic_scenes(tmp_path / "own.h5", num_scenes=16, points_per_scene=32, chunk_scenes=4, seed=5)
+    srv.files["bkt/own.h5"] = str(own)
+    url, cache = f"{srv.url}/bkt/own.h5", tmp_path / "items"
+
+    def run() -> tuple:
+        seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4)  # metadata requests happen here
+        before = len(srv.log)
+        with kerasfeed.to_loader(seq, shuffle=True, seed=0, executor="processes", workers=2, cache=str(cache)) as ld:
+            passes = [[np.asarray(x).tobytes() for x, _ in ld] for _ in range(2)]
+        return passes, srv.log[before:]
+
+    first, fetched = run()
+    assert fetched and {name for name, *_ in fetched} == {"bkt/own.h5"}  # pass 0 read the chunks, once
+    again, fetched_again = run()
+    assert all(end - start <= 1 for _, start, end in fetched_again), fetched_again  # no chunk: the store served
+    assert again == first
+    key = json.load(open(cache / "key.json"))
+    assert url in key["files"] and "etag" in key["files"][url].lower(), key["files"]
+    # The object is replaced (other scenes): its ETag changes, the cache is rebuilt, the new data read.
+    make_synthetic_scenes(tmp_path / "own.h5", num_scenes=16, points_per_scene=32, chunk_scenes=4, seed=6)
+    with caplog.at_level("WARNING", logger="kerasfeed"):
+        replaced, fetched_new = run()
+    assert replaced != first and any(end - start > 1 for _, start, end in fetched_new)
+    assert any("rebuilt" in r.getMessage() and url in r.getMessage() for r in caplog.records)
