@@ -35,7 +35,7 @@ def call_source(worker: Any, index: int, epoch: int) -> tuple[Any, float]:
         set_epoch(worker.source, epoch)
         worker.epoch = epoch
     seeds = worker.seeds
-    if seeds.given:
+    if seeds.given and not getattr(worker, "threaded", False):  # threads share the globals (worker_threads.py)
         seeds.seed_globals(epoch, index)
     t0 = time.perf_counter()
     previous = item_random.enter(seeds, epoch, index)

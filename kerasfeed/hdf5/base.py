@@ -9,7 +9,7 @@ import bisect
 import os
 import stat
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # sample order and the transform's randomness never share draws.
 ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
 
+
+# Loads a worker process runs at once for files in an object store (the threads executor keeps 64 in flight).
+REMOTE_WORKER_THREADS = 8
 
 class H5Base(SceneSequence):
     """Shared machinery: paths, keys, inspection, lazy per-process handles."""
@@ -90,6 +93,13 @@ class H5Base(SceneSequence):
     def num_rows(self) -> int:
         """Total rows over all files."""
         return self._row_offsets[-1]
+
+    @property
+    def worker_threads(self) -> Optional[int]:
+        """Items one worker process makes at once: several when the files are in an object store (a call
+        waits on the network and inflates chunks outside the GIL: NOTE [ A worker that makes several items
+        at once ], ``execution/processes/worker_threads.py``); None (one) for local files, which h5py serialises."""
+        return REMOTE_WORKER_THREADS if getattr(self, "_remote", None) else None
 
     def kerasfeed_identity(self) -> dict:
         """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.

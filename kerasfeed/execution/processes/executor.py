@@ -23,6 +23,7 @@ from kerasfeed.execution.processes.dispatcher import Dispatcher
 from kerasfeed.execution.processes.options import PoolOptions, workers_for
 from kerasfeed.execution.processes.process import fresh_error
 from kerasfeed.execution.processes.stream_sessions import StreamIterator
+from kerasfeed.execution.processes.worker_threads import worker_threads
 from kerasfeed.execution.retries import RetryCounts
 from kerasfeed.execution.state_sync import StateTracker
 from kerasfeed.sources.base import source_length
@@ -129,6 +130,10 @@ class ProcessExecutor(Executor):
     def _start(self, source: Any, options: PoolOptions, name: Optional[str] = None) -> None:
         if source is not None:
             options = _no_more_workers_than_items(source, options)
+            threads = worker_threads(source)
+            if threads > 1:  # NOTE [ A worker that makes several items at once ] (worker.py)
+                options = dataclasses.replace(options, in_flight_per_worker=max(options.in_flight_per_worker,
+                                                                                threads + 1))
         self.options = options.resolved()  # workers and seed made concrete: every restart starts the same workers
         self._label = name or type(source).__name__  # in messages
         self._source = source  # a parked pool's successor gets it as it is then

@@ -39,6 +39,7 @@ from kerasfeed.execution import item_random, worker_info  # noqa: E402
 from kerasfeed.execution.cached_items import ItemCache  # noqa: E402
 from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
+from kerasfeed.execution.processes.worker_threads import ThreadedLoads, worker_threads  # noqa: E402
 from kerasfeed.execution.source_calls import call_source  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
 from kerasfeed.sources.base import GeneratorsSeen, close_quietly, source_name  # noqa: E402
@@ -137,6 +138,8 @@ class WorkerLoop:
         self.max_rss: Optional[int] = init.get("max_rss")
         self.rss = _RssProbe() if self.max_rss is not None else None
         self.retiring = False
+        self._retire_lock = threading.Lock()
+        self.threaded = False  # loads on several threads (worker_threads.py): the globals are not reseeded
 
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
@@ -197,11 +200,20 @@ class WorkerLoop:
                     }
                 )
             )
+            threads = worker_threads(self.source)  # NOTE [ A worker that makes several items at once ]
+            self.threaded = threads > 1
+            loads = ThreadedLoads(threads, self.load) if self.threaded else None
             while True:
                 msg = self._recv()
                 if isinstance(msg, protocol.Load):
-                    self.load(msg)
-                elif isinstance(msg, protocol.SetState):
+                    if loads is None:
+                        self.load(msg)
+                    else:
+                        loads.submit(msg)
+                    continue
+                if loads is not None:
+                    loads.drain()  # a state or a stream comes after the loads before it
+                if isinstance(msg, protocol.SetState):
                     self.set_state(msg)
                 elif isinstance(msg, protocol.StartStream):
                     self.stream(msg)
@@ -289,8 +301,9 @@ class WorkerLoop:
         self._send(protocol.ItemDone(request.request_id, slot, spec, size, nbytes, make_s, t2 - t1), fds)
         if self.rss is not None and not self.retiring:
             rss = self.rss()
-            if rss > self.max_rss:
-                self.retiring = True
+            with self._retire_lock:  # loads may run on several threads (worker_threads.py)
+                retire, self.retiring = rss > self.max_rss and not self.retiring, self.retiring or rss > self.max_rss
+            if retire:
                 self._send(protocol.Retire(rss))
 
     def _take_messages(self, stream_id: int, free: collections.deque, block: bool) -> bool:
