@@ -464,3 +464,15 @@ def test_a_resumed_first_pass_recycled_workers_and_auto_keep_items_equal_and_mad
         _assert_same(expected, got)
         made = _calls(log)
         assert len(made) == len(set(made)) and at_creation | set(made) == set(range(N)), (name, made)
+
+
+def test_closing_a_loader_while_its_threads_still_store_items_does_not_crash():
+    """The store dropped its mappings instead of unmapping them under a thread still copying an item
+    (it segfaulted 3 of 3 runs of this script before; items handed out stay readable after close)."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "cache_scripts", "close_mid_pass.py")
+    out = subprocess.run([sys.executable, script, "20"], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0 and "survived" in out.stdout, (out.returncode, out.stderr[-2000:])

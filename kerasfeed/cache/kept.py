@@ -177,11 +177,7 @@ def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[
 def close_kept(store: ItemStore, kept: KeptDirectory) -> None:
     """Writes the store back, marks it closed cleanly, closes it and frees the directory."""
     try:
-        if not store.closed:
-            store.flush()
-            store.set_header(H_CLEAN, 1)
-            store.flush()
-            store.close()
+        store.close(mark_clean=True)  # sealed first: nothing published after the clean mark
     finally:
         kept.release()
 

@@ -136,13 +136,18 @@ class ItemStore:
         self._q[slot] = value
 
     # ------------------------------------------------------------ lock
-    def _acquire(self) -> None:
+    def _acquire(self) -> bool:
+        """Takes the lock (threads, then processes); False (and not held) once the store is closed."""
         self._lock.acquire()
+        if self._closed:
+            self._lock.release()
+            return False
         try:
             fcntl.lockf(self._index_fd, fcntl.LOCK_EX, 8, 0, 0)
         except BaseException:
             self._lock.release()
             raise
+        return True
 
     def _release(self) -> None:
         try:
@@ -159,10 +164,13 @@ class ItemStore:
             TypeError: a leaf that cannot be stored (``records.encode_record``).
         """
         q, e = self._q, _Q + 3 * index
+        if q is None:
+            return False  # closed: a late thread of a closed pipeline
         if q[e]:
             return True
         record = encode_record(index, item)
-        self._acquire()
+        if not self._acquire():
+            return False
         try:
             if q[e]:
                 return True
@@ -173,10 +181,12 @@ class ItemStore:
             q[H_BUMP] = offset + record.length
         finally:
             self._release()
-        if self._rw is None:
-            self._rw = mmap.mmap(self._data_fd, self.capacity)
-        write_record(self._rw, offset, index, record)
-        self._acquire()
+        rw = self._writable()
+        if rw is None:
+            return False
+        write_record(rw, offset, index, record)  # ``rw`` keeps the mapping alive even if the store closes meanwhile
+        if not self._acquire():
+            return False
         try:
             if not q[e]:  # else another writer published it meanwhile: these bytes stay unused
                 q[e + 1], q[e + 2] = record.length, q[H_STAMP]
@@ -190,20 +200,23 @@ class ItemStore:
     def get(self, index: int, before: Optional[int] = None) -> Optional[Any]:
         """Item ``index`` as read-only views of the store (no copy), or None
         when it is not cached (with ``before``: not cached before that cut)."""
-        q, e = self._q, _Q + 3 * index
+        q, ro, e = self._q, self._ro, _Q + 3 * index
+        if q is None or ro is None:
+            return None
         offset = q[e]
         if not offset or (before is not None and q[e + 2] >= before):
             return None
-        return read_record(self._ro, offset, index, q[e + 1])
+        return read_record(ro, offset, index, q[e + 1])
 
     def has(self, index: int, before: Optional[int] = None) -> bool:
         """Whether ``get(index, before)`` would find the item (cheap)."""
         q, e = self._q, _Q + 3 * index
-        return bool(q[e]) and (before is None or q[e + 2] < before)
+        return q is not None and bool(q[e]) and (before is None or q[e + 2] < before)
 
     def new_cut(self) -> int:
         """A new stamp: entries published before this call are below it, later ones are not."""
-        self._acquire()
+        if not self._acquire():
+            raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
         try:
             self._q[H_STAMP] += 1
             return self._q[H_STAMP]
@@ -212,7 +225,10 @@ class ItemStore:
 
     def cached_mask(self, before: int) -> np.ndarray:
         """One bool per source index: cached before the cut ``before``."""
-        entries = np.frombuffer(self._index, np.uint64, count=3 * self.n, offset=HEADER_BYTES).reshape(self.n, 3)
+        index = self._index
+        if index is None:  # closed
+            return np.zeros(self.n, bool)
+        entries = np.frombuffer(index, np.uint64, count=3 * self.n, offset=HEADER_BYTES).reshape(self.n, 3)
         try:
             return (entries[:, 0] != 0) & (entries[:, 2] < before)
         finally:
@@ -222,7 +238,8 @@ class ItemStore:
         """``indices`` (a pass's order: a lazy view or an array) without those
         cached before the cut ``before``: the view itself when none is cached,
         else an int64 array of the rest (empty when every one is)."""
-        held = self._q[H_HELD]
+        q = self._q
+        held = 0 if q is None else q[H_HELD]
         if held == 0:
             return indices
         mask = self.cached_mask(before)
@@ -238,32 +255,49 @@ class ItemStore:
     def figures(self) -> dict:
         """Items and bytes held, the capacity, and whether a put did not fit."""
         q = self._q
+        if q is None:  # closed
+            return {"items": 0, "bytes": 0, "capacity": self.capacity, "full": False, "n": self.n, "used": 0}
         return {"items": q[H_HELD], "bytes": q[H_HELD_BYTES], "capacity": self.capacity, "full": bool(q[H_FULL]),
                 "n": self.n, "used": q[H_BUMP]}
 
+    def _writable(self) -> Optional[mmap.mmap]:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._rw is None:
+                self._rw = mmap.mmap(self._data_fd, self.capacity)
+            return self._rw
+
     # ------------------------------------------------------------ end
     def flush(self) -> None:
-        """Writes the mappings back to their files (kept directories)."""
-        if self._rw is not None:
-            self._rw.flush()
-        self._index.flush()
+        """Writes the mappings back to their files (a kept directory's, once formatted)."""
+        with self._lock:
+            if not self._closed:
+                if self._rw is not None:
+                    self._rw.flush()
+                self._index.flush()
 
-    def close(self) -> None:
-        """Unmaps and closes the files. Idempotent. Views handed out keep
-        their pages mapped until they are gone."""
-        if self._closed:
-            return
-        self._closed = True
-        self._q.release()
-        for mm in (self._index, self._rw):
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:
-                    pass  # a view is alive: the mapping goes with it
-        # Items handed out view the read mapping and hold it (their ``base``), but numpy holds no buffer export,
-        # so closing it would unmap pages under them: it is dropped instead, and unmapped with its last view.
-        self._ro = None  # type: ignore[assignment]
+    def close(self, mark_clean: bool = False) -> None:
+        """Closes the store. Idempotent.
+
+        Nothing is published after it (writers take the same lock, and find
+        it closed). With ``mark_clean`` (a kept directory) the mappings are
+        written back and the header says so. The mappings are not unmapped
+        here but dropped: a pool thread still copying an item into one, and
+        every item handed out (numpy keeps a mapping as an array's base, but
+        holds no buffer export that would stop an unmap), keep it mapped until
+        they are gone.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if mark_clean:
+                if self._rw is not None:
+                    self._rw.flush()
+                self._q[H_CLEAN] = 1
+                self._index.flush()
+            self._q = self._index = self._rw = self._ro = None  # type: ignore[assignment]
         for fd in (self._index_fd, self._data_fd):
             try:
                 os.close(fd)
