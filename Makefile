@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kerasfeed-installed
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
-.PHONY: demo test bench bench-fit bench-backends bench-gpu clean
+.PHONY: demo test bench bench-fit bench-cache bench-backends bench-gpu clean
 
 # First run only (later runs find $(STAMP) and start at once): says what it
 # does and shows pip's progress, since it downloads about 1.7 GB.
@@ -40,6 +40,10 @@ bench: $(STAMP)
 
 bench-fit: $(STAMP)
 	$(PY) benchmarks/fit.py
+
+# The item cache: pass 0 against uncached, a kept directory's second run, one store per host (benchmarks/cache.py).
+bench-cache: $(STAMP)
+	$(PY) benchmarks/cache.py
 
 bench-backends: $(STAMP)
 	$(PY) benchmarks/backends.py

@@ -65,8 +65,11 @@ def _child(workload: str, batches: int, cache: str, passes: int, data: str, work
 class _Blocks:
     """``load(i)``: a 2 MB float32 block (stored); ``augment``: + 1 (reads every stored page)."""
 
+    def __init__(self, n: int = 64):
+        self.n = n
+
     def __len__(self) -> int:
-        return 64
+        return self.n
 
     def load(self, i: int) -> Any:
         import numpy as np
@@ -95,12 +98,12 @@ def _store_pages(pid: int) -> Dict[str, int]:
     return {"rss_kb": rss, "pss_kb": pss}
 
 
-def _memory_child(cache: str) -> Dict[str, Any]:
+def _memory_child(cache: str, n: int) -> Dict[str, Any]:
     import psutil
 
     import kerasfeed
 
-    with kerasfeed.to_loader(_Blocks(), executor="processes", workers=2, cache=cache, shuffle=True, seed=0) as ld:
+    with kerasfeed.to_loader(_Blocks(n), executor="processes", workers=2, cache=cache, shuffle=True, seed=0) as ld:
         for _ in range(2):
             for _batch in ld:
                 pass
@@ -128,7 +131,8 @@ def _median_range(values: List[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
-def run(workloads_: List[str], batches: int, rounds: int, passes: int, workers: int, data: str) -> Dict[str, Any]:
+def run(workloads_: List[str], batches: int, rounds: int, passes: int, workers: int, data: str,
+        blocks: int = 64) -> Dict[str, Any]:
     for name in workloads_:
         workloads.prepare(name, batches, data)
     rows: Dict[str, Any] = {}
@@ -154,9 +158,9 @@ def run(workloads_: List[str], batches: int, rounds: int, passes: int, workers: 
             runs.append({"first_run": one["times"], "second_run_first_epoch": two["times"][0],
                          "second_run_made": two["misses"]})
         kept[name] = runs
-    memory = {"memory": _run_child("memory", "memory")}
+    memory = {"memory": _run_child("memory", "memory", str(blocks))}
     with tempfile.TemporaryDirectory() as d:
-        memory["directory"] = _run_child("memory", os.path.join(d, "items"))
+        memory["directory"] = _run_child("memory", os.path.join(d, "items"), str(blocks))
     return {"rows": rows, "kept": kept, "memory": memory}
 
 
@@ -190,7 +194,7 @@ def markdown(result: Dict[str, Any], info: Dict[str, Any]) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD and sys.argv[2] == "memory":
-        print(json.dumps(_memory_child(sys.argv[3])))
+        print(json.dumps(_memory_child(sys.argv[3], int(sys.argv[4]))))
         return
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         name, batches, cache, passes, data, workers = sys.argv[2:8]
@@ -203,14 +207,17 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--output-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test): 12 batches, 1 round, 2 passes")
     args = p.parse_args()
+    if args.quick:
+        args.batches, args.rounds, args.passes = 12, 1, 2
     names = args.workloads.split(",")
     workloads.check_names(names)
     out = pathlib.Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = str(out / "cache")
     info = machine_info()
-    result = run(names, args.batches, args.rounds, args.passes, args.workers, data)
+    result = run(names, args.batches, args.rounds, args.passes, args.workers, data, 8 if args.quick else 64)
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result["machine"] = info
     text = markdown(result, info)

@@ -322,3 +322,19 @@ def test_fit_contention_premade_source_returns_the_workload_s_items_and_pickles_
             np.testing.assert_array_equal(a, b)
     assert src[1] is src[1]  # made once, then returned as it is
     assert pickle.loads(pickle.dumps(src))._items is None  # workers make their own
+
+
+def test_cache_benchmark_runs_on_tiny_settings(tmp_path):
+    """benchmarks/cache.py --quick: pass 0 against uncached, a kept directory's second run, one store per host."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cache.py"), "--quick", "--workloads", "h5",
+                          "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "cache_latest.json").read_text())
+    assert result["rows"]["h5"]["pass0_ratio_per_item_made"][0] > 0
+    second = result["kept"]["h5"][0]
+    assert second["second_run_made"] == 0  # the kept directory served the second run's first epoch
+    memory = result["memory"]["memory"]
+    assert memory["stored_bytes"] >= 8 * 2 * 2**20  # 8 items of 2 MB
+    assert sum(v["pss_kb"] for v in memory["pages"].values()) * 1024 <= 1.2 * memory["stored_bytes"]  # one copy
+    assert "| h5 |" in (tmp_path / "cache_latest.md").read_text()
