@@ -10,6 +10,7 @@ from typing import Any, Union
 
 import keras
 
+from kerasfeed._keras_fit import restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
 from kerasfeed.loading import hosts
@@ -93,9 +94,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs: Any = None) -> None:
         model = self._model
         self._data = FitData.of(model)
-        if self._data.known:
-            self._data.check_fit()
         self._steps = (self.params or {}).get("steps")
+        if self._data.known:
+            self._data.check_fit(self._steps)
         self._batches_seen_since_last_saving = 0
         self._writer = _writes_backups()
         record = self._files.latest()
@@ -166,6 +167,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # -- save ------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._data.epoch_begins(epoch)  # Keras' public route: the restored epoch began, the passes follow it
         self._current_epoch = epoch
         self._done = self._resumed[1] if epoch == self._resumed[0] else 0
 
@@ -198,7 +200,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._point_at(self._files.commit(record, lambda path: model.save_weights(path, overwrite=True)))
 
     def on_train_end(self, logs: Any = None) -> None:
-        self._model._initial_epoch = None  # a later fit of this model starts where it is told
+        restore_epoch(self._model, None, owner="kerasfeed.BackupAndRestore")  # a later fit starts where told
+        self._data.epoch_begins(None)
         if self.delete_checkpoint and self._writer:
             self._files.delete()
 
