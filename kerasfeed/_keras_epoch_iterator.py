@@ -4,6 +4,7 @@ Keras-free). Part of NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import re
 from typing import Any, Callable, Optional
@@ -39,12 +40,11 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
             "backup to start the epoch again, or use a Keras release listed in docs/keras_versions.md.")
     if iterator is None:
         raise refuse(f"its `fit` has no {', '.join(view.missing) or '`epoch_iterator`'}", then)
-    method = getattr(type(iterator), "_enumerate_iterator", None)
-    absent = [n for n in ("_current_iterator", "_steps_seen", "data_adapter") if not hasattr(iterator, n)]
-    if method is None or not inspect.isgeneratorfunction(method) or absent:
-        what = "`_enumerate_iterator` (a generator)" if method is None or not inspect.isgeneratorfunction(method) \
-            else ", ".join(f"`{n}`" for n in absent)
-        raise refuse(f"its EpochIterator ({type(iterator).__qualname__}) has no {what}", then)
+    absent = [f"`{n}`" for n in ("_current_iterator", "_steps_seen", "data_adapter") if not hasattr(iterator, n)]
+    if not inspect.isgeneratorfunction(getattr(type(iterator), "_enumerate_iterator", None)):
+        absent.insert(0, "`_enumerate_iterator` (a generator)")
+    if absent:
+        raise refuse(f"its EpochIterator ({type(iterator).__qualname__}) has no {', '.join(absent)}", then)
     steps = iterator.num_batches
     if not isinstance(steps, int) or steps <= skip:
         raise refuse(f"its epoch iterator counts {steps!r} steps an epoch, and the epoch resumes after {skip}", then)
@@ -54,10 +54,12 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
         del iterator._enumerate_iterator  # the next epochs are whole
         inner = original()
         try:
-            for item in inner:
-                if not (isinstance(item, tuple) and 2 <= len(item) <= 3 and all(type(n) is int for n in item[:-1])):
-                    raise refuse(f"its EpochIterator._enumerate_iterator yields {item!r}, not (step, ..., iterator)",
-                                 then)
+            first = next(inner, None)
+            if first is not None and not (isinstance(first, tuple) and len(first) in (2, 3)
+                                          and all(type(n) is int for n in first[:-1])):
+                raise refuse(f"its EpochIterator._enumerate_iterator yields {first!r}, not (step, ..., iterator)",
+                             then)
+            for item in itertools.chain((first,) if first is not None else (), inner):
                 *numbers, it = item
                 if numbers[0] + skip >= steps:
                     break
