@@ -177,13 +177,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         trained, self._done = batch + 1 - self._done, batch + 1
         if self.save_freq == "epoch":
             return
-        self._last_batch_seen = batch
         self._batches_seen_since_last_saving += trained
         if self._batches_seen_since_last_saving >= self.save_freq:
             self._save(self._current_epoch, self._done)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        self._current_epoch, self._last_batch_seen, self._done = epoch + 1, 0, 0
+        self._current_epoch, self._done = epoch + 1, 0
         if self.save_freq == "epoch":
             self._save(epoch + 1, 0)
 
@@ -204,6 +203,16 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._data.epoch_begins(None)
         if self.delete_checkpoint and self._writer:
             self._files.delete()
+
+    @property
+    def _last_batch_seen(self) -> int:
+        """Keras' attribute: the last batch trained in this epoch with ``save_freq=n`` (0 at an epoch's
+        end, and with ``save_freq="epoch"``); read from ``_done``, so a step stores nothing more."""
+        return 0 if self.save_freq == "epoch" else max(getattr(self, "_done", 0) - 1, 0)
+
+    @_last_batch_seen.setter
+    def _last_batch_seen(self, value: int) -> None:
+        pass  # Keras' __init__ sets 0: it follows _done instead
 
     # Keras' own save and load: the same commit and restore as above.
     def _save_model(self) -> None:
