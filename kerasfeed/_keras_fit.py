@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import inspect
 import numbers
 import re
 import sys
@@ -208,6 +209,10 @@ def _missing(code: Any, module: str) -> tuple:
 def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[FitView]:
     code, local = frame.f_code, frame.f_locals
     missing = list(_missing(code, frame.f_globals.get("__name__", "")))
+    if missing and code.co_flags & inspect.CO_VARKEYWORDS:  # a fit that passes its arguments on: read them there
+        given = local.get(code.co_varnames[code.co_argcount + code.co_kwonlyargcount
+                                           + bool(code.co_flags & inspect.CO_VARARGS)])
+        local = {**given, **local} if isinstance(given, dict) else local
     params = code.co_varnames[: code.co_argcount]
     # `self` and `x` are fit's first two parameters (public API: model.fit(data)), whatever their names.
     model = local.get("self", local.get(params[0]) if params else None)

@@ -103,7 +103,9 @@ def keras_fit_changed(monkeypatch, renames=(), edits=(), module=None):
         assert n, pattern
     namespace = dict(vars(trainer), __name__=module or trainer.__name__)
     exec(compile(source, trainer.__file__, "exec"), namespace)
-    monkeypatch.setattr(trainer.TensorFlowTrainer, "fit", namespace["fit"])
+    fit = namespace[re.search(r"def (\w+)\(", source).group(1)]
+    monkeypatch.setattr(trainer.TensorFlowTrainer, "fit", fit)
+    return fit
 
 
 RENAMED = (("epoch_iterator", "batches"), ("epoch", "epoch_number"))  # a Keras whose fit names them otherwise
@@ -284,6 +286,23 @@ def test_a_frame_epoch_of_another_meaning_is_refused_where_a_callback_says_the_e
         _model().fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=2, verbose=0, shuffle=False,
                      callbacks=[kerasfeed.BackupAndRestore(str(tmp_path / "backup"))])
     assert seq.passes == []
+
+
+def test_a_fit_that_wraps_a_loop_of_another_name_is_read_through_its_kwargs(monkeypatch):
+    """Keras' loop moved to `_fit_loop`, `fit` a wrapper taking **kwargs: initial_epoch is read there."""
+    from keras.src.backend.tensorflow import trainer
+
+    loop = keras_fit_changed(monkeypatch, edits=[(r"def fit\(", "def _fit_loop(")])
+    namespace = dict(vars(trainer), _fit_loop=loop)
+    exec("def fit(self, x=None, **kwargs):\n    return _fit_loop(self, x, **kwargs)", namespace)
+    monkeypatch.setattr(trainer.TensorFlowTrainer, "fit", namespace["fit"])
+    seq = Seq()
+    with pytest.raises(Exception, match="a fit that starts at epoch 1 would train other passes"):
+        _model().fit(kerasfeed.to_dataset(seq, shuffle=True, seed=1), epochs=3, initial_epoch=1, verbose=0)
+    assert seq.passes == []
+    with pytest.warns(KerasStructureWarning, match=r"has no `initial_epoch`, `steps_per_epoch`, `epoch`"):
+        _model().fit(kerasfeed.to_dataset(seq, shuffle=True, seed=1), epochs=2, verbose=0)
+    assert seq.passes == [0, 1]
 
 
 def test_a_fit_in_another_module_without_the_names_is_named(monkeypatch):
