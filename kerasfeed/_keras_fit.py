@@ -108,6 +108,7 @@ class FitView:
         epoch_iterator: Keras' epoch iterator of the call (None: not readable).
         missing: the names of ``FIT_NAMES`` this Keras' ``fit`` does not
             have (or holds of another shape), and where the ``fit`` is.
+        x: what the ``fit`` reads (its first argument after ``self``).
     """
 
     epoch: Optional[int]
