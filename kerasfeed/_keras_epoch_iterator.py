@@ -6,20 +6,14 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import re
 from typing import Any, Callable, Optional
 
-from kerasfeed._keras_fit import FitView, keras_version, refuse, report
+from kerasfeed._keras_fit import FitView, keras_minor, refuse, report
 
 logger = logging.getLogger("kerasfeed")
 
 # The first Keras whose epoch iterator warns "ran out of data" only under steps_per_epoch (keras#23360).
 _QUIET_RUN_OUT = (3, 16)
-
-
-def _version_tuple() -> tuple:
-    found = re.match(r"(\d+)\.(\d+)", keras_version())
-    return tuple(int(p) for p in found.groups()) if found else (0, 0)
 
 
 def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
@@ -97,7 +91,7 @@ def explain_short_epochs(view: FitView, explain: Callable[[], Optional[str]]) ->
     iterator = view.epoch_iterator
     if iterator is None or getattr(iterator, _EXPLAINED, False):
         return
-    if _version_tuple() >= _QUIET_RUN_OUT and not view.steps_per_epoch:
+    if keras_minor() >= _QUIET_RUN_OUT and not view.steps_per_epoch:
         return  # Keras says nothing when an epoch of unknown or known length ends early
     original = getattr(iterator, "_interrupted_warning", None)
     if not callable(original):

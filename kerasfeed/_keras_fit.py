@@ -73,6 +73,22 @@ def keras_version() -> str:
         return metadata.version("keras")
 
 
+def keras_minor() -> tuple:
+    """``(major, minor)`` of the Keras in use."""
+    found = re.match(r"(\d+)\.(\d+)", keras_version())
+    return tuple(int(p) for p in found.groups()) if found else (0, 0)
+
+
+def batch_end_offset(model: Any) -> int:
+    """What to add to the ``batch`` a callback's ``on_train_batch_end`` gets for the batches of the
+    epoch trained through it: Keras 3.11 on passes an execution's last step (1), Keras 3.7 to 3.10
+    its first (keras#21422), so ``model.steps_per_execution`` there (public: ``compile``'s argument)."""
+    if keras_minor() >= (3, 11):
+        return 1
+    steps = getattr(model, "steps_per_execution", 1)
+    return steps if isinstance(steps, int) and steps > 0 else 1
+
+
 def _text(what: str, then: str) -> str:
     return (f"kerasfeed reads Keras' private structure where Keras has no public route (NOTE [ Keras' private "
             f"structure ] in kerasfeed/_keras_fit.py), and this Keras differs: {what}. {then} Please report it "
@@ -310,6 +326,8 @@ __all__ = [
     "current_frames",
     "find_fit",
     "iterator_ref",
+    "batch_end_offset",
+    "keras_minor",
     "keras_pass",
     "keras_version",
     "refuse",

@@ -286,7 +286,7 @@ def test_a_keras_that_does_not_take_a_resumed_datasets_length_is_refused_before_
 ])
 def test_the_run_out_warning_is_explained_only_where_keras_gives_it(monkeypatch, version, steps, patched):
     """Keras 3.16 (keras#23360) warns "ran out of data" only with steps_per_epoch."""
-    monkeypatch.setattr(_keras_epoch_iterator, "keras_version", lambda: version)
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: version)
 
     class Iterator:
         def _interrupted_warning(self):
@@ -299,8 +299,16 @@ def test_the_run_out_warning_is_explained_only_where_keras_gives_it(monkeypatch,
         assert it._interrupted_warning() is None  # logged instead
 
 
+@pytest.mark.parametrize("version,offset", [("3.10.0", 4), ("3.11.0", 1), ("3.15.1", 1)])
+def test_callbacks_batch_is_an_executions_first_step_before_keras_3_11(monkeypatch, version, offset):
+    """keras#21422: on_train_batch_end(batch) gets the execution's last step from 3.11, its first before."""
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: version)
+    model = _model()
+    model.compile("sgd", "mse", steps_per_execution=4)
+    assert _keras_fit.batch_end_offset(model) == offset
+
+
 def test_an_epoch_iterator_without_the_warning_method_is_reported_once(monkeypatch):
-    monkeypatch.setattr(_keras_epoch_iterator, "keras_version", lambda: "3.15.1")
     monkeypatch.setattr(_keras_fit, "keras_version", lambda: "3.15.1")
     view = _keras_fit.FitView(0, 0, None, None, types.SimpleNamespace())
     with pytest.warns(KerasStructureWarning, match=r"has no `_interrupted_warning`.*the data trained is the same.*"

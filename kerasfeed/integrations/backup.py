@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import keras
 
-from kerasfeed._keras_fit import restore_epoch
+from kerasfeed._keras_fit import batch_end_offset, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
 from kerasfeed.loading import hosts
@@ -85,6 +85,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._files = BackupFiles(backup_dir, keep_previous=bool(double_checkpoint))
         self._data = FitData(None, [])
         self._steps = None  # steps in an epoch (Keras' params)
+        self._step_end = 1  # on_train_batch_end's batch + this = the epoch's batches trained (batch_end_offset)
         self._done = 0  # batches of the current epoch trained (a resumed epoch's first ones included)
         self._resumed = (0, 0)  # (epoch, batch) the restored fit starts at
         self._warned = False
@@ -95,6 +96,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         model = self._model
         self._data = FitData.of(model)
         self._steps = (self.params or {}).get("steps")
+        self._step_end = batch_end_offset(model)
+        vars(self).pop("on_train_batch_end", None)  # what an earlier fit chose
+        if self._step_end != 1:  # Keras < 3.11 under steps_per_execution: the execution's first step
+            self.on_train_batch_end = self._on_first_step_end
         if self._data.known:
             self._data.check_fit(self._steps)
         self._batches_seen_since_last_saving = 0
@@ -180,6 +185,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._batches_seen_since_last_saving += trained
         if self._batches_seen_since_last_saving >= self.save_freq:
             self._save(self._current_epoch, self._done)
+
+    def _on_first_step_end(self, batch: int, logs: Any = None) -> None:
+        """``on_train_batch_end`` where ``batch`` is an execution's first step (Keras < 3.11): a
+        backup past the epoch's steps (its short last execution) is the next epoch's start."""
+        type(self).on_train_batch_end(self, batch + self._step_end - 1, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self._current_epoch, self._done = epoch + 1, 0
