@@ -16,7 +16,10 @@ is read or patched here, and only here:
    ``num_batches`` (``epoch_iterator_arguments``) and ``reset``
    (``called_by_epoch_iterator_reset``);
 3. (``tfdata/adapter.py``) the ``cardinality`` method Keras reads of a
-   resumed dataset (``check_epoch_length`` checks that Keras took it).
+   resumed dataset (``check_epoch_length`` checks that Keras took it);
+4. modules imported from ``keras.src``: the ``DataAdapter`` class
+   (``loader/keras_adapter.py``), the torch backend's ``get_device``
+   (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``).
 
 Each is checked where it is used: a missing name, method or attribute, or a
 value of an unexpected shape, is a ``KerasStructureWarning`` once per

@@ -327,3 +327,25 @@ def test_an_epoch_iterator_init_without_the_dropped_arguments_is_reported():
                                                    r"be ignored by Keras"):
         given = _keras_epoch_iterator.epoch_iterator_arguments(frame)
     assert given["y"] is not None and given["sample_weight"] is None
+
+
+def test_keras_modules_read_where_keras_has_no_public_route_are_checked_too(monkeypatch):
+    """The data adapter class to_loader extends (refused by name), Keras' torch device and its Orbax
+    shardings helper (reported once; the data trained is the same)."""
+    from kerasfeed.integrations import orbax_callback
+    from kerasfeed.loader import device, keras_adapter
+
+    keras_adapter.loader_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "keras.src.trainers.data_adapters.data_adapter", None)
+    try:
+        with pytest.raises(KerasStructureError, match=r"no keras.src.trainers.data_adapters.data_adapter.DataAdapter.*"
+                                                      r"use kerasfeed.to_dataset.*Received: keras "):
+            keras_adapter.loader_class()
+    finally:
+        keras_adapter.loader_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "keras.src.backend.torch.core", None)
+    with pytest.warns(KerasStructureWarning, match="no keras.src.backend.torch.core.get_device"):
+        assert str(device.torch_device(keras_backend=True)) == "cpu"
+    monkeypatch.setitem(sys.modules, "keras.src.saving.orbax_util", None)
+    with pytest.warns(KerasStructureWarning, match="no keras.src.saving.orbax_util.build_orbax_abstract_pytree"):
+        assert orbax_callback._abstract("unused", None) is None

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 import keras
 
-from kerasfeed._keras_fit import restore_epoch
+from kerasfeed._keras_fit import report, restore_epoch
 from kerasfeed.integrations.fit_data import FitData
 
 OWNER = "kerasfeed.OrbaxCheckpoint"
@@ -270,6 +270,8 @@ def _abstract(where: str, model: Any) -> Any:
     try:
         from keras.src.saving.orbax_util import build_orbax_abstract_pytree
     except ImportError:  # a Keras that moved it: the saved shardings (the same topology)
+        report("it has no keras.src.saving.orbax_util.build_orbax_abstract_pytree", "OrbaxCheckpoint restores "
+               "the arrays with the shardings they were saved with (right on the same device topology).")
         return None
     return build_orbax_abstract_pytree(where, model.get_state_tree())
 

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
+from kerasfeed._keras_fit import refuse
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
 from kerasfeed.observe.api import STATS_ATTR, collector_of
@@ -43,7 +44,11 @@ def loader_class() -> type:
     import keras
 
     check_keras_version(keras.version())
-    from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+    try:
+        from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+    except ImportError as e:  # private Keras structure (NOTE [ Keras' private structure ], _keras_fit.py)
+        raise refuse("it has no keras.src.trainers.data_adapters.data_adapter.DataAdapter, the class fit takes as "
+                     "is", "kerasfeed.to_loader cannot be a Keras data adapter: use kerasfeed.to_dataset.") from e
 
     # Loader comes first: its methods implement the adapter's.
     body = {
