@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import sys
 from typing import Any, Callable, Optional
 
 from kerasfeed._keras_fit import FitView, keras_minor, refuse, report
@@ -138,6 +139,10 @@ def epoch_iterator_arguments(frame: Any) -> Optional[dict]:
 def called_by_epoch_iterator_reset(frame: Any) -> bool:
     """Whether ``frame`` (or one of the 8 frames above it) is Keras' ``EpochIterator.reset``
     (which calls the data's ``on_epoch_end`` before the first epoch of every fit)."""
+    module = sys.modules.get(_EPOCH_ITERATOR_MODULE)
+    if module is not None and not callable(getattr(getattr(module, "EpochIterator", None), "reset", None)):
+        report("its EpochIterator has no `reset`", "Under model.fit(seq) a SceneSequence may count the "
+               "on_epoch_end Keras calls before the first epoch as a pass where the fit frame cannot say the epoch.")
     for _ in range(8):
         if frame is None:
             return False

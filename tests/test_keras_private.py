@@ -349,3 +349,11 @@ def test_keras_modules_read_where_keras_has_no_public_route_are_checked_too(monk
     monkeypatch.setitem(sys.modules, "keras.src.saving.orbax_util", None)
     with pytest.warns(KerasStructureWarning, match="no keras.src.saving.orbax_util.build_orbax_abstract_pytree"):
         assert orbax_callback._abstract("unused", None) is None
+
+
+def test_an_epoch_iterator_without_reset_is_reported(monkeypatch):
+    from keras.src.trainers import epoch_iterator
+
+    monkeypatch.delattr(epoch_iterator.EpochIterator, "reset")
+    with pytest.warns(KerasStructureWarning, match=r"its EpochIterator has no `reset`.*SceneSequence"):
+        assert not _keras_epoch_iterator.called_by_epoch_iterator_reset(sys._getframe())
