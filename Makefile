@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kerasfeed-installed
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
-.PHONY: demo test bench bench-fit bench-cache bench-backends bench-gpu clean
+.PHONY: demo test keras-matrix bench bench-fit bench-cache bench-backends bench-gpu clean
 
 # First run only (later runs find $(STAMP) and start at once): says what it
 # does and shows pip's progress, since it downloads about 1.7 GB.
@@ -34,6 +34,11 @@ demo: $(STAMP)
 # A targeted run needs no -n (e.g. `.venv/bin/python -m pytest tests/test_mix.py`).
 test: $(STAMP) $(NOTF_STAMP)
 	KERASFEED_NOTF_PYTHON=$(NOTF_VENV)/bin/python $(PY) -m pytest -q -n 2 --dist worksteal
+
+# The Keras-facing tests on every Keras minor release setup.cfg accepts, one at a time in a light venv
+# each (tests/keras_matrix.py; ~10 minutes a version, not part of `make test`): docs/keras_versions.md.
+keras-matrix: $(STAMP) $(NOTF_STAMP)
+	$(PY) tests/keras_matrix.py --notf $(NOTF_VENV)/bin/python
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

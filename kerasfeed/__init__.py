@@ -44,6 +44,8 @@ _LAZY = {
     "SignatureError": "kerasfeed.errors:SignatureError",
     "WorkerError": "kerasfeed.errors:WorkerError",
     "StreamError": "kerasfeed.errors:StreamError",
+    "KerasStructureError": "kerasfeed.errors:KerasStructureError",
+    "KerasStructureWarning": "kerasfeed.errors:KerasStructureWarning",
     "from_generators": "kerasfeed.tfdata.sharded_datasets:from_generators",
     "from_files": "kerasfeed.tfdata.sharded_datasets:from_files",
     "from_queue": "kerasfeed.tfdata.queue_dataset:from_queue",

@@ -1,34 +1,116 @@
-"""Which Keras epoch a pipeline's next pass belongs to (TF-free, Keras-free).
+"""Every read and patch of Keras' private structure, each with its check (TF-free, Keras-free).
+
+NOTE [ Keras' private structure ]: kerasfeed goes through Keras' public API
+where there is one (callbacks' ``on_epoch_begin(epoch)``, ``params["steps"]``,
+a data adapter's ``on_epoch_begin``/``num_batches``). What has no public route
+is read or patched here, and only here:
+
+1. the running ``fit``'s frame (``find_fit``): its parameters ``self``, ``x``,
+   ``initial_epoch``, ``steps_per_epoch`` and locals ``epoch``,
+   ``epoch_iterator`` (``FIT_NAMES``), and ``model._initial_epoch`` (where
+   Keras' ``BackupAndRestore`` sets the epoch a ``fit`` starts at);
+2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``):
+   ``_enumerate_iterator`` replaced on the instance for a resumed epoch
+   (``start_epoch_at``), ``_interrupted_warning`` (``explain_short_epochs``),
+   ``num_batches``, the ``__init__`` frame that reads a data adapter's
+   ``num_batches`` (``epoch_iterator_arguments``) and ``reset``
+   (``called_by_epoch_iterator_reset``);
+3. (``tfdata/adapter.py``) the ``cardinality`` method Keras reads of a
+   resumed dataset (``check_epoch_length`` checks that Keras took it);
+4. modules imported from ``keras.src``: the ``DataAdapter`` class
+   (``loader/keras_adapter.py``), the torch backend's ``get_device``
+   (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``).
+
+Each is checked where it is used: a missing name, method or attribute, or a
+value of an unexpected shape, is a ``KerasStructureWarning`` once per
+mismatch (``report``), naming the Keras version and what follows from it;
+where reading on would train other passes than the run it continues (a
+``fit`` starting at a later epoch, a restored backup, a resume inside an
+epoch) it is a ``KerasStructureError`` instead (``refuse``). The same names
+are in every backend's trainer from Keras 3.7 to 3.16 (``make keras-matrix``
+runs the Keras-facing tests on each minor release, ``docs/keras_versions.md``;
+``tests/test_keras_private.py`` trains through a Keras whose names differ).
 
 NOTE [ The pass follows Keras' epoch ]: Keras hands a data adapter no epoch
-number (``on_epoch_begin()`` takes none), and a ``fit`` that starts at
-``initial_epoch=e`` (given, or set by ``keras.callbacks.BackupAndRestore``
-through ``model._initial_epoch``) must read pass ``e``, not the pipeline's
-own first pass. The one place that always knows is the trainer's ``fit``
-frame: its locals ``x`` (what is being fitted), ``epoch`` (the loop's epoch,
-once the loop runs), ``initial_epoch``, ``steps_per_epoch`` and ``self`` (the
-model). ``find_fit`` walks every thread's stack for that frame (tf.data runs
-a pass's first call on one of its own threads while ``fit`` waits), once per
-pass, and only accepts a frame whose ``x`` holds this very pipeline, so the
-validation data and other models' data keep their own numbering. The frame
-layout is private Keras structure, the same in every backend's trainer since
-Keras 3.0; ``tests/test_crash_resume.py`` trains through it on every backend.
+number, and a ``fit`` that starts at ``initial_epoch=e`` (given, or restored
+by a ``BackupAndRestore``) must read pass ``e``, not the pipeline's own first
+pass. The one place that always knows is the trainer's ``fit`` frame (1.
+above). ``find_fit`` walks every thread's stack for it (tf.data runs a pass's
+first call on one of its own threads while ``fit`` waits), once per pass, and
+only accepts a frame whose ``x`` holds this very pipeline, so the validation
+data and other models' data keep their own numbering. A kerasfeed callback
+also says the epoch through ``on_epoch_begin`` (``PassPipeline.expect``): the
+two must agree, and the callback's serves where the frame has no ``epoch``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
-import logging
+import inspect
+import numbers
 import re
 import sys
 import threading
+import warnings
+import weakref
 from typing import Any, Callable, Optional
 
-logger = logging.getLogger("kerasfeed")
+from kerasfeed.errors import KerasStructureError, KerasStructureWarning
 
-# The modules whose ``fit`` is Keras' training loop (one per backend).
+# The modules whose ``fit`` is Keras' training loop (one per backend); a ``fit``
+# elsewhere in Keras is looked at too, and reported if it holds the pipeline.
 _TRAINER = re.compile(r"^keras\.src\.backend\.[a-z_]+\.trainer$")
+FIT_NAMES = ("self", "x", "initial_epoch", "steps_per_epoch", "epoch", "epoch_iterator")
+_REPORTED: set = set()
+
+
+def keras_version() -> str:
+    keras = sys.modules.get("keras")
+    try:
+        return str(keras.version())
+    except AttributeError:  # not imported (or not Keras 3)
+        from importlib import metadata
+
+        return metadata.version("keras")
+
+
+def keras_minor() -> tuple:
+    """``(major, minor)`` of the Keras in use."""
+    found = re.match(r"(\d+)\.(\d+)", keras_version())
+    return tuple(int(p) for p in found.groups()) if found else (0, 0)
+
+
+def batch_end_offset(model: Any) -> int:
+    """What to add to the ``batch`` a callback's ``on_train_batch_end`` gets for the batches of the
+    epoch trained through it: Keras 3.11 on passes an execution's last step (1), Keras 3.7 to 3.10
+    its first (keras#21422), so ``model.steps_per_execution`` there (public: ``compile``'s argument)."""
+    if keras_minor() >= (3, 11):
+        return 1
+    steps = getattr(model, "steps_per_execution", 1)
+    return steps if isinstance(steps, int) and steps > 0 else 1
+
+
+def _text(what: str, then: str) -> str:
+    return (f"kerasfeed reads Keras' private structure where Keras has no public route (NOTE [ Keras' private "
+            f"structure ] in kerasfeed/_keras_fit.py), and this Keras differs: {what}. {then} Please report it "
+            f"with this Keras version. Received: keras {keras_version()}")
+
+
+def report(what: str, then: str) -> None:
+    """A ``KerasStructureWarning`` the first time ``what`` is found (``then``: what follows from it)."""
+    if what not in _REPORTED:
+        _REPORTED.add(what)
+        warnings.warn(KerasStructureWarning(_text(what, then)), stacklevel=3)
+
+
+def refuse(what: str, then: str) -> KerasStructureError:
+    """The error to raise where reading on would train other passes."""
+    return KerasStructureError(_text(what, then))
+
+
+# -- 1. the fit frame -------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +119,15 @@ class FitView:
 
     Attributes:
         epoch: the epoch its loop is in; None before the loop (the model
-            build reads a batch then).
+            build reads a batch then) or where not readable (``missing``).
         initial_epoch: the first epoch of the call (the model's restored
             ``_initial_epoch`` where set, else the argument).
         steps_per_epoch: as given to ``fit`` (None: a whole pass).
         model: the model being fitted.
-        epoch_iterator: Keras' epoch iterator of the call.
+        epoch_iterator: Keras' epoch iterator of the call (None: not readable).
+        missing: the names of ``FIT_NAMES`` this Keras' ``fit`` does not
+            have (or holds of another shape), and where the ``fit`` is.
+        x: what the ``fit`` reads (its first argument after ``self``).
     """
 
     epoch: Optional[int]
@@ -50,11 +135,151 @@ class FitView:
     steps_per_epoch: Optional[int]
     model: Any
     epoch_iterator: Any
+    missing: tuple = ()
+    x: Any = None
 
     @property
     def current(self) -> int:
         """The epoch a pass begun now belongs to (the first one before the loop)."""
         return self.initial_epoch if self.epoch is None else self.epoch
+
+    def unreadable(self, *, resuming: bool = False, said: bool = False) -> None:
+        """A ``fit`` whose frame lacks names kerasfeed reads (``missing``): passes are counted by
+        the pipeline itself, or follow a kerasfeed callback's ``on_epoch_begin`` (``said``).
+        Reported once; refused where counting would read other passes.
+
+        Raises:
+            KerasStructureError: the fit starts at a later epoch (given or restored), or a backup
+                resumes inside an epoch (``resuming``), and no callback says the epoch.
+        """
+        what = f"its `fit` has no {', '.join(self.missing)}"
+        if said:
+            report(what, "A kerasfeed callback's on_epoch_begin says the epoch to the data instead (Keras' public "
+                         "route); without such a callback the passes are counted by the data itself.")
+            return
+        if resuming or self.initial_epoch:
+            why = "a resume inside an epoch" if resuming else f"a fit that starts at epoch {self.initial_epoch}"
+            raise refuse(what, f"The data's passes could not follow the fit's epochs, so {why} would train "
+                               "other passes than the run it continues: refused. Start the fit at epoch 0, "
+                               "or use a Keras release listed in docs/keras_versions.md.")
+        report(what, "The data's passes are counted by the dataset or loader itself (right for a fit that "
+                     "starts at epoch 0 on new data); a fit that starts at a later epoch or resumes is refused.")
+
+
+def current_frames() -> dict:
+    """``sys._current_frames()`` with the garbage collector held off.
+
+    NOTE [ sys._current_frames and the garbage collector ]: in CPython up to
+    3.11, ``sys._current_frames()`` holds the runtime's thread-list lock while
+    it makes frame objects; an allocation there may start a collection, and a
+    collected object whose deallocation takes that lock again (a
+    ``threading.local``, a thread state) deadlocks the process inside C, where
+    no signal handler runs (cpython#106883, fixed in 3.12 by the same means:
+    no collection during the call). Found in a fresh-clone run of this suite
+    on the 2-core machine: a pass begun while a thread pool's threads came and
+    went hung there for good. The collector is switched back on only if it was on.
+    """
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitView]:
+    """The running Keras ``fit`` whose ``x`` holds the caller's pipeline, or None.
+
+    Args:
+        holds: whether a ``fit``'s ``x`` is (or wraps) the caller's pipeline.
+        model: only a ``fit`` of this model (None: any).
+
+    The calling thread is searched first, then the others (see the NOTE above).
+    """
+    frames = current_frames()
+    frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
+    tops = [sys._getframe(1), *frames.values()]
+    frames.clear()
+    try:
+        for frame in tops:
+            while frame is not None:
+                if frame.f_code.co_name == "fit" and frame.f_globals.get("__name__", "").startswith("keras."):
+                    view = _view(frame, holds, model)
+                    if view is not None:
+                        return view
+                frame = frame.f_back
+        return None
+    finally:
+        # Frames hold their locals (batches among them): none is kept past this call.
+        del tops, frame
+
+
+@functools.lru_cache(maxsize=64)
+def _missing(code: Any, module: str) -> tuple:
+    """``FIT_NAMES`` that the ``fit`` code object ``code`` does not have (a check made once per code)."""
+    names = set(code.co_varnames) | set(code.co_cellvars)
+    missing = tuple(f"`{n}`" for n in FIT_NAMES if n not in names)
+    if missing and not _TRAINER.match(module):
+        missing += (f"(and it is in {module}, not keras.src.backend.<backend>.trainer)",)
+    return missing
+
+
+def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[FitView]:
+    code, local = frame.f_code, frame.f_locals
+    missing = list(_missing(code, frame.f_globals.get("__name__", "")))
+    if missing and code.co_flags & inspect.CO_VARKEYWORDS:  # a fit that passes its arguments on: read them there
+        given = local.get(code.co_varnames[code.co_argcount + code.co_kwonlyargcount
+                                           + bool(code.co_flags & inspect.CO_VARARGS)])
+        local = {**given, **local} if isinstance(given, dict) else local
+    params = code.co_varnames[: code.co_argcount]
+    # `self` and `x` are fit's first two parameters (public API: model.fit(data)), whatever their names.
+    model = local.get("self", local.get(params[0]) if params else None)
+    x = local.get("x", local.get(params[1]) if len(params) > 1 else None)
+    if (wanted is not None and model is not wanted) or not holds(x):
+        return None
+    epoch = _int_or_none(local, "epoch", missing)
+    steps = _int_or_none(local, "steps_per_epoch", missing)
+    initial = _int_or_none(local, "initial_epoch", missing) or 0
+    if epoch is None:  # before the loop: the trainer takes the model's restored epoch after on_train_begin
+        initial = restored_epoch(model) or initial
+    iterator = local.get("epoch_iterator")
+    if iterator is not None and not hasattr(iterator, "num_batches"):
+        missing.append("`epoch_iterator.num_batches`")
+    return FitView(epoch=epoch, initial_epoch=initial, steps_per_epoch=steps, model=model,
+                   epoch_iterator=iterator, missing=tuple(missing), x=x)
+
+
+def _int_or_none(local: dict, name: str, missing: list) -> Optional[int]:
+    value = local.get(name)
+    if value is None or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        return None if value is None else int(value)
+    missing.append(f"`{name}` as an int (it is a {type(value).__name__})")
+    return None
+
+
+def restored_epoch(model: Any) -> Optional[int]:
+    """``model._initial_epoch``: the epoch a restoring callback made the next ``fit`` start at."""
+    if not hasattr(model, "_initial_epoch"):
+        report("its model has no `_initial_epoch`", "A fit restored by keras.callbacks.BackupAndRestore may "
+               "read another pass in the batch that builds the model; kerasfeed.BackupAndRestore refuses to restore.")
+        return None
+    value = model._initial_epoch
+    return value if isinstance(value, int) else None
+
+
+def restore_epoch(model: Any, epoch: Optional[int], *, owner: str) -> None:
+    """Makes ``model``'s running ``fit`` start at ``epoch`` (None: as told), as Keras' BackupAndRestore does.
+
+    Raises:
+        KerasStructureError: the model has no ``_initial_epoch``: the fit would start elsewhere.
+    """
+    if epoch is not None and not hasattr(model, "_initial_epoch"):
+        raise refuse("its model has no `_initial_epoch`, where Keras' BackupAndRestore sets the epoch a fit "
+                     "starts at", f"{owner} cannot make this fit start at the backup's epoch {epoch}: refused "
+                     "rather than train other epochs.")
+    model._initial_epoch = epoch
 
 
 def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initial_epoch: int, *,
@@ -83,105 +308,34 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
     )
 
 
-def current_frames() -> dict:
-    """``sys._current_frames()`` with the garbage collector held off.
+def same_iterator(ref: Optional[Callable[[], Any]], view: FitView) -> bool:
+    """Whether ``ref`` (a weak reference made by ``iterator_ref``) is ``view``'s epoch iterator."""
+    return ref is not None and view.epoch_iterator is not None and ref() is view.epoch_iterator
 
-    NOTE [ sys._current_frames and the garbage collector ]: in CPython up to
-    3.11, ``sys._current_frames()`` holds the runtime's thread-list lock while
-    it makes frame objects; an allocation there may start a collection, and a
-    collected object whose deallocation takes that lock again (a
-    ``threading.local``, a thread state) deadlocks the process inside C, where
-    no signal handler runs (cpython#106883, fixed in 3.12 by the same means:
-    no collection during the call). Found in a fresh-clone run of this suite
-    on the 2-core machine: a pass begun while a thread pool's threads came and
-    went hung there for good (and, it seems, the CI run that never finished).
-    The collector is switched back on only if it was on.
-    """
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
+
+def iterator_ref(view: Optional[FitView]) -> Optional[Callable[[], Any]]:
+    """A weak reference to ``view``'s epoch iterator (one per ``fit`` call), or None."""
+    if view is None or view.epoch_iterator is None:
+        return None
     try:
-        return sys._current_frames()
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitView]:
-    """The running Keras ``fit`` whose ``x`` holds the caller's pipeline, or None.
-
-    Args:
-        holds: whether a ``fit``'s ``x`` is (or wraps) the caller's pipeline.
-        model: only a ``fit`` of this model (None: any).
-
-    The calling thread is searched first, then the others (see the NOTE above).
-    """
-    frames = current_frames()
-    frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
-    tops = [sys._getframe(1), *frames.values()]
-    frames.clear()
-    try:
-        for frame in tops:
-            while frame is not None:
-                if frame.f_code.co_name == "fit" and _TRAINER.match(frame.f_globals.get("__name__", "")):
-                    view = _view(frame.f_locals, holds, model)
-                    if view is not None:
-                        return view
-                frame = frame.f_back
-        return None
-    finally:
-        # Frames hold their locals (batches among them): none is kept past this call.
-        del tops, frame
-
-
-def _view(local: dict, holds: Callable[[Any], bool], wanted: Any) -> Optional[FitView]:
-    model = local.get("self")
-    if (wanted is not None and model is not wanted) or not holds(local.get("x")):
-        return None
-    initial = local.get("initial_epoch") or 0
-    epoch = local.get("epoch")
-    if epoch is None:  # before the loop: the trainer takes the model's restored epoch after on_train_begin
-        initial = getattr(model, "_initial_epoch", None) or initial
-    return FitView(
-        epoch=None if epoch is None else int(epoch),
-        initial_epoch=int(initial),
-        steps_per_epoch=local.get("steps_per_epoch"),
-        model=model,
-        epoch_iterator=local.get("epoch_iterator"),
-    )
-
-
-# NOTE [ An epoch shortened by items left out ]
-# With batch_size=None each item is a batch, so a pass that left k items out
-# (max_skipped) has k batches fewer than the len() Keras was told. Keras' epoch
-# iterator ends such an epoch when the data ends, rightly (the next epoch
-# starts on time with the next pass), and calls its ``_interrupted_warning``:
-# "Your input ran out of data ... use .repeat()", advice that is wrong here.
-# The pipeline replaces that method on the running fit's epoch iterator (the
-# instance only, once): when the pass just read ended complete and short by
-# exactly its items left out, the explanation is logged instead (each skip was
-# already a warning); any other run-out still gets Keras' own warning. Private
-# Keras structure (in Keras 3.7 to 3.15; where it is missing, Keras' warning
-# stays); tests/test_skip_budget.py trains through it with warnings as errors.
-_EXPLAINED = "_kerasfeed_explains_short_epochs"
-
-
-def explain_short_epochs(epoch_iterator: Any, explain: Callable[[], Optional[str]]) -> None:
-    """Has ``epoch_iterator`` (a running fit's) log ``explain()`` in place of
-    Keras' "ran out of data" warning whenever ``explain()`` returns a text."""
-    original = getattr(epoch_iterator, "_interrupted_warning", None)
-    if original is None or getattr(epoch_iterator, _EXPLAINED, False):
-        return
-
-    def interrupted_warning():
-        text = explain()
-        if text is None:
-            return original()
-        logger.info(text)
+        return weakref.ref(view.epoch_iterator)
+    except TypeError:  # an iterator without weak references: identity not kept
         return None
 
-    epoch_iterator._interrupted_warning = interrupted_warning
-    setattr(epoch_iterator, _EXPLAINED, True)
 
-
-__all__ = ["FitView", "current_frames", "explain_short_epochs", "find_fit", "keras_pass"]
+__all__ = [
+    "FIT_NAMES",
+    "FitView",
+    "current_frames",
+    "find_fit",
+    "iterator_ref",
+    "batch_end_offset",
+    "keras_minor",
+    "keras_pass",
+    "keras_version",
+    "refuse",
+    "report",
+    "restore_epoch",
+    "restored_epoch",
+    "same_iterator",
+]

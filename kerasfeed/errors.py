@@ -323,3 +323,16 @@ class FileChangedError(OSError):
     """A file changed on disk since it was opened or described: replaced (renamed over its path) or
     shortened in place. Raised by the HDF5 sequences and by h5py handles a source sends to worker
     processes (``execution/h5_handles.py``)."""
+
+
+class KerasStructureError(RuntimeError):
+    """This Keras differs from the private structure kerasfeed reads where Keras has no public
+    route (its ``fit``'s locals, its epoch iterator), and reading on would train other passes
+    than the run it continues (a ``fit`` from a later epoch, a restored backup, a resume inside
+    an epoch). The message names the Keras version and what is missing
+    (NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit.py``)."""
+
+
+class KerasStructureWarning(UserWarning):
+    """This Keras differs from the private structure kerasfeed reads, where the data trained stays
+    right (once per difference; ``KerasStructureError`` where it would not)."""

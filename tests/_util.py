@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
 import time
 from typing import Callable
+
+# The oldest Keras setup.cfg accepts (the first whose fit takes a data adapter: to_loader).
+OLDEST_KERAS = "3.7.0"
+
+
+def oldest_keras_path() -> str:
+    """Keras OLDEST_KERAS installed beside the environment's (first call only), for PYTHONPATH."""
+    target = pathlib.Path(sys.prefix) / f"keras-{OLDEST_KERAS}"
+    if not (target / "keras").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                        "--target", str(target), f"keras=={OLDEST_KERAS}"], check=True, timeout=300)
+    return str(target)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:

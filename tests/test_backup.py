@@ -8,6 +8,7 @@ checked: passes, batch numbers, refusals, messages.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import keras
@@ -259,3 +260,44 @@ def test_a_keras_too_old_to_resume_inside_an_epoch_is_refused_by_name():
     _check_keras("3.15.1")
     with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.7.*Received: keras 3\.6\.0"):
         _check_keras("3.6.0")
+
+
+def test_an_unreadable_latest_backup_falls_back_on_the_previous_one_and_its_position(tmp_path):
+    """double_checkpoint=True, the latest weights file overwritten (Keras' own corrupted-backup case):
+    the previous backup's weights *and* data position come back, it is made current again, and the
+    run trains exactly the batches after it; without its own record (an older backup) it is refused."""
+    reference = _model()
+    reference.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False)
+    backup = tmp_path / "backup"
+
+    def cut_run():
+        cbk = kerasfeed.BackupAndRestore(str(backup), save_freq=2, double_checkpoint=True)
+        with pytest.raises(KeyboardInterrupt):
+            _model().fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                         callbacks=[cbk, Cut(1, 4)])
+        latest = json.loads((backup / LATEST).read_text())
+        assert (latest["epoch"], latest["batch"]) == (1, 4) and cbk._current_epoch == 1
+        assert cbk._weights_path == str(backup / latest["checkpoint"] / "model.weights.h5")
+        assert cbk._prev_training_metadata_path == str(backup / latest["previous"] / "record.json")
+        with open(cbk._weights_path, "w") as f:
+            f.write("0")
+        return latest
+
+    latest = cut_run()
+    seq, steps, second = Seq(), Steps(), _model(seed=5)
+    with pytest.warns(UserWarning, match=r"latest backup .* could not be read.*previous one \(epoch 1, batch 2\)"):
+        second.fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                   callbacks=[kerasfeed.BackupAndRestore(str(backup), save_freq=2, double_checkpoint=True,
+                                                         delete_checkpoint=False), steps])
+    assert seq.passes == [1, 2]
+    assert [s[:2] for s in steps.seen] == [(1, b) for b in range(2, BATCHES)] + [(2, b) for b in range(BATCHES)]
+    _assert_same_weights(second, reference)
+    assert latest["checkpoint"] not in {p.name for p in backup.iterdir()}  # the unreadable one is gone
+
+    shutil.rmtree(backup)
+    latest = cut_run()
+    (backup / latest["previous"] / "record.json").unlink()  # as a backup written before records were kept
+    with pytest.raises(RuntimeError, match=r"could not be read, and the previous one \(ckpt-\d+\) has no record.*"
+                                           r"Received: "):
+        _model().fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(str(backup), save_freq=2, double_checkpoint=True)])

@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from _util import OLDEST_KERAS, oldest_keras_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "crash_scripts" / "train.py"
@@ -184,17 +185,10 @@ def test_two_jax_processes_killed_resume_as_one_with_the_same_global_batch(tmp_p
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-OLDEST_KERAS = "3.7.0"  # the first Keras whose fit takes a data adapter (to_loader); setup.cfg accepts it
-
-
 @pytest.fixture(scope="module")
 def oldest_keras() -> str:
-    """Keras OLDEST_KERAS installed beside the environment's (first run only), for PYTHONPATH."""
-    target = pathlib.Path(sys.prefix) / f"keras-{OLDEST_KERAS}"
-    if not (target / "keras").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                        "--target", str(target), f"keras=={OLDEST_KERAS}"], check=True, timeout=300)
-    return str(target)
+    """Keras OLDEST_KERAS (setup.cfg's lower bound) beside the environment's, for PYTHONPATH."""
+    return oldest_keras_path()
 
 
 @pytest.mark.parametrize("backend,front", [("tensorflow", "dataset"), ("torch", "loader")])

@@ -17,8 +17,8 @@ PACKAGE = ROOT / "kerasfeed"
 # kerasfeed/ or a single module) and the parts of lower layers. Parts of one
 # layer do not import each other, except in the base layer.
 LAYERS = [
-    ["_version", "_validation", "_layout", "_handoff", "_leaves", "_quiet", "_records", "_keras_fit", "errors", "_nest", "transforms",
-     "datasets", "_demo_args"],
+    ["_version", "_validation", "_layout", "_handoff", "_leaves", "_quiet", "_records", "_keras_fit",
+     "_keras_epoch_iterator", "errors", "_nest", "transforms", "datasets", "_demo_args"],
     ["sources"],
     ["sampling"],
     ["cache"],

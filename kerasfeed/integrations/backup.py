@@ -10,6 +10,7 @@ from typing import Any, Union
 
 import keras
 
+from kerasfeed._keras_fit import batch_end_offset, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
 from kerasfeed.loading import hosts
@@ -64,22 +65,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         _check_keras(keras.version())
         if isinstance(backup_dir, os.PathLike):
             backup_dir = os.fspath(backup_dir)
+        # Keras' own texts lead its messages (code that matches them keeps working).
         if not isinstance(backup_dir, str) or not backup_dir:
             raise ValueError(
-                f"BackupAndRestore: `backup_dir` must be a non-empty path. Received: backup_dir={backup_dir!r}"
+                "BackupAndRestore: Empty `backup_dir` argument passed; it must be a non-empty path. "
+                f"Received: backup_dir={backup_dir!r}"
             )
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(
-                "BackupAndRestore: `save_freq` must be 'epoch' or a positive int (batches between backups). "
-                f"Received: save_freq={save_freq!r}"
+                "BackupAndRestore: Invalid value for argument `save_freq`. Expected either 'epoch' or an integer "
+                f"value (a positive number of batches between backups). Received: save_freq={save_freq!r}"
             )
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
+        # Keras' attributes keep Keras' meaning (its tests read them): `_current_epoch` the epoch a
+        # backup now would resume at, `_last_batch_seen` (save_freq=n) the last batch trained, the four
+        # paths the current and the previous backup's files (`_point_at`; Keras' names until a backup is).
+        self._keras_paths = self._paths()
         self._files = BackupFiles(backup_dir, keep_previous=bool(double_checkpoint))
         self._data = FitData(None, [])
-        self._epoch = 0  # the epoch being trained
         self._steps = None  # steps in an epoch (Keras' params)
-        self._since_save = 0  # batches trained since the last backup
+        self._step_end = 1  # on_train_batch_end's batch + this = the epoch's batches trained (batch_end_offset)
         self._done = 0  # batches of the current epoch trained (a resumed epoch's first ones included)
         self._resumed = (0, 0)  # (epoch, batch) the restored fit starts at
         self._warned = False
@@ -89,42 +95,70 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs: Any = None) -> None:
         model = self._model
         self._data = FitData.of(model)
-        if self._data.known:
-            self._data.check_fit()
         self._steps = (self.params or {}).get("steps")
-        self._since_save = 0
+        self._step_end = batch_end_offset(model)
+        vars(self).pop("on_train_batch_end", None)  # what an earlier fit chose
+        if self._step_end != 1:  # Keras < 3.11 under steps_per_execution: the execution's first step
+            self.on_train_batch_end = self._on_first_step_end
+        if self._data.known:
+            self._data.check_fit(self._steps)
+        self._batches_seen_since_last_saving = 0
         self._writer = _writes_backups()
         record = self._files.latest()
         if record is None:
             return
         if not model.built:
             raise ValueError(
-                "BackupAndRestore: the model must be built before fit() restores it (call it on a batch, or give "
-                f"it an Input). Received: the unbuilt model {model.name!r}"
+                "BackupAndRestore: To use the BackupAndRestore callback, you model must be built before you call "
+                "`fit()` (call it on a batch, or give it an Input) to restore it. "
+                f"Received: the unbuilt model {model.name!r}"
             )
-        self._load_weights(record)
+        record = self._load_weights(record)
+        self._point_at(record)
         if not self._data.restore(model, record, self.backup_dir):
             self._warn_once("a backup of other data than a kerasfeed dataset or loader")
-        self._epoch = int(record["epoch"])
+        self._current_epoch = int(record["epoch"])
         if record.get("data") is not None and self._data.known:
-            self._resumed = (self._epoch, int(record["batch"]))
+            self._resumed = (self._current_epoch, int(record["batch"]))
 
-    def _load_weights(self, record: dict) -> None:
+    def _load_weights(self, record: dict) -> dict:
+        """Loads ``record``'s weights, or with ``double_checkpoint`` the previous backup's when
+        they cannot be read (Keras' fallback): returns the record whose weights were loaded."""
         model = self._model
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)  # its variables must exist to be loaded
         try:
             model.load_weights(self._files.weights_of(record))
-        except OSError:
-            previous = self._files.weights_of(record, previous=True)
-            if previous is None:
+            return record
+        except OSError as error:
+            if not record.get("previous"):
                 raise
-            model.load_weights(previous)
-            raise RuntimeError(
-                f"BackupAndRestore: the latest backup in {self.backup_dir!r} could not be read; the previous "
-                "one's weights were loaded but its position is not known here. Delete the directory to start over. "
-                f"Received: {self._files.weights_of(record)!r}"
-            ) from None
+            previous = self._files.previous_of(record)
+            if previous is None:
+                raise RuntimeError(
+                    f"BackupAndRestore: the latest backup in {self.backup_dir!r} could not be read, and the previous "
+                    f"one ({record['previous']}) has no record of its own of where training stood (written by an "
+                    f"older kerasfeed). Delete the directory to start over. Received: {error}"
+                ) from error
+            model.load_weights(self._files.weights_of(previous))
+            warnings.warn(
+                f"kerasfeed.BackupAndRestore: the latest backup in {self.backup_dir!r} could not be read ({error}); "
+                f"restored the previous one (epoch {previous['epoch']}, batch {previous['batch']}) instead.",
+                stacklevel=3,
+            )
+            return self._files.fall_back(previous) if self._writer else previous
+
+    def _paths(self) -> tuple:
+        return (self._weights_path, self._training_metadata_path, self._prev_weights_path,
+                self._prev_training_metadata_path)
+
+    def _point_at(self, record: dict) -> None:
+        """Keras' four path attributes name the files of the committed ``record`` (and its previous)."""
+        files = self._files
+        found = (files.weights_of(record), files.record_path(record), files.weights_of(record, previous=True),
+                 files.record_path(record, previous=True))
+        (self._weights_path, self._training_metadata_path, self._prev_weights_path,
+         self._prev_training_metadata_path) = (f or k for f, k in zip(found, self._keras_paths))
 
     def _warn_once(self, what: str) -> None:
         if not self._warned:
@@ -138,7 +172,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # -- save ------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch = epoch
+        self._data.epoch_begins(epoch)  # Keras' public route: the restored epoch began, the passes follow it
+        self._current_epoch = epoch
         self._done = self._resumed[1] if epoch == self._resumed[0] else 0
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -147,16 +182,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         trained, self._done = batch + 1 - self._done, batch + 1
         if self.save_freq == "epoch":
             return
-        self._since_save += trained
-        if self._since_save >= self.save_freq:
-            self._save(self._epoch, self._done)
+        self._batches_seen_since_last_saving += trained
+        if self._batches_seen_since_last_saving >= self.save_freq:
+            self._save(self._current_epoch, self._done)
+
+    def _on_first_step_end(self, batch: int, logs: Any = None) -> None:
+        """``on_train_batch_end`` where ``batch`` is an execution's first step (Keras < 3.11): a
+        backup past the epoch's steps (its short last execution) is the next epoch's start."""
+        type(self).on_train_batch_end(self, batch + self._step_end - 1, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._current_epoch, self._done = epoch + 1, 0
         if self.save_freq == "epoch":
             self._save(epoch + 1, 0)
 
     def _save(self, epoch: int, batch: int) -> None:
-        self._since_save = 0
+        self._batches_seen_since_last_saving = 0
         if not self._writer:
             # The first process commits for all (same weights, same position); the
             # others still take part in gathering the variables (a collective under JAX).
@@ -165,16 +206,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             return
         record = dict(self._data.position(epoch, batch, self._steps), keras=keras.version())
         model = self.model  # syncs the JAX state into the model's variables
-        self._files.commit(record, lambda path: model.save_weights(path, overwrite=True))
+        self._point_at(self._files.commit(record, lambda path: model.save_weights(path, overwrite=True)))
 
     def on_train_end(self, logs: Any = None) -> None:
-        self._model._initial_epoch = None  # a later fit of this model starts where it is told
+        restore_epoch(self._model, None, owner="kerasfeed.BackupAndRestore")  # a later fit starts where told
+        self._data.epoch_begins(None)
         if self.delete_checkpoint and self._writer:
             self._files.delete()
 
+    @property
+    def _last_batch_seen(self) -> int:
+        """Keras' attribute: the last batch trained in this epoch with ``save_freq=n`` (0 at an epoch's
+        end, and with ``save_freq="epoch"``); read from ``_done``, so a step stores nothing more."""
+        return 0 if self.save_freq == "epoch" else max(getattr(self, "_done", 0) - 1, 0)
+
+    @_last_batch_seen.setter
+    def _last_batch_seen(self, value: int) -> None:
+        pass  # Keras' __init__ sets 0: it follows _done instead
+
     # Keras' own save and load: the same commit and restore as above.
     def _save_model(self) -> None:
-        self._save(self._epoch + 1, 0)
+        self._save(self._current_epoch, self._done)
 
     def _load_model(self) -> None:
         self.on_train_begin()

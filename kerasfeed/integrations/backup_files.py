@@ -8,7 +8,10 @@ and the backup becomes the current one only when ``latest.json`` (epoch,
 batch, data position and the directory's name) replaces the previous one
 with ``os.replace``, an atomic rename. A crash at any point before that
 leaves the previous ``latest.json`` and its directory whole; a crash after
-it leaves only an old directory behind, which the next commit removes.
+it leaves only an old directory behind, which the next commit removes. Each
+directory also holds its own record (``record.json``, written before the
+commit), so that with ``keep_previous`` a latest backup whose weights cannot
+be read falls back on the previous one, position included (``fall_back``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Callable, Optional
 LATEST = "latest.json"
 FORMAT = "kerasfeed-backup-1"
 WEIGHTS = "model.weights.h5"
+RECORD = "record.json"  # a backup's own copy of its record, in its directory
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 
 
@@ -65,13 +69,45 @@ class BackupFiles:
         name = record.get("previous") if previous else record.get("checkpoint")
         return None if not name else os.path.join(self.directory, name, WEIGHTS)
 
-    def commit(self, record: dict, write_weights: Callable[[str], None]) -> None:
+    def record_path(self, record: dict, previous: bool = False) -> Optional[str]:
+        """Where ``record`` is kept: ``latest.json`` (the commit), or the previous backup's own record file."""
+        if not previous:
+            return os.path.join(self.directory, LATEST)
+        name = record.get("previous")
+        return None if not name else os.path.join(self.directory, name, RECORD)
+
+    def previous_of(self, record: dict) -> Optional[dict]:
+        """The record of the backup committed before ``record`` (kept with ``keep_previous``), or
+        None: none was kept, or it was written before backups kept their own record."""
+        path = self.record_path(record, previous=True)
+        if path is None or not os.path.exists(path):
+            return None
+        with open(path) as f:
+            try:
+                previous = json.load(f)
+            except ValueError:
+                return None
+        ok = isinstance(previous, dict) and previous.get("format") == FORMAT
+        return previous if ok and previous.get("checkpoint") == record["previous"] else None
+
+    def fall_back(self, previous: dict) -> dict:
+        """Makes the backup ``previous`` the current one again (the latest could not be read), atomically;
+        the unreadable one is removed. Returns ``previous`` as now committed (it has no previous of its own)."""
+        full = {k: v for k, v in previous.items() if k != "previous"}
+        self._replace_latest(full)
+        self._remove_stale(keep={full["checkpoint"]})
+        return full
+
+    def commit(self, record: dict, write_weights: Callable[[str], None]) -> dict:
         """Writes a new backup: ``write_weights(path)``, then ``record`` as the latest, atomically.
 
         Args:
             record: JSON-able fields (epoch, batch, data position); the
                 format and the directory names are added here.
             write_weights: writes the model's weights to the given path.
+
+        Returns:
+            The record as committed (with the format and the directory names).
         """
         os.makedirs(self.directory, exist_ok=True)
         current = self.latest()
@@ -81,18 +117,20 @@ class BackupFiles:
         path = os.path.join(folder, WEIGHTS)
         write_weights(path)
         _fsync_file(path)
-        _fsync_dir(folder)
         full = dict(record, format=FORMAT, checkpoint=name)
         if self.keep_previous and current is not None:
             full["previous"] = current["checkpoint"]
+        _write_json(os.path.join(folder, RECORD), full)
+        _fsync_dir(folder)
+        self._replace_latest(full)
+        self._remove_stale(keep={name, full.get("previous")})
+        return full
+
+    def _replace_latest(self, full: dict) -> None:
         tmp = os.path.join(self.directory, f"{LATEST}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(full, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_json(tmp, full)
         os.replace(tmp, os.path.join(self.directory, LATEST))  # the commit
         _fsync_dir(self.directory)
-        self._remove_stale(keep={name, full.get("previous")})
 
     def _next_number(self) -> int:
         numbers = [int(m.group(1)) for m in map(_CKPT.match, os.listdir(self.directory)) if m]
@@ -112,6 +150,13 @@ class BackupFiles:
         first, so that a crash half-way leaves no record pointing at removed files."""
         _remove(os.path.join(self.directory, LATEST))
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _write_json(path: str, record: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fsync_file(path: str) -> None:
@@ -136,4 +181,4 @@ def _remove(path: Any) -> None:
         pass
 
 
-__all__ = ["BackupFiles", "FORMAT", "LATEST", "WEIGHTS"]
+__all__ = ["BackupFiles", "FORMAT", "LATEST", "RECORD", "WEIGHTS"]

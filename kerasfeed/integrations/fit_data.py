@@ -6,7 +6,9 @@ and the kerasfeed pipelines behind ``x``: a ``to_dataset`` dataset (or one
 derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under
 that backend). ``record`` is the data position saved with a backup;
 ``resume`` checks a saved one against this run and starts the epoch inside
-its pass (``NOTE [ Resuming inside an epoch ]``).
+its pass (``NOTE [ Resuming inside an epoch ]``). The callback's own
+``on_epoch_begin(epoch)`` (Keras' public route) goes to ``epoch_begins``: it
+checks that the fit started at the restored epoch and tells the pipelines.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import dataclasses
 import functools
 from typing import Any, Optional
 
-from kerasfeed._keras_fit import FitView, find_fit
+from kerasfeed._keras_epoch_iterator import start_epoch_at
+from kerasfeed._keras_fit import FitView, find_fit, refuse, restore_epoch
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import pass_fingerprint
 
@@ -33,6 +36,7 @@ class FitData:
     pipelines: list
     # The saved position ``check`` accepted last: ``resume`` restores its items left out (max_skipped).
     accepted: Optional[dict] = None
+    restored: Optional[int] = None  # the epoch ``restore`` made the fit start at, until it starts
 
     @classmethod
     def of(cls, model: Any) -> "FitData":
@@ -47,7 +51,23 @@ class FitData:
             return True
 
         view = find_fit(holds, model=model)
-        return cls(view, found if view is not None else [])
+        data = cls(view, found if view is not None else [])
+        data.epoch_begins(None)  # what an earlier fit's callback said (one that raised) no longer holds
+        return data
+
+    def epoch_begins(self, epoch: Optional[int], *, owner: str = "kerasfeed.BackupAndRestore") -> None:
+        """A kerasfeed callback's ``on_epoch_begin(epoch)`` (None: the fit ends): the first epoch
+        must be the restored one, and the pipelines read pass ``epoch`` (``PassPipeline.expect``).
+
+        Raises:
+            KerasStructureError: the fit started at another epoch than the one restored.
+        """
+        restored, self.restored = self.restored, None
+        if epoch is not None and restored is not None and epoch != restored:
+            raise refuse(f"its fit started at epoch {epoch} after {owner} set model._initial_epoch={restored}",
+                         "The backup's epoch was not restored: refused rather than train other passes.")
+        for pipeline in self.pipelines:
+            pipeline.expect(self.view, epoch)
 
     @property
     def known(self) -> bool:
@@ -58,8 +78,12 @@ class FitData:
     def main(self) -> Any:
         return self.pipelines[0]
 
-    def check_fit(self, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
+    def check_fit(self, steps: Optional[int] = None, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
         """Refuses what a backup cannot resume exactly (``owner``: the callback, for the messages).
+
+        Args:
+            steps: the steps of an epoch, as Keras tells its callbacks (``params["steps"]``;
+                None: not known, the data's length is).
 
         Raises:
             ValueError: an ``initial_state`` numbers the passes, or the fit's
@@ -73,7 +97,7 @@ class FitData:
                 "or loader without initial_state (a fit that starts at initial_epoch=e reads pass e). "
                 "Received: a dataset or loader made with initial_state"
             )
-        steps = self.view.steps_per_epoch
+        steps = steps or self.view.steps_per_epoch
         if steps and steps != p.batches_per_pass:
             raise ValueError(
                 f"{owner} counts one Keras epoch as one pass of the data, but this fit's epochs have "
@@ -171,11 +195,12 @@ class FitData:
         exact = self.known and data is not None
         if exact:
             self.check(data, where, owner=owner)
-            self.resume(epoch, batch)
-        model._initial_epoch = epoch  # Keras' trainer starts at it (as its BackupAndRestore does)
+            self.resume(epoch, batch, owner=owner)
+        restore_epoch(model, epoch, owner=owner)  # Keras' trainer starts at it (as its BackupAndRestore does)
+        self.restored = epoch  # checked when the first epoch begins (epoch_begins)
         return exact
 
-    def resume(self, epoch: int, batch: int) -> None:
+    def resume(self, epoch: int, batch: int, *, owner: str = "kerasfeed.BackupAndRestore") -> None:
         """Makes epoch ``epoch`` of this fit start at its batch ``batch``.
 
         NOTE [ Resuming inside an epoch ]: the pass of epoch ``epoch`` begins
@@ -188,8 +213,11 @@ class FitData:
         ``"skipped"`` of the position ``check`` accepted) count against the
         resumed pass's budget and, where items are batches, are passed over.
         Keras' ``EpochIterator._enumerate_iterator`` is private; the
-        instance's is replaced for that one epoch.
+        instance's is replaced for that one epoch (``_keras_fit.start_epoch_at``,
+        which refuses a Keras whose epoch iterator differs before any batch).
         """
+        if batch:
+            start_epoch_at(self.view, batch, owner=owner)  # its checks first: nothing pinned if it refuses
         saved = self.accepted if self.accepted is not None and self.accepted.get("pass") == epoch else {}
         left_out = [i for e, i in saved.get("skipped", ()) if e == epoch]
         for pipeline in self.pipelines:
@@ -197,31 +225,6 @@ class FitData:
             # continues from them, and where items are batches they move the position on.
             extra = pipeline.resume_skipped(epoch, left_out) if hasattr(pipeline, "resume_skipped") else 0
             pipeline.pin(epoch, batch * pipeline.items_per_batch + extra)
-        if batch:
-            _start_epoch_at(self.view.epoch_iterator, batch)
-
-
-def _start_epoch_at(epoch_iterator: Any, skip: int) -> None:
-    original = epoch_iterator._enumerate_iterator  # the class's, bound
-    steps = epoch_iterator.num_batches
-
-    def resumed():
-        del epoch_iterator._enumerate_iterator  # the next epochs are whole
-        inner = original()
-        try:
-            for item in inner:
-                *numbers, iterator = item
-                if numbers[0] + skip >= steps:
-                    break
-                yield (*(n + skip for n in numbers), iterator)
-        finally:
-            inner.close()
-        # As after a pass read to its end: the next epoch reads a new iterator.
-        epoch_iterator._current_iterator = None
-        epoch_iterator._steps_seen = 0
-        epoch_iterator.data_adapter.on_epoch_end()
-
-    epoch_iterator._enumerate_iterator = resumed
 
 
 __all__ = ["FitData"]

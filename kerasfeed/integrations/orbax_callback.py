@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 
 import keras
 
+from kerasfeed._keras_fit import report, restore_epoch
 from kerasfeed.integrations.fit_data import FitData
 
 OWNER = "kerasfeed.OrbaxCheckpoint"
@@ -129,9 +130,9 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
         super().on_train_begin(logs)
         model = self._model
         self._data = FitData.of(model)
-        if self._data.known:
-            self._data.check_fit(owner=OWNER)
         self._steps = (self.params or {}).get("steps")
+        if self._data.known:
+            self._data.check_fit(self._steps, owner=OWNER)
         if self.restore:
             self._restore_latest()
 
@@ -187,6 +188,7 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
 
     # -- save ------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._data.epoch_begins(epoch, owner=OWNER)  # Keras' public route (fit_data.py)
         self._epoch = epoch
         super().on_epoch_begin(epoch, logs)
 
@@ -208,7 +210,8 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
 
     def on_train_end(self, logs: Any = None) -> None:
         super().on_train_end(logs)
-        self._model._initial_epoch = None  # a later fit of this model starts where it is told
+        restore_epoch(self._model, None, owner=OWNER)  # a later fit of this model starts where it is told
+        self._data.epoch_begins(None)
 
 
 class _WithRecord:
@@ -267,6 +270,8 @@ def _abstract(where: str, model: Any) -> Any:
     try:
         from keras.src.saving.orbax_util import build_orbax_abstract_pytree
     except ImportError:  # a Keras that moved it: the saved shardings (the same topology)
+        report("it has no keras.src.saving.orbax_util.build_orbax_abstract_pytree", "OrbaxCheckpoint restores "
+               "the arrays with the shardings they were saved with (right on the same device topology).")
         return None
     return build_orbax_abstract_pytree(where, model.get_state_tree())
 

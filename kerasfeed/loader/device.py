@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_fit import report
 from kerasfeed.loader.convert import TorchBatches, from_numpy, map_arrays, torch_dtype
 
 # Batches placed ahead when device_prefetch=None and the batches go to an accelerator.
@@ -323,8 +324,9 @@ def torch_device(keras_backend: bool) -> Any:
             from keras.src.backend.torch.core import get_device  # Keras' per-thread device (device_scope)
 
             return get_device()
-        except ImportError:  # no torch backend in this Keras
-            pass
+        except ImportError:  # private Keras structure (NOTE [ Keras' private structure ], _keras_fit.py)
+            report("its torch backend has no keras.src.backend.torch.core.get_device", "Batches go to the current "
+                   "CUDA device (or the CPU), which may not be the device a keras.device() scope chose.")
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -16,6 +16,8 @@ import re
 import sys
 from typing import Any
 
+from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
+from kerasfeed._keras_fit import refuse
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
 from kerasfeed.observe.api import STATS_ATTR, collector_of
@@ -42,7 +44,11 @@ def loader_class() -> type:
     import keras
 
     check_keras_version(keras.version())
-    from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+    try:
+        from keras.src.trainers.data_adapters.data_adapter import DataAdapter
+    except ImportError as e:  # private Keras structure (NOTE [ Keras' private structure ], _keras_fit.py)
+        raise refuse("it has no keras.src.trainers.data_adapters.data_adapter.DataAdapter, the class fit takes as "
+                     "is", "kerasfeed.to_loader cannot be a Keras data adapter: use kerasfeed.to_dataset.") from e
 
     # Loader comes first: its methods implement the adapter's.
     body = {
@@ -61,15 +67,15 @@ def loader_class() -> type:
 # beside a PyDataset, and applies `class_weight` to it). The epoch iterator
 # reads `num_batches` right after choosing the adapter, in its `__init__`,
 # whose arguments are those of the fit/evaluate/predict call: that read
-# checks them. Private Keras structure, like the adapter itself: the backend
-# tests call fit with each argument under every backend.
-_EPOCH_ITERATOR_MODULE = "keras.src.trainers.epoch_iterator"
-_DROPPED = (
-    ("y", "the targets are the second element of each item (x, y)"),
-    ("sample_weight", "return (x, y, sample_weight) items from the source"),
-    ("class_weight", "return (x, y, sample_weight) items with each sample's class weight, or draw the classes "
-     "evenly with order=kerasfeed.BalancedOrder(labels)"),
-)
+# checks them. Private Keras structure, read (and checked) by
+# `_keras_fit.epoch_iterator_arguments`: the backend tests call fit with each
+# argument under every backend.
+_DROPPED = {
+    "y": "the targets are the second element of each item (x, y)",
+    "sample_weight": "return (x, y, sample_weight) items from the source",
+    "class_weight": "return (x, y, sample_weight) items with each sample's class weight, or draw the classes "
+    "evenly with order=kerasfeed.BalancedOrder(labels)",
+}
 
 
 def _num_batches(loader: Any) -> int:
@@ -80,15 +86,12 @@ def _num_batches(loader: Any) -> int:
 def refuse_arguments_keras_drops(frame: Any) -> None:
     """Raises ValueError when ``frame`` is Keras' epoch iterator being made
     with ``y``, ``sample_weight`` or ``class_weight`` for a loader (see NOTE above)."""
-    if frame is None or frame.f_code.co_name != "__init__" or frame.f_globals.get("__name__") != _EPOCH_ITERATOR_MODULE:
-        return
-    given = frame.f_locals
-    for name, instead in _DROPPED:
-        value = given.get(name)
+    given = epoch_iterator_arguments(frame)
+    for name, value in (given or {}).items():
         if value is not None:
             raise ValueError(
                 f"kerasfeed: Keras does not pass `{name}` on to a data adapter such as a kerasfeed.to_loader "
-                f"loader, so it would be ignored; {instead}. Received: {name}={_short(value)}"
+                f"loader, so it would be ignored; {_DROPPED[name]}. Received: {name}={_short(value)}"
             )
 
 

@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed._keras_fit import explain_short_epochs, find_fit, keras_pass
+from kerasfeed._keras_epoch_iterator import check_epoch_length, explain_short_epochs
+from kerasfeed._keras_fit import FitView, find_fit, iterator_ref, keras_pass, refuse, same_iterator
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.fpenv import default_fp_env
@@ -60,6 +61,9 @@ class PassPipeline:
         # a pass pinned by kerasfeed.BackupAndRestore starts where the backup stopped.
         self._follow = follow_keras
         self._pins: dict[int, int] = {}  # pass -> items of it already trained on
+        # (the fit's epoch iterator, weakly; its epoch): what a kerasfeed callback's on_epoch_begin said
+        self._expected: Optional[tuple] = None
+        self._resumed_pass = start_epoch if skip else None  # a first pass shorter than the others
         self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
         self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
@@ -94,6 +98,8 @@ class PassPipeline:
             self.stats.pass_begin(epoch)
         if self.skips is not None:
             self.skips.begin(epoch, skip)
+        if self._resumed_pass is not None and epoch == self._resumed_pass + 1:
+            self._check_keras_length()
         self._run_begin_hooks(epoch)
         # After the hooks: an executor in this process makes items from now on.
         # Worker processes may also go on with the next pass's first items
@@ -120,15 +126,52 @@ class PassPipeline:
     def fit_target(self) -> Optional[tuple[int, int]]:
         """``(pass, items skipped)`` a pass begun now reads because a running
         ``model.fit`` reads this pipeline; None when none does (or its epochs
-        are not passes, or an ``initial_state`` numbers the passes)."""
+        are not passes, or an ``initial_state`` numbers the passes).
+
+        Raises:
+            KerasStructureError: the fit's frame cannot say its epoch where that decides
+                the pass (``FitView.unreadable``), or says another than a kerasfeed callback's.
+        """
         fit = find_fit(self.held_by) if self._follow else None
         if fit is None:
             return None
-        epoch = keras_pass(fit.current, fit.steps_per_epoch, self.batches_per_pass, fit.initial_epoch)
+        with self._lock:
+            said = self._expected if self._expected is not None and same_iterator(self._expected[0], fit) else None
+        if fit.missing:
+            with self._lock:
+                resuming = bool(self._pins)
+            fit.unreadable(resuming=resuming, said=said is not None)  # raises where counting would read others
+            if said is None:
+                return None
+        epoch = said[1] if fit.missing else keras_pass(fit.current, fit.steps_per_epoch, self.batches_per_pass,
+                                                       fit.initial_epoch)
+        if said is not None and fit.epoch is not None and epoch is not None and epoch != said[1]:
+            raise refuse(f"its `fit` frame says epoch {fit.epoch} where a kerasfeed callback's on_epoch_begin said "
+                         f"{said[1]}", "The pass to read is not known: refused rather than train another one.")
+        if self._held_directly(fit):
+            check_epoch_length(fit, self.batches_per_pass)
         if epoch is None:
             return None
         with self._lock:
             return epoch, self._pins.get(epoch, 0)
+
+    def expect(self, view: Optional[FitView], epoch: Optional[int]) -> None:
+        """A kerasfeed callback's ``on_epoch_begin(epoch)`` (Keras' public route) for the fit ``view``:
+        its passes are checked against the frame's epoch, and follow it where the frame has none
+        (None: the fit ended)."""
+        ref = iterator_ref(view) if epoch is not None else None
+        with self._lock:
+            self._expected = None if ref is None else (ref, epoch)
+
+    def _held_directly(self, fit: FitView) -> bool:
+        return getattr(fit.x, PIPELINE_ATTR, None) is self
+
+    def _check_keras_length(self) -> None:
+        """The pass after a resumed one, under fit: Keras must count a whole pass's steps (its
+        ``cardinality()``), or it cuts this pass short (``check_epoch_length``)."""
+        fit = find_fit(self.held_by)
+        if fit is not None and not fit.missing and self._held_directly(fit):
+            check_epoch_length(fit, self.batches_per_pass)
 
     def pin(self, epoch: int, skip: int) -> None:
         """The pass ``epoch``, when it begins under ``fit``, starts after its
@@ -257,10 +300,10 @@ class PassPipeline:
         """Items are batches: a running fit whose epochs are passes hears why its
         epoch ends early (NOTE [ An epoch shortened by items left out ])."""
         fit = find_fit(self.held_by)
-        if fit is None or fit.epoch_iterator is None or fit.steps_per_epoch not in (None, self.batches_per_pass):
+        if fit is None or fit.steps_per_epoch not in (None, self.batches_per_pass):
             return
         ref = weakref.ref(self)  # the epoch iterator may outlive this fit's data
-        explain_short_epochs(fit.epoch_iterator, lambda: None if ref() is None else ref().short_epoch_text())
+        explain_short_epochs(fit, lambda: None if ref() is None else ref().short_epoch_text())
 
     def short_epoch_text(self) -> Optional[str]:
         """Why the pass just read ended early (once), or None if it did not end complete and short."""

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
 from kerasfeed._keras_fit import find_fit
 from kerasfeed.sources import stage
 
@@ -134,6 +135,9 @@ def _begin_pass(seq) -> None:
     # [ The pass follows Keras' epoch ] in _keras_fit.py). Outside fit (and
     # under to_dataset/to_loader, whose fit reads another x) nothing changes.
     fit = find_fit(lambda x: x is seq)
+    if fit is not None and fit.missing:
+        fit.unreadable()  # counted as outside fit; a fit from a later epoch is refused
+        return
     if fit is None or fit.epoch is None:
         return
     if fit.steps_per_epoch is None or fit.steps_per_epoch == getattr(seq, "num_batches", None):
@@ -156,15 +160,7 @@ def _called_by_keras_reset() -> bool:
     # Keras' EpochIterator.reset -> PyDatasetAdapter.on_epoch_end -> (overrides,
     # bookkeeping) -> here: a few frames up. An end of epoch proper comes from
     # the iterator's generator instead.
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        code = frame.f_code
-        if code.co_name == "reset" and code.co_filename.endswith(os.path.join("trainers", "epoch_iterator.py")):
-            return True
-        frame = frame.f_back
-    return False
+    return called_by_epoch_iterator_reset(sys._getframe(2))
 
 
 def _with_bookkeeping(fn, book, before: bool):

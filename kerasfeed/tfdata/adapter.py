@@ -311,7 +311,9 @@ def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: int) -> None:
     data" warning, every later one is whole. Only this method (and so
     ``len(ds)``) says so: tf.data's ops and derived datasets still see an
     unknown length. The tensor is made at each call, so it is never one of a
-    graph the dataset was built in.
+    graph the dataset was built in. Which method Keras reads is private
+    Keras structure: where a fit's epoch iterator counts fewer steps than a
+    pass, the pass it would cut is refused (``_keras_fit.check_epoch_length``).
     """
     ds.cardinality = lambda: tf.constant(per_pass, tf.int64)
 

@@ -1,0 +1,182 @@
+"""Keras' ``EpochIterator``: what kerasfeed reads and patches of it, each with its check (TF-free,
+Keras-free). Part of NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit.py`` (2. and 3.)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import sys
+from typing import Any, Callable, Optional
+
+from kerasfeed._keras_fit import FitView, keras_minor, refuse, report
+
+logger = logging.getLogger("kerasfeed")
+
+# The first Keras whose epoch iterator warns "ran out of data" only under steps_per_epoch (keras#23360).
+_QUIET_RUN_OUT = (3, 16)
+
+
+def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
+    """Makes the fit's next epoch number its steps from ``skip`` and stop at its usual end.
+
+    NOTE [ Resuming inside an epoch ] (``integrations/fit_data.py``): Keras'
+    ``EpochIterator._enumerate_iterator`` (a generator of ``(step, iterator)``,
+    ``(begin, end, iterator)`` since 3.11) is replaced on the instance for that
+    one epoch; after it, ``_current_iterator``/``_steps_seen`` are set as after
+    a pass read to its end and the adapter's ``on_epoch_end`` is called.
+
+    Raises:
+        KerasStructureError: any of these is missing or of another shape (the
+            epoch would train other batches than the interrupted run's).
+    """
+    iterator = view.epoch_iterator
+    then = (f"{owner} cannot resume inside an epoch with it: refused rather than train other batches. Delete the "
+            "backup to start the epoch again, or use a Keras release listed in docs/keras_versions.md.")
+    if iterator is None:
+        raise refuse(f"its `fit` has no {', '.join(view.missing) or '`epoch_iterator`'}", then)
+    absent = [f"`{n}`" for n in ("_current_iterator", "_steps_seen", "data_adapter") if not hasattr(iterator, n)]
+    if not inspect.isgeneratorfunction(getattr(type(iterator), "_enumerate_iterator", None)):
+        absent.insert(0, "`_enumerate_iterator` (a generator)")
+    if absent:
+        raise refuse(f"its EpochIterator ({type(iterator).__qualname__}) has no {', '.join(absent)}", then)
+    steps = iterator.num_batches
+    if not isinstance(steps, int) or steps <= skip:
+        raise refuse(f"its epoch iterator counts {steps!r} steps an epoch, and the epoch resumes after {skip}", then)
+    original = iterator._enumerate_iterator  # the class's, bound
+
+    def resumed():
+        del iterator._enumerate_iterator  # the next epochs are whole
+        inner = original()
+        try:
+            first = next(inner, None)
+            if first is not None and not (isinstance(first, tuple) and len(first) in (2, 3)
+                                          and all(type(n) is int for n in first[:-1])):
+                raise refuse(f"its EpochIterator._enumerate_iterator yields {first!r}, not (step, ..., iterator)",
+                             then)
+            for item in itertools.chain((first,) if first is not None else (), inner):
+                *numbers, it = item
+                if numbers[0] + skip >= steps:
+                    break
+                yield (*(n + skip for n in numbers), it)
+        finally:
+            inner.close()
+        # As after a pass read to its end: the next epoch reads a new iterator.
+        iterator._current_iterator = None
+        iterator._steps_seen = 0
+        iterator.data_adapter.on_epoch_end()
+
+    iterator._enumerate_iterator = resumed
+
+
+# NOTE [ An epoch shortened by items left out ]
+# With batch_size=None each item is a batch, so a pass that left k items out
+# (max_skipped) has k batches fewer than the len() Keras was told. Keras' epoch
+# iterator ends such an epoch when the data ends, rightly (the next epoch
+# starts on time with the next pass). Keras 3.7 to 3.15 then always call
+# ``_interrupted_warning``: "Your input ran out of data ... use .repeat()",
+# advice that is wrong here; from 3.16 (keras#23360) only when steps_per_epoch
+# was set. Where Keras warns, the pipeline replaces that method on the running
+# fit's epoch iterator (the instance only, once): when the pass just read
+# ended complete and short by exactly its items left out, the explanation is
+# logged instead (each skip was already a warning); any other run-out still
+# gets Keras' own warning. Where the method is missing, Keras' warning (if
+# any) stays, reported once; tests/test_skip_budget.py trains through it with
+# warnings as errors.
+_EXPLAINED = "_kerasfeed_explains_short_epochs"
+
+
+def explain_short_epochs(view: FitView, explain: Callable[[], Optional[str]]) -> None:
+    """Has the fit's epoch iterator log ``explain()`` in place of Keras' "ran out of data"
+    warning whenever ``explain()`` returns a text (where this Keras warns at all)."""
+    iterator = view.epoch_iterator
+    if iterator is None or getattr(iterator, _EXPLAINED, False):
+        return
+    if keras_minor() >= _QUIET_RUN_OUT and not view.steps_per_epoch:
+        return  # Keras says nothing when an epoch of unknown or known length ends early
+    original = getattr(iterator, "_interrupted_warning", None)
+    if not callable(original):
+        report(f"its EpochIterator ({type(iterator).__qualname__}) has no `_interrupted_warning`",
+               "An epoch shortened by items left out (max_skipped) may get Keras' 'ran out of data' warning "
+               "instead of kerasfeed's explanation; the data trained is the same.")
+        return
+
+    def interrupted_warning():
+        text = explain()
+        if text is None:
+            return original()
+        logger.info(text)
+        return None
+
+    iterator._interrupted_warning = interrupted_warning
+    setattr(iterator, _EXPLAINED, True)
+
+
+_EPOCH_ITERATOR_MODULE = "keras.src.trainers.epoch_iterator"
+_DROPPED = ("y", "sample_weight", "class_weight")
+
+
+def epoch_iterator_arguments(frame: Any) -> Optional[dict]:
+    """``{"y": ..., "sample_weight": ..., "class_weight": ...}`` when ``frame`` is Keras'
+    ``EpochIterator.__init__`` reading a data adapter's ``num_batches``, else None."""
+    if frame is None or frame.f_globals.get("__name__") != _EPOCH_ITERATOR_MODULE:
+        return None
+    code = frame.f_code
+    if code.co_name != "__init__":
+        if code.co_name != "reset":  # reset reads it again, after __init__ did
+            report(f"its epoch iterator reads a data adapter's `num_batches` in `{code.co_name}`, not `__init__`",
+                   "`y`, `sample_weight` or `class_weight` given to fit beside a kerasfeed.to_loader loader may be "
+                   "ignored by Keras without the error kerasfeed gives.")
+        return None
+    absent = [n for n in _DROPPED if n not in code.co_varnames]
+    if absent:
+        report(f"its EpochIterator.__init__ has no {', '.join(absent)}", "Those arguments given to fit beside a "
+               "kerasfeed.to_loader loader may be ignored by Keras without the error kerasfeed gives.")
+    local = frame.f_locals
+    return {n: local.get(n) for n in _DROPPED}
+
+
+def called_by_epoch_iterator_reset(frame: Any) -> bool:
+    """Whether ``frame`` (or one of the 8 frames above it) is Keras' ``EpochIterator.reset``
+    (which calls the data's ``on_epoch_end`` before the first epoch of every fit)."""
+    module = sys.modules.get(_EPOCH_ITERATOR_MODULE)
+    if module is not None and not callable(getattr(getattr(module, "EpochIterator", None), "reset", None)):
+        report("its EpochIterator has no `reset`", "Under model.fit(seq) a SceneSequence may count the "
+               "on_epoch_end Keras calls before the first epoch as a pass where the fit frame cannot say the epoch.")
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "reset" and frame.f_globals.get("__name__") == _EPOCH_ITERATOR_MODULE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+# -- 3. the length Keras takes of a resumed dataset ---------------------------------------------------
+
+
+def check_epoch_length(view: FitView, per_pass: int) -> None:
+    """Refuses a pass that Keras would cut short: after a resumed (shorter) first pass, Keras
+    counts the steps of every epoch from what it was told (``tfdata/adapter.tell_keras_the_whole_pass``).
+
+    Raises:
+        KerasStructureError: the fit's epoch iterator counts fewer steps than a pass has.
+    """
+    iterator = view.epoch_iterator
+    if view.steps_per_epoch or iterator is None or getattr(iterator, "steps_per_epoch", None):
+        return  # epochs of a length given (or capped by keras.config.set_max_steps_per_epoch)
+    steps = iterator.num_batches
+    if isinstance(steps, int) and steps < per_pass:
+        raise refuse(f"its epoch iterator counts {steps} steps an epoch where a pass has {per_pass} batches: it did "
+                     "not take a resumed dataset's length from its `cardinality()`",
+                     f"Every later epoch of this fit would read {steps} of a pass's {per_pass} batches: refused. "
+                     "Finish the resumed epoch in a fit call of its own (docs/resume.md).")
+
+
+__all__ = [
+    "called_by_epoch_iterator_reset",
+    "check_epoch_length",
+    "epoch_iterator_arguments",
+    "explain_short_epochs",
+    "start_epoch_at",
+]

@@ -1,0 +1,359 @@
+"""kerasfeed against a Keras whose private structure differs from what it reads (TensorFlow backend).
+
+NOTE [ Keras' private structure ] in kerasfeed/_keras_fit.py: where Keras has no public route,
+kerasfeed reads its ``fit``'s locals and patches its epoch iterator. Here Keras is changed the way a
+release could change it — its own ``fit`` source recompiled with other local names, an epoch
+iterator without the method kerasfeed replaces, a fit that no longer starts at the restored epoch —
+and every case either trains the right passes with one ``KerasStructureWarning``, or raises a
+``KerasStructureError`` before any batch of another pass: which passes began is asserted each time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+import textwrap
+import types
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from test_backup import BATCHES, Cut, Seq, Steps, _model  # its batches record the passes begun
+
+import kerasfeed
+from kerasfeed import _keras_epoch_iterator, _keras_fit
+from kerasfeed.errors import KerasStructureError, KerasStructureWarning
+
+
+@pytest.fixture(autouse=True)
+def _each_mismatch_reported_anew():
+    _keras_fit._REPORTED.clear()
+    yield
+    _keras_fit._REPORTED.clear()
+
+
+def _weights(model):
+    return [w.copy() for w in model.get_weights()]
+
+
+def keras_fit_changed(monkeypatch, renames=(), edits=(), module=None):
+    """Keras' own TensorFlow ``fit``, recompiled with locals renamed (``(old, new)`` pairs) and
+    source ``edits`` (``(regex, replacement)``), in its module (or ``module``), in place of Keras'."""
+    from keras.src.backend.tensorflow import trainer
+
+    source = textwrap.dedent(inspect.getsource(trainer.TensorFlowTrainer.fit))
+    for old, new in renames:
+        source = re.sub(rf"\b{old}\b", new, source)
+    for pattern, replacement in edits:
+        source, n = re.subn(pattern, replacement, source)
+        assert n, pattern
+    namespace = dict(vars(trainer), __name__=module or trainer.__name__)
+    exec(compile(source, trainer.__file__, "exec"), namespace)
+    fit = namespace[re.search(r"def (\w+)\(", source).group(1)]
+    monkeypatch.setattr(trainer.TensorFlowTrainer, "fit", fit)
+    return fit
+
+
+RENAMED = (("epoch_iterator", "batches"), ("epoch", "epoch_number"))  # a Keras whose fit names them otherwise
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_renamed_locals_from_epoch_0_train_passes_0_and_1_with_one_warning(monkeypatch, front):
+    keras_fit_changed(monkeypatch, RENAMED)
+    seq = Seq()
+    data = (kerasfeed.to_dataset if front == "dataset" else kerasfeed.to_loader)(seq, shuffle=True, seed=1)
+    with pytest.warns(KerasStructureWarning) as caught:
+        _model().fit(data, epochs=2, verbose=0, shuffle=False)
+    ours = [str(w.message) for w in caught if issubclass(w.category, KerasStructureWarning)]
+    assert len(ours) == 1, ours  # once, though two passes began
+    assert re.search(r"its `fit` has no `epoch`, `epoch_iterator`.*counted by the dataset or loader itself.*"
+                     rf"Received: keras {re.escape(keras.version())}$", ours[0]), ours[0]
+    assert seq.passes == [0, 1]
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_renamed_locals_refuse_a_fit_from_a_later_epoch_before_any_batch(monkeypatch, front):
+    keras_fit_changed(monkeypatch, RENAMED)
+    seq, model = Seq(), _model()
+    before = _weights(model)
+    data = (kerasfeed.to_dataset if front == "dataset" else kerasfeed.to_loader)(seq, shuffle=True, seed=1)
+    with pytest.raises(Exception, match=r"KerasStructureError|has no `epoch`") as caught:
+        model.fit(data, epochs=4, initial_epoch=2, verbose=0, shuffle=False)
+    assert "a fit that starts at epoch 2 would train other passes" in str(caught.value)
+    assert seq.passes == []  # not pass 0 read as epoch 2
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_renamed_locals_refuse_what_keras_own_backup_restored(monkeypatch, tmp_path):
+    """keras.callbacks.BackupAndRestore sets model._initial_epoch; the data cannot follow it: refused."""
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_dataset(Seq(), shuffle=True, seed=1), epochs=4, verbose=0, shuffle=False,
+                     callbacks=[keras.callbacks.BackupAndRestore(backup), Cut(2, 1)])
+    keras_fit_changed(monkeypatch, RENAMED)
+    seq = Seq()
+    with pytest.raises(Exception, match="a fit that starts at epoch 2 would train other passes"):
+        _model().fit(kerasfeed.to_dataset(seq, shuffle=True, seed=1), epochs=4, verbose=0, shuffle=False,
+                     callbacks=[keras.callbacks.BackupAndRestore(backup)])
+    assert seq.passes == []
+
+
+def test_a_scene_sequence_under_renamed_locals_is_refused_from_a_later_epoch(monkeypatch):
+    keras_fit_changed(monkeypatch, RENAMED)
+    seq = Seq()
+    with pytest.warns(KerasStructureWarning, match="has no `epoch`"):
+        _model().fit(seq, epochs=2, verbose=0, shuffle=False)
+    assert seq.passes == [0, 1]
+    later = Seq()
+    with pytest.raises(KerasStructureError, match="a fit that starts at epoch 1"):
+        _model().fit(later, epochs=3, initial_epoch=1, verbose=0, shuffle=False)
+    assert later.passes == []
+
+
+def _cut_backup(tmp_path, front="loader"):
+    """A kerasfeed backup after batch 4 of epoch 1 (Keras unchanged), and the reference weights."""
+    make = kerasfeed.to_loader if front == "loader" else kerasfeed.to_dataset
+    reference = _model()
+    reference.fit(make(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(make(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), Cut(1, 4)])
+    record = json.loads((tmp_path / "backup" / "latest.json").read_text())
+    assert (record["epoch"], record["batch"]) == (1, 4)
+    return backup, reference
+
+
+@pytest.mark.parametrize("front", ["loader", "dataset"])
+def test_without_the_epoch_local_kerasfeeds_callback_says_the_epoch_and_the_resume_is_exact(monkeypatch, tmp_path,
+                                                                                              front):
+    """Keras' public route: kerasfeed.BackupAndRestore's on_epoch_begin(epoch) tells the data its epoch."""
+    backup, reference = _cut_backup(tmp_path, front)
+    keras_fit_changed(monkeypatch, [("epoch", "epoch_number")])
+    seq, steps, model = Seq(), Steps(), _model(seed=5)
+    make = kerasfeed.to_loader if front == "loader" else kerasfeed.to_dataset
+    with pytest.warns(KerasStructureWarning, match=r"has no `epoch`.*on_epoch_begin says the epoch"):
+        model.fit(make(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                  callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), steps])
+    assert seq.passes == [1, 2]
+    assert [s[:2] for s in steps.seen] == [(1, 4), (1, 5)] + [(2, b) for b in range(BATCHES)]
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_without_the_epoch_iterator_a_resume_inside_an_epoch_is_refused(monkeypatch, tmp_path):
+    backup, _ = _cut_backup(tmp_path)
+    keras_fit_changed(monkeypatch, RENAMED)
+    seq, model = Seq(), _model(seed=5)
+    with pytest.raises(KerasStructureError, match=r"has no `epoch`, `epoch_iterator`.*cannot resume inside an epoch"
+                                                  r".*Received: keras "):
+        model.fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                  callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2)])
+    assert seq.passes == []
+
+
+def test_an_epoch_iterator_without_enumerate_iterator_refuses_the_resume(monkeypatch, tmp_path):
+    backup, _ = _cut_backup(tmp_path)
+    from keras.src.trainers import epoch_iterator
+
+    cls = epoch_iterator.EpochIterator
+    monkeypatch.setattr(cls, "_steps_of_epoch", cls._enumerate_iterator, raising=False)
+    monkeypatch.delattr(cls, "_enumerate_iterator")
+
+    def __iter__(self):
+        self._epoch_iterator = self._steps_of_epoch()
+        return self
+
+    monkeypatch.setattr(cls, "__iter__", __iter__)
+    seq = Seq()
+    with pytest.raises(KerasStructureError, match=r"EpochIterator \(TFEpochIterator\) has no `_enumerate_iterator`"):
+        _model(seed=5).fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                           callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2)])
+    assert seq.passes == []
+
+
+def test_steps_of_another_shape_stop_the_resumed_epoch_before_its_first_batch():
+    class Iterator:
+        _current_iterator, _steps_seen, data_adapter, num_batches = None, 0, None, 6
+
+        def _enumerate_iterator(self):
+            yield {"step": 0}, iter(())  # not (step, ..., iterator)
+
+    it = Iterator()
+    view = _keras_fit.FitView(0, 0, None, None, it)
+    _keras_epoch_iterator.start_epoch_at(view, 2, owner="kerasfeed.BackupAndRestore")
+    with pytest.raises(KerasStructureError, match=r"_enumerate_iterator yields \(\{'step': 0\}, .*not \(step, ..., "
+                                                  r"iterator\)"):
+        next(it._enumerate_iterator())
+    for steps, message in ((None, "counts None steps"), (2, "counts 2 steps an epoch, and the epoch resumes after 2")):
+        it.num_batches = steps
+        with pytest.raises(KerasStructureError, match=message):
+            _keras_epoch_iterator.start_epoch_at(view, 2, owner="kerasfeed.BackupAndRestore")
+
+
+def test_a_fit_that_does_not_start_at_the_restored_epoch_is_refused(monkeypatch, tmp_path):
+    """A Keras whose trainer no longer reads model._initial_epoch: the callback sees on_epoch_begin(0)."""
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(backup), Cut(1, 0)])
+    keras_fit_changed(monkeypatch, edits=[(r"self\._initial_epoch or initial_epoch", "initial_epoch")])
+    seq = Seq()
+    with pytest.raises(KerasStructureError, match=r"started at epoch 0 after kerasfeed.BackupAndRestore set "
+                                                  r"model._initial_epoch=1"):
+        _model().fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(backup)])
+    assert seq.passes == []
+
+
+def test_a_model_without_initial_epoch_is_not_restored(tmp_path):
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(backup), Cut(1, 0)])
+    model, seq = _model(), Seq()
+    del model._initial_epoch
+    with pytest.raises(KerasStructureError, match=r"its model has no `_initial_epoch`.*cannot make this fit start at "
+                                                  r"the backup's epoch 1"):
+        model.fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                  callbacks=[kerasfeed.BackupAndRestore(backup)])
+    assert seq.passes == []
+
+
+def test_a_frame_epoch_of_another_meaning_is_refused_where_a_callback_says_the_epoch(monkeypatch, tmp_path):
+    """A Keras whose `epoch` local counts from 1: kerasfeed's callback says 0 for the first epoch."""
+    keras_fit_changed(monkeypatch, [("epoch", "keras_epoch")], edits=[
+        (r"\n(\s+)callbacks\.on_epoch_begin\(keras_epoch\)",
+         r"\n\1epoch = keras_epoch + 1\n\1callbacks.on_epoch_begin(keras_epoch)"),
+    ])
+    seq = Seq()
+    with pytest.raises(Exception, match=r"frame says epoch 1 where a kerasfeed callback's on_epoch_begin said 0"):
+        _model().fit(kerasfeed.to_loader(seq, shuffle=True, seed=2), epochs=2, verbose=0, shuffle=False,
+                     callbacks=[kerasfeed.BackupAndRestore(str(tmp_path / "backup"))])
+    assert seq.passes == []
+
+
+def test_a_fit_that_wraps_a_loop_of_another_name_is_read_through_its_kwargs(monkeypatch):
+    """Keras' loop moved to `_fit_loop`, `fit` a wrapper taking **kwargs: initial_epoch is read there."""
+    from keras.src.backend.tensorflow import trainer
+
+    loop = keras_fit_changed(monkeypatch, edits=[(r"def fit\(", "def _fit_loop(")])
+    namespace = dict(vars(trainer), _fit_loop=loop)
+    exec("def fit(self, x=None, **kwargs):\n    return _fit_loop(self, x, **kwargs)", namespace)
+    monkeypatch.setattr(trainer.TensorFlowTrainer, "fit", namespace["fit"])
+    seq = Seq()
+    with pytest.raises(Exception, match="a fit that starts at epoch 1 would train other passes"):
+        _model().fit(kerasfeed.to_dataset(seq, shuffle=True, seed=1), epochs=3, initial_epoch=1, verbose=0)
+    assert seq.passes == []
+    with pytest.warns(KerasStructureWarning, match=r"has no `initial_epoch`, `steps_per_epoch`, `epoch`"):
+        _model().fit(kerasfeed.to_dataset(seq, shuffle=True, seed=1), epochs=2, verbose=0)
+    assert seq.passes == [0, 1]
+
+
+def test_a_fit_in_another_module_without_the_names_is_named(monkeypatch):
+    keras_fit_changed(monkeypatch, RENAMED, module="keras.src.trainers.fit_loop")
+    seq = Seq()
+    with pytest.warns(KerasStructureWarning, match=r"in keras.src.trainers.fit_loop, not keras.src.backend.<backend>"):
+        _model().fit(kerasfeed.to_dataset(seq), epochs=1, verbose=0)
+    assert seq.passes == [0]
+
+
+def test_a_keras_that_does_not_take_a_resumed_datasets_length_is_refused_before_it_cuts_a_pass(monkeypatch):
+    """Keras reads a resumed dataset's length from its cardinality() method (tfdata/adapter.py); a
+    Keras that asks tf.data instead learns 5 steps from the resumed pass and would cut the next."""
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters import tf_dataset_adapter
+
+    def num_batches(self):
+        n = int(tf.data.experimental.cardinality(self._dataset))
+        return None if n < 0 else n
+
+    monkeypatch.setattr(tf_dataset_adapter.TFDatasetAdapter, "num_batches", property(num_batches))
+    seq = Seq()
+    resumed = kerasfeed.to_dataset(seq, shuffle=True, seed=1, initial_state={"epoch": 0, "batches": 2})
+    with pytest.raises(Exception, match=r"counts 5 steps an epoch where a pass has 6 batches.*would read 5 of a pass's "
+                                        r"6 batches"):
+        _model().fit(resumed, epochs=3, verbose=0, shuffle=False)
+    assert seq.passes == [0]  # the resumed pass, whole; not pass 1 cut short
+
+
+@pytest.mark.parametrize("version,steps,patched", [
+    ("3.15.1", None, True), ("3.16.0", None, False), ("3.16.0", BATCHES, True), ("4.0.0", BATCHES, True),
+])
+def test_the_run_out_warning_is_explained_only_where_keras_gives_it(monkeypatch, version, steps, patched):
+    """Keras 3.16 (keras#23360) warns "ran out of data" only with steps_per_epoch."""
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: version)
+
+    class Iterator:
+        def _interrupted_warning(self):
+            return "keras"
+
+    it = Iterator()
+    _keras_epoch_iterator.explain_short_epochs(_keras_fit.FitView(0, 0, steps, None, it), lambda: "kerasfeed explains")
+    assert ("_interrupted_warning" in vars(it)) is patched
+    if patched:
+        assert it._interrupted_warning() is None  # logged instead
+
+
+@pytest.mark.parametrize("version,offset", [("3.10.0", 4), ("3.11.0", 1), ("3.15.1", 1)])
+def test_callbacks_batch_is_an_executions_first_step_before_keras_3_11(monkeypatch, version, offset):
+    """keras#21422: on_train_batch_end(batch) gets the execution's last step from 3.11, its first before."""
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: version)
+    model = _model()
+    model.compile("sgd", "mse", steps_per_execution=4)
+    assert _keras_fit.batch_end_offset(model) == offset
+
+
+def test_an_epoch_iterator_without_the_warning_method_is_reported_once(monkeypatch):
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: "3.15.1")
+    view = _keras_fit.FitView(0, 0, None, None, types.SimpleNamespace())
+    with pytest.warns(KerasStructureWarning, match=r"has no `_interrupted_warning`.*the data trained is the same.*"
+                                                   r"Received: keras 3\.15\.1"):
+        _keras_epoch_iterator.explain_short_epochs(view, lambda: "text")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _keras_epoch_iterator.explain_short_epochs(view, lambda: "text")  # once
+
+
+def test_an_epoch_iterator_init_without_the_dropped_arguments_is_reported():
+    namespace = {"__name__": "keras.src.trainers.epoch_iterator", "sys": sys}
+    exec("def __init__(self, x, y=None, weights=None):\n    return sys._getframe()", namespace)
+    frame = namespace["__init__"](None, 1, y=np.ones(3))
+    with pytest.warns(KerasStructureWarning, match=r"EpochIterator.__init__ has no sample_weight, class_weight.*may "
+                                                   r"be ignored by Keras"):
+        given = _keras_epoch_iterator.epoch_iterator_arguments(frame)
+    assert given["y"] is not None and given["sample_weight"] is None
+
+
+def test_keras_modules_read_where_keras_has_no_public_route_are_checked_too(monkeypatch):
+    """The data adapter class to_loader extends (refused by name), Keras' torch device and its Orbax
+    shardings helper (reported once; the data trained is the same)."""
+    from kerasfeed.integrations import orbax_callback
+    from kerasfeed.loader import device, keras_adapter
+
+    keras_adapter.loader_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "keras.src.trainers.data_adapters.data_adapter", None)
+    try:
+        with pytest.raises(KerasStructureError, match=r"no keras.src.trainers.data_adapters.data_adapter.DataAdapter.*"
+                                                      r"use kerasfeed.to_dataset.*Received: keras "):
+            keras_adapter.loader_class()
+    finally:
+        keras_adapter.loader_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "keras.src.backend.torch.core", None)
+    with pytest.warns(KerasStructureWarning, match="no keras.src.backend.torch.core.get_device"):
+        assert str(device.torch_device(keras_backend=True)) == "cpu"
+    monkeypatch.setitem(sys.modules, "keras.src.saving.orbax_util", None)
+    with pytest.warns(KerasStructureWarning, match="no keras.src.saving.orbax_util.build_orbax_abstract_pytree"):
+        assert orbax_callback._abstract("unused", None) is None
+
+
+def test_an_epoch_iterator_without_reset_is_reported(monkeypatch):
+    from keras.src.trainers import epoch_iterator
+
+    monkeypatch.delattr(epoch_iterator.EpochIterator, "reset")
+    with pytest.warns(KerasStructureWarning, match=r"its EpochIterator has no `reset`.*SceneSequence"):
+        assert not _keras_epoch_iterator.called_by_epoch_iterator_reset(sys._getframe())
