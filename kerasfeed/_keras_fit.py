@@ -35,9 +35,9 @@ NOTE [ The pass follows Keras' epoch ]: Keras hands a data adapter no epoch
 number, and a ``fit`` that starts at ``initial_epoch=e`` (given, or restored
 by a ``BackupAndRestore``) must read pass ``e``, not the pipeline's own first
 pass. The one place that always knows is the trainer's ``fit`` frame (1.
-above). ``find_fit`` walks every thread's stack for it (tf.data runs a pass's
-first call on one of its own threads while ``fit`` waits), once per pass, and
-only accepts a frame whose ``x`` holds this very pipeline, so the validation
+above). ``find_fit`` looks for it once per pass, on the calling thread and,
+since tf.data runs a pass's first call on one of its own threads while ``fit``
+waits, on the fit's thread (NOTE [ Another thread's frames ]), and only accepts a frame whose ``x`` holds this very pipeline, so the validation
 data and other models' data keep their own numbering. A kerasfeed callback
 also says the epoch through ``on_epoch_begin`` (``PassPipeline.expect``): the
 two must agree, and the callback's serves where the frame has no ``epoch``.
@@ -196,24 +196,113 @@ def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitVie
         holds: whether a ``fit``'s ``x`` is (or wraps) the caller's pipeline.
         model: only a ``fit`` of this model (None: any).
 
-    The calling thread is searched first, then the others (see the NOTE above).
+    The calling thread's stack is searched first, then the ``fit`` frames seen
+    on their own threads, then the other threads (NOTE [ Another thread's frames ]).
     """
-    frames = current_frames()
-    frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
-    tops = [sys._getframe(1), *frames.values()]
-    frames.clear()
+    view = _on_this_thread(sys._getframe(1), holds, model)
+    if view is not None:
+        return view
+    for fit in _seen_elsewhere():
+        view = _view(fit, holds, model)
+        if view is not None:
+            return view
+    return _walk_other_threads(holds, model)
+
+
+def remember_fit() -> None:
+    """Notes the ``fit`` running on this thread, if any, for a later ``find_fit`` from another
+    thread (tf.data's, which begins a pass while ``fit`` waits): Keras calls it on its own thread."""
+    _on_this_thread(sys._getframe(1), lambda x: False, None)
+
+
+def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Optional[FitView]:
+    """The calling thread's ``fit`` that holds the pipeline; each ``fit`` frame passed is kept
+    (none on the stack: one kept for this thread has returned, and is dropped)."""
+    me, seen = threading.get_ident(), False
     try:
+        while frame is not None:
+            if _is_fit(frame):
+                _SEEN[me], seen = frame, True
+                view = _view(frame, holds, model)
+                if view is not None:
+                    return view
+            frame = frame.f_back
+        if not seen and me in _SEEN:
+            _drop(me, _SEEN[me])
+        return None
+    finally:
+        del frame  # frames hold their locals (batches among them): none is kept past this call
+
+
+# NOTE [ Another thread's frames ]: tf.data begins a pass on one of its own
+# threads while ``fit`` waits on another, so the ``fit`` frame is often not on
+# the calling thread's stack. Walking another running thread's stack
+# (``sys._current_frames()``, then ``f_back``) can crash CPython 3.11 when that
+# thread pops frames meanwhile (cpython#111363, sentry-python#2386 and #6119:
+# a segfault in ``PyFrame_GetBack``; seen once in this suite under load). So a
+# ``fit`` frame is taken where Keras calls kerasfeed on the fit's own thread (a
+# dataset's ``cardinality``, a data adapter's hooks, a sequence's
+# ``on_epoch_begin``, a kerasfeed callback: ``remember_fit``) and kept, one per
+# thread, while it runs: another thread reads that frame's locals, never its
+# ``f_back``. A frame kept past its ``fit``'s return is cleared then (its
+# locals freed: nothing else reads a returned ``fit``'s frame), which is also
+# how a running one is told apart (``frame.clear()`` refuses an executing
+# frame). Only where none is kept (a dataset derived from kerasfeed's, which
+# Keras reads without calling kerasfeed) are the other threads walked, with
+# the garbage collector off and the GIL's switch interval long, so that no
+# other thread runs during the walk unless it was about to take the GIL anyway.
+_SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's stack
+
+
+def _is_fit(frame: Any) -> bool:
+    return frame.f_code.co_name == "fit" and frame.f_globals.get("__name__", "").startswith("keras.")
+
+
+def _seen_elsewhere() -> list:
+    """The kept ``fit`` frames of other threads that still run; those that returned are dropped."""
+    me, running = threading.get_ident(), []
+    for ident, frame in list(_SEEN.items()):
+        if ident == me:
+            continue
+        if not _drop(ident, frame):
+            running.append(frame)
+    return running
+
+
+def _drop(ident: int, frame: Any) -> bool:
+    """Drops (and clears) the kept frame of a ``fit`` that returned; False while it runs."""
+    try:
+        frame.clear()  # a returned fit: its locals freed (NOTE above)
+    except RuntimeError:  # "cannot clear an executing frame"
+        return False
+    if _SEEN.get(ident) is frame:
+        _SEEN.pop(ident, None)
+    return True
+
+
+def _walk_other_threads(holds: Callable[[Any], bool], model: Any) -> Optional[FitView]:
+    enabled, interval = gc.isenabled(), sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(max(interval, 0.5))
+    try:
+        frames = current_frames()
+        frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
+        tops = list(frames.values())
+        frames.clear()
         for frame in tops:
             while frame is not None:
-                if frame.f_code.co_name == "fit" and frame.f_globals.get("__name__", "").startswith("keras."):
+                if _is_fit(frame):
                     view = _view(frame, holds, model)
                     if view is not None:
                         return view
                 frame = frame.f_back
         return None
     finally:
-        # Frames hold their locals (batches among them): none is kept past this call.
-        del tops, frame
+        if sys.getswitchinterval() == max(interval, 0.5):
+            sys.setswitchinterval(interval)
+        if enabled:
+            gc.enable()
+        tops = frame = None
 
 
 @functools.lru_cache(maxsize=64)
@@ -329,6 +418,7 @@ __all__ = [
     "current_frames",
     "find_fit",
     "iterator_ref",
+    "remember_fit",
     "batch_end_offset",
     "keras_minor",
     "keras_pass",

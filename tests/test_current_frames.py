@@ -78,3 +78,83 @@ def test_the_scenario_deadlocks_plain_sys_current_frames():
     """The control: the same script with ``sys._current_frames()`` itself never finishes on 3.11."""
     with pytest.raises(subprocess.TimeoutExpired):
         _run("plain", timeout=5)
+
+
+
+class _Seq:
+    """Three batches; ``set_epoch`` notes each pass begun (the threads executor calls it here)."""
+
+    def __init__(self):
+        self.passes = []
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        import numpy as np
+
+        return np.full((2, 1), float(i), np.float32), np.zeros((2, 1), np.float32)
+
+    def set_epoch(self, epoch):
+        self.passes.append(epoch)
+
+
+def test_a_fit_from_a_later_epoch_is_followed_without_walking_other_threads(monkeypatch):
+    """NOTE [ Another thread's frames ]: Keras reads the dataset's ``cardinality()`` on its
+    fit's thread, where kerasfeed keeps the fit frame; tf.data's threads, which begin the
+    passes, read its epoch there and never walk another thread's stack: a fit from epoch 2
+    reads passes 2 and 3. Once the fit returned, its kept frame is dropped and cleared."""
+    import threading
+
+    import keras
+
+    import kerasfeed
+    from kerasfeed import _keras_fit
+
+    walks = []
+    real = _keras_fit._walk_other_threads
+    monkeypatch.setattr(_keras_fit, "_walk_other_threads", lambda *a: walks.append(1) or real(*a))
+    seq = _Seq()
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(kerasfeed.to_dataset(seq, executor="threads", shuffle=True, seed=3), initial_epoch=2, epochs=4,
+              verbose=0)
+    assert seq.passes[-2:] == [2, 3] and walks == [], (seq.passes, walks)
+    kept = dict(_keras_fit._SEEN)
+    assert any(f.f_code.co_name == "fit" for f in kept.values()), "no fit frame was kept on the fit's thread"
+    found = []
+    t = threading.Thread(target=lambda: found.append(_keras_fit._seen_elsewhere()))
+    t.start()
+    t.join()
+    assert found == [[]] and not any(_keras_fit._SEEN.get(k) is v for k, v in kept.items())
+    assert all(not f.f_locals for f in kept.values())  # cleared: the fit's locals (model, data) freed
+
+
+def test_a_derived_dataset_is_followed_by_walking_the_other_threads(monkeypatch):
+    """A dataset derived from kerasfeed's (``.map``): Keras calls no kerasfeed code on its
+    fit's thread, so tf.data's thread walks the others (gc off, long switch interval)."""
+    import gc
+    import sys
+
+    import keras
+
+    import kerasfeed
+    from kerasfeed import _keras_fit
+
+    states = []
+    real = _keras_fit._walk_other_threads
+
+    def spy(*a):
+        states.append((gc.isenabled(), sys.getswitchinterval()))
+        return real(*a)
+
+    monkeypatch.setattr(_keras_fit, "_walk_other_threads", spy)
+    _keras_fit._SEEN.clear()
+    seq = _Seq()
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    ds = kerasfeed.to_dataset(seq, executor="threads").map(lambda x, y: (x + 1, y))
+    interval = sys.getswitchinterval()
+    model.fit(ds, initial_epoch=1, epochs=3, verbose=0)
+    assert seq.passes[-2:] == [1, 2] and states, (seq.passes, states)
+    assert sys.getswitchinterval() == interval and gc.isenabled()

@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
+from kerasfeed._keras_fit import remember_fit
 from kerasfeed._keras_fit import refuse
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
@@ -80,6 +81,7 @@ _DROPPED = {
 
 def _num_batches(loader: Any) -> int:
     refuse_arguments_keras_drops(sys._getframe(1))
+    remember_fit()  # read on the fit's own thread (NOTE [ Another thread's frames ])
     return Loader.num_batches.fget(loader)
 
 

@@ -9,10 +9,12 @@ per group), then the tail (batching, cardinality, options, prefetch).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Mapping, Optional, Union
 
 import tensorflow as tf
 
+from kerasfeed._keras_fit import remember_fit
 from kerasfeed._validation import AUTOTUNE
 from kerasfeed.execution.base import Executor
 from kerasfeed.loading.feed import Feed, open_feed
@@ -293,13 +295,14 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     ds = own_sharding(ds.with_options(options), feed.shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
     ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
-    if shorter and not feed.endless:
-        tell_keras_the_whole_pass(ds, feed.passes.per_pass)
+    tell_keras_the_whole_pass(ds, feed.passes.per_pass if shorter and not feed.endless else None)
     return ds
 
 
-def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: int) -> None:
-    """``ds.cardinality()`` of a resumed dataset: a whole pass's batches.
+def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: Optional[int]) -> None:
+    """``ds.cardinality()``, which Keras calls on the thread of its ``fit``: notes that ``fit``
+    (``remember_fit``: NOTE [ Another thread's frames ]) and, for a resumed dataset
+    (``per_pass``), says a whole pass's batches.
 
     NOTE [ A resumed dataset's length for Keras ]: its first pass is shorter
     than the others, so tf.data's own cardinality stays unknown (an asserted
@@ -315,7 +318,13 @@ def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: int) -> None:
     Keras structure: where a fit's epoch iterator counts fewer steps than a
     pass, the pass it would cut is refused (``_keras_fit.check_epoch_length``).
     """
-    ds.cardinality = lambda: tf.constant(per_pass, tf.int64)
+    ref, own = weakref.ref(ds), type(ds).cardinality  # no reference cycle through the dataset
+
+    def cardinality() -> tf.Tensor:
+        remember_fit()
+        return own(ref()) if per_pass is None else tf.constant(per_pass, tf.int64)
+
+    ds.cardinality = cardinality
 
 
 __all__ = ["assemble", "to_dataset"]
