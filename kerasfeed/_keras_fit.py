@@ -37,10 +37,11 @@ by a ``BackupAndRestore``) must read pass ``e``, not the pipeline's own first
 pass. The one place that always knows is the trainer's ``fit`` frame (1.
 above). ``find_fit`` looks for it once per pass, on the calling thread and,
 since tf.data runs a pass's first call on one of its own threads while ``fit``
-waits, on the fit's thread (NOTE [ Another thread's frames ]), and only accepts a frame whose ``x`` holds this very pipeline, so the validation
-data and other models' data keep their own numbering. A kerasfeed callback
-also says the epoch through ``on_epoch_begin`` (``PassPipeline.expect``): the
-two must agree, and the callback's serves where the frame has no ``epoch``.
+waits, on the fit's thread (NOTE [ Another thread's frames ]), and only
+accepts a frame whose ``x`` holds this very pipeline, so the validation data
+and other models' data keep their own numbering. A kerasfeed callback also
+says the epoch through ``on_epoch_begin`` (``PassPipeline.expect``): the two
+must agree, and the callback's serves where the frame has no ``epoch``.
 """
 
 from __future__ import annotations

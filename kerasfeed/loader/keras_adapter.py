@@ -17,8 +17,7 @@ import sys
 from typing import Any
 
 from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
-from kerasfeed._keras_fit import remember_fit
-from kerasfeed._keras_fit import refuse
+from kerasfeed._keras_fit import refuse, remember_fit
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
 from kerasfeed.observe.api import STATS_ATTR, collector_of
