@@ -22,9 +22,12 @@ the group is killed. ``--burners`` busy loops keep the CPUs busy meanwhile.
     python benchmarks/ctrl_c.py                          # 300 runs beside 2 burners (make soak-ctrl-c)
     python benchmarks/ctrl_c.py --runs 40 --burners 1
 
-Prints a JSON report (last line): runs, hangs, runs that failed otherwise
-(no KeyboardInterrupt, or the script failed before the SIGINT), exit seconds
-(median, p99, max) per stage and over all. Exit status 1 if any run failed.
+Prints a JSON report (last line): runs, hangs, runs that ended before the
+SIGINT, runs that ended otherwise than by KeyboardInterrupt (``other_end``,
+``crashed``), Ctrl-Cs that kerasfeed raised again after Python dropped them,
+exit seconds (median, p99, max) per stage and over all. Exit status 1 on a
+hang or a run that ended before its SIGINT. SIGINT is given its default action
+first (a shell's background job starts with it ignored).
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ def run_once(stage: str, delay: float, *, limit: float = LIMIT_S, dump_dir: Opti
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {sorted(STAGES)}. Received: stage={stage!r}")
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        raise RuntimeError("SIGINT is ignored in this process, so it would be in the script too (a background "
+                           "job of a shell): call default_sigint() from the main thread first. Received: SIG_IGN")
     env = dict(env if env is not None else os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     err = tempfile.TemporaryFile(mode="w+")
@@ -206,6 +212,9 @@ def summary(results: List[Dict[str, Any]]) -> Dict[str, Any]:
         return {"runs": len(rs), "hangs": sum(r["exit_s"] is None for r in rs),
                 "ended_early": sum(r["ended_early"] for r in rs),
                 "other_end": sum(r["exit_s"] is not None and not r["interrupted"] and not r["ended_early"] for r in rs),
+                # of those, killed by a signal other than SIGINT (e.g. SIGSEGV in an extension's init)
+                "crashed": sum(r["exit_s"] is not None and r["returncode"] < 0 and r["returncode"] != -signal.SIGINT
+                               for r in rs),
                 "raised_again": sum(r["raised_again"] for r in rs), "dropped": sum(r["dropped"] for r in rs),
                 "exit_s_median": _quantile(times, 0.5), "exit_s_p99": _quantile(times, 0.99),
                 "exit_s_max": max(times) if times else None}
@@ -258,7 +267,16 @@ def soak(runs: int, burners: int, parallel: int, limit: float, dump_dir: Path, s
     return out
 
 
+def default_sigint() -> None:
+    """Children start with SIGINT's default action, as a terminal's foreground job does. A shell
+    starts a background job (``make soak-ctrl-c &``, nohup) with SIGINT ignored, and an ignored
+    signal stays ignored across exec: the scripts would never see the SIGINT (a false hang)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    default_sigint()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--burners", type=int, default=2, help="busy-loop processes beside the runs (2: both cores)")

@@ -1,7 +1,8 @@
 """Ctrl-C during ``model.fit`` never hangs (docs/reliability.md): a KeyboardInterrupt
-that Python drops is raised again, a SIGINT that came between two waits still ends
-the next one, and SIGINT to the process group of a training script ends it and its
-workers. ``make soak-ctrl-c`` runs the last one hundreds of times beside CPU burners."""
+that Python drops is raised again, one during the API's import of TensorFlow once
+the import ended, a SIGINT that came between two waits still ends the next one, and
+SIGINT to the process group of a training script ends it and its workers. ``make
+soak-ctrl-c`` runs the last one hundreds of times beside CPU burners."""
 
 from __future__ import annotations
 
@@ -73,6 +74,43 @@ def test_a_ctrl_c_python_would_drop_is_raised_again(where):
     assert "not interrupted" not in proc.stdout, proc.stderr[-3000:]
     assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
     assert "KeyboardInterrupt" in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
+_IMPORTED_MODULE = """
+import signal, sys
+signal.raise_signal(signal.SIGINT)  # a Ctrl-C while this module is imported
+print("imported on after the first Ctrl-C", flush=True)
+if "twice" in sys.argv:
+    try:  # as TensorFlow's generated TFLite schema modules do around `from typing import List`
+        signal.raise_signal(signal.SIGINT)
+        print("the second Ctrl-C was held too", flush=True)
+    except:  # noqa: E722
+        print("the second Ctrl-C raised at once", flush=True)
+thing = 1
+"""
+
+
+@pytest.mark.parametrize("times", ["once", "twice"])
+def test_a_ctrl_c_during_a_lazy_import_is_raised_once_the_import_ended(tmp_path, times):
+    """A lazy import of the public API (``kerasfeed.to_dataset`` imports TensorFlow, and
+    JAX with it) holds a first Ctrl-C and raises it once the import ended; a second one
+    raises at once, and if the import takes it (a bare ``except:``), the end of the import
+    raises it again (NOTE [ Ctrl-C while TensorFlow is imported ])."""
+    (tmp_path / "imported.py").write_text(_IMPORTED_MODULE)
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import kerasfeed\n"
+        "kerasfeed._LAZY['Imported'] = 'imported:thing'\n"
+        "kerasfeed.Imported\n"
+        "print('not interrupted', flush=True)\n"
+    )
+    proc = _python(code, times)
+    out = proc.stdout.splitlines()
+    assert "imported on after the first Ctrl-C" in out and "not interrupted" not in out, (out, proc.stderr[-3000:])
+    if times == "twice":
+        assert "the second Ctrl-C raised at once" in out, out
+    assert proc.returncode == -signal.SIGINT and "raised once the import ended" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):

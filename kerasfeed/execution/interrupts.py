@@ -16,13 +16,14 @@ there as usual.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 logger = logging.getLogger("kerasfeed")
 
@@ -36,6 +37,7 @@ class _Interrupts:
         self._write_fd: Optional[int] = None
         self.count = 0  # SIGINTs read from the pipe so far
         self.handled = 0  # of those, the ones read when kerasfeed's SIGINT handler last ran in the main thread
+        self.raised = 0  # KeyboardInterrupts that handler raised (or put off) in the main thread
 
     def install(self) -> bool:
         """Points the wakeup fd at our pipe; main thread only, once, and only
@@ -128,7 +130,12 @@ def _on_sigint(signum, frame):
     clause): a plain KeyboardInterrupt. It also notes what the main thread
     has handled (NOTE [ A Ctrl-C between two waits ]).
     """
+    global _held
     sigints.seen_by_main_thread()
+    if _holding and not _held:
+        _held = True  # raised when the block ends (interrupts_held)
+        return
+    sigints.raised += 1
     if _inside_tf_exception(frame):
         _interrupt_at_next_call(_inside_tf_exception)
         return
@@ -149,15 +156,23 @@ def _interrupt_at_next_call(skip: Optional[Callable[[Any], bool]] = None, *, cal
     function, Python or C) whose frame ``skip`` does not reject, outside this
     module's own frames. Call it last: from here on, every call of this thread
     is looked at until then."""
+    global _armed
     previous = sys.getprofile()
 
     def again(frame, event, arg):
+        global _armed
         if (calls_only and event != "call") or frame.f_code in _OWN_CODES or (skip is not None and skip(frame)):
             return
         sys.setprofile(previous)
+        _armed = None
         _thread.interrupt_main()  # handled at the next bytecode boundary: as this call starts, or right after it
 
+    again.previous = previous  # type: ignore[attr-defined]
+    _armed = again
     sys.setprofile(again)
+
+
+_armed: Optional[Callable[..., None]] = None  # the profile function of an interrupt put off, until it fires
 
 
 # NOTE [ A Ctrl-C that Python swallows ]
@@ -184,7 +199,28 @@ def _interrupt_at_next_call(skip: Optional[Callable[[Any], bool]] = None, *, cal
 # code. It also reaches the waits
 # in progress: ``_thread.interrupt_main`` writes to the wakeup fd as a real
 # SIGINT does. Every other unraisable exception goes to the previous hook.
+#
 # Not covered: C code that clears an error without reporting it.
+
+
+# NOTE [ Ctrl-C while TensorFlow is imported ]
+# ============================================
+#
+# ``import tensorflow`` (2-4 s on a busy 2-core machine; the public API's lazy
+# imports run it, ``kerasfeed.to_dataset`` first) is where a Ctrl-C at the
+# start of a script most often lands, and where a KeyboardInterrupt does most
+# harm: measured with ``benchmarks/ctrl_c.py`` (SIGINT 2.3-3.7 s after the
+# start, one burner, 50 runs before any change), 10 were dropped in JAX's gc
+# callback, 1 was taken by a bare ``except:`` (TensorFlow's generated TFLite
+# schema modules hold 32 ``try: from typing import List / except: pass``; no
+# "Exception ignored" line), and 2 crashed the process (SIGSEGV while
+# jaxlib's extension module initialised, ``jaxlib/xla_client.py``). So those
+# imports run under ``interrupts_held``: from the first use of the API,
+# kerasfeed's handler stands in for Python's default one, and during the
+# import it only notes a first Ctrl-C, which is raised once the import ends
+# (a second one raises at once, for an import that hangs). An import that
+# ends normally although a KeyboardInterrupt was raised in it (a second
+# Ctrl-C taken by a bare ``except:``) raises one too.
 
 
 def _redeliver_dropped_interrupts(unraisable: Any, previous: Callable[[Any], None]) -> None:
@@ -208,7 +244,13 @@ _hook_lock = threading.Lock()
 
 def keep_interrupts() -> None:
     """Makes sure a Ctrl-C that Python would drop is raised again (NOTE [ A Ctrl-C
-    that Python swallows ]). Idempotent; cheap when in place."""
+    that Python swallows ]), and, in the main thread, puts kerasfeed's SIGINT
+    handler in place of Python's default one (the same behaviour, counted, and
+    held during ``interrupts_held``). Idempotent; cheap when in place."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _on_sigint)
     if getattr(sys.unraisablehook, "_kerasfeed_keeps_interrupts", False):
         return
     with _hook_lock:
@@ -220,6 +262,40 @@ def keep_interrupts() -> None:
         sys.unraisablehook = hook
 
 
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Holds a Ctrl-C that comes during the block, in the main thread, and raises
+    it as ``KeyboardInterrupt`` once the block ends; a second Ctrl-C raises at
+    once (NOTE [ Ctrl-C while TensorFlow is imported ]). Also raises one that
+    was raised in the block and taken there (a bare ``except:``)."""
+    global _holding, _held
+    if _holding or threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not _on_sigint
+    ):
+        yield
+        return
+    _holding, _held = True, False
+    before = sigints.raised
+    try:
+        yield
+    except BaseException as e:
+        if _held and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt(_HELD_MESSAGE) from e
+        raise
+    finally:
+        _holding = False
+    if _held or sigints.raised != before:
+        armed = _armed
+        if armed is not None and sys.getprofile() is armed:  # this one instead of one put off
+            sys.setprofile(armed.previous)  # type: ignore[attr-defined]
+        raise KeyboardInterrupt(_HELD_MESSAGE)
+
+
+_HELD_MESSAGE = "kerasfeed: Ctrl-C while kerasfeed imported TensorFlow, raised once the import ended"
+_holding = False  # an ``interrupts_held`` block runs (main thread)
+_held = False  # a Ctrl-C came during it
+
+
 def install_interrupts() -> bool:
     """Lets waits see Ctrl-C (see the module docstring), and keeps a Ctrl-C that
     Python would drop (``keep_interrupts``). Idempotent."""
@@ -227,4 +303,4 @@ def install_interrupts() -> bool:
     return sigints.install()
 
 
-__all__ = ["install_interrupts", "keep_interrupts", "sigints"]
+__all__ = ["install_interrupts", "interrupts_held", "keep_interrupts", "sigints"]

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 
+faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash shows every thread's stack
 faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 import numpy as np  # noqa: E402
