@@ -8,7 +8,7 @@ STAMP := $(VENV)/.kerasfeed-installed
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
-.PHONY: demo test keras-matrix bench bench-fit bench-cache bench-backends bench-gpu clean
+.PHONY: demo test keras-matrix bench bench-fit bench-cache bench-backends bench-gpu soak-ctrl-c clean
 
 # First run only (later runs find $(STAMP) and start at once): says what it
 # does and shows pip's progress, since it downloads about 1.7 GB.
@@ -56,6 +56,14 @@ bench-backends: $(STAMP)
 # The GPU machine's benchmark (no TensorFlow needed; PyTorch and Grain rows need their packages).
 bench-gpu: $(STAMP)
 	KERAS_BACKEND=jax $(PY) benchmarks/gpu.py --output-dir benchmarks/results/gpu
+
+# Ctrl-C during fit never hangs: SIGINT to the process group of a training script (model.fit over
+# worker processes) at a random moment, RUNS times beside BURNERS busy loops (not part of `make test`,
+# which runs three of them). About 20-40 minutes on 2 cores; hung runs' stacks go to /tmp/kerasfeed-ctrl-c.
+RUNS ?= 300
+BURNERS ?= 2
+soak-ctrl-c: $(STAMP)
+	$(PY) benchmarks/ctrl_c.py --runs $(RUNS) --burners $(BURNERS)
 
 clean:
 	rm -rf $(VENV) $(NOTF_VENV) build *.egg-info

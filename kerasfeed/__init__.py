@@ -91,8 +91,14 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'kerasfeed' has no attribute {name!r}")
     module_name, _, attr = target.partition(":")
+    # Before TensorFlow is imported (and JAX with it, and JAX's gc callback): a
+    # Ctrl-C handled there would be dropped (NOTE [ A Ctrl-C that Python swallows ]).
+    from kerasfeed.execution.interrupts import interrupts_held, keep_interrupts
+
+    keep_interrupts()
     try:
-        module = importlib.import_module(module_name)
+        with interrupts_held():  # NOTE [ Ctrl-C while TensorFlow is imported ]
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name != "tensorflow" and not (e.name or "").startswith("tensorflow."):
             raise

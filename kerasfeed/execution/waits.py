@@ -13,17 +13,16 @@ thread:
   TensorFlow joins), and the waits in progress give up.
 - **Ctrl-C.** Python runs signal handlers in the main thread only, between
   bytecodes; a main thread blocked inside TensorFlow (``next(it)``, a
-  ``fit`` step) waiting for that item never gets there. Python's C-level
-  handler also writes the signal number to the *wakeup fd*
-  (``signal.set_wakeup_fd``); kerasfeed points it at a pipe of its own
-  (only when nobody else uses it, e.g. not under asyncio), and the waits
-  read that pipe between slices. A wait that sees SIGINT (while Python's
-  default handler is in place) raises ``KeyboardInterrupt``: TensorFlow
-  hands the main thread an error, the main thread returns to Python, and
-  the pending handler raises ``KeyboardInterrupt`` there as usual.
+  ``fit`` step) waiting for that item never gets there. The waits read the
+  SIGINTs that came (``interrupts.sigints``: Python's wakeup fd, a pipe
+  kerasfeed owns) between slices and raise ``KeyboardInterrupt``:
+  TensorFlow hands the main thread an error, the main thread returns to
+  Python, and the pending handler raises ``KeyboardInterrupt`` there as usual.
 
 Only waits in progress are ended: a wait remembers the state of both when
-it starts, and a later load waits as usual.
+it starts, and a later load waits as usual (a SIGINT that came before it
+and that the main thread has not handled yet still ends it: NOTE [ A Ctrl-C
+between two waits ] in ``interrupts.py``).
 
 Some waits nobody can end from here (TensorFlow resetting an input inside
 ``next()`` at the end of ``take(3)``, iterators made inside a
@@ -35,15 +34,14 @@ remedies.
 
 from __future__ import annotations
 
-import _thread
 import logging
 import math
 import os
-import signal
-import sys
 import threading
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Union
+
+from kerasfeed.execution.interrupts import sigints
 
 logger = logging.getLogger("kerasfeed")
 
@@ -74,102 +72,6 @@ def stuck_notice_s() -> float:
 
 class WaitAbandoned(RuntimeError):
     """A load gave up because the iterator waiting for it was deleted."""
-
-
-class _Interrupts:
-    """SIGINTs seen through Python's wakeup fd (a pipe kerasfeed owns)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._read_fd: Optional[int] = None
-        self._write_fd: Optional[int] = None
-        self.count = 0  # SIGINTs read from the pipe so far
-
-    def install(self) -> bool:
-        """Points the wakeup fd at our pipe; main thread only, once, and only
-        if the wakeup fd is free. Returns whether ours is in place."""
-        if self._read_fd is not None:
-            return True
-        if threading.current_thread() is not threading.main_thread():
-            return False  # set_wakeup_fd works in the main thread only
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)  # the C handler must never block
-        try:
-            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            old = None
-        if old != -1:  # someone else's (asyncio) or not allowed: leave it alone
-            if old is not None:
-                signal.set_wakeup_fd(old)
-            os.close(r)
-            os.close(w)
-            return False
-        self._read_fd, self._write_fd = r, w
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _on_sigint)
-        return True
-
-    def poll(self) -> int:
-        """Reads what the pipe holds; returns the SIGINT count."""
-        fd = self._read_fd
-        if fd is None:
-            return self.count
-        try:
-            data = os.read(fd, 512)
-        except (BlockingIOError, InterruptedError):
-            return self.count
-        except OSError:
-            return self.count
-        hits = data.count(signal.SIGINT)
-        # Only when Ctrl-C means KeyboardInterrupt: a handler of the user's own
-        # (a graceful stop) must not have its pipeline broken.
-        if hits and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint):
-            with self._lock:
-                self.count += hits
-        return self.count
-
-
-_interrupts = _Interrupts()
-_TF_EXCEPTION_MODULE = os.path.join("tensorflow", "python", "eager", "core.py")
-
-
-def _on_sigint(signum, frame):
-    """Python's default SIGINT behaviour (KeyboardInterrupt), but never raised
-    inside TensorFlow's exception constructor.
-
-    When a wait gives up on Ctrl-C, TensorFlow turns the error into an
-    exception object for the main thread; the pending SIGINT is handled in
-    that constructor's first bytecodes, and a KeyboardInterrupt raised there
-    comes out as pybind11's ``RuntimeError: ... MISMATCH of original and
-    normalized active exception types``. So there, the SIGINT is raised
-    again at the next Python call outside it (the caller's ``except``
-    clause): a plain KeyboardInterrupt.
-    """
-    if _inside_tf_exception(frame):
-        previous = sys.getprofile()
-
-        def again(f, event, arg):
-            if event == "call" and not _inside_tf_exception(f):
-                sys.setprofile(previous)
-                _thread.interrupt_main()  # handled as this call starts
-
-        sys.setprofile(again)
-        return
-    signal.default_int_handler(signum, frame)
-
-
-def _inside_tf_exception(frame) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_TF_EXCEPTION_MODULE):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def install_interrupts() -> bool:
-    """Lets waits see Ctrl-C (see the module docstring). Idempotent."""
-    return _interrupts.install()
 
 
 class WaitScope:
@@ -221,8 +123,8 @@ class Wait:
     def __init__(self, scope: WaitScope, interrupts: bool = True, notice: bool = True):
         self._scope = scope
         self._gen = scope._gen
-        # SIGINTs from before this wait do not count.
-        self._sigints = _interrupts.poll() if interrupts else None
+        # SIGINTs the main thread handled before this wait do not count.
+        self._sigints = sigints.poll() if interrupts else None
         self._t0 = time.monotonic()
         self._notice_at = self._t0 + getattr(scope, "notice_s", DEFAULT_NOTICE_S) if notice else math.inf
 
@@ -231,7 +133,7 @@ class Wait:
         ``WaitAbandoned`` (its consumer was deleted); ``what`` names the item
         (or returns its name: called only when needed). Logs the stuck-wait
         notice once, when the wait has gone on for the notice interval."""
-        if self._sigints is not None and _interrupts.poll() != self._sigints:
+        if self._sigints is not None and sigints.ends(self._sigints):
             raise KeyboardInterrupt(f"kerasfeed: interrupted (Ctrl-C) while waiting for {_name(what)}")
         if self._scope._gen != self._gen:
             name = _name(what)
@@ -256,4 +158,4 @@ def _name(what: What) -> str:
     return what() if callable(what) else what
 
 
-__all__ = ["Wait", "WaitAbandoned", "WaitScope", "install_interrupts", "stuck_notice_s"]
+__all__ = ["Wait", "WaitAbandoned", "WaitScope", "stuck_notice_s"]

@@ -34,7 +34,7 @@ import threading
 import weakref
 from typing import Any
 
-from kerasfeed.execution.waits import install_interrupts
+from kerasfeed.execution.interrupts import install_interrupts
 from kerasfeed.observe.lookup import find_tagged
 
 logger = logging.getLogger("kerasfeed")

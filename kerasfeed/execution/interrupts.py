@@ -1,0 +1,306 @@
+"""Ctrl-C for a main thread that may be blocked inside TensorFlow: the wakeup pipe the waits read,
+kerasfeed's SIGINT handler, and a Ctrl-C that Python would drop raised again.
+
+Python runs signal handlers in the main thread only, between bytecodes; a
+main thread blocked inside TensorFlow (``next(it)``, a ``fit`` step) waiting
+for an item never gets there. Python's C-level handler also writes the signal
+number to the *wakeup fd* (``signal.set_wakeup_fd``); kerasfeed points it at a
+pipe of its own (only when nobody else uses it, e.g. not under asyncio), and
+the waits (``waits.py``) read that pipe between slices (``sigints``): a wait
+that sees SIGINT (while Ctrl-C means KeyboardInterrupt) raises
+``KeyboardInterrupt``, TensorFlow hands the main thread an error, the main
+thread returns to Python, and the pending handler raises ``KeyboardInterrupt``
+there as usual.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+logger = logging.getLogger("kerasfeed")
+
+
+class _Interrupts:
+    """SIGINTs seen through Python's wakeup fd (a pipe kerasfeed owns)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._read_fd: Optional[int] = None
+        self._write_fd: Optional[int] = None
+        self.count = 0  # SIGINTs read from the pipe so far
+        self.handled = 0  # of those, the ones read when kerasfeed's SIGINT handler last ran in the main thread
+        self.raised = 0  # KeyboardInterrupts that handler raised (or put off) in the main thread
+
+    def install(self) -> bool:
+        """Points the wakeup fd at our pipe; main thread only, once, and only
+        if the wakeup fd is free. Returns whether ours is in place."""
+        if self._read_fd is not None:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False  # set_wakeup_fd works in the main thread only
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)  # the C handler must never block
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            old = None
+        if old != -1:  # someone else's (asyncio) or not allowed: leave it alone
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return False
+        self._read_fd, self._write_fd = r, w
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+        return True
+
+    def poll(self) -> int:
+        """Reads what the pipe holds; returns the SIGINT count."""
+        fd = self._read_fd
+        if fd is None:
+            return self.count
+        try:
+            data = os.read(fd, 512)
+        except (BlockingIOError, InterruptedError):
+            return self.count
+        except OSError:
+            return self.count
+        hits = data.count(signal.SIGINT)
+        # Only when Ctrl-C means KeyboardInterrupt: a handler of the user's own
+        # (a graceful stop) must not have its pipeline broken.
+        if hits and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint):
+            with self._lock:
+                self.count += hits
+        return self.count
+
+    def seen_by_main_thread(self) -> None:
+        """Called by ``_on_sigint``: the main thread runs Python and handles what came so far."""
+        self.handled = self.poll()
+
+    def ends(self, begun: int) -> bool:
+        """Whether a wait begun when the count was ``begun`` must end: a SIGINT
+        came since, or one came before it that the main thread has not handled
+        yet (blocked in C, e.g. inside TensorFlow waiting for this very item:
+        NOTE [ A Ctrl-C between two waits ])."""
+        count = self.poll()
+        if count == begun and signal.getsignal(signal.SIGINT) is _on_sigint:
+            return count > self.handled
+        return count != begun
+
+
+# NOTE [ A Ctrl-C between two waits ]
+# ===================================
+#
+# A wait that began before a SIGINT ends on it. One that begins after it must
+# not end on a SIGINT the main thread has already turned into a
+# KeyboardInterrupt (caught, the script went on: its next pass waits as
+# usual). But a SIGINT that came while no wait was in progress (a tf.data
+# thread between two items), with the main thread blocked inside TensorFlow,
+# has not been handled yet: the main thread sees it only once ``next()``
+# returns, and the next wait, for an item that never comes, was its only way
+# out. So under kerasfeed's handler (which counts what the main thread has
+# handled) a wait also ends on a SIGINT that came before it and is not handled
+# yet; under another handler it counts only those after it, as before.
+
+
+sigints = _Interrupts()
+_TF_EXCEPTION_MODULE = os.path.join("tensorflow", "python", "eager", "core.py")
+
+
+def _on_sigint(signum, frame):
+    """Python's default SIGINT behaviour (KeyboardInterrupt), but never raised
+    inside TensorFlow's exception constructor.
+
+    When a wait gives up on Ctrl-C, TensorFlow turns the error into an
+    exception object for the main thread; the pending SIGINT is handled in
+    that constructor's first bytecodes, and a KeyboardInterrupt raised there
+    comes out as pybind11's ``RuntimeError: ... MISMATCH of original and
+    normalized active exception types``. So there, the SIGINT is raised
+    again at the next Python call outside it (the caller's ``except``
+    clause): a plain KeyboardInterrupt. It also notes what the main thread
+    has handled (NOTE [ A Ctrl-C between two waits ]).
+    """
+    global _held
+    sigints.seen_by_main_thread()
+    if _holding and not _held:
+        _held = True  # raised when the block ends (interrupts_held)
+        return
+    sigints.raised += 1
+    if _inside_tf_exception(frame):
+        _interrupt_at_next_call(_inside_tf_exception)
+        return
+    signal.default_int_handler(signum, frame)
+
+
+def _inside_tf_exception(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_TF_EXCEPTION_MODULE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _interrupt_at_next_call(skip: Optional[Callable[[Any], bool]] = None, *, calls_only: bool = True) -> None:
+    """Raises KeyboardInterrupt in this thread (the main one) as the next Python
+    function starts (``calls_only``; else at the next call or return of any
+    function, Python or C) whose frame ``skip`` does not reject, outside this
+    module's own frames. Call it last: from here on, every call of this thread
+    is looked at until then."""
+    global _armed
+    previous = sys.getprofile()
+
+    def again(frame, event, arg):
+        global _armed
+        if (calls_only and event != "call") or frame.f_code in _OWN_CODES or (skip is not None and skip(frame)):
+            return
+        sys.setprofile(previous)
+        _armed = None
+        _thread.interrupt_main()  # handled at the next bytecode boundary: as this call starts, or right after it
+
+    again.previous = previous  # type: ignore[attr-defined]
+    _armed = again
+    sys.setprofile(again)
+
+
+_armed: Optional[Callable[..., None]] = None  # the profile function of an interrupt put off, until it fires
+
+
+# NOTE [ A Ctrl-C that Python swallows ]
+# ======================================
+#
+# Python runs the SIGINT handler in the main thread between bytecodes of
+# whatever Python code runs there, including code whose exceptions Python
+# ignores: a ``gc.callbacks`` function (JAX registers one, and importing
+# TensorFlow imports JAX where it is installed), a ``__del__`` method, a
+# weakref callback (``weakref.finalize``, ``WeakSet``). The KeyboardInterrupt
+# raised there is printed as "Exception ignored in ..." and dropped: the
+# Ctrl-C did nothing, and ``model.fit`` went on training. Measured with
+# ``benchmarks/ctrl_c.py`` (SIGINT to the process group of a script on its
+# way into ``fit``, beside a CPU burner on 2 cores): 5 of 90 SIGINTs were
+# lost, every one in JAX's gc callback during ``import tensorflow``.
+#
+# So kerasfeed wraps ``sys.unraisablehook`` (``keep_interrupts``: on the first
+# use of the public API, before it imports TensorFlow, and again whenever an
+# iterator is made, in case someone replaced it). A KeyboardInterrupt dropped
+# in the main thread while Ctrl-C means KeyboardInterrupt (Python's handler or
+# kerasfeed's ``_on_sigint``) is raised again at the next call or return of
+# a function (Python or C) in that thread; if that too is a place whose
+# exceptions are ignored, the same happens again, until it lands in ordinary
+# code. It also reaches the waits
+# in progress: ``_thread.interrupt_main`` writes to the wakeup fd as a real
+# SIGINT does. Every other unraisable exception goes to the previous hook.
+#
+# Not covered: C code that clears an error without reporting it.
+
+
+# NOTE [ Ctrl-C while TensorFlow is imported ]
+# ============================================
+#
+# ``import tensorflow`` (2-4 s on a busy 2-core machine; the public API's lazy
+# imports run it, ``kerasfeed.to_dataset`` first) is where a Ctrl-C at the
+# start of a script most often lands, and where a KeyboardInterrupt does most
+# harm: measured with ``benchmarks/ctrl_c.py`` (SIGINT 2.3-3.7 s after the
+# start, one burner, 50 runs before any change), 10 were dropped in JAX's gc
+# callback, 1 was taken by a bare ``except:`` (TensorFlow's generated TFLite
+# schema modules hold 32 ``try: from typing import List / except: pass``; no
+# "Exception ignored" line), and 2 crashed the process (SIGSEGV while
+# jaxlib's extension module initialised, ``jaxlib/xla_client.py``). So those
+# imports run under ``interrupts_held``: from the first use of the API,
+# kerasfeed's handler stands in for Python's default one, and during the
+# import it only notes a first Ctrl-C, which is raised once the import ends
+# (a second one raises at once, for an import that hangs). An import that
+# ends normally although a KeyboardInterrupt was raised in it (a second
+# Ctrl-C taken by a bare ``except:``) raises one too.
+
+
+def _redeliver_dropped_interrupts(unraisable: Any, previous: Callable[[Any], None]) -> None:
+    if (
+        isinstance(unraisable.exc_value, KeyboardInterrupt)
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint)
+        and not sys.is_finalizing()  # nothing left to interrupt
+    ):
+        logger.debug("kerasfeed: a KeyboardInterrupt raised where Python ignores it (%r) is raised again",
+                     unraisable.object)
+        _interrupt_at_next_call(calls_only=False)
+        return
+    previous(unraisable)
+
+
+# The frames of the two functions above see their own returns after arming.
+_OWN_CODES = (_interrupt_at_next_call.__code__, _redeliver_dropped_interrupts.__code__)
+_hook_lock = threading.Lock()
+
+
+def keep_interrupts() -> None:
+    """Makes sure a Ctrl-C that Python would drop is raised again (NOTE [ A Ctrl-C
+    that Python swallows ]), and, in the main thread, puts kerasfeed's SIGINT
+    handler in place of Python's default one (the same behaviour, counted, and
+    held during ``interrupts_held``). Idempotent; cheap when in place."""
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _on_sigint)
+    if getattr(sys.unraisablehook, "_kerasfeed_keeps_interrupts", False):
+        return
+    with _hook_lock:
+        previous = sys.unraisablehook
+        if getattr(previous, "_kerasfeed_keeps_interrupts", False):
+            return
+        hook = functools.partial(_redeliver_dropped_interrupts, previous=previous)
+        hook._kerasfeed_keeps_interrupts = True  # type: ignore[attr-defined]
+        sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Holds a Ctrl-C that comes during the block, in the main thread, and raises
+    it as ``KeyboardInterrupt`` once the block ends; a second Ctrl-C raises at
+    once (NOTE [ Ctrl-C while TensorFlow is imported ]). Also raises one that
+    was raised in the block and taken there (a bare ``except:``)."""
+    global _holding, _held
+    if _holding or threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not _on_sigint
+    ):
+        yield
+        return
+    _holding, _held = True, False
+    before = sigints.raised
+    try:
+        yield
+    except BaseException as e:
+        if _held and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt(_HELD_MESSAGE) from e
+        raise
+    finally:
+        _holding = False
+    if _held or sigints.raised != before:
+        armed = _armed
+        if armed is not None and sys.getprofile() is armed:  # this one instead of one put off
+            sys.setprofile(armed.previous)  # type: ignore[attr-defined]
+        raise KeyboardInterrupt(_HELD_MESSAGE)
+
+
+_HELD_MESSAGE = "kerasfeed: Ctrl-C while kerasfeed imported TensorFlow, raised once the import ended"
+_holding = False  # an ``interrupts_held`` block runs (main thread)
+_held = False  # a Ctrl-C came during it
+
+
+def install_interrupts() -> bool:
+    """Lets waits see Ctrl-C (see the module docstring), and keeps a Ctrl-C that
+    Python would drop (``keep_interrupts``). Idempotent."""
+    keep_interrupts()
+    return sigints.install()
+
+
+__all__ = ["install_interrupts", "interrupts_held", "keep_interrupts", "sigints"]

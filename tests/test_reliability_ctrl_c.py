@@ -1,0 +1,233 @@
+"""Ctrl-C during ``model.fit`` never hangs (docs/reliability.md): a KeyboardInterrupt
+that Python drops is raised again, one during the API's import of TensorFlow once
+the import ended, a SIGINT that came between two waits still ends the next one, and
+SIGINT to the process group of a training script ends it and its workers. ``make
+soak-ctrl-c`` runs the last one hundreds of times beside CPU burners."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ctrl_c import SCRIPT, run_once
+from kerasfeed.execution.interrupts import keep_interrupts
+
+ROOT = Path(__file__).resolve().parents[1]
+HARD_TIMEOUT_S = 150  # tells a hang from a slow start on a loaded machine
+
+
+def _python(code: str, *args: str, timeout: float = HARD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+# A Ctrl-C handled where Python ignores exceptions, after the first use of kerasfeed's API;
+# then ordinary code (Python and C calls) that must not run to its end.
+_DROPPED = """
+import gc, signal, sys, time, weakref
+import kerasfeed
+kerasfeed.IndexOrder  # the first use of the API (light: no TensorFlow)
+
+def sigint():
+    signal.raise_signal(signal.SIGINT)  # the handler runs right after this call, in this frame
+
+where = sys.argv[1]
+if where == "gc-callback":  # as JAX's gc callback
+    def callback(phase, info):
+        if phase == "start" and callback in gc.callbacks:
+            gc.callbacks.remove(callback)
+            sigint()
+    gc.callbacks.append(callback)
+    gc.collect()
+elif where == "__del__":
+    class Dies:
+        def __del__(self):
+            sigint()
+    Dies()
+else:  # a weakref callback
+    class Target:
+        pass
+    t = Target()
+    weakref.finalize(t, sigint)
+    del t
+for k in range(50):
+    time.sleep(0.01)
+    str(k)
+print("not interrupted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["gc-callback", "__del__", "weakref.finalize"])
+def test_a_ctrl_c_python_would_drop_is_raised_again(where):
+    """Python prints "Exception ignored in ..." for a KeyboardInterrupt raised in
+    a gc callback, ``__del__`` or a weakref callback, and goes on; kerasfeed
+    raises it again in ordinary code (NOTE [ A Ctrl-C that Python swallows ])."""
+    proc = _python(_DROPPED, where)
+    assert "not interrupted" not in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
+    assert "KeyboardInterrupt" in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
+_IMPORTED_MODULE = """
+import signal, sys
+signal.raise_signal(signal.SIGINT)  # a Ctrl-C while this module is imported
+print("imported on after the first Ctrl-C", flush=True)
+if "twice" in sys.argv:
+    try:  # as TensorFlow's generated TFLite schema modules do around `from typing import List`
+        signal.raise_signal(signal.SIGINT)
+        print("the second Ctrl-C was held too", flush=True)
+    except:  # noqa: E722
+        print("the second Ctrl-C raised at once", flush=True)
+thing = 1
+"""
+
+
+@pytest.mark.parametrize("times", ["once", "twice"])
+def test_a_ctrl_c_during_a_lazy_import_is_raised_once_the_import_ended(tmp_path, times):
+    """A lazy import of the public API (``kerasfeed.to_dataset`` imports TensorFlow, and
+    JAX with it) holds a first Ctrl-C and raises it once the import ended; a second one
+    raises at once, and if the import takes it (a bare ``except:``), the end of the import
+    raises it again (NOTE [ Ctrl-C while TensorFlow is imported ])."""
+    (tmp_path / "imported.py").write_text(_IMPORTED_MODULE)
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import kerasfeed\n"
+        "kerasfeed._LAZY['Imported'] = 'imported:thing'\n"
+        "kerasfeed.Imported\n"
+        "print('not interrupted', flush=True)\n"
+    )
+    proc = _python(code, times)
+    out = proc.stdout.splitlines()
+    assert "imported on after the first Ctrl-C" in out and "not interrupted" not in out, (out, proc.stderr[-3000:])
+    if times == "twice":
+        assert "the second Ctrl-C raised at once" in out, out
+    assert proc.returncode == -signal.SIGINT and "raised once the import ended" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append((u.exc_type, u.object)))
+    keep_interrupts()
+    keep_interrupts()  # once is enough: not wrapped twice
+    assert sys.unraisablehook.func.__name__ == "_redeliver_dropped_interrupts"
+    assert not getattr(sys.unraisablehook.keywords["previous"], "_kerasfeed_keeps_interrupts", False)
+
+    class Raises:
+        def __init__(self, error):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    Raises(ValueError("in __del__"))
+    # A KeyboardInterrupt outside the main thread is not a Ctrl-C (SIGINT reaches the main thread only).
+    worker = threading.Thread(target=lambda: Raises(KeyboardInterrupt("in a thread")))
+    worker.start()
+    worker.join()
+    assert [t for t, _ in seen] == [ValueError, KeyboardInterrupt], seen
+
+
+def test_the_hook_is_put_back_when_an_iterator_is_made_after_someone_replaced_it(monkeypatch):
+    import numpy as np
+
+    import kerasfeed
+
+    class Items:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.full(2, i, np.float32)
+
+    ds = kerasfeed.to_dataset(Items())
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+    it = iter(ds)
+    assert getattr(sys.unraisablehook, "_kerasfeed_keeps_interrupts", False)
+    assert [int(x[0]) for x in it] == [0, 1, 2, 3]
+
+
+_BETWEEN_WAITS = """
+import json, os, signal, sys, threading
+from kerasfeed.execution import interrupts
+from kerasfeed.execution.waits import WaitScope
+
+assert interrupts.install_interrupts()
+scope = WaitScope()
+ended = []
+
+def wait_once():
+    wait = scope.begin()  # begun after the SIGINT below
+    try:
+        wait.check("Source[3]")
+        ended.append(False)
+    except KeyboardInterrupt:
+        ended.append(True)
+
+def in_a_thread():  # as a tf.data thread does
+    t = threading.Thread(target=wait_once)
+    t.start()
+    t.join()
+
+# What Python's C-level handler does on a SIGINT while the main thread is blocked inside
+# TensorFlow (no wait in progress): the signal number in the wakeup pipe, the Python handler not run yet.
+os.write(interrupts.sigints._write_fd, bytes([signal.SIGINT]))
+in_a_thread()
+in_a_thread()  # still not handled: ends a later wait too
+try:
+    signal.raise_signal(signal.SIGINT)  # the main thread handles it (a caught Ctrl-C)
+    caught = False
+except KeyboardInterrupt:
+    caught = True
+in_a_thread()  # handled: a later wait waits as usual
+print(json.dumps({"ended": ended, "caught": caught}))
+"""
+
+
+def test_a_ctrl_c_the_main_thread_has_not_handled_ends_a_wait_begun_after_it():
+    """A SIGINT that came while no wait was in progress, with the main thread
+    blocked in C, ends the next wait (the item it waits for may never come);
+    once the main thread handled it, later waits wait as usual (NOTE [ A Ctrl-C
+    between two waits ])."""
+    proc = _python(_BETWEEN_WAITS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"ended": [True, True, False], "caught": True}, got
+
+
+def test_a_ctrl_c_dropped_in_a_gc_callback_during_fit_still_stops_fit():
+    """The hang measured by ``benchmarks/ctrl_c.py``: a SIGINT handled inside a gc
+    callback (JAX's) while ``fit`` runs over worker processes; before, fit trained on."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "gc-callback"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=HARD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"fit went on after the dropped Ctrl-C (killed after {HARD_TIMEOUT_S} s): {err[-2000:]}")
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert {"training": True} in lines, (out, err[-3000:])
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-3000:]
+    assert "fit returned" not in out
+
+
+@pytest.mark.parametrize("stage, delay", [("start", 1.5), ("workers", 0.3), ("training", 0.4)])
+def test_sigint_to_the_process_group_of_a_training_script_ends_it_and_its_workers(stage, delay):
+    """SIGINT to the group (as a terminal's Ctrl-C) while the script starts, while
+    ``fit`` begins, and mid-training: the script ends by KeyboardInterrupt and no
+    process of its group is left, within 20 s. ``make soak-ctrl-c`` draws the
+    moment at random, hundreds of times beside CPU burners."""
+    got = run_once(stage, delay)
+    assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}; {got['stderr'][-2000:]}"
+    assert not got["ended_early"] and got["interrupted"], (got["returncode"], got["stderr"][-3000:])
+    assert stage in got["seen"], got["seen"]
