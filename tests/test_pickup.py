@@ -1,10 +1,15 @@
-"""The per-item pick-up of ``to_dataset``: a sequential map that keeps the pass's position."""
+"""The per-item pick-up of ``to_dataset``: a sequential map that keeps the pass's position, the
+thread executor's one-shot task flag."""
+
+import threading
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import kerasfeed
+from kerasfeed.execution.thread_tasks import Done
 from kerasfeed.loading.in_order import MAX_OPEN_PASSES, PassInOrder
 
 
@@ -97,3 +102,23 @@ def test_pass_in_order_moves_on_past_a_failing_item_and_forgets_passes_given_up(
     with pytest.raises(RuntimeError, match=r"pass 1 is no longer read"):
         items.load(1)  # given up: more than MAX_OPEN_PASSES newer passes began
     assert items.load(MAX_OPEN_PASSES + 1)[0] == 10 * (MAX_OPEN_PASSES + 1) + 5
+
+
+def test_done_is_a_one_shot_event():
+    done = Done()
+    assert not done.is_set() and not done.wait(0.01)
+    t0 = time.perf_counter()
+    threading.Timer(0.05, done.set).start()
+    assert done.wait(5) and time.perf_counter() - t0 < 4
+    assert done.is_set() and done.wait(0) and done.wait()
+    done.set()  # setting again changes nothing
+    assert done.wait(0)
+    waiters = []
+    other = Done()
+    threads = [threading.Thread(target=lambda: waiters.append(other.wait(5))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    other.set()
+    for t in threads:
+        t.join()
+    assert waiters == [True] * 3
