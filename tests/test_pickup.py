@@ -1,5 +1,5 @@
 """The per-item pick-up of ``to_dataset``: a sequential map that keeps the pass's position, the
-thread executor's one-shot task flag."""
+checker's fast path for flat items, the thread executor's one-shot task flag."""
 
 import threading
 import time
@@ -9,8 +9,10 @@ import pytest
 import tensorflow as tf
 
 import kerasfeed
+from kerasfeed.errors import SignatureError
 from kerasfeed.execution.thread_tasks import Done
 from kerasfeed.loading.in_order import MAX_OPEN_PASSES, PassInOrder
+from kerasfeed.tfdata.structure import ItemChecker
 
 
 class Large(kerasfeed.SceneSequence):
@@ -102,6 +104,26 @@ def test_pass_in_order_moves_on_past_a_failing_item_and_forgets_passes_given_up(
     with pytest.raises(RuntimeError, match=r"pass 1 is no longer read"):
         items.load(1)  # given up: more than MAX_OPEN_PASSES newer passes began
     assert items.load(MAX_OPEN_PASSES + 1)[0] == 10 * (MAX_OPEN_PASSES + 1) + 5
+
+
+def test_the_checker_fast_path_takes_flat_items_and_leaves_the_rest_to_the_full_check():
+    spec = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int64))
+    checker = ItemChecker(spec)
+    x, y = np.zeros((2, 3), np.float32), np.zeros(2, np.int64)
+    for item in ((x, y), [x, y]):
+        out = checker.flat_arrays(0, item)
+        assert out[0] is x and out[1] is y
+    # Not for the fast path: the full check converts, or refuses with its own message.
+    with pytest.raises(SignatureError, match=r"Item 2, field y: expected dtype int64, received int32"):
+        checker.flat_arrays(2, (x, y.astype(np.int32)))
+    with pytest.raises(SignatureError, match=r"Item 3, field x: expected shape \(None, 3\), received shape \(2, 4\)"):
+        checker.flat_arrays(3, (np.zeros((2, 4), np.float32), y))
+    with pytest.raises(SignatureError, match=r"Item 4 does not match the dataset's structure"):
+        checker.flat_arrays(4, (x, y, y))
+    memmap_like = x.view(np.memmap)  # a subclass: converted by the full check, as before
+    assert type(checker.flat_arrays(5, (memmap_like, y))[0]) is np.ndarray
+    strings = ItemChecker((tf.TensorSpec([], tf.string),))
+    assert strings.flat_arrays(6, ("a",))[0].dtype == object  # strings always take the full check
 
 
 def test_done_is_a_one_shot_event():
