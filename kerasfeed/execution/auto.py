@@ -10,6 +10,13 @@ kept on the executor (``executor.name``, ``executor.reason``,
 ``executor.probe``) and logged on the ``kerasfeed`` logger. The probe itself
 is ``auto_probe.py``.
 
+With ``cache=`` the executor does not run ``source[i]`` every pass, so auto
+probes what it will run (NOTE [ Auto with cache= ] in ``auto_cached.py``):
+without ``augment``, the stored stage, which only pass 0 runs (later passes
+are served from the store in the consumer), or nothing when every item is
+stored already (threads, no probe, no workers to start); with ``augment``,
+``augment`` of a stored item, which every pass runs.
+
 NOTE [ Predicting threads and processes ]
 =========================================
 
@@ -71,6 +78,7 @@ import dataclasses
 import logging
 from typing import Any, Optional
 
+from kerasfeed.execution.auto_cached import cached_work
 from kerasfeed.execution.auto_probe import Probe, item_at, probe_source
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions, usable_cpus, workers_for
@@ -280,9 +288,11 @@ def make_auto_executor(
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
     The probe calls ``source[i]`` a few times (``3 * calls + 1``, more for
-    fast calls: ``auto_probe.py``) in this process. The returned executor's
-    ``reason`` says what was chosen and why; ``executor.probe`` holds the
-    measurements.
+    fast calls: ``auto_probe.py``) in this process; with ``cache=``
+    (``options.item_cache``) it probes what the executor will run per item
+    instead, or nothing (NOTE [ Auto with cache= ] in ``auto_cached.py``).
+    The returned executor's ``reason`` says what was chosen and why;
+    ``executor.probe`` holds the measurements (None when nothing was probed).
 
     Args:
         source: the indexable source.
@@ -307,8 +317,11 @@ def make_auto_executor(
     cpus = usable_cpus()
     items = source_length(source, allow_infinite=True, owner="executor='auto'")
     n_workers = workers_for(options.workers, items, cpus)  # what ProcessExecutor would start
-    probe = probe_source(source, calls=calls)
-    name, reason = decide(probe, n_workers, cpus, handover)
+    # With cache=, what the executor will run per item (NOTE [ Auto with cache= ] in auto_cached.py).
+    work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
+    probe = None if work is None else probe_source(work, calls=calls)
+    name, reason = ("threads", note) if probe is None else decide(probe, n_workers, cpus, handover)
+    reason += f"; {note}" if note and probe is not None else ""
     ex: Executor
     if name == "processes":
         try:
