@@ -169,7 +169,22 @@ def test_big_items_on_two_cores_depend_on_the_front_end():
     name, reason = decide(busy_bus, 2, 2, handover="numpy")
     assert name == "threads" and "would cost about what it saves" in reason and "to_loader hands" in reason
     pred = predict(busy_bus, 2, 2, handover="numpy")
-    assert pred.threads > 1.4 * pred.processes and pred.transport_s == pytest.approx(2 * 2.9e-3 + auto.PROCESS_OVERHEAD_S)
+    assert pred.threads > 1.4 * pred.processes and pred.transport_s == pytest.approx(2.9e-3 + 3.8e-3 + auto.PROCESS_OVERHEAD_S)
+
+
+def test_a_busy_probe_keeps_large_memory_bound_items_in_threads_under_to_loader():
+    """19 MB np.full probed on a busy machine (issue 46): two threads overlapped nothing (0.5 CPUs), which reads as
+    GIL-bound; making it takes ~3 copies' worth, so it is memory-bus work a worker would do too and then copy again
+    (measured: threads 600-980, processes 317-517 batches/s). to_dataset keeps its own rule (TensorFlow copies)."""
+    busy = _probe(wall_s=1.73e-3, cpu_s=1.73e-3, nbytes=19_267_584, copy_s=0.64e-3, parallelism_2_threads=0.5)
+    name, reason = decide(busy, 2, 2, handover="numpy")
+    assert name == "threads" and "would cost about what it saves" in reason and "to_loader hands" in reason, reason
+    pred = predict(busy, 2, 2, handover="numpy")
+    assert pred.transport_s == pytest.approx(0.64e-3 + 1.73e-3 + auto.PROCESS_OVERHEAD_S)
+    # A slow GIL-bound item of the same size still goes to processes: making it is mostly not the bus.
+    slow = _probe(wall_s=20e-3, cpu_s=20e-3, nbytes=19_267_584, copy_s=0.64e-3, parallelism_2_threads=1.0)
+    assert decide(slow, 2, 2, handover="numpy")[0] == "processes"
+    assert predict(slow, 2, 2, handover="numpy").transport_s == pytest.approx(0.64e-3 * 4 + auto.PROCESS_OVERHEAD_S)
 
 
 def test_predict_refuses_an_unknown_handover():
@@ -209,7 +224,7 @@ def test_auto_decides_for_the_workers_a_small_source_gets(monkeypatch):
 def test_probe_measures_waiting_and_cpu_bound_sources():
     waits = probe_source(Waits())
     assert waits.wall_s >= 0.005 and waits.cpu_s < waits.wall_s / 3
-    assert waits.nbytes == 16 and waits.calls == 10
+    assert waits.nbytes == 16 and waits.calls == 10  # a warm-up, 3 timed, 3 on each of two threads
     busy = probe_source(PurePython())
     assert busy.cpu_s > (busy.wall_s - busy.runqueue_s) / 3 and busy.nbytes == 16 * 64 * 4
     assert busy.parallelism_2_threads < 1.5  # the GIL lets one thread run at a time

@@ -7,7 +7,15 @@ the item rate of both executors **at the worker count and on the number of
 CPUs they will run with**, and picks the faster (see NOTE [ Predicting
 threads and processes ]). The choice, both predictions and the figures are
 kept on the executor (``executor.name``, ``executor.reason``,
-``executor.probe``) and logged on the ``kerasfeed`` logger.
+``executor.probe``) and logged on the ``kerasfeed`` logger. The probe itself
+is ``auto_probe.py``.
+
+With ``cache=`` the executor does not run ``source[i]`` every pass, so auto
+probes what it will run (NOTE [ Auto with cache= ] in ``auto_cached.py``):
+without ``augment``, the stored stage, which only pass 0 runs (later passes
+are served from the store in the consumer), or nothing when every item is
+stored already (threads, no probe, no workers to start); with ``augment``,
+``augment`` of a stored item, which every pass runs.
 
 NOTE [ Predicting threads and processes ]
 =========================================
@@ -34,44 +42,48 @@ C extensions that release the GIL).
   64-byte aligned) in the consumer, under the GIL; ``to_loader`` hands
   numpy arrays over as they are (``handover="numpy"``: no copy).
 - **Processes** take ``max((w + copy) / workers, (c + copy) / min(workers,
-  cpus), copy + min(g, copy) + overhead, (c + copy + overhead) / cpus)``
-  per item: each worker makes its items one at a time and copies each into
-  shared memory; those copies share one memory bus, so they are counted one
-  after the other, and so is the part of making the item that two threads
-  could not overlap, up to a copy's worth (writing a large array is bound
-  by the bus, not the GIL, and processes do not speed that up); the
-  consumer picks every item up (``PROCESS_OVERHEAD_S``) and shares the
-  CPUs. Large items are then handed over without a copy by both front ends.
+  cpus), copy + write + overhead, (c + copy + overhead) / cpus)`` per item:
+  each worker makes its items one at a time and copies each into shared
+  memory; those copies share one memory bus with writing the items, so they
+  are counted one after the other (``write``: the part of making the item
+  two threads could not overlap, up to a copy's worth; processes do not
+  speed the bus up); the consumer picks every item up
+  (``PROCESS_OVERHEAD_S``) and shares the CPUs. Large items are then handed
+  over without a copy by both front ends.
 - Processes are chosen when predicted ``PROCESS_MARGIN`` times faster (they
   cost start-up, memory and a pickled source). A call that mostly waits
   (CPU under ``WAIT_FRACTION`` of its wall time) goes to threads at once:
   threads keep many waits in flight, a worker waits for one call at a time.
 
+- **Under ``to_loader``** a thread's item reaches the consumer without a
+  copy, while a worker's goes over the memory bus twice more (written, then
+  copied into shared memory). An item made in at most ``BUS_COPIES``
+  copies' worth of time is memory-bound work whatever two threads made of
+  it: ``write`` is then ``min(c, BUS_COPIES * copy)``, for processes and as
+  a floor for threads (one bus however many threads write).
+
 What the model leaves out: the probe cannot tell the GIL from the memory bus
-(both stop two threads from overlapping); counting up to a copy's worth of
-the serial part as bus time keeps a cheap 19 MB ``np.full`` in threads under
-``to_loader`` (2 cores: threads 332 vs processes 185 batches/s measured),
-while slow GIL-bound items still go to processes. Timings taken on a busy
-machine are noisy; queued time is taken out of the wall time.
+(both stop two threads from overlapping), and a busy machine makes two
+threads overlap less (they also wait for a CPU). The ``to_loader`` rule above
+keeps memory-bound items in threads whatever the probe made of the GIL (a
+19 MB ``np.full`` probed on a busy machine read as GIL-bound and went to
+processes at 0.5-0.7 of threads' rate; 2 cores: threads 332 vs processes 185
+batches/s measured quiet), while slow GIL-bound items still go to processes.
+Queued time is taken out of the one call's wall time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
-import threading
-import time
 from typing import Any, Optional
 
-import numpy as np
-
-from kerasfeed.errors import ItemError
+from kerasfeed.execution.auto_cached import cached_work
+from kerasfeed.execution.auto_probe import Probe, item_at, probe_source
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.item_random import item_scope
 from kerasfeed.execution.processes.options import PoolOptions, usable_cpus, workers_for
 from kerasfeed.execution.threads import DEFAULT_BYTES_AHEAD, DEFAULT_THREAD_PARALLELISM, ThreadExecutor
-from kerasfeed.sources.base import source_length, source_name
+from kerasfeed.sources.base import source_length
 
 logger = logging.getLogger("kerasfeed")
 
@@ -81,143 +93,15 @@ PROCESS_OVERHEAD_S = 100e-6
 WAIT_FRACTION = 0.3  # below this share of CPU time, a call mostly waits (kept low: a busy machine also lowers it)
 GIL_FREE_PARALLELISM = 1.5  # two threads using this many CPUs at once: mostly outside the GIL
 PROCESS_MARGIN = 1.2  # processes must be predicted this much faster to be chosen
-PROBE_BUDGET_S = 2.0  # skip the concurrent probe when calls are slower than this allows
+# Making an item of B bytes in at most this many copies' worth of time is counted as memory-bus work (a fresh
+# array is zeroed by the kernel, then filled), under to_loader: NOTE [ Predicting threads and processes ].
+BUS_COPIES = 3
 # What ``kerasfeed.profile`` calls transport-bound. ``decide`` itself weighs
 # the copy of every item instead (NOTE [ Predicting threads and processes ]).
 LARGE_ITEM_BYTES = 4 * 2**20
 # Who takes the items: "tensorflow" (to_dataset: TensorFlow copies each array
 # a thread returns) or "numpy" (to_loader: arrays handed over as they are).
 HANDOVERS = ("tensorflow", "numpy")
-
-
-@dataclasses.dataclass
-class Probe:
-    """What the probe measured (per ``__getitem__`` call, medians).
-
-    Attributes:
-        wall_s: wall time of one call.
-        cpu_s: CPU time of the calling thread during one call.
-        runqueue_s: time the thread was runnable but waited for a CPU (other
-            processes), 0 where the OS does not report it.
-        nbytes: bytes of array data in one item.
-        copy_s: time to copy one item's arrays once.
-        parallelism_2_threads: CPU time of two threads running the calls at
-            once divided by their wall time: about 1 when the GIL (or another
-            lock) serialises them, up to 2 when they run in parallel; None
-            when not measured.
-        calls: number of ``__getitem__`` calls the probe made.
-    """
-
-    wall_s: float
-    cpu_s: float
-    runqueue_s: float
-    nbytes: int
-    copy_s: float
-    parallelism_2_threads: Optional[float]
-    calls: int
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _arrays(item: Any, out: Optional[list] = None) -> list[np.ndarray]:
-    out = [] if out is None else out
-    if isinstance(item, np.ndarray):
-        if not item.dtype.hasobject:
-            out.append(item)
-    elif isinstance(item, dict):
-        for v in item.values():
-            _arrays(v, out)
-    elif isinstance(item, (list, tuple)):
-        for v in item:
-            _arrays(v, out)
-    return out
-
-
-def _runqueue_s() -> float:
-    """Seconds this thread has waited for a CPU while runnable (Linux), else 0."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def item_at(source: Any, index: int) -> Any:
-    """``source[index]``; what it raises becomes an ``ItemError`` naming the index (as in every executor)."""
-    try:
-        with item_scope(index):  # kerasfeed.item_rng() works in probed items too
-            return source[index]
-    except Exception as e:  # noqa: BLE001 - any error of the source is the item's
-        raise ItemError.from_exception(index, e, source_name=source_name(source))
-
-
-def _timed_call(source: Any, index: int) -> tuple[float, float, float, Any]:
-    q0, c0, t0 = _runqueue_s(), time.thread_time(), time.perf_counter()
-    item = item_at(source, index)
-    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    return wall, cpu, _runqueue_s() - q0, item
-
-
-def probe_source(source: Any, calls: int = 3) -> Probe:
-    """Times a few ``source[i]`` calls in this process (see module doc).
-
-    Args:
-        source: the indexable source.
-        calls: timed calls, after one untimed warm-up call (which may open
-            files lazily).
-
-    Returns:
-        A ``Probe``.
-    """
-    n = source_length(source, allow_infinite=True, owner="executor='auto'")
-    indices = [i % n if n is not None else i for i in range(1, calls + 1)]
-    _, _, _, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
-    walls, cpus, queued = [], [], []
-    for i in indices:
-        wall, cpu, runq, item = _timed_call(source, i)
-        walls.append(wall)
-        cpus.append(cpu)
-        queued.append(runq)
-    wall = statistics.median(walls)
-    cpu = statistics.median(cpus)
-    runq = statistics.median(queued)
-    arrays = _arrays(item)
-    nbytes = int(sum(a.nbytes for a in arrays))
-    t0 = time.perf_counter()
-    for a in arrays:
-        np.array(a, copy=True)
-    copy_s = time.perf_counter() - t0
-    made = 1 + len(indices)
-
-    parallelism = None
-    if sum(walls) * 2 <= PROBE_BUDGET_S:
-        errors: list[BaseException] = []
-        cpu_used: list[float] = []
-        start = threading.Barrier(2)
-
-        def run():
-            try:
-                start.wait()
-                c0 = time.thread_time()
-                for i in indices:
-                    with item_scope(i):
-                        source[i]
-                cpu_used.append(time.thread_time() - c0)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        both = time.perf_counter() - t0
-        made += 2 * len(indices)
-        if not errors and both > 0:
-            parallelism = sum(cpu_used) / both
-    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, made)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,13 +170,15 @@ def predict(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow")
         gil = min(cpu, max(0.0, 2 * cpu / p.parallelism_2_threads - wall))
     in_flight = _threads_in_flight(p.nbytes)
     thread_cores = max(1, min(in_flight, cpus))
-    front = p.copy_s if handover == "tensorflow" else 0.0
-    per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight) + front
     workers, cpus = max(1, workers), max(1, cpus)
-    # The copies share one memory bus, and so may writing the item (what two
-    # threads could not overlap, up to a copy's worth); the consumer picks
-    # each item up.
-    transport = p.copy_s + min(gil, p.copy_s) + PROCESS_OVERHEAD_S
+    if handover == "numpy":  # making the item is all its trips over the memory bus in threads, not in processes
+        front, write = 0.0, min(cpu, BUS_COPIES * p.copy_s)
+        per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight, write)
+    else:  # TensorFlow copies a thread's arrays in the consumer; a worker's copy is counted up to the GIL-held part
+        front, write = p.copy_s, min(gil, p.copy_s)
+        per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight) + front
+    # The copies share one memory bus, after writing the item; the consumer picks each item up.
+    transport = p.copy_s + write + PROCESS_OVERHEAD_S
     per_item_processes = max(
         (wall + p.copy_s) / workers,  # each worker makes its items one at a time
         (cpu + p.copy_s) / min(workers, cpus),  # on the cores it can have
@@ -401,9 +287,12 @@ def make_auto_executor(
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
-    The probe calls ``source[i]`` a few times (about ``3 * calls + 1``) in this
-    process. The returned executor's ``reason`` says what was chosen and why;
-    ``executor.probe`` holds the measurements.
+    The probe calls ``source[i]`` a few times (``3 * calls + 1``, more for
+    fast calls: ``auto_probe.py``) in this process; with ``cache=``
+    (``options.item_cache``) it probes what the executor will run per item
+    instead, or nothing (NOTE [ Auto with cache= ] in ``auto_cached.py``).
+    The returned executor's ``reason`` says what was chosen and why;
+    ``executor.probe`` holds the measurements (None when nothing was probed).
 
     Args:
         source: the indexable source.
@@ -426,10 +315,13 @@ def make_auto_executor(
 
     options = options or PoolOptions()
     cpus = usable_cpus()
-    probe = probe_source(source, calls=calls)
     items = source_length(source, allow_infinite=True, owner="executor='auto'")
     n_workers = workers_for(options.workers, items, cpus)  # what ProcessExecutor would start
-    name, reason = decide(probe, n_workers, cpus, handover)
+    # With cache=, what the executor will run per item (NOTE [ Auto with cache= ] in auto_cached.py).
+    work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
+    probe = None if work is None else probe_source(work, calls=calls)
+    name, reason = ("threads", note) if probe is None else decide(probe, n_workers, cpus, handover)
+    reason += f"; {note}" if note and probe is not None else ""
     ex: Executor
     if name == "processes":
         try:
@@ -444,3 +336,9 @@ def make_auto_executor(
     ex.probe = probe  # type: ignore[attr-defined]
     logger.info("kerasfeed: executor='auto' for %s: %s", type(source).__name__, ex.reason)
     return ex
+
+
+__all__ = [
+    "GIL_FREE_PARALLELISM", "HANDOVERS", "LARGE_ITEM_BYTES", "PROCESS_MARGIN", "PROCESS_OVERHEAD_S", "WAIT_FRACTION",
+    "Prediction", "Probe", "decide", "item_at", "make_auto_executor", "predict", "probe_source",
+]

@@ -76,15 +76,15 @@ def run_stage(source: Any, name: str, index: int) -> Any:
     return item
 
 
-def _read_only(item: Any) -> Any:
+def read_only(item: Any) -> Any:
     if isinstance(item, np.ndarray):
         item.flags.writeable = False
     elif isinstance(item, (tuple, list)):
         for x in item:
-            _read_only(x)
+            read_only(x)
     elif isinstance(item, dict):
         for x in item.values():
-            _read_only(x)
+            read_only(x)
     return item
 
 
@@ -118,7 +118,7 @@ class ItemCache:
                 return item  # the consumer stores and augments it
             stored = store.get(index) if store.put(index, item) and self.augment else None
             if self.augment:
-                item = _read_only(item) if stored is None else stored
+                item = read_only(item) if stored is None else stored
         return source.augment(item) if self.augment else item
 
     def handed_over_stored(self, index: int) -> bool:
@@ -148,4 +148,4 @@ class ItemCache:
             self.store.close()
 
 
-__all__ = ["ItemCache", "run_stage"]
+__all__ = ["ItemCache", "read_only", "run_stage"]

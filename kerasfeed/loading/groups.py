@@ -202,8 +202,18 @@ class RunLoader(_PassGroups):
     nothing is reloaded or dropped. See ``_PassGroups`` for the rest.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._opened = [j for j, is_open in enumerate(self._open) if is_open]
+        self._run_lengths: list = []  # the open leaves' lengths of the run being stacked
+
     def _joins(self, items: list, value: list) -> bool:
-        return leading_lengths(value, self._open) == leading_lengths(items[0], self._open)
+        if not self._opened:  # no open leaf: any item stacks with any other
+            return True
+        if len(items) == 1:  # a new run: its lengths once, not once per item
+            first = items[0]
+            self._run_lengths = [len(first[j]) for j in self._opened]
+        return [len(value[j]) for j in self._opened] == self._run_lengths
 
     def _stack(self, items: list) -> list:
         return [np.stack(column) for column in zip(*items)]

@@ -81,9 +81,9 @@ def classify(probe: Any) -> tuple[str, str]:
 
 
 def _copy_out(item: Any) -> None:
-    from kerasfeed.execution.auto import _arrays
+    from kerasfeed.execution.auto_probe import item_arrays
 
-    for a in _arrays(item):
+    for a in item_arrays(item):
         np.array(a, copy=True)
 
 

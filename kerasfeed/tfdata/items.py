@@ -1,14 +1,16 @@
-"""The items stage of ``to_dataset``: every pass's indices, loaded in order into tf.data.
+"""The items stage of ``to_dataset``: every pass's items, loaded in order into tf.data.
 
-Each pass starts with one ``tf.numpy_function`` call to
-``PassPipeline.begin_count`` (how many items), its indices then come a window
-at a time (``index_windows.py``: never the whole pass); each item is one call
-to ``PassPipeline.load``
-(a sequential ``inline_map`` when the executor makes items ahead, else a
-parallel deterministic map). Small items go in groups instead: the group
-loader (``kerasfeed/loading/groups.py``) keeps each pass's position in its
-order, and each call hands over the next items that are ready
-(``grouped.py``). An endless source's pass is a counter of indices instead.
+Each pass starts with one ``tf.numpy_function`` call (its epoch hooks, the
+executor's plan, how many items). When the executor makes items ahead, a
+sequential ``inline_map`` picks them up one call each, the pass's position
+kept in Python (``kerasfeed/loading/in_order.py``: NOTE [ A sequential map
+keeps its own position ]); small items go in groups instead: the group loader
+(``kerasfeed/loading/groups.py``) keeps each pass's position in its order,
+and each call hands over the next items that are ready (``grouped.py``). A
+parallel deterministic map (an executor that does not make items ahead, or
+``num_parallel_calls``) gets each item's index: they come a window at a time
+(``index_windows.py``: never the whole pass). An endless source's pass is a
+counter of indices.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tensorflow as tf
 
 from kerasfeed.loading.feed import Feed
 from kerasfeed.loading.groups import GroupLoader, RunLoader
+from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, uniform_leading
 from kerasfeed.tfdata.index_windows import pass_index_stream
@@ -36,8 +39,9 @@ class Items:
         dataset: one element per item, in pass order; with ``max_skipped``
             ``(item, kept)``, ``kept`` False for an item left out (its
             element is a placeholder the tail drops: ``batching.drop_left_out``).
-        groups: the ``RunLoader``/``GroupLoader`` the dataset owns (held
-            weakly by TensorFlow), or None.
+        groups: the ``RunLoader``/``GroupLoader`` (or, one item per call,
+            the ``PassInOrder``) the dataset owns (held weakly by
+            TensorFlow), or None.
         group: items per Python call (1: not grouped).
     """
 
@@ -92,6 +96,9 @@ def item_dataset(
                         end_pass=pipeline.end_pass)
         ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged, marked)
         return Items(ds, groups, group)
+    if sequential and not endless:
+        in_order = PassInOrder(pipeline.begin, pipeline.load_marked if marked else pipeline.load)
+        return Items(_in_order(in_order, checker, marked), in_order, 1)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
 
 
@@ -103,6 +110,35 @@ def placeholder(specs: list) -> list:
         shape = [] if s.shape.rank is None else [d or 0 for d in s.shape.as_list()]
         out.append(np.full(shape, b"", object) if s.dtype == tf.string else np.zeros(shape, s.dtype.as_numpy_dtype))
     return out
+
+
+def _flat_item(flat: list, checker: ItemChecker, marked: bool) -> Any:
+    """The element of one item's ``numpy_function`` outputs (``(item, kept)`` when marked)."""
+    for t, spec in zip(flat, checker.specs):
+        t.set_shape(spec.shape)
+    if marked:  # (item, kept): the tail drops items left out
+        flat[-1].set_shape([])
+        return checker.pack(list(flat[:-1])), flat[-1]
+    return checker.pack(list(flat))
+
+
+def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool) -> tf.data.Dataset:
+    """Each pass: its epoch repeated once per item, each picked up by a sequential map that takes
+    the pass's next item (NOTE [ A sequential map keeps its own position ])."""
+    begin, load = weak_method(in_order, "begin"), weak_method(in_order, "load")
+    out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
+
+    @graph_fn
+    def pass_epochs(_):
+        count, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
+        return tf.data.Dataset.from_tensors(tf.ensure_shape(epoch, [])).repeat(tf.ensure_shape(count, []))
+
+    @graph_fn
+    def load_next(epoch):
+        flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load")
+        return _flat_item(list(flat), checker, marked)
+
+    return inline_map(tf.data.Dataset.range(1).flat_map(pass_epochs), load_next)
 
 
 def _one_by_one(
@@ -126,12 +162,7 @@ def _one_by_one(
     @graph_fn
     def load_item(i, epoch):
         flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
-        for t, spec in zip(flat, flat_specs):
-            t.set_shape(spec.shape)
-        if marked:  # (item, kept): the tail drops items left out
-            flat[-1].set_shape([])
-            return checker.pack(list(flat[:-1])), flat[-1]
-        return checker.pack(list(flat))
+        return _flat_item(list(flat), checker, marked)
 
     ds = tf.data.Dataset.range(1).flat_map(endless_stream if feed.endless else index_stream)
     if sequential:

@@ -79,12 +79,21 @@ class ItemChecker:
         self.np_dtypes = [None if s.dtype == tf.string else s.dtype.as_numpy_dtype for s in self.specs]
         self.shapes = [s.shape.as_list() if s.shape.rank is not None else None for s in self.specs]
         self._shape_checks = [None if s is None else shape_check(s) for s in self.shapes]
+        # Items that are a flat tuple (or list) of numeric arrays, the usual ``(x, y)``, skip the generic
+        # walk (``_fast``); anything else, or anything wrong, takes it (and its messages).
+        self._flat_numeric = (
+            isinstance(skeleton, tuple) and all(leaf is None for leaf in skeleton) and None not in self.np_dtypes
+        )
 
     def pack(self, tensors: list) -> Any:
         return _pack(self.skeleton, tensors)
 
     def flat_arrays(self, index: int, item: Any) -> list:
         """Returns the item's leaves as arrays; raises SignatureError on mismatch."""
+        if self._flat_numeric and type(item) in (tuple, list):
+            fast = self._fast(item)
+            if fast is not None:
+                return fast
         leaves = leaves_like(self.skeleton, index, item, "the dataset")
         out = []
         for k, (_, leaf) in enumerate(leaves):
@@ -100,6 +109,18 @@ class ItemChecker:
                 self._fail(index, k, f"shape {shape_text(self.shapes[k])}, received shape {a.shape}")
             out.append(a)
         return out
+
+    def _fast(self, item: Any) -> Any:
+        """The leaves of a flat tuple or list of arrays that fit (the same checks as
+        the generic walk, C-level calls only), else None."""
+        if len(item) != len(self.np_dtypes):
+            return None
+        for a, want, check in zip(item, self.np_dtypes, self._shape_checks):
+            if type(a) is not np.ndarray or a.dtype != want:
+                return None
+            if check is not None and (a.ndim != check[0] or check[1](a.shape) != check[2]):
+                return None
+        return list(item)
 
     def _fail(self, index: int, k: int, what: str) -> None:
         raise SignatureError(

@@ -1,0 +1,186 @@
+"""The probe of ``executor="auto"``: a few ``source[i]`` calls timed in this process (see ``auto.py``).
+
+One call alone (wall and CPU time, time queued for a CPU, bytes, the cost of
+one copy), then the same calls on two threads at once: how many CPUs they
+used together says how much of a call holds the GIL (NOTE [ Predicting
+threads and processes ] in ``auto.py``). Fast calls are repeated so that
+each thread runs ~``CONCURRENT_S``, timed inside the threads: thread
+start-up and a busy machine's scheduling would otherwise decide the figure
+(``h5aug``'s 0.3 ms ``augment`` measured 0.1-0.5 CPUs at once in three calls
+timed from outside, 0.8-1.2 repeated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import threading
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+from kerasfeed.errors import ItemError
+from kerasfeed.execution.item_random import item_scope
+from kerasfeed.sources.base import source_length, source_name
+
+PROBE_BUDGET_S = 2.0  # skip the concurrent probe when calls are slower than this allows
+CONCURRENT_S = 0.02  # each thread of the concurrent probe runs about this long (fast calls are repeated)
+
+
+@dataclasses.dataclass
+class Probe:
+    """What the probe measured (per ``__getitem__`` call, medians).
+
+    Attributes:
+        wall_s: wall time of one call.
+        cpu_s: CPU time of the calling thread during one call.
+        runqueue_s: time the thread was runnable but waited for a CPU (other
+            processes), 0 where the OS does not report it.
+        nbytes: bytes of array data in one item.
+        copy_s: time to copy one item's arrays once.
+        parallelism_2_threads: CPU time of two threads running the calls at
+            once divided by their wall time: about 1 when the GIL (or another
+            lock) serialises them, up to 2 when they run in parallel; None
+            when not measured.
+        calls: number of ``__getitem__`` calls the probe made.
+    """
+
+    wall_s: float
+    cpu_s: float
+    runqueue_s: float
+    nbytes: int
+    copy_s: float
+    parallelism_2_threads: Optional[float]
+    calls: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def item_arrays(item: Any, out: Optional[list] = None) -> list[np.ndarray]:
+    """The item's numeric arrays (what moving it between processes copies)."""
+    out = [] if out is None else out
+    if isinstance(item, np.ndarray):
+        if not item.dtype.hasobject:
+            out.append(item)
+    elif isinstance(item, (dict, list, tuple)):
+        for v in item.values() if isinstance(item, dict) else item:
+            item_arrays(v, out)
+    return out
+
+
+def _runqueue_s() -> float:
+    """Seconds this thread has waited for a CPU while runnable (Linux), else 0."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def item_at(source: Any, index: int) -> Any:
+    """``source[index]``; what it raises becomes an ``ItemError`` naming the index (as in every executor)."""
+    try:
+        with item_scope(index):  # kerasfeed.item_rng() works in probed items too
+            return source[index]
+    except Exception as e:  # noqa: BLE001 - any error of the source is the item's
+        raise ItemError.from_exception(index, e, source_name=source_name(source))
+
+
+def _timed_call(source: Any, index: int) -> tuple[float, float, float, Any]:
+    q0, c0, t0 = _runqueue_s(), time.thread_time(), time.perf_counter()
+    item = item_at(source, index)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return wall, cpu, _runqueue_s() - q0, item
+
+
+def probe_source(source: Any, calls: int = 3) -> Probe:
+    """Times a few ``source[i]`` calls in this process (see module doc).
+
+    Args:
+        source: the indexable source.
+        calls: timed calls, after one untimed warm-up call (which may open
+            files lazily).
+
+    Returns:
+        A ``Probe``.
+    """
+    n = source_length(source, allow_infinite=True, owner="executor='auto'")
+    indices = [i % n if n is not None else i for i in range(1, calls + 1)]
+    _, _, _, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
+    walls, cpus, queued = [], [], []
+    for i in indices:
+        wall, cpu, runq, item = _timed_call(source, i)
+        walls.append(wall)
+        cpus.append(cpu)
+        queued.append(runq)
+    wall = statistics.median(walls)
+    cpu = statistics.median(cpus)
+    runq = statistics.median(queued)
+    arrays = item_arrays(item)
+    nbytes = int(sum(a.nbytes for a in arrays))
+    t0 = time.perf_counter()
+    for a in arrays:
+        np.array(a, copy=True)
+    copy_s = time.perf_counter() - t0
+    made = 1 + len(indices)
+
+    parallelism, concurrent = _two_threads(source, indices, wall * len(indices))
+    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, made + concurrent)
+
+
+def _calls(source: Any, indices: list) -> tuple[float, float, float]:
+    """``(wall, CPU, queued for a CPU)`` of calling ``source[i]`` for ``indices`` on this thread."""
+    q0, c0, t0 = _runqueue_s(), time.thread_time(), time.perf_counter()
+    for i in indices:
+        with item_scope(i):
+            source[i]
+    return time.perf_counter() - t0, time.thread_time() - c0, _runqueue_s() - q0
+
+
+def _two_threads(source: Any, indices: list, walls: float) -> tuple[Optional[float], int]:
+    """``(CPUs two threads used at once, calls made)``, None when not measured.
+
+    Both threads run ``indices`` repeated until each runs ~``CONCURRENT_S``
+    (within ``PROBE_BUDGET_S``; ``walls``: the calls of ``indices`` one after
+    another, from the median call, so that one slow call on a busy machine
+    does not cut the repeats), timed from the barrier to the last one's end
+    (thread start-up left out). A busy machine still lowers the figure (both
+    threads also wait for a CPU), towards "GIL-bound": scaling it by the time
+    one thread queued for a CPU was tried and read a pure-Python source as
+    running on 1.8 CPUs when the load came in bursts, which would send it to
+    threads at half the rate; reading a free source as GIL-bound costs less
+    (processes, or threads where moving items would cost what it saves).
+    """
+    if walls * 2 > PROBE_BUDGET_S:
+        return None, 0
+    reps = max(1, min(int(CONCURRENT_S / max(walls, 1e-9)), int(PROBE_BUDGET_S / (2 * max(walls, 1e-9)))))
+    calls = indices * reps
+    errors: list[BaseException] = []
+    spans: list[tuple[float, float, float]] = []  # (start, end, cpu) per thread
+    start = threading.Barrier(2)
+
+    def run():
+        try:
+            start.wait()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for i in calls:
+                with item_scope(i):
+                    source[i]
+            spans.append((t0, time.perf_counter(), time.thread_time() - c0))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors or len(spans) != 2:
+        return None, 2 * len(calls)
+    both = max(max(end for _, end, _ in spans) - min(begin for begin, _, _ in spans), 1e-9)
+    return sum(c for _, _, c in spans) / both, 2 * len(calls)
+
+
+__all__ = ["CONCURRENT_S", "PROBE_BUDGET_S", "Probe", "item_arrays", "item_at", "probe_source"]
