@@ -124,6 +124,14 @@ def test_the_shard_rule_follows_the_keras_distribution(monkeypatch):
     cluster.distributed.is_initialized = lambda: True
     got = hosts.current_processes()
     assert (got.num_processes, got.process_index, got.num_shards, got.shard_index) == (3, 1, 3, 1)
+    # JAX 0.4.38 (Keras 3.7-3.9) has no is_initialized: its distributed module's state says.
+    del cluster.distributed.is_initialized
+    state = Fake(global_state=Fake(client=None))
+    monkeypatch.setitem(sys.modules, "jax._src.distributed", state)
+    assert hosts.current_processes() is None
+    state.global_state.client = object()
+    got = hosts.current_processes()
+    assert (got.num_processes, got.process_index, got.num_shards, got.shard_index) == (3, 1, 3, 1)
 
 
 def test_loader_reads_its_process_shard_after_the_processes_agree(monkeypatch):

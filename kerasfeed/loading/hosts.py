@@ -177,12 +177,21 @@ def current_processes() -> Optional[ProcessShards]:
             f"keras.distribution.{type(dist).__name__}",
             dist.batch_dim_name,
         )
-    is_initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
-    if callable(is_initialized) and is_initialized() and jax.process_count() > 1:
+    if _jax_cluster(jax) and jax.process_count() > 1:
         index = int(jax.process_index())
         return ProcessShards(int(jax.process_count()), index, int(jax.process_count()), index)
     return None
 
+
+
+def _jax_cluster(jax: Any) -> bool:
+    """Whether ``jax.distributed.initialize`` ran in this process (no backend is started to tell)."""
+    is_initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
+    if callable(is_initialized):
+        return bool(is_initialized())
+    # JAX before is_initialized (0.4.38, which Keras 3.7-3.9 need): its distributed module's state.
+    state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
+    return getattr(state, "client", None) is not None
 
 class _ProcessShardOrder:
     """An unsharded ``order=`` object cut into this process's shard by the same
