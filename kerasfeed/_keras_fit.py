@@ -222,7 +222,7 @@ def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Opt
     me, seen = threading.get_ident(), False
     try:
         while frame is not None:
-            if _is_fit(frame):
+            if is_fit(frame):
                 _SEEN[me], seen = frame, True
                 view = _view(frame, holds, model)
                 if view is not None:
@@ -255,7 +255,8 @@ def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Opt
 _SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's stack
 
 
-def _is_fit(frame: Any) -> bool:
+def is_fit(frame: Any) -> bool:
+    """Whether ``frame`` runs a Keras ``fit`` (the training loop of any backend)."""
     return frame.f_code.co_name == "fit" and frame.f_globals.get("__name__", "").startswith("keras.")
 
 
@@ -292,7 +293,7 @@ def _walk_other_threads(holds: Callable[[Any], bool], model: Any) -> Optional[Fi
         frames.clear()
         for frame in tops:
             while frame is not None:
-                if _is_fit(frame):
+                if is_fit(frame):
                     view = _view(frame, holds, model)
                     if view is not None:
                         return view

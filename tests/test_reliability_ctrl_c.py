@@ -221,6 +221,62 @@ def test_a_ctrl_c_dropped_in_a_gc_callback_during_fit_still_stops_fit():
     assert "fit returned" not in out
 
 
+# A Ctrl-C taken inside fit without a trace, as C code that clears errors does (TensorFlow's
+# graph optimiser once in 200 soak runs): here a callback's except clause. Then a second fit.
+_TAKEN_IN_FIT = """
+import json, os, signal, sys, time
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import numpy as np
+import keras
+import kerasfeed
+
+class Items(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 20
+    def __getitem__(self, i):
+        return np.full((4, 3), i, "float32"), np.zeros((4, 1), "float32")
+
+taken, begun_after = [], []
+
+class TakesIt(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if taken:
+            begun_after.append(batch)
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 3 and not taken:
+            try:
+                signal.raise_signal(signal.SIGINT)  # the handler runs right after this call, in this frame
+                time.sleep(0.01)
+            except KeyboardInterrupt:
+                taken.append(batch)
+
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+ds = kerasfeed.to_dataset(Items(), executor="threads")
+try:
+    model.fit(ds, epochs=4, verbose=0, callbacks=[TakesIt()])
+    print(json.dumps({"fit returned": True}))
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted": True, "taken": taken, "begun_after": begun_after,
+                      "profile": repr(sys.getprofile())}), flush=True)
+history = model.fit(ds, epochs=1, verbose=0)  # no watch left behind: the next fit trains whole
+print(json.dumps({"second fit": len(history.history["loss"])}))
+"""
+
+
+def test_a_ctrl_c_taken_inside_fit_is_raised_again_when_fit_trains_on():
+    """NOTE [ A Ctrl-C taken inside fit ]: a KeyboardInterrupt taken inside ``fit``
+    (by C code that clears errors, here a callback's except clause) is raised again
+    as soon as that fit begins another batch; before, fit trained its 4 epochs.
+    Nothing stays watched: the next fit trains whole."""
+    proc = _python(_TAKEN_IN_FIT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines[0] == {"interrupted": True, "taken": [3], "begun_after": [], "profile": "None"}, lines
+    assert lines[1] == {"second fit": 1}, lines
+    assert "model.fit went on after Ctrl-C" in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("stage, delay", [("start", 1.5), ("workers", 0.3), ("training", 0.4)])
 def test_sigint_to_the_process_group_of_a_training_script_ends_it_and_its_workers(stage, delay):
     """SIGINT to the group (as a terminal's Ctrl-C) while the script starts, while

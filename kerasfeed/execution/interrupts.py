@@ -23,7 +23,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional
+
+from kerasfeed._keras_fit import is_fit
 
 logger = logging.getLogger("kerasfeed")
 
@@ -128,7 +131,8 @@ def _on_sigint(signum, frame):
     normalized active exception types``. So there, the SIGINT is raised
     again at the next Python call outside it (the caller's ``except``
     clause): a plain KeyboardInterrupt. It also notes what the main thread
-    has handled (NOTE [ A Ctrl-C between two waits ]).
+    has handled (NOTE [ A Ctrl-C between two waits ]), and watches a ``fit``
+    it interrupts (NOTE [ A Ctrl-C taken inside fit ]).
     """
     global _held
     sigints.seen_by_main_thread()
@@ -136,6 +140,7 @@ def _on_sigint(signum, frame):
         _held = True  # raised when the block ends (interrupts_held)
         return
     sigints.raised += 1
+    _FitWatch.start(frame)
     if _inside_tf_exception(frame):
         _interrupt_at_next_call(_inside_tf_exception)
         return
@@ -201,6 +206,60 @@ _armed: Optional[Callable[..., None]] = None  # the profile function of an inter
 # SIGINT does. Every other unraisable exception goes to the previous hook.
 #
 # Not covered: C code that clears an error without reporting it.
+
+
+# NOTE [ A Ctrl-C taken inside fit ]
+# ==================================
+#
+# C code that calls Python and clears whatever error that call raised can take
+# the KeyboardInterrupt without a report: once in 200 runs of ``make
+# soak-ctrl-c`` the SIGINT came while TensorFlow's graph optimiser made the
+# next epoch's iterator, and ``fit`` trained on. A KeyboardInterrupt that
+# propagates never lets ``fit`` begin another batch or epoch. So when
+# kerasfeed's handler raises one while a Keras ``fit`` runs in the main
+# thread, it watches that ``fit`` with a profile function of the main thread
+# (set only where none is, until that ``fit`` returns, at most ``_WATCH_S``):
+# that ``fit`` calling ``on_train_batch_begin`` or ``on_epoch_begin`` after the
+# Ctrl-C means the interrupt was taken inside it, and it is raised again there
+# (a warning says so). Nothing is watched before a Ctrl-C; after one, a Python
+# call per function call of the main thread until ``fit`` has unwound. A
+# KeyboardInterrupt that the user's own code inside ``fit`` (a callback) takes
+# on purpose is raised again too: a graceful stop installs a SIGINT handler of
+# its own, and then kerasfeed's is not in place.
+
+
+class _FitWatch:
+    """The main thread's profile function while a ``fit`` that a Ctrl-C interrupted unwinds."""
+
+    _RESUMES = ("on_train_batch_begin", "on_epoch_begin")
+
+    def __init__(self, fit: Any):
+        self.fit, self.until = fit, time.monotonic() + _WATCH_S
+
+    @classmethod
+    def start(cls, frame: Any) -> None:
+        while frame is not None and not is_fit(frame):
+            frame = frame.f_back  # this thread's own stack (the handler runs in it)
+        if frame is None or sys.getprofile() is not None:  # someone's profiler, or an interrupt put off
+            return
+        sys.setprofile(cls(frame))
+
+    def stop(self) -> None:
+        self.fit = None  # its frame (and the model and data it holds) is not kept
+        if sys.getprofile() is self:
+            sys.setprofile(None)
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame is self.fit or time.monotonic() > self.until:
+            self.stop()  # unwound (or returned), or watched long enough
+        elif event == "call" and frame.f_back is self.fit and frame.f_code.co_name in self._RESUMES:
+            self.stop()
+            logger.warning("kerasfeed: model.fit went on after Ctrl-C (the KeyboardInterrupt was taken inside "
+                           "it, by C code or an except clause); raising it again")
+            _thread.interrupt_main()  # handled as this call starts: the handler raises it in fit
+
+
+_WATCH_S = 120.0  # a fit that neither unwinds nor trains for this long is not watched further
 
 
 # NOTE [ Ctrl-C while TensorFlow is imported ]
