@@ -19,7 +19,11 @@ is read or patched here, and only here:
    resumed dataset (``check_epoch_length`` checks that Keras took it);
 4. modules imported from ``keras.src``: the ``DataAdapter`` class
    (``loader/keras_adapter.py``), the torch backend's ``get_device``
-   (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``).
+   (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``);
+5. (``execution/interrupts.py``) that the trainer's ``fit`` calls its
+   callbacks' ``on_epoch_begin`` and ``on_train_batch_begin`` itself
+   (``fit_calls``: the names its code uses), which tells a Ctrl-C taken inside
+   ``fit`` from one that unwinds it (NOTE [ A Ctrl-C taken inside fit ]).
 
 Each is checked where it is used: a missing name, method or attribute, or a
 value of an unexpected shape, is a ``KerasStructureWarning`` once per
@@ -109,6 +113,20 @@ def report(what: str, then: str) -> None:
 def refuse(what: str, then: str) -> KerasStructureError:
     """The error to raise where reading on would train other passes."""
     return KerasStructureError(_text(what, then))
+
+
+def fit_calls(frame: Any) -> tuple:
+    """Of ``FIT_CALLS``, the callback methods the ``fit`` running in ``frame`` calls itself
+    (NOTE item 5); one its code does not name is reported once."""
+    missing = [name for name in FIT_CALLS if name not in frame.f_code.co_names]
+    if missing:
+        report(f"{frame.f_globals.get('__name__')}.fit calls no {' or '.join(missing)} of its own",
+               "A Ctrl-C taken inside fit by C code that clears errors is not raised again (NOTE [ A Ctrl-C "
+               "taken inside fit ]); the data trained is not affected.")
+    return tuple(name for name in FIT_CALLS if name not in missing)
+
+
+FIT_CALLS = ("on_epoch_begin", "on_train_batch_begin")  # called by fit only as it trains on
 
 
 # -- 1. the fit frame -------------------------------------------------------------------------------

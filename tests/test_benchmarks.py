@@ -280,7 +280,8 @@ def test_gpu_fit_runs_the_peers_at_the_largest_worker_count(monkeypatch):
 
     assert workers("fit", "kerasfeed-processes", [1, 4, 8, 15]) == [8, 15]
     assert workers("loop", "kerasfeed-processes", [1, 4, 8, 15]) == [1, 4, 8, 15]
-    for way in gpu.PEERS + ("kerasfeed-auto", "kerasfeed-no-prefetch", "memory"):
+    assert "kerasfeed-cached" in gpu.FIT_WAYS  # the cache's GPU goal is measured when a device is lent
+    for way in gpu.PEERS + ("kerasfeed-auto", "kerasfeed-cached", "kerasfeed-no-prefetch", "memory"):
         assert workers("fit", way, [1, 4, 8, 15]) == [15] == workers("loop", way, [1, 4, 8, 15])
     assert workers("fit", "kerasfeed-processes", [1, 2]) == [2]
 

@@ -357,3 +357,25 @@ def test_an_epoch_iterator_without_reset_is_reported(monkeypatch):
     monkeypatch.delattr(epoch_iterator.EpochIterator, "reset")
     with pytest.warns(KerasStructureWarning, match=r"its EpochIterator has no `reset`.*SceneSequence"):
         assert not _keras_epoch_iterator.called_by_epoch_iterator_reset(sys._getframe())
+
+
+def test_a_fit_that_begins_no_batch_or_epoch_itself_is_reported_once_for_ctrl_c():
+    """NOTE [ Keras' private structure ], item 5: a Ctrl-C taken inside ``fit`` is raised
+    again when that fit calls ``on_train_batch_begin``/``on_epoch_begin`` itself; a
+    trainer whose fit names neither is reported once (and not watched)."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    real = types.SimpleNamespace(f_code=inspect.unwrap(TensorFlowTrainer.fit).__code__,
+                                 f_globals={"__name__": "keras.src.backend.tensorflow.trainer"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _keras_fit.fit_calls(real) == _keras_fit.FIT_CALLS
+
+    moved = {"__name__": "keras.src.backend.future.trainer"}
+    exec("def fit(self, callbacks):\n    callbacks.on_epoch_begin(0)\n    callbacks.begin_step(0)\n", moved)
+    frame = types.SimpleNamespace(f_code=moved["fit"].__code__, f_globals=moved)
+    with pytest.warns(KerasStructureWarning, match=r"future\.trainer\.fit calls no on_train_batch_begin .*Ctrl-C"):
+        assert _keras_fit.fit_calls(frame) == ("on_epoch_begin",)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert _keras_fit.fit_calls(frame) == ("on_epoch_begin",)

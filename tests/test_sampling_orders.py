@@ -136,6 +136,33 @@ def test_shards_are_disjoint_equal_and_cover_the_pass():
     assert shards[0].fingerprint == shards[2].fingerprint  # one run, every shard resumes from one state
 
 
+@pytest.mark.parametrize("length", [103, 200_000])  # an exact permutation table, and the Feistel network
+def test_fixed_shards_keep_their_items_every_pass_in_a_new_order(length):
+    """IndexOrder(fixed_shards=True), the order for cache= on several hosts: each shard
+    reads the same items every pass (disjoint, equal in number, the same remainder left
+    out), each pass in another order; ``at`` agrees with ``indices`` (a resume)."""
+    shards = [kerasfeed.IndexOrder(length, shuffle=True, seed=7, num_shards=4, shard_index=k, fixed_shards=True)
+              for k in range(4)]
+    passes = [[s.indices(epoch) for s in shards] for epoch in (0, 1, 5)]
+    per_shard = length // 4
+    for parts in passes:
+        assert [len(p) for p in parts] == [per_shard] * 4 == [s.shard_length for s in shards]
+        assert all(len(np.unique(p)) == per_shard for p in parts)  # a permutation of its items
+        assert len(np.unique(np.concatenate(parts))) == 4 * per_shard  # disjoint
+        assert all(p.min() >= 0 and p.max() < length for p in parts)
+    for k in range(4):
+        items = [set(parts[k].tolist()) for parts in passes]
+        assert items[0] == items[1] == items[2], k  # the same items every pass
+        assert not np.array_equal(passes[0][k], passes[1][k]), k  # in a new order
+    positions = np.array([0, 3, per_shard - 1])
+    np.testing.assert_array_equal(shards[2].at(5, positions), passes[2][2][positions])
+    free = kerasfeed.IndexOrder(length, shuffle=True, seed=7, num_shards=4, shard_index=0)
+    free_items = [set(free.indices(epoch).tolist()) for epoch in (0, 1)]
+    assert free_items[0] != free_items[1]  # without fixed_shards a shard's items change every pass
+    assert shards[0].fingerprint == shards[3].fingerprint == shards[0].pass_fingerprint != free.fingerprint
+    assert "fixed_shards=True" in repr(shards[0]) and "fixed_shards" not in repr(free)
+
+
 def test_more_than_two_to_the_24_items():
     n = 2**24 + 1_000_000
     labels = np.zeros(n, dtype=np.int8)

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from kerasfeed._keras_fit import is_fit
+from kerasfeed._keras_fit import fit_calls, is_fit
 
 logger = logging.getLogger("kerasfeed")
 
@@ -205,7 +205,7 @@ _armed: Optional[Callable[..., None]] = None  # the profile function of an inter
 # in progress: ``_thread.interrupt_main`` writes to the wakeup fd as a real
 # SIGINT does. Every other unraisable exception goes to the previous hook.
 #
-# Not covered: C code that clears an error without reporting it.
+# C code that clears an error without reporting it: NOTE [ A Ctrl-C taken inside fit ].
 
 
 # NOTE [ A Ctrl-C taken inside fit ]
@@ -221,20 +221,20 @@ _armed: Optional[Callable[..., None]] = None  # the profile function of an inter
 # (set only where none is, until that ``fit`` returns, at most ``_WATCH_S``):
 # that ``fit`` calling ``on_train_batch_begin`` or ``on_epoch_begin`` after the
 # Ctrl-C means the interrupt was taken inside it, and it is raised again there
-# (a warning says so). Nothing is watched before a Ctrl-C; after one, a Python
-# call per function call of the main thread until ``fit`` has unwound. A
-# KeyboardInterrupt that the user's own code inside ``fit`` (a callback) takes
-# on purpose is raised again too: a graceful stop installs a SIGINT handler of
+# (a warning says so). A trainer whose ``fit`` names neither is reported once
+# (``_keras_fit.fit_calls``, NOTE [ Keras' private structure ], item 5).
+# Nothing is watched before a Ctrl-C; after one, a Python call per function
+# call of the main thread until ``fit`` has unwound. A KeyboardInterrupt that
+# the user's own code inside ``fit`` (a callback) takes on purpose is raised
+# again too: a graceful stop installs a SIGINT handler of
 # its own, and then kerasfeed's is not in place.
 
 
 class _FitWatch:
     """The main thread's profile function while a ``fit`` that a Ctrl-C interrupted unwinds."""
 
-    _RESUMES = ("on_train_batch_begin", "on_epoch_begin")
-
-    def __init__(self, fit: Any):
-        self.fit, self.until = fit, time.monotonic() + _WATCH_S
+    def __init__(self, fit: Any, resumes: tuple):
+        self.fit, self.resumes, self.until = fit, resumes, time.monotonic() + _WATCH_S
 
     @classmethod
     def start(cls, frame: Any) -> None:
@@ -242,7 +242,9 @@ class _FitWatch:
             frame = frame.f_back  # this thread's own stack (the handler runs in it)
         if frame is None or sys.getprofile() is not None:  # someone's profiler, or an interrupt put off
             return
-        sys.setprofile(cls(frame))
+        resumes = fit_calls(frame)  # what that fit calls as it trains on (NOTE [ Keras' private structure ])
+        if resumes:
+            sys.setprofile(cls(frame, resumes))
 
     def stop(self) -> None:
         self.fit = None  # its frame (and the model and data it holds) is not kept
@@ -252,7 +254,7 @@ class _FitWatch:
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "return" and frame is self.fit or time.monotonic() > self.until:
             self.stop()  # unwound (or returned), or watched long enough
-        elif event == "call" and frame.f_back is self.fit and frame.f_code.co_name in self._RESUMES:
+        elif event == "call" and frame.f_back is self.fit and frame.f_code.co_name in self.resumes:
             self.stop()
             logger.warning("kerasfeed: model.fit went on after Ctrl-C (the KeyboardInterrupt was taken inside "
                            "it, by C code or an except clause); raising it again")
