@@ -339,3 +339,23 @@ def test_cache_benchmark_runs_on_tiny_settings(tmp_path):
     assert memory["stored_bytes"] >= 8 * 2 * 2**20  # 8 items of 2 MB
     assert sum(v["pss_kb"] for v in memory["pages"].values()) * 1024 <= 1.2 * memory["stored_bytes"]  # one copy
     assert "| h5 |" in (tmp_path / "cache_latest.md").read_text()
+
+
+def test_the_remote_benchmark_runs_and_counts_what_it_reads(tmp_path):
+    """benchmarks/remote.py --quick (a loopback store 20 ms away): every row drains whole
+    passes, the remote rows' traffic is counted (every stored byte read at least once), the
+    first batch takes one round trip after the metadata, and the ratio is that of the best rows."""
+    out = tmp_path / "remote.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "remote.py"), "--quick", "--json", str(out)],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert {"local, threads", "local, processes", "remote, threads", "remote, processes"} <= set(rows)
+    assert all(r["batches_per_s"] > 0 and len(r["rounds"]) >= 1 for r in rows.values())
+    for name in ("remote, threads", "remote, processes"):  # a 148 KB file: its 64 KiB metadata reads count
+        assert 1.0 <= rows[name]["bytes_read_per_byte_stored"] < 4, (name, rows[name])
+        assert rows[name]["requests_per_batch"] > 0  # small datasets are fetched whole once per process
+    assert res["first_batch"]["remote"]["first_batch_round_trips"] == 1
+    best = res["best"]
+    assert res["ratio_remote_to_local"] == pytest.approx(best["remote"]["batches_per_s"] / best["local"]["batches_per_s"])

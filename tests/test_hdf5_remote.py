@@ -15,14 +15,12 @@ import pickle
 import h5py
 import numpy as np
 import pytest
-from remote_servers import AWS_ISOLATION, MotoS3, http_server
+from remote_servers import AWS_ISOLATION, GCS_ENV, MotoS3, http_server
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.hdf5.remote.fetch import STATS
 
-# gcsfs' experimental file system asks a gRPC service for the bucket's type: not a JSON-API server's job.
-GCS_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 ROWS = 30
 
 

@@ -16,7 +16,7 @@ import threading
 import cloudpickle
 import numpy as np
 import pytest
-from remote_servers import AWS_ISOLATION, MotoS3, http_server
+from remote_servers import AWS_ISOLATION, GCS_ENV, MotoS3, http_server
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
@@ -211,3 +211,30 @@ def test_the_collector_is_held_off_while_h5py_waits_on_the_network():
     leave.set()
     t.join(5)
     assert gc.isenabled()
+
+
+def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scenes, tmp_path, monkeypatch):
+    """gs:// (gcsfs against the loopback server's JSON API): a missing object and a refused
+    access are named at creation with the URL; 503/429 answers still give the local batches;
+    an object rewritten (a new generation) is a FileChangedError, never bytes of the new one."""
+    for k, v in GCS_ENV.items():
+        monkeypatch.setenv(k, v)
+    path = make_synthetic_scenes(tmp_path / "g.h5", num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=1)
+    want = list(kerasfeed.H5SliceSequence(str(path), ("points", "labels"), 4))
+    with http_server({"bkt/g.h5": str(path)}, token="t0ken-9") as locked:
+        with pytest.raises(PermissionError, match=r"access to 'gs://bkt/g.h5' was refused"):
+            kerasfeed.H5SliceSequence("gs://bkt/g.h5", "labels", 4,
+                                      storage_options={"endpoint_url": locked.url, "token": "anon"})
+    with http_server({"bkt/g.h5": str(path)}) as srv:
+        options = {"endpoint_url": srv.url, "token": "anon"}
+        with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 'gs://bkt/nope.h5'"):
+            kerasfeed.H5SliceSequence("gs://bkt/nope.h5", "labels", 4, storage_options=options)
+        seq = kerasfeed.H5SliceSequence("gs://bkt/g.h5", ("points", "labels"), 4, storage_options=options,
+                                        remote_options=FAST_RETRY)
+        for fault in ("503", "429"):
+            srv.inject(fault)
+        _same([seq[i] for i in range(len(seq))], want)
+        assert srv.faults_left() == 0
+        make_synthetic_scenes(path, num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=2)  # a new generation
+        with pytest.raises(FileChangedError, match=r"the object 'gs://bkt/g.h5' was replaced after"):
+            seq[1]

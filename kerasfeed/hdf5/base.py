@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
 
 
-# Loads a worker process runs at once for files in an object store (the threads executor keeps 64 in flight).
-REMOTE_WORKER_THREADS = 8
+# Loads a worker process runs at once for files in an object store (the threads executor keeps 64 in flight);
+# 16 drained a 20 ms store at 403-453 batches/s on 2 workers and 2 cores, 8 at 347-374 (docs/remote.md).
+REMOTE_WORKER_THREADS = 16
 
 class H5Base(SceneSequence):
     """Shared machinery: paths, keys, inspection, lazy per-process handles."""
