@@ -435,6 +435,11 @@ def _cluster_rules(out):
     with kerasfeed.to_loader(Logged(16), batch_size=2, cache="memory", order=order) as loader:
         passes = [[int(v) for b in loader for v in np.ravel(b[..., 0])] for _ in range(3)]
     got["cached_fixed_shards"] = {"passes": passes, "loads": sorted(loads)}
+    # A kept directory shared by the processes: each keeps its own shard-<k>-of-<n> subdirectory.
+    loads.clear()
+    with kerasfeed.to_loader(Logged(16), batch_size=2, cache=os.path.join(out, "items"), order=order) as loader:
+        kept = [[int(v) for b in loader for v in np.ravel(b[..., 0])] for _ in range(2)]
+    got["kept_fixed_shards"] = {"passes": kept, "loads": sorted(loads)}
     with open(os.path.join(out, f"rules_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -449,6 +454,12 @@ def test_the_sharding_rules_on_two_jax_processes(tmp_path):
         own, loads = set(c["passes"][0]), Counter(c["loads"])
         assert all(loads[i] == 1 for i in own) and set(loads) - own <= {0, 1, 2, 15}  # other items: probes only
     assert sorted(cached[0]["passes"][0] + cached[1]["passes"][0]) == list(range(16))
+    for c, k in zip([r["kept_fixed_shards"] for r in got], range(PROCESSES)):  # a directory: the same passes
+        assert c["passes"] == cached[k]["passes"][:2]
+        assert all(n == 1 for i, n in Counter(c["loads"]).items() if i in set(c["passes"][0]))
+    assert sorted(os.listdir(tmp_path / "items")) == ["shard-0-of-2", "shard-1-of-2"]
+    for sub in ("shard-0-of-2", "shard-1-of-2"):
+        assert {"key.json", "data.bin", "index.bin"} <= set(os.listdir(tmp_path / "items" / sub))
     for k, r in enumerate(got):
         # Items that are batches: one size on every process (the short last one is probed everywhere).
         assert r["short_last"].startswith("ValueError: to_loader: item 7 is a batch of 2 samples, but the probed "

@@ -251,7 +251,7 @@ def cached_executor(source: Any, total: Optional[int], options: LoadOptions, pla
             f"{options.api}: `cache` needs an executor kerasfeed makes (its item calls go through the store); pass "
             f"executor='threads', 'processes', 'auto' or 'ray'. Received: executor={options.executor!r}"
         )
-    store, close = open_store(options.cache, source, total, (plan.shard_index, plan.num_shards))
+    store, close = open_store(options.cache, source, total, _store_shard(plan, options.order))
     try:
         item_cache = ItemCache.for_source(source, store)
         pool = dataclasses.replace(options.pool, item_cache=item_cache)
@@ -261,6 +261,18 @@ def cached_executor(source: Any, total: Optional[int], options: LoadOptions, pla
         raise
     return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.seed),
                       on_close=close)
+
+
+def _store_shard(plan: ShardPlan, order: Any) -> tuple:
+    """``(index, count)`` of this process's share of a kept cache: the pipeline's shard, else that of an
+    ``order`` sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k, fixed_shards=True)``
+    on n processes, which the pipeline sees as one shard): each process its own subdirectory."""
+    if plan.num_shards > 1 or order is None:
+        return plan.shard_index, plan.num_shards
+    count, index = getattr(order, "num_shards", 1), getattr(order, "shard_index", 0)
+    if isinstance(count, int) and isinstance(index, int) and count > 1:
+        return index, count
+    return plan.shard_index, plan.num_shards
 
 
 __all__ = ["ENDLESS", "Feed", "ShardResolver", "open_feed"]
