@@ -256,6 +256,14 @@ def test_threads_processes_and_export_give_the_local_batches(stores, tmp_path):
     _same([item for item in kerasfeed.load_export(tmp_path / "exported").as_numpy_iterator()], want)
 
 
+def test_every_reader_on_worker_processes_gives_the_local_batches(stores):
+    """The window and row readers too, not only slices: URLs mixed with a local path, on worker processes."""
+    urls, local = stores["urls"]["http"][:2], stores["local"][:2]
+    mixed = [urls[0], local[1]]
+    for remote, plain in zip(_readers(mixed), _readers(local)):
+        _same(_drain(remote, executor="processes", workers=2), _drain(plain, executor="threads"))
+
+
 def test_s3_on_worker_processes_with_credentials_from_the_environment(stores):
     moto, mp = stores["moto"], stores["mp"]
     url, local = stores["urls"]["s3"][:2], stores["local"][:2]

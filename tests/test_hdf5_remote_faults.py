@@ -7,6 +7,7 @@ Servers on 127.0.0.1 only (``remote_servers.py``): the HTTP server injects the f
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import pickle
 import subprocess
@@ -153,8 +154,9 @@ def test_an_object_that_is_not_hdf5_is_named(tmp_path):
             kerasfeed.H5SliceSequence(f"{srv.url}/notes.h5", "labels", 4)
 
 
-def test_credentials_are_never_pickled_and_reach_worker_processes_in_memory(scenes, tmp_path):
+def test_credentials_are_never_pickled_and_reach_worker_processes_in_memory(scenes, tmp_path, caplog, capfd):
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    caplog.set_level(logging.DEBUG)  # every logger, kerasfeed's, fsspec's and aiohttp's included
     options = {"headers": {"Authorization": f"Bearer {secret}"}, "client_kwargs": {"trust_env": False}}
     with http_server({"a.h5": scenes[0]}, token=secret) as guarded:
         seq = kerasfeed.H5SliceSequence(f"{guarded.url}/a.h5", ("points", "labels"), 4, storage_options=options)
@@ -175,6 +177,18 @@ def test_credentials_are_never_pickled_and_reach_worker_processes_in_memory(scen
                              env=dict(os.environ, KERAS_BACKEND="numpy"))
         assert "PermissionError" in out.stdout and "never travel to Ray actors" in out.stdout, out.stdout + out.stderr
         assert secret not in out.stdout + out.stderr
+        # A failed request is logged (an item left out, its cause, the URL), never the header that went with it.
+        once = kerasfeed.H5SliceSequence(f"{guarded.url}/a.h5", ("points", "labels"), 4, storage_options=options,
+                                         remote_options={**FAST_RETRY, "attempts": 1})
+        with kerasfeed.to_loader(once, executor="threads", max_skipped=1) as loader:  # probed: the file answers
+            guarded.inject("503", count=10_000)  # from here on it does not: one item left out, then the pass fails
+            with pytest.raises(Exception, match=r"HTTP 503"):
+                list(loader)
+    logged = [r.getMessage() for r in caplog.records if r.name == "kerasfeed" and "skipped item" in r.getMessage()]
+    assert len(logged) == 1 and "HTTP 503" in logged[0] and f"{guarded.url}/a.h5" in logged[0], logged
+    # No log line, here or in the workers (their stderr is this process's), holds the secret.
+    assert secret not in caplog.text
+    assert secret not in "".join(capfd.readouterr())
 
 
 def test_local_files_import_no_fsspec(tmp_path):
