@@ -109,6 +109,10 @@ def test_every_item_is_loaded_once_over_shuffled_passes_and_batches_match_an_unc
     assert sorted(calls) == list(range(N)), f"each item loaded once; loads: {sorted(calls)}"
     assert stats["cache_items"] == N and stats["cache_fill"] == 1.0
     assert stats["cache_hits"] >= 3 * N  # passes 1-3 read every item from the store
+    stored = source(str(tmp_path / "sizes"))
+    data = sum(leaf.nbytes for i in range(N) for leaf in _leaves(getattr(stored, "load", stored.__getitem__)(i)))
+    # The bytes held: every item's data, plus its header, structure and 64-byte alignment (< 1 KB an item).
+    assert data <= stats["cache_bytes"] <= data + 1024 * N, (data, stats["cache_bytes"])
     pids = {int(line.split()[0]) for line in open(log)}
     assert (pids == {os.getpid()}) == (executor == "threads")  # worker processes loaded them
 
@@ -476,3 +480,18 @@ def test_closing_a_loader_while_its_threads_still_store_items_does_not_crash():
     out = subprocess.run([sys.executable, script, "20"], capture_output=True, text=True, timeout=240,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert out.returncode == 0 and "survived" in out.stdout, (out.returncode, out.stderr[-2000:])
+
+
+def test_ragged_batches_from_the_store_equal_an_uncached_run(tmp_path):
+    """``to_dataset(ragged=True)`` with ``cache=``: items of varying length read back from the store
+    make the same ragged batches, pass after pass, as without the cache (each item loaded once)."""
+    log = str(tmp_path / "calls")
+
+    def passes(ds, n=2):
+        return [[(x.to_list(), y.numpy().tolist()) for x, y in ds] for _ in range(n)]
+
+    kwargs = dict(batch_size=3, ragged=True, shuffle=True, seed=1, executor="threads")
+    expected = passes(kerasfeed.to_dataset(Plain(str(tmp_path / "plain"), n=10), **kwargs))
+    got = passes(kerasfeed.to_dataset(Plain(log, n=10), cache="memory", **kwargs))
+    assert got == expected and expected[0] != expected[1]
+    assert sorted(_calls(log)) == list(range(10))
