@@ -390,6 +390,9 @@ def _cache_memfds() -> list:
 def test_nothing_is_left_after_close(tmp_path):
     import gc
 
+    # Earlier tests' datasets (TensorFlow keeps them until collected) are freed first where they can be: one
+    # left the baseline during this test in CI (2026-11-25: a store made before on the same xdist worker).
+    gc.collect()
     before = _cache_memfds()
     loader = kerasfeed.to_loader(Plain(str(tmp_path / "l")), batch_size=4, executor="processes", workers=1,
                                  cache="memory")
@@ -398,7 +401,8 @@ def test_nothing_is_left_after_close(tmp_path):
     loader.close()
     del batches, loader
     gc.collect()
-    assert _cache_memfds() == before
+    left = set(_cache_memfds())
+    assert left <= set(before), sorted(left - set(before))  # nothing of this loader's (another test's may go meanwhile)
 
 
 def test_a_version_or_a_code_change_makes_a_kept_cache_stale(tmp_path):
