@@ -213,8 +213,10 @@ def _stuck_second_shard(k):
 def test_from_generators_timeout_fails_a_stuck_pass(executor):
     kwargs = {"workers": 2} if executor == "processes" else {}
     spec = tf.TensorSpec([2], tf.float32)  # no probe: the pass itself meets the stuck shard
-    ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=4, output_signature=spec, **kwargs)
-    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=4|_stuck_second_shard\(1\).* within timeout=4)") as info:
+    # timeout=12: a worker imports this module (so TensorFlow) to unpickle the generator inside the timed wait;
+    # with 4, CI once saw the healthy shard 0 time out on a loaded machine (2026-11-25).
+    ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=12, output_signature=spec, **kwargs)
+    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=12|_stuck_second_shard\(1\).* within timeout=12)") as info:
         list(ds)
     message = str(info.value)
     del info  # its traceback holds the pipeline (and its workers) alive
