@@ -267,11 +267,10 @@ def _store_shard(plan: ShardPlan, order: Any) -> tuple:
     """``(index, count)`` of this process's share of a kept cache: the pipeline's shard, else that of an
     ``order`` sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k, fixed_shards=True)``
     on n processes, which the pipeline sees as one shard): each process its own subdirectory."""
-    if plan.num_shards > 1 or order is None:
-        return plan.shard_index, plan.num_shards
-    count, index = getattr(order, "num_shards", 1), getattr(order, "shard_index", 0)
-    if isinstance(count, int) and isinstance(index, int) and count > 1:
-        return index, count
+    if plan.num_shards == 1 and order is not None:
+        count, index = getattr(order, "num_shards", 1), getattr(order, "shard_index", 0)
+        if isinstance(count, int) and isinstance(index, int) and count > 1:
+            return index, count
     return plan.shard_index, plan.num_shards
 
 

@@ -182,11 +182,6 @@ class _PassGroups:
         return stacked
 
 
-def leading_lengths(arrays: Sequence[Any], open_leading: Sequence[bool]) -> tuple:
-    """The leading lengths of an item's open leaves (what must match within a run)."""
-    return tuple(len(a) for a, is_open in zip(arrays, open_leading) if is_open)
-
-
 class RunLoader(_PassGroups):
     """Groups stacked dense: *runs* of items whose open leaves have the same
     leading lengths (items with no open leaf always do).
@@ -232,5 +227,5 @@ class GroupLoader(_PassGroups):
 
 __all__ = [
     "GROUP_BYTES", "GROUP_ITEM_BYTES", "MAX_GROUP", "MAX_OPEN_PASSES", "GroupLoader", "RunLoader",
-    "auto_group_size", "leading_lengths", "stack_flat",
+    "auto_group_size", "stack_flat",
 ]

@@ -183,7 +183,6 @@ def current_processes() -> Optional[ProcessShards]:
     return None
 
 
-
 def _jax_cluster(jax: Any) -> bool:
     """Whether ``jax.distributed.initialize`` ran in this process (no backend is started to tell)."""
     is_initialized = getattr(getattr(jax, "distributed", None), "is_initialized", None)
@@ -192,6 +191,7 @@ def _jax_cluster(jax: Any) -> bool:
     # JAX before is_initialized (0.4.38, which Keras 3.7-3.9 need): its distributed module's state.
     state = getattr(sys.modules.get("jax._src.distributed"), "global_state", None)
     return getattr(state, "client", None) is not None
+
 
 class _ProcessShardOrder:
     """An unsharded ``order=`` object cut into this process's shard by the same
