@@ -141,9 +141,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head or self.command == "HEAD":
             return
+        # Logged before the body goes out: once a client holds the bytes, the log shows them (a test reads
+        # the log right after its reads; logged after sendfile, the entry could come later).
+        srv._count(end - start, (name, start, end))
         with open(path, "rb") as f:
             self.connection.sendfile(f, start, end - start)
-        srv._count(end - start, (name, start, end))
 
 
 def _etag(st) -> str:
