@@ -64,13 +64,20 @@ def _write_layouts(path) -> dict:
         sparse = f.create_dataset("sparse", shape=(ROWS, 2), dtype=np.int32, chunks=(5, 2), fillvalue=-7,
                                   compression="gzip")
         sparse[10:15] = 1
+        f.create_dataset("szip", data=np.arange(ROWS, dtype=np.int32) * 7, chunks=(10,), compression="szip",
+                         compression_opts=("nn", 8))
+        f.create_dataset("scaleoffset", data=data["plain_chunks"].astype(np.int32), chunks=(6, 7), scaleoffset=0)
+        itself = h5py.VirtualLayout(shape=(ROWS, 7), dtype=np.int16)  # sources in this same file: readable
+        itself[:] = h5py.VirtualSource(".", "plain_chunks", shape=(ROWS, 7))
+        f.create_virtual_dataset("virtual", itself, fillvalue=-1)
     with h5py.File(path, "r") as f:
         return {k: f[k][()] for k in f}
 
 
 FAST = {"gzip_shuffle", "gzip_big_endian", "plain_chunks", "chunks_2d", "flags", "complex", "contiguous", "sparse"}
 FALLBACK = {"compact": "compact layout", "lzf": "lzf filter", "fletcher32": "fletcher32 filter",
-            "words": "variable-length", "records": "dtype"}
+            "words": "variable-length", "records": "dtype", "szip": "szip filter",
+            "scaleoffset": "scaleoffset filter", "virtual": "a virtual dataset"}
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +187,39 @@ def test_layouts_and_filters_take_the_fast_path_or_h5py(stores):
         got = rows_seq[i]
         for k, key in enumerate(("chunks_2d", "lzf", "sparse")):
             _same(got[k], contents[key][picked])
+
+
+def test_data_in_other_files_is_refused_at_creation_naming_the_key(tmp_path):
+    """A virtual dataset's other files and external storage are paths on this machine: never read them.
+
+    Through h5py over a URL, a virtual dataset whose sources are missing reads as its fill value, and
+    external storage opens a local file of that name (whatever is there): both refused at creation."""
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = np.arange(40, dtype=np.float32).reshape(20, 2)
+    (tmp_path / "raw.bin").write_bytes(np.arange(20, dtype=np.int32).tobytes())
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        layout = h5py.VirtualLayout(shape=(20, 2), dtype=np.float32)
+        layout[:] = h5py.VirtualSource("src.h5", "x", shape=(20, 2))
+        f.create_virtual_dataset("virtual", layout, fillvalue=-1)
+        f.create_dataset("external", shape=(20,), dtype=np.int32, external=[("raw.bin", 0, 80)])
+        f["inside"] = np.arange(20, dtype=np.int32)
+    files = {f"d/{p}": str(tmp_path / p) for p in ("main.h5", "src.h5", "raw.bin")}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # where HDF5 would find both other files
+    try:
+        with http_server(files) as srv:
+            url = f"{srv.url}/d/main.h5"
+            for key, why in (("virtual", "a virtual dataset whose sources are in other files (src.h5)"),
+                             ("external", "external storage (its data in raw.bin)")):
+                with pytest.raises(ValueError, match=r"key '%s' of 'http://127\.0\.0\.1:\d+/d/main\.h5' is " % key) as e:
+                    kerasfeed.H5SliceSequence(url, ("inside", key), 4)
+                assert why in str(e.value) and f"Received: key='{key}'" in str(e.value)
+            _same(kerasfeed.H5SliceSequence(url, "inside", 4)[1], np.arange(4, 8, dtype=np.int32))
+        # The local file reads both (HDF5 finds the other files beside it, and in the working directory).
+        local = kerasfeed.H5SliceSequence(str(tmp_path / "main.h5"), ("virtual", "external"), 4)
+        _same(local[1], (np.arange(8, 16, dtype=np.float32).reshape(4, 2), np.arange(4, 8, dtype=np.int32)))
+    finally:
+        os.chdir(cwd)
 
 
 def test_one_wave_per_batch_merged_ranges_and_no_metadata_after_construction(stores):

@@ -21,10 +21,10 @@ Fast path (``Layout.fast``):
 Fallback (h5py reads the dataset through a file object that fetches
 blocks of ``RemoteOptions.block_size``, one process-wide h5py call at a
 time, as over any fsspec file): **compact** datasets (stored inside the
-object header), **virtual** datasets and external storage, the filters
+object header), **virtual** datasets whose sources are in the same file, the filters
 **szip**, **lzf**, **scale-offset**, **n-bit**, **fletcher32** and any
 plugin (blosc, zstd, ...), and **variable-length**, string, compound,
-opaque and reference dtypes.
+opaque and reference dtypes. Refused (``unreachable``): data in other files.
 """
 
 from __future__ import annotations
@@ -219,6 +219,20 @@ def unshuffle(data: Any, element: int) -> bytes:
     return body + raw[n * element :].tobytes()  # trailing bytes (not a whole element) are stored as they are
 
 
+def unreachable(ds) -> str:
+    """Why ``ds`` cannot be read through its file's URL at all, or ``""``: data kept in other files
+    (a virtual dataset's sources, external storage) is named by a path HDF5 opens on this machine,
+    where a file of that name is another file or none (a virtual dataset then reads as its fill value)."""
+    dcpl = ds.id.get_create_plist()
+    if ds.is_virtual:
+        others = sorted({dcpl.get_virtual_filename(i) for i in range(dcpl.get_virtual_count())} - {"."})
+        if others:
+            return f"a virtual dataset whose sources are in other files ({', '.join(others[:3])})"
+    elif dcpl.get_external_count():
+        return f"external storage (its data in {dcpl.get_external(0)[0].decode(errors='replace')})"
+    return ""
+
+
 def _dtype_refused(ds) -> str:
     """Why the dtype keeps a dataset off the fast path ('' if it does not)."""
     import h5py
@@ -260,4 +274,4 @@ def merge(ranges: list, gap: int, limit: int) -> list:
     return out
 
 
-__all__ = ["WASTE", "Layout", "merge", "unshuffle"]
+__all__ = ["WASTE", "Layout", "merge", "unreachable", "unshuffle"]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.chunks import Layout, merge
+from kerasfeed.hdf5.remote.chunks import Layout, merge, unreachable
 from kerasfeed.hdf5.remote.fetch import STORES, ObjectStat, Store, gather_ranges, run
 from kerasfeed.hdf5.remote.h5file import collector_held, fetch_error, open_h5
 from kerasfeed.hdf5.remote.options import RemoteOptions
@@ -92,6 +92,13 @@ class RemoteFile:
             try:
                 keys, result = check(f)
                 for key in keys:
+                    why = unreachable(f[key])
+                    if why:
+                        raise ValueError(
+                            f"{self.owner}: key '{key}' of '{self.name}' is {why}: through a URL those paths "
+                            "are not the store's objects. Read it from a local copy of every file, or store "
+                            f"the data in the file itself. Received: key='{key}', path='{self.name}'"
+                        )
                     self.layouts[key] = Layout.of(key, f[key])
             except Exception as e:
                 cause = fetch_error(raw, e)
