@@ -9,7 +9,9 @@ dropped connection, a stall), an optional bearer token (403 without it),
 and counts of requests and bytes. The same server answers the two calls of
 Google Cloud Storage's JSON API that gcsfs makes to read an object (its
 metadata, and ranged media downloads pinned to a generation), so ``gs://``
-URLs are read through gcsfs with ``endpoint_url`` pointing here.
+URLs are read through gcsfs with ``endpoint_url`` pointing here. With
+``forward=``, it stands in front of another server (moto's S3) instead: the
+same faults, everything else passed on as it came.
 
 ``MotoS3`` runs moto's S3 server (``python -m moto.server``) in a process
 of its own, with IAM authentication on: an access key made through moto's
@@ -25,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import email.utils
+import http.client
 import json
 import os
 import socket
@@ -78,7 +81,10 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "stall":
             time.sleep(srv.stall_s)
         if fault in ("503", "429"):
-            self._reply(int(fault), b"slow down", {"Retry-After": "0"})
+            self._reply(int(fault), _SLOW_DOWN if srv.forward else b"slow down", {"Retry-After": "0"})
+            return
+        if srv.forward:
+            self._forward()
             return
         if srv.token is not None and self.headers.get("Authorization") != f"Bearer {srv.token}":
             self._reply(403, b"forbidden")
@@ -95,6 +101,30 @@ class _Handler(BaseHTTPRequestHandler):
             self._bytes(name, head, generation=(query.get("generation") or [None])[0])
             return
         self._bytes(urllib.parse.unquote(url.path.lstrip("/")), head)
+
+    def _forward(self) -> None:
+        """The request as it came (headers and all: a signature covers ``Host``), to ``server.forward``."""
+        target = urllib.parse.urlsplit(self.server.forward)
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        try:
+            conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self.headers.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            r = conn.getresponse()
+            body = r.read()
+        finally:
+            conn.close()
+        self.send_response(r.status, r.reason)
+        for k, v in r.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                self.send_header(k, v)
+        # A HEAD's length is the object's, as the server said it.
+        self.send_header("Content-Length", r.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.server._count(len(body), (self.path, self.command, r.status))
 
     def _stat(self, name: str):
         path = self.server.files.get(name)
@@ -148,6 +178,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.sendfile(f, start, end - start)
 
 
+_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your '
+              b'request rate.</Message><RequestId>0</RequestId></Error>')
+
+
 def _etag(st) -> str:
     return f'"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"'
 
@@ -160,15 +194,19 @@ class RangeServer(ThreadingHTTPServer):
             ``/data/a.h5`` and, for gcsfs, as object ``a.h5`` of bucket ``data``).
         delay: seconds added to every request.
         token: when set, requests need ``Authorization: Bearer <token>``.
+        forward: a server's URL (moto's S3): every request not failed by an
+            injected fault goes there as it came, and its answer back (a 503
+            then has S3's ``SlowDown`` body).
     """
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 512  # a reader opens many connections at once (the default backlog is 5)
 
-    def __init__(self, files: dict | None = None, delay: float = 0.0, token: str | None = None):
+    def __init__(self, files: dict | None = None, delay: float = 0.0, token: str | None = None,
+                 forward: str | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.files = dict(files or {})
+        self.files, self.forward = dict(files or {}), forward
         self.delay, self.token, self.stall_s = delay, token, 5.0
         self.if_match = True  # False: ignore If-Match, as some servers do (the reader then checks the ETag)
         self._lock = threading.Lock()
@@ -185,6 +223,10 @@ class RangeServer(ThreadingHTTPServer):
         """The next ``count`` requests fail with ``fault``: ``"503"``, ``"429"``, ``"drop"`` or ``"stall"``."""
         with self._lock:
             self._faults.extend([fault] * count)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
 
     def faults_left(self) -> int:
         with self._lock:

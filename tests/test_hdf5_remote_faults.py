@@ -131,6 +131,38 @@ def test_s3_missing_objects_refused_credentials_and_replaced_objects(scenes, tmp
             moto.stop()
 
 
+def test_s3_throttling_and_dropped_connections_are_retried_and_the_pass_completes(scenes):
+    """S3 answering SlowDown (503), 429 and dropped connections: moto behind a proxy that injects them."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in AWS_ISOLATION.items():
+            mp.setenv(k, v)
+        moto = MotoS3()
+        try:
+            url = moto.upload(scenes[0], "a.h5")
+            with http_server(forward=moto.endpoint) as proxy:
+                options = moto.options(endpoint_url=proxy.url)
+                seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=options,
+                                                remote_options=FAST_RETRY)
+                for fault in ("503", "503", "429", "drop", "503", "drop"):
+                    proxy.inject(fault)
+                _same(list(kerasfeed.to_loader(seq, executor="threads")), scenes[1])
+                assert proxy.faults_left() == 0
+                assert {status for _path, _method, status in proxy.log} <= {200, 206}  # the rest went through
+                # Past the budget: RemoteOptions is all of it (one request a try: s3fs and botocore would
+                # otherwise try each 5 times and more, waiting past `timeout`), and the cause is named.
+                seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options,
+                                                remote_options={**FAST_RETRY, "attempts": 2})
+                proxy.inject("503", 100)
+                with pytest.raises(OSError, match=r"reading bytes \d+-\d+ of 's3://kerasfeed-data/a.h5' failed 2 "
+                                                  r"times \(attempts=2.*reduce your request rate"):
+                    seq[0]
+                assert proxy.faults_left() == 98  # two requests, one per try
+                proxy.clear_faults()
+                np.testing.assert_array_equal(seq[1], scenes[1][1][1])
+        finally:
+            moto.stop()
+
+
 def test_missing_objects_and_refused_credentials_over_http_are_named_at_creation(scenes):
     with http_server({"a.h5": scenes[0]}, token="t0ken-123") as srv:
         with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 'http://127.0.0.1:\d+/b.h5\?…'"):

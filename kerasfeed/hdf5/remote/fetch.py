@@ -170,15 +170,7 @@ class Store:
     def fs(self):
         with self._lock:
             if self._fs is None:
-                import fsspec  # only for URLs: local files never import it
-
-                opts = self.credentials.options()
-                if self.protocol == "s3":
-                    # A batch's ranges go out at once: more than botocore's 10 pooled connections.
-                    config = dict(opts.get("config_kwargs") or {})
-                    config.setdefault("max_pool_connections", 64)
-                    opts["config_kwargs"] = config
-                self._fs = fsspec.filesystem(self.protocol, **opts)
+                self._fs = STORES.filesystem(self.protocol, self.credentials)
             return self._fs
 
     # ---- requests, each with its tries -------------------------------------
@@ -330,23 +322,56 @@ class Store:
         raise OSError(f"HTTP {r.status} {r.reason}")
 
 
+def _make_filesystem(protocol: str, credentials: Credentials):
+    """A filesystem of kerasfeed's own (not fsspec's cached instance, which the user's code may share):
+    on S3 one try per request, so that ``RemoteOptions`` is the whole budget (s3fs would otherwise try a
+    throttled request 5 times and botocore each of those again, waiting past ``timeout``)."""
+    import fsspec  # only for URLs: local files never import it
+
+    opts = {**credentials.options(), "skip_instance_cache": True}
+    if protocol == "s3":
+        config = dict(opts.get("config_kwargs") or {})
+        # A batch's ranges go out at once: more than botocore's 10 pooled connections.
+        config.setdefault("max_pool_connections", 64)
+        config.setdefault("retries", {"total_max_attempts": 1})
+        opts["config_kwargs"] = config
+    fs = fsspec.filesystem(protocol, **opts)
+    if protocol == "s3":
+        fs.retries = 1  # s3fs' own loop (a class attribute; set on this instance only)
+    return fs
+
+
 class _Stores:
-    """This process's ``Store`` per (URL, options): one filesystem and connection pool per object."""
+    """This process's ``Store`` per (URL, options), and its filesystem per (protocol, options): one
+    connection pool for the objects read with the same options."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._stores: dict = {}
+        self._filesystems: dict = {}
+
+    def _forked(self) -> None:
+        if self._pid != os.getpid():  # forked: fsspec makes new loops and sessions in a child
+            self._stores, self._filesystems, self._pid = {}, {}, os.getpid()
 
     def get(self, url: str, credentials: Credentials, options: RemoteOptions, owner: str) -> Store:
         key = (url, credentials.key(), options)
         with self._lock:
-            if self._pid != os.getpid():  # forked: fsspec makes new loops and sessions in a child
-                self._stores, self._pid = {}, os.getpid()
+            self._forked()
             store = self._stores.get(key)
             if store is None:
                 store = self._stores[key] = Store(url, credentials, options, owner)
             return store
+
+    def filesystem(self, protocol: str, credentials: Credentials):
+        key = (protocol, credentials.key())
+        with self._lock:
+            self._forked()
+            fs = self._filesystems.get(key)
+            if fs is None:
+                fs = self._filesystems[key] = _make_filesystem(protocol, credentials)
+            return fs
 
 
 STORES = _Stores()
