@@ -234,6 +234,16 @@ def test_hdf5_over_http_on_actors_gives_the_local_batches(ray_cluster, tmp_path)
         _same(_batches(kerasfeed.to_loader(seq, executor="ray", workers=2, **kw), 2),
               _batches(kerasfeed.to_loader(local, executor="threads", **kw), 2))
         assert srv.counts()[0] > 0
+        # The window and row readers too, and export on actors.
+        order = kerasfeed.IndexOrder(24, shuffle=True, seed=3)
+        for make in (lambda p: kerasfeed.H5WindowSequence(p, "points", 3, window=2, stride=3, shuffle=True, seed=4),
+                     lambda p: kerasfeed.H5RowSequence(p, ("points", "labels"), 5, order=order)):
+            _same(_batches(kerasfeed.to_loader(make(f"{srv.url}/a.h5"), executor="ray", workers=2), 2),
+                  _batches(kerasfeed.to_loader(make(path), executor="threads"), 2))
+        fresh = [kerasfeed.H5SliceSequence(p, ("points", "labels"), 4) for p in (f"{srv.url}/a.h5", path)]
+        kerasfeed.export(fresh[0], tmp_path / "e", num_shards=2, executor="ray", progress=False)
+        _same(list(kerasfeed.load_export(tmp_path / "e").as_numpy_iterator()), [fresh[1][i] for i in range(6)])
+    assert _no_kerasfeed_actors()
 
 
 def test_a_node_removed_mid_pass_loses_and_repeats_nothing(ray_cluster):
