@@ -17,6 +17,7 @@ import threading
 import cloudpickle
 import numpy as np
 import pytest
+import s3fs
 from remote_servers import AWS_ISOLATION, GCS_ENV, MotoS3, http_server
 
 import kerasfeed
@@ -36,6 +37,19 @@ def scenes(tmp_path_factory):
     path = make_synthetic_scenes(d / "a.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4, seed=1)
     want = list(kerasfeed.H5SliceSequence(str(path), ("points", "labels"), 4))
     return str(path), want
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """moto's S3 server for this module's S3 tests, with the AWS environment isolated."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in AWS_ISOLATION.items():
+            mp.setenv(k, v)
+        server = MotoS3()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture
@@ -104,66 +118,50 @@ def test_an_object_replaced_during_the_run_is_a_file_changed_error(scenes, srv, 
         seq[2]
 
 
-def test_s3_missing_objects_refused_credentials_and_replaced_objects(scenes, tmp_path):
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in AWS_ISOLATION.items():
-            mp.setenv(k, v)
-        moto = MotoS3()
-        try:
-            url = moto.upload(scenes[0], "a.h5")
-            with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 's3://kerasfeed-data/nope.h5'"):
-                kerasfeed.H5SliceSequence(url.replace("a.h5", "nope.h5"), "labels", 4, storage_options=moto.options())
-            with pytest.raises(PermissionError, match=r"access to 's3://kerasfeed-data/a.h5' was refused") as e:
-                kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=moto.options(secret="not-it"))
-            assert "not-it" not in str(e.value)
-            seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=moto.options(),
-                                            remote_options=FAST_RETRY)
-            _same([seq[0]], scenes[1][:1])
-            for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):  # neither the key nor the secret travels
-                assert moto.secret.encode() not in blob and moto.key.encode() not in blob
-                assert moto.endpoint.encode() in blob
-            other = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4,
-                                          seed=3)
-            moto.upload(str(other), "a.h5")  # a new version: S3 answers 412 to the pinned ETag
-            with pytest.raises(FileChangedError, match=r"'s3://kerasfeed-data/a.h5' was replaced .*HTTP 412"):
-                seq[1]
-        finally:
-            moto.stop()
+def test_s3_missing_objects_refused_credentials_and_replaced_objects(moto, scenes, tmp_path):
+    url = moto.upload(scenes[0], "a.h5")
+    with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 's3://kerasfeed-data/nope.h5'"):
+        kerasfeed.H5SliceSequence(url.replace("a.h5", "nope.h5"), "labels", 4, storage_options=moto.options())
+    with pytest.raises(PermissionError, match=r"access to 's3://kerasfeed-data/a.h5' was refused") as e:
+        kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=moto.options(secret="not-it"))
+    assert "not-it" not in str(e.value)
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=moto.options(),
+                                    remote_options=FAST_RETRY)
+    _same([seq[0]], scenes[1][:1])
+    for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):  # neither the key nor the secret travels
+        assert moto.secret.encode() not in blob and moto.key.encode() not in blob
+        assert moto.endpoint.encode() in blob
+    other = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4,
+                                  seed=3)
+    moto.upload(str(other), "a.h5")  # a new version: S3 answers 412 to the pinned ETag
+    with pytest.raises(FileChangedError, match=r"'s3://kerasfeed-data/a.h5' was replaced .*HTTP 412"):
+        seq[1]
 
 
-def test_s3_throttling_and_dropped_connections_are_retried_and_the_pass_completes(scenes):
+def test_s3_throttling_and_dropped_connections_are_retried_and_the_pass_completes(moto, scenes):
     """S3 answering SlowDown (503), 429 and dropped connections: moto behind a proxy that injects them."""
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in AWS_ISOLATION.items():
-            mp.setenv(k, v)
-        moto = MotoS3()
-        try:
-            url = moto.upload(scenes[0], "a.h5")
-            with http_server(forward=moto.endpoint) as proxy:
-                options = moto.options(endpoint_url=proxy.url)
-                seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=options,
-                                                remote_options=FAST_RETRY)
-                for fault in ("503", "503", "429", "drop", "503", "drop"):
-                    proxy.inject(fault)
-                _same(list(kerasfeed.to_loader(seq, executor="threads")), scenes[1])
-                assert proxy.faults_left() == 0
-                assert {status for _path, _method, status in proxy.log} <= {200, 206}  # the rest went through
-                # Past the budget: RemoteOptions is all of it (one request a try: s3fs and botocore would
-                # otherwise try each 5 times and more, waiting past `timeout`), and the cause is named.
-                seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options,
-                                                remote_options={**FAST_RETRY, "attempts": 2})
-                proxy.inject("503", 100)
-                with pytest.raises(OSError, match=r"reading bytes \d+-\d+ of 's3://kerasfeed-data/a.h5' failed 2 "
-                                                  r"times \(attempts=2.*reduce your request rate"):
-                    seq[0]
-                assert proxy.faults_left() == 98  # two requests, one per try
-                import s3fs
-
-                assert s3fs.S3FileSystem(**options).retries == 5  # the user's own filesystem keeps s3fs' tries
-                proxy.clear_faults()
-                np.testing.assert_array_equal(seq[1], scenes[1][1][1])
-        finally:
-            moto.stop()
+    url = moto.upload(scenes[0], "a.h5")
+    with http_server(forward=moto.endpoint) as proxy:
+        options = moto.options(endpoint_url=proxy.url)
+        seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, storage_options=options,
+                                        remote_options=FAST_RETRY)
+        for fault in ("503", "503", "429", "drop", "503", "drop"):
+            proxy.inject(fault)
+        _same(list(kerasfeed.to_loader(seq, executor="threads")), scenes[1])
+        assert proxy.faults_left() == 0
+        assert {status for _path, _method, status in proxy.log} <= {200, 206}  # the rest went through
+        # Past the budget: RemoteOptions is all of it (one request a try: s3fs and botocore would
+        # otherwise try each 5 times and more, waiting past `timeout`), and the cause is named.
+        seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options,
+                                        remote_options={**FAST_RETRY, "attempts": 2})
+        proxy.inject("503", 100)
+        with pytest.raises(OSError, match=r"reading bytes \d+-\d+ of 's3://kerasfeed-data/a.h5' failed 2 "
+                                          r"times \(attempts=2.*reduce your request rate"):
+            seq[0]
+        assert proxy.faults_left() == 98  # two requests, one per try
+        assert s3fs.S3FileSystem(**options).retries == 5  # the user's own filesystem keeps s3fs' tries
+        proxy.clear_faults()
+        np.testing.assert_array_equal(seq[1], scenes[1][1][1])
 
 
 def test_missing_objects_and_refused_credentials_over_http_are_named_at_creation(scenes):
