@@ -282,6 +282,13 @@ def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scen
             srv.inject(fault)
         _same([seq[i] for i in range(len(seq))], want)
         assert srv.faults_left() == 0
+        # A store that keeps throttling: gcsfs waits 1-2 s before its own second try, past timeout=1.
+        slow = kerasfeed.H5SliceSequence("gs://bkt/g.h5", "labels", 4, storage_options=options,
+                                         remote_options={**FAST_RETRY, "timeout": 1.0, "attempts": 1})
+        srv.inject("503", 20)
+        with pytest.raises(TimeoutError, match=r"failed 1 times .*gcsfs tries each request up to 6 times itself"):
+            slow[0]
+        srv.clear_faults()
         make_synthetic_scenes(path, num_scenes=12, points_per_scene=16, chunk_scenes=4, seed=2)  # a new generation
         with pytest.raises(FileChangedError, match=r"the object 'gs://bkt/g.h5' was replaced after"):
             seq[1]

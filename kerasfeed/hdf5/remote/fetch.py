@@ -195,12 +195,15 @@ class Store:
             if k + 1 < opts.attempts:
                 STATS.add(retries=1)
                 await asyncio.sleep(opts.wait(k, random.random()))
-        error = TimeoutError if all(c.startswith("no answer") for c in causes) else OSError
-        raise error(
+        timed_out = all(c.startswith("no answer") for c in causes)
+        # gcsfs tries a failing request again itself (6 tries, waits of 1-32 s), inside each of ours.
+        inside = " (gcsfs tries each request up to 6 times itself: a throttling store shows as this)" if (
+            timed_out and self.protocol == "gcs") else ""
+        raise (TimeoutError if timed_out else OSError)(
             f"{self.owner}: {what} of '{redact(self.url)}' failed {len(causes)} times (attempts="
             f"{opts.attempts}, waits from {opts.backoff:g} s to {opts.max_backoff:g} s, timeout={opts.timeout:g} s "
             f"each; `remote_options` sets these, `retries=` of to_dataset/to_loader retries the batch): "
-            + "; ".join(dict.fromkeys(causes))
+            + "; ".join(dict.fromkeys(causes)) + inside
         )
 
     def _error(self, fail: _Fail, what: str) -> OSError:
