@@ -209,14 +209,35 @@ def _stuck_second_shard(k):
     yield np.full(2, k, np.float32)
 
 
+def test_a_stream_task_s_slow_import_is_not_counted_by_timeout(tmp_path, monkeypatch):
+    """A worker unpickles a from_generators task by importing its module (TensorFlow, often): start-up,
+    not the task's time. An import of 3 s under timeout=1.5 passes; the task stuck afterwards still fails."""
+    (tmp_path / "slow_import_gen.py").write_text(
+        "import time\n\nimport numpy as np\n\ntime.sleep(3)  # a heavy import\n\n\n"
+        "def gen(k):\n    yield np.full(2, k, np.float32)\n    yield np.full(2, k, np.float32)\n\n\n"
+        "def stuck(k):\n    yield np.full(2, k, np.float32)\n    time.sleep(30)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_import_gen
+
+    spec = tf.TensorSpec([2], tf.float32)
+    ds = kerasfeed.from_generators(slow_import_gen.gen, 2, executor="processes", workers=2, timeout=1.5,
+                                   output_signature=spec)
+    assert sorted(float(x[0]) for x in ds.as_numpy_iterator()) == [0, 0, 1, 1]
+    stuck = kerasfeed.from_generators(slow_import_gen.stuck, 1, executor="processes", workers=1, timeout=1.5,
+                                      output_signature=spec)
+    with pytest.raises(tf.errors.OpError, match=r"within timeout=1.5"):
+        list(stuck)
+    del ds, stuck
+
+
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_from_generators_timeout_fails_a_stuck_pass(executor):
     kwargs = {"workers": 2} if executor == "processes" else {}
     spec = tf.TensorSpec([2], tf.float32)  # no probe: the pass itself meets the stuck shard
-    # timeout=12: a worker imports this module (so TensorFlow) to unpickle the generator inside the timed wait;
-    # with 4, CI once saw the healthy shard 0 time out on a loaded machine (2026-11-25).
-    ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=12, output_signature=spec, **kwargs)
-    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=12|_stuck_second_shard\(1\).* within timeout=12)") as info:
+    # A worker imports this module (so TensorFlow) to unpickle the generator: not counted (StreamStarted).
+    ds = kerasfeed.from_generators(_stuck_second_shard, 2, executor=executor, timeout=4, output_signature=spec, **kwargs)
+    with pytest.raises(tf.errors.OpError, match=r"(no item for timeout=4|_stuck_second_shard\(1\).* within timeout=4)") as info:
         list(ds)
     message = str(info.value)
     del info  # its traceback holds the pipeline (and its workers) alive

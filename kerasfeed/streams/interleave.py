@@ -359,6 +359,13 @@ class ShardPass:
             if not self._wait(deadline):
                 return NOT_READY
 
+    def starting(self) -> bool:
+        """Whether a running shard's worker is still unpickling its task (importing its module): start-up,
+        which the pass's timeout does not count (``tfdata/chunks.py``)."""
+        with self._lock:
+            return any(sh.open and not sh.done and getattr(sh.it, "task_started", True) is False
+                       for sh in self._shards.values())
+
     def pending(self) -> str:
         """What ``take`` waits for, for the stuck-wait notice."""
         with self._lock:

@@ -142,6 +142,7 @@ def chunks(
     gives the stuck-wait notice (``execution/waits.py``)."""
     p = open_pass()
     awaited = getattr(p, "pending", None)
+    starting = getattr(p, "starting", None)
 
     def waiting_for() -> str:
         return f"{api} (pass {epoch}): " + (awaited() if awaited is not None else f"item {made}")
@@ -175,6 +176,8 @@ def chunks(
                         ended = True
                         break
                     if r is NOT_READY:
+                        if starting is not None and starting():  # a worker unpickling a task: start-up
+                            quiet_since = time.monotonic()
                         if pass_timeout is not None and not rows and time.monotonic() - quiet_since > pass_timeout:
                             raise StreamError(
                                 f"{api} (pass {epoch})", "TimeoutError",

@@ -29,6 +29,7 @@ WIRE = [
         None,
     ),
     (protocol.StreamItem(8, 0, 1, b"spec", None, 0.25, 0.5), ("stream_item", 8, 0, 1, b"spec", None, 0.25, 0.5)),
+    (protocol.StreamStarted(8), ("stream_started", 8)),
     (protocol.StreamEnd(8, 5), ("stream_end", 8, 5)),
     (
         protocol.StreamFailed(

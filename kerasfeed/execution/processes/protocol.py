@@ -168,6 +168,15 @@ class Retire(NamedTuple):
     kind = "retire"
 
 
+class StreamStarted(NamedTuple):
+    """Worker -> parent: stream ``stream_id``'s task is unpickled (its
+    module imported); its ``timeout`` counts from here, as a load's counts
+    from the worker's ``Ready`` (start-up is not the task's time)."""
+
+    stream_id: int
+    kind = "stream_started"
+
+
 class StreamItem(NamedTuple):
     """Worker -> parent: item number ``n`` of stream ``stream_id`` is in
     ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``); ``make_s``: the
@@ -215,7 +224,7 @@ class WorkerDied(NamedTuple):
 
 
 ToWorker = Union[Init, Load, SetState, StartStream, Credit, Cancel, Exit]
-ToParent = Union[Ready, InitError, ItemDone, ItemFailed, Retire, StreamItem, StreamEnd, StreamFailed]
+ToParent = Union[Ready, InitError, ItemDone, ItemFailed, Retire, StreamStarted, StreamItem, StreamEnd, StreamFailed]
 
 _BY_KIND: dict[str, Any] = {
     cls.kind: cls
@@ -232,6 +241,7 @@ _BY_KIND: dict[str, Any] = {
         ItemDone,
         ItemFailed,
         Retire,
+        StreamStarted,
         StreamItem,
         StreamEnd,
         StreamFailed,

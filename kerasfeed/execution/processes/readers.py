@@ -77,7 +77,7 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
         d.replacements.answered(lane)  # a retiring worker leaves after its last answer
     elif isinstance(msg, protocol.Retire):
         d.replacements.over_memory(lane, msg.rss)
-    elif isinstance(msg, (protocol.StreamItem, protocol.StreamEnd, protocol.StreamFailed)):
+    elif isinstance(msg, (protocol.StreamStarted, protocol.StreamItem, protocol.StreamEnd, protocol.StreamFailed)):
         d.streams.on_message(lane, msg, fds)
     elif isinstance(msg, protocol.Ready):
         lane.process.mark_ready(msg.info, d.name)

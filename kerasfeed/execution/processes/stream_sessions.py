@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol, shm
@@ -43,6 +43,7 @@ class StreamSession:
         self.held: set[int] = set()  # slots whose item the consumer has not copied yet
         self.ended = False
         self.cancelled = False
+        self.started_at: Optional[float] = None  # when the worker had unpickled the task (StreamStarted)
 
 
 class StreamSessions:
@@ -87,6 +88,12 @@ class StreamSessions:
     def on_message(self, lane: Any, msg: Any, fds: list[int]) -> None:
         """A stream message from ``lane``'s worker (its reader thread)."""
         owner = self._owner
+        if isinstance(msg, protocol.StreamStarted):
+            with owner.lock:
+                st = lane.stream
+                if st is not None and st.id == msg.stream_id:
+                    st.started_at = time.monotonic()
+            return
         if isinstance(msg, protocol.StreamItem):
             owner.slots.map_segment(lane.id, msg.slot, fds, msg.new_size)
             stats = owner.stats
@@ -136,7 +143,10 @@ class StreamSessions:
                 wait.check(st.name)
                 if owner.closed:
                     raise WorkerError(f"kerasfeed: the worker pool of {owner.name} is closed.") from None
-                deadline = proc.deadline(since, timeout)  # the clock starts once the worker is ready
+                # The clock starts once the worker is ready and has unpickled the task (importing its
+                # module, TensorFlow perhaps, is start-up, not the task's time).
+                started = st.started_at
+                deadline = None if started is None else proc.deadline(max(since, started), timeout)
                 if deadline is not None and time.monotonic() > deadline:
                     err = WorkerError(
                         f"kerasfeed: worker {proc.id} (pid {proc.pid}) produced no item of {st.name} within "
@@ -217,6 +227,11 @@ class StreamIterator(Iterator[Any]):
     @property
     def worker_pid(self) -> int:
         return self._lane.process.pid
+
+    @property
+    def task_started(self) -> bool:
+        """Whether the worker has unpickled the task (``StreamStarted``): before, it is starting up."""
+        return self._session.started_at is not None
 
     def __iter__(self) -> "StreamIterator":
         return self

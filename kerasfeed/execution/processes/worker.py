@@ -327,6 +327,7 @@ class WorkerLoop:
         gen = None
         try:
             fn, arg = pickle.loads(request.payload)
+            self._send(protocol.StreamStarted(stream_id))
             t0 = time.perf_counter()  # the first item's make time includes the task's call
             gen = self._generators.check(iter(fn(arg)))
             while True:
