@@ -22,10 +22,12 @@ Fast path (``Layout.fast``):
 Fallback (h5py reads the dataset through a file object that fetches
 blocks of ``RemoteOptions.block_size``, one process-wide h5py call at a
 time, as over any fsspec file): **compact** datasets (stored inside the
-object header), **virtual** datasets whose sources are in the same file, the filters
-**szip**, **lzf**, **scale-offset**, **n-bit**, **fletcher32** and any
-plugin (blosc, zstd, ...), and **variable-length**, string, compound,
-opaque and reference dtypes. Refused (``unreachable``): data in other files.
+object header), **virtual** datasets whose sources are in the same file,
+the filters **szip**, **lzf**, **scale-offset**, **n-bit**, **fletcher32**
+and any plugin (blosc, zstd, ...), and **variable-length**, string,
+compound, opaque and reference dtypes. Refused at construction
+(``unreachable``): data in other files (external storage, a virtual
+dataset's sources elsewhere).
 """
 
 from __future__ import annotations
@@ -88,10 +90,8 @@ class Layout:
         dcpl = ds.id.get_create_plist()
         layout = dcpl.get_layout()
         if not why:
-            if ds.is_virtual:
+            if ds.is_virtual:  # its sources in this same file (``unreachable`` refuses the others)
                 why = "a virtual dataset"
-            elif dcpl.get_external_count():
-                why = "external storage"
             elif layout == LAYOUT_COMPACT:
                 why = "compact layout (stored in the object header)"
         filters = tuple(dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters())) if layout == LAYOUT_CHUNKED else ()
