@@ -136,7 +136,8 @@ def chunks(
     """The generator behind ``from_generator``: one pass, in chunks.
 
     ``stats``: a ``StatsCollector`` that gets each item's pick-up wait.
-    ``pass_timeout``: seconds the pass may go without an item before it fails.
+    ``pass_timeout``: seconds the pass may go without an item before it fails
+    (not counted while a worker unpickles a shard's task: ``p.starting()``).
     ``waits``: the source's ``WaitScope``: between heartbeats, a wait for the
     next item sees Ctrl-C, gives up when the last iterator is deleted, and
     gives the stuck-wait notice (``execution/waits.py``)."""
