@@ -82,10 +82,10 @@ def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout:
                                       stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent))
     deadline = time.monotonic() + timeout
     failed = None
+    done = done_files or {}
     try:
         while True:
             codes = [p.poll() for p in procs]
-            done = done_files or {}
             codes = [0 if c is not None and c < 0 and k in done and os.path.exists(done[k]) else c
                      for k, c in enumerate(codes)]
             if any(c not in (None, 0) for c in codes):

@@ -212,7 +212,8 @@ class RangeServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._faults: collections.deque = collections.deque()
         self.requests = self.bytes_sent = 0
-        self.log: list = []  # (name, start, end) of every byte range served
+        # (name, start, end) of every byte range served; with ``forward``: (path, method, status) of each answer
+        self.log: list = []
         self._thread: threading.Thread | None = None
 
     @property
