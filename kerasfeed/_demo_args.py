@@ -14,15 +14,8 @@ from typing import Optional
 from kerasfeed import _validation as _v
 
 
-def check_demo_arguments(
-    workdir: Optional[str],
-    *,
-    epochs: int,
-    executor: str,
-    num_scenes: int = 640,
-    num_points: int = 512,
-    batch_size: int = 16,
-) -> str:
+def check_demo_arguments(workdir: Optional[str], *, epochs: int, executor: str, num_scenes: int = 640,
+                         num_points: int = 512, batch_size: int = 16) -> str:
     """The demo's folder (``workdir`` or the cache); ValueError for an argument the
     demo cannot run with, before TensorFlow is imported or a scene is written."""
     if executor not in ("auto", "threads", "processes"):

@@ -13,8 +13,7 @@ from kerasfeed._keras_fit import FitView, keras_minor, refuse, report
 
 logger = logging.getLogger("kerasfeed")
 
-# The first Keras whose epoch iterator warns "ran out of data" only under steps_per_epoch (keras#23360).
-_QUIET_RUN_OUT = (3, 16)
+_QUIET_RUN_OUT = (3, 16)  # the first Keras that warns "ran out of data" only under steps_per_epoch (NOTE below)
 
 
 def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
@@ -70,19 +69,16 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
 
 
 # NOTE [ An epoch shortened by items left out ]
-# With batch_size=None each item is a batch, so a pass that left k items out
-# (max_skipped) has k batches fewer than the len() Keras was told. Keras' epoch
-# iterator ends such an epoch when the data ends, rightly (the next epoch
-# starts on time with the next pass). Keras 3.7 to 3.15 then always call
-# ``_interrupted_warning``: "Your input ran out of data ... use .repeat()",
-# advice that is wrong here; from 3.16 (keras#23360) only when steps_per_epoch
-# was set. Where Keras warns, the pipeline replaces that method on the running
-# fit's epoch iterator (the instance only, once): when the pass just read
-# ended complete and short by exactly its items left out, the explanation is
-# logged instead (each skip was already a warning); any other run-out still
-# gets Keras' own warning. Where the method is missing, Keras' warning (if
-# any) stays, reported once; tests/test_skip_budget.py trains through it with
-# warnings as errors.
+# With batch_size=None each item is a batch, so a pass that left k items out (max_skipped) has k
+# batches fewer than the len() Keras was told. Keras ends such an epoch when the data ends, rightly (the
+# next epoch starts on time with the next pass), but Keras 3.7 to 3.15 then always call
+# ``_interrupted_warning`` ("Your input ran out of data ... use .repeat()", wrong advice here); from
+# 3.16 (keras#23360, ``_QUIET_RUN_OUT``) only when steps_per_epoch was set. Where Keras warns, the
+# pipeline replaces that method on the running fit's epoch iterator (the instance only, once): when the
+# pass just read ended complete and short by exactly its items left out, the explanation is logged
+# instead (each skip was already a warning); any other run-out still gets Keras' warning. Where the
+# method is missing, Keras' warning (if any) stays, reported once; tests/test_skip_budget.py trains
+# through it with warnings as errors.
 _EXPLAINED = "_kerasfeed_explains_short_epochs"
 
 

@@ -229,8 +229,8 @@ def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitVie
 
 
 def remember_fit() -> None:
-    """Notes the ``fit`` running on this thread, if any, for a later ``find_fit`` from another
-    thread (tf.data's, which begins a pass while ``fit`` waits): Keras calls it on its own thread."""
+    """Keeps the ``fit`` running on this thread (Keras' calls of kerasfeed run there), if any, for a
+    later ``find_fit`` from another thread (NOTE [ Another thread's frames ])."""
     _on_this_thread(sys._getframe(1), lambda x: False, None)
 
 

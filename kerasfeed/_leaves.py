@@ -77,31 +77,16 @@ def as_array(leaf: Any) -> np.ndarray:
                 flat_out[j] = _to_bytes(v)
             except UnsupportedLeaf:
                 if not a.ndim:
-                    what = (
-                        f"is an object of type {type(v).__name__}, which kerasfeed cannot hand over "
-                        "(object arrays hold only str/bytes)"
-                    )
+                    what = (f"is an object of type {type(v).__name__}, which kerasfeed cannot hand over "
+                            "(object arrays hold only str/bytes)")
                 else:
                     at = tuple(int(d) for d in np.unravel_index(j, a.shape))
-                    what = (
-                        f"is an object array (dtype=object) whose element {at} is {type(v).__name__} "
-                        f"{short_repr(v, 40)}; object arrays may hold only str/bytes "
-                        "(what tf.data holds; to_loader keeps the same rule)"
-                    )
+                    what = (f"is an object array (dtype=object) whose element {at} is {type(v).__name__} "
+                            f"{short_repr(v, 40)}; object arrays may hold only str/bytes "
+                            "(what tf.data holds; to_loader keeps the same rule)")
                 raise UnsupportedLeaf(what, leaf) from None
         return out
     return a
-
-
-def leaf_error(index: Any, name: str, problem: UnsupportedLeaf) -> SignatureError:
-    """The ``SignatureError`` for an unsupported leaf, naming item and field."""
-    what, value = problem.args
-    field = "" if name == "item" else f", field {name}"
-    hint = (
-        "Return numeric arrays, numbers, str or bytes (convert object arrays with "
-        "np.asarray(v, dtype=...); for varying lengths use a padded array, or ragged=True with to_dataset)."
-    )
-    return SignatureError(f"Item {index}{field} {what}. {hint} Received: {short_repr(value)}")
 
 
 def leaf_array(index: Any, name: str, leaf: Any) -> np.ndarray:
@@ -109,7 +94,11 @@ def leaf_array(index: Any, name: str, leaf: Any) -> np.ndarray:
     try:
         return as_array(leaf)
     except UnsupportedLeaf as e:
-        raise leaf_error(index, name, e) from None
+        what, value = e.args
+    field = "" if name == "item" else f", field {name}"
+    hint = ("Return numeric arrays, numbers, str or bytes (convert object arrays with "
+            "np.asarray(v, dtype=...); for varying lengths use a padded array, or ragged=True with to_dataset).")
+    raise SignatureError(f"Item {index}{field} {what}. {hint} Received: {short_repr(value)}") from None
 
 
 def leaf_arrays(index: Any, leaves: list, skeleton: Any) -> list:
@@ -138,10 +127,8 @@ def padding_leaves(padding_values: Any, skeleton: Any, dtypes: list, varying: li
     elif isinstance(padding_values, (dict, tuple, list)):
         given, leaves = flatten(padding_values)
         if given != skeleton:
-            raise ValueError(
-                "`padding_values` must be one scalar or a nest shaped like the items "
-                f"({describe(skeleton)}). Received: padding_values={short_repr(padding_values)}"
-            )
+            raise ValueError("`padding_values` must be one scalar or a nest shaped like the items "
+                             f"({describe(skeleton)}). Received: padding_values={short_repr(padding_values)}")
         values = [v for _, v in leaves]
     else:
         values = [padding_values] * len(dtypes)
@@ -177,8 +164,6 @@ def _padding_leaf(field: str, dtype: np.dtype, value: Any) -> np.ndarray:
     exact = dtype.kind in "biu" or a.dtype.kind == "c"  # rounding a real into a float leaf is fine
     fits = cast == a if exact else (np.isfinite(cast) | ~np.isfinite(a)) & (np.isnan(cast) == np.isnan(a))
     if not fits:
-        raise ValueError(
-            f"`padding_values` for {field} must fit its dtype {dtype.name}, which cannot hold it "
-            f"(it would become {cast.item()!r}). Received: {value!r}"
-        )
+        raise ValueError(f"`padding_values` for {field} must fit its dtype {dtype.name}, which cannot hold it "
+                         f"(it would become {cast.item()!r}). Received: {value!r}")
     return cast

@@ -18,6 +18,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional, Sequence
 
+from kerasfeed.errors import SignatureError
+
 KERAS_NAMES = ("x", "y", "sample_weight")
 
 
@@ -58,8 +60,6 @@ def flatten(
     try:
         return _flatten(item, (), out, check_dict), out
     except _UnsortableKeys as e:
-        from kerasfeed.errors import SignatureError
-
         path, keys = e.args
         where = f"Item {index}" if index is not None else "An item"
         inner = f" at {''.join(f'[{p!r}]' for p in path)}" if path else ""
@@ -69,14 +69,8 @@ def flatten(
         ) from None
 
 
-def leaves_like(
-    skeleton: Any,
-    index: Any,
-    item: Any,
-    owner: str,
-    hint: str = "",
-    check_dict: Optional[Callable[[dict, tuple], None]] = None,
-) -> list:
+def leaves_like(skeleton: Any, index: Any, item: Any, owner: str, hint: str = "",
+                check_dict: Optional[Callable[[dict, tuple], None]] = None) -> list:
     """``[(path, leaf), ...]`` of item ``index``, which must have ``skeleton``'s structure.
 
     Args:
@@ -88,8 +82,6 @@ def leaves_like(
     """
     other, leaves = flatten(item, check_dict, index)
     if other != skeleton:
-        from kerasfeed.errors import SignatureError
-
         raise SignatureError(
             f"Item {index} does not match {owner}'s structure: expected {describe(skeleton)}, "
             f"received {describe(other)}.{hint}"
@@ -165,9 +157,7 @@ def shape_check(shape: Sequence[Optional[int]]) -> tuple:
 
 
 def infer_fields(
-    probes: Sequence[tuple[Any, Any]],
-    arrays: Callable[[Any, list, Any], list],
-    dtype_of: Callable[[Any], Any],
+    probes: Sequence[tuple[Any, Any]], arrays: Callable[[Any, list, Any], list], dtype_of: Callable[[Any], Any],
     check_dict: Optional[Callable[[dict, tuple], None]] = None,
 ) -> tuple[Any, list, list, list]:
     """What every item must be, from probed ``(index, item)`` pairs.
@@ -185,8 +175,6 @@ def infer_fields(
     Returns:
         ``(skeleton, paths, dtypes, shapes)``, shapes as lists of ints and None.
     """
-    from kerasfeed.errors import SignatureError
-
     def name(dtype: Any) -> str:
         return getattr(dtype, "name", dtype)
 

@@ -41,11 +41,8 @@ _FAST = crc32c_implementation() == "c"
 
 
 def crc32c(data: Any, crc: int = 0) -> int:
-    """CRC32C of ``data`` (bytes-like), continuing from ``crc``.
-
-    In C with google-crc32c; otherwise in Python, which is fine for the small
-    records of TensorBoard scalars and nothing else (exports require the C one).
-    """
+    """CRC32C of ``data`` (bytes-like), continuing from ``crc``: in C with google-crc32c, else in Python,
+    fine for the small records of TensorBoard scalars and nothing else (exports require the C one)."""
     if _FAST:
         return _crc.extend(crc, data)
     if not _TABLE:
@@ -62,14 +59,11 @@ def masked_crc(crc: int) -> int:
 
 def varint(n: int) -> bytes:
     out = bytearray()
-    while True:
-        bits = n & 0x7F
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
         n >>= 7
-        if n:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
 def field(number: int, length: int) -> bytes:

@@ -22,27 +22,29 @@ def _where(owner: Optional[str]) -> str:
     return f"{owner}: " if owner else ""
 
 
+def _int(name: str, value: Any, least: int, what: str, allow_none: bool, allow_autotune: bool,
+         owner: Optional[str]) -> Optional[int]:
+    if value is None and allow_none:
+        return None
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if allow_autotune and is_int and value == AUTOTUNE:
+        return AUTOTUNE
+    if not is_int or value < least:
+        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
+        raise ValueError(f"{_where(owner)}`{name}` must be a {what} int{extra}. Received: {name}={value!r}")
+    return int(value)
+
+
 def positive_int(
     name: str, value: Any, *, allow_none: bool = False, allow_autotune: bool = False, owner: Optional[str] = None
 ) -> Optional[int]:
     """A positive int (numpy integers accepted), or None/AUTOTUNE when allowed."""
-    if value is None and allow_none:
-        return None
-    if allow_autotune and isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == AUTOTUNE:
-        return AUTOTUNE
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        extra = " or tf.data.AUTOTUNE" if allow_autotune else ""
-        raise ValueError(f"{_where(owner)}`{name}` must be a positive int{extra}. Received: {name}={value!r}")
-    return int(value)
+    return _int(name, value, 1, "positive", allow_none, allow_autotune, owner)
 
 
 def non_negative_int(name: str, value: Any, *, allow_none: bool = False, owner: Optional[str] = None) -> Optional[int]:
     """An int >= 0 (numpy integers accepted), or None when allowed."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{_where(owner)}`{name}` must be a non-negative int. Received: {name}={value!r}")
-    return int(value)
+    return _int(name, value, 0, "non-negative", allow_none, False, owner)
 
 
 def flag(name: str, value: Any, *, owner: Optional[str] = None) -> bool:
@@ -105,13 +107,7 @@ def positive_float(name: str, value: Any, *, owner: Optional[str] = None) -> flo
 
 def prefetch(value: Any) -> Optional[int]:
     """None, AUTOTUNE or an int >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == AUTOTUNE:
-        return AUTOTUNE
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"`prefetch` must be a non-negative int or tf.data.AUTOTUNE. Received: prefetch={value!r}")
-    return int(value)
+    return _int("prefetch", value, 0, "non-negative", True, True, None)
 
 
 def device(value: Any) -> Optional[str]:

@@ -63,31 +63,25 @@ def build_model(num_points: int, num_features: int, num_classes: int, seed: int 
     h = keras.layers.Dense(32, activation="relu")(h)
     outputs = keras.layers.Dense(num_classes, activation="softmax")(h)
     model = keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
 
-class _Rate:
-    """Keras callback measuring training batches per second per epoch."""
+def _rate():
+    """A Keras callback measuring training batches per second per epoch."""
+    import keras
 
-    def __new__(cls):
-        import keras
+    class Rate(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start, self.batches = time.perf_counter(), 0
 
-        class Rate(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                self.start, self.batches = time.perf_counter(), 0
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
 
-            def on_train_batch_end(self, batch, logs=None):
-                self.batches += 1
+        def on_epoch_end(self, epoch, logs=None):
+            self.rate = self.batches / (time.perf_counter() - self.start)
 
-            def on_epoch_end(self, epoch, logs=None):
-                self.rate = self.batches / (time.perf_counter() - self.start)
-
-        return Rate()
+    return Rate()
 
 
 def _describe_executor(ds, asked: str) -> str:
@@ -101,16 +95,8 @@ def _describe_executor(ds, asked: str) -> str:
     return f"{name}: {reason}"
 
 
-def run_demo(
-    workdir: Optional[str] = None,
-    *,
-    num_scenes: int = 640,
-    num_points: int = 512,
-    epochs: int = 6,
-    batch_size: int = 16,
-    executor: str = "auto",
-    verbose: bool = True,
-) -> dict[str, Any]:
+def run_demo(workdir: Optional[str] = None, *, num_scenes: int = 640, num_points: int = 512, epochs: int = 6,
+             batch_size: int = 16, executor: str = "auto", verbose: bool = True) -> dict[str, Any]:
     """Runs the demo and returns its results per way of feeding.
 
     Three training runs of the same model: ``model.fit(seq)`` (Keras' own
@@ -136,10 +122,8 @@ def run_demo(
     """
     from kerasfeed.datasets import make_synthetic_scenes
 
-    workdir = check_demo_arguments(
-        workdir, epochs=epochs, executor=executor, num_scenes=num_scenes, num_points=num_points,
-        batch_size=batch_size,
-    )
+    workdir = check_demo_arguments(workdir, epochs=epochs, executor=executor, num_scenes=num_scenes,
+                                   num_points=num_points, batch_size=batch_size)
     say = print if verbose else (lambda *a, **k: None)
     path = pathlib.Path(workdir) / f"scenes-{num_scenes}x{num_points}.h5"
     if not path.exists():
@@ -151,16 +135,14 @@ def run_demo(
     held_out = SceneFile(path, range(split, num_scenes), batch_size, num_points)
     val_x = np.concatenate([held_out[i][0] for i in range(len(held_out))])
     val_y = np.concatenate([held_out[i][1] for i in range(len(held_out))])
-    say(
-        f"{len(train)} training batches of {batch_size} scenes x {num_points} points, "
-        f"{len(val_y)} held-out scenes, 4 classes"
-    )
+    say(f"{len(train)} training batches of {batch_size} scenes x {num_points} points, "
+        f"{len(val_y)} held-out scenes, 4 classes")
 
     results: dict[str, Any] = {}
     runs = [("fit(seq)", None), (f"fit(to_dataset(seq, executor='{executor}'))", executor)]
     for label, asked in runs:
         model = build_model(num_points, 6, 4)
-        rate = _Rate()
+        rate = _rate()
         if asked is None:
             data, fit_kwargs, ran_on = train, {}, "keras"
             how = "Keras' own loader (a PyDataset with workers=2 threads)"

@@ -49,12 +49,8 @@ def attempts_text(causes: list) -> str:
 
 
 class ItemTraceback(Exception):
-    """The original traceback of a failed item or stream, as text.
-
-    It is the ``__cause__`` of every ``ItemError``, so Python and TensorFlow
-    print the original traceback once, right before the kerasfeed error,
-    whose own message stays one line (TensorFlow repeats that message).
-    """
+    """The original traceback of a failed item or stream, as text: every ``ItemError``'s ``__cause__``, so
+    that the error's own message stays one line (TensorFlow repeats that message)."""
 
     def __str__(self) -> str:
         return self.args[0] if self.args else ""
@@ -81,18 +77,9 @@ class ItemError(RuntimeError):
             this error's own); the message lists them when there were several.
     """
 
-    def __init__(
-        self,
-        index: int,
-        exc_type: str,
-        exc_message: str,
-        traceback_text: str,
-        worker_id: Optional[int] = None,
-        pid: Optional[int] = None,
-        source_name: str = "source",
-        attempts: int = 1,
-        causes: Optional[list] = None,
-    ):
+    def __init__(self, index: int, exc_type: str, exc_message: str, traceback_text: str,
+                 worker_id: Optional[int] = None, pid: Optional[int] = None, source_name: str = "source",
+                 attempts: int = 1, causes: Optional[list] = None):
         self.index = index
         self.exc_type = exc_type
         self.exc_message = exc_message
@@ -104,7 +91,6 @@ class ItemError(RuntimeError):
         self.attempts = attempts if causes else 1
         where = _where(worker_id, pid)
         super().__init__(self._message(where))
-        # The traceback travels as the cause, not in the message: one copy.
         self.__cause__ = ItemTraceback(f"Original traceback{where}:\n{traceback_text.rstrip()}")
 
     def _message(self, where: str) -> str:
@@ -127,41 +113,14 @@ class ItemError(RuntimeError):
         return f"{self.source_name}[{self.index}] raised {self.exc_type}"
 
     def __reduce__(self):
-        return (
-            ItemError,
-            (
-                self.index,
-                self.exc_type,
-                self.exc_message,
-                self.traceback_text,
-                self.worker_id,
-                self.pid,
-                self.source_name,
-                self.attempts,
-                self.causes,
-            ),
-        )
+        return (ItemError, (self.index, self.exc_type, self.exc_message, self.traceback_text, self.worker_id,
+                            self.pid, self.source_name, self.attempts, self.causes))
 
     @classmethod
-    def from_exception(
-        cls,
-        index: int,
-        exc: BaseException,
-        *,
-        worker_id: Optional[int] = None,
-        pid: Optional[int] = None,
-        source_name: str = "source",
-    ) -> "ItemError":
-        tb = _traceback_text(exc)
-        return cls(
-            index,
-            type(exc).__name__,
-            str(exc),
-            tb,
-            worker_id=worker_id,
-            pid=pid,
-            source_name=source_name,
-        )
+    def from_exception(cls, index: int, exc: BaseException, *, worker_id: Optional[int] = None,
+                       pid: Optional[int] = None, source_name: str = "source") -> "ItemError":
+        return cls(index, type(exc).__name__, str(exc), _traceback_text(exc), worker_id=worker_id, pid=pid,
+                   source_name=source_name)
 
 
 class SignatureError(ValueError):
@@ -193,16 +152,9 @@ class WorkerError(RuntimeError):
         causes: one short line per attempt (this error's own last).
     """
 
-    def __init__(
-        self,
-        message: str,
-        worker_id: Optional[int] = None,
-        pid: Optional[int] = None,
-        exitcode: Optional[int] = None,
-        index: Optional[int] = None,
-        attempts: int = 1,
-        causes: Optional[list] = None,
-    ):
+    def __init__(self, message: str, worker_id: Optional[int] = None, pid: Optional[int] = None,
+                 exitcode: Optional[int] = None, index: Optional[int] = None, attempts: int = 1,
+                 causes: Optional[list] = None):
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
@@ -218,10 +170,7 @@ class WorkerError(RuntimeError):
         return WorkerError(message, self.worker_id, self.pid, self.exitcode, self.index, max(1, len(causes)), causes)
 
     def __reduce__(self):
-        return (
-            WorkerError,
-            (str(self), self.worker_id, self.pid, self.exitcode, self.index, self.attempts, self.causes),
-        )
+        return WorkerError, (str(self), self.worker_id, self.pid, self.exitcode, self.index, self.attempts, self.causes)
 
 
 class ItemTimeout(ItemError, TimeoutError):
@@ -234,14 +183,8 @@ class ItemTimeout(ItemError, TimeoutError):
     instead: their stuck worker is stopped.
     """
 
-    def __init__(
-        self,
-        index: int,
-        message: str,
-        source_name: str = "source",
-        attempts: int = 1,
-        causes: Optional[list] = None,
-    ):
+    def __init__(self, index: int, message: str, source_name: str = "source", attempts: int = 1,
+                 causes: Optional[list] = None):
         causes = causes or [short_cause(message)]
         super().__init__(index, "TimeoutError", message, "", None, None, source_name, attempts, causes)
         self.__cause__ = None  # nothing ran to the end: no traceback to show
@@ -270,17 +213,8 @@ class StreamError(ItemError):
         index: the shard or file number, or None (a queue producer).
     """
 
-    def __init__(
-        self,
-        what: str,
-        exc_type: str,
-        exc_message: str,
-        traceback_text: str,
-        index: Optional[int] = None,
-        items_before: int = 0,
-        worker_id: Optional[int] = None,
-        pid: Optional[int] = None,
-    ):
+    def __init__(self, what: str, exc_type: str, exc_message: str, traceback_text: str, index: Optional[int] = None,
+                 items_before: int = 0, worker_id: Optional[int] = None, pid: Optional[int] = None):
         self.what = what
         self.items_before = items_before
         super().__init__(index, exc_type, exc_message, traceback_text, worker_id, pid, source_name=what)
@@ -290,33 +224,15 @@ class StreamError(ItemError):
         return f"{self.what} raised {self.exc_type} after {self.items_before} item{plural}"
 
     def __reduce__(self):
-        return (
-            StreamError,
-            (
-                self.what,
-                self.exc_type,
-                self.exc_message,
-                self.traceback_text,
-                self.index,
-                self.items_before,
-                self.worker_id,
-                self.pid,
-            ),
-        )
+        return (StreamError, (self.what, self.exc_type, self.exc_message, self.traceback_text, self.index,
+                              self.items_before, self.worker_id, self.pid))
 
     @classmethod
     def from_exception(  # type: ignore[override]
-        cls,
-        what: str,
-        exc: BaseException,
-        *,
-        index: Optional[int] = None,
-        items_before: int = 0,
-        worker_id: Optional[int] = None,
-        pid: Optional[int] = None,
+        cls, what: str, exc: BaseException, *, index: Optional[int] = None, items_before: int = 0,
+        worker_id: Optional[int] = None, pid: Optional[int] = None,
     ) -> "StreamError":
-        tb = _traceback_text(exc)
-        return cls(what, type(exc).__name__, str(exc), tb, index, items_before, worker_id, pid)
+        return cls(what, type(exc).__name__, str(exc), _traceback_text(exc), index, items_before, worker_id, pid)
 
 
 class FileChangedError(OSError):

@@ -52,23 +52,13 @@ class ScenePointSampler:
     ```
     """
 
-    def __init__(
-        self,
-        num_points: int,
-        *,
-        block_size: float = 1.0,
-        stride: Optional[float] = None,
-        blocks_per_scene: Optional[int] = None,
-        min_block_points: int = 1,
-        center: bool = True,
-    ):
+    def __init__(self, num_points: int, *, block_size: float = 1.0, stride: Optional[float] = None,
+                 blocks_per_scene: Optional[int] = None, min_block_points: int = 1, center: bool = True):
         cls = type(self).__name__
         self.num_points = _v.positive_int("num_points", num_points, owner=cls)
         self.block_size = _v.positive_float("block_size", block_size, owner=cls)
         self.stride = self.block_size if stride is None else _v.positive_float("stride", stride, owner=cls)
-        self.blocks_per_scene = (
-            None if blocks_per_scene is None else _v.positive_int("blocks_per_scene", blocks_per_scene, owner=cls)
-        )
+        self.blocks_per_scene = _v.positive_int("blocks_per_scene", blocks_per_scene, allow_none=True, owner=cls)
         self.min_block_points = _v.positive_int("min_block_points", min_block_points, owner=cls)
         self.center = _v.flag("center", center, owner=cls)
 
@@ -118,15 +108,13 @@ class ScenePointSampler:
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise ValueError(
                 "ScenePointSampler expects batches (points, point_labels), e.g. from "
-                "keys=('points', 'point_labels'). Received: a batch of type "
-                f"{type(batch).__name__}"
+                f"keys=('points', 'point_labels'). Received: a batch of type {type(batch).__name__}"
             )
         points, labels = (np.asarray(a) for a in batch)
         if points.ndim != 3 or points.shape[-1] < 2 or labels.shape != points.shape[:2]:
             raise ValueError(
                 "ScenePointSampler expects points (scenes, points, channels>=2) and point_labels "
-                f"(scenes, points). Received: points.shape={points.shape}, "
-                f"point_labels.shape={labels.shape}"
+                f"(scenes, points). Received: points.shape={points.shape}, point_labels.shape={labels.shape}"
             )
         _check_scenes(points)
         if not points.shape[0]:  # no scenes: no blocks
@@ -138,13 +126,10 @@ class ScenePointSampler:
             if not blocks:
                 raise ValueError(
                     f"ScenePointSampler: scene {s} of the batch has no block with at least "
-                    f"min_block_points={self.min_block_points} points. Received: "
-                    f"{points.shape[1]} points"
+                    f"min_block_points={self.min_block_points} points. Received: {points.shape[1]} points"
                 )
             if self.blocks_per_scene is not None:
-                pick = rng.choice(
-                    len(blocks), self.blocks_per_scene, replace=len(blocks) < self.blocks_per_scene
-                )
+                pick = rng.choice(len(blocks), self.blocks_per_scene, replace=len(blocks) < self.blocks_per_scene)
                 blocks = [blocks[k] for k in pick]
             for idx, (cx, cy) in blocks:
                 take = idx[rng.choice(idx.size, self.num_points, replace=idx.size < self.num_points)]
@@ -157,10 +142,8 @@ class ScenePointSampler:
         return np.stack(xs), np.stack(ys)
 
     def __repr__(self) -> str:
-        return (
-            f"ScenePointSampler(num_points={self.num_points}, block_size={self.block_size}, "
-            f"stride={self.stride}, blocks_per_scene={self.blocks_per_scene})"
-        )
+        return (f"ScenePointSampler(num_points={self.num_points}, block_size={self.block_size}, "
+                f"stride={self.stride}, blocks_per_scene={self.blocks_per_scene})")
 
 
 def _check_scenes(points: np.ndarray) -> None:

@@ -1,15 +1,12 @@
 """A synthetic HDF5 scene file: point clouds of simple shapes standing on a ground.
 
-Used by the demo, the tests, the notebooks and the benchmarks. Each scene is
-one object (sphere, cube, cylinder, ...) with a random size, yaw, slight tilt
-and position, standing on a patch of ground, plus Gaussian noise. The scene
-class is the object's shape, so a small PointNet-style model (shared
-per-point Dense layers + a global max pool) learns it in a few epochs; each
-point is also labelled ``ground`` or with the object's shape, for
-segmentation.
+Each scene is one object (sphere, cube, cylinder, ...) with a random size, yaw, slight tilt and
+position, standing on a patch of ground, plus Gaussian noise. The scene class is the object's shape, so
+a small PointNet-style model (shared per-point Dense layers + a global max pool) learns it in a few
+epochs; each point is also labelled ``ground`` or with the object's shape, for segmentation.
 
-Reading it (the **h5** workload of docs/field_notes.md, *Four workloads*:
-8 scenes x 4096 points x 6 float32 per batch, gzip chunks of 8 scenes):
+Reading it (the **h5** workload of docs/field_notes.md, *Four workloads*: 8 scenes x 4096 points x 6
+float32 per batch, gzip chunks of 8 scenes):
 
 ```python
 import kerasfeed
@@ -24,9 +21,8 @@ seq_mp = kerasfeed.H5SliceSequence(path, ("points", "labels"), batch_size=8,
                                    workers=2, use_multiprocessing=True)  # Keras' own
 ```
 
-The raw sequential limit is ``h5py.File(path)["points"][i * 8:(i + 1) * 8]``
-(plus ``"labels"``) in a loop; ``H5SliceSequence.__getitem__`` adds a few
-microseconds to it.
+The raw sequential limit is ``h5py.File(path)["points"][i * 8:(i + 1) * 8]`` (plus ``"labels"``) in a
+loop; ``H5SliceSequence.__getitem__`` adds a few microseconds to it.
 """
 
 from __future__ import annotations
@@ -41,9 +37,8 @@ import numpy as np
 SHAPE_NAMES = ("sphere", "cube", "cylinder", "torus", "plane", "cone")
 #: Names of the 6 per-point features in ``"points"``.
 FEATURE_NAMES = ("x", "y", "z", "nx", "ny", "nz")
-# Scenes are generated in blocks with their own seeded generator, so scene i
-# does not depend on num_scenes: a 256-scene file is a prefix of a 512-scene
-# file with the same seed and points_per_scene.
+# Scenes are generated in blocks with their own seeded generator, so scene i does not depend on
+# num_scenes: a 256-scene file is a prefix of a 512-scene file with the same seed and points_per_scene.
 _BLOCK = 64
 _GROUND_FRACTION = 0.25
 _GROUND_HALF_SIZE = 2.0
@@ -65,34 +60,31 @@ def make_synthetic_scenes(
 
     The file holds:
 
-    - ``"points"``: float32 ``(num_scenes, points_per_scene, 6)``: x, y, z in
-      metres and the unit surface normal nx, ny, nz of each point.
-    - ``"labels"``: int64 ``(num_scenes,)``: the scene class, the shape of
-      its object, in ``[0, num_classes)`` (balanced within blocks of 64).
-    - ``"point_labels"``: int32 ``(num_scenes, points_per_scene)``: 0 for
-      ground points, ``1 + labels[i]`` for points on the object.
+    - ``"points"``: float32 ``(num_scenes, points_per_scene, 6)``: x, y, z in metres and the unit
+      surface normal nx, ny, nz of each point.
+    - ``"labels"``: int64 ``(num_scenes,)``: the scene class, the shape of its object, in
+      ``[0, num_classes)`` (balanced within blocks of 64).
+    - ``"point_labels"``: int32 ``(num_scenes, points_per_scene)``: 0 for ground points,
+      ``1 + labels[i]`` for points on the object.
 
-    Every dataset is chunked by ``chunk_scenes`` whole scenes along axis 0,
-    compressed, and resizable along axis 0 (so rows can be appended later).
-    File attributes: ``num_classes``, ``class_names``,
-    ``num_point_classes``, ``point_class_names``, ``feature_names``,
-    ``seed``. The file is written to a temporary name and renamed, so a
-    reader never sees a half-written file; parent directories are created.
-
-    The output is a pure function of the arguments (same seed, same bytes of
-    data), and scene ``i`` does not depend on ``num_scenes``.
+    Every dataset is chunked by ``chunk_scenes`` whole scenes along axis 0, compressed, and resizable
+    along axis 0 (so rows can be appended later). File attributes: ``num_classes``, ``class_names``,
+    ``num_point_classes``, ``point_class_names``, ``feature_names``, ``seed``. The file is written to a
+    temporary name and renamed, so a reader never sees a half-written file; parent directories are
+    created. The output is a pure function of the arguments (same seed, same bytes of data), and scene
+    ``i`` does not depend on ``num_scenes``.
 
     Args:
         path: where to write the file (an existing file is replaced).
         num_scenes: number of scenes (rows), >= 1.
         points_per_scene: points per scene, >= 8; a quarter are ground.
-        num_classes: number of object shapes, 2 to 6, taken in the order
-            sphere, cube, cylinder, torus, plane, cone.
+        num_classes: number of object shapes, 2 to 6, taken in the order sphere, cube, cylinder, torus,
+            plane, cone.
         seed: the random seed (a non-negative int).
         chunk_scenes: scenes per HDF5 chunk along axis 0, >= 1.
         compression: ``"gzip"`` (level 4), ``"lzf"`` or None.
-        noise: standard deviation of the Gaussian position noise, in metres
-            (>= 0; objects are 0.9 to 1.6 m across).
+        noise: standard deviation of the Gaussian position noise, in metres (>= 0; objects are 0.9 to
+            1.6 m across).
 
     Returns:
         The path of the written file as a ``pathlib.Path``.
@@ -112,9 +104,7 @@ def make_synthetic_scenes(
     seed = _check_int("seed", seed, 0)
     chunk_scenes = _check_int("chunk_scenes", chunk_scenes, 1)
     if compression not in _COMPRESSIONS:
-        raise ValueError(
-            f"`compression` must be one of {_COMPRESSIONS}. Received: compression={compression!r}"
-        )
+        raise ValueError(f"`compression` must be one of {_COMPRESSIONS}. Received: compression={compression!r}")
     if (
         isinstance(noise, bool)
         or not isinstance(noise, (int, float, np.integer, np.floating))
@@ -133,25 +123,17 @@ def make_synthetic_scenes(
     try:
         with h5py.File(tmp, "w") as f:
             def create(name, shape, dtype):
-                return f.create_dataset(
-                    name,
-                    shape=shape,
-                    maxshape=(None, *shape[1:]),
-                    dtype=dtype,
-                    chunks=(chunk_scenes, *shape[1:]),
-                    compression=compression,
-                    compression_opts=compression_opts,
-                )
+                return f.create_dataset(name, shape=shape, maxshape=(None, *shape[1:]), dtype=dtype,
+                                        chunks=(chunk_scenes, *shape[1:]), compression=compression,
+                                        compression_opts=compression_opts)
 
             points = create("points", (num_scenes, points_per_scene, 6), np.float32)
             labels = create("labels", (num_scenes,), np.int64)
             point_labels = create("point_labels", (num_scenes, points_per_scene), np.int32)
             for start in range(0, num_scenes, _BLOCK):
                 stop = min(start + _BLOCK, num_scenes)
-                # Always a whole block (then cut), so that scene i is the same
-                # whatever num_scenes is.
-                p, y, pl = _make_block(seed, start // _BLOCK, points_per_scene,
-                                       num_classes, float(noise))
+                # Always a whole block (then cut), so that scene i is the same whatever num_scenes is.
+                p, y, pl = _make_block(seed, start // _BLOCK, points_per_scene, num_classes, float(noise))
                 points[start:stop] = p[: stop - start]
                 labels[start:stop] = y[: stop - start]
                 point_labels[start:stop] = pl[: stop - start]
@@ -210,9 +192,7 @@ def _make_block(seed, block, ppp, num_classes, noise):
     nrm = np.einsum("sij,spj->spi", rot, nrm)
     scale = rng.uniform(0.45, 0.8, size=(n, 1, 1))
     xyz *= scale
-    shift = np.concatenate(
-        [rng.uniform(-0.3, 0.3, size=(n, 1, 2)), np.zeros((n, 1, 1))], axis=2
-    )
+    shift = np.concatenate([rng.uniform(-0.3, 0.3, size=(n, 1, 2)), np.zeros((n, 1, 1))], axis=2)
     shift[..., 2] = 0.02 - xyz[..., 2].min(axis=1, keepdims=False)[:, None]
     xyz += shift
 

@@ -1,14 +1,12 @@
 """The classic generator and record-file cases, ready for tests and benchmarks.
 
-- ``sleepy_image_mask(i)``: a generator that waits ``delay`` seconds (an
-  object-store request, say) and yields one image/mask pair. One hundred of
-  them through ``tf.data.Dataset.from_generator`` take ``100 * delay``; through
-  ``kerasfeed.from_generators`` they overlap.
-- ``write_jsonl_records(directory, counts)`` writes JSON-lines record files
-  with a varying number of variable-length samples; ``read_jsonl_records(path)``
-  reads one back as ``(tokens, label)`` samples.
-- ``busy_generator(i)``: pure-Python, CPU-bound items (threads cannot run it in
-  parallel; worker processes can).
+- ``sleepy_image_mask(i)``: a generator that waits ``delay`` seconds (an object-store request, say) and
+  yields one image/mask pair. One hundred of them through ``tf.data.Dataset.from_generator`` take
+  ``100 * delay``; through ``kerasfeed.from_generators`` they overlap.
+- ``write_jsonl_records(directory, counts)`` writes JSON-lines record files with a varying number of
+  variable-length samples; ``read_jsonl_records(path)`` reads one back as ``(tokens, label)`` samples.
+- ``busy_generator(i)``: pure-Python, CPU-bound items (threads cannot run it in parallel; worker
+  processes can).
 
 Everything here is module-level, so worker processes can import it.
 
@@ -39,11 +37,8 @@ FEATURES = 4  # columns of every token row in the JSON-lines records
 
 
 def sleepy_image_mask(i: int, delay: float = 0.1, size: int = 32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yields one ``(image, mask)`` pair after sleeping ``delay`` seconds.
-
-    ``image`` is ``(size, size, 3)`` float32 filled with ``i``; ``mask`` is
-    ``(size, size)`` int32, 1 on the left half when ``i`` is odd.
-    """
+    """Yields one ``(image, mask)`` pair after sleeping ``delay`` seconds: ``image`` is ``(size, size, 3)``
+    float32 filled with ``i``; ``mask`` is ``(size, size)`` int32, 1 on the left half when ``i`` is odd."""
     time.sleep(delay)
     image = np.full((size, size, 3), i, np.float32)
     mask = np.zeros((size, size), np.int32)
@@ -69,10 +64,9 @@ def write_jsonl_records(
 ) -> list[str]:
     """Writes one JSON-lines file per entry of ``counts``.
 
-    File ``f`` holds ``counts[f]`` records ``{"id", "tokens", "label"}``:
-    ``tokens`` is a ``(length, 4)`` list of floats with ``length`` in
-    ``1..max_len``, ``id`` is unique over all files (``f * 1000 + k``), and
-    ``label`` is 1 when the tokens' mean is positive (learnable).
+    File ``f`` holds ``counts[f]`` records ``{"id", "tokens", "label"}``: ``tokens`` is a ``(length, 4)``
+    list of floats with ``length`` in ``1..max_len``, ``id`` is unique over all files (``f * 1000 + k``),
+    and ``label`` is 1 when the tokens' mean is positive (learnable).
 
     Returns:
         The file paths, in order.

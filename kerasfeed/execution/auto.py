@@ -1,21 +1,16 @@
 """``executor="auto"``: pick threads or worker processes by probing the source.
 
-A few ``__getitem__`` calls in the consumer process measure one call (wall
-and CPU time, time queued for a CPU, bytes, the cost of one copy) and the
-same calls on two threads at once. From those figures ``decide`` predicts
-the item rate of both executors **at the worker count and on the number of
-CPUs they will run with**, and picks the faster (see NOTE [ Predicting
-threads and processes ]). The choice, both predictions and the figures are
-kept on the executor (``executor.name``, ``executor.reason``,
-``executor.probe``) and logged on the ``kerasfeed`` logger. The probe itself
-is ``auto_probe.py``.
+A few ``__getitem__`` calls in the consumer process (``auto_probe.py``)
+measure one call (wall and CPU time, time queued for a CPU, bytes, the cost
+of one copy) and the same calls on two threads at once. From those ``decide``
+predicts both executors' item rates **at the worker count and on the number
+of CPUs they will run with** and picks the faster (NOTE [ Predicting threads
+and processes ]). The choice, both predictions and the figures are kept on
+the executor (``name``, ``reason``, ``probe``) and logged on the
+``kerasfeed`` logger.
 
-With ``cache=`` the executor does not run ``source[i]`` every pass, so auto
-probes what it will run (NOTE [ Auto with cache= ] in ``auto_cached.py``):
-without ``augment``, the stored stage, which only pass 0 runs (later passes
-are served from the store in the consumer), or nothing when every item is
-stored already (threads, no probe, no workers to start); with ``augment``,
-``augment`` of a stored item, which every pass runs.
+With ``cache=`` auto probes what the executor will run per item instead (the
+stored stage, ``augment``, or nothing): NOTE [ Auto with cache= ] in ``auto_cached.py``.
 
 NOTE [ Predicting threads and processes ]
 =========================================
@@ -26,50 +21,46 @@ another process-wide lock: h5py's) and ``c - g`` runs in parallel (numpy,
 C extensions that release the GIL).
 
 - **The GIL-held part** comes from the two-thread probe (Amdahl's law): two
-  calls at once take ``2c / P2`` of wall time, where ``P2`` is the CPUs the
-  two threads used at once; one call alone takes ``w``, so the part the two
-  could not overlap is ``g = 2c / P2 - w`` (clamped to ``[0, c]``). A probe
-  that saw 1.6 CPUs on a 19 ms call (``decode`` on the 16-core machine) puts
-  ~5 ms under the GIL.
+  calls at once take ``2c / P2`` of wall time (``P2``: the CPUs the two
+  threads used at once), one alone ``w``, so the part they could not overlap
+  is ``g = 2c / P2 - w`` (clamped to ``[0, c]``). 1.6 CPUs on a 19 ms call
+  (``decode`` on the 16-core machine) puts ~5 ms under the GIL.
 - **Threads** (``ThreadExecutor``: 64 calls in flight, fewer for large
   items) take ``max(g + (c - g) / min(threads, cpus), w / threads)`` per
   item: the GIL-held parts one after the other, the rest spread over the
-  cores, waits overlapped. That is why two threads seeing 1.6 CPUs say
-  nothing about 16 cores: the 5 ms GIL-held part caps threads near 3.3x
-  one thread on any machine, while 15 processes run 15 calls at once.
-  The front end adds its own copy: ``to_dataset`` hands arrays to
-  TensorFlow, which copies each array a thread returns (numpy's are not
-  64-byte aligned) in the consumer, under the GIL; ``to_loader`` hands
-  numpy arrays over as they are (``handover="numpy"``: no copy).
+  cores, waits overlapped. So two threads seeing 1.6 CPUs say nothing about
+  16 cores: the 5 ms GIL-held part caps threads near 3.3x one thread on any
+  machine, while 15 processes run 15 calls at once. ``to_dataset`` adds a
+  copy: TensorFlow copies each array a thread returns (numpy's are not
+  64-byte aligned) in the consumer, under the GIL; ``to_loader`` hands numpy
+  arrays over as they are (``handover="numpy"``: no copy).
 - **Processes** take ``max((w + copy) / workers, (c + copy) / min(workers,
   cpus), copy + write + overhead, (c + copy + overhead) / cpus)`` per item:
   each worker makes its items one at a time and copies each into shared
   memory; those copies share one memory bus with writing the items, so they
-  are counted one after the other (``write``: the part of making the item
-  two threads could not overlap, up to a copy's worth; processes do not
-  speed the bus up); the consumer picks every item up
-  (``PROCESS_OVERHEAD_S``) and shares the CPUs. Large items are then handed
-  over without a copy by both front ends.
+  count one after the other (``write``: the part of making the item two
+  threads could not overlap, up to a copy's worth; processes do not speed
+  the bus up); the consumer picks every item up (``PROCESS_OVERHEAD_S``)
+  and shares the CPUs. Both front ends hand large items over without a copy.
 - Processes are chosen when predicted ``PROCESS_MARGIN`` times faster (they
   cost start-up, memory and a pickled source). A call that mostly waits
   (CPU under ``WAIT_FRACTION`` of its wall time) goes to threads at once:
   threads keep many waits in flight, a worker waits for one call at a time.
-
 - **Under ``to_loader``** a thread's item reaches the consumer without a
-  copy, while a worker's goes over the memory bus twice more (written, then
-  copied into shared memory). An item made in at most ``BUS_COPIES``
-  copies' worth of time is memory-bound work whatever two threads made of
-  it: ``write`` is then ``min(c, BUS_COPIES * copy)``, for processes and as
-  a floor for threads (one bus however many threads write).
+  copy, a worker's goes over the memory bus twice more (written, then copied
+  into shared memory). An item made in at most ``BUS_COPIES`` copies' worth
+  of time is memory-bound whatever two threads made of it: ``write`` is then
+  ``min(c, BUS_COPIES * copy)``, for processes and as a floor for threads
+  (one bus however many threads write).
 
 What the model leaves out: the probe cannot tell the GIL from the memory bus
 (both stop two threads from overlapping), and a busy machine makes two
-threads overlap less (they also wait for a CPU). The ``to_loader`` rule above
-keeps memory-bound items in threads whatever the probe made of the GIL (a
-19 MB ``np.full`` probed on a busy machine read as GIL-bound and went to
-processes at 0.5-0.7 of threads' rate; 2 cores: threads 332 vs processes 185
-batches/s measured quiet), while slow GIL-bound items still go to processes.
-Queued time is taken out of the one call's wall time.
+threads overlap less (they also wait for a CPU). The ``to_loader`` rule keeps
+memory-bound items in threads whatever the probe made of the GIL (a 19 MB
+``np.full`` probed on a busy machine read as GIL-bound and went to processes
+at 0.5-0.7 of threads' rate; 2 cores: threads 332 vs processes 185 batches/s
+measured quiet), while slow GIL-bound items still go to processes. Queued
+time is taken out of the one call's wall time.
 """
 
 from __future__ import annotations
@@ -87,21 +78,17 @@ from kerasfeed.sources.base import source_length
 
 logger = logging.getLogger("kerasfeed")
 
-# Fixed consumer-side cost of one item through a worker process (dispatch,
-# answer, bookkeeping), measured at roughly 40-150 us on the 2-core machine.
+# Consumer cost of one item through a worker process (dispatch, answer, bookkeeping): 40-150 us measured, 2 cores.
 PROCESS_OVERHEAD_S = 100e-6
 WAIT_FRACTION = 0.3  # below this share of CPU time, a call mostly waits (kept low: a busy machine also lowers it)
 GIL_FREE_PARALLELISM = 1.5  # two threads using this many CPUs at once: mostly outside the GIL
 PROCESS_MARGIN = 1.2  # processes must be predicted this much faster to be chosen
-# Making an item of B bytes in at most this many copies' worth of time is counted as memory-bus work (a fresh
-# array is zeroed by the kernel, then filled), under to_loader: NOTE [ Predicting threads and processes ].
+# Under to_loader, an item made in at most this many copies' worth of time is memory-bus work (a fresh array
+# is zeroed by the kernel, then filled).
 BUS_COPIES = 3
-# What ``kerasfeed.profile`` calls transport-bound. ``decide`` itself weighs
-# the copy of every item instead (NOTE [ Predicting threads and processes ]).
+# What ``kerasfeed.profile`` calls transport-bound; ``decide`` weighs the copy of every item instead.
 LARGE_ITEM_BYTES = 4 * 2**20
-# Who takes the items: "tensorflow" (to_dataset: TensorFlow copies each array
-# a thread returns) or "numpy" (to_loader: arrays handed over as they are).
-HANDOVERS = ("tensorflow", "numpy")
+HANDOVERS = ("tensorflow", "numpy")  # who takes the items: to_dataset, to_loader (see the NOTE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +100,12 @@ class Prediction:
         processes: items/s of ``workers`` worker processes.
         workers: the worker count predicted for.
         cpus: the CPUs predicted for.
-        thread_cores: CPUs the threads' parallel part can use
-            (``min(threads in flight, cpus)``).
+        thread_cores: CPUs the threads' parallel part can use (``min(threads in flight, cpus)``).
         gil_s: seconds of one call that hold the GIL (the serial part).
         parallel_s: CPU seconds of one call outside the GIL.
         wait_s: seconds of one call off the CPU (I/O, sleeps).
-        transport_s: seconds per item of processes' transport that cannot
-            run in parallel (copies on one memory bus, the pick-up).
+        transport_s: seconds per item of processes' transport that cannot run in parallel (copies
+            on one memory bus, the pick-up).
     """
 
     threads: float
@@ -153,37 +139,35 @@ def predict(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow")
         probe: what ``probe_source`` measured.
         workers: worker processes the executor would run.
         cpus: CPUs this process may use.
-        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"``
-            (``to_loader``); see ``HANDOVERS``.
+        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``); see ``HANDOVERS``.
 
     Returns:
         A ``Prediction`` (see NOTE [ Predicting threads and processes ]).
     """
     if handover not in HANDOVERS:
         raise ValueError(f"`handover` must be one of {HANDOVERS}. Received: handover={handover!r}")
-    p = probe
-    wall = max(p.wall_s - p.runqueue_s, p.cpu_s, 1e-9)  # time queued for a CPU is not the call's
-    cpu = min(p.cpu_s, wall)
-    if p.parallelism_2_threads is None or p.parallelism_2_threads <= 0:
+    wall = max(probe.wall_s - probe.runqueue_s, probe.cpu_s, 1e-9)  # time queued for a CPU is not the call's
+    cpu = min(probe.cpu_s, wall)
+    if probe.parallelism_2_threads is None or probe.parallelism_2_threads <= 0:
         gil = cpu  # not measured (slow items): counted as GIL-bound
     else:
-        gil = min(cpu, max(0.0, 2 * cpu / p.parallelism_2_threads - wall))
-    in_flight = _threads_in_flight(p.nbytes)
+        gil = min(cpu, max(0.0, 2 * cpu / probe.parallelism_2_threads - wall))
+    in_flight = _threads_in_flight(probe.nbytes)
     thread_cores = max(1, min(in_flight, cpus))
     workers, cpus = max(1, workers), max(1, cpus)
     if handover == "numpy":  # making the item is all its trips over the memory bus in threads, not in processes
-        front, write = 0.0, min(cpu, BUS_COPIES * p.copy_s)
+        front, write = 0.0, min(cpu, BUS_COPIES * probe.copy_s)
         per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight, write)
     else:  # TensorFlow copies a thread's arrays in the consumer; a worker's copy is counted up to the GIL-held part
-        front, write = p.copy_s, min(gil, p.copy_s)
+        front, write = probe.copy_s, min(gil, probe.copy_s)
         per_item_threads = max(gil + (cpu - gil) / thread_cores, wall / in_flight) + front
     # The copies share one memory bus, after writing the item; the consumer picks each item up.
-    transport = p.copy_s + write + PROCESS_OVERHEAD_S
+    transport = probe.copy_s + write + PROCESS_OVERHEAD_S
     per_item_processes = max(
-        (wall + p.copy_s) / workers,  # each worker makes its items one at a time
-        (cpu + p.copy_s) / min(workers, cpus),  # on the cores it can have
+        (wall + probe.copy_s) / workers,  # each worker makes its items one at a time
+        (cpu + probe.copy_s) / min(workers, cpus),  # on the cores it can have
         transport,
-        (cpu + p.copy_s + PROCESS_OVERHEAD_S) / cpus,  # everything shares the CPUs
+        (cpu + probe.copy_s + PROCESS_OVERHEAD_S) / cpus,  # everything shares the CPUs
     )
     return Prediction(
         threads=1.0 / max(per_item_threads, 1e-9),
@@ -219,12 +203,10 @@ def decide(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") 
         probe: what ``probe_source`` measured.
         workers: worker processes the executor would run.
         cpus: CPUs this process may use.
-        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"``
-            (``to_loader``).
+        handover: ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
     Returns:
-        ``("threads" | "processes", reason)``; the reason names both
-        predictions at ``workers`` workers on ``cpus`` CPUs.
+        ``("threads" | "processes", reason)``; the reason names both predictions (``workers``, ``cpus``).
 
     Example:
 
@@ -235,28 +217,27 @@ def decide(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") 
     # 'processes', '19.00 ms/item, ... 15 workers predicted at ~785 items/s vs ~174 with threads on 16 CPUs'
     ```
     """
-    p = probe
-    ms = f"{p.wall_s * 1e3:.2f} ms/item"
+    ms = f"{probe.wall_s * 1e3:.2f} ms/item"
     if cpus < 2 or workers < 2:
         why = f"only {min(cpus, workers)} CPU/worker available, so processes cannot run items in parallel"
         return "threads", f"{ms}; {why}"
-    pred = predict(p, workers, cpus, handover)
+    pred = predict(probe, workers, cpus, handover)
     numbers = (
         f"{pred.workers} workers predicted at ~{pred.processes:,.0f} items/s vs ~{pred.threads:,.0f} with threads "
         f"on {pred.cpus} CPUs"
     )
     # Waiting for a CPU (a busy machine) is not waiting for I/O.
-    frac = min(1.0, p.cpu_s / max(p.wall_s - p.runqueue_s, 1e-9))
+    frac = min(1.0, probe.cpu_s / max(probe.wall_s - probe.runqueue_s, 1e-9))
     if frac < WAIT_FRACTION:
         return "threads", (
             f"{ms}, of which only {frac:.0%} on the CPU: it mostly waits (I/O, sleep), "
             f"and threads keep many such calls in flight without moving data between processes ({numbers})"
         )
-    gil = _gil_text(p, pred)
-    mb = p.nbytes / 2**20
+    gil = _gil_text(probe, pred)
+    mb = probe.nbytes / 2**20
     head = f"{ms}, {frac:.0%} on the CPU; {gil}"
     if pred.processes >= PROCESS_MARGIN * pred.threads:
-        copy_in_front = handover == "tensorflow" and p.copy_s > 0.25 / pred.threads
+        copy_in_front = handover == "tensorflow" and probe.copy_s > 0.25 / pred.threads
         why = (
             f"items carry {mb:.1f} MB: TensorFlow would copy each one a thread returns in this process "
             "(numpy arrays are not 64-byte aligned), while worker processes hand theirs over without a copy"
@@ -266,7 +247,7 @@ def decide(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow") 
         return "processes", f"{head}; {why}: {numbers}"
     if pred.transport_s >= 0.5 / pred.processes:
         why = (
-            f"items carry {mb:.1f} MB and take {p.copy_s * 1e3:.2f} ms to copy: moving them between processes "
+            f"items carry {mb:.1f} MB and take {probe.copy_s * 1e3:.2f} ms to copy: moving them between processes "
             "would cost about what it saves"
         )
         if handover == "numpy":
@@ -287,12 +268,9 @@ def make_auto_executor(
 ) -> Executor:
     """Probes ``source`` and returns a ``ThreadExecutor`` or ``ProcessExecutor``.
 
-    The probe calls ``source[i]`` a few times (``3 * calls + 1``, more for
-    fast calls: ``auto_probe.py``) in this process; with ``cache=``
-    (``options.item_cache``) it probes what the executor will run per item
-    instead, or nothing (NOTE [ Auto with cache= ] in ``auto_cached.py``).
-    The returned executor's ``reason`` says what was chosen and why;
-    ``executor.probe`` holds the measurements (None when nothing was probed).
+    The probe calls ``source[i]`` a few times in this process (``3 * calls + 1``, more for fast calls),
+    or what the executor will run per item with ``cache=``. The executor's ``reason`` says what was
+    chosen and why; ``executor.probe`` holds the measurements (None when nothing was probed).
 
     Args:
         source: the indexable source.
@@ -301,8 +279,7 @@ def make_auto_executor(
             whichever executor is chosen. The decision is made for that
             worker count on this process's CPUs.
         calls: timed probe calls.
-        handover: who takes the items: ``"tensorflow"`` (``to_dataset``)
-            or ``"numpy"`` (``to_loader``); see ``decide``.
+        handover: who takes the items: ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
     Example:
 

@@ -1,13 +1,11 @@
 """The probe of ``executor="auto"``: a few ``source[i]`` calls timed in this process (see ``auto.py``).
 
-One call alone (wall and CPU time, time queued for a CPU, bytes, the cost of
-one copy), then the same calls on two threads at once: how many CPUs they
-used together says how much of a call holds the GIL (NOTE [ Predicting
-threads and processes ] in ``auto.py``). Fast calls are repeated so that
-each thread runs ~``CONCURRENT_S``, timed inside the threads: thread
-start-up and a busy machine's scheduling would otherwise decide the figure
-(``h5aug``'s 0.3 ms ``augment`` measured 0.1-0.5 CPUs at once in three calls
-timed from outside, 0.8-1.2 repeated).
+One call alone (wall and CPU time, time queued for a CPU, bytes, the cost of one copy), then the same
+calls on two threads at once: how many CPUs they used together says how much of a call holds the GIL
+(NOTE [ Predicting threads and processes ] in ``auto.py``). Fast calls are repeated so that each thread
+runs ~``CONCURRENT_S``, timed inside the threads, else thread start-up and a busy machine's scheduling
+decide the figure (``h5aug``'s 0.3 ms ``augment``: 0.1-0.5 CPUs in three calls timed from outside,
+0.8-1.2 repeated).
 """
 
 from __future__ import annotations
@@ -100,58 +98,42 @@ def probe_source(source: Any, calls: int = 3) -> Probe:
 
     Args:
         source: the indexable source.
-        calls: timed calls, after one untimed warm-up call (which may open
-            files lazily).
+        calls: timed calls, after one untimed warm-up call (which may open files lazily).
 
     Returns:
         A ``Probe``.
     """
     n = source_length(source, allow_infinite=True, owner="executor='auto'")
     indices = [i % n if n is not None else i for i in range(1, calls + 1)]
-    _, _, _, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
-    walls, cpus, queued = [], [], []
+    *_, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
+    timed = []  # (wall, cpu, queued) per call
     for i in indices:
-        wall, cpu, runq, item = _timed_call(source, i)
-        walls.append(wall)
-        cpus.append(cpu)
-        queued.append(runq)
-    wall = statistics.median(walls)
-    cpu = statistics.median(cpus)
-    runq = statistics.median(queued)
+        *times, item = _timed_call(source, i)
+        timed.append(times)
+    wall, cpu, runq = (statistics.median(column) for column in zip(*timed))
     arrays = item_arrays(item)
     nbytes = int(sum(a.nbytes for a in arrays))
     t0 = time.perf_counter()
     for a in arrays:
         np.array(a, copy=True)
     copy_s = time.perf_counter() - t0
-    made = 1 + len(indices)
-
     parallelism, concurrent = _two_threads(source, indices, wall * len(indices))
-    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, made + concurrent)
-
-
-def _calls(source: Any, indices: list) -> tuple[float, float, float]:
-    """``(wall, CPU, queued for a CPU)`` of calling ``source[i]`` for ``indices`` on this thread."""
-    q0, c0, t0 = _runqueue_s(), time.thread_time(), time.perf_counter()
-    for i in indices:
-        with item_scope(i):
-            source[i]
-    return time.perf_counter() - t0, time.thread_time() - c0, _runqueue_s() - q0
+    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, 1 + len(indices) + concurrent)
 
 
 def _two_threads(source: Any, indices: list, walls: float) -> tuple[Optional[float], int]:
     """``(CPUs two threads used at once, calls made)``, None when not measured.
 
     Both threads run ``indices`` repeated until each runs ~``CONCURRENT_S``
-    (within ``PROBE_BUDGET_S``; ``walls``: the calls of ``indices`` one after
-    another, from the median call, so that one slow call on a busy machine
-    does not cut the repeats), timed from the barrier to the last one's end
-    (thread start-up left out). A busy machine still lowers the figure (both
-    threads also wait for a CPU), towards "GIL-bound": scaling it by the time
-    one thread queued for a CPU was tried and read a pure-Python source as
-    running on 1.8 CPUs when the load came in bursts, which would send it to
-    threads at half the rate; reading a free source as GIL-bound costs less
-    (processes, or threads where moving items would cost what it saves).
+    (within ``PROBE_BUDGET_S``; ``walls``: ``indices`` one after another at
+    the median call's time, so one slow call on a busy machine does not cut
+    the repeats), timed from the barrier to the last one's end. A busy
+    machine still lowers the figure towards "GIL-bound" (both threads also
+    wait for a CPU): scaling it by one thread's time queued for a CPU was
+    tried and read a pure-Python source as running on 1.8 CPUs when the load
+    came in bursts (threads at half the rate); reading a free source as
+    GIL-bound costs less (processes, or threads where moving items would
+    cost what it saves).
     """
     if walls * 2 > PROBE_BUDGET_S:
         return None, 0

@@ -1,11 +1,11 @@
 """The executor seam: how one item is produced, wherever it runs.
 
-``to_dataset`` maps the index stream through ``tf.numpy_function``; each call
-asks the executor for one item. An executor only has to be thread-safe and
-blocking. By default tf.data's parallel, order-preserving map provides the
-concurrency. An executor that ``prefetches`` instead gets each pass's order
-up front (``plan``) and makes items ahead by itself; the map then calls it
-sequentially, which saves the main process tf.data's per-call thread hops.
+``to_dataset`` maps the index stream through ``tf.numpy_function``, each call
+asking the executor for one item: an executor only has to be thread-safe and
+blocking, and tf.data's parallel, order-preserving map provides the
+concurrency. One that ``prefetches`` instead gets each pass's order up front
+(``plan``) and makes items ahead itself; the map then calls it sequentially,
+saving the main process tf.data's per-call thread hops.
 """
 
 from __future__ import annotations
@@ -26,79 +26,68 @@ class Executor(abc.ABC):
     name: str = "?"
     reason: str = ""
     prefetches: bool = False
-    # True: ``plan`` may start the next pass's first items once every item of
-    # the current one is started, so that workers do not idle while a new
-    # iterator is built (~10 ms a pass). Only for executors whose items cannot
+    # True: ``plan`` may start the next pass's first items once every item of the current one is started, so
+    # workers do not idle while a new iterator is built (~10 ms a pass). Only for executors whose items cannot
     # observe the main process's ``on_epoch_begin`` hook anyway (processes).
     plans_next_pass: bool = False
-    # True: items are what ``source[index]`` returned in this process, so they
-    # may view arrays the source keeps (and its epoch hooks may overwrite).
+    # True: items are what ``source[index]`` returned in this process: they may view arrays the source keeps
+    # (and its epoch hooks may overwrite).
     lends_source_arrays: bool = False
-    # The waits of this executor's loads (``execution/waits.py``): the last
-    # iterator over it being deleted ends the waits in progress.
+    # The waits of its loads (``execution/waits.py``), ended when the last iterator over it is deleted.
     waits: Optional[Any] = None
 
     @abc.abstractmethod
     def load(self, index: int, epoch: int) -> Any:
-        """Returns item ``index`` of pass ``epoch`` as nested numpy data.
-
-        Called concurrently from many threads. Raises
-        ``kerasfeed.ItemError`` when ``source[index]`` raises.
-        """
+        """Returns item ``index`` of pass ``epoch`` as nested numpy data; called concurrently from many
+        threads. Raises ``kerasfeed.ItemError`` when ``source[index]`` raises."""
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         """Called when pass ``epoch`` starts, with the order its items will be
         asked in: a lazy ``kerasfeed.sampling.views.IndexView`` (read a window
         at a time; a pass is never held whole) or any sequence of indices.
-        Executors that ``prefetch`` start making them.
-
-        ``next_pass``: ``(epoch, indices)`` of the pass likely to follow, given
-        only to executors that ``plans_next_pass`` (see there)."""
+        Executors that ``prefetch`` start making them. ``next_pass``:
+        ``(epoch, indices)`` of the pass likely to follow, given only to
+        executors that ``plans_next_pass``."""
 
     def attach_stats(self, collector: Any) -> None:
-        """Gives the executor a ``kerasfeed.observe.stats.StatsCollector``:
-        it reports each item's make time there (``made``) and its instant
-        figures through ``gauges``."""
+        """Gives the executor a ``kerasfeed.observe.stats.StatsCollector``: it reports each item's make
+        time there (``made``) and its instant figures through ``gauges``."""
         collector.executor = self.name
         collector.add_gauges(self.gauges)
 
     def gauges(self) -> dict:
-        """Figures of this instant: ``ahead`` (items made, not taken yet),
-        ``in_flight`` (being made), ``shm_bytes``, ``workers`` (per-worker
-        dicts with ``id``), and the counts of retries and replacements
-        (``execution/retries.py``: ``RetryCounts``); whichever the executor knows."""
+        """Figures of this instant, whichever the executor knows: ``ahead`` (made, not taken yet),
+        ``in_flight`` (being made), ``shm_bytes``, ``workers`` (per-worker dicts with ``id``), and the
+        counts of retries and replacements (``execution/retries.py``: ``RetryCounts``)."""
         return {}
 
     def before_hook(self, name: str) -> None:
-        """Called in the consumer just before a pass runs the source's hook
-        ``name`` (``"set_epoch"``, then ``"on_epoch_begin"``); ``plan``
-        follows the hooks. Executors whose items run on a copy of the source
-        use it to tell what each hook changed."""
+        """Called in the consumer just before a pass runs the source's hook ``name`` (``"set_epoch"``, then
+        ``"on_epoch_begin"``; ``plan`` follows): executors whose items run on a copy of the source use it
+        to tell what each hook changed."""
 
     def ready(self, index: int, epoch: int) -> bool:
-        """Whether ``load(index, epoch)`` would return (or raise) now, without
-        waiting: the item was made ahead for the current plan, or failed.
-
-        Never blocks; a few microseconds. Grouped hand-over asks it for every
-        item after a group's first, and ends the group at the first item
-        that is not ready, so that no item waits for a later one. False (the
-        default) is always safe: groups then hold one item."""
+        """Whether ``load(index, epoch)`` would return (or raise) now: the
+        item was made ahead for the current plan, or failed. Never blocks (a
+        few microseconds). Grouped hand-over asks it for every item after a
+        group's first and ends the group at the first one not ready, so that
+        no item waits for a later one. False (the default) is always safe:
+        groups then hold one item."""
         return False
 
     def pass_failed(self, epoch: int) -> None:
         """Called by the pipeline when a load of pass ``epoch`` raised (the item's
-        error, a signature mismatch, a worker failure). An executor that
-        owns threads or processes then parks them once the pass is left
+        error, a signature mismatch, a worker failure): an executor that owns
+        threads or processes parks them once the pass is left
         (NOTE [ Parking after a failed pass ] in ``execution/parking.py``)."""
 
     def item_skipped(self, index: int, epoch: int) -> None:
         """Called by the pipeline *instead of* ``pass_failed`` when it leaves
         out item ``index`` of pass ``epoch`` after its load raised its final
-        ``ItemError`` or ``WorkerError`` (a skip budget): the pass goes on, so
-        nothing parks, and later loads of the pass work as usual. An executor
-        that closed on that failure (``retries=0``: a dead worker's pool, a
-        timed-out thread pool) starts again and plans the rest of the pass
-        (the items of its plan not taken yet)."""
+        ``ItemError`` or ``WorkerError`` (a skip budget): the pass goes on and
+        nothing parks. An executor that closed on that failure (``retries=0``:
+        a dead worker's pool, a timed-out thread pool) starts again and plans
+        the rest of the pass (the items of its plan not taken yet)."""
 
     def activity(self) -> tuple[int, int]:
         """``(loads started so far, loads in progress)``; cheap, any thread."""
@@ -106,7 +95,7 @@ class Executor(abc.ABC):
 
     def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
         """Stops the executor's threads or worker processes until the next
-        ``plan`` or ``load`` starts them again. With ``activity``, only if
+        ``plan`` or ``load`` starts them again; with ``activity``, only if
         ``activity()`` still returns it (checked atomically with the loads).
 
         Returns:
@@ -131,10 +120,9 @@ class Executor(abc.ABC):
         return f"<{type(self).__name__} name={self.name!r}{why}>"
 
 def item_position(owner: str, name: str, value: Any) -> int:
-    """``index`` or ``epoch`` of a ``load`` call, as a plain int >= 0.
-
-    ``int()`` would take ``'1'`` and ``2.7`` (2): a worker would make another
-    item than the one asked for; a negative one would reach ``source[-1]``.
+    """``index`` or ``epoch`` of a ``load`` call, as a plain int >= 0 (``int()``
+    would take ``'1'`` and ``2.7`` (2): a worker would make another item than
+    the one asked for; a negative one would reach ``source[-1]``).
 
     Raises:
         TypeError: not an int (a bool neither).

@@ -8,9 +8,7 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.threads import ThreadExecutor
 
-EXECUTOR_NAMES = ("threads", "processes", "auto")
-# Accepted by name too, but listed apart: it needs an extra (`kerasfeed[ray]`); "auto" never picks it.
-OPTIONAL_EXECUTOR_NAMES = ("ray",)
+EXECUTOR_NAMES = ("threads", "processes", "auto")  # and "ray", which needs an extra (`kerasfeed[ray]`)
 
 
 def make_executor(
@@ -22,11 +20,11 @@ def make_executor(
         executor: one of ``EXECUTOR_NAMES`` or an ``Executor`` instance.
         source: the indexable source.
         options: the ``PoolOptions`` built (and checked) from the public
-            keywords ``workers``/``worker_init``/``seed``; used whole by the
+            keywords ``workers``/``worker_init``/``seed``, used whole by the
             process executors; the threads executor takes its ``timeout``,
-            ``retries`` and ``seed`` (``kerasfeed.item_rng()``), and refuses
-            ``worker_max_items``/``worker_max_rss`` (``executor="auto"``
-            ignores them when it picks threads). None = defaults.
+            ``retries`` and ``seed`` (``kerasfeed.item_rng()``) and refuses
+            ``worker_max_items``/``worker_max_rss`` (``"auto"`` ignores them
+            when it picks threads). None = defaults.
         handover: who takes the items, for ``"auto"``'s decision:
             ``"tensorflow"`` (``to_dataset``) or ``"numpy"`` (``to_loader``).
 
@@ -65,15 +63,13 @@ def make_executor(
         return make_auto_executor(source, options, handover=handover)
     raise ValueError(
         f"`executor` must be one of {EXECUTOR_NAMES} (or 'ray': Ray actors, with the `ray` extra) or a kerasfeed "
-        "Executor. "
-        f"Received: {executor!r}"
+        f"Executor. Received: {executor!r}"
     )
 
 
 def _check_instance(executor: Executor, source: Any, options: PoolOptions) -> None:
-    # An executor runs the source it was made with: another source's items
-    # would come back under this one's indices, and options given beside it
-    # would be ignored.
+    # An executor runs the source it was made with: another source's items would come back under this
+    # one's indices, and options given beside it would be ignored.
     own = getattr(executor, "source", None)
     if own is not source:
         raise ValueError(

@@ -4,36 +4,35 @@ NOTE [ Threads that run the source start with the default floating-point environ
 TensorFlow's threads set flush-to-zero and denormals-are-zero (MXCSR FTZ/DAZ
 on x86; FPCR.FZ on ARM): a ``tf.numpy_function`` body makes
 ``np.float32(1e-38) / np.float32(1e4)`` and even ``np.array([1e-45],
-np.float32)`` zero. A thread inherits its creator's floating-point
-environment (measured: a Python thread started from a ``numpy_function`` body
-flushes too). ``to_dataset``'s first call of a pass runs on such a thread and
-starts the threads executor's pool (``ThreadExecutor.plan``), and its loads
-outside the plan start aside threads there, so the source's items lost their
-subnormal values on that path only, while worker processes, ``to_loader``
-and ``export`` kept them. Every thread kerasfeed starts to run the source
-therefore first sets the default environment (``fesetenv(FE_DFL_ENV)``:
-~0.4 us, once per thread); items are then the same bits on every path. A load
-that runs in the caller's thread (the main thread, outside a plan) keeps that
-thread's environment: it is the user's own.
+np.float32)`` zero, and a thread inherits its creator's environment
+(measured: a Python thread started from a ``numpy_function`` body flushes
+too). ``to_dataset``'s first call of a pass runs on such a thread and starts
+the threads executor's pool (``ThreadExecutor.plan``) and aside threads, so
+items lost their subnormal values on that path only, while worker
+processes, ``to_loader`` and ``export`` kept them. So every thread kerasfeed
+starts to run the source first sets the default environment
+(``fesetenv(FE_DFL_ENV)``: ~0.4 us, once per thread): the same bits on every
+path. A load in the caller's thread (the main thread, outside a plan) keeps
+that thread's environment: it is the user's own.
 
 The source's epoch hooks (``set_epoch``, ``on_epoch_begin``, ``on_epoch_end``)
-run in the consumer's thread, which under ``to_dataset`` is one of
-TensorFlow's: a hook that computes what later items use (a scale, a
-normalisation) got flushed values there and so other items on that path.
-``default_fp_env()`` runs them with the default environment and gives the
-thread its own back afterwards (TensorFlow's ops on it keep theirs).
+run in the consumer's thread, under ``to_dataset`` one of TensorFlow's: a
+hook computing what later items use (a scale, a normalisation) got flushed
+values there, and so did those items. ``default_fp_env()`` runs them with the
+default environment, then gives the thread its own back (TensorFlow's ops).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from typing import Any, Iterator, Optional
 
-_FESETENV: Any = None  # (fesetenv, FE_DFL_ENV) once looked up; False where unavailable
 
-
-def _lookup() -> Any:
+@functools.lru_cache(maxsize=None)
+def _found() -> Any:
+    """``(fesetenv, FE_DFL_ENV, fegetenv or None)``, looked up once; False where unavailable."""
     import ctypes
 
     try:
@@ -62,13 +61,6 @@ def _lookup() -> Any:
 
 # Bytes kept for a saved fenv_t (32 on x86-64 glibc, 8 on AArch64): room to spare.
 _FENV_BYTES = 256
-
-
-def _found() -> Any:
-    global _FESETENV
-    if _FESETENV is None:
-        _FESETENV = _lookup()
-    return _FESETENV
 
 
 def set_default_fp_env() -> bool:

@@ -6,7 +6,7 @@ NOTE [ HDF5 handles travel to workers ]
 ``self.f = h5py.File(path, "r")`` in ``__init__`` is the most common HDF5
 habit, and h5py objects cannot be pickled. The pickler that sends the source
 (``pickling.py``) reduces every h5py ``File``, ``Group`` and ``Dataset`` it
-meets (as an attribute, or inside lists, dicts, tuples) with ``reduce``:
+meets (attributes, or in lists, dicts, tuples) with ``reduce``:
 
 - **What travels**: the kind, the absolute file name, the object's path in
   the file, the open arguments that matter and can be read back from the
@@ -17,18 +17,16 @@ meets (as an attribute, or inside lists, dicts, tuples) with ``reduce``:
 - **In the worker** it unpickles as a ``LazyH5`` proxy that opens the file on
   first use (read-only, the default driver), checks that the path still
   names the stamped file (``FileChangedError``, an ``OSError``, as the HDF5
-  readers raise), and forwards everything to the h5py object;
-  ``isinstance(proxy, h5py.Dataset)`` holds. One ``File`` per file and
-  open arguments per worker, shared by every proxy of that file (HDF5 keeps
-  one state per file in a process: see ``kerasfeed/hdf5/handles.py``).
-- **The parent's handles** are only read (name, mode, property lists): they
-  stay open and usable.
+  readers raise), and forwards everything to the h5py object
+  (``isinstance(proxy, h5py.Dataset)`` holds). One ``File`` per file and
+  open arguments per worker, shared by its proxies (HDF5 keeps one state
+  per file in a process: see ``kerasfeed/hdf5/handles.py``).
+- **The parent's handles** are only read (name, mode, property lists): they stay open and usable.
 - **Refused**, with a ``TypeError`` that ``pickling`` turns into the message
   naming the attribute: a handle open for writing (``mode`` ``'r+'``: ``w``,
   ``a``, ``r+`` all read back as that), a closed one, an in-memory file
   (``driver="core"`` without backing store, or a Python file object), a file
-  replaced on disk since the parent opened it, other drivers, anonymous
-  objects.
+  replaced on disk since the parent opened it, other drivers, anonymous ones.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from typing import Any, Optional
 from kerasfeed.errors import FileChangedError
 
 _DRIVERS = ("sec2", "stdio", "core")  # a plain file on disk that a worker can reopen
-_KINDS = ("File", "Group", "Dataset")
 
 
 def is_h5(obj: Any) -> bool:
@@ -110,11 +107,7 @@ def describe(obj: Any) -> tuple:
 
 
 def reduce(obj: Any) -> Optional[tuple]:
-    """The pickler's reduction of an h5py object (None for anything else).
-
-    Raises:
-        TypeError: a handle that cannot travel; says why.
-    """
+    """The pickler's reduction of an h5py object (None for anything else); TypeError says why one cannot travel."""
     if not is_h5(obj):
         return None
     return (LazyH5, describe(obj))

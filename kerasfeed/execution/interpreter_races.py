@@ -2,16 +2,15 @@
 
 NOTE [ AST race on Python 3.11.0-3.11.7 and 3.12.0-3.12.1 ]
 CPython kept the AST constructor's recursion depth in interpreter-wide state
-(python/cpython#106905, fixed in 3.11.8 and 3.12.2). When two threads build
-ASTs at once and a garbage collection switches threads in between, one of
-them fails with ``SystemError: AST constructor recursion depth mismatch``.
-``np.load`` builds one (``ast.literal_eval`` of the ``.npy`` header), so a
-source that loads ``.npy`` files on the threads executor, next to Keras or
-TensorFlow parsing code in the main thread, fails an item now and then on those
-versions. The item itself is fine: it is made again (up to ``AST_RACE_RETRIES``
-times) and a warning once per process says to upgrade Python. Worker
-processes call items on one thread, so only the threads executor and
-``export``'s writer threads retry.
+(python/cpython#106905, fixed in 3.11.8 and 3.12.2): when two threads build
+ASTs at once and a garbage collection switches threads in between, one fails
+with ``SystemError: AST constructor recursion depth mismatch``. ``np.load``
+builds one (``ast.literal_eval`` of the ``.npy`` header), so a source loading
+``.npy`` files on the threads executor, beside Keras or TensorFlow parsing
+code in the main thread, fails an item now and then. The item is made again
+(up to ``AST_RACE_RETRIES`` times) and a warning once per process says to
+upgrade Python. Only the threads executor and ``export``'s writer threads
+retry (worker processes call items on one thread).
 """
 
 from __future__ import annotations

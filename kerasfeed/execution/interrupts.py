@@ -8,9 +8,8 @@ number to the *wakeup fd* (``signal.set_wakeup_fd``); kerasfeed points it at a
 pipe of its own (only when nobody else uses it, e.g. not under asyncio), and
 the waits (``waits.py``) read that pipe between slices (``sigints``): a wait
 that sees SIGINT (while Ctrl-C means KeyboardInterrupt) raises
-``KeyboardInterrupt``, TensorFlow hands the main thread an error, the main
-thread returns to Python, and the pending handler raises ``KeyboardInterrupt``
-there as usual.
+``KeyboardInterrupt``, TensorFlow hands the main thread an error, and back in
+Python the pending handler raises ``KeyboardInterrupt`` there as usual.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ class _Interrupts:
         self.raised = 0  # KeyboardInterrupts that handler raised (or put off) in the main thread
 
     def install(self) -> bool:
-        """Points the wakeup fd at our pipe; main thread only, once, and only
-        if the wakeup fd is free. Returns whether ours is in place."""
+        """Points the wakeup fd at our pipe (main thread, once, if the fd is free); whether ours is in place."""
         if self._read_fd is not None:
             return True
         if threading.current_thread() is not threading.main_thread():
@@ -74,27 +72,18 @@ class _Interrupts:
             return self.count
         try:
             data = os.read(fd, 512)
-        except (BlockingIOError, InterruptedError):
-            return self.count
-        except OSError:
+        except OSError:  # empty (BlockingIOError), interrupted, closed
             return self.count
         hits = data.count(signal.SIGINT)
-        # Only when Ctrl-C means KeyboardInterrupt: a handler of the user's own
-        # (a graceful stop) must not have its pipeline broken.
+        # Only when Ctrl-C means KeyboardInterrupt: a handler of the user's (a graceful stop) keeps its pipeline.
         if hits and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint):
             with self._lock:
                 self.count += hits
         return self.count
 
-    def seen_by_main_thread(self) -> None:
-        """Called by ``_on_sigint``: the main thread runs Python and handles what came so far."""
-        self.handled = self.poll()
-
     def ends(self, begun: int) -> bool:
-        """Whether a wait begun when the count was ``begun`` must end: a SIGINT
-        came since, or one came before it that the main thread has not handled
-        yet (blocked in C, e.g. inside TensorFlow waiting for this very item:
-        NOTE [ A Ctrl-C between two waits ])."""
+        """Whether a wait begun at count ``begun`` must end: a SIGINT came since, or one before it that the
+        main thread has not handled yet (blocked in C: NOTE [ A Ctrl-C between two waits ])."""
         count = self.poll()
         if count == begun and signal.getsignal(signal.SIGINT) is _on_sigint:
             return count > self.handled
@@ -109,11 +98,10 @@ class _Interrupts:
 # KeyboardInterrupt (caught, the script went on: its next pass waits as
 # usual). But a SIGINT that came while no wait was in progress (a tf.data
 # thread between two items), with the main thread blocked inside TensorFlow,
-# has not been handled yet: the main thread sees it only once ``next()``
-# returns, and the next wait, for an item that never comes, was its only way
-# out. So under kerasfeed's handler (which counts what the main thread has
-# handled) a wait also ends on a SIGINT that came before it and is not handled
-# yet; under another handler it counts only those after it, as before.
+# is not handled until ``next()`` returns, and the next wait, for an item that
+# never comes, was its only way out. So under kerasfeed's handler (which
+# counts what the main thread handled) a wait also ends on an unhandled SIGINT
+# that came before it; under another handler only on those after it.
 
 
 sigints = _Interrupts()
@@ -122,20 +110,17 @@ _TF_EXCEPTION_MODULE = os.path.join("tensorflow", "python", "eager", "core.py")
 
 def _on_sigint(signum, frame):
     """Python's default SIGINT behaviour (KeyboardInterrupt), but never raised
-    inside TensorFlow's exception constructor.
-
-    When a wait gives up on Ctrl-C, TensorFlow turns the error into an
-    exception object for the main thread; the pending SIGINT is handled in
-    that constructor's first bytecodes, and a KeyboardInterrupt raised there
+    inside TensorFlow's exception constructor: when a wait gives up on Ctrl-C,
+    the pending SIGINT is handled in the first bytecodes of the exception
+    TensorFlow makes for the main thread, and a KeyboardInterrupt raised there
     comes out as pybind11's ``RuntimeError: ... MISMATCH of original and
-    normalized active exception types``. So there, the SIGINT is raised
-    again at the next Python call outside it (the caller's ``except``
-    clause): a plain KeyboardInterrupt. It also notes what the main thread
-    has handled (NOTE [ A Ctrl-C between two waits ]), and watches a ``fit``
-    it interrupts (NOTE [ A Ctrl-C taken inside fit ]).
+    normalized active exception types``; it is raised again at the next
+    Python call outside it (the caller's ``except`` clause) instead. It also
+    notes what the main thread has handled (NOTE [ A Ctrl-C between two waits ]),
+    and watches a ``fit`` it interrupts (NOTE [ A Ctrl-C taken inside fit ]).
     """
     global _held
-    sigints.seen_by_main_thread()
+    sigints.handled = sigints.poll()  # the main thread runs Python: it handles what came so far
     if _holding and not _held:
         _held = True  # raised when the block ends (interrupts_held)
         return
@@ -156,11 +141,10 @@ def _inside_tf_exception(frame) -> bool:
 
 
 def _interrupt_at_next_call(skip: Optional[Callable[[Any], bool]] = None, *, calls_only: bool = True) -> None:
-    """Raises KeyboardInterrupt in this thread (the main one) as the next Python
-    function starts (``calls_only``; else at the next call or return of any
-    function, Python or C) whose frame ``skip`` does not reject, outside this
-    module's own frames. Call it last: from here on, every call of this thread
-    is looked at until then."""
+    """Raises KeyboardInterrupt in this (the main) thread as the next Python function starts
+    (``calls_only``; else at the next call or return of any function, Python or C) whose frame
+    ``skip`` does not reject, outside this module's frames. Call it last: every call of this
+    thread is looked at until then."""
     global _armed
     previous = sys.getprofile()
 
@@ -184,50 +168,44 @@ _armed: Optional[Callable[..., None]] = None  # the profile function of an inter
 # ======================================
 #
 # Python runs the SIGINT handler in the main thread between bytecodes of
-# whatever Python code runs there, including code whose exceptions Python
-# ignores: a ``gc.callbacks`` function (JAX registers one, and importing
-# TensorFlow imports JAX where it is installed), a ``__del__`` method, a
-# weakref callback (``weakref.finalize``, ``WeakSet``). The KeyboardInterrupt
-# raised there is printed as "Exception ignored in ..." and dropped: the
-# Ctrl-C did nothing, and ``model.fit`` went on training. Measured with
-# ``benchmarks/ctrl_c.py`` (SIGINT to the process group of a script on its
-# way into ``fit``, beside a CPU burner on 2 cores): 5 of 90 SIGINTs were
-# lost, every one in JAX's gc callback during ``import tensorflow``.
+# whatever Python code runs there, including code whose exceptions it ignores:
+# a ``gc.callbacks`` function (JAX registers one, and importing TensorFlow
+# imports JAX where installed), a ``__del__`` method, a weakref callback
+# (``weakref.finalize``, ``WeakSet``). The KeyboardInterrupt is printed as
+# "Exception ignored in ..." and dropped: ``model.fit`` went on training.
+# Measured with ``benchmarks/ctrl_c.py`` (SIGINT to the process group of a
+# script on its way into ``fit``, beside a CPU burner on 2 cores): 5 of 90
+# SIGINTs were lost, all in JAX's gc callback during ``import tensorflow``.
 #
 # So kerasfeed wraps ``sys.unraisablehook`` (``keep_interrupts``: on the first
 # use of the public API, before it imports TensorFlow, and again whenever an
 # iterator is made, in case someone replaced it). A KeyboardInterrupt dropped
 # in the main thread while Ctrl-C means KeyboardInterrupt (Python's handler or
 # kerasfeed's ``_on_sigint``) is raised again at the next call or return of
-# a function (Python or C) in that thread; if that too is a place whose
-# exceptions are ignored, the same happens again, until it lands in ordinary
-# code. It also reaches the waits
-# in progress: ``_thread.interrupt_main`` writes to the wakeup fd as a real
-# SIGINT does. Every other unraisable exception goes to the previous hook.
-#
-# C code that clears an error without reporting it: NOTE [ A Ctrl-C taken inside fit ].
+# a function (Python or C) in that thread, and again until it lands in
+# ordinary code. It also reaches the waits in progress:
+# ``_thread.interrupt_main`` writes to the wakeup fd as a real SIGINT does.
+# Every other unraisable exception goes to the previous hook.
 
 
 # NOTE [ A Ctrl-C taken inside fit ]
 # ==================================
 #
-# C code that calls Python and clears whatever error that call raised can take
-# the KeyboardInterrupt without a report: once in 200 runs of ``make
-# soak-ctrl-c`` the SIGINT came while TensorFlow's graph optimiser made the
-# next epoch's iterator, and ``fit`` trained on. A KeyboardInterrupt that
-# propagates never lets ``fit`` begin another batch or epoch. So when
-# kerasfeed's handler raises one while a Keras ``fit`` runs in the main
-# thread, it watches that ``fit`` with a profile function of the main thread
-# (set only where none is, until that ``fit`` returns, at most ``_WATCH_S``):
-# that ``fit`` calling ``on_train_batch_begin`` or ``on_epoch_begin`` after the
-# Ctrl-C means the interrupt was taken inside it, and it is raised again there
-# (a warning says so). A trainer whose ``fit`` names neither is reported once
-# (``_keras_fit.fit_calls``, NOTE [ Keras' private structure ], item 5).
-# Nothing is watched before a Ctrl-C; after one, a Python call per function
-# call of the main thread until ``fit`` has unwound. A KeyboardInterrupt that
-# the user's own code inside ``fit`` (a callback) takes on purpose is raised
-# again too: a graceful stop installs a SIGINT handler of
-# its own, and then kerasfeed's is not in place.
+# C code that calls Python and clears the error that call raised can take the
+# KeyboardInterrupt without a report: once in 200 runs of ``make soak-ctrl-c``
+# the SIGINT came while TensorFlow's graph optimiser made the next epoch's
+# iterator, and ``fit`` trained on. A propagating KeyboardInterrupt never lets
+# ``fit`` begin another batch or epoch, so when kerasfeed's handler raises one
+# while a Keras ``fit`` runs in the main thread, it watches that ``fit`` with
+# a profile function (set only where none is, until that ``fit`` returns, at
+# most ``_WATCH_S``): ``fit`` calling ``on_train_batch_begin`` or
+# ``on_epoch_begin`` after the Ctrl-C means the interrupt was taken inside it,
+# and it is raised again there (with a warning). A trainer whose ``fit`` names
+# neither is reported once (``_keras_fit.fit_calls``, NOTE [ Keras' private
+# structure ], item 5). Nothing is watched before a Ctrl-C; after one, a
+# Python call per function call of the main thread until ``fit`` unwound. One
+# that the user's code inside ``fit`` (a callback) takes on purpose is raised
+# again too: a graceful stop installs a SIGINT handler of its own instead.
 
 
 class _FitWatch:
@@ -269,19 +247,18 @@ _WATCH_S = 120.0  # a fit that neither unwinds nor trains for this long is not w
 #
 # ``import tensorflow`` (2-4 s on a busy 2-core machine; the public API's lazy
 # imports run it, ``kerasfeed.to_dataset`` first) is where a Ctrl-C at the
-# start of a script most often lands, and where a KeyboardInterrupt does most
-# harm: measured with ``benchmarks/ctrl_c.py`` (SIGINT 2.3-3.7 s after the
-# start, one burner, 50 runs before any change), 10 were dropped in JAX's gc
-# callback, 1 was taken by a bare ``except:`` (TensorFlow's generated TFLite
-# schema modules hold 32 ``try: from typing import List / except: pass``; no
-# "Exception ignored" line), and 2 crashed the process (SIGSEGV while
-# jaxlib's extension module initialised, ``jaxlib/xla_client.py``). So those
-# imports run under ``interrupts_held``: from the first use of the API,
-# kerasfeed's handler stands in for Python's default one, and during the
-# import it only notes a first Ctrl-C, which is raised once the import ends
-# (a second one raises at once, for an import that hangs). An import that
-# ends normally although a KeyboardInterrupt was raised in it (a second
-# Ctrl-C taken by a bare ``except:``) raises one too.
+# start of a script most often lands, and does most harm: measured with
+# ``benchmarks/ctrl_c.py`` (SIGINT 2.3-3.7 s after the start, one burner, 50
+# runs before any change), 10 were dropped in JAX's gc callback, 1 was taken
+# by a bare ``except:`` (TensorFlow's generated TFLite schema modules hold 32
+# ``try: from typing import List / except: pass``; no "Exception ignored"
+# line), and 2 crashed the process (SIGSEGV while jaxlib's extension module
+# initialised, ``jaxlib/xla_client.py``). So those imports run under
+# ``interrupts_held``: kerasfeed's handler (in place of Python's default one
+# from the first use of the API) only notes a first Ctrl-C during the import
+# and raises it once the import ends (a second one raises at once, for an
+# import that hangs); one raised in it and taken by a bare ``except:`` is
+# raised again when it ends.
 
 
 def _redeliver_dropped_interrupts(unraisable: Any, previous: Callable[[Any], None]) -> None:
@@ -306,8 +283,8 @@ _hook_lock = threading.Lock()
 def keep_interrupts() -> None:
     """Makes sure a Ctrl-C that Python would drop is raised again (NOTE [ A Ctrl-C
     that Python swallows ]), and, in the main thread, puts kerasfeed's SIGINT
-    handler in place of Python's default one (the same behaviour, counted, and
-    held during ``interrupts_held``). Idempotent; cheap when in place."""
+    handler in place of Python's default one (the same, counted, and held
+    during ``interrupts_held``). Idempotent; cheap when in place."""
     if threading.current_thread() is threading.main_thread() and (
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     ):
@@ -325,10 +302,9 @@ def keep_interrupts() -> None:
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Holds a Ctrl-C that comes during the block, in the main thread, and raises
-    it as ``KeyboardInterrupt`` once the block ends; a second Ctrl-C raises at
-    once (NOTE [ Ctrl-C while TensorFlow is imported ]). Also raises one that
-    was raised in the block and taken there (a bare ``except:``)."""
+    """Holds a Ctrl-C that comes during the block, in the main thread, and raises it as ``KeyboardInterrupt``
+    once the block ends; a second Ctrl-C raises at once (NOTE [ Ctrl-C while TensorFlow is imported ]).
+    Also raises one that was raised in the block and taken there (a bare ``except:``)."""
     global _holding, _held
     if _holding or threading.current_thread() is not threading.main_thread() or (
         signal.getsignal(signal.SIGINT) is not _on_sigint
@@ -358,8 +334,7 @@ _held = False  # a Ctrl-C came during it
 
 
 def install_interrupts() -> bool:
-    """Lets waits see Ctrl-C (see the module docstring), and keeps a Ctrl-C that
-    Python would drop (``keep_interrupts``). Idempotent."""
+    """Lets waits see Ctrl-C (module docstring); keeps a Ctrl-C Python would drop (``keep_interrupts``). Idempotent."""
     keep_interrupts()
     return sigints.install()
 

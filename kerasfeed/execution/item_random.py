@@ -3,20 +3,19 @@
 NOTE [ Random augmentation is a function of (seed, pass, index) ]
 A ``__getitem__`` that draws random numbers (augmentation) should draw the
 same numbers for item ``i`` of pass ``e`` however the items are made: with 1
-or 8 worker processes, on whichever worker made it after whatever that worker
-made before, on threads or processes, and in a run resumed mid-pass. Two
-things give that:
+or 8 worker processes, on whichever worker after whatever it made before, on
+threads or processes, and in a run resumed mid-pass. Two things give that:
 
 - ``item_rng()`` (public as ``kerasfeed.item_rng``): a ``numpy.random.Generator``
   for the item being made on the calling thread, seeded from the pipeline's
   seed, the pass and the index only. Executors mark every ``source[i]`` call
   they make (``enter``/``leave``: pool and aside threads, inline loads in the
-  main thread, worker processes), and the probe calls of ``executor="auto"``
-  and ``export`` do the same (``item_scope``). Outside such a call it raises.
-- Worker processes of a pipeline that has a seed reseed the global ``random``
-  and ``numpy.random`` generators before each item (``ItemSeeds.seed_globals``),
-  so existing code that draws from them is exact there too. Threads share the
-  globals, so nothing reseeds them on the threads executor: use ``item_rng()``.
+  main thread, worker processes), as do the probe calls of ``executor="auto"``
+  and ``export`` (``item_scope``). Outside such a call it raises.
+- Worker processes of a seeded pipeline reseed the global ``random`` and
+  ``numpy.random`` before each item (``ItemSeeds.seed_globals``), so code that
+  draws from them is exact there too. Threads share the globals, so nothing
+  reseeds them on the threads executor: use ``item_rng()``.
 
 Seeds (``ItemSeeds``; ``seed`` the pipeline's, ``e`` the pass, ``i`` the index):
 
@@ -31,16 +30,17 @@ Seeds (``ItemSeeds``; ``seed`` the pipeline's, ``e`` the pass, ``i`` the index):
 - ``random`` (workers only): ``random.seed(h * 2**64 + i % 2**64)``, ``h``
   96 other bits of that hash (``random.seed`` costs the same for any int).
 
-Without a seed (``seed=None``), an executor draws one from the OS once (the
-pool's resolved seed on worker processes, shared by its workers and by the
-pools that replace a parked one): ``item_rng()`` is then a function of
-(pass, index) within one pipeline, and differs between runs. The globals of
-its workers keep the per-worker seeding they always had (``seed + worker
-id``, set once at start), so their draws depend on which worker made an item.
+Without a seed (``seed=None``), an executor draws one from the OS once (on
+worker processes the pool's, shared by its workers and the pools that replace
+a parked one): ``item_rng()`` is then a function of (pass, index) within one
+pipeline and differs between runs. Its workers' globals keep the per-worker
+seeding (``seed + worker id``, once at start): their draws depend on which
+worker made an item.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -69,14 +69,12 @@ class ItemSeeds:
     """The seeds of one pipeline's items (NOTE [ Random augmentation is a function of (seed, pass, index) ]).
 
     Args:
-        seed: the pipeline's seed (an int in ``[0, 2**64)``), or None to draw
-            one from the OS.
-        given: whether ``seed`` is the user's (True when one is passed, unless
-            told otherwise): only then do worker processes reseed the globals.
+        seed: the pipeline's seed (an int in ``[0, 2**64)``), or None to draw one from the OS.
+        given: whether ``seed`` is the user's (default: whether one is passed): only then do worker
+            processes reseed the globals.
 
     Attributes:
-        seed: the seed in use (drawn when None was passed).
-        given: see Args.
+        seed: the seed in use (drawn when None was passed); ``given`` as passed.
     """
 
     __slots__ = ("seed", "given", "_last")
@@ -126,12 +124,10 @@ class _Current(threading.local):
 
 
 _CURRENT = _Current()
-_UNSEEDED: Optional[ItemSeeds] = None  # for calls made outside a pipeline (probes)
 
 
 def enter(seeds: ItemSeeds, epoch: int, index: int) -> Optional[_Item]:
-    """Marks the calling thread as making item ``index`` of pass ``epoch``;
-    returns what ``leave`` restores (calls nest)."""
+    """Marks this thread as making item ``index`` of pass ``epoch``; returns what ``leave`` restores (calls nest)."""
     previous = _CURRENT.item
     _CURRENT.item = _Item(seeds, epoch, index)
     return previous
@@ -142,20 +138,17 @@ def leave(previous: Optional[_Item]) -> None:
     _CURRENT.item = previous
 
 
+@functools.lru_cache(maxsize=None)
 def probe_seeds() -> ItemSeeds:
     """Seeds drawn once per process, for item calls made before a pipeline's
     executor exists (``executor="auto"``'s and ``export``'s probes), whose
     items are measured or described and then dropped."""
-    global _UNSEEDED
-    if _UNSEEDED is None:
-        _UNSEEDED = ItemSeeds(None)
-    return _UNSEEDED
+    return ItemSeeds(None)
 
 
 @contextmanager
 def item_scope(index: int, epoch: int = 0, seeds: Optional[ItemSeeds] = None) -> Iterator[None]:
-    """``enter``/``leave`` around a block: item ``index`` of pass ``epoch``
-    (``seeds`` None: ``probe_seeds()``)."""
+    """``enter``/``leave`` around a block: item ``index`` of pass ``epoch`` (``seeds`` None: ``probe_seeds()``)."""
     previous = enter(probe_seeds() if seeds is None else seeds, int(epoch), int(index))
     try:
         yield
@@ -173,14 +166,12 @@ def item_rng() -> np.random.Generator:
     Later calls during the same item return the same generator (its draws go
     on). The ``seed`` is the one given to ``to_dataset``/``to_loader``/
     ``ProcessExecutor``/``ThreadExecutor``; without one, the executor draws a
-    seed from the OS once, so the draws differ between runs. Items read by
-    ``export`` use a seed drawn once per export. The exact formula is in
-    NOTE [ Random augmentation is a function of (seed, pass, index) ] of
-    ``kerasfeed/execution/item_random.py``.
-
-    Worker processes of a seeded pipeline also reseed the global ``random``
-    and ``numpy.random`` before each item; threads cannot (they share them),
-    so on the threads executor only ``item_rng()`` is exact.
+    seed from the OS once, so the draws differ between runs; ``export`` draws
+    one per export. Worker processes of a seeded pipeline also reseed the
+    global ``random`` and ``numpy.random`` before each item; threads share
+    them, so on the threads executor only ``item_rng()`` is exact. The exact
+    formula: NOTE [ Random augmentation is a function of (seed, pass, index) ]
+    in ``kerasfeed/execution/item_random.py``.
 
     Returns:
         The item's ``numpy.random.Generator``.

@@ -5,24 +5,21 @@ NOTE [ Parking after a failed pass ]
 
 A pass that fails (``source[i]`` raised, an item did not fit the signature)
 usually ends its consumer: ``model.fit`` raises. The dataset, though, often
-lives on where its owner cannot drop it: the exception's traceback holds
-``fit``'s frames and their arguments (a notebook keeps the last traceback),
-Keras keeps a failed validation iterator on the model, and every TensorFlow
-iterator holds its dataset. Workers held that way would outlive their use for
-as long as the traceback or the model. (A worker that died or timed out
+lives on where its owner cannot drop it: the traceback holds ``fit``'s
+frames and arguments (a notebook keeps the last one), Keras keeps a failed
+validation iterator on the model, and every TensorFlow iterator holds its
+dataset; its workers would live as long. (A worker that died or timed out
 closes its whole pool at once instead: see NOTE [ Worker process shutdown ].)
 
 So the pipeline tells its executor when a load fails (``pass_failed``), and a
-watch thread (one per failure, gone once it decides) then looks at the
-executor's loads every ``TICK_S``: once no load is in progress and none
-started during a whole tick, the executor *parks*: its pool threads end, or
-its worker processes stop (shared memory released). A later ``plan`` (the
-next pass) or ``load`` starts them again: fresh threads, or fresh worker
-processes with the source as it is then (one start-up). A new pass disarms
-the watch. A consumer that goes on after an error (``ds.ignore_errors()``, a
-retry loop) keeps loading and the executor does not park under it; if it
-then pauses for longer than a tick between passes, its next pass pays one
-start-up.
+watch thread (one per failure, gone once it decides) looks at the executor's
+loads every ``TICK_S``: once none is in progress and none started during a
+whole tick, the executor *parks*: its pool threads end, or its worker
+processes stop (shared memory released). A later ``plan`` or ``load`` starts
+fresh ones (worker processes with the source as it is then: one start-up). A
+new pass disarms the watch. A consumer that goes on after an error
+(``ds.ignore_errors()``, a retry loop) keeps loading, so nothing parks under
+it; a pause longer than a tick between its passes costs one start-up.
 
 Errors that mean the consumer went away on purpose do not arm the watch
 (``WaitAbandoned``: the iterator was deleted while a load waited; Ctrl-C).
@@ -35,22 +32,12 @@ import time
 import weakref
 from typing import Any, Optional
 
-# How often the watch looks; the executor parks after one tick without a load.
-TICK_S = 0.25
+TICK_S = 0.25  # how often the watch looks; the executor parks after one tick without a load
 
 
 class ParkWatch:
-    """Parks ``executor`` once its failed pass is left (see the note above).
-
-    The executor provides ``activity() -> (loads started, loads in
-    progress)`` (cheap, any thread) and ``park(activity)`` (parks only if its
-    activity is still that, atomically with its loads); the watch holds it
-    weakly, so it never keeps an executor alive.
-
-    Args:
-        executor: the executor to watch.
-        tick_s: seconds between looks.
-    """
+    """Parks ``executor`` (weakly held; it provides ``Executor.activity`` and ``park``) once its failed
+    pass is left (see the note above), looking every ``tick_s`` seconds."""
 
     def __init__(self, executor: Any, tick_s: float = TICK_S):
         self._ref = weakref.ref(executor)

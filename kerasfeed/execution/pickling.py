@@ -11,6 +11,7 @@ attribute holding it. Workers unpickle with ``light_modules.loads``.
 
 from __future__ import annotations
 
+import functools
 import io
 import types
 from typing import Any, Optional
@@ -46,12 +47,9 @@ def _children(obj: Any, path: str):
                     yield f"{path}.{k}", getattr(obj, k)
 
 
-_pickler_class: Any = None
-
-# cloudpickle 3.1.3 names every code object it pickles by value "<dynamic-code>"
-# (deterministic payloads), so a worker's traceback through a class defined in
-# ``__main__`` or a test shows no source lines. Workers run on this machine and
-# can read the file: the real name is kept (earlier versions keep it already).
+# cloudpickle 3.1.3 names every code object it pickles by value "<dynamic-code>" (deterministic payloads),
+# so a worker's traceback through a class defined in ``__main__`` or a test shows no source lines. Workers
+# run on this machine and can read the file: the real name is kept (earlier versions keep it already).
 _ANONYMOUS_FILE = "<dynamic-code>"
 
 
@@ -60,22 +58,19 @@ def _code_keeping_its_file(pickler: Any, code: types.CodeType) -> Any:
     return rebuild, tuple(code.co_filename if a == _ANONYMOUS_FILE else a for a in args)
 
 
-
+@functools.lru_cache(maxsize=None)
 def _pickler() -> Any:
     """cloudpickle's ``Pickler`` that also reduces h5py objects (``h5_handles.reduce``)."""
-    global _pickler_class
-    if _pickler_class is None:
-        import cloudpickle
+    import cloudpickle
 
-        class Pickler(cloudpickle.Pickler):
-            def reducer_override(self, obj: Any) -> Any:
-                if isinstance(obj, types.CodeType):
-                    return _code_keeping_its_file(self, obj)
-                reduced = h5_handles.reduce(obj)
-                return reduced if reduced is not None else super().reducer_override(obj)
+    class Pickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, types.CodeType):
+                return _code_keeping_its_file(self, obj)
+            reduced = h5_handles.reduce(obj)
+            return reduced if reduced is not None else super().reducer_override(obj)
 
-        _pickler_class = Pickler
-    return _pickler_class
+    return Pickler
 
 
 def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
@@ -86,8 +81,7 @@ def dumps(obj: Any, buffer_callback: Any = None) -> bytes:
 
 
 def find_unpicklable(obj: Any, path: str) -> Optional[tuple[str, Any, BaseException]]:
-    """Returns ``(path, value, error)`` of the deepest part of ``obj`` that
-    cannot be pickled, or None if ``obj`` pickles."""
+    """``(path, value, error)`` of the deepest part of ``obj`` that cannot be pickled; None if it pickles."""
     checks = 0
 
     def visit(o: Any, p: str, depth: int):

@@ -7,14 +7,14 @@ not started yet (a parallel map far ahead, a direct call) makes it itself; the
 plan then skips it, so nothing ever waits for an item nobody takes.
 
 NOTE [ A plan holds a window of its pass, never the pass ]
-The order is a lazy view (``kerasfeed.sampling.views``): the plan reads it a
-chunk of positions at a time, as it starts items. What it keeps is bounded by
-the window, whatever the pass length: the items started and not taken, and
-the positions ahead that a load claimed before they were started. A load of
-an item not started is looked for in the next ``LOOKAHEAD`` positions only;
-one further ahead is not counted as the plan's (the caller makes it, and the
-plan makes it again when it gets there; a parallel map is never that far
-ahead of the plan). A pass of 10^9 items costs the same as one of 10^3.
+The order is a lazy view (``kerasfeed.sampling.views``) that the plan reads a
+chunk of positions at a time. What it keeps is bounded by the window, whatever
+the pass length: the items started and not taken, and the positions ahead
+that a load claimed before they were started. A load's item not started is
+looked for in the next ``LOOKAHEAD`` positions only; one further ahead is not
+the plan's (the caller makes it, and the plan again when it gets there; a
+parallel map is never that far ahead). A pass of 10^9 items costs the same
+as one of 10^3.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 
 from kerasfeed.sampling.views import IndexView, as_view
 
-# Positions past the next one to start where a load's item is looked for.
-LOOKAHEAD = 4096
+LOOKAHEAD = 4096  # positions past the next one to start where a load's item is looked for
 
 
 class PassPlan:
@@ -37,10 +36,8 @@ class PassPlan:
 
     Args:
         epoch: the pass.
-        indices: the order its items will be asked in: an ``IndexView``,
-            or any sequence or array of indices.
-        window: started items not taken yet, at most (executors may use a
-            smaller one, see ``can_start``).
+        indices: the order its items will be asked in: an ``IndexView``, or any sequence or array of them.
+        window: started items not taken yet, at most (executors may pass a smaller one to ``can_start``).
     """
 
     def __init__(self, epoch: int, indices: Any, window: int):
@@ -113,11 +110,10 @@ class PassPlan:
         """Hands item ``index`` of pass ``epoch`` to a load.
 
         Returns:
-            ``(False, None)``: not an item of this plan (another pass, already
-            taken, or further ahead than ``LOOKAHEAD``): the caller makes it.
-            ``(True, None)``: part of the plan but not started: the caller
-            makes it, the plan will skip it. ``(True, handle)``: started;
-            ``handle`` as given to ``started``.
+            ``(False, None)``: not this plan's (another pass, already taken,
+            or beyond ``LOOKAHEAD``): the caller makes it. ``(True, None)``:
+            planned but not started: the caller makes it, the plan skips it.
+            ``(True, handle)``: started; ``handle`` as given to ``started``.
         """
         if epoch != self.epoch:
             return False, None
@@ -149,7 +145,7 @@ class PassPlan:
     def drop(self) -> list[Any]:
         """Cancels the plan; returns the handles started and never taken."""
         self.cancelled = True
-        handles = [h for entries in self._started.values() for h in entries]
+        handles = self.pending_handles()
         self._started.clear()
         self._claimed.clear()
         self.outstanding = 0

@@ -5,13 +5,13 @@ NOTE [ Retries happen in the load that waits for the item ]
 
 ``retries=N`` (``PoolOptions.retries``) lets an item whose call raised
 (``ItemError``), ran past ``timeout=``, or whose worker process died be made
-again, up to N more times. The retry is made by the ``load`` that asks for
-the item, not by whoever saw the failure (a reader thread, a pool thread):
+again, up to N more times, by the ``load`` that asks for the item, not by
+whoever saw the failure (a reader thread, a pool thread):
 
-- **Order for free.** Loads come in the pass's order, and every item after
-  the failed one that was made ahead stays where it is; the retried item is
-  simply made once more before its load returns. Nothing is lost, repeated
-  or reordered, and a deterministic source (``kerasfeed.item_rng()``, or
+- **Order for free.** Loads come in the pass's order; the items made ahead
+  after the failed one stay where they are, and the retried item is made
+  once more before its load returns. Nothing is lost, repeated or
+  reordered, and a deterministic source (``kerasfeed.item_rng()``, or
   ``seed=`` on worker processes) gives the same item again.
 - **Attempts are the item's own.** ``Attempts`` lives in the load's frame:
   no table keyed by index that a second pass over the same item (an
@@ -19,14 +19,13 @@ the item, not by whoever saw the failure (a reader thread, a pool thread):
 - **Only real attempts count.** When a worker dies, every request queued on
   it fails, but only the oldest one (the item it was making) was tried: the
   others fail with a ``WorkerError`` naming another index (or none: a worker
-  that died starting made nothing), are sent again and do not use up their
-  retries. A pool that failed or closed refuses the new request: that error
-  ends the load.
+  that died starting), are sent again and keep their retries. A pool that
+  failed or closed refuses the new request: that error ends the load.
 
 After the last attempt the load raises the last error, copied with
 ``attempts`` and ``causes`` (one line per attempt) and the list in its
-message (``ItemError.with_attempts``). ``retries=0`` changes nothing: the
-first failure is raised as it always was.
+message (``ItemError.with_attempts``). ``retries=0`` raises the first
+failure as it always was.
 """
 
 from __future__ import annotations
@@ -46,12 +45,8 @@ def cause_of(err: BaseException) -> str:
 
 
 class Attempts:
-    """The failed attempts of one item, kept by the load that asks for it.
-
-    Args:
-        index: the item.
-        retries: further attempts allowed after the first.
-    """
+    """The failed attempts of item ``index``, kept by the load that asks for it; ``retries``: further
+    attempts allowed after the first."""
 
     __slots__ = ("index", "retries", "causes")
 
@@ -61,9 +56,8 @@ class Attempts:
         self.causes: list[str] = []
 
     def counts(self, err: BaseException) -> bool:
-        """Whether ``err`` is a failed attempt of this item: not a request that
-        failed because its worker died making another item, or making none
-        (``index`` None: it died starting, or the pool closed)."""
+        """Whether ``err`` is a failed attempt of this item, not a request whose worker died making
+        another item or none (``index`` None: it died starting, or the pool closed)."""
         return not (isinstance(err, WorkerError) and err.index != self.index)
 
     def again(self, err: BaseException) -> bool:
@@ -84,8 +78,7 @@ class Attempts:
 
 
 class RetryCounts:
-    """What retries and worker replacement did, over an executor's life
-    (across the pools it starts); for ``stats()`` and the stats gauges.
+    """What retries and worker replacement did over an executor's life (its pools), for ``stats()`` and gauges.
 
     Attributes:
         retried_items: attempts made again after a failed one.

@@ -1,12 +1,11 @@
 """How a worker away from the consumer calls ``source[index]`` (light: numpy and the standard library).
 
 A worker process (``processes/worker.py``) and a Ray actor (``ray/actor.py``)
-each keep their copy of the source, the pass they were last told
-(``epoch``), the error of a source state they could not apply
-(``state_error``: every later item fails with it), the item seeds
-(``seeds``, ``item_random.ItemSeeds``) and, with ``cache=``, the
-``cached_items.ItemCache`` their items go through (``cache``, else None). ``call_source`` is the one place that
-turns those into an item, so both make the same bits for the same item.
+each keep their copy of the source, the pass they were last told (``epoch``),
+the error of a source state they could not apply (``state_error``: every
+later item fails with it), the item seeds (``seeds``) and, with ``cache=``,
+the ``cached_items.ItemCache`` their items go through (``cache``, else None).
+``call_source`` turns those into an item, so both make the same bits.
 """
 
 from __future__ import annotations

@@ -1,28 +1,26 @@
 """Carrying what the consumer's epoch hooks change to worker processes (TF-free).
 
 Keras documents ``on_epoch_end`` as the place to change a dataset between
-epochs (re-shuffle its own index list, switch a curriculum stage, swap the
-file list). Those hooks run in the consumer process; worker processes hold
-a copy of the source made when they started. ``StateTracker`` (consumer
-side) tells, at every pass boundary, whether the source changed since the
-workers' copy was made, and if so pickles what changed; ``apply_state``
-(worker side) applies it before any item of the pass.
+epochs (re-shuffle its index list, switch a curriculum stage, swap the file
+list). Those hooks run in the consumer process; worker processes hold a copy
+of the source made when they started. ``StateTracker`` (consumer side) tells
+at every pass boundary whether the source changed since the workers' copy
+was made, and if so pickles what changed; ``apply_state`` (worker side)
+applies it before any item of the pass.
 
 **Detecting a change cheaply.** The source's pickled state
 (``__getstate__()``, usually its ``__dict__``) is fingerprinted attribute by
 attribute: numbers and strings by value; anything else by its pickle, with
-array buffers taken out of band (protocol 5, no copy) and fingerprinted on
-their own: small ones by content, large read-only ones (``flags.writeable``
-False down their base chain) by identity, large writeable ones by a CRC-32
-of their bytes (in place changes are common: ``rng.shuffle(self.indices)``).
-A source that never changes pays the fingerprint only, never a pickle of its
-arrays; making a large array read-only makes its check free.
+array buffers taken out of band (protocol 5, no copy): small ones by
+content, large read-only ones (``flags.writeable`` False down their base
+chain) by identity, large writeable ones by a CRC-32 (in place changes are
+common: ``rng.shuffle(self.indices)``). A source that never changes never
+pickles its arrays; making a large array read-only makes its check free.
 
 **What is sent.** Only the attributes that changed, in one pickle (shared
 references among them survive), applied with ``__dict__.update``. A class
-with its own ``__setstate__`` gets its whole state and rebuilds a fresh
-object with it, as unpickling does; a class with its own ``__reduce__``
-is sent whole.
+with its own ``__setstate__`` gets its whole state into a fresh object, as
+unpickling does; one with its own ``__reduce__`` is sent whole.
 
 **Items made ahead.** Worker processes start the next pass's first items
 before the consumer runs that pass's hooks (``Executor.plans_next_pass``),
@@ -30,12 +28,11 @@ calling ``set_epoch`` themselves. Those items stay valid only if nothing
 but ``set_epoch`` changed the source since the last sync: checked from
 fingerprints taken before ``set_epoch`` and before ``on_epoch_begin`` when
 the source overrides them (one fingerprint a pass otherwise).
-``SceneSequence``'s own epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``)
-is not a change: every process sets it itself.
+``SceneSequence``'s epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``) is
+not a change: every process sets it itself.
 
 **Cannot be pickled.** A changed attribute that cannot be pickled fails the
-pass at its start (``TypeError`` naming the attribute); workers never read
-stale state silently.
+pass at its start (``TypeError`` naming it): workers never read stale state.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ import numpy as np
 
 from kerasfeed.errors import short_repr
 
-# Bookkeeping every process keeps for itself (see SceneSequence).
-_OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})
+_OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})  # bookkeeping every process keeps for itself
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
 _WHOLE = "<source>"  # the one key of a source sent whole
@@ -100,8 +96,7 @@ def _frozen(obj: Any) -> bool:
 
 
 def fingerprint(value: Any) -> Any:
-    """A comparable summary of ``value``: equal fingerprints mean the same
-    pickled content (up to a CRC-32 collision on a large writeable buffer)."""
+    """A comparable summary of ``value``: equal ones mean the same pickled content (up to CRC-32 collisions)."""
     if type(value) in _ATOMIC:
         return _Value(value)
     buffers: list = []
@@ -139,13 +134,8 @@ def _overrides(source: Any, name: str) -> bool:
 class StateTracker:
     """Tells what changed in ``source`` since the worker processes' copy.
 
-    Create it when the workers receive the source (the baseline); call
-    ``before_hook`` around the pass hooks and ``check`` at every pass
-    boundary. Consumer side, not thread-safe: the pass pipeline calls it
-    from one thread at a time.
-
-    Args:
-        source: the source the workers got.
+    Create it when the workers receive ``source`` (the baseline); call ``before_hook`` before the pass
+    hooks and ``check`` at every pass boundary. Not thread-safe: the pass pipeline calls it from one thread.
     """
 
     def __init__(self, source: Any):
@@ -175,8 +165,7 @@ class StateTracker:
 
     def before_hook(self, name: str) -> None:
         """Called just before the consumer runs hook ``name`` of a pass."""
-        # Only a set_epoch of the user's may change what the workers compute
-        # by themselves; only then is the state around it needed.
+        # Only a set_epoch of the user's may change what the workers compute themselves: only then is it needed.
         if not self._custom_set_epoch:
             return
         if name == "set_epoch":
@@ -205,15 +194,12 @@ class StateTracker:
         pre, mid = self._pre, self._mid
         self._pre = self._mid = None
         own = _OWN_KEYS if self.mode != "whole" else frozenset()
-        if pre is None:
-            # No set_epoch of the user's ran since the last check: the workers
-            # hold the synced state (plus their own bookkeeping).
+        if pre is None:  # no set_epoch of the user's since the last check: the workers hold the synced state
             keep = not self._differ(post, self._synced, own)
             set_epoch_keys: set = set()
         else:
-            # The workers ran the same set_epoch on the synced state: valid if
-            # the state before it was the synced one, and on_epoch_begin
-            # changed nothing after it.
+            # The workers ran the same set_epoch on the synced state: valid if the state before it was the
+            # synced one, and on_epoch_begin changed nothing after it.
             keep = not self._differ(pre, self._synced, own) and (mid is None or not self._differ(post, mid, own))
             set_epoch_keys = self._differ(post, pre, own)
         if keep:
@@ -258,8 +244,7 @@ _MISSING = _Same(object())
 
 
 def apply_state(source: Any, payload: bytes) -> Any:
-    """Worker side: applies a change made by ``StateTracker.check``; returns
-    the source to use from now on (a new object unless only attributes changed)."""
+    """Worker side: applies ``StateTracker.check``'s change; returns the source to use (new unless keys changed)."""
     change = pickle.loads(payload)
     kind = change[0]
     if kind == "keys":

@@ -1,8 +1,7 @@
 """The pool threads' side of the threads executor: tasks, the runner, the thread loop.
 
-``ThreadExecutor`` (``threads.py``) plans, hands out and waits; the functions
-here run on its threads (and on the threads it starts for loads outside the
-plan).
+``ThreadExecutor`` (``threads.py``) plans, hands out and waits; what is here
+runs on its pool threads and on those it starts for loads outside the plan.
 """
 
 from __future__ import annotations
@@ -34,11 +33,9 @@ def _nbytes(item: Any) -> int:
 class Done:
     """A one-shot ``threading.Event``: ``set`` once, then ``is_set`` and every ``wait`` return True.
 
-    One lock, held until ``set``: creating, setting and waiting cost ~0.2 us
-    where an ``Event`` (a ``Condition``, its lock, a deque, a new lock per
-    wait) costs ~4 us, and it leaves no objects for the cyclic GC to track.
-    The thread executor makes one per item (docs/performance.md, *Picking up
-    an item*).
+    One lock, held until ``set``: creating, setting and waiting cost ~0.2 us where an ``Event`` (a
+    ``Condition``, its lock, a deque, a new lock per wait) costs ~4 us, and it leaves no objects for the
+    cyclic GC. The thread executor makes one per item (docs/performance.md, *Picking up an item*).
     """
 
     __slots__ = ("_lock", "_set")
@@ -93,23 +90,22 @@ class Runner:
         self.seeds = seeds  # for item_rng(): NOTE [ Random augmentation is a function of (seed, pass, index) ]
         self.item_bytes = 0  # the largest item seen so far
         self.stats: Any = None  # a StatsCollector, once attached
-        # Set when a timed-out call may be left behind (``retries`` with a
-        # ``timeout``): deciding that and the thread's own check are atomic.
+        # With ``retries`` and a ``timeout`` (a timed-out call may be left behind): makes deciding that and
+        # the thread's own check atomic.
         self.abandon_lock: Optional[threading.Lock] = None
         self.cache: Any = None  # cache=: a cached_items.ItemCache (NOTE [ An item with cache= ])
 
     def call(self, index: int, epoch: int, started: Optional[float] = None) -> Any:
-        """``source[index]`` as item ``index`` of pass ``epoch``; ``started``:
-        the caller's clock read (perf_counter) just before, reused as the make
-        time's start."""
+        """``source[index]`` as item ``index`` of pass ``epoch``; ``started``: the caller's
+        ``perf_counter()`` just before, reused as the make time's start."""
         stats = self.stats
         if stats is not None and started is None:
             started = time.perf_counter()
         previous = item_random.enter(self.seeds, epoch, index)
         try:
             item = get_item(self.source, index, self.name, self.cache)
-        except Exception as e:  # noqa: BLE001 - re-raised as ItemError (with the original traceback)
-            raise ItemError.from_exception(index, e, source_name=self.name)  # its cause: the original traceback
+        except Exception as e:  # noqa: BLE001 - re-raised as ItemError (its cause: the original traceback)
+            raise ItemError.from_exception(index, e, source_name=self.name)
         finally:
             item_random.leave(previous)
         if stats is not None:
@@ -123,8 +119,8 @@ class Runner:
 
 
 def thread_loop(tasks: "queue.SimpleQueue", runner: Runner) -> None:
-    # Started from whichever thread planned the pass: under to_dataset, a
-    # TensorFlow thread (NOTE [ Threads that run the source start with the default floating-point environment ]).
+    # Started from whichever thread planned the pass: under to_dataset, a TensorFlow thread
+    # (NOTE [ Threads that run the source start with the default floating-point environment ]).
     set_default_fp_env()
     me = threading.current_thread()
     while True:

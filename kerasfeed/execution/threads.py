@@ -19,15 +19,12 @@ from kerasfeed.execution.thread_tasks import Runner, Task, run_aside_thread, sto
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources.base import source_name
 
-# Latency-bound sources (network stores, sleeps) need many calls in flight;
-# tf.data's default pool stops near the core count (docs/field_notes.md,
-# *tf.data thread pool*).
+# Latency-bound sources (network stores, sleeps) need many calls in flight; tf.data's default
+# pool stops near the core count (docs/field_notes.md, *tf.data thread pool*).
 DEFAULT_THREAD_PARALLELISM = 64
-# Items made ahead and not consumed yet hold memory: with large items (3D
-# volumes, big batches) fewer are made ahead, at least 2.
+# Items made ahead hold memory: with large items (3D volumes, big batches) fewer are made ahead, at least 2.
 DEFAULT_BYTES_AHEAD = 256 * 2**20
-# A load waits for its item in slices of this long, so that closing the
-# executor (at exit, or to stop a stuck pass) and ``timeout`` get through.
+# A load waits in slices of this long, so that closing the executor (at exit, a stuck pass) and ``timeout`` get through.
 _WAIT_SLICE_S = 0.1
 
 
@@ -40,17 +37,16 @@ class ThreadExecutor(Executor):
     When a pass starts (``plan``), up to ``parallelism`` items of it are
     started ahead on the pool, in the pass's order; ``load`` then picks them
     up, so tf.data maps sequentially instead of running ``parallelism``
-    ``numpy_function`` calls on its own threads (each of which costs the
-    consumer more CPU than a Python thread does). A ``load`` outside the
-    current plan runs ``source[index]`` on a thread started for it (in the
-    calling thread when that is the main thread and there is no timeout);
-    once the executor is closed, only the main thread's loads still run.
+    ``numpy_function`` calls on its own threads (each costs the consumer more
+    CPU than a Python thread). A ``load`` outside the current plan runs on a
+    thread started for it (in the calling thread when that is the main
+    thread and there is no timeout); once the executor is closed, only the
+    main thread's loads still run. Items made ahead and not taken yet are
+    bounded by ``parallelism`` and by ``bytes_ahead`` (counted with the
+    largest item seen, at least 2).
 
-    Items made ahead and not taken yet are bounded by ``parallelism`` and
-    by ``bytes_ahead`` (counted with the largest item seen, at least 2).
-
-    Every ``source[index]`` call is item ``index`` of the load's or plan's
-    pass for ``kerasfeed.item_rng()``, seeded from ``seed``; the global
+    Every call is item ``index`` of the load's or plan's pass for
+    ``kerasfeed.item_rng()``, seeded from ``seed``; the global
     ``random``/``numpy.random`` are shared by the threads and not reseeded.
     The pool's threads start with the default floating-point environment,
     whichever thread (a TensorFlow one: flush-to-zero) started them.
@@ -161,17 +157,13 @@ class ThreadExecutor(Executor):
 
     def _run_aside(self, index: int, epoch: int) -> Task:
         # NOTE [ Loads outside the plan run on a thread of their own ]
-        # A load of an item the pool has not started (a parallel map ahead of
-        # a window full of slow items, a load after the plan was dropped) is
-        # made by the caller's side. Made in the calling thread itself, a
-        # stuck item would hold that thread in the source's code, where no
-        # wait can end it: neither ``timeout=`` nor Ctrl-C nor the consumer
-        # leaving, and at exit TensorFlow's join of that thread (one of its
-        # map threads) hung the interpreter. So it is made on a daemon thread
-        # started for it and waited for like any other item. The main thread
-        # without a timeout still makes it itself (the signature probe, direct
-        # calls): Ctrl-C interrupts Python code there. Once the executor is
-        # closed (the exit guard does so first), other threads start none.
+        # A load of an item the pool has not started (a parallel map ahead of a window of slow items, a load
+        # after the plan was dropped), made in the calling thread, would hold it in the source's code where no
+        # wait can end it (``timeout=``, Ctrl-C, the consumer leaving), and at exit TensorFlow's join of that
+        # map thread hung the interpreter. So it is made on a daemon thread started for it and waited for like
+        # any other item. The main thread without a timeout still makes it itself (the signature probe, direct
+        # calls): Ctrl-C interrupts Python code there. Once the executor is closed (the exit guard does so
+        # first), other threads start none.
         task = Task(index, epoch)
         threading.Thread(
             target=run_aside_thread, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True
@@ -179,9 +171,7 @@ class ThreadExecutor(Executor):
         return task
 
     def _wait(self, task: Task) -> None:
-        # In slices, never one unbounded wait: a closed executor (dataset
-        # released, interpreter exit), a timeout, the iterator deleted or
-        # Ctrl-C ends it (see execution/waits.py).
+        # In slices: a closed executor, a timeout, the iterator deleted or Ctrl-C ends it (execution/waits.py).
         if task.event.is_set():
             return
         wait = self.waits.begin()
@@ -216,9 +206,8 @@ class ThreadExecutor(Executor):
             raise ItemTimeout(index, f"{head}the call runs on in its thread, left behind.{received}", name)
 
     def _abandon(self, task: Task) -> bool:
-        """Leaves a timed-out call running in its thread (Python cannot stop
-        one) and starts a pool thread in its place; False if it returned
-        just now (then it did not time out)."""
+        """Leaves a timed-out call running in its thread (Python cannot stop one) and starts a pool
+        thread in its place; False if it returned just now (then it did not time out)."""
         with self._runner.abandon_lock:
             if task.event.is_set():
                 return False
@@ -238,15 +227,13 @@ class ThreadExecutor(Executor):
             self._abandoned.append(task.thread)
 
     def item_skipped(self, index: int, epoch: int) -> None:
-        # Only a timeout without retries closed the executor: open it again
-        # and make the rest of the pass (Executor.item_skipped).
+        # Only a timeout without retries closed the executor: open it again, make the rest of the pass.
         with self._lock:
             if self._failure is None or self._user_closed:
                 return
             plan, self._failed_plan = self._failed_plan, None
             self._failure, self._closed = None, False
-            # The closed pool's threads were told to stop on its queue (a stuck
-            # one never reads its stop entry): the new ones get their own.
+            # The closed pool's threads were told to stop on its queue (a stuck one never reads it): a new queue.
             self._tasks = queue.SimpleQueue()
         if plan is not None and plan.epoch == int(epoch) and not plan.finished:
             self.plan(plan.epoch, rest_of_pass(plan.indices, plan.taken, int(index)))
@@ -262,8 +249,7 @@ class ThreadExecutor(Executor):
         return task.error is None or not self._retries  # a failed one is made again first
 
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
-        # ``next_pass`` is never started here: these threads share the source
-        # with the main process, whose on_epoch_begin must run first.
+        # ``next_pass`` is never started: the threads share the source, whose on_epoch_begin must run first.
         self._watch.pass_started(int(epoch))  # the consumer goes on
         with self._lock:
             if self._closed:
@@ -325,15 +311,12 @@ class ThreadExecutor(Executor):
         self._watch.arm(int(epoch))
 
     def activity(self) -> tuple[int, int]:
-        # A load waiting for a task it took is safe from parking (the task
-        # still runs; see park), so no count of loads in progress is kept.
-        return self._loads, 0
+        return self._loads, 0  # a load waiting for a task it took is safe from parking (the task still runs)
 
     def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
-        """Drops the plan and ends the pool threads (the next ``plan`` starts
-        new ones). Tasks already taken by a load still run: the threads end
-        after the queue's earlier entries; a load of the dropped plan's
-        items is made outside the plan (NOTE [ Loads outside the plan run on a thread of their own ])."""
+        """Drops the plan and ends the pool threads (the next ``plan`` starts new ones) after the queue's
+        earlier entries, so tasks already taken by a load still run; a load of the dropped plan's items
+        is made outside the plan (NOTE [ Loads outside the plan run on a thread of their own ])."""
         with self._lock:
             if self._closed:
                 return True
@@ -356,9 +339,8 @@ class ThreadExecutor(Executor):
         self._runner.stats = collector
 
     def gauges(self) -> dict:
-        """``ahead``, ``in_flight``, the retry counts (``RetryCounts``: threads
-        report ``retried_items``, ``failed_items``, ``abandoned_threads``) and
-        ``abandoned_threads_running``: left-behind calls still running."""
+        """``ahead``, ``in_flight``, the retry counts threads have (``retried_items``, ``failed_items``,
+        ``abandoned_threads``) and ``abandoned_threads_running``: left-behind calls still running."""
         with self._lock:
             plan = self._plan
             tasks = [] if plan is None else plan.pending_handles()
@@ -379,8 +361,8 @@ class ThreadExecutor(Executor):
             if self._plan is not None:
                 self._plan.drop()
                 self._plan = None
-            # TensorFlow may keep the dataset's function (and this executor)
-            # long after: keep no stopped Thread objects or full sample rings.
+            # TensorFlow may keep the dataset's function (and this executor) long after: keep no stopped
+            # Thread objects or full sample rings.
             self._threads = []
         if self._finalizer is not None:
             self._finalizer()

@@ -11,25 +11,19 @@ thread:
   waited for the stuck item. ``kerasfeed.tfdata.consumers`` tells the
   executor's ``WaitScope`` when the last iterator over it is deleted (before
   TensorFlow joins), and the waits in progress give up.
-- **Ctrl-C.** Python runs signal handlers in the main thread only, between
-  bytecodes; a main thread blocked inside TensorFlow (``next(it)``, a
-  ``fit`` step) waiting for that item never gets there. The waits read the
-  SIGINTs that came (``interrupts.sigints``: Python's wakeup fd, a pipe
-  kerasfeed owns) between slices and raise ``KeyboardInterrupt``:
-  TensorFlow hands the main thread an error, the main thread returns to
-  Python, and the pending handler raises ``KeyboardInterrupt`` there as usual.
+- **Ctrl-C**, which a main thread blocked inside TensorFlow never handles:
+  the waits read the SIGINTs that came (``interrupts.sigints``) between
+  slices and raise ``KeyboardInterrupt`` (see ``interrupts.py``).
 
 Only waits in progress are ended: a wait remembers the state of both when
-it starts, and a later load waits as usual (a SIGINT that came before it
-and that the main thread has not handled yet still ends it: NOTE [ A Ctrl-C
-between two waits ] in ``interrupts.py``).
+it starts, and a later load waits as usual (but for a SIGINT the main thread
+has not handled yet: NOTE [ A Ctrl-C between two waits ] in ``interrupts.py``).
 
 Some waits nobody can end from here (TensorFlow resetting an input inside
 ``next()`` at the end of ``take(3)``, iterators made inside a
-``tf.function``). So a wait that goes on for longer than the *stuck-wait
-notice* interval (60 s; ``KERASFEED_STUCK_NOTICE_S`` sets it) logs one
-warning on the ``kerasfeed`` logger naming what it waits for and the
-remedies.
+``tf.function``), so a wait longer than the *stuck-wait notice* interval (60
+s; ``KERASFEED_STUCK_NOTICE_S``) logs one warning on the ``kerasfeed`` logger
+naming what it waits for and the remedies.
 """
 
 from __future__ import annotations
@@ -100,15 +94,9 @@ class WaitScope:
             self._gen += 1
 
     def begin(self, *, interrupts: bool = True, notice: bool = True) -> "Wait":
-        """Call when a load starts to block (not on the fast path).
-
-        Args:
-            interrupts: Ctrl-C ends the wait (False in threads that no one
-                joins, e.g. stream producers: a KeyboardInterrupt there would
-                only print a traceback).
-            notice: this wait logs the stuck-wait notice (False when another
-                wait of the same item already does).
-        """
+        """Call when a load starts to block (not on the fast path). ``interrupts``: Ctrl-C ends the wait
+        (False in threads no one joins, e.g. stream producers: a KeyboardInterrupt there would only print
+        a traceback); ``notice``: it logs the stuck-wait notice (False when another wait of the item does)."""
         return Wait(self, interrupts, notice)
 
 
@@ -129,10 +117,8 @@ class Wait:
         self._notice_at = self._t0 + getattr(scope, "notice_s", DEFAULT_NOTICE_S) if notice else math.inf
 
     def check(self, what: What) -> None:
-        """Raises ``KeyboardInterrupt`` (Ctrl-C since the wait began) or
-        ``WaitAbandoned`` (its consumer was deleted); ``what`` names the item
-        (or returns its name: called only when needed). Logs the stuck-wait
-        notice once, when the wait has gone on for the notice interval."""
+        """Raises ``KeyboardInterrupt`` (Ctrl-C since the wait began) or ``WaitAbandoned`` (its consumer
+        was deleted), or logs the stuck-wait notice once; ``what`` names the item (or a callable does)."""
         if self._sigints is not None and sigints.ends(self._sigints):
             raise KeyboardInterrupt(f"kerasfeed: interrupted (Ctrl-C) while waiting for {_name(what)}")
         if self._scope._gen != self._gen:

@@ -1,8 +1,4 @@
-"""Which worker process is running the code: ``get_worker_info()``.
-
-Kept tiny and import-free so worker processes and ``__getitem__`` can use it
-cheaply.
-"""
+"""Which worker process is running the code: ``get_worker_info()`` (import-free, cheap for ``__getitem__``)."""
 
 from __future__ import annotations
 
@@ -17,12 +13,11 @@ class WorkerInfo:
     Attributes:
         id: the worker's id, ``0 .. num_workers - 1``.
         num_workers: how many worker processes the pool has.
-        seed: what this worker seeded its ``random`` and ``numpy.random``
-            global generators with when it started (before ``worker_init``):
-            the pool's base seed plus ``id``. When the pipeline was given a
-            ``seed``, the worker also reseeds them before each item from
-            (seed, pass, index), so that an item's draws do not depend on
-            the worker (see ``kerasfeed.item_rng``).
+        seed: what this worker seeded the global ``random`` and
+            ``numpy.random`` with when it started (before ``worker_init``):
+            the pool's base seed plus ``id``. With a pipeline ``seed``, it
+            also reseeds them before each item from (seed, pass, index), so
+            an item's draws do not depend on the worker (``kerasfeed.item_rng``).
     """
 
     id: int

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.exporting import encoding
-from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, read_manifest
+from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, fsync, read_manifest
 from kerasfeed.exporting.spec import ExportSpec
 
 _COMPRESSION = {None: "uncompressed", "ZSTD": "zstd:3", "SNAPPY": "snappy", "BROTLI": "brotli:6"}
@@ -47,13 +47,8 @@ class ArrayRecordFile:
 
     def close(self) -> tuple[int, str]:
         self._writer.close()
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        size, crc = file_crc32c(self.path)
-        return size, crc
+        fsync(self.path)
+        return file_crc32c(self.path)
 
     def abort(self) -> None:
         try:

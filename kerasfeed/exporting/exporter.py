@@ -13,6 +13,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.item_random import item_scope
 from kerasfeed.exporting import manifest as mf
+from kerasfeed.exporting.encoding import require_crc32c
 from kerasfeed.exporting.spec import ExportSpec
 from kerasfeed.exporting.writer import Progress, ShardTask, remove
 from kerasfeed.loading.pipeline import probe_indices
@@ -45,14 +46,14 @@ def export(
     Item ``i`` (``source[i]``, a nest of arrays: any dtype including
     bytes/str, any shape, shapes may vary) becomes one ``tf.train.Example``
     record, losslessly, in shard ``i % num_shards``. Each shard is one task on
-    the executor: the thread or worker process that runs it makes the shard's
-    items in order and writes them with its own writer, so the loading, the
-    encoding, the compression and the checksums all run in parallel and no
-    writer is ever shared. A shard is written to ``<name>.tmp``, fsync'd,
-    and renamed by this process once complete; ``manifest.json`` (element
-    spec, per-shard counts, byte sizes and CRC32C, kerasfeed version) is
-    rewritten after every shard, so a crash never leaves a shard that looks
-    whole and ``resume=True`` can go on from the finished ones.
+    the executor, whose thread or worker process makes the shard's items in
+    order and writes them with its own writer (never shared): loading,
+    encoding, compression and checksums all run in parallel. A shard is
+    written to ``<name>.tmp``, fsync'd, and renamed by this process once
+    complete; ``manifest.json`` (element spec, per-shard counts, byte sizes
+    and CRC32C, kerasfeed version) is rewritten after every shard, so a crash
+    never leaves a shard that looks whole and ``resume=True`` can go on from
+    the finished ones.
 
     Args:
         source: an indexable source (``__len__``/``__getitem__``), e.g. a
@@ -91,12 +92,9 @@ def export(
             shard whose worker died is written again from its start by a
             fresh worker, up to ``retries`` times. 0 (the default): the first
             failure fails the export.
-        max_skipped: must stay 0: an export writes every item. Its layout
-            puts item ``i`` at record ``i // num_shards`` of shard
-            ``i % num_shards``; ``ExportSource[i]``, ``load_export``'s item
-            order and ``resume=True``'s per-shard counts all read that, so
-            an item left out would move every later record of its shard.
-            Fix the item, or export a source without it.
+        max_skipped: must stay 0: an export writes every item (its layout,
+            which ``ExportSource[i]``, ``load_export``'s order and
+            ``resume=True`` read, would shift past an item left out).
         worker_max_items, worker_max_rss: a worker process that was sent
             this many shards, or whose resident memory passed this many bytes
             after a shard, is replaced by a fresh one (None: never; worker
@@ -165,8 +163,6 @@ def export(
             f"export: `compression` for format={format!r} must be one of {mf.COMPRESSIONS[format]}. "
             f"Received: compression={compression!r}"
         )
-    from kerasfeed.exporting.encoding import require_crc32c
-
     require_crc32c()
     name = source_name(source)
 
@@ -313,14 +309,12 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
 
 
 def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *, executor: str,
-         workers: Optional[int], worker_init: Any, progress: bool, auto: bool = False,
-         limits: Optional[dict] = None) -> None:  # fmt: skip
+         workers: Optional[int], worker_init: Any, progress: bool, auto: bool, limits: dict) -> None:  # fmt: skip
     from kerasfeed.execution.factory import make_executor
-    from kerasfeed.execution.processes.options import PoolOptions
+    from kerasfeed.execution.processes.options import PoolOptions, usable_cpus
 
     if executor == "processes":  # one worker per shard at most: a shard is one task
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = max(1, min(workers or cpus, len(todo)))
+        workers = max(1, min(workers or usable_cpus(), len(todo)))
     total = sum(mf.shard_count(k, task.num_shards, task.num_items) for k in todo)
     shared = bar = ex = None
     try:
@@ -328,14 +322,14 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
         bar = _Bar(shared, todo, total) if progress else None
         try:
             # A shard is one executor item: a retried one (its worker died) is written again from its start.
-            ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init, **(limits or {})))
+            ex = make_executor(executor, task, PoolOptions(workers=workers, worker_init=worker_init, **limits))
         except TypeError as e:  # "auto" chose processes, but the source cannot be sent to them
             if not auto:
                 raise
             from kerasfeed.execution.auto import logger
 
             logger.info("kerasfeed: export(executor='auto') falls back to threads: %s", str(e).split(". ")[0])
-            ex = make_executor("threads", task, PoolOptions(retries=(limits or {}).get("retries", 0)))
+            ex = make_executor("threads", task, PoolOptions(retries=limits["retries"]))
         ex.plan(0, todo)
         for k in todo:
             report = ex.load(k, 0)
@@ -345,7 +339,7 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
                 raise mf.ExportError(f"export: shard {k} was stopped. Received: directory='{directory}'")
             final = directory / report["file"]
             os.replace(directory / (report["file"] + mf.TMP), final)
-            mf.fsync_dir(directory)
+            mf.fsync(directory)
             manifest["shards"][k] = {key: report[key] for key in ("file", "count", "bytes", "crc32c")}
             try:
                 mf.write_manifest(directory, manifest)
@@ -394,10 +388,7 @@ class _Bar:
     def _update(self) -> None:
         counts = self._shared.counts()
         done = sum(counts[k] for k in self._todo)
-        if self._tqdm:
-            self._bar.update(done - self._done)
-        else:
-            self._bar.update(done)
+        self._bar.update(done - self._done if self._tqdm else done)  # tqdm counts steps, Progbar the total
         self._done = done
 
     def _loop(self) -> None:

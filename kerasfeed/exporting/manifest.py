@@ -76,8 +76,9 @@ def new_manifest(
     }
 
 
-def fsync_dir(directory: pathlib.Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync(path: pathlib.Path) -> None:
+    """fsync of a file or a directory (its entries)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -91,7 +92,7 @@ def write_manifest(directory: pathlib.Path, manifest: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, directory / MANIFEST)
-    fsync_dir(directory)
+    fsync(directory)
 
 
 def read_manifest(directory: Any, *, need_complete: bool = True) -> tuple[pathlib.Path, dict]:

@@ -44,14 +44,10 @@ def verify_export(directory: Any) -> dict:
     ```
     """
     directory, manifest = read_manifest(_v.path("directory", directory, owner="verify_export"))
+    # Every shard's count is checked against the layout, whose counts add up to num_items.
     raise_bad(directory, bad_shards(directory, manifest, checksum=True))
-    counted = sum(s["count"] for s in manifest["shards"])
-    if counted != manifest["num_items"]:  # pragma: no cover - per-shard counts are checked above
-        raise ExportError(
-            f"The shards of '{directory}' hold {counted} items, the manifest says {manifest['num_items']}. "
-            f"Received: directory='{directory}'"
-        )
-    return {"items": counted, "shards": manifest["num_shards"], "bytes": sum(s["bytes"] for s in manifest["shards"])}
+    shards = manifest["shards"]
+    return {"items": sum(s["count"] for s in shards), "shards": len(shards), "bytes": sum(s["bytes"] for s in shards)}
 
 
 def load_export(
@@ -68,13 +64,13 @@ def load_export(
     """A TFRecord export as a ``tf.data.Dataset`` of its items, with no Python per element.
 
     The shard files are read in parallel (an interleave of
-    ``TFRecordDataset``s) and each record is parsed with
-    ``tf.io.parse_single_example`` and ``tf.io.decode_raw``: pure
-    TensorFlow ops, so the pipeline runs at tf.data speed, can be
-    checkpointed, and can run on the tf.data service. The element spec is
-    ``to_dataset(source).element_spec``: the source's, with the leading
-    (batch) dimension of every array left open, as ``to_dataset`` leaves it
-    for items that are batches; the cardinality is known.
+    ``TFRecordDataset``s) and the records parsed with ``tf.io.parse_example``
+    and ``tf.io.decode_raw``: pure TensorFlow ops, so the pipeline runs at
+    tf.data speed, can be checkpointed, and can run on the tf.data service.
+    The element spec is ``to_dataset(source).element_spec`` (the source's,
+    with the leading batch dimension of every array left open, as
+    ``to_dataset`` leaves it for items that are batches); the cardinality is
+    known.
 
     Order: with ``shuffle_files=False`` items come in index order (item
     ``i`` of the source is element ``i``, as in ``to_dataset``'s first pass):
@@ -84,11 +80,11 @@ def load_export(
     per-item randomness.
 
     Damage: ``verify="size"`` (the default) checks up front that every shard
-    exists with the size in the manifest, which is cheap and catches
-    truncated, missing and replaced files, naming them. ``verify="checksum"``
-    also reads every file once and checks its CRC32C. Bytes that change
-    later, or inside a file of the right size, are caught while reading by
-    TFRecord's own per-record CRC, at no extra cost: iterating raises
+    exists with the size in the manifest (cheap; catches truncated, missing
+    and replaced files, naming them); ``verify="checksum"`` also reads every
+    file once and checks its CRC32C. Bytes that change later, or inside a
+    file of the right size, are caught while reading by TFRecord's own
+    per-record CRC, at no extra cost: iterating raises
     ``tf.errors.InvalidArgumentError`` ("kerasfeed: damaged shard
     shard-00001-of-00008.tfrecord: ... Received: file=...") within 32
     elements of where the first damaged record would have come (records are
@@ -194,13 +190,9 @@ def load_export(
         cycle = min(cycle, 16)
     parallel = AUTOTUNE if reads == AUTOTUNE else min(reads, cycle)
     ds = ds.interleave(
-        graph_fn(read),
-        cycle_length=cycle,
-        block_length=1,
-        num_parallel_calls=parallel,
-        deterministic=True,
+        graph_fn(read), cycle_length=cycle, block_length=1, num_parallel_calls=parallel, deterministic=True
     )
-    if count < sum(s["count"] for s in mine):
+    if count < sum(counts):
         ds = ds.take(count)  # every pipeline takes the same number of steps
     # Records are parsed in groups (one vectorized ParseExample per group costs far
     # less than one per record), then each item's arrays are decoded and shaped.
@@ -264,11 +256,10 @@ def make_parser(spec: ExportSpec):
     def decode(parsed):
         leaves = []
         for key, dtype, shape in zip(spec.keys, spec.dtypes, spec.shapes):
-            # NOTE [ Open leading dimension ]: to_dataset(source) leaves the first
-            # dimension of every array open (items may be batches of any size, as
-            # under Keras); load_export gives the same element spec, so one can
-            # stand in for the other. The stored spec keeps the exact shape:
-            # it checks what is written.
+            # NOTE [ Open leading dimension ]: to_dataset(source) leaves the first dimension of
+            # every array open (items may be batches of any size, as under Keras); load_export gives
+            # the same element spec, so one can stand in for the other. The stored spec keeps the
+            # exact shape: it checks what is written.
             open_shape = [None, *shape[1:]] if shape else shape
             if dtype == STRING:
                 value = parsed[key]

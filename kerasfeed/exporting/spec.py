@@ -38,26 +38,12 @@ def _check_keys(d: dict, path: tuple) -> None:
             )
 
 
-def flatten(item: Any) -> tuple[Any, list]:
-    """Returns ``(skeleton, [(path, leaf), ...])``; refuses dict keys that are not strings."""
-    return _nest.flatten(item, _check_keys)
-
-
-def _json_skeleton(skeleton: Any) -> Any:
-    """The skeleton as JSON holds it: sequences as lists."""
+def _sequences_as(kind: type, skeleton: Any) -> Any:
+    """The skeleton with its sequences as ``kind``: lists as JSON holds them, tuples as ``flatten`` makes them."""
     if isinstance(skeleton, dict):
-        return {k: _json_skeleton(v) for k, v in skeleton.items()}
+        return {k: _sequences_as(kind, v) for k, v in skeleton.items()}
     if isinstance(skeleton, (tuple, list)):
-        return [_json_skeleton(v) for v in skeleton]
-    return skeleton
-
-
-def _tuple_skeleton(skeleton: Any) -> Any:
-    """A skeleton read from JSON as ``flatten`` makes it: sequences as tuples."""
-    if isinstance(skeleton, dict):
-        return {k: _tuple_skeleton(v) for k, v in skeleton.items()}
-    if isinstance(skeleton, (tuple, list)):
-        return tuple(_tuple_skeleton(v) for v in skeleton)
+        return kind(_sequences_as(kind, v) for v in skeleton)
     return skeleton
 
 
@@ -106,7 +92,7 @@ class ExportSpec:
     @classmethod
     def from_tensor_specs(cls, signature: Any) -> "ExportSpec":
         """From a nest of ``tf.TensorSpec`` (duck-typed: ``.dtype.name``, ``.shape``)."""
-        skeleton, leaves = flatten(signature)
+        skeleton, leaves = _nest.flatten(signature, _check_keys)
         dtypes, shapes = [], []
         for path, s in leaves:
             if not (hasattr(s, "dtype") and hasattr(s, "shape")):
@@ -150,7 +136,7 @@ class ExportSpec:
 
     def to_json(self) -> dict:
         return {
-            "structure": _json_skeleton(self.skeleton),
+            "structure": _sequences_as(list, self.skeleton),
             "fields": [
                 {"name": n, "key": key, "path": list(p), "dtype": d, "shape": s}
                 for n, key, p, d, s in zip(self.names, self.keys, self.paths, self.dtypes, self.shapes)
@@ -161,7 +147,7 @@ class ExportSpec:
     def from_json(cls, data: dict) -> "ExportSpec":
         fields = data["fields"]
         paths, dtypes, shapes = ([f[k] for f in fields] for k in ("path", "dtype", "shape"))
-        spec = cls(_tuple_skeleton(data["structure"]), paths, dtypes, shapes)
+        spec = cls(_sequences_as(tuple, data["structure"]), paths, dtypes, shapes)
         spec.keys = [f["key"] for f in fields]
         return spec
 

@@ -1,16 +1,14 @@
 """The shard task: makes one shard's items and writes them, with one writer of its own.
 
 ``export`` runs ``ShardTask`` as the source of a kerasfeed executor: item
-``k`` of the task is "write shard k". So each shard is written by exactly one
-writer, in the thread or worker process that makes its items; item bytes
-never cross a process boundary, and encoding, compression and checksums run
-in parallel on the workers instead of serially in the main process. The task
-writes to ``<shard>.tmp``, fsyncs it and reports ``(count, bytes, crc32c)``;
-the main process renames it and records it in the manifest.
-
-Workers need neither TensorFlow nor protobuf for this (see ``encoding``).
-A small shared file (``.kerasfeed-progress``, memory-mapped) carries each
-shard's item count to the progress bar and a stop flag back to the tasks.
+``k`` of the task is "write shard k", in the thread or worker process that
+makes its items, so item bytes never cross a process boundary and encoding,
+compression and checksums run in parallel on the workers (which need neither
+TensorFlow nor protobuf: ``encoding``). The task writes ``<shard>.tmp``,
+fsyncs it and reports ``(count, bytes, crc32c)``; the main process renames it
+and records it in the manifest. A small shared file (``.kerasfeed-progress``,
+memory-mapped) carries each shard's item count to the progress bar and a
+stop flag back to the tasks.
 """
 
 from __future__ import annotations
@@ -65,9 +63,7 @@ class TFRecordFile:
         """Flushes, fsyncs and closes; returns ``(bytes, crc32c hex)``."""
         if self._zip is not None:
             tail, self._zip = self._zip.flush(), None
-            self._file.write(tail)
-            self.crc = encoding.crc32c(tail, self.crc)
-            self.size += len(tail)
+            self._out(tail)  # as it is, now that _zip is None
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()

@@ -59,11 +59,8 @@ class H5Base(SceneSequence):
         self.shuffle = opts.shuffle
         self.drop_remainder = opts.drop_remainder
         self.swmr = opts.swmr
-        seed = opts.seed
-        if seed is None:
-            # Drawn once here, so pickled copies in workers agree on every order.
-            seed = int(np.random.SeedSequence().entropy % (2**63))
-        self.seed = seed
+        # None: drawn once here, so that pickled copies in workers agree on every order.
+        self.seed = opts.seed if opts.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
         self.transform = opts.transform
         self._open_kwargs = dict(opts.open_kwargs or {})
         self._remote = self._remote_files(opts, cls)  # file index -> RemoteFile (filled by _inspect)
@@ -105,16 +102,13 @@ class H5Base(SceneSequence):
     def kerasfeed_identity(self) -> dict:
         """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.
 
-        A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat``
-        now); a remote object's is its version and size as the store
-        reports them now (``"etag=...,size=..."``; ``generation=`` on GCS),
-        one request per object. A changed file has another identity. A URL
-        is keyed without its query string (a presigned URL's signature is
-        no name to keep in a cache's index).
+        A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat`` now); a remote object's is its
+        version and size as the store reports them now (``"etag=...,size=..."``; ``generation=`` on GCS), one
+        request per object. A changed file has another identity. A URL is keyed without its query string (a
+        presigned URL's signature is no name to keep in a cache's index).
 
         Raises:
-            FileNotFoundError, PermissionError, OSError: a file is gone or
-                cannot be read; the message names it.
+            FileNotFoundError, PermissionError, OSError: a file is gone or cannot be read; the message names it.
         """
         out = {}
         for j, path in enumerate(self._paths):
@@ -131,12 +125,8 @@ class H5Base(SceneSequence):
         return out
 
     def close(self) -> None:
-        """Releases this object's files in the current process.
-
-        Handles are shared by every sequence of the process that reads the
-        same file (see ``FileRegistry``); a file closes when the last of
-        them releases it. A later read reopens it.
-        """
+        """Releases this object's files in the current process: a file closes when the last sequence of the
+        process sharing it (``FileRegistry``) releases it. A later read reopens it."""
         if getattr(self, "_h5_pid", None) != os.getpid():
             return  # state inherited through fork belongs to the parent
         for rf in getattr(self, "_remote", {}).values():
@@ -214,22 +204,20 @@ class H5Base(SceneSequence):
         The remote parts go out together, in one wave (``remote.files.read_parts``);
         ``local(file index, key, runs)`` reads the others (default: ``_read_rows`` per run).
         """
-        out: list = [None] * len(parts)
         remote = [j for j, (f, _, _) in enumerate(parts) if f in self._remote]
+        got = {}
         if remote:
             from kerasfeed.hdf5.remote.files import read_parts
 
-            got = read_parts([(self._remote[parts[j][0]], parts[j][1], parts[j][2]) for j in remote])
-            for j, arr in zip(remote, got):
-                out[j] = arr
-        for j, (f, key, runs) in enumerate(parts):
-            if out[j] is None:
-                if local is not None:
-                    out[j] = local(f, key, runs)
-                else:
-                    arrays = [self._read_rows(f, key, a, b) for a, b in runs]
-                    out[j] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return out
+            got = dict(zip(remote, read_parts([(self._remote[parts[j][0]], *parts[j][1:]) for j in remote])))
+        read = local or (lambda f, key, runs: concat([self._read_rows(f, key, a, b) for a, b in runs]))
+        return [got[j] if j in got else read(*part) for j, part in enumerate(parts)]
+
+    def _read_keys(self, parts: list, local=None) -> dict:
+        """``[(file index, runs), ...]`` -> ``{key: [each part's rows]}``: every (key, part) read at once, so
+        that the remote ones go out in one wave (``_read_many``)."""
+        reads = self._read_many([(f, key, runs) for key in self._leaves for f, runs in parts], local)
+        return {key: reads[k * len(parts) : (k + 1) * len(parts)] for k, key in enumerate(self._leaves)}
 
     # ---- handles -----------------------------------------------------------
 
@@ -242,18 +230,13 @@ class H5Base(SceneSequence):
 
     def _check_process(self) -> None:
         if self._h5_pid != os.getpid():
-            # A forked child: forget the parent's handles without closing them
-            # (docs/field_notes.md, *h5py lock*); the lock may have been held by a
-            # parent thread.
+            # A forked child: forget the parent's handles without closing them (docs/field_notes.md, *h5py
+            # lock*); the lock may have been held by a parent thread.
             self._reset_handles()
 
     def _identity(self, path: str) -> tuple:
-        """The registry key of the file now at ``path``.
-
-        It holds the inode (``[1:3]`` is the file's stamp): a writer that
-        replaces a file (writes elsewhere, renames over it) makes a new
-        entry, where a path alone would hand out the old file's open handle.
-        """
+        """The registry key of the file now at ``path``, inode included (``[1:3]`` is the file's stamp): a
+        file renamed over the old one gets an entry of its own (see ``FileRegistry``)."""
         cls = type(self).__name__
         try:
             st = os.stat(path)
@@ -390,23 +373,17 @@ class H5Base(SceneSequence):
     def _read_global_rows(self, start: int, stop: int) -> dict:
         """Rows [start, stop) of the concatenated index space, for every key."""
         offsets = self._row_offsets
-        # (file, first row, stop row) of every file the range touches.
+        # (file, its rows) of every file the range touches.
         parts = []
         f = bisect.bisect_right(offsets, start) - 1
         pos = start
         while pos < stop:
             f_stop = min(stop, offsets[f + 1])
             if f_stop > pos:
-                parts.append((f, pos - offsets[f], f_stop - offsets[f]))
+                parts.append((f, [(pos - offsets[f], f_stop - offsets[f])]))
             pos = f_stop
             f += 1
-        # Every (key, file) read of the batch at once: the remote ones go out in one wave.
-        reads = self._read_many([(f, key, [(a, b)]) for key in self._leaves for f, a, b in parts])
-        out = {}
-        for k, key in enumerate(self._leaves):
-            arrays = reads[k * len(parts) : (k + 1) * len(parts)]
-            out[key] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return out
+        return {key: concat(arrays) for key, arrays in self._read_keys(parts).items()}
 
     def _finish(self, index: int, arrays: dict) -> Any:
         batch = build_structure(self._keys_structure, arrays)
@@ -415,11 +392,8 @@ class H5Base(SceneSequence):
         return batch
 
     def rng(self, index: int) -> np.random.Generator:
-        """The generator passed to ``transform`` for batch ``index`` of this epoch.
-
-        A pure function of ``(seed, epoch, index)``: the same in every
-        process and on every run.
-        """
+        """The generator passed to ``transform`` for batch ``index`` of this epoch: a pure function of
+        ``(seed, epoch, index)``, the same in every process and on every run."""
         return np.random.default_rng([self.seed, self.epoch, TRANSFORM_STREAM, int(index)])
 
     def _check_index(self, index: Any) -> int:
@@ -427,6 +401,13 @@ class H5Base(SceneSequence):
         return _v.sequence_index(
             index, n, cls, lambda: f"{cls}: batch index {int(index)} is out of range for {n} batches."
         )
+
+    def _batch_span(self, i: int, total: int) -> tuple:
+        """Items ``[start, stop)`` (of ``total``) of batch ``i`` this epoch; with ``shuffle``, of the batch
+        the epoch's order puts there."""
+        b = int(self._batch_order(len(self))[i]) if self.shuffle else i
+        start = b * self.batch_size
+        return start, min(start + self.batch_size, total)
 
     def _batch_order(self, n: int) -> np.ndarray:
         """The permutation of ``n`` batches (or windows) of this epoch."""
@@ -437,6 +418,11 @@ class H5Base(SceneSequence):
         order = np.random.default_rng([self.seed, epoch, ORDER_STREAM]).permutation(n)
         self._order_cache = ((epoch, n), order)  # one tuple: safe to swap under threads
         return order
+
+
+def concat(arrays: list) -> np.ndarray:
+    """The arrays end to end (the one array itself, uncopied, when there is one)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 __all__ = ["H5Base", "FileChangedError", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

@@ -9,18 +9,15 @@ import threading
 class FileRegistry:
     """The h5py handles of one process: one File and one Dataset per file and key.
 
-    Why shared: HDF5 shares one internal state per file within a process, and
-    with SWMR a second open of a file that is being appended to can read
-    stale chunk locations, i.e. wrong data, silently (seen with HDF5 1.14).
-    One handle per file and dataset, refreshed when a read goes past the
-    rows it knows, avoids that; it also keeps one file descriptor and one
-    chunk cache per file however many sequences (train/validation splits)
-    read it. Entries are reference-counted by the sequences holding them.
+    Why shared: HDF5 shares one internal state per file within a process, and with SWMR a second open of
+    a file being appended to can read stale chunk locations, i.e. wrong data, silently (seen with HDF5
+    1.14). One handle per file and dataset, refreshed when a read goes past the rows it knows, avoids
+    that; it also keeps one file descriptor and chunk cache per file however many sequences
+    (train/validation splits) read it. Entries are reference-counted by the sequences holding them.
 
-    An identity names the file itself, not only its path (``H5Base._identity``
-    includes the inode): a file replaced by a rename must not be read through
-    the handle of the file it replaced. SWMR appends keep the inode, so the
-    sequences reading a growing file still share one handle.
+    An identity names the file itself, not only its path (``H5Base._identity`` includes the inode): a
+    file replaced by a rename must not be read through the old file's handle. SWMR appends keep the
+    inode, so the sequences reading a growing file still share one handle.
     """
 
     def __init__(self):
@@ -33,8 +30,7 @@ class FileRegistry:
 
     def _check_process(self):
         if self._pid != os.getpid():
-            # Forked: keep the parent's handles referenced so that the child
-            # never closes (or otherwise touches) them.
+            # Forked: keep the parent's handles referenced so that the child never closes (or touches) them.
             _INHERITED.append(self._entries)
             self._reset()
 

@@ -26,8 +26,7 @@ def check_paths(paths, cls) -> tuple:
 
 
 def parse_keys(keys, cls):
-    """``(structure, leaves)``: the keys' nest and the dataset names in it, in order."""
-    """Validates a nest of dataset names; returns (structure, unique leaves)."""
+    """Checks a nest of dataset names; returns ``(structure, leaves)``: the nest and its unique names, in order."""
     leaves: list = []
 
     def walk(node, where):

@@ -1,13 +1,9 @@
 """``H5Options``: the keyword arguments every HDF5 sequence shares, declared once.
 
-The public constructors keep flat keyword arguments (as Keras and PyTorch
-do): ``H5SliceSequence(path, keys, 32, shuffle=True, seed=0)``. Each declares
-only its own arguments and forwards the rest as ``**options``, which
-``H5Options.build`` checks (unknown names refused by name, values checked up
-front) and freezes into one object that ``H5Base`` reads.
-
-``H5Keywords`` gives the same names and types to type checkers and IDEs
-(``**options: Unpack[H5Keywords]``); a test keeps the two in step.
+The public constructors keep flat keyword arguments (as Keras and PyTorch do), declare only their own
+and forward the rest as ``**options``, which ``H5Options.build`` checks (unknown names refused by name,
+values checked up front) and freezes into the one object ``H5Base`` reads. ``H5Keywords`` gives the same
+names and types to type checkers and IDEs (``**options: Unpack[H5Keywords]``); a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -28,20 +24,12 @@ class H5Options:
     """The shared arguments of ``H5SliceSequence``, ``H5WindowSequence`` and ``H5RowSequence``.
 
     Args:
-        shuffle: permute the batch (or window) order every epoch.
-        seed: seed of every shuffle and of ``transform``'s generator; None
-            draws one at construction.
-        drop_remainder: drop the last batch if it is short.
-        transform: optional ``transform(batch, rng) -> batch``.
-        swmr: open files in SWMR read mode.
-        open_kwargs: extra ``h5py.File`` arguments, e.g. ``rdcc_nbytes``.
-        storage_options: fsspec options for ``s3://``, ``gs://`` and
-            ``http(s)://`` paths (endpoint, credentials, ``anon``); secret
-            ones never leave this process (docs/remote.md).
-        remote_options: timeouts, retries and request sizes for those paths:
-            a dict of ``RemoteOptions`` fields, or one.
-        workers, use_multiprocessing, max_queue_size: passed to
-            ``keras.utils.PyDataset`` for ``model.fit(seq)``.
+        shuffle, seed, drop_remainder, transform, swmr, open_kwargs, workers, use_multiprocessing,
+            max_queue_size: see ``H5SliceSequence``.
+        storage_options: fsspec options for ``s3://``, ``gs://`` and ``http(s)://`` paths (endpoint,
+            credentials, ``anon``); secret ones never leave this process (docs/remote.md).
+        remote_options: timeouts, retries and request sizes for those paths: a dict of ``RemoteOptions``
+            fields, or one.
     """
 
     shuffle: bool = False
@@ -63,7 +51,7 @@ class H5Options:
         Args:
             owner: the public class, for messages.
             keywords: the forwarded keyword arguments.
-            refused: shared names this class does not take, with why.
+            refused: shared names the class does not take, with why.
 
         Raises:
             TypeError: an unknown or refused keyword (named), a bad type.

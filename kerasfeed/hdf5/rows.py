@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kerasfeed.hdf5.base import FileChangedError, H5Base
+from kerasfeed.hdf5.base import FileChangedError, H5Base, concat
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.sampling.protocol import resolve_order
@@ -20,48 +20,38 @@ if TYPE_CHECKING:
 class H5RowSequence(H5Base):
     """Batches of HDF5 rows in the sequence an order picks them, pass after pass.
 
-    Pass ``epoch`` reads rows ``order.indices(epoch)`` (global row numbers
-    over all files, concatenated as for ``H5SliceSequence``), cut into
-    batches of ``batch_size``: with a ``BalancedOrder`` every batch is made
-    of class-balanced rows, and only the rows delivered are ever read. The
-    pass is ``self.epoch``: ``to_dataset`` sets it in every process, and
-    ``model.fit(seq)`` advances it at every epoch end.
+    Pass ``epoch`` reads rows ``order.indices(epoch)`` (global row numbers over all files, concatenated
+    as for ``H5SliceSequence``), cut into batches of ``batch_size``: with a ``BalancedOrder`` every batch
+    is made of class-balanced rows, and only the rows delivered are ever read. The pass is
+    ``self.epoch``: ``to_dataset`` sets it in every process, ``model.fit(seq)`` advances it at every
+    epoch end.
 
-    What it costs: a batch's rows are read sorted and without repeats (a
-    repeated row is read once and copied), one slice per run of consecutive
-    rows, per file and key. Scattered rows of a chunked, compressed file
-    cost a chunk read and decompression per distinct chunk touched, where a
-    contiguous slice reads ``batch_size / chunk`` chunks. Measured roughly
-    on a busy 2-core machine (gzip chunks of 8 scenes x 1024 points x 6
-    float32, batches of 32 out of 1024 scenes, 4 classes): about 8x the
-    time of a contiguous slice with h5py's default 1 MB chunk cache, and
-    about 4-5x once a chunk cache that holds the dataset is warm
-    (``open_kwargs={"rdcc_nbytes": 64 << 20, "rdcc_nslots": 10007}``): one
-    read call per row remains. Keep rows in small chunks (a few rows each)
-    or uncompressed for sampled reads, and read on worker processes
-    (``executor="processes"``): h5py serialises reads within a process.
+    What it costs: a batch's rows are read sorted and without repeats (a repeated row is read once and
+    copied), one slice per run of consecutive rows, per file and key. Scattered rows of a chunked,
+    compressed file cost a chunk read and decompression per distinct chunk touched, where a contiguous
+    slice reads ``batch_size / chunk`` chunks. Measured roughly on a busy 2-core machine (gzip chunks of
+    8 scenes x 1024 points x 6 float32, batches of 32 out of 1024 scenes, 4 classes): about 8x the time
+    of a contiguous slice with h5py's default 1 MB chunk cache, about 4-5x once a chunk cache that holds
+    the dataset is warm (``open_kwargs={"rdcc_nbytes": 64 << 20, "rdcc_nslots": 10007}``): one read call
+    per row remains. Keep rows in small chunks (a few rows each) or uncompressed for sampled reads, and
+    read on worker processes (``executor="processes"``): h5py serialises reads within a process.
 
     Args:
         paths: one HDF5 file or a sequence of files.
-        keys: dataset names (a name, tuple/list, dict, or a nest of them), as
-            for ``H5SliceSequence``.
+        keys: dataset names (a name, tuple/list, dict, or a nest of them), as for ``H5SliceSequence``.
         batch_size: rows per batch.
-        order: the row order of every pass: ``kerasfeed.BalancedOrder``
-            (e.g. ``BalancedOrder.from_hdf5(paths, "labels", seed=0)``),
-            ``WeightedOrder``, ``IndexOrder`` or any object with
-            ``shard_length`` and ``indices(epoch)``, over exactly
-            ``num_rows`` items. Its shards are this sequence's shards.
+        order: the row order of every pass: ``kerasfeed.BalancedOrder`` (e.g.
+            ``BalancedOrder.from_hdf5(paths, "labels", seed=0)``), ``WeightedOrder``, ``IndexOrder`` or any
+            object with ``shard_length`` and ``indices(epoch)``, over exactly ``num_rows`` items. Its
+            shards are this sequence's shards.
         drop_remainder: drop the last batch of a pass if it is short.
-        transform: optional ``transform(batch, rng) -> batch``; ``rng`` is
-            seeded by ``(seed, epoch, index)``.
-        seed: seed of ``transform``'s generator; defaults to the order's
-            ``seed`` (or 0).
-        swmr, open_kwargs, workers, use_multiprocessing, max_queue_size: as
-            for ``H5SliceSequence``.
+        transform: optional ``transform(batch, rng) -> batch``; ``rng`` is seeded by ``(seed, epoch, index)``.
+        seed: seed of ``transform``'s generator; defaults to the order's ``seed`` (or 0).
+        swmr, open_kwargs, workers, use_multiprocessing, max_queue_size: as for ``H5SliceSequence``.
 
     Raises:
-        ValueError: the order does not pick from exactly ``num_rows`` rows
-            (e.g. labels of another file), or bad files, keys or arguments.
+        ValueError: the order does not pick from exactly ``num_rows`` rows (e.g. labels of another file),
+            or bad files, keys or arguments.
 
     Example:
 
@@ -128,39 +118,29 @@ class H5RowSequence(H5Base):
         unique, inverse = np.unique(rows, return_inverse=True)  # sorted: what HDF5 selections need
         offsets = self._row_offsets
         cuts = np.searchsorted(unique, offsets[1:-1])
-        # (file, its rows) of every file the batch touches; then every (key, file) read at once.
-        files = [(f, part - offsets[f]) for f, part in enumerate(np.split(unique, cuts)) if len(part)]
-        reads = self._read_many(
-            [(f, key, _runs(rows)) for key in self._leaves for f, rows in files],
-            local=lambda f, key, runs: self._read_row_list(f, key, np.concatenate([np.arange(a, b) for a, b in runs])),
-        )
-        arrays = {}
-        for k, key in enumerate(self._leaves):
-            parts = reads[k * len(files) : (k + 1) * len(files)]
-            arrays[key] = (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse.reshape(-1)]
+        # (file, its rows as runs) of every file the batch touches.
+        files = [(f, _runs(part - offsets[f])) for f, part in enumerate(np.split(unique, cuts)) if len(part)]
+        reads = self._read_keys(files, local=self._read_runs)
+        arrays = {key: concat(parts)[inverse.reshape(-1)] for key, parts in reads.items()}
         return self._finish(self._check_index(index), arrays)
 
-    def _read_row_list(self, file_index: int, key: str, rows: np.ndarray) -> np.ndarray:
+    def _read_runs(self, file_index: int, key: str, runs: list) -> np.ndarray:
+        n, first, last = sum(b - a for a, b in runs), runs[0][0], runs[-1][1] - 1
         try:
             ds = self._dataset(file_index, key)
-            if self.swmr and rows[-1] >= ds.shape[0]:
+            if self.swmr and last >= ds.shape[0]:
                 ds.refresh()
-            # One slice per run of consecutive rows: h5py's fast path (a
-            # point selection of scattered rows measured slower than this).
-            runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
-            if len(runs) == 1:
-                out = ds[int(rows[0]) : int(rows[-1]) + 1]
-            else:
-                out = np.concatenate([ds[int(r[0]) : int(r[-1]) + 1] for r in runs])
+            # One slice per run: h5py's fast path (a point selection of scattered rows measured slower).
+            out = concat([ds[a:b] for a, b in runs])
         except FileChangedError:
             raise
         except Exception as e:
             raise OSError(
-                f"{type(self).__name__}: reading {len(rows)} rows ({rows[0]}..{rows[-1]}) of dataset '{key}' in "
+                f"{type(self).__name__}: reading {n} rows ({first}..{last}) of dataset '{key}' in "
                 f"file '{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
             ) from e
-        if len(out) != len(rows):  # h5py clips slices at the end: the dataset shrank
-            raise self._rows_missing(file_index, key, f"{len(rows)} rows ({rows[0]}..{rows[-1]})", ds)
+        if len(out) != n:  # h5py clips slices at the end: the dataset shrank
+            raise self._rows_missing(file_index, key, f"{n} rows ({first}..{last})", ds)
         return out
 
     def __getstate__(self) -> dict:

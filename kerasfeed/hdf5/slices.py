@@ -19,60 +19,52 @@ if TYPE_CHECKING:
 class H5SliceSequence(H5Base):
     """Batches of contiguous rows of HDF5 datasets, for ``model.fit`` and ``to_dataset``.
 
-    Batch ``i`` holds rows ``[i * batch_size, (i + 1) * batch_size)`` of every
-    dataset named in ``keys``. Several files are concatenated into one index
-    space in the order given (a batch may straddle two files); within one
-    file all keys must have the same number of rows, and a key must have the
-    same row shape and dtype in every file.
+    Batch ``i`` holds rows ``[i * batch_size, (i + 1) * batch_size)`` of every dataset named in ``keys``.
+    Several files form one index space, in the order given (a batch may straddle two files); within a
+    file all keys must have the same number of rows, and a key must have the same row shape and dtype in
+    every file.
 
-    The output structure follows ``keys``: a dataset name gives an array, a
-    tuple or list gives a tuple (``("points", "labels")`` -> ``(x, y)``), a
-    dict ``{output_name: dataset_name}`` gives a dict, and these nest
-    (``({"points": "points"}, "labels")``).
+    The output structure follows ``keys``: a dataset name gives an array, a tuple or list a tuple
+    (``("points", "labels")`` -> ``(x, y)``), a dict ``{output_name: dataset_name}`` a dict, and these
+    nest (``({"points": "points"}, "labels")``).
 
-    Shuffling, all of it a pure function of ``(seed, epoch)`` so that every
-    worker and every run agrees:
+    Shuffling, all of it a pure function of ``(seed, epoch)`` so that every worker and every run agrees:
 
-    - ``shuffle=True`` permutes the batch order each epoch. Reads stay
-      contiguous (fast with chunked, compressed files), but the same rows
-      always travel together.
-    - ``shuffle_window_chunks=k`` also shuffles samples: rows are grouped into
-      windows of ``k`` HDF5 chunks (rounded up to whole batches), and each
-      epoch every window's rows are permuted and cut into batches; with
-      ``shuffle=True`` the window order is permuted too (the last window,
-      if partial, stays last). A window is read whole, with whole chunks, and
-      kept in a small per-process cache, so the batches of one window cost
-      about one read. The trade-off: samples only mix within a window (a
-      bigger window mixes more), each process holds up to two windows in
-      memory, and processes that read batches of the same window each read
-      the whole window (up to ``workers`` times the I/O and decompression).
+    - ``shuffle=True`` permutes the batch order each epoch. Reads stay contiguous (fast with chunked,
+      compressed files), but the same rows always travel together.
+    - ``shuffle_window_chunks=k`` also shuffles samples: rows are grouped into windows of ``k`` HDF5
+      chunks (rounded up to whole batches), and each epoch every window's rows are permuted and cut into
+      batches; with ``shuffle=True`` the window order is permuted too (a partial last window stays last).
+      A window is read whole, with whole chunks, and kept in a small per-process cache, so the batches of
+      one window cost about one read. The trade-off: samples only mix within a window (a bigger window
+      mixes more), each process holds up to two windows in memory, and processes that read batches of
+      the same window each read all of it (up to ``workers`` times the I/O and decompression).
 
-    The epoch is ``self.epoch``: ``to_dataset`` sets it in every process;
-    under ``model.fit(seq)`` it advances at every epoch end.
+    The epoch is ``self.epoch``: ``to_dataset`` sets it in every process; under ``model.fit(seq)`` it
+    advances at every epoch end.
 
     Args:
         paths: one HDF5 file or a sequence of files.
         keys: dataset names, as described above.
         batch_size: rows per batch.
         shuffle: permute the batch (or window) order every epoch.
-        seed: seed of every shuffle and of ``transform``'s generator; None
-            draws one at construction.
+        seed: seed of every shuffle and of ``transform``'s generator; None draws one at construction.
         drop_remainder: drop the last batch if it is short.
-        transform: optional ``transform(batch, rng) -> batch`` applied to
-            every batch, with ``rng`` a ``numpy.random.Generator`` seeded by
-            ``(seed, epoch, index)`` (see ``rng``).
-        shuffle_window_chunks: shuffle samples within windows of this many
-            chunks (see above); None reads plain contiguous batches.
-        swmr: open files in SWMR read mode (see the module docs).
+        transform: optional ``transform(batch, rng) -> batch`` applied to every batch, with ``rng`` a
+            ``numpy.random.Generator`` seeded by ``(seed, epoch, index)`` (see ``rng``).
+        shuffle_window_chunks: shuffle samples within windows of this many chunks (see above); None reads
+            plain contiguous batches.
+        swmr: open files in SWMR read mode (see the package docs, ``kerasfeed.hdf5``).
         open_kwargs: extra ``h5py.File`` arguments, e.g. ``rdcc_nbytes``.
-        workers, use_multiprocessing, max_queue_size: passed to
-            ``keras.utils.PyDataset`` for ``model.fit(seq)``.
+        storage_options, remote_options: for paths in object stores (``H5Options``, docs/remote.md).
+        workers, use_multiprocessing, max_queue_size: passed to ``keras.utils.PyDataset`` for
+            ``model.fit(seq)``.
 
     Raises:
-        FileNotFoundError, IsADirectoryError, OSError: a path is missing, a
-            directory, or not a readable HDF5 file.
-        ValueError: a key is missing or not a dataset, lengths differ, or
-            arguments are invalid. Messages name the file and the key.
+        FileNotFoundError, IsADirectoryError, OSError: a path is missing, a directory, or not a readable
+            HDF5 file.
+        ValueError: a key is missing or not a dataset, lengths differ, or arguments are invalid. Messages
+            name the file and the key.
 
     Example:
 
@@ -101,12 +93,11 @@ class H5SliceSequence(H5Base):
         super().__init__(paths, keys, batch_size, **options)
         cls = type(self).__name__
         n = self.num_rows
+        self.window_rows = None
         if shuffle_window_chunks is not None:
             k = _v.positive_int("shuffle_window_chunks", shuffle_window_chunks, owner=cls)
             chunk = self._chunk_rows or self.batch_size  # contiguous layout: no chunks
             self.window_rows = math.ceil(k * chunk / self.batch_size) * self.batch_size
-        else:
-            self.window_rows = None
         self.shuffle_window_chunks = shuffle_window_chunks
         self._len = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
         if self._len == 0:
@@ -126,9 +117,7 @@ class H5SliceSequence(H5Base):
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
         if self.window_rows is None:
-            b = int(self._batch_order(self._len)[i]) if self.shuffle else i
-            start = b * self.batch_size
-            arrays = self._read_global_rows(start, min(start + self.batch_size, self.num_rows))
+            arrays = self._read_global_rows(*self._batch_span(i, self.num_rows))
         else:
             arrays = self._windowed_batch(i)
         return self._finish(i, arrays)
@@ -137,9 +126,7 @@ class H5SliceSequence(H5Base):
         """The global row numbers that batch ``index`` of this epoch holds, in order."""
         i = self._check_index(index)
         if self.window_rows is None:
-            b = int(self._batch_order(self._len)[i]) if self.shuffle else i
-            start = b * self.batch_size
-            return np.arange(start, min(start + self.batch_size, self.num_rows))
+            return np.arange(*self._batch_span(i, self.num_rows))
         w, rows = self._window_plan(i)
         return w * self.window_rows + rows
 
@@ -158,9 +145,7 @@ class H5SliceSequence(H5Base):
             w = slot
         assert w < num_windows
         rows_in_window = min(wr, n - w * wr)
-        perm = np.random.default_rng([self.seed, self.epoch, WINDOW_STREAM, w]).permutation(
-            rows_in_window
-        )
+        perm = np.random.default_rng([self.seed, self.epoch, WINDOW_STREAM, w]).permutation(rows_in_window)
         return w, perm[j * bs : (j + 1) * bs]
 
     def _windowed_batch(self, i: int) -> dict:

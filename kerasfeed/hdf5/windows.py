@@ -19,17 +19,15 @@ if TYPE_CHECKING:
 class H5WindowSequence(H5Base):
     """Batches of time windows over axis 0 of HDF5 datasets (sequence data).
 
-    Axis 0 of every dataset in ``keys`` is time. A sample is ``window``
-    consecutive rows starting at ``0, stride, 2 * stride, ...`` in each file;
-    windows never cross a file boundary (each file is one recording), and a
-    file shorter than ``window`` contributes none. All keys are windowed the
-    same way, so a batch of a key shaped ``(T, *f)`` is ``(batch_size,
-    window, *f)``. A batch of consecutive windows is read as one contiguous
-    slice and cut in memory. To derive per-window targets (the next value,
-    the last label), use ``transform``.
+    Axis 0 of every dataset in ``keys`` is time. A sample is ``window`` consecutive rows starting at
+    ``0, stride, 2 * stride, ...`` in each file; windows never cross a file boundary (each file is one
+    recording), and a file shorter than ``window`` contributes none. All keys are windowed the same way:
+    a batch of a key shaped ``(T, *f)`` is ``(batch_size, window, *f)``. A batch of consecutive windows
+    is read as one contiguous slice and cut in memory. To derive per-window targets (the next value, the
+    last label), use ``transform``.
 
-    ``shuffle=True`` permutes the batch order per epoch (seeded by
-    ``(seed, epoch)``); samples within a batch stay consecutive windows.
+    ``shuffle=True`` permutes the batch order per epoch (seeded by ``(seed, epoch)``); samples within a
+    batch stay consecutive windows.
 
     Args:
         paths: one HDF5 file or a sequence of files.
@@ -37,9 +35,8 @@ class H5WindowSequence(H5Base):
         batch_size: windows per batch.
         window: rows (time steps) per window.
         stride: rows between the starts of consecutive windows.
-        shuffle, seed, drop_remainder, transform, swmr, open_kwargs,
-        workers, use_multiprocessing, max_queue_size: as for
-            ``H5SliceSequence``.
+        shuffle, seed, drop_remainder, transform, swmr, open_kwargs, workers, use_multiprocessing,
+            max_queue_size: as for ``H5SliceSequence``.
 
     Example:
 
@@ -67,12 +64,9 @@ class H5WindowSequence(H5Base):
         self.window = _v.positive_int("window", window, owner=cls)
         self.stride = _v.positive_int("stride", stride, owner=cls)
         super().__init__(paths, keys, batch_size, **options)
-        counts = np.maximum(0, (self._lengths - self.window) // self.stride + 1)
-        counts[self._lengths < self.window] = 0
-        self._window_counts = counts
+        counts = np.maximum(0, (self._lengths - self.window) // self.stride + 1)  # 0 for a file < window
         self._window_offsets = np.concatenate([[0], np.cumsum(counts)])
-        self.num_windows = int(counts.sum())
-        n = self.num_windows
+        self.num_windows = n = int(counts.sum())
         self._len = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
         if self._len == 0:
             raise ValueError(
@@ -86,21 +80,16 @@ class H5WindowSequence(H5Base):
 
     def window_starts(self, index: int) -> list:
         """``(file_index, start_row)`` of each window of batch ``index`` this epoch."""
-        s0, s1 = self._sample_range(self._check_index(index))
+        s0, s1 = self._batch_span(self._check_index(index), self.num_windows)
         out = []
         for s in range(s0, s1):
             f = int(np.searchsorted(self._window_offsets, s, side="right")) - 1
             out.append((f, int(s - self._window_offsets[f]) * self.stride))
         return out
 
-    def _sample_range(self, i: int):
-        b = int(self._batch_order(self._len)[i]) if self.shuffle else i
-        s0 = b * self.batch_size
-        return s0, min(s0 + self.batch_size, self.num_windows)
-
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
-        s0, s1 = self._sample_range(i)
+        s0, s1 = self._batch_span(i, self.num_windows)
         offsets = self._window_offsets
         # (file, first window, stop window, first row, stop row) of every file the batch touches.
         spans = []
@@ -114,13 +103,11 @@ class H5WindowSequence(H5Base):
                 spans.append((f, s, f_stop, first, last + self.window))
             s = f_stop
             f += 1
-        # Every (key, file) read at once: the remote ones go out in one wave.
-        reads = self._read_many([(f, key, [(a, b)]) for key in self._leaves for f, _, _, a, b in spans])
         out = {}
-        for k, key in enumerate(self._leaves):
+        for key, reads in self._read_keys([(f, [(a, b)]) for f, _, _, a, b in spans]).items():
             trailing, dtype = self._specs[key]
             arr = np.empty((s1 - s0, self.window, *trailing), dtype=dtype)
-            for (f, w0, w1, _, _), rows in zip(spans, reads[k * len(spans) : (k + 1) * len(spans)]):
+            for (f, w0, w1, _, _), rows in zip(spans, reads):
                 # (n, *trailing, window) view -> (n, window, *trailing) copy
                 view = np.lib.stride_tricks.sliding_window_view(rows, self.window, axis=0)
                 arr[w0 - s0 : w1 - s0] = np.moveaxis(view[:: self.stride], -1, 1)

@@ -81,7 +81,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # Keras' attributes keep Keras' meaning (its tests read them): `_current_epoch` the epoch a
         # backup now would resume at, `_last_batch_seen` (save_freq=n) the last batch trained, the four
         # paths the current and the previous backup's files (`_point_at`; Keras' names until a backup is).
-        self._keras_paths = self._paths()
+        self._keras_paths = (self._weights_path, self._training_metadata_path, self._prev_weights_path,
+                             self._prev_training_metadata_path)
         self._files = BackupFiles(backup_dir, keep_previous=bool(double_checkpoint))
         self._data = FitData(None, [])
         self._steps = None  # steps in an epoch (Keras' params)
@@ -115,8 +116,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         record = self._load_weights(record)
         self._point_at(record)
-        if not self._data.restore(model, record, self.backup_dir):
-            self._warn_once("a backup of other data than a kerasfeed dataset or loader")
+        if not self._data.restore(model, record, self.backup_dir) and not self._warned:
+            self._warned = True
+            warnings.warn(
+                "kerasfeed.BackupAndRestore: restored model and epoch from a backup of other data than a kerasfeed "
+                "dataset or loader; the data position is not restored (the epoch starts again from its first "
+                "batch). Fit a kerasfeed.to_dataset or kerasfeed.to_loader to resume exactly.",
+                stacklevel=2,
+            )
         self._current_epoch = int(record["epoch"])
         if record.get("data") is not None and self._data.known:
             self._resumed = (self._current_epoch, int(record["batch"]))
@@ -148,10 +155,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
             return self._files.fall_back(previous) if self._writer else previous
 
-    def _paths(self) -> tuple:
-        return (self._weights_path, self._training_metadata_path, self._prev_weights_path,
-                self._prev_training_metadata_path)
-
     def _point_at(self, record: dict) -> None:
         """Keras' four path attributes name the files of the committed ``record`` (and its previous)."""
         files = self._files
@@ -159,16 +162,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                  files.record_path(record, previous=True))
         (self._weights_path, self._training_metadata_path, self._prev_weights_path,
          self._prev_training_metadata_path) = (f or k for f, k in zip(found, self._keras_paths))
-
-    def _warn_once(self, what: str) -> None:
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"kerasfeed.BackupAndRestore: restored model and epoch from {what}; the data position is not "
-                "restored (the epoch starts again from its first batch). Fit a kerasfeed.to_dataset or "
-                "kerasfeed.to_loader to resume exactly.",
-                stacklevel=3,
-            )
 
     # -- save ------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:

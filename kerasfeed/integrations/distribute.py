@@ -1,10 +1,8 @@
 """``kerasfeed.distribute``: ``to_dataset`` for every input pipeline of a ``tf.distribute`` strategy.
 
-Each input pipeline (one per worker under ``MultiWorkerMirroredStrategy``)
-gets a ``to_dataset`` over its own shard of every pass, through the
-``input_context`` the strategy hands to its dataset function. How shards are
-resolved, and how the workers check that they agree, is the front end's
-(``kerasfeed/loading/shards.py``); this module only wraps the strategy's call.
+This module only wraps the strategy's call; how shards are resolved through the ``input_context`` the
+strategy hands to its dataset function, and how the workers check that they agree, is the front end's
+(``kerasfeed/loading/shards.py``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The kerasfeed data a running ``model.fit`` reads, and its position in a backup.
 
-``FitData.of(model)`` finds, from a callback's ``on_train_begin``, the fit
-call's ``x`` and Keras' epoch iterator (``kerasfeed/_keras_fit.py``),
-and the kerasfeed pipelines behind ``x``: a ``to_dataset`` dataset (or one
-derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under
-that backend). ``record`` is the data position saved with a backup;
-``resume`` checks a saved one against this run and starts the epoch inside
-its pass (``NOTE [ Resuming inside an epoch ]``). The callback's own
-``on_epoch_begin(epoch)`` (Keras' public route) goes to ``epoch_begins``: it
-checks that the fit started at the restored epoch and tells the pipelines.
+``FitData.of(model)`` finds, from a callback's ``on_train_begin``, the fit call's ``x`` and Keras' epoch
+iterator (``kerasfeed/_keras_fit.py``), and the kerasfeed pipelines behind ``x``: a ``to_dataset``
+dataset (or one derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under that
+backend). ``position`` is what a backup saves, ``restore`` resumes from it (``NOTE [ Resuming inside an
+epoch ]``), and ``epoch_begins`` takes the callback's own ``on_epoch_begin`` (Keras' public route).
 """
 
 from __future__ import annotations
@@ -212,17 +208,14 @@ class FitData:
         are whole passes. Items the saved run left out (``max_skipped``, the
         ``"skipped"`` of the position ``check`` accepted) count against the
         resumed pass's budget and, where items are batches, are passed over.
-        Keras' ``EpochIterator._enumerate_iterator`` is private; the
-        instance's is replaced for that one epoch (``_keras_fit.start_epoch_at``,
-        which refuses a Keras whose epoch iterator differs before any batch).
+        ``_keras_epoch_iterator.start_epoch_at`` does Keras' part (refusing a
+        Keras whose epoch iterator differs, before any batch).
         """
         if batch:
             start_epoch_at(self.view, batch, owner=owner)  # its checks first: nothing pinned if it refuses
         saved = self.accepted if self.accepted is not None and self.accepted.get("pass") == epoch else {}
         left_out = [i for e, i in saved.get("skipped", ()) if e == epoch]
         for pipeline in self.pipelines:
-            # Items the saved run left out before its position (max_skipped): the budget's count
-            # continues from them, and where items are batches they move the position on.
             extra = pipeline.resume_skipped(epoch, left_out) if hasattr(pipeline, "resume_skipped") else 0
             pipeline.pin(epoch, batch * pipeline.items_per_batch + extra)
 

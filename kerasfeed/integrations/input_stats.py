@@ -19,15 +19,9 @@ from kerasfeed.observe.stats import StatsCollector, live_collectors
 
 
 def input_run_dir(log_dir: "str | os.PathLike") -> str:
-    """The run directory of this process's input scalars under ``log_dir``.
-
-    ``log_dir/input`` for a single process; under a multi-worker cluster
-    (``TF_CONFIG``) or a multi-process Keras distribution (JAX),
-    ``kerasfeed.worker_run_dir(log_dir)/input`` (e.g.
-    ``log_dir/worker_1/input``, 1 being the worker or process index), beside
-    that worker's ``WorkerSummaries`` run: no two writers ever share one run
-    directory (TensorBoard mixes their events).
-    """
+    """This process's run directory for input scalars: ``log_dir/input``; under a multi-worker cluster
+    (``TF_CONFIG``) or a multi-process Keras distribution (JAX), ``worker_run_dir(log_dir)/input``, beside
+    that worker's ``WorkerSummaries`` run (TensorBoard mixes the events of writers that share a run directory)."""
     if not os.environ.get("TF_CONFIG") and hosts.current_processes() is None:
         return os.path.join(os.fspath(log_dir), "input")
     return os.path.join(worker_run_dir(log_dir), "input")
@@ -159,7 +153,8 @@ class InputStats(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_steps = 0
-        self._epoch_start = self._totals() if self._collector is not None else None
+        c = self._collector
+        self._epoch_start = None if c is None else _Totals(c.snapshot(), time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
@@ -168,7 +163,9 @@ class InputStats(keras.callbacks.Callback):
             return
         if self._epoch_start is None:  # found during this epoch's first step
             entry = self._baseline.get(id(self._collector))
-            self._epoch_start = entry[1] if entry else _Totals(self._empty(), time.perf_counter())
+            # Without an entry, a dataset built after fit began: nothing before.
+            empty = {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
+            self._epoch_start = entry[1] if entry else _Totals(empty, time.perf_counter())
         if self._writer is not None and self._step % self.every_n_steps == 0:
             self._write(self._collector.snapshot(), epoch_end=False)
 
@@ -203,11 +200,6 @@ class InputStats(keras.callbacks.Callback):
             self._writer = None
 
     # ------------------------------------------------------------ internals
-    @staticmethod
-    def _empty() -> dict:
-        # A dataset built after fit began: nothing before.
-        return {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
-
     def _stop_searching(self) -> None:
         if self._searching and self._collector is None:
             warnings.warn(
@@ -229,9 +221,6 @@ class InputStats(keras.callbacks.Callback):
             return False
         self._collector = best
         return True
-
-    def _totals(self) -> _Totals:
-        return _Totals(self._collector.snapshot(), time.perf_counter())
 
     def _write(self, snap: dict, epoch_end: bool, totals: Optional[_Totals] = None, interval: bool = True) -> None:
         now = totals or _Totals(snap, time.perf_counter())

@@ -115,14 +115,8 @@ class TrainingProgress(keras.callbacks.Callback):
     refuses it (its second epoch raises).
     """
 
-    def __init__(
-        self,
-        initial_state: Optional[Mapping[str, int]] = None,
-        path: Optional[Union[str, os.PathLike]] = None,
-        save_every: int = 1,
-        *,
-        order: Any = None,
-    ):
+    def __init__(self, initial_state: Optional[Mapping[str, int]] = None,
+                 path: Optional[Union[str, os.PathLike]] = None, save_every: int = 1, *, order: Any = None):
         super().__init__()
         save_every = _v.positive_int("save_every", save_every)
         start = ResumeState.from_dict({"epoch": 0, "batches": 0} if initial_state is None else initial_state)

@@ -1,17 +1,11 @@
 """``kerasfeed.OrbaxCheckpoint``: Keras' Orbax callback, with the data position in the same checkpoint.
 
-Keras' ``OrbaxCheckpoint`` saves one Orbax step per save: the checkpointables
-``pytree`` (model, optimizer and metrics variables), ``model_config`` and
-``assets``, through ``self.checkpointer`` (an ``ocp.v1.training.Checkpointer``).
-This subclass adds a ``kerasfeed`` checkpointable to every step, the record
-``kerasfeed.BackupAndRestore`` commits (epoch, batch, the data position:
-``FitData.position``), by wrapping that checkpointer: the step is written
-and committed by Orbax as a whole, so weights and position never disagree.
-Keras' callback restores nothing by itself (``model.load_weights(directory)``
-loads the latest step's weights); with ``restore=True`` this one restores
-the latest step at ``on_train_begin`` as ``BackupAndRestore`` does: weights,
-optimizer, epoch, and the data inside the interrupted epoch
-(``FitData.restore``).
+Keras' ``OrbaxCheckpoint`` saves one Orbax step per save (the checkpointables ``pytree``: model,
+optimizer and metrics variables, ``model_config`` and ``assets``) through ``self.checkpointer`` (an
+``ocp.v1.training.Checkpointer``), and restores nothing by itself. This subclass wraps that
+checkpointer to add a ``kerasfeed`` checkpointable, the record ``kerasfeed.BackupAndRestore`` commits
+(``FitData.position``), to every step: Orbax writes and commits the step as a whole, so weights and
+position never disagree. ``restore=True`` restores the latest step at ``on_train_begin`` (``FitData.restore``).
 """
 
 from __future__ import annotations

@@ -100,11 +100,7 @@ def _version_event(wall_time: float) -> list:
 
 
 class EventFile:
-    """One TensorBoard event file in ``run_dir``, written without TensorFlow.
-
-    Args:
-        run_dir: the run directory (made if missing).
-    """
+    """One TensorBoard event file in ``run_dir`` (made if missing), written without TensorFlow."""
 
     def __init__(self, run_dir: str):
         os.makedirs(run_dir, exist_ok=True)

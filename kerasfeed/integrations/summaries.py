@@ -20,9 +20,8 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
 
     ``k`` is the worker's index in a multi-worker cluster (the chief, if any,
     is 0), the process index (``jax.process_index()``) under a multi-process
-    Keras distribution on JAX, and 0 for a single worker. Two summary
-    writers must never share a run directory, so every worker writes under
-    its own.
+    Keras distribution on JAX, and 0 for a single worker (two summary
+    writers must never share a run directory).
 
     Example:
 
@@ -88,11 +87,10 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     def __init__(self, log_dir: Union[str, os.PathLike], update_freq: Union[str, int] = "epoch"):
         super().__init__()
-        log_dir = check_log_dir(log_dir, owner="WorkerSummaries")
+        self.log_dir = check_log_dir(log_dir, owner="WorkerSummaries")
         ok_int = isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq > 0
         if update_freq != "epoch" and not ok_int:
             raise ValueError(f"`update_freq` must be 'epoch' or a positive int. Received: update_freq={update_freq!r}")
-        self.log_dir = log_dir
         self.update_freq = update_freq
         self.run_dir: Optional[str] = None
         self._writer = None

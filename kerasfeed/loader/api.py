@@ -144,16 +144,14 @@ def to_loader(
     each process reads only its own shard of every pass (processes whose
     devices hold the same slices of the batch axis read the same one: Keras'
     own rule for ``tf.data`` in the usual meshes), with equal steps on every
-    process;
-    ``batch_size`` is then the *per-process* batch (the global batch is
-    ``batch_size`` times the number of shards, and it must divide among this
-    process's devices). Every process must create its loaders in the same
-    order, with the same arguments: the processes check at creation that
-    they agree on length, seed, order and batching (explicit ``num_shards``/
-    ``shard_index``/``input_context`` skip this; the batch must still divide
-    among the local devices). With ``batch_size=None`` every item must then be
-    a batch of the same size (the probes, which include the source's last
-    item, and every item as it is read). See ``docs/multiworker.md``.
+    process; ``batch_size`` is then the *per-process* batch (the global batch
+    is ``batch_size`` times the number of shards), and it must divide among
+    this process's devices. Every process must create its loaders in the same
+    order, with the same arguments: they check at creation that they agree on
+    length, seed, order and batching (explicit ``num_shards``/``shard_index``/
+    ``input_context`` skip this check). With ``batch_size=None`` every item
+    must then be a batch of the same size (the probes, which include the
+    source's last item, and every item as it is read). See ``docs/multiworker.md``.
 
     Returns:
         A ``kerasfeed.Loader``: ``iter(loader)`` reads one pass of numpy
@@ -189,10 +187,11 @@ def to_loader(
         print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
     ```
     """
-    # Under a multi-process Keras distribution (JAX) each process reads its own
-    # shard, and the processes check that they agree (kerasfeed/loading/hosts.py).
-    # Explicit shards skip the check, but `num_shards` alone still means this
-    # process's shard in a cluster (shards.given_shards).
+    arguments = dict(locals())  # every argument but `source` is a LoaderOptions field of the same name
+    del arguments["source"]
+    # Under a multi-process Keras distribution (JAX) the processes check that they agree
+    # (kerasfeed/loading/hosts.py); explicit shards skip the check, but `num_shards` alone
+    # still means this process's shard in a cluster (shards.given_shards).
     # NOTE [ The first import of Keras keeps its callers' frames ]
     # Under TensorFlow, the first `import keras` leaves a reference cycle that
     # holds the frames on the stack then (each frame holds its caller). Made
@@ -205,31 +204,7 @@ def to_loader(
 
     def make() -> tuple[Loader, Optional[dict]]:
         total = source_length(source)
-        options = LoaderOptions(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            executor=executor,
-            workers=workers,
-            worker_init=worker_init,
-            drop_remainder=drop_remainder,
-            padding_values=padding_values,
-            ragged=ragged,
-            probe=probe,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            initial_state=initial_state,
-            order=order,
-            input_context=input_context,
-            copy=copy,
-            device_prefetch=device_prefetch,
-            timeout=timeout,
-            retries=retries,
-            max_skipped=max_skipped,
-            worker_max_items=worker_max_items,
-            worker_max_rss=worker_max_rss,
-            cache=cache,
-        )
+        options = LoaderOptions(**arguments)
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)
         else:

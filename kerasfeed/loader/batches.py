@@ -2,22 +2,19 @@
 
 What ``iter(loader)`` yields, by default without a copy in this process:
 
-- ``batch_size=None`` (items are batches), threads: the arrays
-  ``source[i]`` returned, as they are (no re-stacking). If the source keeps
-  them and changes them later, the batch changes too; ``copy=True`` hands
-  over fresh arrays instead.
-- ``batch_size=None``, worker processes: views of the shared memory the
-  worker wrote the item into (items of 256 KB or more, within the pool's
-  lending budget; smaller ones are copied out). The memory stays lent to
-  the batch for as long as the batch or any view of it is alive: no worker
-  writes into it meanwhile, so a batch kept any length of time never
-  changes. It goes back to the pool when the last reference is dropped;
-  past the budget (16 items per worker, 256 MB) further items are copied,
-  so keeping many batches stays correct, only slower. ``copy=True`` copies
-  every item out at once (the memory is back at once).
+- ``batch_size=None`` (items are batches), threads: the arrays ``source[i]``
+  returned, as they are: if the source changes them later, the batch changes
+  too (``copy=True`` hands over fresh arrays instead).
+- ``batch_size=None``, worker processes: views of the shared memory the worker
+  wrote the item into (items of 256 KB or more; smaller ones are copied out).
+  The memory stays lent to the batch while the batch or any view of it is
+  alive (no worker writes into it, so a kept batch never changes) and goes
+  back to the pool with the last reference; past the pool's lending budget
+  (16 items per worker, 256 MB) items are copied, so keeping many batches
+  stays correct, only slower. ``copy=True`` copies every item out at once.
 - ``batch_size=n``: samples are written straight into one array per leaf
-  allocated for the batch (``BatchBuilder``): one copy, needed to stack
-  them; the batch shares nothing with the samples.
+  allocated for the batch (``BatchBuilder``): one copy, needed to stack them;
+  the batch shares nothing with the samples.
 """
 
 from __future__ import annotations
@@ -44,8 +41,9 @@ class BatchReader:
         batch_size: None (items are batches) or samples per batch.
         padding: one padding value per leaf.
         copy: hand over fresh arrays even when items are whole batches.
-        skips: items may be left out (``max_skipped``): NOTE [ A skipped item
-            and its batch ] in ``kerasfeed/loading/skips.py``.
+
+    An item left out (``max_skipped``): NOTE [ A skipped item and its batch ]
+    in ``kerasfeed/loading/skips.py``.
     """
 
     def __init__(
@@ -55,47 +53,34 @@ class BatchReader:
         batch_size: Optional[int],
         padding: list,
         copy: bool,
-        skips: bool = False,
     ):
         self._load = load
         self._signature = signature
         self._batch_size = batch_size
         self._padding = padding
         self._copy = copy
-        self._skips = skips
         # With batch_size=None: ``check(index, arrays)`` of each item, or None (Loader.check_batches).
         self.check_item: Optional[Callable[[int, list], None]] = None
 
     def read(self, p: Pass) -> Any:
         """Batch ``p.position`` of pass ``p``, as a nest of numpy arrays (``END``:
         the pass ended on items left out)."""
-        load, skeleton = self._load, self._signature.skeleton
         if self._batch_size is None:
-            if self._skips:
-                return self._next_item(p)
-            index = p.indices[p.position]
-            arrays = load(index, p.epoch)
-            if self.check_item is not None:
-                self.check_item(int(index), arrays)
-            return pack(skeleton, _fresh(arrays) if self._copy else arrays)
-        k = self._batch_size
+            return self._next_item(p)
+        load, k = self._load, self._batch_size
         start = p.position * k
         rows = p.indices[start : start + k]
         batch = BatchBuilder(self._signature, len(rows), self._padding)
-        if self._skips:  # a batch keeps its positions: an item left out is a row less
-            for i in rows:
-                arrays = load(i, p.epoch)
-                if arrays is not None:
-                    batch.add(arrays)
-        else:
-            for i in rows:
-                batch.add(load(i, p.epoch))
+        for i in rows:
+            arrays = load(i, p.epoch)
+            if arrays is not None:  # a batch keeps its positions: an item left out is a row less
+                batch.add(arrays)
         if p.position + 1 == p.batches:
             # The dropped remainder still passes through the pipeline (as in
             # to_dataset), so the pass ends for the source and the executor.
             for i in p.indices[start + k :]:
                 load(i, p.epoch)
-        return pack(skeleton, batch.finish())
+        return pack(self._signature.skeleton, batch.finish())
 
     def _next_item(self, p: Pass) -> Any:
         """The next item of ``p`` not left out (items are batches): each one

@@ -21,11 +21,7 @@ from kerasfeed.errors import SignatureError
 
 
 class Signature:
-    """The structure, dtypes and shapes every item must have (TF-free).
-
-    Inferred from probed items like ``to_dataset``'s signature: a dimension
-    that differs between probes becomes None (any size).
-    """
+    """The structure, dtypes and shapes (None: any size) every item must have, inferred from probes."""
 
     def __init__(self, skeleton: Any, names: list, dtypes: list, shapes: list):
         self.skeleton = skeleton
@@ -86,12 +82,10 @@ def _padded(arrays: Sequence[np.ndarray], value: Any) -> np.ndarray:
 class BatchBuilder:
     """One batch of ``size`` samples, assembled as the samples arrive.
 
-    A leaf whose shape the signature fixes is written straight into one
-    array allocated for the whole batch (one copy per sample, and each
-    sample's own arrays can be freed as soon as it is written). A leaf whose
-    shape may vary is kept until the batch is complete, then padded at the
-    end of every dimension to the largest size in the batch with its
-    padding value (``padded_batch``'s rule).
+    A leaf whose shape the signature fixes is written straight into one array
+    allocated for the whole batch (one copy per sample, whose own arrays can
+    be freed once written); a leaf whose shape may vary is kept until the
+    batch is complete, then padded with its padding value (``padded_batch``).
 
     Args:
         signature: the loader's ``Signature`` (shapes and dtypes per leaf).

@@ -3,13 +3,12 @@
 NOTE [ Device prefetch ]
 ========================
 
-Without it, the training thread itself moves every batch to the device:
-Keras' JAX trainer calls ``jax.device_put`` on each numpy batch (on an
-accelerator one batch ahead, ``_one_batch_ahead_iterator``; under a
-distribution ``jax.make_array_from_process_local_data`` with the data
-layout); Keras' PyTorch layers call ``tensor.to(device)`` from pageable
-memory, which blocks. Both take the GIL and the training thread's time.
-
+Without it, the training thread itself moves every batch to the device,
+taking the GIL and its own time: Keras' JAX trainer calls ``jax.device_put``
+on each numpy batch (on an accelerator one batch ahead,
+``_one_batch_ahead_iterator``; under a distribution
+``jax.make_array_from_process_local_data`` with the data layout); Keras'
+PyTorch layers call ``tensor.to(device)`` from pageable memory, which blocks.
 With ``device_prefetch=N`` a thread of the loader reads batches ahead and
 places the next ``N`` on the device:
 
@@ -17,42 +16,39 @@ places the next ``N`` on the device:
   what Keras would use itself, captured in the training thread when the
   iterator is made (Keras' global state is per thread): no distribution ->
   the default device (uncommitted, as Keras does); a distribution in one
-  process -> ``distribution.get_data_layout(shape).backend_layout`` for each
+  process -> ``distribution.get_data_layout(shape).backend_layout`` per
   array. Keras' own placement then finds the array where it belongs and
   returns it as is (``jax.device_put`` and, in one process,
   ``make_array_from_process_local_data`` hand back the same array): no
-  second copy. Under a distribution over several processes Keras assembles
-  the global batch from each process's numpy batch, so the batches stay
-  numpy there. Batches the mesh cannot split are refused before the first
-  step when their sizes are known (``Loader.check_batches``); one that still
-  cannot be placed (items that are batches of varying size) stays numpy,
-  and Keras does what it does without prefetch.
+  second copy. Over several processes Keras assembles the global batch from
+  each process's numpy batch, so the batches stay numpy. Batches the mesh
+  cannot split are refused before the first step when their sizes are known
+  (``Loader.check_batches``); one that still cannot be placed (items that
+  are batches of varying size) stays numpy, for Keras to handle as without
+  prefetch.
 - **PyTorch** (``get_torch_dataloader``, ``loader.torch()``): on CUDA the
   thread copies each array into pinned memory with numpy (``host_copy``)
   and starts a non-blocking copy on a stream of its own; the training
-  thread's stream waits for that copy (an event) before it uses the
-  tensors, and the tensors are marked used on it (``record_stream``), so
-  the caching allocator never reuses them early. Not torch's own
-  ``pin_memory()``: it copies on torch's intra-op pool, whose threads then
-  spin; on the 16-core GPU machine (2026-11-23) that took ~150 ms of CPU per
-  batch from the workers, and ``fit`` ran at 0.57-0.83 of the in-memory
-  rate (0.82-0.97 with numpy's copy, 15 workers, ``decode``).
-  Keras' ``convert_to_tensor`` then finds them on its device: no copy.
-  Other devices: a plain ``.to(device)`` in the thread; the CPU: tensors
-  sharing the numpy memory (``torch.from_numpy``).
+  thread's stream waits for that copy (an event) and the tensors are marked
+  used on it (``record_stream``), so the caching allocator never reuses them
+  early; Keras' ``convert_to_tensor`` then finds them on its device: no
+  copy. Not torch's own ``pin_memory()``: it copies on torch's intra-op
+  pool, whose threads then spin; on the 16-core GPU machine (2026-11-23)
+  that took ~150 ms of CPU per batch from the workers, and ``fit`` ran at
+  0.57-0.83 of the in-memory rate (0.82-0.97 with numpy's copy, 15 workers,
+  ``decode``). Other devices: a plain ``.to(device)`` in the thread; the
+  CPU: tensors sharing the numpy memory (``torch.from_numpy``).
 
 ``device_prefetch=None`` (the default) is 2 when the batches go to an
-accelerator (JAX's default backend is not the CPU; the torch device is not
-the CPU) and 0 on a CPU: there a device copy is no copy and the thread only
-costs. The thread reads at most ``N + 1`` batches beyond what the step took;
-the pass keeps that many (plus the one Keras' JAX trainer reads ahead) for
-Keras' model-build replay (``passes.py``). A prefetch thread stops when its
+accelerator (JAX's default backend, or the torch device, is not the CPU) and
+0 on a CPU, where a device copy is no copy and the thread only costs. The
+thread reads at most ``N + 1`` batches beyond what the step took; the pass
+keeps that many (plus the one Keras' JAX trainer reads ahead) for Keras'
+model-build replay (``passes.py``). A prefetch thread stops when its
 iterator is dropped (Keras drops it at the end of every epoch).
-
-``kerasfeed.stats(loader)["device"]`` reports what the training thread
-waited for: with prefetch, the time it blocked for a placed batch (the step
-waiting on input); the pipeline's own ``wait_ms`` is then the prefetch
-thread's.
+``kerasfeed.stats(loader)["device"]`` reports how long the training thread
+blocked for a placed batch (the step waiting on input); the pipeline's own
+``wait_ms`` is then the prefetch thread's.
 """
 
 from __future__ import annotations
@@ -202,20 +198,13 @@ class DeviceIterator:
                 if not self._thread.is_alive() and self._feed.queue.empty():
                     self._done = True
                     raise RuntimeError("kerasfeed: the device prefetch thread ended without a batch or an error.")
-        if kind == "batch":
-            self._stats.got(time.perf_counter() - t0)
-        if kind == "end":
+        if kind != "batch":  # "end" or "error"
             self._done = True
-            raise StopIteration
-        if kind == "error":
-            self._done = True
+            if kind == "end":
+                raise StopIteration
             raise value
+        self._stats.got(time.perf_counter() - t0)
         return self._finish(value) if self._finish is not None else value
-
-    def close(self) -> None:
-        """Stops the thread (it finishes the batch it is reading)."""
-        self._done = True
-        self._feed.stop.set()
 
 
 def _jax_place(device: Any, keras: bool) -> tuple[Optional[Callable[[Any], Any]], str]:
@@ -245,10 +234,9 @@ def _jax_place(device: Any, keras: bool) -> tuple[Optional[Callable[[Any], Any]]
             return _leafwise(put_sharded), f"{type(dist).__name__} data layout"
     if device is None:
         device = jax.config.jax_default_device  # None: the uncommitted default, as Keras puts it
-    target = device
 
     def put(a: np.ndarray) -> Any:
-        return jax.device_put(a, target) if target is not None else jax.device_put(a)
+        return jax.device_put(a, device) if device is not None else jax.device_put(a)
 
     return _leafwise(put), str(device) if device is not None else f"default device ({jax.devices()[0]})"
 
@@ -305,10 +293,9 @@ class _TorchPlace:
 def host_copy(torch: Any, a: np.ndarray, pin: bool) -> Any:
     """A torch CPU tensor holding a copy of ``a`` (in pinned memory if ``pin``), filled by numpy.
 
-    Not ``torch.from_numpy(a).pin_memory()``: torch copies on its intra-op
-    thread pool, whose threads spin between copies; one copy per batch kept
-    them spinning on every core (see NOTE [ Device prefetch ]). numpy copies
-    on the calling thread with the GIL released.
+    Not ``torch.from_numpy(a).pin_memory()``: torch copies on its intra-op pool, whose threads spin
+    between copies (one copy per batch kept every core spinning: NOTE [ Device prefetch ]); numpy
+    copies on the calling thread with the GIL released.
     """
     dtype, view = torch_dtype(torch, a.dtype)  # TypeError for what torch cannot hold
     host = torch.empty(a.shape, dtype=dtype, pin_memory=pin)
@@ -349,13 +336,8 @@ class TorchDeviceBatches(TorchBatches):
 
 
 class DeviceFeed:
-    """A loader's device prefetch: the option, the stats, the iterators.
-
-    Args:
-        depth: ``device_prefetch`` as checked by ``check_depth``.
-        passes: the loader's ``Passes``.
-        collector: the loader's ``StatsCollector`` (None: stats off).
-    """
+    """A loader's device prefetch: the option (``depth``, from ``check_depth``), the stats (to the
+    loader's ``StatsCollector``, ``collector``; None: off) and the iterators over its ``passes``."""
 
     def __init__(self, depth: Optional[int], passes: Any, collector: Any):
         self.depth = depth

@@ -61,15 +61,13 @@ def loader_class() -> type:
 
 
 # NOTE [ fit arguments a data adapter never sees ]
-# Keras hands a DataAdapter given as `x` to its epoch iterator as it is, so
-# `y`, `sample_weight` and `class_weight` passed beside a loader reach no
-# code and would be ignored in silence (Keras refuses `y`/`sample_weight`
-# beside a PyDataset, and applies `class_weight` to it). The epoch iterator
-# reads `num_batches` right after choosing the adapter, in its `__init__`,
-# whose arguments are those of the fit/evaluate/predict call: that read
-# checks them. Private Keras structure, read (and checked) by
-# `_keras_fit.epoch_iterator_arguments`: the backend tests call fit with each
-# argument under every backend.
+# Keras hands a DataAdapter given as `x` to its epoch iterator as it is, so `y`, `sample_weight`
+# and `class_weight` passed beside a loader reach no code and would be ignored in silence (Keras
+# refuses `y`/`sample_weight` beside a PyDataset, and applies `class_weight` to it). The epoch
+# iterator reads `num_batches` right after choosing the adapter, in its `__init__`, whose
+# arguments are those of the fit/evaluate/predict call: that read checks them. Private Keras
+# structure, read (and checked) by `_keras_epoch_iterator.epoch_iterator_arguments`: the backend
+# tests call fit with each argument under every backend.
 _DROPPED = {
     "y": "the targets are the second element of each item (x, y)",
     "sample_weight": "return (x, y, sample_weight) items from the source",
@@ -116,12 +114,8 @@ def get_tf_dataset(loader: Any) -> Any:
 
 
 def tf_dataset(loader: Any) -> Any:
-    """What the TensorFlow backend drains: ``to_dataset`` with the loader's
-    arguments on the loader's executor (same batches, same order).
-
-    Its passes are counted by that dataset, from the loader's
-    ``initial_state``; made once per loader.
-    """
+    """What the TensorFlow backend drains: ``to_dataset`` with the loader's arguments on its
+    executor (same batches, same order; the dataset counts its passes from ``initial_state``)."""
     from kerasfeed.tfdata.adapter import to_dataset  # TensorFlow: only on that backend
 
     options, feed = loader._options, loader._feed

@@ -37,12 +37,12 @@ class Loader:
     every epoch) start nothing.
 
     Keras builds an unbuilt model under JAX and PyTorch from one batch of a
-    throwaway iterator, then resets its epoch iterator. When Keras resets it
-    while the newest iterator has read no more than such a build reads (one
-    batch; two under JAX on an accelerator, where Keras reads one ahead; plus
-    what the device prefetch read ahead), the next iterator takes over that
-    pass and yields those batches again first: epoch ``k`` of ``fit`` reads
-    pass ``k`` on every backend (``passes.py``).
+    throwaway iterator, then resets its epoch iterator. If the newest iterator
+    had read no more than such a build reads (one batch; two under JAX on an
+    accelerator, where Keras reads one ahead; plus the device prefetch's),
+    the next iterator takes over that pass and yields those batches again
+    first: epoch ``k`` of ``fit`` reads pass ``k`` on every backend
+    (``passes.py``).
 
     Args:
         feed: the front end's feed (``kerasfeed/loading/feed.py``): shards,
@@ -69,8 +69,7 @@ class Loader:
             del probes
             self._pipeline = feed.pipeline(self._signature)
         self._reader = BatchReader(
-            self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy,
-            skips=self._pipeline.skips is not None,
+            self._pipeline.load, self._signature, options.batch_size, self._padding, options.copy
         )
         count = functools.partial(count_batches, batch_size=options.batch_size, drop_remainder=options.drop_remainder)
         self._passes = Passes(
@@ -179,16 +178,14 @@ class Loader:
         """Keras' hook (a pass starts on its first batch instead).
 
         Keras reads ``num_batches`` once per ``fit`` call and keeps it for
-        every epoch of the call: after a resumed (shorter) first pass, the
-        next epochs would read only that many batches of each whole pass.
-        The second epoch of such a call is refused, after the resumed one
-        trained, instead of losing data silently.
-
-        Under a Keras distribution set after the loader was made, batches it
-        cannot split among the devices are refused here: Keras calls this
-        before the epoch's first step, which purges the model's variables
-        into the step's state (an error at the first batch would leave the
-        model without them).
+        every epoch of the call: after a resumed (shorter) first pass the
+        next epochs would read only that many batches of each whole pass, so
+        the second epoch of such a call is refused (after the resumed one
+        trained) instead of losing data silently. Batches that a Keras
+        distribution set after the loader was made cannot split among the
+        devices are refused here, before the epoch's first step purges the
+        model's variables into the step's state (an error at the first batch
+        would leave the model without them).
 
         Raises:
             ValueError: an epoch after a resumed one in the same Keras call;
@@ -227,10 +224,7 @@ class Loader:
         self.close()
 
     def __repr__(self) -> str:
-        return (
-            f"<kerasfeed.Loader batches={len(self)} batch_size={self.batch_size} "
-            f"executor={self.executor.name!r}>"
-        )
+        return f"<kerasfeed.Loader batches={len(self)} batch_size={self.batch_size} executor={self.executor.name!r}>"
 
 
 __all__ = ["Loader"]

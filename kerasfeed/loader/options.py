@@ -12,16 +12,9 @@ from kerasfeed.loading.options import LoadOptions
 
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions(LoadOptions):
-    """The arguments of ``to_loader`` (see there): the shared ones
-    (``LoadOptions``) and its own.
-
-    Attributes:
-        ragged: must stay False (numpy has no ragged arrays): refused by name.
-        copy: hand over fresh arrays, never views of the source's or the
-            workers' memory.
-        device_prefetch: batches placed on the device ahead of the step
-            (None: 2 on an accelerator, 0 on a CPU; ``device.py``).
-    """
+    """The arguments of ``to_loader`` (see there): the shared ones (``LoadOptions``) and its
+    own: ``ragged`` (must stay False: numpy has no ragged arrays; refused by name), ``copy``
+    and ``device_prefetch`` (``device.py``)."""
 
     api: ClassVar[str] = "to_loader"
     owner: ClassVar[Optional[str]] = "to_loader"

@@ -28,12 +28,10 @@ END = object()
 
 
 class Pass:
-    """One pass being read: its order, how far it was read, its first batches.
-
-    The batches read are kept while there are at most ``keep`` of them, so
-    that a pass Keras opened only to build the model can be read again from
-    the start. ``lock`` is held while a batch is read, so an iterator taking
-    the pass over waits for a read still under way in the one it replaces.
+    """One pass being read: its order, how far it was read, its first batches (kept while
+    at most ``keep``, to replay a pass Keras opened only to build the model). ``lock`` is
+    held while a batch is read: an iterator taking the pass over waits for a read still
+    under way in the one it replaces.
     """
 
     __slots__ = ("epoch", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader", "lock")
@@ -83,13 +81,9 @@ class Passes:
         self._begun = False
 
     def iterator(self, keep: int = 1) -> "PassIterator":
-        """A new iterator; it takes over the pass ``hand_over`` kept, if any.
-
-        Args:
-            keep: batches the iterator may have read beyond what its consumer
-                took when a model build gives it up, plus one (1: it reads
-                only what is asked for).
-        """
+        """A new iterator; it takes over the pass ``hand_over`` kept, if any. ``keep``: batches it
+        may have read beyond what its consumer took when a model build gives it up, plus one (1: it
+        reads only what is asked for)."""
         with self._lock:
             ident = next(self._ids)
             self._newest = ident
@@ -107,8 +101,8 @@ class Passes:
             # A pass begun under fit may start anywhere (its epoch; a pinned resume): counted from its items.
             batches = self._count(len(indices))
             self._begun = True
-            p = self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices))
-            return p
+            self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices))
+            return self._open
 
     def current(self, p: Pass) -> bool:
         """Whether ``p`` is the pass a running ``fit`` reads next (True outside ``fit``):

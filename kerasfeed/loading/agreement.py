@@ -2,14 +2,14 @@
 
 Every worker of a ``tf.distribute`` cluster (``shards.py``) and every process
 of a multi-process Keras distribution (``hosts.py``) builds its own pipeline
-over its own shard; built from another source length, seed, shard count,
-batching or resume state, shards would overlap or step counts differ,
-silently. So the members all-gather one int64 row, the codes of the facts
-their caller lists (``check_agreement``): through the cluster's collective
-ops (``check_workers``; TensorFlow imported then, a worker that never joins
-fails after ``AGREEMENT_TIMEOUT_S``) or JAX (``hosts.exchange``). A mismatch
-fails on every member, naming what differs; a member whose pipeline failed
-sends a failure row, so the others raise instead of waiting at the first step.
+over its own shard; from another source length, seed, shard count, batching
+or resume state, shards would overlap or step counts differ, silently. So the
+members all-gather one int64 row of codes of the facts their caller lists
+(``check_agreement``), through the cluster's collective ops
+(``check_workers``: a worker that never joins fails after
+``AGREEMENT_TIMEOUT_S``) or JAX (``hosts.exchange``). A mismatch fails on
+every member, naming what differs; a member whose pipeline failed sends a
+failure row, so the others raise instead of waiting at the first step.
 """
 
 from __future__ import annotations
@@ -45,22 +45,14 @@ def _text(code: int) -> str:
 
 
 def check_agreement(
-    names: Sequence[str],
-    facts: Optional[dict],
-    exchange: Callable[[np.ndarray], np.ndarray],
-    *,
-    owner: str,
-    me: int,
-    count: int,
-    member: str = "process",
-    group: str = "",
+    names: Sequence[str], facts: Optional[dict], exchange: Callable[[np.ndarray], np.ndarray], *, owner: str,
+    me: int, count: int, member: str = "process", group: str = "",
 ) -> None:
-    """Exchanges this member's ``facts`` (``{name: value}`` with the ``names``, in the
-    same order on every member; None: its pipeline failed) through ``exchange`` (one
-    int64 row per member into a ``(count, len(row))`` table) and compares them.
-    Every member calls it once per pipeline, in the same order. ``me``: this member's
-    index; ``member``, ``group`` (``"of the keras.distribution.DataParallel"``) and
-    ``owner`` (the public function) are for messages.
+    """Exchanges this member's ``facts`` (``{name: value}`` over ``names``, in the same order on
+    every member; None: its pipeline failed) through ``exchange`` (one int64 row per member into a
+    ``(count, len(row))`` table) and compares them. Every member calls it once per pipeline, in the
+    same order. ``me``: this member's index; ``member``, ``group``
+    (``"of the keras.distribution.DataParallel"``) and ``owner`` are for messages.
 
     Raises:
         RuntimeError: another member failed to create its pipeline, or the

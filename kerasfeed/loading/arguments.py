@@ -1,10 +1,8 @@
 """The pass arguments every front end resolves the same way (TF-free).
 
-``to_dataset`` and ``to_loader`` take the same order, shard and resume
-arguments and must turn them into the same passes (the same order, the same
-number of batches, the same resumed first pass), so both resolve them here:
-``resolve_passes`` makes the order and counts a pass's batches (the shards
-come from ``shards.py``).
+``to_dataset`` and ``to_loader`` must turn the same order, shard and resume
+arguments into the same passes (order, batch counts, resumed first pass):
+``resolve_passes`` does it for both (the shards come from ``shards.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional
 
+from kerasfeed._validation import _where
 from kerasfeed.sampling.protocol import check_resume_order, resolve_order
 from kerasfeed.sampling.state import ResumeState
-
-
-def _where(owner: Optional[str]) -> str:
-    return f"{owner}: " if owner else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,17 +52,8 @@ def resume_state(initial_state: Optional[Mapping[str, int]]) -> ResumeState:
 
 
 def resolve_passes(
-    total: Optional[int],
-    *,
-    order: Any,
-    shuffle: bool,
-    seed: Optional[int],
-    num_shards: int,
-    shard_index: int,
-    batch_size: Optional[int],
-    drop_remainder: bool,
-    resume: ResumeState,
-    owner: Optional[str] = None,
+    total: Optional[int], *, order: Any, shuffle: bool, seed: Optional[int], num_shards: int, shard_index: int,
+    batch_size: Optional[int], drop_remainder: bool, resume: ResumeState, owner: Optional[str] = None,
 ) -> Passes:
     """Makes the order (``resolve_order``) and counts the batches of a pass.
 

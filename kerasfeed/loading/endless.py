@@ -2,11 +2,10 @@
 
 Keras 3 lets a ``PyDataset`` say it has no end (``num_batches`` returns
 None); ``model.fit`` then needs ``steps_per_epoch`` and keeps one iterator
-across its epochs. ``to_dataset`` does the same: every iterator of the
-dataset is one endless pass that reads indices 0, 1, 2, ... (of its shard).
-The executor gets the pass in blocks of ``BLOCK`` indices (an executor plans
-finite lists); the next block is planned when the last item of a block is
-taken, and worker processes start it ahead.
+across its epochs. So does ``to_dataset``: every iterator is one endless pass
+reading indices 0, 1, 2, ... (of its shard). The executor plans finite lists,
+so it gets the pass in blocks of ``BLOCK`` indices: the next is planned when
+a block's last item is taken, and worker processes start it ahead.
 """
 
 from __future__ import annotations
@@ -62,15 +61,8 @@ class EndlessPipeline(PassPipeline):
     ``set_epoch`` and ``on_epoch_begin`` and plans the first block;
     ``on_epoch_end`` is never called (the pass never ends)."""
 
-    def __init__(
-        self,
-        source: Any,
-        executor: Executor,
-        checker: Any,
-        num_shards: int = 1,
-        shard_index: int = 0,
-        block: int = BLOCK,
-    ):
+    def __init__(self, source: Any, executor: Executor, checker: Any, num_shards: int = 1, shard_index: int = 0,
+                 block: int = BLOCK):
         super().__init__(source, None, executor, checker, 0, 0)
         self._num_shards = int(num_shards)
         self._shard_index = int(shard_index)
@@ -112,7 +104,7 @@ class EndlessPipeline(PassPipeline):
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
         arrays = self._arrays(index, epoch)  # None: left out (max_skipped)
-        position = (index - self._shard_index) // self._num_shards
+        position = self.position_of(index, epoch)
         if position % self._block == self._block - 1 and epoch == self._current:
             self._plan(epoch, position // self._block + 1)
         return arrays

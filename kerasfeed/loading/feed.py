@@ -1,13 +1,12 @@
 """The stage every front end starts with: a source, its passes and its executor (TF-free).
 
-``open_feed`` takes the source, its length and the front end's options object
+``open_feed`` takes the source, its length and the front end's options
 (``options.py``) and resolves, in this order: what an endless source cannot
-do, the shards (the front end's own way, from ``shards.py``), the passes
-(order, counts, the resumed first pass: ``arguments.py``) and the executor.
-The front end then probes items (``Feed.probe``), learns what every item must
-look like, and builds the pass pipeline (``Feed.pipeline``) that its own
-assembly drives: a ``tf.data`` graph for ``to_dataset``, plain Python for
-``to_loader``.
+do, the shards (the front end's own way, ``shards.py``), the passes
+(``arguments.py``) and the executor. The front end then probes items
+(``Feed.probe``) to learn what every item must look like, and builds the pass
+pipeline (``Feed.pipeline``) its assembly drives: a ``tf.data`` graph for
+``to_dataset``, plain Python for ``to_loader``.
 """
 
 from __future__ import annotations
@@ -30,16 +29,14 @@ from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.loading.shards import ShardPlan, shard_probe_indices
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
 
-# The length an endless source counts as when shards are resolved: items for
-# any number of workers.
+# The length an endless source counts as when shards are resolved: items for any number of workers.
 ENDLESS = 2**62
 
 # Items tried in place of a probed item that fails, with max_skipped.
 PROBE_TRIES = 8
 
-# How a front end resolves its shards: (options, source length) -> ShardPlan
-# (``shards.cluster_shards``, ``shards.given_shards`` or
-# ``hosts.process_shard_plan(processes)``).
+# How a front end resolves its shards: (options, source length) -> ShardPlan (``shards.cluster_shards``,
+# ``shards.given_shards`` or ``hosts.process_shard_plan(processes)``).
 ShardResolver = Callable[[LoadOptions, int], ShardPlan]
 
 
@@ -59,15 +56,8 @@ class Feed:
             every item must have, from the probes; else None.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        total: Optional[int],
-        options: LoadOptions,
-        shards: ShardPlan,
-        passes: Passes,
-        executor: Executor,
-    ):
+    def __init__(self, source: Any, total: Optional[int], options: LoadOptions, shards: ShardPlan, passes: Passes,
+                 executor: Executor):
         self.source = source
         self.total = total
         self.options = options
@@ -95,10 +85,8 @@ class Feed:
             return list(range(shards.shard_index, shards.shard_index + probe * shards.num_shards, shards.num_shards))
         if shards.order is None and shards.num_shards > 1:
             passes = self.passes
-            return shard_probe_indices(
-                passes.order, self.total, probe, passes.resume.epoch, passes.skip,
-                batches=self.options.batch_size is None,
-            )
+            return shard_probe_indices(passes.order, self.total, probe, passes.resume.epoch, passes.skip,
+                                       batches=self.options.batch_size is None)
         return probe_indices(self.total, probe)
 
     def probe(self, at: Any) -> list:
@@ -148,24 +136,21 @@ class Feed:
             checker: turns an item into its flat arrays (``flat_arrays``),
                 refusing one that does not fit.
         """
-        passes, shards = self.passes, self.shards
+        passes, shards, options = self.passes, self.shards, self.options
         if self.item_batch_size is not None:  # refuses an item of another size, as it is read
-            checker = EqualItemBatches(checker, self.item_batch_size, self._probed, shards.equal_batches,
-                                       self.options.api)
+            checker = EqualItemBatches(checker, self.item_batch_size, self._probed, shards.equal_batches, options.api)
         if self.endless:
             pipeline = EndlessPipeline(self.source, self.executor, checker, shards.num_shards, shards.shard_index)
         else:
             # No initial_state given: passes begun under model.fit are its epochs (kerasfeed/_keras_fit.py).
-            follow = self.options.initial_state is None
             pipeline = PassPipeline(self.source, passes.order, self.executor, checker, passes.resume.epoch, passes.skip,
-                                    follow_keras=follow)
+                                    follow_keras=options.initial_state is None)
         # What TrainingProgress(order=<this front end>) records: items per batch, and batches per pass.
-        pipeline.items_per_batch, pipeline.batches_per_pass = self.options.batch_size or 1, passes.per_pass
+        pipeline.items_per_batch, pipeline.batches_per_pass = options.batch_size or 1, passes.per_pass
         # Pipelines reading their own shards make one step together (processes, tf.distribute workers).
         pipeline.num_shards = shards.num_shards if shards.order is None else 1
         if pipeline.stats is not None:  # kerasfeed.stats(...): batches/s from items/s
-            pipeline.stats.kind, pipeline.stats.items_per_batch = self.options.api, pipeline.items_per_batch
-        options = self.options
+            pipeline.stats.kind, pipeline.stats.items_per_batch = options.api, pipeline.items_per_batch
         if options.max_skipped:  # failed items left out, up to a budget per pass (loading/skips.py)
             pipeline.skips = SkipBudget(options.max_skipped, passes.items, options.batch_size, options.drop_remainder)
             if pipeline.stats is not None:
@@ -214,16 +199,9 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
             f"Received: max_skipped={options.max_skipped!r}"
         )
     passes = resolve_passes(
-        total,
-        order=plan.order,
-        shuffle=options.shuffle,
-        seed=options.seed,
-        num_shards=plan.num_shards,
-        shard_index=plan.shard_index,
-        batch_size=options.batch_size,
-        drop_remainder=options.drop_remainder,
-        resume=options.resume,
-        owner=options.owner,
+        total, order=plan.order, shuffle=options.shuffle, seed=options.seed, num_shards=plan.num_shards,
+        shard_index=plan.shard_index, batch_size=options.batch_size, drop_remainder=options.drop_remainder,
+        resume=options.resume, owner=options.owner,
     )
     if options.cache is not None:
         executor = cached_executor(source, total, options, plan)

@@ -1,15 +1,14 @@
 """Handing small items to tf.data in groups: one Python call for several items (TF-free).
 
 Every ``tf.numpy_function`` call costs the consumer process a fixed amount of
-CPU (taking the GIL, the call's machinery, waking the threads of the tf.data
-pipeline) whatever the item's size: measured at 0.25-0.4 ms per call on 2
-cores. Under ``model.fit`` that CPU and GIL time is taken from the training
-loop's own Python, which holds the GIL for most of every step. For small items
-(a latency-bound source returning a few KB) it is most of the consumer's cost,
-so ``to_dataset`` loads several consecutive items per call, stacks them, and
-lets tf.data split them again in C++ (``unbatch``). Large items are not
-grouped: stacking would add a copy of every byte. A group is a transport
-detail: it only takes items that are ready (NOTE [ Groups are a transport
+CPU (the GIL, the call's machinery, waking tf.data's threads) whatever the
+item's size: 0.25-0.4 ms per call measured on 2 cores, taken under
+``model.fit`` from the training loop's own Python, which holds the GIL for
+most of every step. For small items (a latency-bound source returning a few
+KB) that is most of the consumer's cost, so ``to_dataset`` loads several
+consecutive items per call, stacks them, and lets tf.data split them again in
+C++ (``unbatch``). Large items are not grouped: stacking would copy every
+byte. A group only takes items that are ready (NOTE [ Groups are a transport
 detail ]), so no item waits for a later one.
 """
 
@@ -23,10 +22,8 @@ from kerasfeed.sampling.views import as_view
 
 # Items whose arrays take at most this many bytes in all are grouped...
 GROUP_ITEM_BYTES = 64 * 2**10
-# ... up to this many per call, and at most GROUP_BYTES per call (the
-# stacked copy is made once per group; a group only takes items that are
-# ready, see NOTE [ Groups are a transport detail ]). 64 rather than 16 items
-# of a few KB cut tf.data's threads' CPU per item by ~30 % at a fixed pace
+# ... up to this many per call, and at most GROUP_BYTES per call (the stacked copy is made once per group).
+# 64 rather than 16 items of a few KB cut tf.data's threads' CPU per item by ~30 % at a fixed pace
 # (docs/performance.md, *Changed (larger groups)*).
 MAX_GROUP = 64
 GROUP_BYTES = 2**20
@@ -70,19 +67,18 @@ class _PassGroups:
     A group must never hold an item back: every item is handed over as soon
     as it and every item before it are made, and an error or a stuck item
     touches only itself and what comes after it. So a call waits for its
-    first item only; each later item joins the group only if the executor
-    has it made already (``ready``: a non-blocking look at the item's
-    handle, ~1 us). The first item that is not ready ends the group, and the
-    next call starts with it. An item whose load raises ends the group
-    before it; the next call raises its error at the item's own position,
-    and the pass goes on after it. While the consumer is the bottleneck
-    (the case grouping is for: ``model.fit`` on small items), the executor is
-    ahead and groups stay full; when it is not, groups shrink to what is
-    ready and nothing waits.
+    first item only; a later item joins only if the executor has it made
+    already (``ready``: a non-blocking look at its handle, ~1 us). The first
+    item not ready ends the group; the next call starts with it. An item whose
+    load raises ends the group before it; the next call raises its error at
+    the item's own position, and the pass goes on after it. While the
+    consumer is the bottleneck (the case grouping is for: ``model.fit`` on
+    small items), the executor is ahead and groups stay full; otherwise
+    groups shrink to what is ready and nothing waits.
 
-    The loader keeps each pass's position itself: ``begin`` records the
-    order, each ``load(epoch)`` continues it, and a call that finds the pass
-    exhausted returns zero items (tf.data stops calling there).
+    The loader keeps each pass's position itself: ``begin`` records its order,
+    each ``load(epoch)`` continues it, and a call that finds the pass exhausted
+    returns zero items (tf.data stops there).
 
     Not thread-safe: ``to_dataset`` calls it from a sequential map only.
 
@@ -98,20 +94,11 @@ class _PassGroups:
         empty: per leaf, a zero-item array of the right dtype and rank.
         end_pass: called once the pass's last item to load is stacked (None:
             nothing to call): the source's ``on_epoch_end`` may change arrays
-            that items of the group view, so it runs only once they are copied
-            into the stack.
+            that items of the group view, so it runs only once they are copied.
     """
 
-    def __init__(
-        self,
-        begin: Callable,
-        load_one: Callable,
-        ready: Callable,
-        open_leading: Sequence[bool],
-        group: int,
-        empty: list,
-        end_pass: Optional[Callable[[], None]] = None,
-    ):
+    def __init__(self, begin: Callable, load_one: Callable, ready: Callable, open_leading: Sequence[bool], group: int,
+                 empty: list, end_pass: Optional[Callable[[], None]] = None):
         self._begin = begin
         self._load_one = load_one
         self._end_pass = end_pass
@@ -126,9 +113,8 @@ class _PassGroups:
         epoch = int(epoch)
         # The pass's order stays a lazy view: read a position at a time (from its cached chunk).
         self._passes[epoch] = [as_view(indices), 0, None]
-        # Passes may be read at once (``zip(ds, ds)``); one that is no longer
-        # read (an iterator deleted mid-pass) is forgotten once enough newer
-        # ones began.
+        # Passes may be read at once (``zip(ds, ds)``); one no longer read (an iterator deleted
+        # mid-pass) is forgotten once enough newer ones began.
         while len(self._passes) > MAX_OPEN_PASSES:
             del self._passes[min(self._passes)]
         return np.int64(epoch)
@@ -187,12 +173,11 @@ class RunLoader(_PassGroups):
     leading lengths (items with no open leaf always do).
 
     Items that are batches keep their batch dimension open (a short batch may
-    come anywhere), so a group of them cannot be stacked in general. Mostly,
-    though, every batch but the last has the same size: a run of those stacks
-    into one dense array per leaf, and tf.data splits it with a plain
-    ``unbatch``. Splitting ragged rows instead costs ~15-30 us of tf.data CPU
-    per item (decoding each row, then a map to say it is dense), which under
-    ``model.fit`` is taken from the training step (docs/performance.md). An
+    come anywhere), but mostly every batch but the last has the same size: a
+    run of those stacks into one dense array per leaf, which tf.data splits
+    with a plain ``unbatch``. Splitting ragged rows instead costs ~15-30 us of
+    tf.data CPU per item (decoding each row, then a map to say it is dense),
+    taken under ``model.fit`` from the training step (docs/performance.md). An
     item whose lengths differ from the run's starts the next call's run;
     nothing is reloaded or dropped. See ``_PassGroups`` for the rest.
     """

@@ -5,11 +5,10 @@ divide among this process's devices on the batch axis (TF-free).
 layout of ``DataParallel``) splits every batch among the devices; one that
 does not divide fails inside the step, after the batches before it trained.
 The front end checks the batching when it is made, and items that are whole
-batches as each is read. Under several processes that read their own shards
-those must also all be of one size (``EqualItemBatches``): one step joins
-every process's batch of that step, and a short one on one process while
-another has a full one makes a wrong global batch (JAX does not refuse it).
-``hosts.py`` decides the shards.
+batches as each is read. Under several processes reading their own shards
+those must also all be of one size (``EqualItemBatches``): a step joins every
+process's batch, and a short one on one process beside a full one elsewhere
+makes a wrong global batch (JAX does not refuse it). ``hosts.py`` decides the shards.
 """
 
 from __future__ import annotations
@@ -24,18 +23,12 @@ from kerasfeed.loading.hosts import ProcessShards
 
 
 def check_local_batches(
-    processes: ProcessShards,
-    *,
-    batch_size: Optional[int],
-    partial: Optional[int],
-    leading: list,
-    owner: str,
+    processes: ProcessShards, *, batch_size: Optional[int], partial: Optional[int], leading: list, owner: str
 ) -> None:
     """Refuses a per-process batch that does not divide among this process's
-    devices on the batch axis (``jax.make_array_from_process_local_data``
-    would fail in the step: at the first, or for a short last batch after
-    the rest of the pass trained). Also for a distribution in one process
-    (``local_distribution``).
+    devices on the batch axis (the step would fail: at the first, or for a
+    short last batch after the rest of the pass trained). Also for a
+    distribution in one process (``local_distribution``).
 
     Args:
         batch_size: the per-process batch (None: items are batches).
@@ -78,10 +71,9 @@ def _devices_text(processes: ProcessShards) -> str:
 
 
 def item_batch_check(processes: Optional[ProcessShards], owner: str) -> Optional[Callable[[Any, list], None]]:
-    """With items that are whole batches of sizes that vary, a check of each
-    item's arrays as it is read: ``check(index, arrays)`` refuses one whose
-    leading size does not divide among this process's devices (JAX's would
-    fail mid-pass, after the batches before it trained). None: nothing to check."""
+    """With items that are whole batches of sizes that vary, ``check(index, arrays)``
+    of each item as it is read: refuses one whose leading size does not divide
+    among this process's devices. None: nothing to check."""
     if processes is None or processes.local_batch_shards <= 1:
         return None
     devices = processes.local_batch_shards
@@ -113,12 +105,8 @@ def _one_size(sizes: tuple) -> Any:
     return next(iter(known)) if len(known) == 1 else sizes
 
 
-def _size_text(sizes: tuple) -> str:
-    return str(_one_size(sizes))
-
-
 def _unequal(owner: str, index: Any, got: tuple, expected: tuple, probed: Any, why: str) -> ValueError:
-    size, want = _size_text(got), _size_text(expected)
+    size, want = _one_size(got), _one_size(expected)
     return ValueError(
         f"{owner}: item {index} is a batch of {size} samples, but the probed items are batches of {want} "
         f"(item {probed}). Under {why}, a step joins every process's batch of that step "
@@ -131,10 +119,9 @@ def _unequal(owner: str, index: Any, got: tuple, expected: tuple, probed: Any, w
 
 
 def equal_probed_batches(probes: list, why: str, owner: str) -> Optional[tuple]:
-    """The leading sizes (per leaf) that every item must have, from the
-    probed ``[(index, item), ...]`` (which include the source's last item,
-    where a short batch usually is). None when the probes cannot be read
-    (the signature check reports them).
+    """The leading sizes (per leaf) that every item must have, from the probed
+    ``[(index, item), ...]`` (which include the source's last item, where a
+    short batch usually is). None when the probes cannot be read.
 
     Raises:
         ValueError: probed items of different leading sizes.

@@ -1,35 +1,32 @@
 """Which shard of every pass this process reads under a multi-process Keras distribution.
 
 Keras 3's multi-host ``model.fit`` is its distribution API on JAX
-(``keras.distribution.initialize`` + ``DataParallel``/``ModelParallel``):
-one process per host, each feeding its *own part* of every global batch
+(``keras.distribution.initialize`` + ``DataParallel``/``ModelParallel``): one
+process per host, each feeding its *own part* of every global batch
 (``jax.make_array_from_process_local_data`` joins the processes' batches).
-Keras shards only ``tf.data`` input itself; ``get_data_adapter`` hands any
-``DataAdapter`` (which a ``to_loader`` is) to ``fit`` unchanged, before its
-auto-shard check. So a loader must read this process's shard by itself, or
-every process reads every item and the global batch holds each item once per
-process. This module decides the shard (TF-free; JAX and Keras are looked up
-only when the program already imported them) and checks that the processes
-agree before the first step.
+Keras shards only ``tf.data`` input itself: ``get_data_adapter`` hands a
+``DataAdapter`` (a ``to_loader``) to ``fit`` unchanged, before its auto-shard
+check. So a loader must read this process's shard by itself, or the global
+batch holds each item once per process. This module decides the shard
+(TF-free; JAX and Keras are looked up only when the program imported them)
+and checks that the processes agree before the first step.
 
 NOTE [ processes under keras.distribution ]
-Each process's batch fills the slices of the batch axis that its devices
-hold (``jax.make_array_from_process_local_data``). So processes whose devices
-hold the same slices must feed the same data, and the others disjoint data:
-the shards are the distinct sets of batch-axis slices the processes hold
-(read from the distribution's device mesh), and this process reads the one
-it holds. In the usual meshes that is Keras' own rule for ``tf.data``
+Each process's batch fills the batch-axis slices its devices hold, so
+processes holding the same slices must feed the same data and the others
+disjoint data: the shards are the distinct sets of batch-axis slices the
+processes hold (read from the device mesh), and this process reads its own.
+In the usual meshes that is Keras' own rule for ``tf.data``
 (``Distribution.distribute_tf_dataset``), used when the mesh cannot be read:
 with ``R`` model replicas along the batch dimension and ``P`` processes,
-``min(R, P)`` shards, this process reading ``distribution.data_shard_id``
-(its process index under ``DataParallel``; processes that hold one replica
-together read the same shard; ``R == 1``: every process reads everything).
-Each shard is cut as ``to_dataset``'s shards are
-(``IndexOrder``: every ``num_shards``-th entry of the pass order, cut to
-``n // num_shards``), so every process takes the same number of steps.
-``batch_size`` is the *per-process* batch: a step's global batch is
-``batch_size * num_shards`` samples, and the per-process batch is split again
-among this process's devices on the batch axis, so it must divide among them.
+``min(R, P)`` shards, this process reading ``distribution.data_shard_id`` (its
+process index under ``DataParallel``; processes holding one replica together
+read the same shard; ``R == 1``: every process reads everything). Each shard
+is cut as ``to_dataset``'s are (``IndexOrder``: every ``num_shards``-th entry
+of the pass order, cut to ``n // num_shards``), so every process takes the
+same number of steps. ``batch_size`` is the *per-process* batch: a step's
+global batch is ``batch_size * num_shards`` samples, and the per-process
+batch is split again among this process's devices, so it must divide among them.
 """
 
 from __future__ import annotations
@@ -50,18 +47,8 @@ T = TypeVar("T")
 
 # What the processes must agree on when a loader is created, in this order.
 FACTS = (
-    "len(source)",
-    "shuffle",
-    "seed",
-    "order fingerprint",
-    "num_shards",
-    "batch_size",
-    "drop_remainder",
-    "batches per pass",
-    "batches in the first pass",
-    "initial_state epoch",
-    "initial_state batches",
-    "item batch size",
+    "len(source)", "shuffle", "seed", "order fingerprint", "num_shards", "batch_size", "drop_remainder",
+    "batches per pass", "batches in the first pass", "initial_state epoch", "initial_state batches", "item batch size",
 )
 
 
@@ -127,16 +114,14 @@ def _active_distribution() -> Any:
 
 
 def local_distribution() -> Optional[ProcessShards]:
-    """The active Keras distribution when it splits this process's batch
-    among several of its devices, as a ``ProcessShards``; else None. In one
-    process (``DataParallel`` over the local GPUs) that of one process;
-    under several, ``current_processes()``, whatever shards the loader was
-    given (explicit ``num_shards``/``shard_index`` included).
+    """The active Keras distribution as a ``ProcessShards`` when it splits this
+    process's batch among several of its devices, else None: in one process
+    (``DataParallel`` over the local GPUs) that of one process; under several,
+    ``current_processes()``, whatever shards the loader was given.
 
-    Its batches must divide among those devices (``host_batches.
-    check_local_batches``): Keras' placement of a batch that does not fails
-    in the step, after the batches before it trained. Read in the thread
-    that will train (the distribution is per thread).
+    Its batches must divide among those devices
+    (``host_batches.check_local_batches``). Read in the thread that will
+    train (the distribution is per thread).
     """
     jax = sys.modules.get("jax")
     dist = _active_distribution()
@@ -170,13 +155,8 @@ def current_processes() -> Optional[ProcessShards]:
         shards = _mesh_shards(dist, jax) or (
             min(replicas, processes), int(dist.data_shard_id), max(1, replicas // processes)
         )
-        return ProcessShards(
-            processes,
-            int(jax.process_index()),
-            *shards,
-            f"keras.distribution.{type(dist).__name__}",
-            dist.batch_dim_name,
-        )
+        source = f"keras.distribution.{type(dist).__name__}"
+        return ProcessShards(processes, int(jax.process_index()), *shards, source, dist.batch_dim_name)
     if _jax_cluster(jax) and jax.process_count() > 1:
         index = int(jax.process_index())
         return ProcessShards(int(jax.process_count()), index, int(jax.process_count()), index)
@@ -237,10 +217,9 @@ class _ProcessShardOrder:
 def process_shards(
     processes: ProcessShards, *, length: int, order: Any, shuffle: bool, seed: Optional[int], owner: str
 ) -> tuple[Optional[int], Optional[int], Any]:
-    """``(num_shards, shard_index, order)`` for a loader of this process.
-
-    An unsharded ``order=`` object is cut into this process's shard; one
-    built with ``num_shards > 1`` is taken as it is (its shards are yours).
+    """``(num_shards, shard_index, order)`` for a loader of this process: an
+    unsharded ``order=`` object is cut into this process's shard; one built
+    with ``num_shards > 1`` is taken as it is (its shards are yours).
 
     Raises:
         ValueError: shuffling across processes without a ``seed``, or fewer
@@ -292,10 +271,8 @@ def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPl
 
 def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int], num_shards: int,
                batch_size: Optional[int], drop_remainder: bool, item_batch_size: Any = None) -> dict:
-    """``{fact: value}`` for ``FACTS``, from a pipeline's resolved passes
-    (``item_batch_size``: with ``batch_size=None``, the leading size every
-    item must have, ``Feed.item_batch_size``; the front end may set it
-    after)."""
+    """``{fact: value}`` for ``FACTS``, from a pipeline's resolved passes (``item_batch_size``: with
+    ``batch_size=None``, ``Feed.item_batch_size``; the front end may set it after)."""
     return {
         "len(source)": total,
         "shuffle": bool(shuffle),
@@ -313,10 +290,8 @@ def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int]
 
 
 def exchange(processes: ProcessShards, row: np.ndarray) -> np.ndarray:
-    """All-gathers one int64 row per process through JAX: a ``(P, len(row))`` table.
-
-    Sent as int32 pairs (JAX has no int64 without ``jax_enable_x64``).
-    """
+    """All-gathers one int64 row per process through JAX: a ``(P, len(row))`` table
+    (sent as int32 pairs: JAX has no int64 without ``jax_enable_x64``)."""
     from jax.experimental import multihost_utils
 
     local = np.ascontiguousarray(row, dtype=np.int64).view(np.int32)
@@ -327,10 +302,9 @@ def exchange(processes: ProcessShards, row: np.ndarray) -> np.ndarray:
 def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]], *, owner: str) -> T:
     """``make()``'s object, once every process made its own and they agree.
 
-    ``make`` returns ``(obj, facts)``; with ``processes`` None it is just
-    called. Otherwise a failure in ``make`` is exchanged too (the others then
-    raise instead of waiting at the first step), and ``obj`` is closed when
-    the processes disagree.
+    ``make`` returns ``(obj, facts)``; with ``processes`` None it is just called.
+    Otherwise a failure in ``make`` is exchanged too (the others then raise
+    instead of waiting), and ``obj`` is closed when the processes disagree.
     """
     if processes is None:
         return make()[0]
@@ -360,12 +334,6 @@ def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]
 
 
 __all__ = [
-    "FACTS",
-    "ProcessShards",
-    "agreed",
-    "current_processes",
-    "exchange",
-    "pass_facts",
-    "process_shard_plan",
+    "FACTS", "ProcessShards", "agreed", "current_processes", "exchange", "pass_facts", "process_shard_plan",
     "process_shards",
 ]

@@ -1,14 +1,13 @@
 """The arguments every front end shares, resolved once into one options object (TF-free).
 
 ``to_dataset`` and ``to_loader`` take the same batching, order, shard, resume
-and executor arguments. Each public function builds one options object from
-its keyword arguments: ``DatasetOptions`` (``kerasfeed/tfdata/options.py``)
-or ``LoaderOptions`` (``kerasfeed/loader/options.py``), both a
-``LoadOptions`` with the front end's own fields added. It is checked once,
+and executor arguments, into a ``LoadOptions`` with the front end's own fields
+added (``DatasetOptions`` in ``kerasfeed/tfdata/options.py``,
+``LoaderOptions`` in ``kerasfeed/loader/options.py``). It is checked once,
 when built (``__post_init__``, before any item is loaded or any worker
-starts), and passed whole to every stage after that: the shards
-(``shards.py``), the passes (``arguments.py``), the executor and the pass
-pipeline (``feed.py``), then the front end's own assembly.
+starts), and passed whole to every later stage: the shards (``shards.py``),
+the passes (``arguments.py``), the executor and the pass pipeline
+(``feed.py``), then the front end's own assembly.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import dataclasses
 from typing import Any, Callable, ClassVar, Mapping, Optional, Union
 
 from kerasfeed import _validation as _v
+from kerasfeed._validation import _where
 from kerasfeed.cache.options import resolve_cache
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions
@@ -95,7 +95,6 @@ class LoadOptions:
         object.__setattr__(self, name, value)
 
     def __post_init__(self):
-        # Built (and checked) once here, used whole by every process executor.
         self._put("pool", PoolOptions(workers=self.workers, worker_init=self.worker_init, seed=self.seed,
                                       timeout=self.timeout, retries=self.retries,
                                       worker_max_items=self.worker_max_items, worker_max_rss=self.worker_max_rss))
@@ -122,10 +121,6 @@ class LoadOptions:
     def _check_own(self) -> None:
         """The front end's own arguments, checked after the worker options
         and before the shared ones (a subclass's hook)."""
-
-
-def _where(owner: Optional[str]) -> str:
-    return f"{owner}: " if owner else ""
 
 
 __all__ = ["LoadOptions"]

@@ -3,8 +3,7 @@
 ``PassPipeline`` owns the pass bookkeeping (which pass runs next, the resumed
 first pass, the epoch hooks, handing each pass's order to the executor) and
 item loading through the executor. ``to_dataset`` drives it from
-``tf.numpy_function`` calls; a front end without TensorFlow can drive it the
-same way from plain Python.
+``tf.numpy_function`` calls, ``to_loader`` from plain Python.
 """
 
 from __future__ import annotations
@@ -49,10 +48,7 @@ class PassPipeline:
 
     def __init__(self, source: Any, order: Any, executor: Executor, checker: Any, start_epoch: int, skip: int,
                  follow_keras: bool = False):
-        self._source = source
-        self._order = order
-        self.executor = executor
-        self._checker = checker
+        self._source, self._order, self.executor, self._checker = source, order, executor, checker
         self._lock = threading.Lock()
         self._next = start_epoch
         self._skip = skip  # items already consumed in the first (resumed) pass
@@ -67,13 +63,12 @@ class PassPipeline:
         self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
         self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
         self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
-        # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep
-        # a numpy_function's arrays without copying them, for as long as the
-        # consumer holds the element. A hook of the user's that overwrites in
-        # place what earlier items viewed (``self.x[a:b]``, then an in-place
-        # reshuffle in ``on_epoch_end``) would change elements still in flight,
-        # so with such hooks, views the source lends this process are copied.
-        # Groups copy anyway (the stack) and run the hook after it (``end_pass``).
+        # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep a numpy_function's
+        # arrays without copying them, for as long as the consumer holds the element. A user's hook
+        # that overwrites in place what earlier items viewed (``self.x[a:b]``, then an in-place
+        # reshuffle in ``on_epoch_end``) would change elements still in flight, so with such hooks,
+        # views the source lends this process are copied. Groups copy anyway (the stack) and run
+        # the hook after it (``end_pass``).
         self._copy_views = executor.lends_source_arrays and has_own_epoch_hooks(source)
         self.stats = new_collector("pipeline")  # None when switched off
         if self.stats is not None:
@@ -101,9 +96,8 @@ class PassPipeline:
         if self._resumed_pass is not None and epoch == self._resumed_pass + 1:
             self._check_keras_length()
         self._run_begin_hooks(epoch)
-        # After the hooks: an executor in this process makes items from now on.
-        # Worker processes may also go on with the next pass's first items
-        # when this one is all requested (its order is known: seeded).
+        # After the hooks: an executor in this process makes items from now on. Worker processes may
+        # also go on with the next pass's first items when this one is all requested (its order is seeded).
         if self.executor.plans_next_pass:
             self.executor.plan(epoch, indices, (epoch + 1, pass_view(self._order, epoch + 1)))
         else:
@@ -214,10 +208,9 @@ class PassPipeline:
         return indices.window(start, start + INDEX_WINDOW)
 
     def _run_begin_hooks(self, epoch: int) -> None:
-        # The executor hears when each hook is about to run: one whose items
-        # run on a copy of the source (worker processes) tells from that what
-        # the hooks changed and carries it over (see execution/state_sync.py).
-        # Hooks run with the default floating-point environment, as items do
+        # The executor hears when each hook is about to run: one whose items run on a copy of the source
+        # (worker processes) tells from that what the hooks changed and carries it over
+        # (execution/state_sync.py). Hooks run with the default floating-point environment, as items do
         # (NOTE [ Threads that run the source start with the default floating-point environment ]).
         with default_fp_env():
             self.executor.before_hook("set_epoch")
@@ -269,10 +262,9 @@ class PassPipeline:
             raise
 
     def _after_death(self, index: int, epoch: int, error: WorkerError) -> Optional[list]:
-        """Item ``index`` failed only because its worker died making item
-        ``error.index`` (no retries: the pool closed): the executor restarts
-        without that item (``Executor.item_skipped``, whose own load then
-        fails at once, where it may be left out) and ``index`` is loaded again."""
+        """Item ``index`` failed only because its worker died making item ``error.index`` (no
+        retries: the pool closed): the executor restarts without that item (``Executor.item_skipped``;
+        its own load then fails at once, where it may be left out) and ``index`` is loaded again."""
         for _ in range(RESTARTS):
             self.executor.item_skipped(int(error.index), epoch)
             try:
@@ -317,10 +309,9 @@ class PassPipeline:
                 "ends after the batches it has, and the next starts with the next pass.")
 
     def position_of(self, index: int, epoch: int) -> Optional[int]:
-        """The position in pass ``epoch`` of item ``index`` being loaded now (None: not known).
-
-        Items are loaded in pass order (a parallel map only a few apart):
-        the search starts at the number loaded so far."""
+        """The position in pass ``epoch`` of item ``index`` being loaded now (None: not known). Items
+        are loaded in pass order (a parallel map only a few apart): the search starts at the number
+        loaded so far."""
         with self._lock:
             view, left = self._views.get(epoch), self._remaining.get(epoch, 0)
         if view is None:
@@ -336,9 +327,9 @@ class PassPipeline:
         return [] if self.skips is None else self.skips.before(epoch, batches)
 
     def resume_skipped(self, epoch: int, indices: Any) -> int:
-        """A saved run left ``indices`` out of pass ``epoch`` before its saved
-        position: the budget's count continues from them. Returns the items
-        they add to that position (batch_size=None: each was a batch)."""
+        """A saved run left ``indices`` out of pass ``epoch`` before its saved position: the budget's
+        count continues from them. Returns the items they add to that position (batch_size=None: each
+        was a batch)."""
         if self.skips is None:
             return 0
         self.skips.restore(epoch, indices)
@@ -349,10 +340,9 @@ class PassPipeline:
         return self.executor.ready(int(i), int(epoch))
 
     def take(self, i, epoch) -> tuple:
-        """``(arrays, last)``: item ``i`` of pass ``epoch``, and whether it was
-        the pass's last item to load. After ``last`` the caller runs
-        ``end_pass`` once nothing it hands out views the item any more (the
-        group loaders: after stacking the group)."""
+        """``(arrays, last)``: item ``i`` of pass ``epoch``, and whether it was the pass's last item to
+        load. After ``last`` the caller runs ``end_pass`` once nothing it hands out views the item any
+        more (the group loaders: after stacking the group)."""
         index, epoch = int(i), int(epoch)
         arrays = self._arrays(index, epoch)
         with self._lock:
@@ -367,9 +357,8 @@ class PassPipeline:
         return arrays, last
 
     def end_pass(self) -> None:
-        """Every item of the pass is loaded (whatever order the parallel calls
-        finished in): the pass is over for the source, without waiting for a
-        consumer that may never ask past the last element."""
+        """Every item of the pass is loaded (in whatever order): the pass is over for the source,
+        without waiting for a consumer that may never ask past the last element."""
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
             with default_fp_env():  # as items (execution/fpenv.py)
@@ -378,20 +367,18 @@ class PassPipeline:
     def load(self, i, epoch):
         """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
         arrays, last = self.take(i, epoch)
-        if last or self._copy_views:
-            # The hook may change in place what items view: hand over copies
-            # (NOTE [ Epoch hooks and items that view the source ]); the last
-            # item's arrays always, as the hook runs before this call returns.
-            if arrays is not None:
-                arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
+        # The hook may change in place what items view: hand over copies
+        # (NOTE [ Epoch hooks and items that view the source ]); the last item's arrays always, as the
+        # hook runs before this call returns.
+        if (last or self._copy_views) and arrays is not None:
+            arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
         if last:
             self.end_pass()
         return arrays
 
     def load_marked(self, i, epoch) -> list:
-        """``load`` for tf.data with ``max_skipped``: the arrays and a True
-        mark, or for an item left out ``placeholder`` and a False mark (the
-        tail drops it: NOTE [ A skipped item and its batch ], skips.py)."""
+        """``load`` for tf.data with ``max_skipped``: the arrays and a True mark, or for an item left
+        out ``placeholder`` and a False mark (the tail drops it: NOTE [ A skipped item and its batch ])."""
         arrays = self.load(i, epoch)
         return self.placeholder + [_LEFT_OUT] if arrays is None else arrays + [_KEPT]
 

@@ -1,30 +1,21 @@
-"""Which shard of every pass a pipeline reads: shard resolution for every front end.
+"""Which shard of every pass a pipeline reads, for every front end.
 
 A pipeline reads one of ``num_shards`` disjoint shards of every pass
-(``IndexOrder``), from, in this order of precedence:
-
-- an ``input_context`` (a ``tf.distribute.InputContext``, or any object with
-  ``num_input_pipelines`` and ``input_pipeline_id``) or explicit
-  ``num_shards``/``shard_index`` (``shards_from``);
-- otherwise, in a process that is one worker of a multi-worker
-  ``tf.distribute`` cluster, one shard per worker (``current_worker``);
-- otherwise the whole source.
+(``IndexOrder``), by precedence: an ``input_context`` (a
+``tf.distribute.InputContext``, or any object with ``num_input_pipelines``
+and ``input_pipeline_id``) or explicit ``num_shards``/``shard_index``
+(``shards_from``); else, in a worker of a multi-worker ``tf.distribute``
+cluster, one shard per worker (``current_worker``); else the whole source.
 
 Under ``tf.distribute.MultiWorkerMirroredStrategy`` every worker runs its own
-input pipeline. tf.data's default auto-sharding cannot find a file reader in
-a ``range -> numpy_function`` pipeline and falls back to sharding by data:
-every worker would make every item and throw away the others' (N times the
-work, silently). kerasfeed therefore shards its own index space by worker
+input pipeline, and tf.data's auto-sharding, finding no file reader in a
+``range -> numpy_function`` pipeline, falls back to sharding by data: every
+worker would make every item and throw away the others' (N times the work,
+silently). So kerasfeed shards its own index space by worker
 (``ShardPlan.parts`` tells a tf.data front end to turn auto-sharding off).
-
-Who this worker is comes from the strategy in scope, or else from the
-multi-worker cluster the process joined (a ``MultiWorkerMirroredStrategy``
-must be created at program start, before other TensorFlow ops, so a dataset
-made afterwards sees it even outside ``strategy.scope()``). The choice is made
-when the pipeline is created because its number of steps depends on it and
-``tf.distribute``/Keras read that number before the first pass. The workers
-then check that they agree (``agreement.check_workers``). TensorFlow is
-imported only when it is asked who this worker is.
+The shards are chosen when the pipeline is created, as its number of steps
+depends on them and ``tf.distribute``/Keras read it before the first pass;
+the workers then check that they agree (``agreement.check_workers``).
 """
 
 from __future__ import annotations
@@ -40,10 +31,6 @@ from kerasfeed import _validation as _v
 from kerasfeed.loading.agreement import check_workers
 from kerasfeed.sampling.protocol import order_fingerprint
 from kerasfeed.sampling.views import pass_view
-
-
-def _where(owner: Optional[str]) -> str:
-    return f"{owner}: " if owner else ""
 
 
 def shards_from(
@@ -75,21 +62,21 @@ def shards_from(
         return num_shards, shard_index
     if num_shards is not None or shard_index is not None:
         raise ValueError(
-            f"{_where(owner)}Pass either `input_context` or `num_shards`/`shard_index`, not both. "
+            f"{_v._where(owner)}Pass either `input_context` or `num_shards`/`shard_index`, not both. "
             f"Received: num_shards={num_shards}, shard_index={shard_index}, input_context={input_context}"
         )
     try:
         pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
     except AttributeError:
         raise TypeError(
-            f"{_where(owner)}`input_context` must be a tf.distribute.InputContext (or any object with "
+            f"{_v._where(owner)}`input_context` must be a tf.distribute.InputContext (or any object with "
             f"`num_input_pipelines` and `input_pipeline_id`). Received: input_context={input_context!r}"
         ) from None
     pipelines = _v.positive_int("input_context.num_input_pipelines", pipelines, owner=owner)
     pipeline_id = _v.non_negative_int("input_context.input_pipeline_id", pipeline_id, owner=owner)
     if pipeline_id >= pipelines:
         raise ValueError(
-            f"{_where(owner)}`input_context.input_pipeline_id` must be below `num_input_pipelines`. "
+            f"{_v._where(owner)}`input_context.input_pipeline_id` must be below `num_input_pipelines`. "
             f"Received: input_pipeline_id={pipeline_id}, num_input_pipelines={pipelines}"
         )
     return pipelines, pipeline_id
@@ -164,9 +151,11 @@ def current_worker() -> Optional[WorkerIdentity]:
     """This worker under a multi-worker strategy, or None (one worker).
 
     The strategy in scope decides when there is one; otherwise the cluster
-    that a ``MultiWorkerMirroredStrategy`` created in this process joined.
-    Without TensorFlow imported there is neither (nor an import of it, which
-    costs seconds and may not be installed under JAX or PyTorch).
+    that a ``MultiWorkerMirroredStrategy`` created in this process joined (it
+    must be created at program start, before other TensorFlow ops, so a
+    dataset made afterwards sees it even outside ``strategy.scope()``).
+    Without TensorFlow imported there is neither; it is never imported here
+    (seconds, and it may not be installed under JAX or PyTorch).
     """
     if "tensorflow" not in sys.modules:
         return None
@@ -200,10 +189,9 @@ class ShardPlan:
             none, ``IndexOrder`` from ``shuffle``/``seed``/the shards), or
             this process's cut of it (``hosts.py``).
         equal_batches: set when the pipeline is one of several processes'
-            shards whose batches one step joins (JAX's
-            ``make_array_from_process_local_data``): who they are, for
-            messages. Items that are whole batches must then all have the
-            same leading size (``host_batches.EqualItemBatches``).
+            shards whose batches one step joins: who they are, for messages.
+            Items that are whole batches must then all have the same leading
+            size (``host_batches.EqualItemBatches``).
     """
 
     num_shards: Optional[int]
@@ -252,12 +240,11 @@ def resolve_shards(
 ) -> tuple[int, int, Optional[WorkerIdentity]]:
     """Returns ``(num_shards, shard_index, worker)`` for a pipeline.
 
-    Explicit ``input_context`` or ``num_shards``/``shard_index`` win; with
-    neither, a multi-worker strategy gives one shard per worker, and
-    ``num_shards`` alone gives this worker's shard when it equals the
-    workers (``cluster_shard_index``). ``worker`` is set whenever this
-    process is part of a multi-worker cluster (the agreement check then
-    runs).
+    Explicit ``input_context`` or ``num_shards``/``shard_index`` win, else one
+    shard per worker of a multi-worker strategy; ``num_shards`` alone gives
+    this worker's shard when it equals the workers (``cluster_shard_index``).
+    ``worker`` is set whenever this process is in a multi-worker cluster (the
+    agreement check then runs).
 
     Raises:
         ValueError: both ways of sharding given, more workers (or input
@@ -359,10 +346,8 @@ def _plan_order(api, length, num_shards, shard_index, input_context, order, fiel
 
 
 def cluster_shards(options: Any, length: int) -> ShardPlan:
-    """``to_dataset``'s shards: as given, else one per worker of a ``tf.distribute`` cluster.
-
-    The workers of a cluster then check that they agree on the source
-    length, the seed, the shuffle, the batching and the resume position.
+    """``to_dataset``'s shards: as given, else one per worker of a ``tf.distribute`` cluster, whose
+    workers then check that they agree on the source length, seed, shuffle, batching and resume position.
 
     Args:
         options: the front end's ``LoadOptions``.
@@ -390,14 +375,11 @@ def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
             reads one of several shards needs items of one batch size
             (``ShardPlan.equal_batches``).
     """
-    num_shards, shard_index = shards_from(
-        options.num_shards, options.shard_index, options.input_context, owner=options.owner
-    )
     order, context = options.order, options.input_context
+    num_shards, shard_index = shards_from(options.num_shards, options.shard_index, context, owner=options.owner)
     if cluster is not None and num_shards is not None and shard_index is None and order is None and context is None:
-        shard_index = cluster_shard_index(
-            options.api, num_shards, cluster.num_processes, cluster.process_index, "processes"
-        )
+        shard_index = cluster_shard_index(options.api, num_shards, cluster.num_processes, cluster.process_index,
+                                          "processes")
     given, num_shards, shard_index = num_shards is not None, num_shards or 1, shard_index or 0
     if order is None and context is None:
         check_shard_pair(options.api, length, num_shards, shard_index, given)
@@ -416,14 +398,10 @@ def joined_shards(cluster: Any, parts: int) -> Optional[str]:
 
 
 def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: int, *, batches: bool) -> list[int]:
-    """The items a sharded pipeline probes for its signature.
-
-    Its own first items (of its first pass, after the ``skip`` a resumed pass
-    leaves out: items it makes anyway), so that no worker makes another
-    worker's items; plus the source's last item when items are batches (a
-    short last batch may land in any shard in a later pass, so every worker
-    must see its shape).
-    """
+    """The items a sharded pipeline probes for its signature: its own first items (of its first
+    pass, after the ``skip`` a resumed pass leaves out: items it makes anyway), so that no worker
+    makes another worker's items; plus the source's last item when items are batches (a short last
+    batch may land in any shard in a later pass, so every worker must see its shape)."""
     own = pass_view(order, epoch).window(skip, skip + probe).tolist()
     if batches:
         own.append(length - 1)
@@ -431,18 +409,7 @@ def shard_probe_indices(order: Any, length: int, probe: int, epoch: int, skip: i
 
 
 __all__ = [
-    "ShardPlan",
-    "WorkerIdentity",
-    "check_context_pipelines",
-    "cluster_shard_index",
-    "cluster_shards",
-    "current_worker",
-    "given_shards",
-    "joined_shards",
-    "order_shards",
-    "plan_shards",
-    "resolve_shards",
-    "shard_probe_indices",
-    "shards_from",
-    "tf_config_worker",
+    "ShardPlan", "WorkerIdentity", "check_context_pipelines", "cluster_shard_index", "cluster_shards", "current_worker",
+    "given_shards", "joined_shards", "order_shards", "plan_shards", "resolve_shards", "shard_probe_indices",
+    "shards_from", "tf_config_worker",
 ]

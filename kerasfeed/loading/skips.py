@@ -2,8 +2,8 @@
 
 An item that still fails after its retries (``ItemError``, ``WorkerError``
 naming the item, ``SignatureError``) ends the pass by default. With
-``max_skipped`` it is left out instead, up to the budget, and counted,
-logged once and kept with the resume state (``ResumeState.skipped``).
+``max_skipped`` it is left out instead, up to the budget, and counted, logged
+once and kept with the resume state (``ResumeState.skipped``).
 
 NOTE [ A skipped item and its batch ]
 The rule is positional, so it is the same on every front end, executor and
@@ -11,21 +11,21 @@ resumed run:
 
 - with ``batch_size=B`` (items are samples), batch ``k`` of a pass still
   covers the pass positions ``[k*B, (k+1)*B)`` (the dropped remainder, with
-  ``drop_remainder``, the positions after the last batch): a skipped item
-  makes its batch one sample shorter and moves nothing into it. So a pass
-  keeps its number of batches, ``model.fit`` never runs out of data, and a
-  position saved as ``batches`` stays ``batches * B`` items whatever was
-  skipped. A batch all of whose items failed raises (naming the batch and
-  every item skipped): a batch of no samples cannot be trained on.
-- with ``batch_size=None`` (each item is a batch), a skipped item is a
-  batch left out: the pass is one batch shorter per skipped item. Under
-  ``model.fit`` that epoch ends after the batches it has (the next one
-  starts on time with the next pass), and kerasfeed explains the short
-  epoch in place of Keras' "Your input ran out of data" warning (NOTE
-  [ An epoch shortened by items left out ] in ``kerasfeed/_keras_fit.py``).
-  A saved position counts the skipped items before it (``before``).
+  ``drop_remainder``, the positions after the last batch): a skipped item makes
+  its batch one sample shorter and moves nothing into it. So a pass keeps its
+  number of batches, ``model.fit`` never runs out of data, and a position
+  saved as ``batches`` stays ``batches * B`` items. A batch all of whose
+  items failed raises (naming it and every item skipped): a batch of no
+  samples cannot be trained on.
+- with ``batch_size=None`` (each item is a batch), the pass is one batch
+  shorter per skipped item. Under ``model.fit`` that epoch ends after the
+  batches it has (the next starts on time with the next pass), and kerasfeed
+  explains the short epoch in place of Keras' "Your input ran out of data"
+  warning (NOTE [ An epoch shortened by items left out ] in
+  ``kerasfeed/_keras_fit.py``). A saved position counts the skipped items
+  before it (``before``).
 
-The budget is per pass: an int is a count of items, a float in (0, 1) a
+The budget is per pass: an int count of items, or a float in (0, 1), a
 fraction of a pass's items (rounded down). Past it, the item's error is
 raised as before, its message naming every item skipped so far.
 """
@@ -78,10 +78,9 @@ def check_max_skipped(value: Any, owner: Optional[str] = None) -> Union[int, flo
 
 
 def skippable(error: BaseException, index: int) -> bool:
-    """Whether the failed load of item ``index`` is the item's own failure (it may be left out).
-
-    Not a stream's, and not a worker's death while it made another item (its
-    queued items fail with it without ``retries``: they did nothing wrong)."""
+    """Whether the failed load of item ``index`` is the item's own failure (it may be left out): not
+    a stream's, nor a worker's death while it made another item (its queued items fail with it
+    without ``retries``: they did nothing wrong)."""
     if isinstance(error, WorkerError):
         return error.index is not None and int(error.index) == int(index)
     return isinstance(error, (ItemError, SignatureError)) and not isinstance(error, StreamError)
@@ -89,10 +88,8 @@ def skippable(error: BaseException, index: int) -> bool:
 
 def find_position(view: Any, index: int, guess: int, taken: set) -> Optional[int]:
     """The position of ``index`` in ``view`` nearest ``guess`` and not in ``taken``; None: not there.
-
-    Loads are picked up in pass order (a parallel map only a few apart), so
-    the search looks near ``guess`` first; an order may hold an index twice.
-    """
+    Loads are picked up in pass order, so the search looks near ``guess`` first; an order may hold
+    an index twice."""
     n = len(view)
     for lo, hi in ((max(0, guess - SEARCH), min(n, guess + SEARCH)), (0, n)):
         found = [lo + int(k) for k in np.flatnonzero(view.window(lo, hi) == index) if lo + int(k) not in taken]
@@ -119,10 +116,7 @@ class SkipBudget:
         self.pass_items = pass_items
         self.batch_size = batch_size
         self.drop_remainder = drop_remainder
-        if isinstance(max_skipped, float):
-            self.limit = math.floor(max_skipped * pass_items)
-        else:
-            self.limit = int(max_skipped)
+        self.limit = math.floor(max_skipped * pass_items) if isinstance(max_skipped, float) else int(max_skipped)
         self._lock = threading.Lock()
         # pass -> [(position, index)], in the order skipped; position -1: before a resumed pass's start.
         self._passes: dict[int, list] = {}
@@ -136,10 +130,9 @@ class SkipBudget:
             kept = [e for e in self._passes.pop(epoch, []) if e[0] < offset]
             if kept:
                 self._passes[epoch] = kept
-            for old in sorted(self._passes)[:-KEPT_PASSES]:
-                del self._passes[old]
-            for old in sorted(self._offsets)[:-KEPT_PASSES]:
-                del self._offsets[old]
+            for kept_per_pass in (self._passes, self._offsets):
+                for old in sorted(kept_per_pass)[:-KEPT_PASSES]:
+                    del kept_per_pass[old]
 
     def offset(self, epoch: int) -> int:
         with self._lock:

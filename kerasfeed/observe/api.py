@@ -26,8 +26,7 @@ def collector_of(ds: Any) -> StatsCollector:
     if found is None:
         raise ValueError(
             "stats() needs a dataset or loader made by kerasfeed (to_dataset, to_loader, from_generators, from_files, "
-            "from_queue) "
-            "or derived from one with .map/.batch/..."
+            "from_queue) or derived from one with .map/.batch/..."
             f"{'' if ENABLED else ' (stats are switched off: KERASFEED_STATS=0)'}. "
             f"Received: {type(ds).__name__}"
         )

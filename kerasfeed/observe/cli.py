@@ -12,10 +12,8 @@ from typing import Any, Optional
 
 
 def load_target(target: str) -> Any:
-    """The source named by ``MODULE:FACTORY``: ``FACTORY()`` when it is a
-    callable that is not itself indexable, else the object.
-
-    ``MODULE`` is an importable module name or a path to a ``.py`` file.
+    """The source named by ``MODULE:FACTORY`` (``MODULE``: an importable module name or a path to a
+    ``.py`` file): ``FACTORY()`` when it is a callable that is not itself indexable, else the object.
 
     Raises:
         ValueError: not ``MODULE:NAME``, or the module has no such name.
@@ -71,12 +69,8 @@ def run_profile(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     try:
         source = load_target(args.target)
         report = profile(
-            source,
-            items=args.items,
-            batch_size=args.batch_size,
-            workers=_counts("workers", args.workers),
-            threads=_counts("threads", args.threads),
-            chart=args.chart or None,
+            source, items=args.items, batch_size=args.batch_size, workers=_counts("workers", args.workers),
+            threads=_counts("threads", args.threads), chart=args.chart or None,
         )
     except (ValueError, TypeError, ImportError) as e:
         parser.error(str(e))

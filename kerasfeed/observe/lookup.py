@@ -1,10 +1,9 @@
 """Finding the kerasfeed pipeline behind a ``tf.data.Dataset`` (derived or not) or a loader (TF-free).
 
-``to_dataset``, ``to_loader`` and the stream functions tag what they return
-with the Python object that owns their pipeline (and its executor). A dataset
-derived from a tagged one with ``.map``/``.batch``/``.take``... is a new
-Python object without the tag, so the lookup walks tf.data's own input links
-(``_inputs()``) back to a tagged one.
+``to_dataset``, ``to_loader`` and the stream functions tag what they return with
+the object that owns their pipeline (and its executor). A dataset derived with
+``.map``/``.batch``/``.take``... has no tag, so the lookup walks tf.data's own
+input links (``_inputs()``) back to a tagged one.
 """
 
 from __future__ import annotations

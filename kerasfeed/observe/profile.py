@@ -1,9 +1,8 @@
 """``kerasfeed.profile(source)``: time a source every way, classify it, recommend a setup (TF-free).
 
 1. The probe of ``executor="auto"`` (``kerasfeed.execution.auto.probe_source``)
-   measures one call: wall and CPU time, time queued for a CPU, bytes, the
-   cost of one copy, and how many CPUs two threads use at once. Those figures
-   classify the source:
+   measures one call (wall and CPU time, time queued for a CPU, bytes, the
+   cost of one copy, CPUs two threads use at once), which classifies the source:
 
    - **waiting**: CPU time is a small share of the call (I/O, sleeps);
    - **transport-bound**: items of 4 MB and more, or a copy costing half the
@@ -11,16 +10,15 @@
    - **GIL-releasing**: two threads run it on 1.5 CPUs or more at once;
    - **GIL-bound**: otherwise (pure Python, h5py's lock).
 
-2. The source is then timed serially, on the thread executor and on worker
-   processes at several counts, the way ``to_dataset`` drives them (the pass
-   planned ahead, items picked up in order). The thread runs also pay one
-   copy of each item in the consumer: TensorFlow copies every array a thread
-   returns, while worker processes lend large items without a copy.
+2. The source is timed serially, on the thread executor and on worker
+   processes at several counts, as ``to_dataset`` drives them (the pass
+   planned ahead, items picked up in order). Thread runs also pay one copy
+   of each item in the consumer: TensorFlow copies every array a thread
+   returns; worker processes lend large items without a copy.
 
-3. The executor follows ``executor="auto"``'s decision on the same probe
-   (items of 4 MB and more go to processes); the worker count is the
-   smallest measured one within 10 % of that executor's best; the expected
-   rate is the one measured there.
+3. The executor is ``executor="auto"``'s decision on the same probe (items
+   of 4 MB and more go to processes); the worker count the smallest measured
+   within 10 % of that executor's best, with the rate measured there.
 """
 
 from __future__ import annotations
@@ -324,13 +322,8 @@ def _check_chart(chart: Any) -> None:
 
 
 def profile(
-    source: Any,
-    *,
-    items: Optional[int] = None,
-    batch_size: Optional[int] = None,
-    workers: Optional[Sequence[int]] = None,
-    threads: Optional[Sequence[int]] = None,
-    chart: Optional[str] = None,
+    source: Any, *, items: Optional[int] = None, batch_size: Optional[int] = None,
+    workers: Optional[Sequence[int]] = None, threads: Optional[Sequence[int]] = None, chart: Optional[str] = None,
 ) -> ProfileReport:
     """Times ``source`` every way, classifies it and recommends a setup.
 
@@ -387,9 +380,7 @@ def profile(
     probe = probe_source(source)
     category, evidence = classify(probe)
     serial = count / _time_serial(source, indices)
-    runs, skipped = [], []
-    for k in sorted(set(threads)):
-        runs.append(_run_threads(source, indices, k))
+    runs, skipped = [_run_threads(source, indices, k) for k in sorted(set(threads))], []
     for k in sorted(set(workers)):
         try:
             runs.append(_run_processes(source, indices, k))
@@ -403,20 +394,9 @@ def profile(
         )
     name, best_count, rate, reason = _recommend(probe, runs, cpus)
     report = ProfileReport(
-        source=source_name(source),
-        items=count,
-        batch_size=per_batch,
-        category=category,
-        evidence=evidence,
-        probe=probe.as_dict(),
-        serial_items_per_s=serial,
-        runs=runs,
-        executor=name,
-        workers=best_count,
-        items_per_s=rate,
-        batches_per_s=rate / per_batch,
-        reason=reason,
-        skipped=skipped,
+        source=source_name(source), items=count, batch_size=per_batch, category=category, evidence=evidence,
+        probe=probe.as_dict(), serial_items_per_s=serial, runs=runs, executor=name, workers=best_count,
+        items_per_s=rate, batches_per_s=rate / per_batch, reason=reason, skipped=skipped,
         cache=cache_advice(probe, category, n, source),
     )
     if chart is not None:

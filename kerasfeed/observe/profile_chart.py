@@ -36,9 +36,7 @@ def plot_report(report: Any, path: Optional[str] = None):
     ax_rate.set_title(f"{report.source}: {report.category}")
     ax_rate.legend(fontsize=8)
 
-    chosen = next(
-        (r for r in report.runs if (r["executor"], r["count"]) == (report.executor, report.workers)), None
-    )
+    chosen = next((r for r in report.runs if (r["executor"], r["count"]) == (report.executor, report.workers)), None)
     timeline = chosen["timeline"] if chosen else []
     if timeline:
         lanes = sorted({lane for lane, _, _ in timeline})
@@ -50,9 +48,8 @@ def plot_report(report: Any, path: Optional[str] = None):
         ax_time.set_yticklabels([f"{'thread' if report.executor == 'threads' else 'worker'} {lane}" for lane in lanes],
                                 fontsize=7 if len(lanes) > 16 else 9)
     else:
-        ax_time.text(
-            0.5, 0.5, "no per-item timeline for this run", ha="center", va="center", transform=ax_time.transAxes
-        )
+        ax_time.text(0.5, 0.5, "no per-item timeline for this run", ha="center", va="center",
+                     transform=ax_time.transAxes)
     ax_time.set_xlabel("ms since the pass started")
     ax_time.set_title(f"one pass, {report.executor} x{report.workers}: each bar is one item being made")
     fig.tight_layout()

@@ -1,22 +1,20 @@
 """Live input statistics for every kerasfeed pipeline (TF-free).
 
-A ``StatsCollector`` sits next to each pipeline. The consumer side records how
-long every pick-up blocked (``picked``); the producer records how long each
-item took to make and where (``made``: a pool thread, a worker process that
-timed itself, a stream's generator or reader). Percentiles come from the most
-recent ``window`` samples (a ring, never an unbounded list); totals count
-everything since the pipeline was built.
+A ``StatsCollector`` sits next to each pipeline. The consumer records how long
+every pick-up blocked (``picked``); the producer how long each item took to
+make and where (``made``: a pool thread, a worker process that timed itself,
+a stream's generator or reader). Percentiles come from the most recent
+``window`` samples (a ring, never an unbounded list); totals count everything
+since the pipeline was built.
 
 Per-item recording takes no lock and makes no clock read of its own (callers
 pass the times they already took): ``picked`` and ``made`` are straight-line
 attribute and list writes with no call between a read and its write, which
 CPython's GIL (Python 3.11, the version kerasfeed runs on) never interrupts,
 so concurrent recorders cannot lose an update. Structural changes (a new pass,
-a new worker) and ``snapshot`` take the lock.
-
-``snapshot()`` turns it all into a plain dict, adding what the executor knows
-right now (items made ahead, in flight, shared memory, worker RSS) through
-the gauge functions registered with ``add_gauges``.
+a new worker) and ``snapshot`` take the lock. ``snapshot()`` returns a plain
+dict, with what the executor knows right now (items made ahead, in flight,
+shared memory, worker RSS) from the gauges registered with ``add_gauges``.
 """
 
 from __future__ import annotations
@@ -62,9 +60,8 @@ class _Ring:
 
 
 def _compact(ring: _Ring) -> _Ring:
-    """A ring of just the samples ``ring`` holds (same percentiles), for a
-    collector whose pipeline is closed: TensorFlow may keep the dataset's
-    function, and with it the collector, long after."""
+    """A ring of just the samples ``ring`` holds (same percentiles), for a collector whose pipeline
+    is closed: TensorFlow may keep the dataset's function, and with it the collector, long after."""
     kept = ring.recent()
     out = _Ring(max(1, kept.size))
     out.values[: kept.size] = array.array("d", kept.tobytes())
@@ -77,14 +74,8 @@ def _summary_ms(ring: _Ring) -> Optional[dict]:
     if not v.size:
         return None
     p50, p95, p99 = np.percentile(v, (50, 95, 99)) * 1e3
-    return {
-        "mean": float(v.mean() * 1e3),
-        "p50": float(p50),
-        "p95": float(p95),
-        "p99": float(p99),
-        "max": float(v.max() * 1e3),
-        "samples": int(v.size),
-    }
+    return {"mean": float(v.mean() * 1e3), "p50": float(p50), "p95": float(p95), "p99": float(p99),
+            "max": float(v.max() * 1e3), "samples": int(v.size)}
 
 
 class _Pass:
@@ -118,9 +109,8 @@ class _Pass:
 
 
 class StatsCollector:
-    """Counters, recent samples and per-pass records of one pipeline.
-
-    Thread-safe; every ``record`` method is cheap enough to call per item.
+    """Counters, recent samples and per-pass records of one pipeline. Thread-safe; every ``record``
+    method is cheap enough to call per item.
 
     Args:
         kind: what built the pipeline (``"to_dataset"``, ``"from_generators"``...).
@@ -209,19 +199,11 @@ class StatsCollector:
             if p is not None:
                 p.skipped += 1
 
-    def made(
-        self,
-        make_s: float,
-        worker: Any = None,
-        end: Optional[float] = None,
-        lane: Any = None,
-        busy_s: Optional[float] = None,
-    ) -> None:
-        """One item took ``make_s`` seconds to make, on ``worker`` (None: a
-        pool thread). ``end``: when it finished (perf_counter); ``lane``: its
-        timeline row (default ``worker``); ``busy_s``: the worker's whole time
-        on it (default ``make_s``; a worker process also writes the item into
-        shared memory)."""
+    def made(self, make_s: float, worker: Any = None, end: Optional[float] = None, lane: Any = None,
+             busy_s: Optional[float] = None) -> None:
+        """One item took ``make_s`` seconds to make, on ``worker`` (None: a pool thread). ``end``: when
+        it finished (perf_counter); ``lane``: its timeline row (default ``worker``); ``busy_s``: the
+        worker's whole time on it (default ``make_s``; a worker process also writes it to shared memory)."""
         busy = make_s if busy_s is None else busy_s
         if self.timeline is not None or self._first_made is None:
             self._made_rarely(busy, worker, end, lane)
@@ -288,8 +270,7 @@ class StatsCollector:
                 "make_ms": make,
             }
             gauges = list(self._gauges)
-        done = [p for p in passes if p["items_per_s"]]
-        current = done[-1] if done else None
+        current = next((p for p in reversed(passes) if p["items_per_s"]), None)
         out["items_per_s"] = current["items_per_s"] if current else None
         out["batches_per_s"] = current["batches_per_s"] if current else None
         out["passes"] = passes

@@ -35,69 +35,56 @@ OWNER = "BalancedOrder"
 class BalancedOrder(SampledOrder):
     """Each pass holds the classes in target proportions (uniform by default).
 
-    Only labels are needed (one per item, e.g. read once from an HDF5 label
-    dataset with ``from_hdf5``); items are never loaded to decide, so a pass
-    reads only the items it delivers. The index at every position of a pass
-    is a pure function of ``(seed, pass, position)``, computed for a window
-    of positions when asked (no pass is held whole): the same in every
-    process and on every run, resumable from ``(epoch, position)``, split
-    into equal, disjoint shards.
+    Only labels are needed (one per item, e.g. read once from an HDF5 label dataset with ``from_hdf5``);
+    items are never loaded to decide, so a pass reads only the items it delivers. The index at every
+    position of a pass is a pure function of ``(seed, pass, position)``, computed for a window of
+    positions when asked (no pass is held whole): the same in every process and on every run, resumable
+    from ``(epoch, position)``, split into equal, disjoint shards.
 
     How a pass of ``num_samples`` indices is drawn:
 
-    - **Class counts.** ``exact=True``: class ``c`` gets ``num_samples * p_c``
-      indices rounded down or up (within ±1), the classes rounded up drawn
-      by systematic sampling so that the long-run mean is exact (computed in
-      integers from the exact values of the float weights: right up to
-      ``num_samples`` of 2^62).
-      ``exact=False``: counts are multinomial, as with independent draws.
-    - **Items of a class.** Each class is cycled through its own seeded
-      permutation: within a pass no item repeats until every item of its
-      class has come once (then a new permutation starts). A class that gets
-      fewer indices than it has items contributes a fresh random subset each
-      pass (uniform: a class of at most 65,536 items is first shuffled by an
-      exact table per pass).
-    - **Interleaving.** The pass's slots (class 0's, then class 1's, ...)
-      are shuffled together by a seeded bijection: position ``p`` holds
-      slot ``j = bijection(p)``, whose class and rank within the class give
-      the item (``kerasfeed/sampling/bijection.py``).
+    - **Class counts.** ``exact=True``: class ``c`` gets ``num_samples * p_c`` indices rounded down or up
+      (within ±1), the classes rounded up drawn by systematic sampling so that the long-run mean is exact
+      (computed in integers from the exact values of the float weights: right up to ``num_samples`` of
+      2^62). ``exact=False``: counts are multinomial, as with independent draws.
+    - **Items of a class.** Each class is cycled through its own seeded permutation: within a pass no item
+      repeats until every item of its class has come once (then a new permutation starts). A class that
+      gets fewer indices than it has items contributes a fresh random subset each pass (uniform: a class
+      of at most 65,536 items is first shuffled by an exact table per pass).
+    - **Interleaving.** The pass's slots (class 0's, then class 1's, ...) are shuffled together by a
+      seeded bijection: position ``p`` holds slot ``j = bijection(p)``, whose class and rank within the
+      class give the item (``kerasfeed/sampling/bijection.py``).
 
-    With ``replacement=False`` no item comes twice in a pass: with
-    ``exact=True`` every class must have enough items for its count; with
-    ``exact=False`` items are drawn one after another in proportion to
+    With ``replacement=False`` no item comes twice in a pass: with ``exact=True`` every class must have
+    enough items for its count; with ``exact=False`` items are drawn one after another in proportion to
     ``p_c / n_c`` among those left (a weighted draw without replacement).
 
-    Memory: 4 bytes per item (8 past 2^31 items) for the items grouped by
-    class (a chunked counting sort of the labels, no per-class lists; see
-    ``kerasfeed/sampling/labels.py``); per pass, 2 bytes per item of the
-    classes of at most 65,536 items (their exact tables, the last two passes,
-    while they hold at most 2^22 items); no limit at 2^24 items. Only ``exact=False`` with ``replacement=False``
-    (a weighted draw without replacement) draws a pass whole: 16 bytes per
-    item while drawing, the last two passes kept (4 bytes per index).
+    Memory: 4 bytes per item (8 past 2^31 items) for the items grouped by class (a chunked counting sort
+    of the labels, no per-class lists: ``kerasfeed/sampling/labels.py``); per pass, 2 bytes per item of
+    the classes of at most 65,536 items (their exact tables, the last two passes, while they hold at most
+    2^22 items); no limit at 2^24 items. Only ``exact=False`` with ``replacement=False`` draws a pass
+    whole: 16 bytes per item while drawing, the last two passes kept (4 bytes per index).
 
     Args:
-        labels: one label per item of the source (ints, strings, any values
-            ``numpy.unique`` sorts), as an array or sequence.
-        class_weights: None (uniform), a dict ``{class: weight}`` naming every
-            class, or a sequence of weights in sorted class order. Weights are
-            non-negative, finite, not all zero; 0 leaves a class out.
-        num_samples: indices per pass over all shards; defaults to the number
-            of items (a pass as long as an unbalanced one).
-        replacement: allow an item more than once per pass (oversampling of
-            rare classes). False: each item at most once per pass.
-        exact: class counts within ±1 of their target every pass (True) or
-            independent draws (False).
-        seed: seed of every pass; None draws one for this object (not allowed
-            with several shards).
+        labels: one label per item of the source (ints, strings, any values ``numpy.unique`` sorts), as
+            an array or sequence.
+        class_weights: None (uniform), a dict ``{class: weight}`` naming every class, or a sequence of
+            weights in sorted class order. Weights are non-negative, finite, not all zero; 0 leaves a
+            class out.
+        num_samples: indices per pass over all shards; defaults to the number of items (a pass as long as
+            an unbalanced one).
+        replacement: allow an item more than once per pass (oversampling of rare classes). False: each
+            item at most once per pass.
+        exact: class counts within ±1 of their target every pass (True) or independent draws (False).
+        seed: seed of every pass; None draws one for this object (not allowed with several shards).
         num_shards: number of equal, disjoint shards each pass is split into.
         shard_index: the shard this order yields.
 
     Raises:
-        ValueError: empty or non-1-D labels, a missing label (NaN or None;
-            the message names the first item), a class weight for a class no
-            label has or a missing one, negative/NaN/all-zero weights,
-            ``num_samples`` not a positive int, or ``replacement=False`` with
-            more samples than items. Messages name the argument and value.
+        ValueError: empty or non-1-D labels, a missing label (NaN or None; the message names the first
+            item), a class weight for a class no label has or a missing one, negative/NaN/all-zero
+            weights, ``num_samples`` not a positive int, or ``replacement=False`` with more samples than
+            items. Messages name the argument and value.
         TypeError: labels of kinds that cannot be ordered (ints and strings).
 
     Example:
@@ -148,8 +135,7 @@ class BalancedOrder(SampledOrder):
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # The Feistel domain of every class's own permutation (see bijection.domain).
         self._pairs = np.array([domain(int(k)) for k in counts], dtype=np.uint64).reshape(-1, 2)
-        w = _class_weights(class_weights, self.classes)
-        self._class_w = w  # exact targets are computed from these (see class_targets)
+        self._class_w = w = _class_weights(class_weights, self.classes)  # exact targets start from these
         self._split: Optional[tuple] = None
         self.proportions = w / w.sum()
         self._check_replacement()
@@ -158,14 +144,11 @@ class BalancedOrder(SampledOrder):
 
     @classmethod
     def from_hdf5(cls, paths: Any, key: str, **kwargs: Any) -> "BalancedOrder":
-        """Reads the labels once from HDF5 dataset ``key`` (files concatenated in order).
-
-        Only the label dataset is read, never the items. Labels of shape
-        ``(N,)`` or ``(N, 1)``.
+        """Reads the labels, of shape ``(N,)`` or ``(N, 1)``, once from HDF5 dataset ``key`` (files
+        concatenated in order); only the label dataset is read, never the items.
 
         Args:
-            paths: one HDF5 file or a sequence of files (as given to
-                ``H5SliceSequence``/``H5RowSequence``).
+            paths: one HDF5 file or a sequence of files (as given to ``H5SliceSequence``/``H5RowSequence``).
             key: the label dataset in every file.
             **kwargs: ``BalancedOrder`` arguments.
 
@@ -305,14 +288,12 @@ class BalancedOrder(SampledOrder):
 def exact_split(num_samples: int, weights: np.ndarray) -> tuple:
     """What exact class counts are drawn from, in integers: ``(base, whole, threshold)``.
 
-    With ``q_c = num_samples * w_c / sum(w)`` computed exactly (the float
-    weights are dyadic rationals), ``base_c = floor(q_c)``; the cumulated
-    remainders ``R_c = sum_{j <= c} (q_j - base_j)`` are split into
-    ``whole_c = floor(R_c)`` and a fraction ``f_c``. Systematic sampling
-    with a uniform ``u = units / 2^53`` rounds up ``floor(R_c + u)``
-    classes up to ``c``: ``whole_c + (units >= threshold_c)`` with
-    ``threshold_c = ceil(2^53 (1 - f_c))`` (``2^53``, never, when ``f_c = 0``).
-    All int64 arrays (``base`` at most ``num_samples``, ``threshold`` at most 2^53).
+    With ``q_c = num_samples * w_c / sum(w)`` computed exactly (the float weights are dyadic rationals),
+    ``base_c = floor(q_c)``; the cumulated remainders ``R_c = sum_{j <= c} (q_j - base_j)`` are split into
+    ``whole_c = floor(R_c)`` and a fraction ``f_c``. Systematic sampling with a uniform
+    ``u = units / 2^53`` rounds up ``floor(R_c + u)`` classes up to ``c``: ``whole_c + (units >=
+    threshold_c)`` with ``threshold_c = ceil(2^53 (1 - f_c))`` (``2^53``, never, when ``f_c = 0``). All
+    int64 arrays (``base`` at most ``num_samples``, ``threshold`` at most 2^53).
     """
     ratios = [float(x).as_integer_ratio() for x in weights.tolist()]
     scale = max(d for _, d in ratios)  # powers of two: every weight a whole multiple of 1 / scale
@@ -362,8 +343,7 @@ def _class_weights(class_weights: Any, classes: np.ndarray) -> np.ndarray:
                 f"{OWNER}: `class_weights` as a sequence needs one weight per class, in sorted class order "
                 f"({len(names)} classes: {v.summarize(names)}). Received: class_weights={v.summarize(class_weights)}"
             )
-    w = v.weights("class_weights", values, owner=OWNER)
-    return w
+    return v.weights("class_weights", values, owner=OWNER)
 
 
 def _one_kind(given: Any) -> None:

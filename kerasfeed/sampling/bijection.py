@@ -1,44 +1,36 @@
 """Seeded bijections over ``[0, n)`` and counter-based uniforms, computed per position (TF-free).
 
-What every built-in order computes its passes with: the entry at position
-``p`` of pass ``e`` is a pure function of ``(seed, e, p)``, evaluated for a
-window of positions at once with ``uint64`` numpy arithmetic (no Python call
-per index), so no pass is ever held whole.
+What every built-in order computes its passes with: the entry at position ``p`` of pass ``e`` is a
+pure function of ``(seed, e, p)``, evaluated for a window of positions at once with ``uint64`` numpy
+arithmetic (no Python call per index), so no pass is ever held whole.
 
 NOTE [ A Feistel network with cycle-walking ]
-``permute(x, n, key)`` is a keyed permutation of ``[0, n)``. It runs a
-Feistel network on pairs ``(L, R)`` in ``[0, a) x [0, b)`` with
-``a = ceil(sqrt(n))``, ``b = ceil(n / a)`` (the value ``L * b + R``): each of
-``ROUNDS`` rounds maps ``(L, R)`` to ``(R, (L + F_r(R)) mod a)`` (the two
-widths then trade places), with ``F_r`` a 64-bit mixing function
-(SplitMix64's finalizer) of ``R`` and a round key drawn from ``key``, reduced
-to ``[0, a)`` by a multiply-shift. Every round is invertible whatever
-``F_r`` is, so the network is a bijection of ``[0, a * b)``; with a
-pseudorandom ``F_r`` and 4 or more rounds it is a pseudorandom permutation
-(Luby-Rackoff; the same modular form as the FF1 format-preserving cipher). A
-value that lands at ``n`` or beyond (``a * b - n < a`` values can) is sent
-through the network again (cycle-walking) until it lands inside: that
-restricts the bijection of ``[0, a * b)`` to one of ``[0, n)``. Walks are
-rare (a fraction below ``1 / sqrt(n)``) and short. Memory: a few arrays the
-size of the window, whatever ``n`` is. Only ``uint64`` numpy operations are
-used (a division by a scalar is fast in numpy; a remainder is not, so
-``R = x - (x // b) * b``). Quality (every index exactly once, no correlation
-between passes or seeds, fixed points and displacements as in a uniform
-permutation) is tested in ``tests/test_index_space.py``; ``docs/sampling.md``
-has the figures.
+``permute(x, n, key)`` is a keyed permutation of ``[0, n)``. It runs a Feistel network on pairs
+``(L, R)`` in ``[0, a) x [0, b)`` with ``a = ceil(sqrt(n))``, ``b = ceil(n / a)`` (the value
+``L * b + R``): each of ``ROUNDS`` rounds maps ``(L, R)`` to ``(R, (L + F_r(R)) mod a)`` (the two widths
+then trade places), with ``F_r`` a 64-bit mixing function (SplitMix64's finalizer) of ``R`` and a round
+key drawn from ``key``, reduced to ``[0, a)`` by a multiply-shift. Every round is invertible whatever
+``F_r`` is, so the network is a bijection of ``[0, a * b)``; with a pseudorandom ``F_r`` and 4 or more
+rounds it is a pseudorandom permutation (Luby-Rackoff; the same modular form as the FF1
+format-preserving cipher). A value that lands at ``n`` or beyond (``a * b - n < a`` values can) is sent
+through the network again (cycle-walking) until it lands inside: that restricts the bijection of
+``[0, a * b)`` to one of ``[0, n)``. Walks are rare (a fraction below ``1 / sqrt(n)``) and short.
+Memory: a few arrays the size of the window, whatever ``n`` is. Only ``uint64`` numpy operations are
+used (a division by a scalar is fast in numpy; a remainder is not, so ``R = x - (x // b) * b``).
+Quality (every index exactly once, no correlation between passes or seeds, fixed points and
+displacements as in a uniform permutation) is tested in ``tests/test_index_space.py``;
+``docs/sampling.md`` has the figures.
 
 NOTE [ Small domains are shuffled exactly ]
-Over a few items a Feistel network is measurably far from a uniform
-permutation (the round functions are too few to reach every permutation
-evenly: at ``n = 6`` some permutations came 3.4x as often as others, and up
-to ``n`` of a hundred or so neighbouring items landed next to each other ~3 %
-too often). Domains of at most ``SMALL_N`` values are therefore shuffled by a
-table: ``table(n, seed, *words)`` is
-``numpy.random.default_rng([seed, *words]).permutation(n)`` (the same key
-inputs as ``derive_key``), an exactly uniform permutation that is still a pure
-function of its arguments. Tables are kept in a small LRU cache (``TABLE_BUDGET``
-entries over all tables, 2 bytes each, at most ``MAX_TABLES`` tables) so that
-the windows of one pass share theirs; larger domains keep the Feistel network (nothing per pass).
+Over a few items a Feistel network is measurably far from a uniform permutation (the round functions
+are too few to reach every permutation evenly: at ``n = 6`` some permutations came 3.4x as often as
+others, and up to ``n`` of a hundred or so neighbouring items landed next to each other ~3 % too
+often). Domains of at most ``SMALL_N`` values are therefore shuffled by a table: ``table(n, seed,
+*words)`` is ``numpy.random.default_rng([seed, *words]).permutation(n)`` (the same key inputs as
+``derive_key``), an exactly uniform permutation that is still a pure function of its arguments. Tables
+are kept in a small LRU cache (``TABLE_BUDGET`` entries over all tables, 2 bytes each, at most
+``MAX_TABLES`` tables) so that the windows of one pass share theirs; larger domains keep the Feistel
+network (nothing per pass).
 """
 
 from __future__ import annotations
@@ -85,8 +77,7 @@ def derive_key(seed: int, *words: int) -> np.uint64:
 
 
 def subkeys(key: UIntLike, *words: Any) -> np.ndarray:
-    """Keys derived from ``key`` and per-element words (arrays broadcast): one
-    key per (class, cycle) of a balanced pass, for example."""
+    """Keys derived from ``key`` and per-element words (arrays broadcast), e.g. one per (class, cycle)."""
     out = np.asarray(key, dtype=np.uint64).copy() if np.ndim(key) else np.full(1, key, dtype=np.uint64)
     for w in words:
         out = mix64((out ^ (np.asarray(w).astype(np.uint64) * _GOLDEN)) + _GOLDEN)
@@ -123,8 +114,8 @@ def draw_table(n: int, seed: int, *words: int) -> np.ndarray:
 
 
 def table(n: int, seed: int, *words: int) -> np.ndarray:
-    """The exactly uniform permutation of ``[0, n)`` drawn from ``(seed, *words)``
-    (``n <= SMALL_N``): a read-only ``uint16`` array, cached (see the NOTE)."""
+    """The exactly uniform permutation of ``[0, n)`` (``n <= SMALL_N``) drawn from ``(seed, *words)``: a
+    read-only ``uint16`` array, cached (see the NOTE)."""
     global _tables_size
     key = (int(n), int(seed), *(int(w) for w in words))
     with _tables_lock:
@@ -144,9 +135,8 @@ def table(n: int, seed: int, *words: int) -> np.ndarray:
 
 
 def shuffled(positions: Any, n: int, seed: int, *words: int) -> np.ndarray:
-    """The images of ``positions`` under the permutation of ``[0, n)`` drawn
-    from ``(seed, *words)``: an exact table up to ``SMALL_N`` values, the
-    Feistel bijection keyed by ``derive_key(seed, *words)`` beyond."""
+    """The images of ``positions`` under the permutation of ``[0, n)`` drawn from ``(seed, *words)``: an
+    exact table up to ``SMALL_N`` values, the Feistel bijection keyed by ``derive_key(seed, *words)`` beyond."""
     if int(n) <= SMALL_N:
         return table(n, seed, *words)[np.asarray(positions).reshape(-1)].astype(np.int64)
     return permute(positions, n, derive_key(seed, *words))

@@ -1,8 +1,7 @@
 """Fingerprints: short digests that identify an order's pass sequence (TF-free).
 
-The lowest module of ``sampling/``: the orders (``order.py``,
-``weighted.py``, ``balanced.py``) hash their arguments here, and the order
-protocol (``protocol.py``) compares the digests kept in resume states.
+The lowest module of ``sampling/``: the orders (``order.py``, ``weighted.py``, ``balanced.py``) hash
+their arguments here, and the order protocol (``protocol.py``) compares the digests kept in resume states.
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ from typing import Any
 
 import numpy as np
 
-# Names the algorithm that turns (seed, pass, position) into an index (kerasfeed
-# 0.1 drew whole passes instead); part of every shuffled or sampled order's
-# fingerprint, so a state saved under another algorithm is refused.
-# per-position-2: index spaces of at most 2^16 (a shuffled IndexOrder's items, a
+# Names the algorithm that turns (seed, pass, position) into an index (kerasfeed 0.1 drew whole passes
+# instead); part of every shuffled or sampled order's fingerprint, so a state saved under another
+# algorithm is refused. per-position-2: index spaces of at most 2^16 (a shuffled IndexOrder's items, a
 # BalancedOrder's pass and classes) are shuffled by exactly uniform tables.
 ORDER_VERSION = "per-position-2"
 # per-position-1 used the Feistel network for every size. Orders whose passes did not

@@ -1,12 +1,10 @@
 """Labels to classes: class codes, counts and the items grouped by class, in bounded memory (TF-free).
 
-What ``BalancedOrder`` holds is the items grouped by class (``members``: 4
-bytes per item, 8 past 2^31 items) and one offset per class; building it
-must not cost more. Integer labels over a range below 65,536 (class ids,
-whatever their dtype) are encoded by counting, a chunk of labels at a time;
-items are grouped by a stable counting sort, a chunk at a time, when there
-are at most 256 classes. Beyond that, ``numpy.unique`` and a stable
-``argsort`` (temporaries of 8 bytes per item).
+What ``BalancedOrder`` holds is the items grouped by class (``members``: 4 bytes per item, 8 past 2^31
+items) and one offset per class; building it must not cost more. Integer labels over a range below
+65,536 (class ids, whatever their dtype) are encoded by counting, a chunk of labels at a time; items are
+grouped by a stable counting sort, a chunk at a time, when there are at most 256 classes. Beyond that,
+``numpy.unique`` and a stable ``argsort`` (temporaries of 8 bytes per item).
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ def missing_labels(labels: np.ndarray) -> np.ndarray:
 
 
 def encode_labels(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Returns ``(classes, codes, counts)``: sorted classes, per-item class
-    numbers in the smallest unsigned dtype, items per class (int64)."""
+    """``(classes, codes, counts)``: sorted classes, per-item class numbers in the smallest unsigned dtype,
+    items per class (int64)."""
     if labels.dtype.kind == "b":
         classes, codes, counts = _encode_by_counting(labels.view(np.uint8), 0, 1)
         return classes.astype(bool), codes, counts
@@ -74,9 +72,8 @@ def _shifted(chunk: np.ndarray, lo: int) -> np.ndarray:
 
 
 def group_by_class(codes: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The items grouped by class, ascending within each class: class ``c``'s
-    items are ``members[offsets[c]:offsets[c + 1]]`` (offsets: cumulated
-    ``counts``). int32 below 2^31 items, else int64."""
+    """The items grouped by class, ascending within each class: class ``c``'s items are
+    ``members[offsets[c]:offsets[c + 1]]`` (offsets: cumulated ``counts``). int32 below 2^31 items, else int64."""
     n = len(codes)
     dtype = np.int32 if n < 2**31 else np.int64
     if len(counts) > 256:

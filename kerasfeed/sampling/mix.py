@@ -12,39 +12,34 @@ def mix(
 ) -> Any:
     """Several indexable sources as one indexable source, in the given proportions.
 
-    The mix is a block of ``P`` slots repeated: part ``k`` owns ``w_k`` slots
-    of every block (the weights as whole numbers, ``P = sum(w)``), its items
-    taken in order, so element ``i`` is found by arithmetic: block
-    ``i // P``, slot ``i % P``. Access is random, the length is known, every
-    element comes from exactly one part and every item of a part comes at
-    most once. The mix ends when the first part runs out (as with Grain's
-    ``MapDataset.mix``): ``len = min_k len_k / p_k`` roughly, then a partial
-    block. Shuffle it like any source (``to_dataset(..., shuffle=True)`` or
-    an order); to oversample a small part instead, use a ``BalancedOrder``.
+    The mix is a block of ``P`` slots repeated: part ``k`` owns ``w_k`` slots of every block (the weights
+    as whole numbers, ``P = sum(w)``), its items taken in order, so element ``i`` is found by arithmetic:
+    block ``i // P``, slot ``i % P``. Access is random, the length is known, every element comes from
+    exactly one part and every item of a part comes at most once. The mix ends when the first part runs
+    out (as with Grain's ``MapDataset.mix``): ``len = min_k len_k / p_k`` roughly, then a partial block.
+    Shuffle it like any source (``to_dataset(..., shuffle=True)`` or an order); to oversample a small
+    part instead, use a ``BalancedOrder``.
 
     Args:
-        sources: two or more indexable sources (``__len__`` and
-            ``__getitem__``) whose items share one structure (same nest,
-            dtypes and ranks; dimensions may differ).
-        weights: one non-negative weight per part, not all zero; None mixes
-            equally. Whole numbers are used exactly; other weights are
-            rounded to ``1/10000`` of a block.
-        seed: None: the slots of every block are evenly interleaved (any
-            window of the mix is within ±1 of the proportions per part). An
-            int: the slots of every block are shuffled with ``(seed, block)``.
-        check: compare item 0 of every part with item 0 of the first part
-            and name the first mismatch (part and field).
+        sources: two or more indexable sources (``__len__`` and ``__getitem__``) whose items share one
+            structure (same nest, dtypes and ranks; dimensions may differ).
+        weights: one non-negative weight per part, not all zero; None mixes equally. Whole numbers are
+            used exactly; other weights are rounded to ``1/10000`` of a block.
+        seed: None: the slots of every block are evenly interleaved (any window of the mix is within ±1
+            of the proportions per part). An int: the slots of every block are shuffled with
+            ``(seed, block)``.
+        check: compare item 0 of every part with item 0 of the first part and name the first mismatch
+            (part and field).
 
     Returns:
-        A ``kerasfeed.sampling.mix.Mix``; when the parts are Keras
-        ``PyDataset``s (e.g. ``SceneSequence``s) a ``MixedSequence``, itself
-        a ``SceneSequence`` for ``model.fit(mixed)``, that forwards
-        ``set_epoch``/``on_epoch_begin``/``on_epoch_end`` to its parts.
-        Either pickles (for worker processes) when its parts do.
+        A ``kerasfeed.sampling.mix.Mix``; when the parts are Keras ``PyDataset``s (e.g.
+        ``SceneSequence``s) a ``MixedSequence``, itself a ``SceneSequence`` for ``model.fit(mixed)``,
+        that forwards ``set_epoch``/``on_epoch_begin``/``on_epoch_end`` to its parts. Either pickles (for
+        worker processes) when its parts do.
 
     Raises:
-        ValueError: fewer than two parts, bad weights (count, negative, NaN,
-            all zero), or parts whose items differ in structure.
+        ValueError: fewer than two parts, bad weights (count, negative, NaN, all zero), or parts whose
+            items differ in structure.
         TypeError: a part is not indexable.
 
     Example:
@@ -66,8 +61,8 @@ def mix(
             f"mix: `sources` must be a list or tuple of two or more indexable sources. Received: sources={sources!r}"
         )
     if any(_is_pydataset(p) for p in parts):
-        # Imported here, not above: it imports Keras (~2 s), which a mix of
-        # plain arrays never needs. No cycle: mixseq imports mixcore only.
+        # Imported here: it imports Keras (~2 s), which a mix of plain arrays never needs.
+        # No cycle: mixseq imports mixcore only.
         from kerasfeed.sampling.mixseq import MixedSequence
 
         return MixedSequence(parts, weights, seed=seed, check=check)

@@ -47,14 +47,12 @@ class MixCore:
         # The last, partial block: the longest prefix of the pattern whose parts still have items.
         left = np.asarray(lengths) - blocks * self.slots
         taken = np.zeros(len(parts), dtype=np.int64)
-        tail = 0
         for k in self._pattern.tolist():
             if taken[k] == left[k]:
                 break
             taken[k] += 1
-            tail += 1
-        self.tail = tail
-        self._length = self.full_blocks * self.period + tail
+        self.tail = int(taken.sum())
+        self._length = self.full_blocks * self.period + self.tail
         self.part_lengths = tuple(int(n) for n in lengths)
         self._blocks: dict = {}
         if v.flag("check", check, owner="mix"):
@@ -106,16 +104,20 @@ class MixCore:
             set_epoch(part, epoch)
 
     def on_epoch_begin(self) -> None:
-        parent = getattr(super(), "on_epoch_begin", None)
-        if parent is not None:
-            parent()
-        _call_all(self.parts, "on_epoch_begin")
+        self._call_hooks("on_epoch_begin")
 
     def on_epoch_end(self) -> None:
-        parent = getattr(super(), "on_epoch_end", None)
+        self._call_hooks("on_epoch_end")
+
+    def _call_hooks(self, name: str) -> None:
+        # The next class's hook (SceneSequence's, in a MixedSequence), then every part's.
+        parent = getattr(super(), name, None)
         if parent is not None:
             parent()
-        _call_all(self.parts, "on_epoch_end")
+        for part in self.parts:
+            hook = getattr(part, name, None)
+            if callable(hook):
+                hook()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -127,13 +129,6 @@ class MixCore:
             f"<{type(self).__name__} of {len(self.parts)} parts, slots per block {self.slots.tolist()}, "
             f"{self._length} elements>"
         )
-
-
-def _call_all(parts: list, name: str) -> None:
-    for part in parts:
-        hook = getattr(part, name, None)
-        if callable(hook):
-            hook()
 
 
 def _whole_slots(w: np.ndarray) -> np.ndarray:

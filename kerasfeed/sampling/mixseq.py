@@ -11,12 +11,10 @@ from kerasfeed.sources.sequence import SceneSequence
 class MixedSequence(MixCore, SceneSequence):
     """Several ``PyDataset``/``SceneSequence`` parts as one ``SceneSequence`` (see ``kerasfeed.mix``).
 
-    ``model.fit(mixed)`` and ``to_dataset(mixed)`` both work. Epoch hooks
-    reach every part: ``set_epoch`` (in every process that reads),
-    ``on_epoch_begin`` and ``on_epoch_end`` (so each part's ``epoch``
-    advances as it would on its own). Keras' ``workers``,
-    ``use_multiprocessing`` and ``max_queue_size`` are taken from the first
-    part that is a ``PyDataset``.
+    ``model.fit(mixed)`` and ``to_dataset(mixed)`` both work. Epoch hooks reach every part: ``set_epoch``
+    (in every process that reads), ``on_epoch_begin`` and ``on_epoch_end`` (so each part's ``epoch``
+    advances as it would on its own). Keras' ``workers``, ``use_multiprocessing`` and ``max_queue_size``
+    are taken from the first part that is a ``PyDataset``.
     """
 
     def __init__(self, sources: Sequence[Any], weights: Any = None, *, seed: Optional[int] = None, check: bool = True):

@@ -21,38 +21,32 @@ STREAM_INDEX, STREAM_PARTITION, STREAM_WITHIN = 16, 17, 18
 class IndexOrder:
     """The order in which items ``0 .. length-1`` are read in each pass.
 
-    The index at position ``p`` of pass ``epoch`` is a pure function of
-    ``(seed, epoch, p)``: a seeded bijection of ``[0, length)`` (a Feistel
-    network, see ``kerasfeed/sampling/bijection.py``) computed for a window
-    of positions at a time, so no pass is ever held whole (a pass of 10^9
-    items costs no memory), the order is the same whatever executes the
-    items, and a pipeline can resume from any ``(epoch, position)``. Up to
-    65,536 items a pass is an exactly uniform permutation instead
-    (``numpy.random.default_rng([seed, 16, epoch]).permutation(length)``,
-    a table of 2 bytes per item, cached).
+    The index at position ``p`` of pass ``epoch`` is a pure function of ``(seed, epoch, p)``: a seeded
+    bijection of ``[0, length)`` (a Feistel network, see ``kerasfeed/sampling/bijection.py``) computed for
+    a window of positions at a time, so no pass is ever held whole (a pass of 10^9 items costs no memory),
+    the order is the same whatever executes the items, and a pipeline can resume from any ``(epoch,
+    position)``. Up to 65,536 items a pass is an exactly uniform permutation instead
+    (``numpy.random.default_rng([seed, 16, epoch]).permutation(length)``, a table of 2 bytes per item,
+    cached).
 
-    With ``num_shards > 1`` (one input pipeline per worker under
-    ``tf.distribute``) every shard takes every ``num_shards``-th entry of the
-    same pass order, cut to ``length // num_shards`` entries so that all
-    shards have the same number of steps (synchronous training would hang
-    otherwise); with shuffling, the dropped remainder differs every pass.
+    With ``num_shards > 1`` (one input pipeline per worker under ``tf.distribute``) every shard takes every
+    ``num_shards``-th entry of the same pass order, cut to ``length // num_shards`` entries so that all
+    shards have the same number of steps (synchronous training would hang otherwise); with shuffling, the
+    dropped remainder differs every pass.
 
-    With ``fixed_shards=True`` (and ``shuffle``) each shard keeps the same
-    items every pass, read in a new order each pass: the items are split
-    into shards once, by a seeded permutation (the same ``length %
-    num_shards`` items are left out of every pass), and each shard's pass is
-    a permutation of its own items drawn from ``(seed, epoch, shard)``. That
-    is the order for ``cache=`` under several processes or hosts: each
-    process stores what it reads, and reads only that from its second pass
-    on (with a fresh global order every pass, a host would find about
-    ``1/num_shards`` of its items stored). The global batches then differ
-    from the default order's; a resume needs the same shard count.
+    With ``fixed_shards=True`` (and ``shuffle``) each shard keeps the same items every pass, read in a new
+    order each pass: the items are split into shards once, by a seeded permutation (the same ``length %
+    num_shards`` items are left out of every pass), and each shard's pass is a permutation of its own
+    items drawn from ``(seed, epoch, shard)``. That is the order for ``cache=`` under several processes or
+    hosts: each process stores what it reads, and reads only that from its second pass on (with a fresh
+    global order every pass, a host would find about ``1/num_shards`` of its items stored). The global
+    batches then differ from the default order's; a resume needs the same shard count.
 
     Args:
         length: number of items in the source.
         shuffle: draw a new permutation for every pass.
-        seed: seed of the permutations; None draws one from the OS once
-            (not allowed with several shards: they must agree on the order).
+        seed: seed of the permutations; None draws one from the OS once (not allowed with several shards:
+            they must agree on the order).
         num_shards: number of disjoint shards the order is split into.
         shard_index: which shard this order yields, in ``[0, num_shards)``.
         fixed_shards: keep each shard's items the same every pass (see above).
@@ -127,42 +121,36 @@ class IndexOrder:
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if not self.shuffle:  # the same passes whatever the algorithm: states stay valid
-            return hash_parts("IndexOrder", int(self.length), False, None, int(self.num_shards))
-        if self._fixed:
-            return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), "fixed")
+            return hash_parts("IndexOrder", self.length, False, None, self.num_shards)
         # Past SMALL_N items the passes are those of ORDER_VERSION_1: its states stay valid.
-        version = ORDER_VERSION if self.length <= SMALL_N else ORDER_VERSION_1
-        return hash_parts("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards), version)
+        version = "fixed" if self._fixed else ORDER_VERSION if self.length <= SMALL_N else ORDER_VERSION_1
+        return hash_parts("IndexOrder", self.length, True, self.seed, self.num_shards, version)
 
     @property
     def pass_fingerprint(self) -> str:
-        """The fingerprint of the pass over all shards, whatever their number: a
-        shard is every ``num_shards``-th entry of one permutation, so runs
-        with other shard counts read the same passes (elastic resume)."""
+        """The fingerprint of the pass over all shards, whatever their number: a shard is every
+        ``num_shards``-th entry of one permutation, so runs with other shard counts read the same passes
+        (elastic resume)."""
         if self.num_shards == 1 or self._fixed:  # fixed shards: their passes are those of this shard count
             return self.fingerprint
         return dataclasses.replace(self, num_shards=1, shard_index=0).fingerprint
 
     @property
     def legacy_fingerprints(self) -> dict:
-        """Fingerprints the same arguments had under earlier algorithms, each with
-        the algorithm's name ("0.1": kerasfeed 0.1's materialized permutations;
-        ORDER_VERSION_1: a Feistel network over small passes too): a state saved
-        with one is refused with its own message."""
+        """Fingerprints the same arguments had under earlier algorithms, each with the algorithm's name
+        ("0.1": kerasfeed 0.1's materialized permutations; ORDER_VERSION_1: a Feistel network over small
+        passes too): a state saved with one is refused with its own message."""
         if not self.shuffle or self._fixed:
             return {}
-        parts = ("IndexOrder", int(self.length), True, int(self.seed), int(self.num_shards))
+        parts = ("IndexOrder", self.length, True, self.seed, self.num_shards)
         legacy = {hash_parts(*parts): "0.1"}
         if self.length <= SMALL_N:
             legacy[hash_parts(*parts, ORDER_VERSION_1)] = ORDER_VERSION_1
         return legacy
 
     def at(self, epoch: int, positions: Any) -> np.ndarray:
-        """The int64 item indices at ``positions`` (of this shard) in pass ``epoch``.
-
-        Position ``q`` of shard ``k`` is position ``q * num_shards + k`` of the
-        pass over all shards. Positions must be in ``[0, shard_length)``.
-        """
+        """The int64 item indices at ``positions`` (of this shard, in ``[0, shard_length)``) in pass
+        ``epoch``; position ``q`` of shard ``k`` is position ``q * num_shards + k`` of the pass over all shards."""
         epoch = _v.non_negative_int("epoch", epoch, owner="IndexOrder")
         g = check_positions(positions, self.shard_length, "IndexOrder")
         if self._fixed:  # this shard's own items, in this pass's order among them
@@ -175,6 +163,6 @@ class IndexOrder:
         return shuffled(g, self.length, int(self.seed), STREAM_INDEX, int(epoch))
 
     def indices(self, epoch: int) -> np.ndarray:
-        """Returns the int64 item indices of pass ``epoch`` for this shard (the
-        whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
+        """The int64 item indices of pass ``epoch`` for this shard (the whole pass: 8 bytes per index; the
+        front ends read ``at`` by windows)."""
         return indices_by_windows(self.at, _v.non_negative_int("epoch", epoch, owner="IndexOrder"), self.shard_length)

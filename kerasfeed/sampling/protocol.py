@@ -1,31 +1,25 @@
 """The order protocol: what any front end needs from a per-pass index order (TF-free).
 
-An *order* decides which items of a source are read in every pass, and in
-which sequence. ``IndexOrder`` (sequential or a seeded shuffle),
-``BalancedOrder`` and ``WeightedOrder`` are orders; so is any object with:
+An *order* decides which items of a source are read in every pass, and in which sequence.
+``IndexOrder`` (sequential or a seeded shuffle), ``BalancedOrder`` and ``WeightedOrder`` are orders; so
+is any object with:
 
-- ``shard_length``: the number of indices in every pass of its shard (an int
-  > 0, the same every pass);
-- ``indices(epoch)``: the item indices of pass ``epoch`` for its shard, a
-  1-D integer array of ``shard_length`` entries, a pure function of the pass
-  (resume and the worker processes rely on that);
+- ``shard_length``: the number of indices in every pass of its shard (an int > 0, the same every pass);
+- ``indices(epoch)``: the item indices of pass ``epoch`` for its shard, a 1-D integer array of
+  ``shard_length`` entries, a pure function of the pass (resume and the worker processes rely on that);
 
 and optionally:
 
-- ``at(epoch, positions)``: the item indices at those positions (of its
-  shard) of pass ``epoch``, an array as long as ``positions``. The front
-  ends then read every pass a window of positions at a time
-  (``kerasfeed.sampling.views``) and never ask for ``indices``: a pass of
-  10^9 items costs no memory. The built-in orders have it; without it,
-  each pass's ``indices`` array is read whole;
-- ``length``: the number of items the order picks from (checked against
-  ``len(source)``);
-- ``fingerprint``: a short string that identifies the pass sequence over all
-  shards (saved in resume states; a resumed run must have the same one).
+- ``at(epoch, positions)``: the item indices at those positions (of its shard) of pass ``epoch``, an
+  array as long as ``positions``. The front ends then read every pass a window of positions at a time
+  (``kerasfeed.sampling.views``) and never ask for ``indices``: a pass of 10^9 items costs no memory.
+  The built-in orders have it; without it, each pass's ``indices`` array is read whole;
+- ``length``: the number of items the order picks from (checked against ``len(source)``);
+- ``fingerprint``: a short string that identifies the pass sequence over all shards (saved in resume
+  states; a resumed run must have the same one).
 
-``resolve_order`` turns the arguments of a front end (``to_dataset`` or a
-TF-free loader) into a checked order; ``order_fingerprint`` and
-``check_resume_order`` tie resume states to it.
+``resolve_order`` turns the arguments of a front end (``to_dataset`` or a TF-free loader) into a checked
+order; ``order_fingerprint`` and ``check_resume_order`` tie resume states to it.
 """
 
 from __future__ import annotations
@@ -59,22 +53,19 @@ def resolve_order(
 ) -> Any:
     """Returns the order a pipeline over ``total`` items reads in.
 
-    Without ``order``: an ``IndexOrder(total, shuffle, seed, num_shards,
-    shard_index)``, as ``to_dataset`` always did. With ``order``: that order,
-    checked once against the source and wrapped so that every pass is checked
-    too (length, integer dtype, range) before any item is loaded.
+    Without ``order``: an ``IndexOrder(total, shuffle, seed, num_shards, shard_index)``, as ``to_dataset``
+    always did. With ``order``: that order, checked once against the source and wrapped so that every pass
+    is checked too (length, integer dtype, range) before any item is loaded.
 
     Args:
         total: number of items in the source.
         order: an order object (see ``Order``) or None.
-        shuffle, seed, num_shards, shard_index: the front end's own order
-            arguments; they must keep their defaults when ``order`` is given
-            (the order already fixes shuffling, seed and sharding).
+        shuffle, seed, num_shards, shard_index: the front end's own order arguments; they must keep their
+            defaults when ``order`` is given (the order already fixes shuffling, seed and sharding).
 
     Returns:
-        An object with ``shard_length``, ``indices(epoch)``, ``at(epoch,
-        positions)`` and ``fingerprint`` (read it with
-        ``kerasfeed.sampling.views.pass_view``).
+        An object with ``shard_length``, ``indices(epoch)``, ``at(epoch, positions)`` and ``fingerprint``
+        (read it with ``kerasfeed.sampling.views.pass_view``).
 
     Raises:
         TypeError: ``order`` lacks ``indices``/``shard_length``.
@@ -122,11 +113,8 @@ def resolve_order(
 
 
 class _CheckedOrder:
-    """Wraps a user's order: every window is checked before anything is loaded.
-
-    An order with ``at`` is read per window; any other has each pass's
-    ``indices`` checked whole once (the last two passes kept).
-    """
+    """Wraps a user's order: every window is checked before anything is loaded. An order with ``at`` is
+    read per window; any other has each pass's ``indices`` checked whole once (the last two passes kept)."""
 
     def __init__(self, order: Any, total: int, shard_length: int):
         self.order, self.total, self.shard_length = order, total, shard_length
@@ -189,10 +177,9 @@ class _CheckedOrder:
 def order_fingerprint(order: Any) -> str:
     """A short string identifying ``order``'s pass sequence over all shards.
 
-    Orders may define ``fingerprint`` themselves (the built-in ones hash
-    their arguments and labels or weights; the shard index is left out so
-    that every shard of one run resumes from the same saved state). For any
-    other order it is a hash of its type, pass length and first two passes.
+    Orders may define ``fingerprint`` themselves (the built-in ones hash their arguments and labels or
+    weights, leaving the shard index out so that every shard of one run resumes from the same saved
+    state). For any other order it is a hash of its type, pass length and first two passes.
     """
     fp = getattr(order, "fingerprint", None)
     if fp is not None:
@@ -204,8 +191,8 @@ def order_fingerprint(order: Any) -> str:
 
 
 def pass_fingerprint(order: Any) -> str:
-    """The fingerprint of ``order``'s passes over all shards, whatever their
-    number, where the order knows it (``pass_fingerprint``); else its own."""
+    """The fingerprint of ``order``'s passes over all shards, whatever their number, where the order knows
+    it (``pass_fingerprint``); else its own."""
     fp = getattr(order, "pass_fingerprint", None)
     return str(fp) if fp is not None else order_fingerprint(order)
 
@@ -213,8 +200,8 @@ def pass_fingerprint(order: Any) -> str:
 def check_resume_order(state: Any, order: Any) -> None:
     """Refuses to resume from ``state`` (a ``ResumeState``) with a different order.
 
-    A state saved without a fingerprint (older kerasfeed, or no order given
-    to ``TrainingProgress``) resumes with any order, as before.
+    A state saved without a fingerprint (older kerasfeed, or no order given to ``TrainingProgress``)
+    resumes with any order, as before.
 
     Raises:
         ValueError: the fingerprints differ.

@@ -15,32 +15,27 @@ _OPTIONAL = {"order", "items", "skipped"}
 class ResumeState:
     """The next element to deliver: batch ``batches`` of pass ``epoch``.
 
-    Pass orders are pure functions of ``(seed, epoch)`` (``IndexOrder``,
-    ``BalancedOrder``, ``WeightedOrder``), so this pair, the order and the
-    source are all it takes to continue a run exactly where it stopped.
-    ``order`` is the fingerprint of the order the state was saved with
-    (``kerasfeed.sampling.protocol.order_fingerprint``): resuming with a
-    different order is refused. States saved without one resume with any
-    order. ``to_dict()`` is plain JSON.
+    Pass orders are pure functions of ``(seed, epoch)`` (``IndexOrder``, ``BalancedOrder``,
+    ``WeightedOrder``), so this pair, the order and the source are all it takes to continue a run exactly
+    where it stopped. ``order`` is the fingerprint of the order the state was saved with
+    (``kerasfeed.sampling.protocol.order_fingerprint``): resuming with a different order is refused.
+    States saved without one resume with any order. ``to_dict()`` is plain JSON.
 
-    ``items`` is how many items of the pass those batches held, when the
-    state was saved knowing the batching (``TrainingProgress(order=<the
-    dataset or loader>)``): resuming with another ``batch_size`` is refused,
-    as ``batches`` would then skip another number of items.
+    ``items`` is how many items of the pass those batches held, when the state was saved knowing the
+    batching (``TrainingProgress(order=<the dataset or loader>)``): resuming with another ``batch_size``
+    is refused, as ``batches`` would then skip another number of items.
 
-    ``skipped`` lists the items the saved run left out of pass ``epoch``
-    before its position (``max_skipped=``), as ``[pass, index]`` pairs: the
-    resumed run counts them against its budget, and with ``batch_size=None``
-    (each item a batch) its position counts them too (each was a batch
-    Keras never saw). At most the budget of one pass.
+    ``skipped`` lists the items the saved run left out of pass ``epoch`` before its position
+    (``max_skipped=``), as ``[pass, index]`` pairs: the resumed run counts them against its budget, and
+    with ``batch_size=None`` (each item a batch) its position counts them too (each was a batch Keras
+    never saw). At most the budget of one pass.
 
     Args:
         epoch: the pass to resume in (equal to Keras' epoch number).
         batches: elements of that pass already consumed.
         order: fingerprint of the saved run's order, or None.
         items: items of the pass in those batches, or None (not known).
-        skipped: ``[[pass, index], ...]`` left out before the position, or
-            None (none, or not known).
+        skipped: ``[[pass, index], ...]`` left out before the position, or None (none, or not known).
     """
 
     epoch: int = 0

@@ -1,23 +1,21 @@
 """A pass's item indices as a lazy view, computed window by window (TF-free).
 
-The front ends and executors never hold a whole pass: they read its indices
-a window of positions at a time, ahead of the consumer. An ``IndexView`` is
-what they read from: ``len(view)``, ``view.window(start, stop)`` (an int64
-array), ``view[p]`` (an int), ``view[a:b]`` (a lazy sub-view), iteration.
+The front ends and executors never hold a whole pass: they read its indices a window of positions at a
+time, ahead of the consumer. An ``IndexView`` is what they read from: ``len(view)``,
+``view.window(start, stop)`` (an int64 array), ``view[p]`` (an int), ``view[a:b]`` (a lazy sub-view),
+iteration.
 
-- ``pass_view(order, epoch)``: the view of one pass of an order. An order
-  with ``at(epoch, positions)`` (every built-in order) is computed per
-  window; any other order's ``indices(epoch)`` array is wrapped as it is.
-- ``as_view(indices)``: any sequence or array of indices as a view (what
-  ``Executor.plan`` accepts).
+- ``pass_view(order, epoch)``: the view of one pass of an order. An order with ``at(epoch, positions)``
+  (every built-in order) is computed per window; any other order's ``indices(epoch)`` array is wrapped
+  as it is.
+- ``as_view(indices)``: any sequence or array of indices as a view (what ``Executor.plan`` accepts).
 
 NOTE [ Windows are cached in aligned chunks ]
-Consumers read a pass mostly in order, a few positions at a time (a batch,
-an item, a plan's next request). Computing a window costs a fixed numpy
-overhead per call (tens of microseconds for a shuffled order), so a view
-computes ``CHUNK`` aligned positions at once and keeps the last two chunks:
-a read inside them costs a dict lookup. Larger windows are computed
-directly. Memory: two chunks (64 KB) per view, whatever the pass length.
+Consumers read a pass mostly in order, a few positions at a time (a batch, an item, a plan's next
+request). Computing a window costs a fixed numpy overhead per call (tens of microseconds for a shuffled
+order), so a view computes ``CHUNK`` aligned positions at once and keeps the last two chunks: a read
+inside them costs a dict lookup. Larger windows are computed directly. Memory: two chunks (64 KB) per
+view, whatever the pass length.
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ CHUNK = 4096
 class IndexView:
     """The item indices of one pass, computed when asked (see the module docs).
 
-    Subclasses implement ``_compute(start, stop)`` (positions ``start`` to
-    ``stop`` of the view, ``0 <= start <= stop <= len``) and ``key`` (equal
-    keys: the same pass; None: compare values).
+    Subclasses implement ``_compute(start, stop)`` (positions ``start`` to ``stop`` of the view,
+    ``0 <= start <= stop <= len``) and may give a ``key`` (equal keys: the same pass; None: compare values).
     """
 
     def __init__(self, length: int):
@@ -49,9 +46,6 @@ class IndexView:
     @property
     def key(self) -> Optional[tuple]:
         return None
-
-    def _compute(self, start: int, stop: int) -> np.ndarray:
-        raise NotImplementedError
 
     def _chunk(self, c: int) -> np.ndarray:
         with self._lock:
@@ -87,13 +81,16 @@ class IndexView:
             if start == 0 and stop >= self._length:
                 return self  # the whole pass: the same view (and the same key)
             return SliceView(self, start, max(start, stop))
+        c, p = divmod(self._position(key), CHUNK)
+        return int(self._chunk(c)[p])
+
+    def _position(self, key: Any) -> int:
         p = int(key)
         if p < 0:
             p += self._length
         if not 0 <= p < self._length:
             raise IndexError(f"position {int(key)} is out of range for a pass of {self._length} indices.")
-        c = p // CHUNK
-        return int(self._chunk(c)[p - c * CHUNK])
+        return p
 
     def __iter__(self) -> Iterator[int]:
         for start in range(0, self._length, CHUNK):
@@ -205,12 +202,7 @@ class SliceView(IndexView):
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
             return super().__getitem__(key)
-        p = int(key)
-        if p < 0:
-            p += self._length
-        if not 0 <= p < self._length:
-            raise IndexError(f"position {int(key)} is out of range for a pass of {self._length} indices.")
-        return self.parent[self.start + p]
+        return self.parent[self.start + self._position(key)]
 
 
 def as_view(indices: Any) -> IndexView:
@@ -272,8 +264,8 @@ def _short(value: Any) -> str:
 
 
 def indices_by_windows(at: Callable[[int, np.ndarray], np.ndarray], epoch: int, length: int) -> np.ndarray:
-    """A whole pass from ``at(epoch, positions)``, computed a large window at a time
-    (so the temporary arrays of one window are all the extra memory used)."""
+    """A whole pass from ``at(epoch, positions)``, a large window at a time (whose temporaries are all the
+    extra memory used)."""
     out = np.empty(int(length), dtype=np.int64)
     step = 1 << 20
     for start in range(0, int(length), step):

@@ -19,13 +19,12 @@ STREAM_WEIGHTED, STREAM_COUNTS, STREAM_CLASS, STREAM_MIX = 11, 12, 13, 14
 class SampledOrder:
     """What the sampled orders share: pass length, seed, shards, per-position passes.
 
-    Position ``g`` of a pass over all shards is computed by ``_at(epoch, g)``
-    (a pure function of ``(seed, epoch, g)``, for an array of positions);
-    shard ``k`` takes positions ``k, k + num_shards, ...``, cut to
-    ``num_samples // num_shards`` so that all shards have the same length.
-    The few modes that cannot be computed per position (draws without
-    replacement in proportion to weights) compute their pass whole in
-    ``_pass(epoch)``; it is cached (the last two passes).
+    A subclass defines ``_at(epoch, g)``: the items at positions ``g`` (an array) of a pass over all
+    shards, a pure function of ``(seed, epoch, g)``; shard ``k`` takes positions ``k, k + num_shards,
+    ...``, cut to ``num_samples // num_shards`` so that all shards have the same length. The few modes
+    that cannot be computed per position (draws without replacement in proportion to weights) compute
+    their pass whole in ``_pass(epoch)``, cached (the last two passes). ``_fingerprint_parts()``: what
+    the fingerprint hashes besides the shared arguments.
     """
 
     # The algorithm's name in the fingerprint (see fingerprints.ORDER_VERSION).
@@ -68,11 +67,8 @@ class SampledOrder:
         return self.num_samples // self.num_shards
 
     def at(self, epoch: int, positions: Any) -> np.ndarray:
-        """The int64 item indices at ``positions`` (of this shard) in pass ``epoch``.
-
-        A pure function of ``(seed, epoch, position)`` and the arguments;
-        positions must be in ``[0, shard_length)``.
-        """
+        """The int64 item indices at ``positions`` (of this shard, in ``[0, shard_length)``) in pass
+        ``epoch``: a pure function of ``(seed, epoch, position)`` and the arguments."""
         epoch = v.non_negative_int("epoch", epoch, owner=type(self).__name__)
         g = check_positions(positions, self.shard_length, type(self).__name__)
         if self.num_shards > 1:
@@ -80,8 +76,8 @@ class SampledOrder:
         return self._at(epoch, g)
 
     def indices(self, epoch: int) -> np.ndarray:
-        """Returns the int64 item indices of pass ``epoch`` for this shard (the
-        whole pass: 8 bytes per index; the front ends read ``at`` by windows)."""
+        """The int64 item indices of pass ``epoch`` for this shard (the whole pass: 8 bytes per index; the
+        front ends read ``at`` by windows)."""
         epoch = v.non_negative_int("epoch", epoch, owner=type(self).__name__)
         return indices_by_windows(self.at, epoch, self.shard_length)
 
@@ -97,8 +93,7 @@ class SampledOrder:
 
     @property
     def legacy_fingerprints(self) -> dict:
-        """Fingerprints the same arguments had under earlier algorithms, each with
-        its name (see ``IndexOrder.legacy_fingerprints``)."""
+        """Fingerprints the same arguments had under earlier algorithms (``IndexOrder.legacy_fingerprints``)."""
         parts = (type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards)
         legacy = {hash_parts(*parts): "0.1"}
         if self._order_version != ORDER_VERSION_1:
@@ -139,15 +134,6 @@ class SampledOrder:
         self.__dict__.update(state)
         self._cache_lock = threading.Lock()
 
-    def _at(self, epoch: int, g: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def _pass(self, epoch: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def _fingerprint_parts(self) -> tuple:
-        raise NotImplementedError
-
 
 def compact(indices: np.ndarray, length: int) -> np.ndarray:
     """Item indices in int32 when ``length`` allows (a pass kept whole)."""
@@ -155,12 +141,9 @@ def compact(indices: np.ndarray, length: int) -> np.ndarray:
 
 
 def sample_without_replacement(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
-    """``k`` distinct positions drawn one after another with probability
-    proportional to ``weights`` among those not drawn yet, in draw order.
-
-    Exponential keys ``E / w``: the ``k`` smallest, sorted, have exactly that
-    distribution (zero weights get infinite keys and are never drawn).
-    """
+    """``k`` distinct positions drawn one after another with probability proportional to ``weights``
+    among those not drawn yet, in draw order. Exponential keys ``E / w``: the ``k`` smallest, sorted,
+    have exactly that distribution (zero weights get infinite keys and are never drawn)."""
     with np.errstate(divide="ignore"):
         keys = rng.standard_exponential(len(weights)) / weights
     part = np.argpartition(keys, k - 1)[:k] if k < len(weights) else np.arange(len(weights))
@@ -170,35 +153,29 @@ def sample_without_replacement(rng: np.random.Generator, weights: np.ndarray, k:
 class WeightedOrder(SampledOrder):
     """Each pass draws items with probability proportional to per-item weights.
 
-    The sharded, resumable form of PyTorch's ``WeightedRandomSampler``: pass
-    ``epoch`` is a pure function of ``(seed, epoch)``, every shard computes
-    the same pass and takes its own equal, disjoint share of positions, and
-    the state needed to resume is just ``(epoch, position)``. With
-    replacement, the item at position ``p`` is drawn from a uniform that is a
-    pure function of ``(seed, epoch, p)`` (a counter-based hash) by inverse
-    CDF: nothing is held per pass, and memory is 8 bytes per item (the
-    cumulative weights, made in place of the order's own copy of
-    ``weights``: editing the caller's array later changes nothing), with no
-    limit at 2^24 items. Without replacement a pass is drawn whole (16 bytes
+    The sharded, resumable form of PyTorch's ``WeightedRandomSampler``: pass ``epoch`` is a pure function
+    of ``(seed, epoch)``, every shard computes the same pass and takes its own equal, disjoint share of
+    positions, and the state needed to resume is just ``(epoch, position)``. With replacement, the item at
+    position ``p`` is drawn by inverse CDF from a uniform that is a pure function of ``(seed, epoch, p)``
+    (a counter-based hash): nothing is held per pass, and memory is 8 bytes per item (the cumulative
+    weights, made in place of the order's own copy of ``weights``: editing the caller's array later
+    changes nothing), with no limit at 2^24 items. Without replacement a pass is drawn whole (16 bytes
     per item while drawing; the last two passes kept, 4 bytes per index).
 
     Args:
-        weights: one non-negative, finite weight per item of the source
-            (not all zero). Items with weight 0 are never drawn.
-        num_samples: indices per pass over all shards; defaults to the
-            number of items.
-        replacement: True: independent draws (an item may come several times
-            per pass). False: every item at most once per pass, drawn one
-            after another in proportion to the weights of those left.
-        seed: seed of every pass; None draws one for this object (not allowed
-            with several shards).
+        weights: one non-negative, finite weight per item of the source (not all zero). Items with weight
+            0 are never drawn.
+        num_samples: indices per pass over all shards; defaults to the number of items.
+        replacement: True: independent draws (an item may come several times per pass). False: every item
+            at most once per pass, drawn one after another in proportion to the weights of those left.
+        seed: seed of every pass; None draws one for this object (not allowed with several shards).
         num_shards: number of equal, disjoint shards each pass is split into.
         shard_index: the shard this order yields.
 
     Raises:
-        ValueError: negative, NaN or all-zero weights, ``num_samples`` not a
-            positive int, or ``replacement=False`` with more samples than
-            items of non-zero weight. Messages name the argument.
+        ValueError: negative, NaN or all-zero weights, ``num_samples`` not a positive int, or
+            ``replacement=False`` with more samples than items of non-zero weight. Messages name the
+            argument.
 
     Example:
 
@@ -234,8 +211,7 @@ class WeightedOrder(SampledOrder):
                 f"Received: num_samples={self.num_samples}, replacement=False"
             )
         self._weights_digest = hash_parts(w)
-        # ``w`` is this order's own read-only copy: later edits of the caller's array change nothing.
-        self._weights = None if self.replacement else w
+        self._weights = None if self.replacement else w  # w: this order's own read-only copy
         if self.replacement:
             w.setflags(write=True)  # it owns its data: the cumulative sum is made in its place
             self._cdf = np.cumsum(w, out=w)

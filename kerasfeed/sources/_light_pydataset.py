@@ -17,44 +17,33 @@ import itertools
 _DEFAULTS = (("_workers", 1), ("_use_multiprocessing", False), ("_max_queue_size", 10))
 
 
+def _setting(name: str) -> property:
+    """Keras' property ``name`` over the attribute ``_name`` (its default set on first read, as Keras
+    does when a subclass's ``__init__`` skipped ``super()``; Keras also warns, which the consumer
+    process did already)."""
+    private = f"_{name}"
+
+    def get(self):
+        for attr, default in _DEFAULTS:
+            if not hasattr(self, attr):
+                setattr(self, attr, default)
+        return getattr(self, private)
+
+    def put(self, value):
+        setattr(self, private, value)
+
+    return property(get, put)
+
+
 class PyDataset:
     def __init__(self, workers=1, use_multiprocessing=False, max_queue_size=10):
         self._workers = workers
         self._use_multiprocessing = use_multiprocessing
         self._max_queue_size = max_queue_size
 
-    def _warn_if_super_not_called(self):
-        # Keras sets the defaults (and warns, which the consumer process did already).
-        for name, default in _DEFAULTS:
-            if not hasattr(self, name):
-                setattr(self, name, default)
-
-    @property
-    def workers(self):
-        self._warn_if_super_not_called()
-        return self._workers
-
-    @workers.setter
-    def workers(self, value):
-        self._workers = value
-
-    @property
-    def use_multiprocessing(self):
-        self._warn_if_super_not_called()
-        return self._use_multiprocessing
-
-    @use_multiprocessing.setter
-    def use_multiprocessing(self, value):
-        self._use_multiprocessing = value
-
-    @property
-    def max_queue_size(self):
-        self._warn_if_super_not_called()
-        return self._max_queue_size
-
-    @max_queue_size.setter
-    def max_queue_size(self, value):
-        self._max_queue_size = value
+    workers = _setting("workers")
+    use_multiprocessing = _setting("use_multiprocessing")
+    max_queue_size = _setting("max_queue_size")
 
     def __getitem__(self, index):
         raise NotImplementedError

@@ -1,4 +1,8 @@
-"""The random-access source protocol and helpers shared by every executor."""
+"""Helpers shared by every executor for random-access sources: items by integer index and a length
+(``len(source)``, or a ``num_batches`` property as in Keras 3's ``PyDataset``, None for an infinite
+source). Optional hooks: ``set_epoch(epoch)``, called in every process that runs items before its items
+of pass ``epoch`` (so worker copies see the epoch too), and ``on_epoch_begin()``/``on_epoch_end()``,
+once per pass in the consumer process, as Keras calls them on a ``PyDataset``."""
 
 from __future__ import annotations
 
@@ -6,30 +10,9 @@ import numbers
 import threading
 import types
 import weakref
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Optional
 
 from kerasfeed.errors import short_repr
-
-
-@runtime_checkable
-class RandomAccessSource(Protocol):
-    """What ``to_dataset`` needs: items by integer index and a length.
-
-    The length is ``len(source)`` or, like Keras 3's ``PyDataset``, the
-    ``num_batches`` property when the source has no ``__len__``;
-    ``num_batches`` is None for an infinite source.
-
-    Optional hooks, used when present:
-      - ``set_epoch(epoch)``: called in every process that runs items before
-        it runs items of pass ``epoch`` (so worker copies see the epoch too).
-      - ``on_epoch_begin()`` / ``on_epoch_end()``: called once per pass in the
-        consumer process, as Keras does for a ``PyDataset``.
-    """
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Any: ...
-
 
 _EPOCH_HOOKS = ("set_epoch", "on_epoch_begin", "on_epoch_end")
 
@@ -62,11 +45,7 @@ def _has_num_batches(source: Any) -> bool:
 
 
 def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "kerasfeed") -> Optional[int]:
-    """Returns the number of items of ``source``; None for an infinite one.
-
-    ``len(source)`` when the source has ``__len__``, else its
-    ``num_batches`` property (Keras 3's ``PyDataset`` protocol), where None
-    means infinite.
+    """Returns the number of items of ``source`` (module docstring); None for an infinite one.
 
     Args:
         source: the object to check.
@@ -89,11 +68,9 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
     name = type(source).__name__
     has_len = hasattr(source, "__len__")
     has_nb = not has_len and _has_num_batches(source)
-    needs = (
-        ("`__getitem__`", hasattr(source, "__getitem__")),
-        ("length (neither `__len__` nor a `num_batches` property)", has_len or has_nb),
-    )
-    missing = [m for m, ok in needs if not ok]
+    needs = {"`__getitem__`": hasattr(source, "__getitem__"),
+             "length (neither `__len__` nor a `num_batches` property)": has_len or has_nb}
+    missing = [m for m, ok in needs.items() if not ok]
     if missing:
         raise TypeError(
             f"{owner} needs an indexable source: an object with `__getitem__(index)` returning item `index`, "

@@ -77,17 +77,8 @@ class SceneSequence(_PyDataset):
     ```
     """
 
-    def __init__(
-        self,
-        workers: int = 1,
-        use_multiprocessing: bool = False,
-        max_queue_size: int = 10,
-    ):
-        super().__init__(
-            workers=workers,
-            use_multiprocessing=use_multiprocessing,
-            max_queue_size=max_queue_size,
-        )
+    def __init__(self, workers: int = 1, use_multiprocessing: bool = False, max_queue_size: int = 10):
+        super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         self._kf_epoch = 0
 
     @property
@@ -150,17 +141,12 @@ def _end_pass(seq) -> None:
     # JAX and PyTorch (and TensorFlow with a distribution strategy) that reset
     # ends the one batch Keras read to build the model: no pass either, or
     # the first epoch would read pass 1 (to_loader and to_dataset read 0).
+    # The reset is a few frames up (EpochIterator.reset -> PyDatasetAdapter.on_epoch_end
+    # -> overrides, bookkeeping -> here); an end of epoch proper comes from the iterator's generator.
     if getattr(seq, "_kf_in_epoch", False):
         seq._kf_in_epoch = False
-        if not _called_by_keras_reset():
+        if not called_by_epoch_iterator_reset(sys._getframe(1)):
             seq._kf_epoch = seq.epoch + 1
-
-
-def _called_by_keras_reset() -> bool:
-    # Keras' EpochIterator.reset -> PyDatasetAdapter.on_epoch_end -> (overrides,
-    # bookkeeping) -> here: a few frames up. An end of epoch proper comes from
-    # the iterator's generator instead.
-    return called_by_epoch_iterator_reset(sys._getframe(2))
 
 
 def _with_bookkeeping(fn, book, before: bool):

@@ -3,15 +3,13 @@
 A stream (generators, files, a queue) has no length tf.data can see, so
 ``model.fit`` learns the number of steps from the first epoch and warns that
 the input "ran out of data" (Keras 3.15 on TensorFlow warns at the end of
-every epoch: it counts the step that found no data). When the user declares
-how many items every pass yields, the dataset gets that cardinality (Keras
-then knows its steps and stays quiet), and every pass is checked here: a pass
-that ends early or has more items fails with a ``StreamError`` naming both
-counts, instead of Keras silently cutting or shortening the epoch.
-
-The last declared item is held back until the pass's end is confirmed: a
-consumer that stops after the declared number of batches (``fit`` does)
-would otherwise never see the surplus.
+every epoch: it counts the step that found no data). A declared number of
+items per pass becomes the dataset's cardinality (Keras then knows its steps
+and stays quiet), and every pass is checked here: one that ends early or has
+more items fails with a ``StreamError`` naming both counts, instead of Keras
+silently cutting or shortening the epoch. The last declared item is held back
+until the pass's end is confirmed: a consumer that stops after the declared
+number of batches (``fit`` does) would otherwise never see the surplus.
 """
 
 from __future__ import annotations
@@ -40,10 +38,7 @@ class CountedPass:
     """One pass of a stream, checked against ``expected`` items (``take``/``close`` as the wrapped pass)."""
 
     def __init__(self, inner: Any, expected: int, api: str, number: int):
-        self._inner = inner
-        self._expected = expected
-        self._api = api
-        self._number = number
+        self._inner, self._expected, self._api, self._number = inner, expected, api, number
         self._n = 0
         self._held: Any = None
         self._done = False
@@ -73,14 +68,11 @@ class CountedPass:
         more = how == "more than"
         got = f"at least {self._expected + 1} items arrived" if more else f"it ended after {self._n} items"
         return EpochLengthError(
-            what,
-            f"had {how} {self._expected} items",
+            what, f"had {how} {self._expected} items",
             f"{got}, but `items_per_epoch={self._expected}` declared the length of every pass "
             "(the dataset's cardinality). Declare the right count, or drop `items_per_epoch` for a stream "
             f"whose length varies. Received: items_per_epoch={self._expected}",
-            "",
-            None,
-            self._n,
+            "", None, self._n,
         )
 
     def close(self) -> None:

@@ -1,19 +1,17 @@
 """One pass over many shards: producers run ahead, the consumer interleaves.
 
 Every shard (a generator, a file's samples) is iterated by its own producer
-thread, which puts items into a bounded buffer: up to ``max_open`` shards run
-at once, started in pass order, so a slow shard never stalls the others and
-memory stays within ``max_open * buffer_size`` items. The consumer takes items
+thread (the user's generator itself under the threads executor, a worker
+process's stream under processes: the scheduler does not care which), which
+puts items into a bounded buffer: up to ``max_open`` shards run at once,
+started in pass order, so a slow shard never stalls the others and memory
+stays within ``max_open * buffer_size`` items. The consumer takes items
 
 - ``deterministic=True``: in exactly the order of
   ``tf.data.Dataset.interleave(cycle_length, block_length)`` over the shards
   (round-robin over ``cycle_length`` open shards, ``block_length`` items each;
   an exhausted shard's place goes to the next shard), whatever the timing;
 - ``deterministic=False``: in arrival order, whichever shard is ready first.
-
-A producer thread either iterates the user's generator itself (threads
-executor) or pumps a worker process's stream (processes executor); the
-scheduler does not care which.
 """
 
 from __future__ import annotations
@@ -61,29 +59,18 @@ class ShardPass:
         options: an ``InterleaveOptions``.
         describe: ``describe(shard_id)`` names a shard in error messages.
         name: prefix of the producer threads' names.
-        stats: a ``kerasfeed.observe.stats.StatsCollector`` that gets each
-            item's make time, timed in its producer thread (the shard's
-            opening counts into its first item; waiting for buffer space
-            counts nowhere), or None. Only for shards that run in the
-            producer thread itself: a worker process times its own.
+        stats: a ``StatsCollector`` that gets each item's make time, timed in
+            its producer thread (the shard's opening counts into its first
+            item; waiting for buffer space counts nowhere), or None. Only for
+            shards that run in the producer thread: a worker process times its own.
 
     Items come out of ``take()``; ``close()`` stops the producers (each
     finishes the item it is making, then closes its iterator).
     """
 
-    def __init__(
-        self,
-        order: Sequence[int],
-        open_shard: Callable[[int], Iterator[Any]],
-        options: InterleaveOptions,
-        describe: Callable[[int], str],
-        name: str = "shard",
-        stats: Any = None,
-    ):
-        self._open_shard = open_shard
-        self._stats = stats
-        self._describe = describe
-        self._name = name
+    def __init__(self, order: Sequence[int], open_shard: Callable[[int], Iterator[Any]], options: InterleaveOptions,
+                 describe: Callable[[int], str], name: str = "shard", stats: Any = None):
+        self._open_shard, self._stats, self._describe, self._name = open_shard, stats, describe, name
         self._block = options.block_length
         self._cap = options.buffer_size
         self._max_open = options.max_open
@@ -106,10 +93,7 @@ class ShardPass:
         self.threads: list[threading.Thread] = []
         # deterministic interleave state (mirrors tf.data's InterleaveDataset)
         self._cycle: list[Optional[_Shard]] = [None] * options.cycle_length
-        self._ci = 0
-        self._bi = 0
-        self._num_open = 0
-        self._next_open = 0
+        self._ci = self._bi = self._num_open = self._next_open = 0
         self._end_of_input = False
         # arrival-order state
         self._arrivals: collections.deque = collections.deque()
@@ -199,9 +183,7 @@ class ShardPass:
         if isinstance(e, StreamError):
             return e
         if isinstance(e, ItemError):  # raised in a worker process: index = items it had made
-            return StreamError(
-                what, e.exc_type, e.exc_message, e.traceback_text, sh.id, e.index, e.worker_id, e.pid
-            )
+            return StreamError(what, e.exc_type, e.exc_message, e.traceback_text, sh.id, e.index, e.worker_id, e.pid)
         return StreamError.from_exception(what, e, index=sh.id, items_before=n)
 
     def _put(self, sh: _Shard, item: Any) -> bool:
@@ -276,11 +258,11 @@ class ShardPass:
     def _cause(self, error: BaseException) -> BaseException:
         """The error to raise for a shard that failed with ``error`` (lock held).
 
-        A shard that failed only because another worker's death closed the pool
-        (a ``WorkerError`` that is not fatal) may finish before the shard that
-        ran on the dead worker records its fatal error. The pool is closed, so
-        every running shard ends promptly: wait for them, and raise the dead
-        worker's own error (naming its shard) when there is one.
+        A shard failed only because another worker's death closed the pool (a
+        ``WorkerError`` that is not fatal) may finish before the dead worker's
+        shard records its fatal error. The pool is closed, so every running
+        shard ends promptly: wait for them, and raise the dead worker's own
+        error (naming its shard) when there is one.
         """
         if not isinstance(error, WorkerError):
             return error

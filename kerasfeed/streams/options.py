@@ -48,8 +48,8 @@ class InterleaveOptions:
     def __post_init__(self):
         for name in ("cycle_length", "block_length", "max_open", "buffer_size"):
             object.__setattr__(self, name, _v.positive_int(name, getattr(self, name)))
-        object.__setattr__(self, "deterministic", _v.flag("deterministic", self.deterministic))
-        object.__setattr__(self, "ordered_start", _v.flag("ordered_start", self.ordered_start))
+        for name in ("deterministic", "ordered_start"):
+            object.__setattr__(self, name, _v.flag(name, getattr(self, name)))
         if self.max_open < self.cycle_length:
             raise ValueError(
                 f"`cycle_length={self.cycle_length}` is larger than the number of shards that can run at "

@@ -1,18 +1,16 @@
 """``QueueFeed``: items from a producer that does not know the epoch length.
 
 The producer marks the end of every epoch with ``END_OF_EPOCH``; each pass
-over the dataset reads one epoch. The queue between producer and consumer is
-bounded, so a fast producer waits (back-pressure) instead of filling memory.
-
-Two kinds of producer:
+over the dataset reads one epoch. The queue between them is bounded, so a
+fast producer waits (back-pressure) instead of filling memory. Producers:
 
 - a callable ``producer(put)``, run by kerasfeed in a daemon thread that
   starts at the first pass (or when the signature is inferred) and keeps
-  running across epochs. ``put(item)`` blocks while the queue is full. When
-  ``producer`` returns, the data is over: the current epoch ends and a later
-  pass raises a ``StreamError`` saying that the producer has stopped (never a
-  silently empty epoch). If it raises, the pass that reaches that point raises a
-  ``StreamError`` with the original error (after the items put before it).
+  running across epochs; ``put(item)`` blocks while the queue is full. When
+  it returns, the data is over: the current epoch ends and a later pass
+  raises a ``StreamError`` saying that the producer has stopped (never a
+  silently empty epoch). If it raises, the pass that reaches that point
+  raises a ``StreamError`` with the original error (after the items put before it).
 - a bounded queue (``queue.Queue(maxsize=N)``, ``multiprocessing.Queue(N)``,
   anything with ``get(timeout=)``) that the user's own threads fill. An
   exception instance put into it fails the epoch with that error (the next
@@ -122,8 +120,8 @@ class QueueFeed:
         self.produced = 0  # items put by a callable producer (for tests and stats)
         self._stats: Any = None  # a StatsCollector: each put item's make time (callable producers)
         self._free_since = 0.0  # when the producer began making its next item
-        # Deleting the last iterator over the feed, or Ctrl-C, ends the
-        # consumer's wait (``execution/waits.py``; see ``tfdata/chunks.py``).
+        # Deleting the last iterator over the feed, or Ctrl-C, ends the consumer's wait
+        # (``execution/waits.py``; see ``tfdata/chunks.py``).
         self.waits = WaitScope()
         if hasattr(producer, "get") and callable(producer.get):
             bound = getattr(producer, "maxsize", getattr(producer, "_maxsize", None))
@@ -197,11 +195,8 @@ class QueueFeed:
             self._free_since = time.perf_counter()
 
     def attach_stats(self, collector: Any) -> None:
-        """Reports each item's make time to ``collector`` (a
-        ``kerasfeed.observe.stats.StatsCollector``) when kerasfeed runs the
-        producer: the producer thread's time between its ``put`` calls. Items
-        from a queue object come from threads kerasfeed does not see: no
-        make times."""
+        """Reports each item's make time to ``collector`` (a ``StatsCollector``) when kerasfeed runs the
+        producer: its thread's time between ``put`` calls (a queue object's threads are not seen)."""
         if self._producer is not None:
             self._stats = collector
 
@@ -226,9 +221,8 @@ class QueueFeed:
         return got
 
     def peek(self, count: int) -> list[Any]:
-        """Waits for the first ``count`` items (fewer if the data ends first).
-
-        They stay queued for the first pass, in order.
+        """Waits for the first ``count`` items (fewer if the data ends first); they stay queued for
+        the first pass, in order.
 
         Raises:
             kerasfeed.StreamError: the producer raised before making them.
@@ -262,10 +256,9 @@ class QueueFeed:
     def open_pass(self) -> "QueuePass":
         """Starts reading the next epoch.
 
-        A pass still open (an iterator that was peeked at and kept, one a
-        traceback holds, one collected late) is superseded: as if dropped,
-        the new pass starts after that pass's epoch if it took items, and the
-        old one's next ``take`` raises instead of taking the new pass's items.
+        A pass still open (an iterator peeked at and kept, one a traceback holds, one collected late)
+        is superseded: as if dropped, the new pass starts after its epoch if it took items, and its
+        next ``take`` raises instead of taking the new pass's items.
         """
         self._start()
         with self._read_lock, self._lock:
@@ -374,11 +367,9 @@ class QueuePass:
         self._feed._epoch = self._epoch + 1
 
     def _leave(self, *, superseded: bool = False, failed: bool = False) -> None:
-        """Ends this pass before its epoch's end (``feed._lock`` held).
-
-        Abandoned mid-epoch (a ``break``, ``take(k)``, a timeout, a newer
-        pass) after taking items, or failed by an exception item: the next
-        pass drops the rest of this epoch and reads the next one."""
+        """Ends this pass before its epoch's end (``feed._lock`` held). Abandoned mid-epoch (a
+        ``break``, ``take(k)``, a timeout, a newer pass) after taking items, or failed by an exception
+        item: the next pass drops the rest of this epoch and reads the next one."""
         feed = self._feed
         if feed._active is self:
             feed._active = None

@@ -65,22 +65,10 @@ class ShardedStream:
     """
 
     def __init__(
-        self,
-        task: Callable[[Any], Any],
-        args: Sequence[Any],
-        *,
-        kind: str,
-        executor: str = "threads",
-        workers: Optional[int] = None,
-        cycle_length: Optional[int] = None,
-        block_length: int = 1,
-        deterministic: bool = True,
-        buffer_size: int = 8,
-        shuffle: bool = False,
-        seed: Optional[int] = None,
-        worker_init: Optional[Callable[[], None]] = None,
-        num_workers: int = 1,
-        worker_index: int = 0,
+        self, task: Callable[[Any], Any], args: Sequence[Any], *, kind: str, executor: str = "threads",
+        workers: Optional[int] = None, cycle_length: Optional[int] = None, block_length: int = 1,
+        deterministic: bool = True, buffer_size: int = 8, shuffle: bool = False, seed: Optional[int] = None,
+        worker_init: Optional[Callable[[], None]] = None, num_workers: int = 1, worker_index: int = 0,
         timeout: Optional[float] = None,
     ):
         if not callable(task):
@@ -96,10 +84,7 @@ class ShardedStream:
                 "`worker_init` runs in worker processes; executor='threads' has none. "
                 f"Received: worker_init={worker_init!r}"
             )
-        self.task = task
-        self.args = list(args)
-        self.kind = kind
-        self.executor = executor
+        self.task, self.args, self.kind, self.executor = task, list(args), kind, executor
         n = len(self.args)
         self.pool = None
         if executor == "threads":
@@ -131,17 +116,14 @@ class ShardedStream:
         )
         # Under a multi-worker strategy this worker opens only its own shards:
         # every num_workers-th of each pass's order, cut to equal counts.
-        sharded = num_workers > 1
         self.order = (
             IndexOrder(n, shuffle=shuffle, seed=seed, num_shards=num_workers, shard_index=worker_index)
-            if shuffle or sharded
-            else None
+            if shuffle or num_workers > 1 else None
         )
         self._lock = threading.Lock()
         self._generators = GeneratorsSeen()
         self._passes = 0
         self._stats: Any = None
-        self.waits: Any = None  # WaitScope: the pool's with worker processes (below)
         if executor == "processes":
             from kerasfeed.execution.pickling import dumps_task
             from kerasfeed.execution.processes.executor import ProcessExecutor
@@ -151,13 +133,12 @@ class ShardedStream:
             dumps_task(task, self.args[0], self.describe(0))
             # The consumer-side buffer (buffer_size) does the read-ahead; two
             # slots let a worker make the next item while one travels.
-            options = PoolOptions(
-                workers=workers, worker_init=worker_init, seed=seed, in_flight_per_worker=2, timeout=timeout
-            )
+            options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed, in_flight_per_worker=2,
+                                  timeout=timeout)
             self.pool = ProcessExecutor.from_options(None, options, name=f"{kind}s of {_task_name(task)}")
-        # Deleting the last iterator over the stream, or Ctrl-C, ends its waits
-        # (``execution/waits.py``; counted by ``tfdata/consumers.py``).
-        self.waits = self.pool.waits if self.pool is not None else WaitScope()
+        # Deleting the last iterator over the stream, or Ctrl-C, ends its waits (``execution/waits.py``;
+        # counted by ``tfdata/consumers.py``): the pool's with worker processes.
+        self.waits: Any = self.pool.waits if self.pool is not None else WaitScope()
 
     def __len__(self) -> int:
         return len(self.args)
@@ -184,22 +165,18 @@ class ShardedStream:
         )
 
     def attach_stats(self, collector: Any) -> None:
-        """Reports each item's make time to ``collector`` (a
-        ``kerasfeed.observe.stats.StatsCollector``): timed by the producer
-        thread that runs the shard, or by the worker process (per worker,
-        with the worker's shared-memory write in its busy time), and the
-        worker processes' instant figures (``ProcessExecutor.gauges``)."""
+        """Reports each item's make time to ``collector`` (a ``StatsCollector``): timed by the producer
+        thread that runs the shard, or by the worker process (per worker, with its shared-memory write in
+        its busy time), and the worker processes' instant figures (``ProcessExecutor.gauges``)."""
         collector.executor = self.executor
         self._stats = collector
         if self.pool is not None:
             self.pool.attach_stats(collector)
 
     def probe(self, count: int) -> list[tuple[Any, tuple[int, int]]]:
-        """Returns up to ``count`` items for signature inference.
-
-        Runs a short pass, apart from the real ones, that takes one item from
-        each of the first ``count`` shards in turn (shards started together),
-        so the items show how shapes vary between shards.
+        """Returns up to ``count`` items for signature inference: a short pass, apart from the real
+        ones, takes one item from each of the first ``count`` shards in turn (started together), so the
+        items show how shapes vary between shards.
 
         Raises:
             kerasfeed.StreamError: a shard raised.

@@ -23,7 +23,7 @@ from kerasfeed.sources.base import source_length
 from kerasfeed.tfdata.items import item_dataset
 from kerasfeed.tfdata.options import DatasetOptions
 from kerasfeed.tfdata.structure import ItemChecker, infer_signature, normalize_signature, open_leading_dimension
-from kerasfeed.tfdata.tail import own_sharding
+from kerasfeed.tfdata.tail import own_sharding, prefetch_tail
 
 
 def to_dataset(
@@ -112,11 +112,10 @@ def to_dataset(
         initial_state: ``{"epoch": e, "batches": b}`` (from
             ``TrainingProgress.state()``): the first pass is pass ``e`` and
             starts after its first ``b`` elements, exactly where the saved run
-            stopped; later passes are whole. Use the same source, seed,
-            batch size and shards as the saved run, and
-            ``model.fit(..., initial_epoch=e)``. A state that carries an
-            order fingerprint (``TrainingProgress(order=...)``) is refused
-            with a different order.
+            stopped; later passes are whole. Use the same source, seed, batch
+            size and shards as the saved run, and ``model.fit(...,
+            initial_epoch=e)``. A state carrying an order fingerprint
+            (``TrainingProgress(order=...)``) is refused with another order.
         order: the index order of every pass instead of
             ``shuffle``/``seed``/``num_shards``/``shard_index``: any object
             with ``shard_length`` and ``indices(epoch)``, such as
@@ -125,19 +124,16 @@ def to_dataset(
         group_items: items handed to tf.data per Python call. None (the
             default): up to 64 small items (at most 64 KB each, 1 MB per
             call, every dimension but the leading batch one fixed) when the
-            executor makes items ahead, else 1. Batches of one size (a short
-            one anywhere is fine) are stacked into dense runs; batches whose
-            size varies throughout are concatenated and split back as ragged
-            rows. Each call costs the
-            consumer process ~0.3 ms of CPU and a GIL hand-off whatever the
-            item's size, which ``model.fit``'s own Python competes for;
-            grouping spreads that over the group (see
-            ``docs/performance.md``). 1 turns it off. A group is a transport
-            detail: a call waits for its first item only and takes later ones
-            only if they are made already, so every item arrives as soon as
-            it and the items before it are made; an item error surfaces at
-            the item's own position, after every item before it.
-
+            executor makes items ahead, else 1; 1 turns it off. Batches of
+            one size (a short one anywhere is fine) are stacked into dense
+            runs; batches whose size varies throughout are concatenated and
+            split back as ragged rows. Each call costs the consumer process
+            ~0.3 ms of CPU and a GIL hand-off whatever the item's size, which
+            ``model.fit``'s own Python competes for; grouping spreads that
+            over the group (``docs/performance.md``). A call waits for its
+            first item only and takes later ones only if made already, so
+            every item arrives as soon as it and the items before it are
+            made; an item error surfaces in its place, after every item before it.
         timeout: seconds one item may take, counted from when its thread or
             worker process is ready to run it (start-up and ``worker_init``
             are not counted); the pass then fails (``TimeoutError`` from
@@ -156,8 +152,8 @@ def to_dataset(
             item (Keras then warns that the input ran out of data at that
             epoch's end). Each skip is logged once (``kerasfeed`` logger),
             counted in ``kerasfeed.stats`` and kept with resume states; past
-            the budget the error is raised, naming every item skipped.
-            See ``docs/reliability.md``.
+            the budget the error is raised, naming every item skipped
+            (``docs/reliability.md``).
         worker_max_items, worker_max_rss: a worker process that was sent
             this many items, or whose resident memory passed this many bytes,
             finishes its items and is replaced (None: never; worker
@@ -203,44 +199,17 @@ def to_dataset(
         print(x.shape, y.shape)  # (4, 4, 3) (4,) ... then (2, 4, 3) (2,)
     ```
     """
+    arguments = dict(locals())  # every argument but `source` is a DatasetOptions field of the same name
+    del arguments["source"]
     total = source_length(source, allow_infinite=True, owner="to_dataset")
-    options = DatasetOptions(
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        executor=executor,
-        workers=workers,
-        worker_init=worker_init,
-        num_parallel_calls=num_parallel_calls,
-        prefetch=prefetch,
-        device=device,
-        drop_remainder=drop_remainder,
-        output_signature=output_signature,
-        ragged=ragged,
-        padding_values=padding_values,
-        probe=probe,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        input_context=input_context,
-        initial_state=initial_state,
-        order=order,
-        group_items=group_items,
-        timeout=timeout,
-        retries=retries,
-        max_skipped=max_skipped,
-        worker_max_items=worker_max_items,
-        worker_max_rss=worker_max_rss,
-        cache=cache,
-    )
-    return assemble(source, total, options)
+    return assemble(source, total, DatasetOptions(**arguments))
 
 
 def assemble(source: Any, total: Optional[int], options: DatasetOptions) -> tf.data.Dataset:
     """The dataset of ``source`` (``total`` items, None: endless) under ``options``, stage by stage."""
-    # One shard per worker under a multi-worker strategy unless told otherwise
-    # (an `order` fixes its own shards); the workers check that they agree
-    # (see loading/shards.py). An endless source has items for any number of
-    # workers.
+    # One shard per worker under a multi-worker strategy unless told otherwise (an `order` fixes
+    # its own shards); the workers check that they agree (loading/shards.py). An endless source
+    # has items for any number of workers.
     feed = open_feed(source, total, options, cluster_shards)
     with feed.closing_on_error():
         probes, checker = probe_signature(feed, options)
@@ -266,8 +235,7 @@ def probe_signature(feed: Feed, options: DatasetOptions) -> tuple[list, ItemChec
     probes = feed.probe(feed.probe_indices())
     signature = infer_signature(probes)
     if options.batch_size is None:
-        # Items are batches: their size may vary anywhere (a short batch
-        # mid-pass), as under Keras, which keeps it open too.
+        # Items are batches: their size may vary anywhere (a short batch mid-pass), as under Keras.
         signature = open_leading_dimension(signature)
     return probes, ItemChecker(signature)
 
@@ -294,7 +262,7 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
     ds = own_sharding(ds.with_options(options), feed.shards.parts)
     # The autotuning model only when the caller asked for AUTOTUNE calls.
-    ds = tail.finish(ds, autotune=parallel == AUTOTUNE)
+    ds = prefetch_tail(ds, tail.prefetch, tail.device, autotune=parallel == AUTOTUNE)
     tell_keras_the_whole_pass(ds, feed.passes.per_pass if shorter and not feed.endless else None)
     return ds
 

@@ -39,10 +39,7 @@ class Label:
         self.origin = origin
         self.describe = describe
 
-    def __format__(self, spec: str) -> str:
-        return self.describe(self.origin)
-
-    __str__ = __repr__ = lambda self: self.describe(self.origin)
+    __str__ = __repr__ = lambda self: self.describe(self.origin)  # f"{label}" too (object.__format__)
 
 
 class ChunkCodec:
@@ -78,29 +75,23 @@ class ChunkCodec:
             raise SignatureError(str(e).replace("to_dataset", self.api)) from None
 
     def _encode_leaf(self, k: int, col: list) -> tuple:
-        spec = self.specs[k]
+        spec, variable = self.specs[k], self.variable[k]
         dtype = object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype
         shape = spec.shape.as_list()
         if not col:
             empty = np.zeros((0, *[d or 0 for d in shape]), dtype)
-            return (empty, np.zeros((0, len(shape)), np.int64)) if self.variable[k] else (empty,)
-        if len(col) == 1:
-            stacked = col[0][None]
-        elif not self.variable[k]:
-            stacked = np.stack(col)
+            return (empty, np.zeros((0, len(shape)), np.int64)) if variable else (empty,)
+        if not variable:
+            return (col[0][None] if len(col) == 1 else np.stack(col),)
+        shapes = np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
+        top = shapes.max(axis=0)
+        if (shapes == top).all():
+            stacked = col[0][None] if len(col) == 1 else np.stack(col)
         else:
-            shapes = np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
-            top = shapes.max(axis=0)
-            if (shapes == top).all():
-                stacked = np.stack(col)
-            else:
-                stacked = np.full((len(col), *top), b"" if dtype is object else 0, dtype)
-                for j, a in enumerate(col):
-                    stacked[(j, *[slice(0, d) for d in a.shape])] = a
-            return stacked, shapes
-        if self.variable[k]:
-            return stacked, np.array([a.shape for a in col], np.int64).reshape(len(col), len(shape))
-        return (stacked,)
+            stacked = np.full((len(col), *top), b"" if dtype is object else 0, dtype)
+            for j, a in enumerate(col):
+                stacked[(j, *[slice(0, d) for d in a.shape])] = a
+        return stacked, shapes
 
     def encode(self, rows: list) -> Any:
         out = []

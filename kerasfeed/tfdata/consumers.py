@@ -11,19 +11,16 @@ called first, its attributes (the iterator resource) released after.
 So kerasfeed wraps ``OwnedIterator._create_iterator`` (the one place every
 eager iterator is made, over any dataset derived from a kerasfeed one:
 ``iter(ds.take(3))``, Keras' ``fit``) and, for an iterator over a kerasfeed
-dataset, counts it on the executor's ``WaitScope`` and registers a
+dataset, counts it on the ``WaitScope`` of what feeds it (a pipeline's
+executor; a stream, ``from_generators``/``from_files``, or a feed,
+``from_queue``: its own or its worker pool's) and registers a
 ``weakref.finalize`` that uncounts it. When the last one goes, the waits in
 progress end (``execution/waits.py``), and TensorFlow's join returns at once.
 The same hook lets waits see Ctrl-C (``install_interrupts``) and gives the
-exit guard the live iterators without scanning the heap.
-
-The same goes for the stream functions: a stream (``from_generators``,
-``from_files``) or feed (``from_queue``) has a ``waits`` scope of its own
-(its worker pool's, with worker processes), counted the same way.
-
-Iterators made another way (inside a ``tf.function``, ``Dataset.reduce``,
-multi-device iterators) are not counted: their waits end only as before
-(``timeout=``, the executor closed, interpreter exit).
+exit guard the live iterators without scanning the heap. Iterators made
+another way (inside a ``tf.function``, ``Dataset.reduce``, multi-device
+iterators) are not counted: their waits end only as before (``timeout=``,
+the executor closed, interpreter exit).
 """
 
 from __future__ import annotations
@@ -85,9 +82,7 @@ def _watch(iterator: Any, dataset: Any) -> None:
 
 
 def _scopes(owners: list) -> list:
-    """The ``WaitScope`` of each kerasfeed source behind a dataset (one walk
-    per tag, in ``_watch``): a pipeline's executor, a stream
-    (``from_generators``, ``from_files``) or a feed (``from_queue``)."""
+    """The ``WaitScope`` of each kerasfeed source behind a dataset, once each."""
     found = []
     for owner in owners:
         scope = getattr(owner, "waits", None) or getattr(getattr(owner, "executor", None), "waits", None)

@@ -2,23 +2,20 @@
 
 A script that stops iterating without closing its iterator (``it =
 iter(ds)``, a few ``next(it)``, the end of the script) leaves the iterator to
-Python's finalization. There it is destroyed while the interpreter clears
-module globals, after Python has stopped handing the GIL to other threads: a
-thread that asks for it from then on is ended on the spot (3.11:
-``PyThread_exit_thread``). The iterator's destructor cancels its prefetch
-thread and waits for it to return. When that thread is inside a kerasfeed
-Python call (a ``numpy_function`` load waiting for an item, a generator
-chunk) it can never return, so the wait never ends: the process hangs at
-exit. On a busy machine the prefetch thread is more often mid-call at that
-moment, hence "sometimes, under load".
+Python's finalization, which destroys it while clearing module globals, after
+Python has stopped handing the GIL to other threads: a thread that asks for
+it from then on is ended on the spot (3.11: ``PyThread_exit_thread``). The
+iterator's destructor cancels its prefetch thread and waits for it; inside a
+kerasfeed Python call (a ``numpy_function`` load waiting for an item, a
+generator chunk) that thread can never return, so the process hangs at exit
+("sometimes, under load": on a busy machine it is more often mid-call then).
 
-The fix is to destroy those iterators while Python still runs every thread:
-an ``atexit`` hook (registered when the first kerasfeed dataset is built, so
-it runs before TensorFlow's own exit hooks) finds every live tf.data
-iterator over a kerasfeed dataset, stops the Python side of its pipeline (so
-a load waiting for a stuck item returns at once), and points the iterator at
-an empty dataset, which destroys its old state, threads joined, right there.
-Finalization then has nothing left to wait for.
+The fix destroys those iterators while Python still runs every thread: an
+``atexit`` hook (registered when the first kerasfeed dataset is built, so it
+runs before TensorFlow's own exit hooks) finds every live tf.data iterator
+over a kerasfeed dataset, stops the Python side of its pipeline (a load
+waiting for a stuck item returns at once), and points the iterator at an
+empty dataset, which destroys its old state, threads joined, right there.
 """
 
 from __future__ import annotations
@@ -58,12 +55,8 @@ def install() -> None:
 
 
 def _owners(dataset: Any) -> list:
-    found = []
-    for attr, stop in _OWNERS:
-        owner = find_tagged(dataset, attr)
-        if owner is not None:
-            found.append((owner, stop))
-    return found
+    found = [(find_tagged(dataset, attr), stop) for attr, stop in _OWNERS]
+    return [(owner, stop) for owner, stop in found if owner is not None]
 
 
 def retire_live_iterators() -> int:

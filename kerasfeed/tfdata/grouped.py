@@ -53,11 +53,9 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False)
     until an empty one (``kerasfeed.loading.groups``); tf.data splits them in C++.
 
     Args:
-        loader: ``(begin, load)`` callables of a ``RunLoader`` (dense groups)
-            or a ``GroupLoader`` (``ragged``: open leaves concatenated, with
-            their lengths last), held weakly.
+        loader: ``(begin, load)`` callables, held weakly, of a ``RunLoader`` (dense groups) or,
+            with ``ragged``, a ``GroupLoader`` (open leaves concatenated, their lengths last).
         checker: the item signature.
-        ragged: the groups are a ``GroupLoader``'s.
         marked: each group also holds every item's mark (``max_skipped``:
             False for an item left out), after the leaves; the elements are
             then ``(item, kept)``.

@@ -18,13 +18,9 @@ from kerasfeed.tfdata.inline_map import graph_fn
 
 
 def pass_index_stream(begin_count: Callable, window: Callable) -> Callable:
-    """A ``flat_map`` function: one pass as elements ``(index, epoch)``.
-
-    Args:
-        begin_count: ``() -> (items, epoch)`` (int64 both); starts the pass.
-        window: ``(epoch, start) -> int64 indices`` at positions ``start`` to
-            ``start + INDEX_WINDOW`` of the pass.
-    """
+    """A ``flat_map`` function: one pass as elements ``(index, epoch)``. ``begin_count() -> (items,
+    epoch)`` (int64 both) starts the pass; ``window(epoch, start)`` gives its int64 indices at
+    positions ``start`` to ``start + INDEX_WINDOW``."""
 
     def index_stream(_):
         count, epoch = tf.numpy_function(

@@ -10,13 +10,11 @@ import tensorflow as tf
 def graph_fn(fn: Any) -> Any:
     """Marks a function kerasfeed gives to tf.data as not for AutoGraph.
 
-    tf.data converts every function it traces with AutoGraph, which writes a
-    ``__autograph_generated_file*.py`` per function into ``$TMPDIR``; they are
-    removed at a normal exit only, so a killed process leaves them behind.
-    kerasfeed's functions have no tensor-dependent Python control flow, so
-    they need no conversion: every function passed to ``map``, ``flat_map``
-    and the like goes through this (and what it calls is not converted
-    either).
+    AutoGraph writes a ``__autograph_generated_file*.py`` into ``$TMPDIR`` per
+    function tf.data traces, removed at a normal exit only (a killed process
+    leaves them). kerasfeed's functions have no tensor-dependent Python
+    control flow: every one passed to ``map``, ``flat_map`` and the like goes
+    through this (and what it calls is not converted either).
     """
     return tf.autograph.experimental.do_not_convert(fn)
 

@@ -55,13 +55,8 @@ def item_dataset(
 ) -> Items:
     """The items of every pass, one ``numpy_function`` call per item or per group.
 
-    Args:
-        feed: the front end's feed.
-        pipeline: its pass pipeline.
-        checker: the item signature.
-        probes: ``[(i, item), ...]`` probed (for the group size).
-        sequential: the executor makes items ahead: a sequential map.
-        parallel: otherwise, the calls in flight of a parallel map.
+    ``probes``: ``[(i, item), ...]`` probed (for the group size). ``sequential``: the executor
+    makes items ahead, for a sequential map; else ``parallel`` calls of a parallel map in flight.
 
     Raises:
         ValueError: ``group_items`` above 1 for an endless source.
@@ -146,8 +141,7 @@ def _one_by_one(
 ) -> tf.data.Dataset:
     marked = pipeline.skips is not None
     begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load_marked" if marked else "load")
-    flat_specs = checker.specs
-    out_types = [s.dtype for s in flat_specs] + [tf.bool] * marked
+    out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
     # Each pass's indices reach tf.data a window at a time (index_windows.py).
     index_stream = None if feed.endless else pass_index_stream(
         weak_method(pipeline, "begin_count"), weak_method(pipeline, "window")

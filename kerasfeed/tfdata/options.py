@@ -13,20 +13,9 @@ from kerasfeed.tfdata.tail import TailOptions
 
 @dataclasses.dataclass(frozen=True)
 class DatasetOptions(LoadOptions):
-    """The arguments of ``to_dataset`` (see there): the shared ones
-    (``LoadOptions``) and the tf.data ones.
-
-    Attributes:
-        num_parallel_calls: None (the executor makes items ahead, the map is
-            sequential), an int or ``AUTOTUNE`` (a parallel map).
-        prefetch, device, ragged: the tail's (``tail`` holds them checked,
-            with the batching).
-        output_signature: a nest of ``tf.TensorSpec``, or None to probe.
-        group_items: items per Python call (None: decided from the probes).
-
-    Derived:
-        tail: the ``TailOptions`` of the end of the pipeline.
-    """
+    """The arguments of ``to_dataset`` (see there): the shared ones (``LoadOptions``) and the
+    tf.data ones. Derived: ``tail``, the ``TailOptions`` of the end of the pipeline (``prefetch``,
+    ``device`` and ``ragged`` checked, with the batching)."""
 
     api: ClassVar[str] = "to_dataset"
 
@@ -39,21 +28,11 @@ class DatasetOptions(LoadOptions):
     tail: TailOptions = dataclasses.field(init=False, repr=False, compare=False)
 
     def _check_own(self) -> None:
-        self._put(
-            "tail",
-            TailOptions(
-                batch_size=self.batch_size,
-                drop_remainder=self.drop_remainder,
-                ragged=self.ragged,
-                padding_values=self.padding_values,
-                prefetch=self.prefetch,
-                device=self.device,
-            ),
-        )
-        self._put(
-            "num_parallel_calls",
-            _v.positive_int("num_parallel_calls", self.num_parallel_calls, allow_none=True, allow_autotune=True),
-        )
+        tail = TailOptions(batch_size=self.batch_size, drop_remainder=self.drop_remainder, ragged=self.ragged,
+                           padding_values=self.padding_values, prefetch=self.prefetch, device=self.device)
+        self._put("tail", tail)
+        calls = _v.positive_int("num_parallel_calls", self.num_parallel_calls, allow_none=True, allow_autotune=True)
+        self._put("num_parallel_calls", calls)
         self._put("group_items", _v.positive_int("group_items", self.group_items, allow_none=True))
 
 

@@ -99,17 +99,12 @@ def from_queue(
     tail = tail_options(locals())
     _v.positive_int("probe", probe)
     feed = QueueFeed(producer, maxsize=maxsize, timeout=timeout)
-
-    def describe(origin: tuple) -> str:
-        epoch, n = origin
-        return f"{n} of epoch {epoch} from {feed.name}"
-
     # The feed times its own waits (and the probe's): no pass-level timeout.
     return stream_dataset(
         feed,
         api="from_queue",
         tag="_kerasfeed_feed",
-        describe=describe,
+        describe=lambda origin: f"{origin[1]} of epoch {origin[0]} from {feed.name}",  # origin: (epoch, n)
         probes=lambda: [(item, (0, i)) for i, item in enumerate(feed.peek(probe))],
         output_signature=output_signature,
         tail=tail,

@@ -23,14 +23,6 @@ from kerasfeed.tfdata.stream_assembly import stream_dataset, tail_options
 _STREAM_ARGUMENTS = ("executor", "workers", "cycle_length", "block_length", "buffer_size", "seed", "worker_init")
 
 
-def _describe_item(stream: ShardedStream) -> Callable[[tuple], str]:
-    def describe(origin: tuple) -> str:
-        shard, n = origin
-        return f"{n} of {stream.describe(shard)}"
-
-    return describe
-
-
 def _sharded_dataset(
     api: str,
     task: Callable[[Any], Iterable[Any]],
@@ -75,7 +67,7 @@ def _sharded_dataset(
         stream,
         api=api,
         tag="_kerasfeed_stream",
-        describe=_describe_item(stream),
+        describe=lambda origin: f"{origin[1]} of {stream.describe(origin[0])}",  # origin: (shard, n)
         probes=lambda: stream.probe(a["probe"]),
         output_signature=a["output_signature"],
         tail=tail,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import weakref
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
@@ -33,16 +33,6 @@ from kerasfeed.tfdata.inline_map import graph_fn
 from kerasfeed.tfdata.structure import infer_signature, normalize_signature
 from kerasfeed.tfdata.tail import TailOptions, own_sharding
 from kerasfeed.tfdata.unbatching import unbatch_rows
-
-
-class PassSource(Protocol):
-    """What a stream dataset reads: ``ShardedStream`` or ``QueueFeed``."""
-
-    def open_pass(self) -> Any: ...
-
-    def close(self) -> None: ...
-
-    def attach_stats(self, collector: Any) -> None: ...
 
 
 def tail_options(arguments: dict) -> TailOptions:
@@ -64,33 +54,8 @@ def _infer(probes: list, describe: Callable[[Any], str], api: str) -> Any:
         ) from None
 
 
-def _assemble(
-    open_pass: Callable[[], Any],
-    signature: Any,
-    describe: Callable[[Any], str],
-    api: str,
-    tail: TailOptions,
-    timeout: Optional[float],
-    stats: Any,
-    waits: Any = None,
-) -> tf.data.Dataset:
-    codec = ChunkCodec(signature, api)
-    open_pass = counted_passes(open_pass, tail.items_per_epoch, api)  # checked against a declared length
-    passes = itertools.count()
-    ds = tf.data.Dataset.from_generator(
-        lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api, waits),
-        output_signature=codec.chunk_signature,
-    )
-    ds = unbatch_rows(ds.prefetch(2))
-    if codec.needs_decode:
-        ds = ds.map(graph_fn(codec.decode))
-    ds = tail.apply(ds, variable=any(codec.variable))
-    ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
-    return ds
-
-
 def stream_dataset(
-    source: PassSource,
+    source: Any,
     *,
     api: str,
     tag: str,
@@ -104,7 +69,8 @@ def stream_dataset(
     """The dataset of ``source``'s passes; the source closes with the dataset.
 
     Args:
-        source: opens one pass per iteration of the dataset.
+        source: a ``ShardedStream`` or ``QueueFeed``: ``open_pass()`` per iteration of the
+            dataset, ``close()``, ``attach_stats(collector)``, perhaps ``waits``.
         api: the public function's name, for messages and stats.
         tag: the dataset attribute that keeps ``source`` (the exit guard
             and ``kerasfeed.executor_of`` look it up).
@@ -130,7 +96,18 @@ def stream_dataset(
             signature = _infer(probes(), describe, api)
         else:
             signature = normalize_signature(output_signature)
-        ds = _assemble(source.open_pass, signature, describe, api, tail, timeout, stats, getattr(source, "waits", None))
+        codec = ChunkCodec(signature, api)
+        open_pass = counted_passes(source.open_pass, tail.items_per_epoch, api)  # checked against a declared length
+        passes, waits = itertools.count(), getattr(source, "waits", None)
+        ds = tf.data.Dataset.from_generator(
+            lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api, waits),
+            output_signature=codec.chunk_signature,
+        )
+        ds = unbatch_rows(ds.prefetch(2))
+        if codec.needs_decode:
+            ds = ds.map(graph_fn(codec.decode))
+        ds = tail.apply(ds, variable=any(codec.variable))
+        ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
         if sharding is not None:
             ds = own_sharding(ds, sharding)
     except BaseException:

@@ -1,9 +1,7 @@
 """The tail of every kerasfeed pipeline: shuffle buffer, batching, prefetch, device.
 
-``to_dataset`` and the stream functions (``from_generators``, ``from_files``,
-``from_queue``) take these as flat keyword arguments; each builds one
-``TailOptions`` from them, checked in ``__post_init__`` before anything
-starts, and passes it whole to the code that assembles the dataset.
+``to_dataset`` and the stream functions take these as flat keyword arguments
+and build one ``TailOptions`` from them, checked before anything starts.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ class TailOptions:
             its steps (see ``kerasfeed/streams/declared.py``).
 
     Raises:
-        TypeError, ValueError: a bad value (the message names it and ends
-            with what was received).
+        TypeError, ValueError: a bad value (named, with what was received).
 
     Example:
 
@@ -100,38 +97,26 @@ class TailOptions:
 
         if self.shuffle_buffer:
             ds = ds.shuffle(self.shuffle_buffer, seed=self.seed, reshuffle_each_iteration=True)
-        ds = batch(
-            ds,
-            self.batch_size,
-            drop_remainder=self.drop_remainder,
-            ragged=self.ragged,
-            variable=variable,
-            padding_values=self.padding_values,
-            marked=marked,
-        )
+        ds = batch(ds, self.batch_size, drop_remainder=self.drop_remainder, ragged=self.ragged, variable=variable,
+                   padding_values=self.padding_values, marked=marked)
         if self.items_per_epoch is not None:  # a declared length: fit knows its steps
             import tensorflow as tf
 
             ds = ds.apply(tf.data.experimental.assert_cardinality(self.batches_per_epoch))
         return ds
 
-    def finish(self, ds: Any, *, autotune: bool = False) -> Any:
-        """The prefetch buffer, then the prefetch onto ``device`` (see ``prefetch_tail``)."""
-        return prefetch_tail(ds, self.prefetch, self.device, autotune=autotune)
-
-    def apply(self, ds: Any, *, variable: bool, autotune: bool = False) -> Any:
-        """``shuffle_and_batch`` then ``finish``."""
-        return self.finish(self.shuffle_and_batch(ds, variable=variable), autotune=autotune)
+    def apply(self, ds: Any, *, variable: bool) -> Any:
+        """``shuffle_and_batch``, then ``prefetch_tail``."""
+        return prefetch_tail(self.shuffle_and_batch(ds, variable=variable), self.prefetch, self.device)
 
 
 def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, autotune: bool = False) -> Any:
     """Prefetches, then (always last: docs/field_notes.md, *Prefetch to device*) prefetches onto ``device``.
 
-    Unless ``autotune``, it also turns tf.data's autotuning model off. Its
-    optimization thread takes CPU that worker processes need on a small
-    machine, and deleting an iterator waits for it: measured 70-300 ms at the
-    end of one epoch in four on 2 cores, in every tf.data pipeline. The
-    parallelism here is fixed anyway, and an AUTOTUNE prefetch buffer still
+    Unless ``autotune``, it also turns tf.data's autotuning model off: its optimization thread
+    takes CPU that worker processes need on a small machine, and deleting an iterator waits for
+    it (measured 70-300 ms at the end of one epoch in four on 2 cores, in every tf.data
+    pipeline). The parallelism here is fixed anyway, and an AUTOTUNE prefetch buffer still
     adapts (tf.data's legacy prefetch autotuner does not need the model).
     """
     import tensorflow as tf
@@ -161,12 +146,9 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
 
 
 def own_sharding(ds: Any, parts: int) -> Any:
-    """Turns tf.data's auto-sharding off when kerasfeed cut the items into ``parts`` > 1 itself.
-
-    kerasfeed already gave this pipeline its own items (``ShardPlan`` in
-    ``kerasfeed/loading/shards.py``); tf.data's DATA fallback would make every
-    item on every worker and drop most.
-    """
+    """Turns tf.data's auto-sharding off when kerasfeed cut the items into ``parts`` > 1 itself
+    (``ShardPlan``, ``kerasfeed/loading/shards.py``): tf.data's DATA fallback would make every
+    item on every worker and drop most."""
     import tensorflow as tf
 
     options = tf.data.Options()

@@ -1,14 +1,14 @@
 """Framed pickle messages, with optional file descriptors, over a Unix socket.
 
-One socket pair per worker carries small control messages both ways
-(requests, item specs, errors). Array bytes never go through it: they travel
-in shared memory, whose segments are passed as file descriptors
-(``SCM_RIGHTS``) attached to the message that first uses them.
+One socket pair per worker carries small control messages both ways (requests,
+item specs, errors). Array bytes travel in shared memory, whose segments are
+passed as fds (``SCM_RIGHTS``) attached to the message that first uses them.
 """
 
 from __future__ import annotations
 
 import array
+import os
 import pickle
 import socket
 import struct
@@ -31,9 +31,6 @@ class Channel:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self._send_lock = threading.Lock()
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
     def send(self, message: Any, fds: tuple[int, ...] = (), nowait: bool = False) -> bool:
         """Sends one message; returns False only if ``nowait`` and another
@@ -78,7 +75,10 @@ class Channel:
             data, anc, _flags, _addr = self.sock.recvmsg(min(n - got, 1 << 20), anc_size)
             if not data:
                 for fd in fds:  # do not leak fds of a message cut short
-                    _close_quietly(fd)
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
                 raise EOFError("kerasfeed: the peer process closed the channel")
             for level, kind, cdata in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -95,12 +95,3 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
-
-
-def _close_quietly(fd: int) -> None:
-    import os
-
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -1,10 +1,7 @@
 """Requests, pass plans, parking and close ordering (the reader threads: ``readers.py``).
 
-Counterpart of ``worker.py``'s ``WorkerLoop.run`` (the loop that answers
-``Load`` requests). The ``Dispatcher`` owns the pool's one lock; the units
-it drives hold none: ``WorkerProcess`` (``process.py``), ``SlotTable``
-(``slots.py``), ``PassPlan`` (``execution/plan.py``) and ``StreamSessions``
-(``stream_sessions.py``, which uses this lock).
+Counterpart of ``worker.py``'s ``WorkerLoop.run``. The ``Dispatcher`` owns the
+pool's one lock; the units it drives hold none (``StreamSessions`` uses this one).
 
 - **Plans** (``pass_plans.py``): when a pass starts, ``start_plan`` requests
   its items ahead (and then the next pass's), and each worker's reader
@@ -14,7 +11,7 @@ it drives hold none: ``WorkerProcess`` (``process.py``), ``SlotTable``
 - **Direct loads**: a ``load`` outside the current plan (another pass
   iterated at the same time, a direct call) takes a slot on the least busy
   worker, sends its own request and waits (without the GIL) for the reader.
-- **Failures and close**: see NOTE [ Worker process shutdown ] in ``process.py``.
+- **Failures and close**: NOTE [ Worker process shutdown ] in ``process.py``.
 """
 
 from __future__ import annotations
@@ -167,18 +164,15 @@ class Dispatcher:
     def new_id(self) -> int:
         return next(self._ids)
 
-    def pick_idle_lane(self) -> Optional[WorkerLane]:
-        return self.lanes.pick_idle()
-
     # ------------------------------------------------------------ requests
     def slot_done(self, lane: WorkerLane, slot: int) -> None:
-        # With the lock held: a load's slot is free again.
+        # With the lock held.
         self.lanes.slot_done(lane, slot)
         self.cv.notify_all()
 
     def settle(self, lane: WorkerLane, req: Request) -> None:
-        """With the lock held: ``req`` (no longer pending) has its answer or
-        error; its event is set by the caller, after the lock."""
+        """With the lock held: ``req`` (no longer pending) has its answer or error; the caller
+        sets its event after the lock."""
         req.done = True
         if req.abandoned:  # its caller was interrupted: free the slot here
             self.slot_done(lane, req.slot)
@@ -189,13 +183,11 @@ class Dispatcher:
     def _request(self, index: int, epoch: int) -> tuple[WorkerLane, Request]:
         """Takes a slot for a direct load and sends its request.
 
-        A direct load that has to wait for a slot goes before the plans: while
-        one waits (``acquiring``), ``fill_plans`` sends nothing, so a slot an
-        answer frees is its (else the plan's refill takes every freed slot and
-        the load waits until the plan's answers pile up: the first item of a
-        pass started while an abandoned one still has requests in flight, or
-        of a second loader on the same executor). The plans fill again once
-        its request is sent."""
+        A direct load that waits for a slot goes before the plans: while one waits
+        (``acquiring``), ``fill_plans`` sends nothing, so a slot an answer frees is its
+        (else the plan's refill takes every freed slot and the load waits until the plan's
+        answers pile up: the first item of a pass started while an abandoned one still has
+        requests in flight, or of a second loader on the same executor)."""
         waited = False
         try:
             with self.cv:
@@ -213,10 +205,7 @@ class Dispatcher:
                         self.acquiring += 1
                     self.cv.wait(_POLL_S)
                     wait.check(f"a free slot for {self.name}[{index}]")
-            try:
-                best.process.send(protocol.Load(req.id, index, epoch, req.slot))
-            except OSError:
-                pass  # the worker died: its reader fails this request
+            self.send_requests([(best, req, epoch)])
         finally:
             if waited:
                 with self.cv:
@@ -241,12 +230,9 @@ class Dispatcher:
         next_pass: Optional[tuple[int, Sequence[int]]] = None,
         state: Optional[bytes] = None,
     ) -> None:
-        """Starts requesting the items of pass ``epoch`` in this order; then,
-        once all are requested, the first ones of ``next_pass``.
-
-        ``state``: the source changed (``state_sync``): every worker gets it
-        before any request of this pass, and what was made ahead from the old
-        state is dropped."""
+        """Starts requesting the items of pass ``epoch`` in this order; then, once all are
+        requested, the first ones of ``next_pass``. ``state``: the source changed (``state_sync``):
+        every worker gets it before any request of this pass; what was made ahead is dropped."""
         if state is not None:
             with self.cv:
                 self.check_usable()
@@ -265,8 +251,8 @@ class Dispatcher:
         self.cv.notify_all()
 
     def fill_plans(self) -> list[Send]:
-        # With the lock held; the caller sends them after releasing it.
-        # Nothing while a direct load waits for a slot: it goes first (``_request``).
+        # With the lock held; the caller sends them after releasing it. Nothing while a direct
+        # load waits for a slot: it goes first (``_request``).
         if self.closed or self.failure is not None or self.acquiring:
             return []
         sends = self.plans.fill()
@@ -284,8 +270,8 @@ class Dispatcher:
             return taken
 
     def ready(self, index: int, epoch: int) -> bool:
-        """Whether ``load(index, epoch)`` would not wait: its planned request
-        was answered, or the pool failed or closed (the load raises at once)."""
+        """Whether ``load(index, epoch)`` would not wait: its planned request was answered, or
+        the pool failed or closed (the load raises at once)."""
         with self.lock:
             if self.failure is not None or self.closed:
                 return True
@@ -299,30 +285,26 @@ class Dispatcher:
     def _lend_or_copy(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
         """The answered item, lent (zero-copy) when the budget allows, else copied."""
         try:
-            return self._lend_or_copy_open(lane, req)
+            if req.spec == protocol.IN_STORE:  # cache=: read where the worker stored it (its slot stays free)
+                return self.options.item_cache.store.get(req.index), False
+            spec = shm.loads_spec(req.spec)
+            seg = self.slots.segment(lane.id, req.slot)
+            with self.lock:
+                self.slots.collect_returned()
+                lend = seg is not None and self.slots.try_lend(lane.id, req.nbytes)
+            if not lend:
+                return shm.decode(spec, seg), False
+            on_return = self.slots.loan_returned(lane.id, req.slot, req.nbytes)
+            try:
+                return shm.lend(spec, seg, req.nbytes, on_return), True
+            except BaseException:
+                on_return()
+                raise
         except (ValueError, TypeError, AttributeError, BufferError):
             # Another worker's failure closed the pool (and unmapped its
             # segments) while this answer was read: report that failure.
             if self.failure is not None or self.closed:
                 self.check_usable()
-            raise
-
-    def _lend_or_copy_open(self, lane: WorkerLane, req: Request) -> tuple[Any, bool]:
-        if req.spec == protocol.IN_STORE:  # cache=: read where the worker stored it (its slot stays free)
-            return self.options.item_cache.store.get(req.index), False
-        spec = shm.loads_spec(req.spec)
-        seg = self.slots.segment(lane.id, req.slot)
-        nbytes = req.nbytes
-        with self.lock:
-            self.slots.collect_returned()
-            lend = seg is not None and self.slots.try_lend(lane.id, nbytes)
-        if not lend:
-            return shm.decode(spec, seg), False
-        on_return = self.slots.loan_returned(lane.id, req.slot, nbytes)
-        try:
-            return shm.lend(spec, seg, nbytes, on_return), True
-        except BaseException:
-            on_return()
             raise
 
     def _release(self, lane: WorkerLane, req: Request, cpu_s: float = 0.0, lent: bool = False) -> None:
@@ -335,8 +317,7 @@ class Dispatcher:
             else:
                 self.slot_done(lane, req.slot)
             if cpu_s:
-                self.consumer_cpu_s += cpu_s
-                self.items += 1
+                self.count_item(cpu_s)
             self.cv.notify_all()
 
     def _wait(self, lane: WorkerLane, req: Request) -> None:
@@ -367,8 +348,7 @@ class Dispatcher:
                     proc.kill()  # its reader fails whatever else was pending
                     raise err
         except BaseException:
-            # Interrupted (Ctrl-C in the main thread) or timed out: the answer
-            # may still come; make sure its slot is freed either way.
+            # Interrupted (Ctrl-C) or timed out: the answer may still come; its slot is freed either way.
             with self.lock:
                 self.loading -= 1
                 if req.done:
@@ -403,9 +383,8 @@ class Dispatcher:
         return item
 
     def _retry(self, index: int, epoch: int, lane: WorkerLane, req: Request) -> tuple[WorkerLane, Request]:
-        """Makes the item again while its attempts allow (NOTE [ Retries happen
-        in the load that waits for the item ] in ``execution/retries.py``);
-        returns the last request, its error the final one if it failed."""
+        """Makes the item again while its attempts allow (NOTE [ Retries happen in the load that waits
+        for the item ]); returns the last request, its error the final one if it failed."""
         attempts = Attempts(index, self.retries)
         while req.error is not None:
             counted = attempts.counts(req.error)
@@ -434,10 +413,5 @@ class Dispatcher:
             return self.lanes.idle()
 
     # ------------------------------------------------------------ shutdown (shutdown.py)
-    def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
-        """See ``shutdown.park``."""
-        return shutdown.park(self, activity)
-
-    def close(self) -> None:
-        """See ``shutdown.close`` and NOTE [ Worker process shutdown ] in process.py."""
-        shutdown.close(self)
+    park = shutdown.park
+    close = shutdown.close  # NOTE [ Worker process shutdown ] in process.py

@@ -1,10 +1,7 @@
 """``executor="processes"``: ``source[i]`` runs in persistent worker processes.
 
-``ProcessExecutor`` is the one handle on its workers: it owns the
-``Dispatcher`` (``dispatcher.py``: the lock, loads, plans) and closes it
-through ``weakref.finalize`` on ``close()``, on garbage collection and at
-interpreter exit (NOTE [ Worker process shutdown ] in ``process.py``). The
-units behind it are listed in ``processes/__init__.py``.
+``ProcessExecutor`` is the one handle on its workers: it owns the ``Dispatcher`` and closes
+it through ``weakref.finalize`` (NOTE [ Worker process shutdown ] in ``process.py``).
 """
 
 from __future__ import annotations
@@ -83,10 +80,9 @@ class ProcessExecutor(Executor):
 
     name = "processes"
     prefetches = True
-    # Workers hold their own copy of the source and call set_epoch
-    # themselves (each request carries its epoch), so they may start the next
-    # pass early; its ``plan`` keeps those items only if the consumer's hooks
-    # changed nothing else (see execution/state_sync.py).
+    # Workers hold their own copy of the source and call set_epoch themselves (each request
+    # carries its epoch), so they may start the next pass early; its ``plan`` keeps those
+    # items only if the consumer's hooks changed nothing else (execution/state_sync.py).
     plans_next_pass = True
 
     def __init__(
@@ -104,25 +100,15 @@ class ProcessExecutor(Executor):
         worker_max_rss: Optional[int] = None,
     ):
         source_length(source, allow_infinite=True, owner="ProcessExecutor")  # a path, a number: say so here
-        options = PoolOptions(
-            workers=workers,
-            worker_init=worker_init,
-            seed=seed,
-            in_flight_per_worker=in_flight_per_worker,
-            timeout=timeout,
-            worker_nice=worker_nice,
-            retries=retries,
-            worker_max_items=worker_max_items,
-            worker_max_rss=worker_max_rss,
-        )
+        options = PoolOptions(workers=workers, worker_init=worker_init, seed=seed,
+                              in_flight_per_worker=in_flight_per_worker, timeout=timeout, worker_nice=worker_nice,
+                              retries=retries, worker_max_items=worker_max_items, worker_max_rss=worker_max_rss)
         self._start(source, options)
 
     @classmethod
     def from_options(cls, source: Any, options: PoolOptions, *, name: Optional[str] = None) -> "ProcessExecutor":
-        """The executor for ``source`` with options built (and checked) already.
-
-        ``source`` None: workers that only run ``stream`` tasks (``from_generators``,
-        ``from_files``); ``name`` names them in messages."""
+        """The executor for ``source`` with options built (and checked) already. ``source`` None:
+        workers that only run ``stream`` tasks (``from_generators``, ``from_files``), ``name``d in messages."""
         ex = cls.__new__(cls)
         ex._start(source, options, name)
         return ex
@@ -180,6 +166,16 @@ class ProcessExecutor(Executor):
                 self._relaunch()
             return self._dispatcher
 
+    def _on_live(self, call: Callable[[Dispatcher], Any]) -> Any:
+        # ``call`` on the live dispatcher; again on a new one if it was parked just before.
+        d = self._live()
+        try:
+            return call(d)
+        except WorkerError:
+            if not d.parked or self._closed:
+                raise
+        return call(self._live())
+
     def load(self, index: int, epoch: int) -> Any:
         """Returns ``source[index]`` made by a worker that saw ``set_epoch(epoch)``.
 
@@ -195,13 +191,7 @@ class ProcessExecutor(Executor):
             # Left out after it killed a pool (item_skipped): never made again; its
             # load raises that death again, at the item's own position.
             raise self._skipped_error(index, epoch)
-        d = self._live()
-        try:
-            return d.load(index, epoch)
-        except WorkerError:
-            if not d.parked or self._closed:
-                raise
-        return self._live().load(index, epoch)  # it was parked just before this load
+        return self._on_live(lambda d: d.load(index, epoch))
 
     def ready(self, index: int, epoch: int) -> bool:
         d = self._dispatcher
@@ -210,29 +200,20 @@ class ProcessExecutor(Executor):
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         """Starts making the items of pass ``epoch`` ahead, in this order (``Executor.plan``).
 
-        ``load(i, epoch)`` for those items then picks up what the workers
-        already made. A new plan (or a stream) drops the previous one; loads
-        outside the current plan still work, one request each. Once every item
-        of this pass is requested, the workers go on with the first items of
+        ``load(i, epoch)`` for those items then picks up what the workers already made. A new
+        plan (or a stream) drops the previous one; loads outside it still work, one request each.
+        Once every item of this pass is requested, the workers go on with the first items of
         ``next_pass`` (within the same window), which its ``plan`` call keeps.
         """
         epoch = int(epoch)
         if next_pass is not None:
             next_pass = (int(next_pass[0]), next_pass[1])
         self._watch.pass_started(epoch)  # the consumer goes on
-        d = self._live()
-        try:
-            self._plan(d, epoch, indices, next_pass)
-            return
-        except WorkerError:
-            if not d.parked or self._closed:
-                raise
-        self._plan(self._live(), epoch, indices, next_pass)
+        self._on_live(lambda d: self._plan(d, epoch, indices, next_pass))
 
     def _plan(self, d: Dispatcher, epoch: int, indices: Sequence[int], next_pass: Any) -> None:
-        # ``indices`` may be a lazy IndexView: the plan reads it a window at a time.
-        # A pass boundary: whatever changed in the source since the workers'
-        # copy reaches them before any item of this pass (TypeError if it
+        # ``indices`` may be a lazy IndexView (read a window at a time). What changed in the source
+        # since the workers' copy reaches them before any item of this pass (TypeError if it
         # cannot be pickled); items made ahead from the old copy are dropped.
         state = None
         if self._state is not None:
@@ -240,8 +221,7 @@ class ProcessExecutor(Executor):
             state, _ = self._state.check()
         d.start_plan(epoch, indices, next_pass, state=state)
         if state is not None and d.replacements.wants_rebase():
-            # Here the source is what the workers hold: a successor's new start
-            # (NOTE [ Replacing a worker ]).
+            # The source is what the workers hold here: a successor's new start (NOTE [ Replacing a worker ]).
             d.replacements.rebase(dumps_for_workers(self._source, self.options.worker_init), epoch)
 
     def pass_failed(self, epoch: int) -> None:
@@ -258,9 +238,8 @@ class ProcessExecutor(Executor):
         )
 
     def item_skipped(self, index: int, epoch: int) -> None:
-        # With retries the pool goes on by itself (the worker was replaced);
-        # without, a death or timeout closed it: a new one makes the rest of
-        # the pass (Executor.item_skipped). An item error leaves it usable.
+        # With retries the pool goes on by itself (the worker was replaced); without, a death or
+        # timeout closed it: a new one makes the rest of the pass. An item error leaves it usable.
         index, epoch = int(index), int(epoch)
         d = self._dispatcher
         if d.failure is None:
@@ -309,9 +288,8 @@ class ProcessExecutor(Executor):
         return StreamIterator(self, d.streams, lane, session)
 
     def parallel_calls(self) -> int:
-        # The most items in flight (and in shared memory) at once. For a
-        # parallel map (when the caller asks for one instead of the sequential
-        # map a planned pass needs): enough calls to keep every worker busy.
+        # The most items in flight (and in shared memory) at once: for a parallel map (instead of
+        # the sequential map a planned pass needs), enough calls to keep every worker busy.
         return self.options.workers * self.options.in_flight_per_worker
 
     @property

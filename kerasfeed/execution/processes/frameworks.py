@@ -1,11 +1,11 @@
 """A worker that loads a framework anyway says what pulled it in, what it cost, and what to do.
 
 Part of NOTE [ Light framework stand-ins in workers ] (``light_modules.py``):
-``light_modules._Finder`` wraps the loader of every real ``tensorflow``,
-``keras``, ``jax`` or ``torch`` import in a worker with ``TimedLoader``; the
-outermost one (``keras`` importing ``tensorflow`` is one load) is timed and
-worker 0 logs one warning per framework. The worker's stderr is the owner's
-(scripts, terminals, pytest's capture); a notebook shows it in the server's log.
+``light_modules._Finder`` wraps the loader of every real framework import in a
+worker with ``TimedLoader``; the outermost one (``keras`` importing
+``tensorflow`` is one load) is timed and worker 0 logs one warning per
+framework. The worker's stderr is the owner's (scripts, terminals, pytest's
+capture); a notebook shows it in the server's log.
 """
 
 from __future__ import annotations
@@ -136,7 +136,6 @@ def advice(when: str, names: list, touched: Optional[str] = None) -> str:
 
 def report(top: str, seconds: float, before: tuple, use: str, when: str, touched: Optional[str]) -> None:
     """Logs the warning once per framework, in worker 0 only (every worker does the same).
-
     ``before``: ``(PSS bytes or None, frameworks loaded already)`` when the import started."""
     info = worker_info.get_worker_info()
     if top in _reported or (info is not None and info.id != 0):
@@ -147,15 +146,8 @@ def report(top: str, seconds: float, before: tuple, use: str, when: str, touched
     pss = _pss_bytes()
     mb = f", +{(pss - pss_before) / 2**20:.0f} MB PSS" if pss is not None and pss_before is not None else ""
     loaded = names[0] + (f" (with {', '.join(names[1:])})" if len(names) > 1 else "")
-    logger.warning(
-        "kerasfeed: worker process 0 (pid %d) loaded %s %s: %.1f s%s per worker. %s",
-        os.getpid(),
-        loaded,
-        use,
-        seconds,
-        mb,
-        advice(when, names, touched),
-    )
+    logger.warning("kerasfeed: worker process 0 (pid %d) loaded %s %s: %.1f s%s per worker. %s",
+                   os.getpid(), loaded, use, seconds, mb, advice(when, names, touched))
 
 
 class TimedLoader:
@@ -165,11 +157,8 @@ class TimedLoader:
         self._spec = spec
         self._loader = loader
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # create_module and the rest: the real loader's
         return getattr(self._loader, name)
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         depth = getattr(_state, "depth", 0)

@@ -1,9 +1,8 @@
 """What the dispatcher knows of each worker: its requests, stream and death.
 
-Lock-free bookkeeping, like ``PassPlan`` and ``SlotTable``: the owner (the
-``Dispatcher``) holds its lock around every call. A ``WorkerLane`` is the
-parent-side counterpart of one ``WorkerLoop`` (``worker.py``) as far as
-requests go; the process itself is its ``WorkerProcess`` (``process.py``).
+Lock-free bookkeeping: the owner (the ``Dispatcher``) holds its lock around every
+call. A ``WorkerLane`` is the parent-side counterpart of one ``WorkerLoop`` as far
+as requests go; the process itself is its ``WorkerProcess``.
 """
 
 from __future__ import annotations
@@ -17,11 +16,8 @@ from kerasfeed.execution.processes.slots import SlotTable
 
 
 class Request:
-    """One ``Load`` sent to a worker, and its answer once it came.
-
-    The caller waits on ``event``; the reader thread fills ``spec`` and
-    ``nbytes`` (or ``error``) and sets ``done`` before setting it.
-    """
+    """One ``Load`` sent to a worker, and its answer: the reader thread fills ``spec`` and
+    ``nbytes`` (or ``error``) and sets ``done``, then ``event``, which the caller waits on."""
 
     __slots__ = ("id", "index", "slot", "event", "spec", "nbytes", "error", "done", "abandoned", "planned")
 
@@ -96,9 +92,8 @@ class WorkerLane:
 class Lanes:
     """Every worker's lane, and the choice of a worker for a request.
 
-    ``all`` holds one lane per worker id, the live one; a lane replaced while
-    its process still answers requests (retiring) is kept in ``retired``
-    until it leaves: ``every()`` is both.
+    ``all`` holds the live lane of each worker id; one replaced while its process
+    still answers requests (retiring) stays in ``retired`` until it leaves.
 
     Args:
         slots: the pool's slot table (a request holds one slot).
@@ -122,10 +117,8 @@ class Lanes:
         self._on_retire = on_retire
         self._next_worker = 0  # where the round-robin search starts
 
-    def add(self, process: WorkerProcess) -> WorkerLane:
-        lane = WorkerLane(process)
-        self.all.append(lane)
-        return lane
+    def add(self, process: WorkerProcess) -> None:
+        self.all.append(WorkerLane(process))
 
     def __iter__(self):
         return iter(self.all)
@@ -135,8 +128,7 @@ class Lanes:
         return self.all + self.retired
 
     def replace(self, old: WorkerLane, new: WorkerLane) -> None:
-        """``new`` takes ``old``'s place (its worker id); ``old`` stays in
-        ``retired`` while its process still answers."""
+        """``new`` takes ``old``'s place (its worker id)."""
         self.all[self.all.index(old)] = new
         if old.death is None:  # still running (or leaving): close() must still reap it
             self.retired.append(old)
@@ -152,11 +144,10 @@ class Lanes:
     def least_busy(self, planned: bool) -> Optional[WorkerLane]:
         """The least loaded worker that can take one more request.
 
-        A plan (``planned``) counts the requests a worker has not answered:
-        answers waiting for their load must not stall the worker. A direct
-        load counts every request not released, except those answers (a
-        stale plan must never block it), so that its slots stay bounded
-        however many threads call ``load``.
+        A plan (``planned``) counts the requests a worker has not answered: answers
+        waiting for their load must not stall the worker. A direct load counts every
+        request not released except those answers (a stale plan must never block it),
+        so that its slots stay bounded however many threads call ``load``.
         """
         best, best_load = None, 0
         n = len(self.all)

@@ -4,43 +4,42 @@ NOTE [ Light framework stand-ins in workers ]
 =============================================
 
 A user's ``keras.utils.Sequence``/``PyDataset`` subclass names Keras' class as
-its base, so unpickling it (or importing its module) imports Keras, and so
-its backend: ~3.7 s and ~400 MB per worker under TensorFlow, for a
-``__getitem__`` that usually never touches Keras. ``loads`` (the worker's one
-call, where it unpickles the source) avoids that with two things:
+its base, so unpickling it (or importing its module) imports Keras and its
+backend: ~3.7 s and ~400 MB per worker under TensorFlow, for a
+``__getitem__`` that usually never touches Keras. ``loads`` (where the worker
+unpickles the source) avoids that with two things:
 
 - **Module stand-ins, only while unpickling.** ``keras``, ``keras.utils``,
-  ``tensorflow``, ``tensorflow.keras`` and ``tensorflow.keras.utils`` are put
-  in ``sys.modules`` as ``StandIn`` modules. Afterwards they leave it: later
+  ``tensorflow``, ``tensorflow.keras`` and ``tensorflow.keras.utils`` are
+  ``StandIn`` modules in ``sys.modules``, and leave it afterwards: later
   imports, ``"tensorflow" in sys.modules`` checks and the worker's Ready
   report see the real state; a module that bound one keeps it.
-- **Class remapping.** A stand-in's ``Sequence``/``PyDataset`` is kerasfeed's
-  light ``PyDataset`` (``sources/_light_pydataset.py``, the same attributes,
-  so the pickled state restores unchanged), and so is Keras' class named by
-  reference in the pickle (a class pickled by value, from ``__main__`` or a
-  notebook, names its base that way; ``_LIGHT_GLOBALS``). It stays light
+- **Class remapping.** A stand-in's ``Sequence``/``PyDataset``, and Keras'
+  class named by reference in the pickle (a class pickled by value, from
+  ``__main__`` or a notebook, names its base that way; ``_LIGHT_GLOBALS``),
+  is kerasfeed's light ``PyDataset`` (``sources/_light_pydataset.py``: the
+  same attributes, so the pickled state restores unchanged). It stays light
   after a real load: ``isinstance(self, keras.utils.Sequence)`` in the
   source's own code holds, ``isinstance(source, <the real PyDataset>)`` does
   not (Keras never sees the source in a worker).
 
-Any other attribute of a stand-in is the real one, loaded on its first use
-(the stand-in's module ``__getattr__``). While the worker unpickles (module
-imports, ``__setstate__``) it is a ``LazyName`` instead, because the import
-line ``from keras.utils import to_categorical`` reads the attribute too and
-must stay free: the framework loads when the name is called, read from or
-checked against, and the name forwards from then on. A module's globals are
-never rewritten, so a name bound then stays a ``LazyName``: ``is`` fails
-against the real object, and a framework function given one as a direct
-argument gets the real object (``LazyName.__call__`` unwraps them) but not
-one nested in a container. Importing another submodule while the stand-ins
-are in place (``import keras.layers`` at a module's top) loads the real
-framework: ``_Finder`` hands the import system the real module.
+Any other attribute of a stand-in is the real one, loaded on its first use.
+While the worker unpickles (module imports, ``__setstate__``) it is a
+``LazyName`` instead, because the import line ``from keras.utils import
+to_categorical`` reads the attribute too and must stay free: the framework
+loads when the name is called, read from or checked against, and the name
+forwards from then on. Module globals are never rewritten, so a name bound
+then stays a ``LazyName``: ``is`` fails against the real object, and a
+framework function gets the real object for a direct argument
+(``LazyName.__call__`` unwraps them) but not one nested in a container.
+Importing another submodule while the stand-ins are in place (``import
+keras.layers`` at a module's top) loads the real framework: ``_Finder`` hands
+the import system the real module.
 
 Every real framework import is timed (``_Finder`` wraps the loader of
 ``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
-worker 0 warns once per framework: the use that pulled it in (the first frame
-outside kerasfeed and importlib, and the stand-in attribute touched), its
-cost, and advice (``frameworks.py`` writes it).
+worker 0 warns once per framework: the use that pulled it in, its cost, and
+advice (``frameworks.py``).
 
 ``KERASFEED_LIGHT_FRAMEWORKS=0`` turns the stand-ins off (plain unpickling).
 """
@@ -61,8 +60,8 @@ from kerasfeed.execution.processes import frameworks
 from kerasfeed.sources._light_pydataset import PyDataset
 
 _STAND_IN_TOPS = ("keras", "tensorflow")
-# Dunder names a stand-in answers from the real module; others are missing (tools probe
-# them), and so is ``__file__`` for ``inspect``, which reads it from every module in sys.modules.
+# Dunders a stand-in answers from the real module; others are missing (tools probe them), and
+# so is ``__file__`` for ``inspect``, which reads it from every module in sys.modules.
 _REAL_DUNDERS = frozenset({"__version__", "__all__", "__file__", "__git_version__", "__compiler_version__"})
 _CLASSES = {"Sequence": PyDataset, "PyDataset": PyDataset}
 # name -> (attributes that are light, submodule stand-ins by attribute)
@@ -254,10 +253,6 @@ class _Finder:
 _finder = _Finder()
 
 
-def _enabled() -> bool:
-    return os.environ.get("KERASFEED_LIGHT_FRAMEWORKS", "1") != "0"
-
-
 def _import_module(name: str, package: Optional[str] = None) -> Any:
     # How pickles name a module: cloudpickle's ``subimport(name)``, and ``importlib.import_module``
     # (TensorFlow's lazy ``tf.keras`` reduces to it); with Keras' other names for the stand-ins.
@@ -282,13 +277,12 @@ class _Unpickler(pickle.Unpickler):
 
 
 def loads(payload: bytes) -> Any:
-    """Worker side: unpickles what ``pickling.dumps_for_workers`` made, with the stand-ins in place.
-
-    Also starts timing real framework imports in this process (for the warning)."""
+    """Worker side: unpickles what ``pickling.dumps_for_workers`` made, with the stand-ins in place;
+    also starts timing real framework imports in this process (for the warning)."""
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-        if _enabled():
+        if os.environ.get("KERASFEED_LIGHT_FRAMEWORKS", "1") != "0":
             _install()
     frameworks.started_unpickling(True)
     try:

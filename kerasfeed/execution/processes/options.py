@@ -1,8 +1,8 @@
 """Options of a worker pool: built once from the public keywords, checked, passed whole.
 
-``to_dataset`` (and ``ProcessExecutor``) build one ``PoolOptions`` from their
-flat keyword arguments; the executor factory, ``executor="auto"``, the
-executor and the pool take that object as it is (Grain's options style).
+``to_dataset`` (and ``ProcessExecutor``) build one ``PoolOptions`` from their keyword
+arguments; the executor factory, ``executor="auto"``, the executor and the pool take it
+as it is (Grain's options style).
 """
 
 from __future__ import annotations
@@ -14,25 +14,22 @@ from typing import Any, Callable, Optional
 from kerasfeed import _validation as _v
 
 # NOTE [ Default worker count ]
-# Worker processes share the machine with the process that consumes their
-# items, and under model.fit that process needs CPU of its own: the training
-# loop's Python (one core, GIL-bound), the framework's runtime threads (XLA /
-# PJRT dispatch and host-to-device copies, TensorFlow's inter-op pool), and
-# kerasfeed's own threads (one reader per worker, the device prefetch).
-# Workers on every core take those cores away exactly when the step needs them
-# (15 busy workers on 16 cores fed the H100 slower than 8). So the default
-# leaves the consumer room: on 2 cores both (the 2-core benchmarks use 2; the
-# consumer's share there is small and workers are niced, see
-# ``PoolOptions.worker_nice``), up to 8 cores one less, beyond that two less,
-# and at most MAX_DEFAULT_WORKERS: past that each worker adds start-up, ~50 MB
-# of memory plus the source, items in flight in shared memory and a reader
-# thread in the consumer, for sources that rarely need it. Pass ``workers=``
-# to use more. Whatever is asked, an executor starts at most one worker per
-# item of its source (``ProcessExecutor``): a small validation set beside the
-# training set gets a few workers, not the machine's worth.
+# Workers share the machine with the process that consumes their items, which
+# under model.fit needs CPU of its own: the training loop's Python (one core,
+# GIL-bound), the framework's runtime threads (XLA / PJRT dispatch and
+# host-to-device copies, TensorFlow's inter-op pool), and kerasfeed's threads
+# (one reader per worker, the device prefetch). Workers on every core take
+# those cores exactly when the step needs them (15 busy workers on 16 cores
+# fed the H100 slower than 8). So the default leaves the consumer room: on 2
+# cores both (the 2-core benchmarks use 2; the consumer's share there is small
+# and workers are niced), up to 8 cores one less, beyond that two less, and at
+# most MAX_DEFAULT_WORKERS: past that each worker adds start-up, ~50 MB plus
+# the source, items in shared memory and a reader thread, for sources that
+# rarely need it. ``workers=`` gives more. Whatever is asked, an executor
+# starts at most one worker per item of its source: a small validation set
+# gets a few workers, not the machine's worth.
 MAX_DEFAULT_WORKERS = 32
-# Workers run this many nice steps below their owner (os.nice) unless told
-# otherwise: under contention the kernel prefers the consumer's threads.
+# Nice steps below the owner (os.nice) unless told: under contention the kernel prefers the consumer.
 DEFAULT_WORKER_NICE = 10
 NICE_ENV = "KERASFEED_WORKER_NICE"
 # A worker's interpreter with numpy and kerasfeed takes ~40-60 MB before the
@@ -68,11 +65,8 @@ def default_workers(cpus: Optional[int] = None) -> int:
 
 def workers_for(workers: Optional[int], items: Optional[int], cpus: Optional[int] = None) -> int:
     """The workers a process executor starts: ``workers`` (None: ``default_workers(cpus)``),
-    at most one per item of a finite source (``items``; None: endless).
-
-    A pass cannot keep more workers busy than it has items; more would only
-    cost start-up and memory (see NOTE [ Default worker count ]).
-    """
+    at most one per item of a finite source (``items``; None: endless): a pass cannot keep
+    more busy, they would only cost start-up and memory (NOTE [ Default worker count ])."""
     wanted = default_workers(cpus) if workers is None else workers
     return wanted if items is None else max(1, min(wanted, items))
 
@@ -106,30 +100,28 @@ class PoolOptions:
             from the OS (see ``resolved``) for ``item_rng()``, and worker
             ``k`` seeds the globals once with ``seed + k``.
         in_flight_per_worker: items requested from one worker at a time (one
-            being made, the next ones queued); bounds memory and latency.
+            being made, the next queued); bounds memory and latency.
         timeout: seconds one item may take before the pass fails with a
             ``WorkerError``; None waits as long as the worker is alive.
-        worker_nice: how many nice steps (0-19) below this process the
-            workers run (``os.nice`` in each worker; Linux/Unix), so that the
-            consumer's threads (the training loop, the framework's runtime)
-            win when CPUs are contended; 0 keeps the owner's priority. None =
-            ``$KERASFEED_WORKER_NICE``, else ``DEFAULT_WORKER_NICE`` (10).
+        worker_nice: nice steps (0-19) below this process the workers run
+            (``os.nice``; Linux/Unix), so that the consumer's threads (the
+            training loop, the framework's runtime) win contended CPUs; 0
+            keeps the owner's priority. None = ``$KERASFEED_WORKER_NICE``,
+            else ``DEFAULT_WORKER_NICE`` (10).
         retries: how many more times an item is tried after an attempt that
             raised, ran past ``timeout``, or whose worker died (0: the first
-            failure fails the item, as always). A worker that died or hung is
-            replaced (the pool keeps its size) and the pass goes on in order;
-            see NOTE [ Retries happen in the load that waits for the item ]
+            failure fails the item). A worker that died or hung is replaced
+            (the pool keeps its size) and the pass goes on in order; see
+            NOTE [ Retries happen in the load that waits for the item ]
             (``execution/retries.py``) and NOTE [ Replacing a worker ]
             (``processes/replacement.py``). The threads executor takes it too.
-        worker_max_items: a worker that was sent this many items finishes them
-            and is replaced by a fresh one (None: never). Worker processes only.
-        worker_max_rss: bytes of resident memory past which a worker, checking
-            itself after each item, finishes the items sent to it and is
-            replaced (None: never; at least ``MIN_WORKER_MAX_RSS``, 64 MB).
-            Worker processes only.
-        seed_given: whether ``seed`` is the user's; None (the default) until
-            ``resolved`` sets it, which keeps it when it resolves its own
-            result again (a parked pool's successor).
+        worker_max_items: a worker sent this many items finishes them and is
+            replaced by a fresh one (None: never). Worker processes only.
+        worker_max_rss: resident bytes past which a worker (checking after
+            each item) finishes the items sent to it and is replaced (None:
+            never; at least ``MIN_WORKER_MAX_RSS``, 64 MB). Processes only.
+        seed_given: whether ``seed`` is the user's; None until ``resolved``
+            sets it (and keeps it resolving its own result: a parked pool's successor).
 
     Raises:
         TypeError, ValueError: a bad value (see ``kerasfeed._validation``).
@@ -151,7 +143,7 @@ class PoolOptions:
     retries: int = 0
     worker_max_items: Optional[int] = None
     worker_max_rss: Optional[int] = None
-    seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)  # bookkeeping
+    seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)
     # cache=: the cached_items.ItemCache the workers' items go through (its store's fds travel with Init).
     item_cache: Any = dataclasses.field(default=None, compare=False, repr=False)
 

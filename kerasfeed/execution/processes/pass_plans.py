@@ -4,14 +4,12 @@ When a pass starts, its ``PassPlan`` (``execution/plan.py``) gives the order
 its items will be asked in; ``fill`` requests them ahead, up to
 ``in_flight_per_worker`` unanswered requests per worker and a window of items
 requested and not taken. Once every item of the plan is requested, the first
-items of the *next pass* (the pass expected next, ``next_pass``) are
-requested too, as ``next_pass_plan``; the ``start`` call for that pass adopts
-it, any other drops it, so workers do not idle while the consumer builds its
-next iterator.
+items of the pass expected next (``next_pass``) are requested too, as
+``next_pass_plan``: the ``start`` call for that pass adopts it, any other drops
+it, so workers do not idle while the consumer builds its next iterator.
 
-Lock-free bookkeeping like ``PassPlan``: its owner (the ``Dispatcher``)
-holds its lock around every call and sends the requests ``fill`` returns
-after releasing it.
+Lock-free bookkeeping: the owner (the ``Dispatcher``) holds its lock around
+every call and sends the requests ``fill`` returns after releasing it.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from kerasfeed.execution.processes.slots import SlotTable
 
 
 class PlanView(NamedTuple):
-    """A snapshot of one ``PassPlan``: its pass, how far it was requested
-    (``started`` positions of ``indices``, the pass's lazy ``IndexView``)
-    and its items requested and not taken (``outstanding``)."""
+    """A snapshot of one ``PassPlan``: its pass, how far it was requested (``started`` positions
+    of ``indices``, the pass's lazy ``IndexView``), its items requested and not taken (``outstanding``)."""
 
     epoch: int
     indices: Any
@@ -98,8 +95,8 @@ class PassPlans:
         )
 
     def start(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]]) -> None:
-        """Pass ``epoch`` starts in the order ``indices``; ``next_pass`` is
-        ``(epoch, indices)`` of the pass expected after it, or None."""
+        """Pass ``epoch`` starts in the order ``indices``; ``next_pass``: ``(epoch, indices)`` of the
+        pass expected after it, or None."""
         started = self.next_pass_plan
         if started is not None and started.is_pass(epoch, indices):
             # The workers already started this pass: keep what they made.
@@ -119,9 +116,8 @@ class PassPlans:
         self._drop(next_pass_plan)
 
     def unfinished(self) -> Optional[tuple[int, Any, int, Optional[tuple[int, Any]]]]:
-        """``(epoch, indices, taken, next_pass)`` of the pass being read (its
-        order, and how many of its items loads took; they come in order) and
-        of the pass expected next; None when no pass is being read."""
+        """``(epoch, indices, taken, next_pass)``: the pass being read (its order, and how many of
+        its items loads took, in order) and the pass expected next; None when none is being read."""
         plan = self.plan
         if plan is None or plan.finished:
             return None
@@ -134,8 +130,7 @@ class PassPlans:
         self.plan = self.next_pass_plan = self.next_pass = None
 
     def _drop(self, plan: Optional[PassPlan]) -> None:
-        # Requests sent ahead and never taken give their slot back (now if
-        # answered, else when the answer comes).
+        # Requests sent ahead and never taken give their slot back (now if answered, else when it comes).
         if plan is None:
             return
         for lane, req in plan.drop():
@@ -164,8 +159,7 @@ class PassPlans:
         return sends
 
     def _start(self, plan: PassPlan, room: int, sends: list[Send]) -> int:
-        # Requests up to ``room`` more items of ``plan`` (appended to
-        # ``sends``); returns the room left.
+        # Requests up to ``room`` more items of ``plan`` (appended to ``sends``); returns the room left.
         while room > 0 and not plan.all_started:
             lane = self._lanes.least_busy(planned=True)
             if lane is None:
@@ -181,8 +175,7 @@ class PassPlans:
         return room
 
     def take(self, index: int, epoch: int) -> Optional[tuple[WorkerLane, Request]]:
-        """The plan's request for ``index``; None if the caller must request
-        it itself (not in the current plan, or not sent yet)."""
+        """The plan's request for ``index``; None if the caller must request it itself."""
         plan = self.plan
         if plan is None:
             return None
@@ -190,10 +183,9 @@ class PassPlans:
         if plan.finished:
             self.plan = None
         if handle is None:
-            # Not planned, or asked ahead of the plan (a parallel map far
-            # ahead, a direct load): the caller requests it and the plan
-            # skips it. Waiting for the plan could wait for ever on items
-            # that nobody takes.
+            # Not planned, or asked ahead of the plan (a parallel map far ahead, a direct load): the
+            # caller requests it and the plan skips it. Waiting for the plan could wait for ever on
+            # items that nobody takes.
             return None
         lane, req = handle
         req.planned = False

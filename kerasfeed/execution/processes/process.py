@@ -6,14 +6,13 @@ the child at the other end of the handle's socket.
 NOTE [ Worker process shutdown ]
 ================================
 
-How a pool notices that a worker died, and how everything stops. Other
-modules cite this note by its name.
+How a pool notices that a worker died, and how everything stops.
 
 - **One reader thread per worker** (``readers.read_loop``) blocks on the
-  worker's socket. A worker that dies, however it dies (SIGKILL, segfault,
+  worker's socket. A worker that dies, however (SIGKILL, segfault,
   ``os._exit``), closes its end: the reader sees EOF at once. A grandchild
   that inherited the socket would keep it open, so the reader also polls
-  the process every second (``WorkerProcess.alive``) as a backstop.
+  the process every second as a backstop.
 - **Explaining the death** (``WorkerProcess.explain_exit``): the exit code
   or signal (with the usual cause of SIGKILL, SIGSEGV, SIGBUS, SIGABRT), the
   ``InitError`` traceback if set-up failed, and the Python stacks that
@@ -26,9 +25,8 @@ modules cite this note by its name.
   tracebacks), a stream on that worker gets ``WorkerDied``, and every later
   call raises it too. Workers are never restarted: a crash in native code
   usually repeats, and a loud stop beats a pass that silently loses items.
-  So the pool is closed at once (the other workers stopped, the shared
-  memory released) rather than when it is collected: a kept traceback or a
-  failed iterator that Keras holds would put that off for ever.
+  The pool is closed at once, not when it is collected: a kept traceback or
+  a failed iterator that Keras holds would put that off for ever.
 - **Shutdown** (``Dispatcher.close``; run by ``ProcessExecutor.close``, by
   garbage collection and at interpreter exit through ``weakref.finalize``):
   under the lock, mark closed, drop the plans and fail what is pending;
@@ -38,13 +36,12 @@ modules cite this note by its name.
   unmap the segments (a lent one stays mapped until its last view is gone).
   A forked copy of the owner never closes (the sockets are the owner's).
 - **The other direction**: a worker leaves when its socket reaches EOF, and
-  is SIGKILLed by the kernel when its parent dies (Linux
-  ``PR_SET_PDEATHSIG``, set by the worker at start-up: works even inside a
-  C call that holds the GIL, or while the worker is stopped). The kernel
-  sends it when the *thread* that started the worker ends, so workers are
-  always started from the main thread or from one long-lived launcher
-  thread. Elsewhere a thread of the worker's own watches its parent. Workers ignore SIGINT: Ctrl-C interrupts the
-  consumer, and the consumer decides what stops.
+  the kernel SIGKILLs it when its parent dies (Linux ``PR_SET_PDEATHSIG``:
+  works even inside a C call that holds the GIL, or while stopped). The
+  kernel sends it when the *thread* that started the worker ends, so workers
+  are started from the main thread or one long-lived launcher thread.
+  Elsewhere a thread of the worker's own watches its parent. Workers ignore
+  SIGINT: Ctrl-C interrupts the consumer, which decides what stops.
 """
 
 from __future__ import annotations
@@ -96,8 +93,7 @@ def describe_exit(code: Optional[int]) -> str:
 
 
 def fresh_error(err: WorkerError) -> WorkerError:
-    """A copy of ``err`` to raise: one object raised in many threads would
-    collect everyone's traceback."""
+    """A copy of ``err`` to raise (see NOTE [ Worker process shutdown ]: failure propagation)."""
     return WorkerError(str(err), err.worker_id, err.pid, err.exitcode, err.index, err.attempts, err.causes)
 
 
@@ -117,12 +113,9 @@ def _launcher_loop(jobs: "queue.SimpleQueue") -> None:
 
 
 def _from_a_lasting_thread(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` (a process launch) on a thread that lives as long as the process.
-
-    The parent-death signal fires when the thread that forked the worker
-    ends, not the process: a worker started from a short-lived thread (a
-    tf.data thread, a user's thread) would be killed with it.
-    """
+    """Runs ``fn`` (a process launch) on a thread that lives as long as the process: a worker
+    started from a short-lived thread (tf.data's, a user's) would get the parent-death signal
+    when that thread ends (NOTE [ Worker process shutdown ])."""
     global _launcher
     if threading.current_thread() is threading.main_thread():
         return fn()
@@ -144,9 +137,8 @@ def _from_a_lasting_thread(fn: Callable[[], Any]) -> Any:
 class WorkerProcess:
     """The parent's handle on one worker process (see NOTE [ Worker process shutdown ]).
 
-    Counterpart of ``worker.py``'s ``WorkerLoop``. Never takes the pool's
-    lock: its state is written by its reader thread (``info``,
-    ``init_error``, ``reader_cpu_s``) or once at launch.
+    Never takes the pool's lock: its state is written by its reader thread
+    (``info``, ``init_error``, ``reader_cpu_s``) or once at launch.
 
     Args:
         worker_id: the worker's number in its pool.
@@ -167,7 +159,7 @@ class WorkerProcess:
         self.info: dict = {}
         self.init_error: Optional[protocol.InitError] = None
         self.reader: Optional[threading.Thread] = None
-        self.reader_cpu_s = 0.0  # written by its reader thread only
+        self.reader_cpu_s = 0.0
         self._poller: Optional[select.poll] = None
 
     # ------------------------------------------------------------ launch
@@ -205,10 +197,8 @@ class WorkerProcess:
         return cls(worker_id, proc, Channel(parent_sock), crash_r)
 
     def deadline(self, since: float, timeout: Optional[float]) -> Optional[float]:
-        """When a request waited on since ``since`` times out: ``timeout``
-        seconds after the later of ``since`` and the moment the worker was
-        ready (start-up and ``worker_init`` do not count). None while the
-        worker is not ready, or without a timeout."""
+        """When a request waited on since ``since`` times out: ``timeout`` s after the later of ``since``
+        and the worker's ready (start-up and ``worker_init`` do not count); None if not ready or no timeout."""
         ready_at = self.ready_at
         if timeout is None or ready_at is None:
             return None
@@ -224,8 +214,7 @@ class WorkerProcess:
         self.chan.send(protocol.encode(message), fds)
 
     def send_quietly(self, message: protocol.ToWorker, nowait: bool = False) -> bool:
-        """Sends unless the worker is gone; False only if ``nowait`` and
-        another send was under way (a finalizer must not block)."""
+        """``send`` unless the worker is gone; False only as ``Channel.send`` with ``nowait``."""
         try:
             return self.chan.send(protocol.encode(message), nowait=nowait)
         except OSError:
@@ -249,9 +238,8 @@ class WorkerProcess:
 
     def start_reader(self, target: Callable[[Any], None], arg: Any) -> None:
         """Starts the thread that reads this worker's messages (``target(arg)``)."""
-        self.reader = threading.Thread(
-            target=target, args=(arg,), name=f"kerasfeed-worker-{self.id}-reader", daemon=True
-        )
+        name = f"kerasfeed-worker-{self.id}-reader"
+        self.reader = threading.Thread(target=target, args=(arg,), name=name, daemon=True)
         self.reader.start()
 
     def mark_ready(self, info: dict, pool_name: str) -> None:
@@ -275,18 +263,11 @@ class WorkerProcess:
         self.proc.kill()
 
     def reap(self) -> Optional[int]:
-        """Waits for the exit of a worker whose channel closed; its exit code,
-        or None if it kept running (it is killed then)."""
-        try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
+        """The exit code of a worker whose channel closed; None if it kept running (killed then)."""
+        return None if self.kill_after(5) else self.proc.returncode
 
     def explain_exit(self, code: Optional[int]) -> tuple[str, str]:
-        """``(head, details)`` of an error about this worker's exit: what
-        happened, and the traceback or crash stacks (may be empty)."""
+        """``(head, details)``: what happened, and the traceback or crash stacks (may be empty)."""
         details = ""
         if self.init_error is not None:
             head = f"failed to start: {self.init_error.type_name}: {self.init_error.message}"
@@ -295,17 +276,13 @@ class WorkerProcess:
             head = "exited before it was ready"
         else:
             head = describe_exit(code)
-        crash = self._crash_text()
+        try:
+            crash = os.read(self.crash_fd, 1 << 16).decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            crash = ""
         if crash:
             details = f"Python stacks of the worker when it crashed:\n{crash}"
         return head, details
-
-    def _crash_text(self) -> str:
-        try:
-            data = os.read(self.crash_fd, 1 << 16)
-        except (OSError, ValueError):
-            return ""
-        return data.decode("utf-8", "replace").strip()
 
     # ------------------------------------------------------------ stop (in this order, over all workers)
     def ask_to_stop(self) -> None:
@@ -322,13 +299,15 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.terminate()
 
-    def kill_after(self, grace_s: float) -> None:
-        """SIGKILL if still running after ``grace_s``; reaps it either way."""
+    def kill_after(self, grace_s: float) -> bool:
+        """SIGKILL if still running after ``grace_s`` (then True); reaps it either way."""
         try:
             self.proc.wait(timeout=grace_s)
+            return False
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            return True
 
     def release(self) -> None:
         """Joins the reader (unless called from it) and closes the fds."""

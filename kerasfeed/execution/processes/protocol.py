@@ -1,9 +1,8 @@
 """The messages between the pool (parent) and its worker processes.
 
-One small type per message. On the wire each one is still a plain tuple
-``(kind, *fields)`` pickled by ``Channel``, as it always was: ``encode`` and
-``decode`` convert at the two ends, so the bytes and their size do not change
-and the worker needs nothing but this module to read them.
+One small type per message. On the wire each is a plain tuple ``(kind, *fields)``
+pickled by ``Channel``: ``encode`` and ``decode`` convert at the two ends, so the
+bytes do not change and the worker needs nothing but this module to read them.
 
 Parent -> worker (in ``process.py``: ``WorkerProcess.send``):
     ``Init`` once, first; then ``Load``, ``SetState``, ``StartStream``,
@@ -16,14 +15,13 @@ Worker -> parent (in ``worker.py``: ``WorkerLoop``):
 Consumer only (never on the wire): ``WorkerDied``, put on a stream session's
 queue by the reader thread that saw its worker die.
 
-A message that carries a new shared-memory segment (``ItemDone``,
-``StreamItem`` with a ``new_size``) has the segment's fd attached
-(``SCM_RIGHTS``, see ``channel.py``).
+A message with a ``new_size`` (``ItemDone``, ``StreamItem``) has the new
+shared-memory segment's fd attached (``SCM_RIGHTS``, see ``channel.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union, get_args
 
 # --------------------------------------------------------------- parent -> worker
 
@@ -31,12 +29,10 @@ from typing import Any, NamedTuple, Optional, Union
 class Init(NamedTuple):
     """Parent -> worker, first message: who the worker is and what it runs.
 
-    ``config`` keys: ``worker_id``, ``num_workers``, ``seed`` (this worker's),
-    ``base_seed`` (the pool's, for the items' random numbers), ``seed_given``
-    (whether the user gave it: the worker then reseeds ``random`` and
-    ``numpy.random`` before each item), ``nice``, ``sys_path`` (the
-    parent's), ``payload`` (cloudpickled source and ``worker_init``), and
-    ``max_rss`` (``worker_max_rss``, or None; may be absent).
+    ``config``: ``Dispatcher.init_config``. ``seed`` is this worker's, ``base_seed`` the pool's (the
+    items' random numbers); with ``seed_given`` (the user's) the worker reseeds ``random`` and
+    ``numpy.random`` before each item; ``payload``: cloudpickled source and ``worker_init``;
+    ``max_rss``: ``worker_max_rss`` or None (may be absent).
     """
 
     config: dict
@@ -44,10 +40,9 @@ class Init(NamedTuple):
 
 
 class Load(NamedTuple):
-    """Parent -> worker: write ``source[index]`` (after ``set_epoch(epoch)``)
-    into slot ``slot``; answered by ``ItemDone`` or ``ItemFailed`` with the
-    same ``request_id``. ``epoch`` is the pass number: with ``index`` it also
-    seeds the item's random numbers (``execution/item_random.py``)."""
+    """Parent -> worker: write ``source[index]`` (after ``set_epoch(epoch)``) into ``slot``; answered
+    by ``ItemDone`` or ``ItemFailed`` with the same ``request_id``. ``epoch`` (the pass) and ``index``
+    also seed the item's random numbers (``execution/item_random.py``)."""
 
     request_id: int
     index: int
@@ -57,11 +52,9 @@ class Load(NamedTuple):
 
 
 class SetState(NamedTuple):
-    """Parent -> worker, at a pass boundary before any ``Load`` of pass
-    ``epoch``: what the consumer's epoch hooks changed in the source
-    (``payload`` from ``state_sync.StateTracker.check``, applied with
-    ``state_sync.apply_state``). The state already includes the consumer's
-    ``set_epoch(epoch)``: the worker does not call it again for that pass."""
+    """Parent -> worker, before any ``Load`` of pass ``epoch``: what the consumer's epoch hooks
+    changed in the source (``state_sync.StateTracker.check``, applied with ``apply_state``). It
+    includes the consumer's ``set_epoch(epoch)``: the worker does not call it again for that pass."""
 
     epoch: int
     payload: bytes
@@ -69,9 +62,8 @@ class SetState(NamedTuple):
 
 
 class StartStream(NamedTuple):
-    """Parent -> worker: iterate ``fn(arg)`` (cloudpickled in ``payload``),
-    writing each item into one of ``slots`` that is free; ``name`` is for
-    error messages."""
+    """Parent -> worker: iterate ``fn(arg)`` (cloudpickled in ``payload``), each item into a free
+    one of ``slots``; ``name`` is for error messages."""
 
     stream_id: int
     payload: bytes
@@ -81,8 +73,7 @@ class StartStream(NamedTuple):
 
 
 class Credit(NamedTuple):
-    """Parent -> worker: the consumer is done with stream ``stream_id``'s
-    item in ``slot``; the worker may write there again."""
+    """Parent -> worker: the consumer is done with stream ``stream_id``'s item in ``slot``."""
 
     stream_id: int
     slot: int
@@ -106,16 +97,15 @@ class Exit(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """Worker -> parent, once: set up done. ``info``: ``pid``, ``startup_s``,
-    ``rss_bytes``, ``tensorflow_imported``, ``keras_imported``."""
+    """Worker -> parent, once: set up done. ``info``: ``pid``, ``startup_s``, ``rss_bytes``,
+    ``tensorflow_imported``, ``keras_imported``."""
 
     info: dict
     kind = "ready"
 
 
 class InitError(NamedTuple):
-    """Worker -> parent, once: unpickling the source or ``worker_init``
-    raised; the worker then exits."""
+    """Worker -> parent, once: unpickling the source or ``worker_init`` raised; the worker exits."""
 
     type_name: str
     message: str
@@ -130,12 +120,10 @@ IN_STORE = b""
 class ItemDone(NamedTuple):
     """Worker -> parent: the item of ``Load`` ``request_id`` is in ``slot``.
 
-    ``spec``: the pickled structure (``shm.dumps_spec``), or ``IN_STORE``
-    when the item is in the item store and nothing was written to the slot
-    (cache=, no ``augment``); ``new_size``: the
-    size of a new segment for the slot (its fd attached), or None;
-    ``nbytes``: the bytes of the segment the item uses; ``make_s``: the
-    worker's own time for ``source[index]``; ``write_s``: its time to write
+    ``spec``: the pickled structure (``shm.dumps_spec``), or ``IN_STORE`` when the item is in the
+    item store and the slot was not written (cache=, no ``augment``); ``new_size``: the size of a
+    new segment for the slot (its fd attached), or None; ``nbytes``: the bytes of the segment the
+    item uses; ``make_s``, ``write_s``: the worker's own time for ``source[index]`` and for writing
     the item into shared memory (for ``kerasfeed.stats``).
     """
 
@@ -150,8 +138,7 @@ class ItemDone(NamedTuple):
 
 
 class ItemFailed(NamedTuple):
-    """Worker -> parent: ``source[index]`` of ``Load`` ``request_id`` raised
-    ``error`` (a ``kerasfeed.ItemError``)."""
+    """Worker -> parent: ``Load`` ``request_id``'s item raised ``error`` (a ``kerasfeed.ItemError``)."""
 
     request_id: int
     error: BaseException
@@ -159,29 +146,26 @@ class ItemFailed(NamedTuple):
 
 
 class Retire(NamedTuple):
-    """Worker -> parent, once, right after an item's answer: its resident
-    memory (``rss`` bytes) passed ``worker_max_rss``. The parent sends it no
-    more requests, starts a successor, and sends ``Exit`` once the requests
-    already sent are answered (NOTE [ Replacing a worker ] in ``replacement.py``)."""
+    """Worker -> parent, once, right after an item's answer: its resident memory (``rss`` bytes)
+    passed ``worker_max_rss``. The parent sends it no more requests, starts a successor, and sends
+    ``Exit`` once those sent are answered (NOTE [ Replacing a worker ] in ``replacement.py``)."""
 
     rss: int
     kind = "retire"
 
 
 class StreamStarted(NamedTuple):
-    """Worker -> parent: stream ``stream_id``'s task is unpickled (its
-    module imported); its ``timeout`` counts from here, as a load's counts
-    from the worker's ``Ready`` (start-up is not the task's time)."""
+    """Worker -> parent: stream ``stream_id``'s task is unpickled (its module imported); its
+    ``timeout`` counts from here, as a load's from ``Ready`` (start-up is not the task's time)."""
 
     stream_id: int
     kind = "stream_started"
 
 
 class StreamItem(NamedTuple):
-    """Worker -> parent: item number ``n`` of stream ``stream_id`` is in
-    ``slot`` (``spec`` and ``new_size`` as in ``ItemDone``); ``make_s``: the
-    worker's own time to make it (the task's call, for the first item, and
-    ``next``); ``write_s``: its time to write it into shared memory."""
+    """Worker -> parent: item ``n`` of stream ``stream_id`` is in ``slot`` (``spec``, ``new_size``,
+    ``write_s`` as in ``ItemDone``); ``make_s``: the worker's time for ``next`` (and, for the first
+    item, the task's call)."""
 
     stream_id: int
     n: int
@@ -194,8 +178,7 @@ class StreamItem(NamedTuple):
 
 
 class StreamEnd(NamedTuple):
-    """Worker -> parent: stream ``stream_id`` ended (or was cancelled) after
-    ``n`` items."""
+    """Worker -> parent: stream ``stream_id`` ended (or was cancelled) after ``n`` items."""
 
     stream_id: int
     n: int
@@ -203,8 +186,8 @@ class StreamEnd(NamedTuple):
 
 
 class StreamFailed(NamedTuple):
-    """Worker -> parent: stream ``stream_id``'s task raised ``error`` (a
-    ``kerasfeed.ItemError`` whose index is the number of items made)."""
+    """Worker -> parent: stream ``stream_id``'s task raised ``error`` (a ``kerasfeed.ItemError``
+    whose index is the number of items made)."""
 
     stream_id: int
     error: BaseException
@@ -215,9 +198,8 @@ class StreamFailed(NamedTuple):
 
 
 class WorkerDied(NamedTuple):
-    """Reader thread -> stream consumer (a queue, never the wire): the
-    stream's worker died or the pool closed; ``error`` is the
-    ``kerasfeed.WorkerError`` to raise."""
+    """Reader thread -> stream consumer (a queue, never the wire): the stream's worker died or the
+    pool closed; ``error`` is the ``kerasfeed.WorkerError`` to raise."""
 
     error: BaseException
     kind = "dead"
@@ -226,27 +208,7 @@ class WorkerDied(NamedTuple):
 ToWorker = Union[Init, Load, SetState, StartStream, Credit, Cancel, Exit]
 ToParent = Union[Ready, InitError, ItemDone, ItemFailed, Retire, StreamStarted, StreamItem, StreamEnd, StreamFailed]
 
-_BY_KIND: dict[str, Any] = {
-    cls.kind: cls
-    for cls in (
-        Init,
-        Load,
-        SetState,
-        StartStream,
-        Credit,
-        Cancel,
-        Exit,
-        Ready,
-        InitError,
-        ItemDone,
-        ItemFailed,
-        Retire,
-        StreamStarted,
-        StreamItem,
-        StreamEnd,
-        StreamFailed,
-    )
-}
+_BY_KIND: dict[str, Any] = {cls.kind: cls for cls in (*get_args(ToWorker), *get_args(ToParent))}
 
 
 def encode(message: Union[ToWorker, ToParent]) -> tuple:

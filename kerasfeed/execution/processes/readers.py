@@ -1,8 +1,7 @@
 """The reader threads of a worker pool: one per worker, and what a worker's death does.
 
-Part of the ``Dispatcher`` (``dispatcher.py``), which each function takes as
-``d`` and whose lock they take; see NOTE [ Worker process shutdown ] in
-``process.py`` for failure propagation and why a death closes the pool.
+Part of the ``Dispatcher``, which each function takes as ``d`` and whose lock they take;
+failure propagation: NOTE [ Worker process shutdown ] in ``process.py``.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ def read_loop(d: Any, lane: WorkerLane) -> None:
             proc.reader_cpu_s += time.thread_time() - t0
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
-            # At the fd limit the kernel silently drops passed fds; report
-            # that, not a dead worker (this one is fine: stop it).
+            # At the fd limit the kernel silently drops passed fds: report that, not a dead worker.
             what = (
                 f"a shared-memory segment from worker {lane.id} (pid {proc.pid}) of {d.name} "
                 f"could not be received ({e.strerror})"
@@ -89,7 +87,6 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
 
 
 def _worker_gone(d: Any, lane: WorkerLane) -> None:
-    # See NOTE [ Worker process shutdown ] in process.py.
     if d.closed:
         return
     proc = lane.process
@@ -98,8 +95,7 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
         return
     head, details = proc.explain_exit(code)
     with d.lock:
-        # A worker runs its requests in order: the oldest one pending on
-        # it is the item it died on.
+        # A worker runs its requests in order: the oldest one pending is the item it died on.
         mine = sorted(lane.pending.values(), key=lambda r: r.id)
         index = mine[0].index if mine else None
         during = f" while loading {d.name}[{index}]" if index is not None else ""
@@ -115,8 +111,7 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
         if d.failure is None:
             d.failure = err
         first = d.failure  # e.g. a timeout that made us kill this worker
-        # The pass stops: items pending on the other workers fail too
-        # (their answers, if they come, free their slots as abandoned).
+        # Items pending on the other workers fail too (answers that still come free their slots).
         pending = d.lanes.abandon_pending()
         lane.pending.clear()
         st = lane.stream
@@ -127,10 +122,7 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
         req.event.set()
     if st is not None:
         st.queue.put(protocol.WorkerDied(first))
-    # The pool cannot be used again (workers are not restarted): stop the
-    # other workers now rather than when the pool is collected, which a
-    # traceback or a failed iterator that Keras keeps can put off for ever.
-    d.close()
+    d.close()  # now, not when collected (NOTE [ Worker process shutdown ])
 
 
 __all__ = ["read_loop"]

@@ -6,15 +6,14 @@ NOTE [ Replacing a worker ]
 Without ``retries``, ``worker_max_items`` or ``worker_max_rss`` a pool never
 starts a worker after its first ones (NOTE [ Worker process shutdown ] in
 ``process.py``). With them, a worker is replaced by a fresh process under the
-same worker id (``get_worker_info().id`` stays in ``0 .. workers-1``; its
-shared-memory slots stay the pool's: the successor writes fresh segments into
-slots as they come free):
+same worker id (``get_worker_info().id`` stays in ``0 .. workers-1``; the
+successor writes fresh segments into the pool's slots as they come free):
 
 - **Died or hung** (``retries > 0``): the reader thread that sees the death
-  answers every request pending on the worker with a ``WorkerError`` (the
-  oldest one is the item it died on: that error names it, so only that item
-  counts an attempt, NOTE [ Retries happen in the load that waits for the
-  item ] in ``execution/retries.py``), and starts a successor. A hang is a
+  answers every request pending on the worker with a ``WorkerError`` (it
+  names the oldest one, the item it died on, so only that item counts an
+  attempt: NOTE [ Retries happen in the load that waits for the item ] in
+  ``execution/retries.py``), and starts a successor. A hang is a
   ``timeout=`` that expired: the waiting load kills the worker and goes on
   waiting; the death comes through the same path, explained as the timeout.
   A worker that died before it was ready made no item: its requests are all
@@ -26,19 +25,19 @@ slots as they come free):
   or closed.
 - **Recycled** (``worker_max_items``, ``worker_max_rss``): the lane *retires*:
   it takes no more requests (exactly ``worker_max_items`` are sent to it; the
-  memory check runs in the worker after each item, which then sends
-  ``Retire``), its successor starts at once, and the retiring worker makes
-  the requests already sent to it (at most ``in_flight_per_worker``), then is
-  sent ``Exit``. Nothing is re-sent, so nothing is lost or made twice and no
-  item waits for a start-up; for a moment the pool runs one process more.
+  worker checks its memory after each item and sends ``Retire``), its
+  successor starts at once, and the retiring worker makes the requests
+  already sent to it (at most ``in_flight_per_worker``), then is sent
+  ``Exit``. Nothing is re-sent, lost or made twice, no item waits for a
+  start-up; for a moment the pool runs one process more.
 - **The successor's source** is the workers' own copy, not the consumer's
   object (which ``on_epoch_end`` may already have changed for a pass the
   workers have not started): the payload the pool started with, then every
-  ``SetState`` sent since, in order (``state_sync.py``), before any request.
-  So it holds what the other workers hold, epoch state included, and runs
-  ``worker_init``. The states are kept as sent; once they outweigh the
-  payload (and 1 MB), the pool pickles the source anew at a pass boundary,
-  where the consumer's source is the synced one, and drops them.
+  ``SetState`` sent since, in order (``state_sync.py``), before any request;
+  so it holds what the other workers hold, epoch state included, and runs
+  ``worker_init``. Once the kept states outweigh the payload (and 1 MB), the
+  pool pickles the source anew at a pass boundary, where the consumer's
+  source is the synced one, and drops them.
 - **Ordering.** A successor gets ``Init`` and the states before its lane
   joins the pool (no request can overtake them), under ``state_lock``, which
   ``send_state`` also holds: a state sent meanwhile reaches it exactly once.
@@ -62,10 +61,8 @@ from kerasfeed.execution.retries import RetryCounts
 
 logger = logging.getLogger("kerasfeed")
 
-# Kept states past this (and past the payload's size) are folded into a new payload.
-REBASE_MIN_BYTES = 2**20
-# What a successor gets after a rebased payload: no change, only the pass (its
-# set_epoch is in the payload already, so the worker must not run it again).
+REBASE_MIN_BYTES = 2**20  # kept states past this and the payload: pickled anew (the NOTE)
+# A successor's state after a rebased payload: no change, only the pass (whose set_epoch the payload holds).
 _NO_CHANGE = cloudpickle.dumps(("keys", {}, []), protocol=5)
 
 
@@ -124,8 +121,7 @@ class Replacements:
 
     # ------------------------------------------------------------ recycling
     def retire(self, lane: WorkerLane, why: str) -> None:
-        """With the pool's lock held: ``lane`` takes no more requests and a
-        successor starts (``Lanes`` calls it at ``worker_max_items``)."""
+        """With the pool's lock held: ``lane`` takes no more requests; its successor starts."""
         if lane.retiring is None:
             lane.retiring = why
         if not lane.successor_started:
@@ -139,8 +135,7 @@ class Replacements:
         self.answered(lane)
 
     def answered(self, lane: WorkerLane) -> None:
-        """After an answer from ``lane`` (its reader thread): a retiring lane
-        with nothing pending is told to leave."""
+        """After an answer from ``lane`` (its reader thread): a retiring lane with nothing pending leaves."""
         if lane.retiring is None:
             return
         with self._d.lock:
@@ -152,9 +147,8 @@ class Replacements:
 
     # ------------------------------------------------------------ deaths
     def worker_gone(self, lane: WorkerLane, code: Optional[int]) -> bool:
-        """``lane``'s process ended (its reader thread, after reaping it).
-        Returns True if handled here: a retired worker that left as told, or a
-        dead or hung one replaced; False: the pool fails (``readers``)."""
+        """``lane``'s process ended (its reader thread, after reaping it). True if handled here (a
+        retired worker that left as told, or one replaced); False: the pool fails (``readers``)."""
         d = self._d
         proc = lane.process
         early = not proc.ready.is_set()  # died during start-up: no item was made
@@ -262,8 +256,7 @@ class Replacements:
         d.send_requests(sends)
 
     def stop_launching(self) -> None:
-        """At close (the pool's lock held, ``closed`` set): processes being
-        started are killed; their ``_successor`` thread reaps them."""
+        """At close (lock held, ``closed`` set): kills processes being started; ``_successor`` reaps them."""
         for proc in self.launching:
             proc.kill()
 

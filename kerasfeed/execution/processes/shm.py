@@ -8,21 +8,20 @@ split in two:
 - the array bytes, written at 64-byte aligned offsets into a shared-memory
   *segment*.
 
-Segments are anonymous: ``memfd_create`` on Linux, otherwise a POSIX
-``shm_open`` name that is unlinked right after creation. A segment is shared
-by passing its file descriptor over a Unix socket (``SCM_RIGHTS``), so nothing
-ever stays in ``/dev/shm``: the memory is freed by the kernel when the last
-process holding a mapping exits or closes it, even after ``SIGKILL``. Segments
-are created with mode 0600 (private to the user).
+Segments are anonymous (``memfd_create`` on Linux, else a POSIX ``shm_open``
+name unlinked right after creation) and mode 0600, shared by passing their fd
+over a Unix socket (``SCM_RIGHTS``): nothing ever stays in ``/dev/shm``, and the
+kernel frees the memory when the last process holding a mapping exits or
+closes it, even after ``SIGKILL``.
 
 The consumer gets an item in one of two ways:
 
 - ``lend``: zero copies. The arrays are views of the segment; TensorFlow wraps
   64-byte aligned arrays returned by a ``numpy_function`` without copying, so
-  the bytes a worker wrote are the tensor's bytes. The segment stays out of use
-  until the last view (and the tensor wrapping it) is gone; a finalizer then
-  hands it back. This avoids both a copy and, more costly on the consumer
-  side, the page faults of touching freshly allocated memory for every item.
+  the bytes a worker wrote are the tensor's. The segment stays out of use until
+  the last view (and the tensor wrapping it) is gone; a finalizer then hands it
+  back. This avoids a copy and, costlier for the consumer, the page faults of
+  touching freshly allocated memory for every item.
 - ``decode``: one copy into fresh arrays, and the segment is free at once
   (used when too much is lent already, and for streams).
 """
@@ -123,8 +122,6 @@ def grown_size(nbytes: int) -> int:
 
 
 # ---------------------------------------------------------------- encoding
-# The item layout (spec + aligned arrays) is kerasfeed/_layout.py's; the
-# names stay importable from here.
 def write(segment: Segment, arrays: list[tuple[int, np.ndarray]]) -> None:
     """Copies the arrays of an encoded item into ``segment``."""
     for offset, a in arrays:
@@ -151,24 +148,20 @@ def aligned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
 def lend(spec: Any, segment: Segment, nbytes: int, on_release: Callable[[], None]) -> Any:
     """Rebuilds an item whose arrays are views of ``segment`` (no copy).
 
-    ``on_release`` runs once every array of the item, every view derived from
-    them and every tensor wrapping them is gone; only then may the segment be
-    written again.
-
     Args:
         spec: the item's spec, as made by ``encode``.
         segment: the segment the item was written into.
-        nbytes: the bytes of the segment the item uses (> 0; ``encode``
-            returns it to the worker, which sends it along).
-        on_release: called without arguments, from whichever thread drops the
-            last reference; it must be quick and must not block.
+        nbytes: the bytes of the segment the item uses (> 0; sent along by the worker).
+        on_release: runs once every array of the item, derived view and wrapping tensor is
+            gone (only then may the segment be written again), from whichever thread drops
+            the last reference; it must be quick and must not block.
     """
     # One buffer object per lent item, not an ndarray: numpy points every
     # derived view's ``base`` at the first non-ndarray owner, so this object
     # lives exactly as long as any view of the item does.
     owner = (ctypes.c_ubyte * nbytes).from_buffer(segment.mm)
     weakref.finalize(owner, on_release)
-    return _rebuild(spec, lambda dtype, shape, offset: np.ndarray(shape, dtype, buffer=owner, offset=offset))
+    return rebuild(spec, lambda dtype, shape, offset: np.ndarray(shape, dtype, buffer=owner, offset=offset))
 
 
 def decode(spec: Any, segment: Optional[Segment]) -> Any:
@@ -181,8 +174,4 @@ def decode(spec: Any, segment: Optional[Segment]) -> Any:
         np.copyto(out, src)
         return out
 
-    return _rebuild(spec, copy_out)
-
-
-
-_rebuild = rebuild
+    return rebuild(spec, copy_out)

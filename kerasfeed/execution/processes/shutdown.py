@@ -1,7 +1,6 @@
 """Parking and closing a pool, in the order NOTE [ Worker process shutdown ] (``process.py``) gives.
 
-Part of the ``Dispatcher`` (``dispatcher.py``), which each function takes as
-``d`` and whose lock they take.
+Part of the ``Dispatcher``, which each function takes as ``d`` and whose lock they take.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ from kerasfeed.execution.processes.process import GRACE_S
 
 
 def park(d: Any, activity: Optional[tuple[int, int]] = None) -> bool:
-    """Closes the pool if no load started or ran since ``activity`` (``(loads,
-    loading)``; None: at once); later calls raise, and the executor starts
-    a new pool (NOTE [ Parking after a failed pass ]). Returns whether the
-    pool is closed now (True for a pool closed already)."""
+    """Closes the pool if no load started or ran since ``activity`` (``(loads, loading)``; None: at
+    once); later calls raise, and the executor starts a new pool (NOTE [ Parking after a failed pass ]).
+    Returns whether the pool is closed now (True for a pool closed already)."""
     if os.getpid() != d.owner_pid:
         return False
     with d.lock:
@@ -37,9 +35,8 @@ def park(d: Any, activity: Optional[tuple[int, int]] = None) -> bool:
 def close(d: Any) -> None:
     """See NOTE [ Worker process shutdown ] in process.py (this is its order)."""
     if os.getpid() != d.owner_pid:
-        # A forked copy (e.g. a fork-based multiprocessing worker): the
-        # sockets and processes belong to the parent; touching them (a
-        # shutdown() acts on the shared socket) would break its pool.
+        # A forked copy (a fork-based multiprocessing worker): the sockets and processes are the
+        # parent's; touching them (shutdown() acts on the shared socket) would break its pool.
         return
     with d.lock:
         if d.closed:

@@ -2,19 +2,18 @@
 
 A *slot* is one of a worker's shared-memory segments, numbered per worker. A
 request (or a stream) names a free slot; the worker writes the item there,
-growing the segment to the largest item it carried (``worker.py``:
-``WorkerLoop._write``, the counterpart of ``SlotTable.map_segment``) and
-sending the new segment's fd with its answer. The consumer then either
-copies the item out (the slot is free again at once) or *lends* it: its
-arrays are views of the slot handed to TensorFlow, and the slot comes back
-when the last view is gone (``shm.lend``).
+growing the segment to the largest item it carried (``WorkerLoop._write``, the
+counterpart of ``SlotTable.map_segment``) and sending the new segment's fd with
+its answer. The consumer copies the item out (the slot is free at once) or
+*lends* it: its arrays are views of the slot handed to TensorFlow, and the slot
+comes back when the last view is gone (``shm.lend``).
 
 Lending is bounded so that a consumer that keeps every item never blocks the
 workers: items under ``LEND_MIN_BYTES`` are copied (malloc reuses small
-blocks, lending would save little and only multiply slots), and past
-``MAX_LENT_PER_WORKER`` items per worker or ``MAX_LENT_BYTES`` in all the
-rest are copied too. Shared memory is thus bounded by
-``in_flight_per_worker + MAX_LENT_PER_WORKER`` segments per worker.
+blocks: lending would save little and multiply slots), and so is the rest past
+``MAX_LENT_PER_WORKER`` items per worker or ``MAX_LENT_BYTES`` in all. Shared
+memory is thus bounded by ``in_flight_per_worker + MAX_LENT_PER_WORKER``
+segments per worker.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from typing import Callable, Optional
 
 from kerasfeed.execution.processes import shm
 
-# Lent items: enough for tf.data's buffers (the map's results in order, the
-# prefetch) and the consumer; past this the consumer copies items instead.
+# Enough lent items for tf.data's buffers (the map's results in order, the prefetch) and the consumer.
 MAX_LENT_PER_WORKER = 16
 MAX_LENT_BYTES = 256 * 2**20
 LEND_MIN_BYTES = 256 * 2**10
@@ -36,11 +34,10 @@ LEND_MIN_BYTES = 256 * 2**10
 class SlotTable:
     """Every worker's slots, their segments, and the lending budget.
 
-    Not thread-safe, like ``PassPlan``: its owner (the ``Dispatcher``) holds
-    its lock around every call, except two that need no lock: ``map_segment``
-    (only the reader thread of that worker calls it) and the callbacks from
-    ``loan_returned`` (finalizers, any thread, any moment: a lock-free append;
-    ``collect_returned`` applies them later).
+    Not thread-safe: its owner (the ``Dispatcher``) holds its lock around every
+    call, except ``map_segment`` (only that worker's reader thread calls it) and
+    the callbacks from ``loan_returned`` (finalizers, any thread, any moment: a
+    lock-free append that ``collect_returned`` applies later).
 
     Args:
         workers: the number of workers.
@@ -59,9 +56,8 @@ class SlotTable:
 
     # ------------------------------------------------------------ slots
     def take(self, worker: int) -> int:
-        """A free slot of ``worker``: the lowest (its segment most likely
-        exists already), or a new one if every slot is in flight or lent,
-        which the lending budget bounds."""
+        """A free slot of ``worker``: the lowest (its segment most likely exists), or a new
+        one if every slot is in flight or lent (which the lending budget bounds)."""
         free = self._free[worker]
         if free:
             slot = min(free)
@@ -104,8 +100,7 @@ class SlotTable:
         return self._segments[worker].get(slot)
 
     def close_segments(self, worker: int) -> None:
-        """Unmaps the worker's segments (a lent one stays mapped until its
-        last view is gone)."""
+        """Unmaps the worker's segments (a lent one stays mapped until its last view is gone)."""
         for seg in self._segments[worker].values():
             seg.close()
         self._segments[worker].clear()

@@ -1,13 +1,12 @@
 """Generator streams: a worker iterates a task and its items come back in order.
 
-Counterpart of ``worker.py``'s ``WorkerLoop.stream``. A session reserves one
-idle worker (no request pending, no other stream) until the task ends and
-the consumer no longer reads any of its slots, or until it is cancelled. The
-worker writes at most ``in_flight_per_worker`` items ahead: each
-``StreamItem`` takes one of the session's slots, and the consumer gives it
-back with a ``Credit`` once the item is copied out. Failures reach the
-consumer as ``WorkerDied`` on the session's queue (see
-NOTE [ Worker process shutdown ] in ``process.py``).
+Counterpart of ``WorkerLoop.stream``. A session reserves one idle worker (no
+request pending, no other stream) until the task ends and the consumer no
+longer reads any of its slots, or until it is cancelled. The worker writes at
+most ``in_flight_per_worker`` items ahead: each ``StreamItem`` takes one of the
+session's slots, which the consumer gives back with a ``Credit`` once the item
+is copied out. Failures reach the consumer as ``WorkerDied`` on the session's
+queue (NOTE [ Worker process shutdown ] in ``process.py``).
 """
 
 from __future__ import annotations
@@ -49,9 +48,8 @@ class StreamSession:
 class StreamSessions:
     """Starts, feeds and stops the streams of a pool.
 
-    Holds no lock of its own: it uses its owner's (the ``Dispatcher``'s
-    condition ``cv``), the one lock of the pool, and the owner's lanes
-    (``lane.stream`` is the session a worker runs) and slot table.
+    Holds no lock of its own: it uses the pool's one lock (its owner's ``cv``),
+    lanes (``lane.stream`` is the session a worker runs) and slot table.
 
     Args:
         owner: the ``Dispatcher``.
@@ -69,7 +67,7 @@ class StreamSessions:
                 owner.check_usable()
                 owner.slots.collect_returned()
                 owner.drop_plans()  # a stream needs an idle worker
-                lane = owner.pick_idle_lane()
+                lane = owner.lanes.pick_idle()
                 if lane is not None:
                     slots = [owner.slots.take(lane.id) for _ in range(owner.in_flight_per_worker)]
                     st = StreamSession(owner.new_id(), name, slots)
@@ -115,8 +113,8 @@ class StreamSessions:
             st.queue.put(msg)
 
     def release_if_done(self, lane: Any, st: StreamSession) -> None:
-        # With the lock held. The worker's slots go back to loads only when
-        # the stream is over AND the consumer no longer reads any slot.
+        # With the lock held. The slots go back to loads only when the stream is over AND the
+        # consumer no longer reads any of them.
         if st.ended and (st.cancelled or not st.held) and lane.stream is st:
             lane.stream = None
             self._owner.slots.give_back_all(lane.id, st.slots)
@@ -128,10 +126,9 @@ class StreamSessions:
         proc = lane.process
         timeout = owner.options.timeout
         since = time.monotonic()
-        # Runs in a producer thread: when the last iterator over the stream is
-        # deleted, or its pass is closed (``StreamIterator.stop``), it gives up
-        # instead of waiting on for a stuck worker. The consumer's own wait
-        # (``tfdata/chunks.py``) sees Ctrl-C and gives the stuck-wait notice.
+        # Runs in a producer thread: when the last iterator over the stream is deleted, or its
+        # pass is closed (``StreamIterator.stop``), it gives up instead of waiting on for a stuck
+        # worker. The consumer's own wait (``tfdata/chunks.py``) sees Ctrl-C and gives the notice.
         wait = owner.waits.begin(interrupts=False, notice=False)
         while True:
             try:
@@ -183,9 +180,8 @@ class StreamSessions:
         try:
             return shm.decode(shm.loads_spec(msg.spec), owner.slots.segment(lane.id, msg.slot))
         except (ValueError, TypeError, AttributeError, BufferError):
-            # The worker died right after sending this item, and its death closed
-            # the pool (unmapping the segments) before the item was read: report
-            # the death, as a load does (``Dispatcher._lend_or_copy``).
+            # The worker's death closed the pool (unmapping the segments) before this item was
+            # read: report the death, as a load does (``Dispatcher._lend_or_copy``).
             if owner.failure is not None or owner.closed:
                 owner.check_usable()
             raise
@@ -250,8 +246,7 @@ class StreamIterator(Iterator[Any]):
             raise
 
     def stop(self) -> None:
-        """Like ``close`` but never blocks, from any thread: a waiting
-        ``next`` (in another thread) ends with StopIteration."""
+        """Like ``close`` but never blocks, from any thread: a waiting ``next`` ends with StopIteration."""
         if not self._done:
             self._done = True
             self._sessions.cancel(self._lane, self._session, blocking=False)
@@ -264,9 +259,7 @@ class StreamIterator(Iterator[Any]):
 
     def __del__(self):
         try:
-            if not self._done:
-                self._done = True
-                self._sessions.cancel(self._lane, self._session, blocking=False)
+            self.stop()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 

@@ -1,16 +1,13 @@
 """The worker process: runs ``source[index]`` (or a streaming task) and writes
 the result into shared memory.
 
-A worker is a fresh interpreter started by the pool (``python -c`` through
-``subprocess``: fork + immediate exec, so it is safe while TensorFlow's
-threads run in the parent). It imports only numpy, cloudpickle and the light
-parts of kerasfeed; ``KERASFEED_LIGHT_WORKER=1`` lets ``SceneSequence``
-subclasses unpickle without Keras or TensorFlow.
-
-Counterpart of the parent's ``WorkerProcess`` (``process.py``; requests come
-from its ``Dispatcher``, streams from its ``StreamSessions``). The messages
-are the types of ``protocol.py``. How a worker leaves, and how its death is
-seen and explained: NOTE [ Worker process shutdown ] in ``process.py``.
+A worker is a fresh interpreter started by the pool (``WorkerProcess.launch``:
+fork + immediate exec, safe while TensorFlow's threads run in the parent). It
+imports only numpy, cloudpickle and the light parts of kerasfeed;
+``KERASFEED_LIGHT_WORKER=1`` lets ``SceneSequence`` subclasses unpickle without
+Keras or TensorFlow. Requests come from the parent's ``Dispatcher``, streams
+from its ``StreamSessions``, as the types of ``protocol.py``. How a worker
+leaves, and how its death is seen: NOTE [ Worker process shutdown ] in ``process.py``.
 """
 
 from __future__ import annotations
@@ -62,9 +59,8 @@ def _rss_bytes() -> int:
 
 
 class _RssProbe:
-    """This process's resident bytes, read cheaply after every item (``worker_max_rss``):
-    ``/proc/self/statm`` opened once and re-read with ``pread`` (~2 us; opening it
-    each time costs ~20 us), else ``_rss_bytes``."""
+    """This process's resident bytes, read after every item (``worker_max_rss``): ``/proc/self/statm``
+    opened once and re-read with ``pread`` (~2 us; opening it each time costs ~20 us), else ``_rss_bytes``."""
 
     def __init__(self):
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -79,27 +75,21 @@ class _RssProbe:
         return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
 
 
-def _die_with_parent(parent_pid: int) -> bool:
-    """Asks the kernel to SIGKILL this process when its parent dies (Linux).
-
-    Unlike a watching thread this works while the worker is inside a C call
-    that holds the GIL, or stopped (SIGSTOP). Returns False where it is not
-    available. The parent may have died before the request took effect:
-    checked right after, and then the worker leaves at once.
-    """
+def _die_with_parent(parent_pid: int) -> None:
+    """Asks the kernel to SIGKILL this process when its parent dies (Linux; unlike a watching
+    thread, works inside a C call that holds the GIL, or stopped). The parent may have died
+    before the request took effect: checked right after, and then the worker leaves at once."""
     if not sys.platform.startswith("linux"):
-        return False
+        return
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
-        ok = libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
-        ok = False
+        pass
     if os.getppid() != parent_pid:
         os._exit(0)
-    return ok
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -144,15 +134,12 @@ class WorkerLoop:
     # ------------------------------------------------------------ start-up
     def setup(self) -> None:
         init = self.init
-        if init.get("nice"):
-            # Below the owner (PoolOptions.worker_nice): under contention the
-            # consumer's threads (the training loop) run first.
+        if init.get("nice"):  # PoolOptions.worker_nice: under contention the consumer's threads run first
             try:
                 os.nice(init["nice"])
             except OSError:
                 pass  # not allowed here: run at the owner's priority
-        # The parent's import path first, so the source's modules resolve the
-        # same way (spawn does the same).
+        # The parent's import path first, so the source's modules resolve the same way (as spawn does).
         sys.path[:] = list(init["sys_path"]) + [p for p in sys.path if p not in init["sys_path"]]
         info = worker_info.WorkerInfo(self.id, init["num_workers"], init["seed"])
         worker_info._set_worker_info(info)
@@ -164,13 +151,10 @@ class WorkerLoop:
         fds, self._init_fds = self._init_fds, []
         try:
             self.cache = ItemCache.in_worker(init.get("cache"), fds)  # takes the store's fds
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if self.cache is None:
-            for fd in fds:
-                os.close(fd)
+        finally:
+            if self.cache is None:  # no cache=, or it failed
+                for fd in fds:
+                    os.close(fd)
         _handoff.receive(init.get("handoff"))  # before the source: its copy finds them by token
         source, worker_init = light_modules.loads(init["payload"])  # light Keras/TF stand-ins meanwhile
         if worker_init is not None:
@@ -180,8 +164,8 @@ class WorkerLoop:
             self.name = source_name(source)
 
     def run(self) -> int:
-        # _Exit (the parent closed the channel, e.g. a pool closed while its
-        # workers start) ends the worker quietly wherever it is raised.
+        # _Exit (the parent closed the channel, e.g. a pool closed while its workers start)
+        # ends the worker quietly wherever it is raised.
         try:
             try:
                 self.setup()
@@ -189,17 +173,9 @@ class WorkerLoop:
                 tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
                 self._send(protocol.InitError(type(e).__name__, str(e), tb))
                 return 1
-            self._send(
-                protocol.Ready(
-                    {
-                        "pid": self.pid,
-                        "startup_s": time.perf_counter() - _T0,
-                        "rss_bytes": _rss_bytes(),
-                        "tensorflow_imported": "tensorflow" in sys.modules,
-                        "keras_imported": "keras" in sys.modules,
-                    }
-                )
-            )
+            info = {"pid": self.pid, "startup_s": time.perf_counter() - _T0, "rss_bytes": _rss_bytes()}
+            info.update(tensorflow_imported="tensorflow" in sys.modules, keras_imported="keras" in sys.modules)
+            self._send(protocol.Ready(info))
             threads = worker_threads(self.source)  # NOTE [ A worker that makes several items at once ]
             self.threaded = threads > 1
             loads = ThreadedLoads(threads, self.load) if self.threaded else None
@@ -243,32 +219,24 @@ class WorkerLoop:
             raise _Exit()
         return msg
 
-    def _write(self, slot: int, arrays: list, nbytes: int) -> tuple[tuple, Any]:
-        """Writes arrays into the slot's segment, growing it if needed.
-
-        Returns the fds to send (a new segment) and its size, or ((), None)."""
-        if nbytes == 0:
-            return (), None
-        seg = self.slots.get(slot)
-        fds: tuple = ()
-        size = None
-        if seg is None or seg.size < nbytes:
-            if seg is not None:
-                seg.close()
-                del self.slots[slot]
-            size = shm.grown_size(nbytes)
-            seg, send_fd = shm.new_segment(size, f"w{self.id}s{slot}")
-            self.slots[slot] = seg
-            fds = (send_fd,)
-        shm.write(seg, arrays)
-        return fds, size
-
-    def _encode_and_write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any, int]:
-        """Returns the pickled spec, the fds and size of a new segment (see
-        ``_write``), and the bytes of the segment the item uses."""
+    def _write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any, int]:
+        """Writes the item's arrays into the slot's segment, growing it if needed. Returns the
+        pickled spec, the fds and size of a new segment (or ``()``, None), and the bytes used."""
         spec, arrays, nbytes = shm.encode(item)
         spec_bytes = shm.dumps_spec(spec)
-        fds, size = self._write(slot, arrays, nbytes)
+        fds: tuple = ()
+        size = None
+        if nbytes:
+            seg = self.slots.get(slot)
+            if seg is None or seg.size < nbytes:
+                if seg is not None:
+                    seg.close()
+                    del self.slots[slot]
+                size = shm.grown_size(nbytes)
+                seg, send_fd = shm.new_segment(size, f"w{self.id}s{slot}")
+                self.slots[slot] = seg
+                fds = (send_fd,)
+            shm.write(seg, arrays)
         return spec_bytes, fds, size, nbytes
 
     # ------------------------------------------------------------ tasks
@@ -288,7 +256,7 @@ class WorkerLoop:
             if self.cache is not None and self.cache.handed_over_stored(index):
                 spec, fds, size, nbytes = protocol.IN_STORE, (), None, 0  # NOTE [ An item with cache= ]
             else:
-                spec, fds, size, nbytes = self._encode_and_write(slot, item)
+                spec, fds, size, nbytes = self._write(slot, item)
             t2 = time.perf_counter()
         except _Exit:
             raise
@@ -347,7 +315,7 @@ class WorkerLoop:
                     break
                 slot = free.popleft()
                 t2 = time.perf_counter()
-                spec, fds, size, _ = self._encode_and_write(slot, item)
+                spec, fds, size, _ = self._write(slot, item)
                 t3 = time.perf_counter()
                 self._send(protocol.StreamItem(stream_id, n, slot, spec, size, t1 - t0, t3 - t2), fds)
                 n += 1

@@ -1,18 +1,17 @@
 """The Ray actor that makes items: ``source[index]`` on any node of the cluster.
 
-The actor side of ``RayExecutor`` (the counterpart of ``processes/worker.py``
-for worker processes, and written to behave the same): it receives the
-pickled source once, runs ``worker_init`` once, sets up
+The actor side of ``RayExecutor``, written to behave as ``processes/worker.py``
+does: it receives the pickled source once, runs ``worker_init`` once, sets up
 ``get_worker_info()`` and the item seeds, applies what the consumer's epoch
 hooks changed (``execution/state_sync.py``), and answers ``load(index,
-epoch)`` calls one at a time, in the order they were sent.
+epoch)`` calls one at a time, in the order sent.
 
-This module never imports Ray: ``FeedActor`` is a plain class, made an actor
-class by ``pool.py`` (``ray.remote(FeedActor)``) in the consumer. On a node,
-Ray unpickles it by reference, so every node needs kerasfeed installed (the
-same version as the consumer's). The item goes back as the call's return
-value, through the object store: arrays travel out of band (pickle protocol
-5), and a consumer on the same node maps them without a copy.
+This module never imports Ray: ``pool.py`` makes ``FeedActor`` an actor class
+(``ray.remote(FeedActor)``) in the consumer, and nodes unpickle it by
+reference, so every node needs the consumer's kerasfeed version installed.
+The item goes back as the call's return value through the object store
+(arrays out of band, pickle protocol 5; mapped without a copy on the
+consumer's node).
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ from kerasfeed.sources.base import source_name
 
 
 class Failed:
-    """What ``FeedActor.load`` returns instead of an item when ``source[index]``
-    raised: the ``ItemError`` (with the original traceback as text), so that
-    Ray never wraps it in its own task error."""
+    """What ``FeedActor.load`` returns when ``source[index]`` raised: the ``ItemError`` (with the
+    original traceback as text), so that Ray never wraps it in its own task error."""
 
     __slots__ = ("error",)
 
@@ -66,12 +64,12 @@ class FeedActor:
             exist on this node go first, so a source's modules resolve as in
             the consumer on a single machine) and ``cache`` (with cache=:
             ``ItemCache.described()`` of a cache without a store, else None).
-        states: the state changes (``StateTracker.check`` payloads) sent to
-            the pool since ``payload`` was made, applied in order: a worker
-            that replaces a lost one starts from the same source as the others.
+        states: the state changes (``StateTracker.check`` payloads) sent
+            since ``payload`` was made, applied in order: a replacement starts
+            from the same source as the others.
 
-    An error while starting is kept and reported by ``ready`` (with its
-    traceback), not raised: Ray would only say that the actor died.
+    An error while starting is reported by ``ready`` (with its traceback),
+    not raised: Ray would only say that the actor died.
     """
 
     def __init__(self, payload: bytes, config: dict, states: list):
@@ -100,8 +98,7 @@ class FeedActor:
         worker_info._set_worker_info(info)
         random.seed(info.seed)
         np.random.seed(info.seed % 2**32)
-        # The light Keras/TensorFlow stand-ins while unpickling, as in worker
-        # processes (NOTE [ Light framework stand-ins in workers ]).
+        # The light Keras/TensorFlow stand-ins while unpickling (NOTE [ Light framework stand-ins in workers ]).
         from kerasfeed.execution.processes import light_modules
 
         source, worker_init = light_modules.loads(payload)
@@ -114,9 +111,8 @@ class FeedActor:
             self.name = source_name(source)
 
     def ready(self) -> dict:
-        """How the start went: ``error`` (None, or ``(type, message,
-        traceback)``), and ``pid``, ``node_id``, ``host``, ``startup_s``,
-        ``rss_bytes`` and whether TensorFlow/Keras were imported."""
+        """How the start went: ``error`` (None, or ``(type, message, traceback)``), ``pid``, ``node_id``,
+        ``host``, ``startup_s``, ``rss_bytes`` and whether TensorFlow/Keras were imported."""
         node_id = None
         try:
             import ray
@@ -135,9 +131,6 @@ class FeedActor:
             "keras_imported": "keras" in sys.modules,
         }
 
-    def rss(self) -> Optional[int]:
-        return _rss_bytes()
-
     def set_state(self, epoch: int, payload: bytes) -> None:
         """Applies what the consumer's epoch hooks changed (before any item of pass ``epoch``)."""
         try:
@@ -148,8 +141,7 @@ class FeedActor:
         self.epoch = epoch  # the state carries the consumer's set_epoch(epoch)
 
     def load(self, index: int, epoch: int) -> Any:
-        """``(item, make_s)``: item ``index`` of pass ``epoch`` and the
-        seconds ``source[index]`` took; ``Failed`` if it raised."""
+        """``(item, seconds source[index] took)`` for item ``index`` of pass ``epoch``; ``Failed`` if it raised."""
         try:
             if self.init_error is not None:
                 raise RuntimeError(f"the worker did not start: {self.init_error[0]}: {self.init_error[1]}")

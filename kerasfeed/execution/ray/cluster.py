@@ -1,39 +1,35 @@
 """Which Ray cluster the actors run on, and letting go of it (connection and lifetime).
 
 - **A connected cluster is used.** If this process is connected to Ray
-  already (``ray.is_initialized()``: the user's ``ray.init(...)``), the
-  executors use that connection and never end it. ``address=`` (or the
-  ``RAY_ADDRESS`` environment variable, as for ``ray.init()``) connects this
-  process to a running cluster first; kerasfeed then disconnects it when the
-  last executor that needed it closes (the cluster itself keeps running).
+  already (the user's ``ray.init(...)``), the executors use that connection
+  and never end it. ``address=`` (or ``RAY_ADDRESS``, as for ``ray.init()``)
+  connects this process to a running cluster first; kerasfeed disconnects
+  it when the last executor that needed it closes (the cluster runs on).
 - **Otherwise Ray is started here**, on this machine only, listening on
   127.0.0.1 (NOTE [ Ray started by kerasfeed listens on 127.0.0.1 only ]),
   and stopped when the last executor that needed it closes. It never joins
   a cluster that another program left behind (``address="local"``).
-- **Unreachable or wrong addresses fail within seconds**: a TCP connection
-  to the given ``host:port`` is tried first (``CONNECT_TIMEOUT_S``), so that
-  an address nobody answers at is a ``ConnectionError`` at once, not Ray's
-  minute of retries.
+- **Unreachable or wrong addresses fail within seconds**: a TCP connection to
+  ``host:port`` is tried first (``CONNECT_TIMEOUT_S``): a ``ConnectionError``
+  at once, not Ray's minute of retries.
 
 NOTE [ Ray started by kerasfeed listens on 127.0.0.1 only ]
 ===========================================================
 
 Ray's processes (GCS, raylet, core workers, agents) bind their gRPC servers
-to 127.0.0.1 only when the node's IP is 127.0.0.1; for any other node IP they
-listen on every interface. But ``ray.init`` rewrites a loopback address, both
-``_node_ip_address="127.0.0.1"`` and ``address="127.0.0.1:port"``, into the
-machine's "reachable" IP (``services.resolve_ip_for_localhost``), except where
-multi-node clusters are switched off (``ray_constants.ENABLE_RAY_CLUSTER``,
-False on Windows and macOS). Measured with Ray 2.60 here: ``ray.init(
-_node_ip_address="127.0.0.1")`` listened on ``*`` and talked to the eth0
-address. So around the ``ray.init`` that starts Ray (and the one that connects
-to a cluster at a loopback address) ``ENABLE_RAY_CLUSTER`` is set to False,
-and restored after: the node is then 127.0.0.1 throughout, every server
-binds 127.0.0.1 (checked with ``ss -ltnp``), and a local start is checked
-after the fact (the GCS address must be a loopback one, else Ray is stopped
-again and the start fails). A Ray 2.60 local start also turns on Ray's token
-authentication (``RAY_AUTH_MODE=token``, a token in ``~/.ray/auth_token``),
-which keeps other users of the machine out of those ports.
+to 127.0.0.1 only when the node's IP is 127.0.0.1, else to every interface.
+But ``ray.init`` rewrites a loopback address (``_node_ip_address="127.0.0.1"``
+and ``address="127.0.0.1:port"`` alike) into the machine's "reachable" IP
+(``services.resolve_ip_for_localhost``), except where multi-node clusters are
+off (``ray_constants.ENABLE_RAY_CLUSTER``, False on Windows and macOS): with
+Ray 2.60 here, ``ray.init(_node_ip_address="127.0.0.1")`` listened on ``*``
+and talked to the eth0 address. So around the ``ray.init`` that starts Ray
+(and one that connects at a loopback address) ``ENABLE_RAY_CLUSTER`` is False,
+and restored after: every server binds 127.0.0.1 (checked with ``ss -ltnp``),
+and a local start is checked after the fact (a GCS address that is not
+loopback stops Ray again and fails the start). A Ray 2.60 local start also
+turns on token authentication (``RAY_AUTH_MODE=token``, a token in
+``~/.ray/auth_token``), which keeps other users of the machine out.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ from typing import Any, Iterator, Optional
 logger = logging.getLogger("kerasfeed")
 
 CONNECT_TIMEOUT_S = 5.0
-# How long the placement check waits for resources being freed (actors of a
-# closed executor give their CPU back a moment after they are killed).
+# How long the placement check waits for resources being freed (a killed actor gives its CPU back a moment later).
 PLACEMENT_WAIT_S = 10.0
 _lock = threading.RLock()
 
@@ -62,7 +57,6 @@ _lock = threading.RLock()
 class _Connection:
     users = 0  # leases not released
     owned: Optional[str] = None  # "started" or "connected" by kerasfeed; None: the user's (or none)
-    address: Optional[str] = None
     exit_hook = False
     guard: Any = None  # reaper.Guard (NOTE [ Ray started by kerasfeed ends with its owner ])
 
@@ -144,9 +138,8 @@ def current_address(ray: Any) -> Optional[str]:
 
 @contextlib.contextmanager
 def _users_random_kept() -> Iterator[None]:
-    """Python's global ``random`` as the user left it: ``ray.init`` draws from it, so a
-    model built after ``executor="ray"`` started got other initial weights than with
-    any other executor (``keras.utils.set_random_seed`` seeds that generator too)."""
+    """Python's global ``random`` as the user left it: ``ray.init`` draws from it, so a model built after
+    ``executor="ray"`` got other initial weights (``keras.utils.set_random_seed`` seeds that generator too)."""
     state = random.getstate()
     try:
         yield
@@ -194,13 +187,8 @@ def _connect(ray: Any, address: str) -> None:
 
 
 class Lease:
-    """One executor's use of the Ray connection; ``release`` once (idempotent).
-
-    Attributes:
-        address: the GCS address of the cluster.
-        owner: ``"started"`` (kerasfeed started Ray here), ``"connected"``
-            (kerasfeed connected this process) or ``"user"``.
-    """
+    """One executor's use of the Ray connection; ``release`` once (idempotent). ``address``: the cluster's
+    GCS address; ``owner``: ``"started"`` (Ray started here), ``"connected"`` (by kerasfeed) or ``"user"``."""
 
     def __init__(self, address: Optional[str], owner: str):
         self.address = address
@@ -270,12 +258,10 @@ def acquire(address: Optional[str]) -> Lease:
             _connect(ray, target)
             _conn.owned = "connected"
         _conn.users = 1
-        _conn.address = current_address(ray)
         if not _conn.exit_hook:
-            # Registered after Ray's own exit hook (ray.init's), so it runs before it.
-            atexit.register(_at_exit)
+            atexit.register(_at_exit)  # after ray.init's own exit hook, so it runs before it
             _conn.exit_hook = True
-        return Lease(_conn.address, _conn.owned)
+        return Lease(current_address(ray), _conn.owned)
 
 
 def _same(given: str, current: Optional[str]) -> bool:
@@ -297,11 +283,8 @@ def _resolves_to(host: str, ip: str) -> bool:
 
 
 def room(ray: Any, options: Any, items: Optional[int], address: Optional[str], name: str) -> dict:
-    """The cluster's available resources, once they hold the workers (a
-    short wait while a closed executor's actors give theirs back).
-
-    Raises:
-        WorkerError: they do not, within ``PLACEMENT_WAIT_S`` (or ``start_timeout``).
+    """The cluster's available resources, once they hold the workers (a short wait while a closed
+    executor's actors give theirs back); WorkerError if not within ``PLACEMENT_WAIT_S`` (or ``start_timeout``).
     """
     from kerasfeed.errors import WorkerError
     from kerasfeed.execution.ray.options import workers_for
@@ -342,10 +325,4 @@ def _at_exit() -> None:
             pass
 
 
-def connection() -> dict:
-    """What kerasfeed holds: ``users`` (executors using Ray), ``owned`` and ``address``."""
-    with _lock:
-        return {"users": _conn.users, "owned": _conn.owned, "address": _conn.address}
-
-
-__all__ = ["Lease", "acquire", "connection", "current_address", "import_ray", "register_pool", "room"]
+__all__ = ["Lease", "acquire", "current_address", "import_ray", "register_pool", "room"]

@@ -38,15 +38,13 @@ from kerasfeed.execution.state_sync import StateTracker
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources.base import source_length, source_name
 
-# State changes sent to the actors since the source was last shipped whole,
-# past which a replacement gets the source as it is now instead.
+# State changes sent since the source was last shipped whole, past which a replacement gets the source as it is now.
 _REBASE_BYTES = 2**20
 _COUNTS = ("retried_items", "requeued_items", "failed_items", "replaced_workers")
 
 
 class _Held:
-    """What a finalizer must release without the executor: the pool and the
-    lease on the Ray connection."""
+    """What a finalizer must release without the executor: the pool and the lease on the Ray connection."""
 
     def __init__(self, lease: Any):
         self.lease = lease
@@ -64,24 +62,24 @@ class RayExecutor(LoadsMixin, Executor):
 
     Use it when one host's CPUs cannot make the batches as fast as the model
     takes them (heavy Python decoding, point clouds, simulations): the
-    actors run anywhere in a Ray cluster, and everything else stays as with
-    worker processes: the pass's order, seeded shuffles, exact resume,
+    actors run anywhere in a Ray cluster, and the rest is as with worker
+    processes: the pass's order, seeded shuffles, exact resume,
     ``on_epoch_end`` state reaching the workers, ``worker_init``,
     ``get_worker_info()``, ``timeout=``, ``retries=``, stats. Only Ray Core
-    is used (actors and the object store; not Ray Data).
+    (actors and the object store) is used, not Ray Data.
 
-    Where it runs: the cluster this process is connected to already
-    (``ray.init(...)`` of yours, left as it is), else the one at ``address``
-    (or ``$RAY_ADDRESS``), else a Ray instance started here on 127.0.0.1 and
+    Where it runs: the cluster this process is connected to already (your
+    ``ray.init(...)``, left as it is), else the one at ``address`` (or
+    ``$RAY_ADDRESS``), else a Ray instance started here on 127.0.0.1 and
     stopped when the last ``RayExecutor`` closes. The source is pickled once
-    (cloudpickle) and put in the object store; each actor unpickles it once.
-    Items come back through the object store, as read-only arrays
-    (NOTE [ Items from the object store are read-only ]). An actor or node
-    lost mid-pass is replaced and its items are made elsewhere, each item
-    reaching the consumer once, in order
+    (cloudpickle) into the object store; each actor unpickles it once.
+    Items come back through the object store as read-only arrays
+    (NOTE [ Items from the object store are read-only ]). A lost actor or
+    node is replaced and its items are made elsewhere, each reaching the
+    consumer once, in order
     (NOTE [ A lost worker is replaced, and its items are made elsewhere ]).
-    The actors are killed on ``close()``, when the executor (or the dataset
-    or loader holding it) is garbage collected, after a failed pass is left
+    The actors are killed on ``close()``, when the executor (or what holds
+    it) is garbage collected, after a failed pass is left
     (NOTE [ Parking after a failed pass ]), and at interpreter exit.
 
     Security: a Ray cluster runs whatever any client that reaches it sends;
@@ -263,9 +261,8 @@ class RayExecutor(LoadsMixin, Executor):
             next_pass = (int(next_pass[0]), next_pass[1])
         with self._lock:
             pool = self._live_pool()
-            # A pass boundary: what the hooks changed in the source reaches
-            # every actor before any call of this pass (TypeError if it
-            # cannot be pickled); calls made ahead from the old state are dropped.
+            # What the hooks changed reaches every actor before any call of this pass (TypeError if it cannot be
+            # pickled); calls made ahead from the old state are dropped.
             payload, _ = self._state.check()
             if payload is not None:
                 self._window.drop_all(pool)
@@ -284,17 +281,15 @@ class RayExecutor(LoadsMixin, Executor):
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
 
-    def item_skipped(self, index: int, epoch: int) -> None:
-        # Lost or stuck actors are replaced as the pass goes: nothing closed, nothing to start again.
-        return None
+    # item_skipped: Executor's no-op (lost or stuck actors are replaced as the pass goes: nothing to start again).
 
     def activity(self) -> tuple[int, int]:
         with self._lock:
             return self._loads, self._loading
 
     def park(self, activity: Optional[tuple[int, int]] = None) -> bool:
-        """Kills the actors (their CPUs go back to the cluster) until the next
-        ``plan`` or ``load`` starts new ones; only if ``activity`` is still the same."""
+        """Kills the actors (their CPUs go back to the cluster) until the next ``plan`` or ``load`` starts new
+        ones; only if ``activity`` is still the same."""
         with self._lock:
             if self._closed or self._parked:
                 return True
@@ -320,9 +315,8 @@ class RayExecutor(LoadsMixin, Executor):
         self._collector = collector
 
     def gauges(self) -> dict:
-        """``ahead`` (made, not taken), ``in_flight`` (requested, not made),
-        ``bytes_ahead`` (estimated from the largest item), ``workers`` (per
-        actor: ``id``, ``alive``, ``pid``, ``node_id``) and the retry counts."""
+        """``ahead`` (made, not taken), ``in_flight`` (requested, not made), ``bytes_ahead`` (from the largest
+        item), ``workers`` (per actor: ``id``, ``alive``, ``pid``, ``node_id``) and the retry counts."""
         with self._lock:
             pool = self._held.pool
             if self._parked or pool is None or pool.closed or not self._ray.is_initialized():
@@ -336,12 +330,10 @@ class RayExecutor(LoadsMixin, Executor):
                     **self.counts.as_dict(_COUNTS))  # fmt: skip
 
     def stats(self) -> dict:
-        """``workers``, ``startup_s`` (slowest actor), ``items``,
-        ``consumer_us_per_item`` (CPU of this process per item: the wait
-        calls and the mapping out of the object store), ``in_flight_limit``,
-        ``per_worker`` (pid, node, host, state, start-up, RSS at start),
-        ``state`` (how the epoch state reaches the actors), ``cluster``
-        (address, and whether kerasfeed started or connected it) and the
+        """``workers``, ``startup_s`` (slowest actor), ``items``, ``consumer_us_per_item`` (CPU of this
+        process per item: the waits and the mapping out of the object store), ``in_flight_limit``,
+        ``per_worker`` (pid, node, host, state, start-up, RSS at start), ``state`` (how the epoch state
+        reaches the actors), ``cluster`` (address, and whether kerasfeed started or connected it) and the
         retry counts."""
         with self._lock:
             pool = self._held.pool
@@ -367,8 +359,8 @@ class RayExecutor(LoadsMixin, Executor):
 
     # ------------------------------------------------------------ close
     def close(self) -> None:
-        """Kills the actors, and stops (or disconnects) Ray if kerasfeed
-        started (or connected) it and no other executor uses it. Idempotent."""
+        """Kills the actors, and stops (or disconnects) Ray if kerasfeed started (or connected) it and no
+        other executor uses it. Idempotent."""
         with self._lock:
             self._closed = True
             pool, window = self._held.pool, getattr(self, "_window", None)

@@ -1,26 +1,24 @@
 """One item's load on Ray: waiting for its call in slices, a lost actor, a timeout, retries.
 
-``LoadsMixin`` is the part of ``RayExecutor`` that ``load`` runs (the rest of the
-seam is in ``executor.py``). It uses the executor's ``_lock`` (around every
-touch of the pool and the window), ``_ray``, ``_lost`` (the pool's
-``lost_errors``), ``_name``, ``_options``, ``counts``, ``waits``,
-``_collector``, ``_window``, ``_loads``/``_loading``/``_items``/
-``_consumer_cpu_s`` and ``_live_pool()``.
+``LoadsMixin`` is the part of ``RayExecutor`` that ``load`` runs (the rest is in
+``executor.py``). It uses the executor's ``_lock`` (around every touch of the
+pool and the window), ``_ray``, ``_lost`` (the pool's ``lost_errors``),
+``_name``, ``_options``, ``counts``, ``waits``, ``_collector``, ``_window``,
+``_loads``/``_loading``/``_items``/``_consumer_cpu_s`` and ``_live_pool()``.
 
 NOTE [ Items from the object store are read-only ]
 ==================================================
 
-An item comes back as its actor call's return value. On the consumer's own
-node, ``ray.get`` maps the arrays out of the node's shared-memory object
-store without a copy, and numpy marks them read-only (the object may be
-shared); items from other nodes are pulled into this node's store first,
-then mapped the same way. kerasfeed hands those arrays on as they are (no
-copy, like the worker processes' lent shared memory): ``to_dataset`` wraps
-them in tensors, ``to_loader`` with ``batch_size=n`` copies the samples into
-the batch it builds anyway, and with ``batch_size=None`` (items are batches)
-the batch's arrays are the read-only views (but a pass's last item, which the
-pass pipeline copies before ``on_epoch_end`` runs): ``to_loader(copy=True)``
-hands over writable copies. Ray keeps the object pinned while a view lives.
+An item comes back as its actor call's return value. ``ray.get`` maps the
+arrays out of the node's shared-memory object store without a copy (items
+from other nodes are pulled into it first), and numpy marks them read-only
+(the object may be shared). kerasfeed hands them on as they are, like the
+worker processes' lent shared memory: ``to_dataset`` wraps them in tensors,
+``to_loader`` with ``batch_size=n`` copies the samples into its batch
+anyway, and with ``batch_size=None`` (items are batches) the batch's arrays
+are the read-only views (but a pass's last item, which the pass pipeline
+copies before ``on_epoch_end`` runs); ``to_loader(copy=True)`` hands over
+writable copies. Ray keeps the object pinned while a view lives.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ class LoadsMixin:
     """``load`` and the waits under it (see the module docstring)."""
 
     def _check_ray(self) -> None:
-        # Ray's API calls ray.init() by themselves when Ray is not running
-        # (auto-init): a load after ray.shutdown() would start a new instance.
+        # Ray's API calls ray.init() itself when Ray is not running: a load after ray.shutdown() would start one.
         if not self._ray.is_initialized():
             raise WorkerError(
                 f"kerasfeed: Ray was shut down (ray.shutdown()) while the Ray executor of {self._name} was in use; "

@@ -1,8 +1,4 @@
-"""``RayOptions``: the arguments of ``RayExecutor``, checked once (Ray-free).
-
-Importing this module never imports Ray: the checks run before kerasfeed
-connects to (or starts) a cluster, so a bad argument fails at once.
-"""
+"""``RayOptions``: the arguments of ``RayExecutor``, checked once, before any cluster is touched (Ray-free)."""
 
 from __future__ import annotations
 
@@ -15,20 +11,14 @@ from typing import Any, Callable, Mapping, Optional
 from kerasfeed import _validation as _v
 
 OWNER = "RayExecutor"
-# Each actor asks for this by default: one CPU, so that a cluster holds as
-# many workers as it has CPUs and none shares a core with another.
+# Each actor asks for one CPU by default: a cluster holds as many workers as it has CPUs, none sharing a core.
 DEFAULT_RESOURCES: Mapping[str, float] = {"CPU": 1.0}
-# Items made ahead and not taken yet, in the object store (per executor).
-DEFAULT_BYTES_AHEAD = 256 * 2**20
-# Seconds the actors may take to be placed and to start (source unpickled,
-# ``worker_init`` run) before the executor gives up with an error.
+DEFAULT_BYTES_AHEAD = 256 * 2**20  # items made ahead and not taken yet, in the object store (per executor)
+# Seconds the actors may take to be placed and to start (source unpickled, ``worker_init`` run).
 DEFAULT_START_TIMEOUT_S = 60.0
-# An item whose actor (or node) was lost this many times fails with
-# WorkerError: a source that kills its worker on one item would otherwise
-# kill every actor of the cluster in turn.
+# An item whose actor (or node) was lost this many times fails: a source killing its worker would kill every actor.
 MAX_LOSSES_PER_ITEM = 3
-# More workers than this is a typo, not a cluster (each one is a process).
-MAX_WORKERS = 4096
+MAX_WORKERS = 4096  # more is a typo, not a cluster (each one is a process)
 # Ray's own actor options that kerasfeed sets itself: ``actor_options`` may not.
 _OWN_ACTOR_OPTIONS = frozenset(
     {"name", "namespace", "lifetime", "max_restarts", "max_task_retries", "max_concurrency", "num_cpus", "num_gpus",
@@ -79,8 +69,7 @@ class RayOptions:
     """The checked arguments of ``RayExecutor`` (see there for each).
 
     Raises:
-        TypeError, ValueError: a bad value; the message names the argument
-            and ends with what was received.
+        TypeError, ValueError: a bad value; the message names the argument and what was received.
     """
 
     workers: Optional[int] = None
@@ -123,10 +112,9 @@ class RayOptions:
         """The resource part of ``ActorClass.options(...)`` for one worker."""
         res = dict(self.resources)
         out: dict = {"num_cpus": res.pop("CPU", 0.0)}
-        if "GPU" in res:
-            out["num_gpus"] = res.pop("GPU")
-        if "memory" in res:
-            out["memory"] = res.pop("memory")
+        for key, option in (("GPU", "num_gpus"), ("memory", "memory")):
+            if key in res:
+                out[option] = res.pop(key)
         if res:
             out["resources"] = res
         return out
@@ -139,9 +127,8 @@ class RayOptions:
 
 
 def workers_for(options: RayOptions, available: Mapping[str, float], items: Optional[int]) -> int:
-    """How many actors to start: the ``workers`` given, or as many as the
-    cluster's available resources hold (at least 1), never more than the
-    source's items (a validation set of 3 batches needs 3 workers at most)."""
+    """How many actors to start: the ``workers`` given, or as many as the cluster's available resources
+    hold (at least 1), never more than the source's items (3 batches need 3 workers at most)."""
     if options.workers is not None:
         n = options.workers
     else:

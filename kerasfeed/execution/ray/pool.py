@@ -2,33 +2,33 @@
 
 Each worker is a *lane* (``Lane``): worker id ``k`` (what ``get_worker_info()``
 says), the actor serving it now, and the calls sent to it and not finished
-by their load. Calls to one actor run one at a time in the order they were
-sent (a plain, synchronous actor), so a lane is an ordered queue.
+by their load, an ordered queue (a plain actor runs its calls one at a time,
+in the order sent).
 
 NOTE [ A lost worker is replaced, and its items are made elsewhere ]
 ====================================================================
 
 Actors are created with ``max_restarts=0`` and ``max_task_retries=0``: Ray's
-own restart would run ``__init__`` again with the arguments of the first
-start (the source as it was then, not as the epoch hooks changed it since),
-and its task retries wait, unbounded, for a restart that may never be
-placed (the node that held the CPU is gone). Instead:
+own restart would run ``__init__`` again with the first start's arguments
+(the source before the epoch hooks changed it), and its task retries wait,
+unbounded, for a restart that may never be placed (the node that held the
+CPU is gone). Instead:
 
 - **The calls move.** The first load that sees the actor's death (its call
   raises ``RayActorError``, or the item's object is lost with its node)
-  marks the lane lost (``lost``): every call that was on it is sent again,
-  in its order, to the live lanes, and the loads waiting for them wait for
-  the new calls. The consumer still takes the items in the pass's order, so
-  each item reaches it once. A result the lost actor had made already stays
-  when it can still be had (small ones live with the consumer, large ones
-  in the store of a node that is up: a stuck actor's); one in the store of
-  a node that went is made again when its load finds it gone.
-- **The lane gets a new actor** with the same worker id, the source as the
-  pool first sent it plus every state change sent since (``states``), so it
-  computes what the others compute. It may not be placeable at once (its
-  node's CPU went with the node); the pool goes on with the lanes it has
-  and uses it once it is up. If no lane is up and none comes up within
-  ``start_timeout``, loads fail with ``WorkerError`` instead of waiting.
+  marks the lane lost (``lost``): its calls are sent again, in order, to the
+  live lanes, and their loads wait for the new calls. The consumer still
+  takes the items in the pass's order, so each item reaches it once. A
+  result the lost actor made already stays when it can still be had (small
+  ones live with the consumer, large ones in the store of a node that is up:
+  a stuck actor's); one in the store of a node that went is made again when
+  its load finds it gone.
+- **The lane gets a new actor** with the same worker id and the source as
+  first sent plus every state change since (``states``), so it computes what
+  the others compute. It may not be placeable at once (its node's CPU went
+  with the node); the pool goes on with the lanes it has. If no lane is up
+  and none comes up within ``start_timeout``, loads fail with
+  ``WorkerError`` instead of waiting.
 - **Bounded.** An item whose call was lost ``MAX_LOSSES_PER_ITEM`` times
   fails with ``WorkerError`` (a source that kills its process on one item
   would otherwise kill every actor in turn); ``retries=`` then applies.
@@ -36,7 +36,6 @@ placed (the node that held the CPU is gone). Instead:
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import time
@@ -47,8 +46,7 @@ from kerasfeed.errors import WorkerError
 from kerasfeed.execution.ray.actor import FeedActor
 from kerasfeed.execution.ray.options import RayOptions
 
-# Lane states.
-STARTING, UP, LOST = "starting", "up", "lost"
+STARTING, UP, LOST = "starting", "up", "lost"  # lane states
 _ACTOR_CLASSES: dict = {}  # id(ray module) -> ray.remote(FeedActor)
 _INLINE_BYTES = 100 * 2**10  # Ray's own limit for arguments sent inline with a call
 
@@ -70,12 +68,11 @@ def lost_errors(ray: Any) -> tuple:
 class Call:
     """One ``source[index]`` request of pass ``epoch`` and where it is now."""
 
-    __slots__ = ("index", "epoch", "ref", "lane", "generation", "seq", "losses", "sent_at")
+    __slots__ = ("index", "epoch", "ref", "lane", "generation", "losses", "sent_at")
 
-    def __init__(self, index: int, epoch: int, seq: int):
+    def __init__(self, index: int, epoch: int):
         self.index = index
         self.epoch = epoch
-        self.seq = seq
         self.ref: Any = None  # None: waits for a lane that is up
         self.lane: Optional["Lane"] = None
         self.generation = -1
@@ -133,7 +130,6 @@ class ActorPool:
                        "sys_path": list(sys.path), "cache": cache}  # fmt: skip
         self.lanes = [Lane(k) for k in range(workers)]
         self.lost_errors = lost_errors(ray)
-        self._seq = itertools.count()
         self.closed = False
         self._pid = os.getpid()  # a forked copy never kills the actors (they are the parent's)
         try:
@@ -158,8 +154,7 @@ class ActorPool:
 
     def _kill(self, lane: Lane) -> None:
         actor, lane.actor, lane.ready_ref = lane.actor, None, None
-        # Never a Ray call once Ray is shut down (at exit, or the user's
-        # ray.shutdown()): Ray's API would start a new local instance.
+        # No Ray call once Ray is shut down (at exit, the user's ray.shutdown()): it would start a new local instance.
         if actor is not None and self.ray.is_initialized():
             try:
                 self.ray.kill(actor, no_restart=True)
@@ -204,9 +199,8 @@ class ActorPool:
                     ) from e
                 self._started(lane, info)
         if pending:
-            ups = sum(1 for lane in self.lanes if lane.state == UP)
             raise WorkerError(
-                f"kerasfeed: only {ups} of {len(self.lanes)} Ray workers of {self.name} started within "
+                f"kerasfeed: only {self.up()} of {len(self.lanes)} Ray workers of {self.name} started within "
                 f"start_timeout={timeout:g} s: the cluster cannot place the others (each asks for "
                 f"{self.options.resources}; available when they were asked for: {_resources_text(available)}), or "
                 f"they start slowly. Use fewer workers, smaller `resources`, add nodes, or raise `start_timeout`. "
@@ -214,10 +208,9 @@ class ActorPool:
             )
 
     def poll(self) -> None:
-        """``refresh``, and raises ``WorkerError`` when no lane is up and none
-        came up within ``start_timeout``."""
+        """``refresh``, and raises ``WorkerError`` when no lane is up and none came up within ``start_timeout``."""
         self.refresh()
-        if any(lane.state == UP for lane in self.lanes):
+        if self.up():
             return
         oldest = min((lane.since for lane in self.lanes), default=time.monotonic())
         if time.monotonic() - oldest > self.options.start_timeout:
@@ -251,7 +244,7 @@ class ActorPool:
 
     # ------------------------------------------------------------ calls
     def new_call(self, index: int, epoch: int) -> Call:
-        return Call(index, epoch, next(self._seq))
+        return Call(index, epoch)
 
     def pick(self, cap: Optional[int] = None) -> Optional[Lane]:
         """The up lane with the fewest calls (below ``cap`` if given), or None."""
@@ -262,8 +255,7 @@ class ActorPool:
         return best
 
     def send(self, call: Call, lane: Optional[Lane] = None) -> bool:
-        """Sends ``call`` to ``lane`` (default: the least busy up lane); False
-        when no lane is up (the call waits, ``call.ref`` None)."""
+        """Sends ``call`` to ``lane`` (default: the least busy up lane); False when none is up (``call.ref`` None)."""
         lane = lane or self.pick()
         if lane is None:
             call.ref, call.lane = None, None
@@ -282,13 +274,11 @@ class ActorPool:
 
     def lost(self, lane: Lane, generation: int, why: str, keep: Optional[Call] = None) -> list[Call]:
         """The actor of ``lane`` (``generation``) is gone or stuck: it is killed
-        and replaced, and its calls (but ``keep``) are sent again elsewhere.
-        Returns the calls moved (each one's ``losses`` counted). Nothing
-        happens if that actor was replaced already."""
+        and replaced, and its calls (but ``keep``) whose results cannot be had
+        now are sent again elsewhere. Returns the calls moved (each one's
+        ``losses`` counted); none if that actor was replaced already."""
         if lane.generation != generation or lane.state == LOST or self.closed:
             return []
-        # Results already made and still reachable (kept by the owner, or in a
-        # store that is up) stay: only the others are made again.
         moved = [c for c in lane.calls if c is not keep and not self._reachable(c)]
         lane.calls.clear()
         if keep is not None:
@@ -324,8 +314,7 @@ class ActorPool:
         """Every actor applies ``payload`` before its next calls (they run in order)."""
         self.states.append(payload)
         self.states_bytes += len(payload)
-        # A large change goes into the object store once, not once per actor (a
-        # top-level ObjectRef argument reaches the actor as its value).
+        # A large change goes into the object store once, not per actor (a top-level ObjectRef arrives as its value).
         arg = self.ray.put(payload) if len(payload) > _INLINE_BYTES else payload
         for lane in self.lanes:
             if lane.actor is not None:

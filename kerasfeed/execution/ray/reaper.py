@@ -4,17 +4,15 @@ NOTE [ Ray started by kerasfeed ends with its owner ]
 ``ray.init()`` without an address starts the GCS, a raylet and the raylet's
 agents as this process's children. A process killed by SIGKILL (a preempted
 machine, the OOM killer) runs no exit hook: its GCS and raylet go with it, but
-the agents (dashboard agent, runtime-env agent) first report to the dead GCS
-and wait for it about a minute before they exit (Ray 2.60 on the 2-core
-machine: 42 to 90 s). So with the Ray it starts kerasfeed starts a guard: a
-small process that holds the read end of a pipe whose write end only the
-owner holds, and follows the processes Ray started (and theirs: the actors'
-workers) by pid and start time. When the owner ends, however it ends, the pipe
-reads end-of-file and the guard kills what is still alive of them (a pid
-reused since by another process is never hit: its start time differs), then
-exits. After ``ray.shutdown()`` they are gone already and the guard only exits.
-The guard ignores Ctrl-C (the owner's shutdown closes the pipe) and imports
-only psutil.
+the agents (dashboard, runtime-env) wait for the dead GCS about a minute
+before they exit (Ray 2.60 on the 2-core machine: 42 to 90 s). So with the
+Ray it starts kerasfeed starts a guard: a small process holding the read end
+of a pipe whose write end only the owner holds, following the processes Ray
+started (and theirs: the actors' workers) by pid and start time. When the
+owner ends, however it ends, the pipe reads end-of-file and the guard kills
+what is still alive of them (a reused pid is never hit: its start time
+differs), then exits (after ``ray.shutdown()``, only exits). It ignores
+Ctrl-C (the owner's shutdown closes the pipe) and imports only psutil.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from typing import Optional
 
 import psutil
 
-# How often the guard looks for processes Ray started since (the actors' workers).
-SCAN_S = 1.0
+SCAN_S = 1.0  # how often the guard looks for processes Ray started since (the actors' workers)
 
 _GUARD = r"""
 import json, os, select, signal, sys
@@ -78,9 +75,7 @@ def descendants() -> set:
 
 class Guard:
     """The guard of the processes ``ray.init()`` started here (``before``: the descendants before it).
-
-    ``close()`` once Ray is shut down; the owner's end, however it comes, does the same.
-    """
+    ``close()`` once Ray is shut down; the owner's end, however it comes, does the same."""
 
     def __init__(self, before: set):
         roots = sorted(descendants() - before)
@@ -89,7 +84,6 @@ class Guard:
         )
         self._proc.stdin.write((json.dumps([roots, SCAN_S]) + "\n").encode())
         self._proc.stdin.flush()
-        self.watched = roots
 
     def close(self, timeout: float = 10.0) -> None:
         """Ends the guard (it kills what is left of Ray's processes first), and waits for it."""

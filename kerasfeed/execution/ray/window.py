@@ -1,28 +1,27 @@
 """The ordered window: a pass's items requested ahead of the consumer, bounded in count and in bytes.
 
-When a pass starts, its ``PassPlan`` (``execution/plan.py``: the order, read a
-window at a time) gives the order the consumer will ask for the items in;
-``fill`` sends calls for them ahead, in that order, to the least busy lanes
-(``pool.py``). Each call's ``ObjectRef`` is kept with its index: the consumer
-takes item after item in the pass's order (``take``), whichever actor
-finished first, so the order is the plan's by construction.
+A pass's ``PassPlan`` (``execution/plan.py``: its order, read a window at a
+time) gives the order the consumer will ask for the items in; ``fill`` sends
+calls for them ahead, in that order, to the least busy lanes (``pool.py``),
+keeping each call's ``ObjectRef`` with its index. The consumer takes them in
+the pass's order (``take``), whichever actor finished first, so the order is
+the plan's by construction.
 
 Bounds (what is requested and not taken yet, over the plan and the next pass):
 
 - **Count**: ``in_flight_per_worker + 1`` calls per lane that is up: each
-  actor always has its next item queued behind the current one, and one
-  made item waits for the consumer.
-- **Bytes**: ``bytes_ahead // item_bytes`` calls (at least 2), with
-  ``item_bytes`` the largest item seen so far. Made items sit in the object
-  store of the node that made them until the consumer takes them (then in
-  the consumer's node's store while its arrays are alive, as Ray pins them).
+  actor has its next item queued behind the current one, and one made item
+  waits for the consumer.
+- **Bytes**: ``bytes_ahead // item_bytes`` calls (at least 2), ``item_bytes``
+  the largest item seen so far. Made items sit in the store of the node that
+  made them until taken (then in the consumer's node's store while its
+  arrays are alive, as Ray pins them).
 
 Once every item of the pass is requested, the first items of the next pass
 (``next_pass``, known when the order is seeded) are requested within the same
 bounds; ``start`` of that pass adopts them, any other start drops them.
-Dropped calls are forgotten: their results are freed when done (Ray frees an
-object nobody refers to), and an actor may still make them first (at most a
-window of items, once per dropped plan).
+Dropped calls are forgotten: Ray frees their results (nobody refers to them),
+though an actor may still make them (at most a window, once per dropped plan).
 
 Lock-free bookkeeping like ``PassPlan``: the executor holds its lock around every call.
 """
@@ -36,12 +35,8 @@ from kerasfeed.execution.ray.pool import ActorPool, Call
 
 
 class Window:
-    """The plan being loaded and the next pass, as calls sent ahead.
-
-    Args:
-        per_lane: calls one lane may hold that are not taken yet.
-        bytes_ahead: bytes that made items not taken yet may take.
-    """
+    """The plan being loaded and the next pass, as calls sent ahead: at most ``per_lane`` calls not taken
+    yet per lane, and ``bytes_ahead`` bytes of made items not taken yet."""
 
     def __init__(self, per_lane: int, bytes_ahead: int):
         self.per_lane = per_lane
@@ -50,7 +45,6 @@ class Window:
         self.plan: Optional[PassPlan] = None  # its handles: Call
         self.next_pass: Optional[tuple[int, Any]] = None  # (epoch, indices) expected after the plan
         self.next_plan: Optional[PassPlan] = None  # the next pass, once started
-        self.plans_made = 0
 
     def size(self, lanes_up: int) -> int:
         """Calls requested and not taken, at most, now."""
@@ -73,12 +67,8 @@ class Window:
             self.plan = started
         else:
             self.drop_all(pool)
-            self.plan = self._new(epoch, indices)
+            self.plan = PassPlan(epoch, indices, window=self.per_lane)
         self.next_pass = next_pass
-
-    def _new(self, epoch: int, indices: Any) -> PassPlan:
-        self.plans_made += 1
-        return PassPlan(epoch, indices, window=self.per_lane)
 
     def drop_all(self, pool: ActorPool) -> None:
         """Drops the plan, the next pass started after it and the one expected."""
@@ -103,7 +93,7 @@ class Window:
         if self.plan is None or self.plan.all_started:  # only then the next pass
             if self.next_plan is None and self.next_pass is not None:
                 epoch, indices = self.next_pass
-                self.next_plan, self.next_pass = self._new(epoch, indices), None
+                self.next_plan, self.next_pass = PassPlan(epoch, indices, window=self.per_lane), None
             if self.next_plan is not None:
                 self._send(self.next_plan, room, pool)
 
@@ -122,9 +112,8 @@ class Window:
         return room
 
     def take(self, index: int, epoch: int) -> Optional[Call]:
-        """The plan's call for item ``index`` of pass ``epoch``; None when the
-        caller must send its own (not planned, or not sent yet: the plan then
-        skips it)."""
+        """The plan's call for item ``index`` of pass ``epoch``; None when the caller must send its own
+        (not planned, or not sent yet: the plan then skips it)."""
         plan = self.plan
         if plan is None:
             return None
@@ -140,11 +129,6 @@ class Window:
     def pending(self) -> list[Call]:
         """The calls sent ahead and not taken yet."""
         return [c for p in (self.plan, self.next_plan) if p is not None for c in p.pending_handles()]
-
-    def unfinished(self) -> Optional[tuple[int, Any, int]]:
-        """``(epoch, indices, taken)`` of the plan being loaded, or None."""
-        plan = self.plan
-        return None if plan is None else (plan.epoch, plan.indices, plan.taken)
 
 
 __all__ = ["Window"]
