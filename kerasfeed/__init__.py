@@ -2,21 +2,8 @@
 
 The public API lives here. Heavy modules (TensorFlow, Keras, h5py) are
 imported lazily on first attribute access so that ``import kerasfeed`` stays
-cheap, which matters most inside worker processes.
-
-Layout: a stack, bottom to top (docs/architecture.md has the picture):
-
-- ``kerasfeed.sources``       the source protocol, ``SceneSequence``
-- ``kerasfeed.sampling``      the index order of every pass (sequential, shuffled, balanced, weighted)
-- ``kerasfeed.hdf5``          HDF5 sources
-- ``kerasfeed.execution``     where ``source[i]`` runs (threads, worker processes)
-- ``kerasfeed.observe``       live stats, the pipeline behind a dataset, the profiler
-- ``kerasfeed.loading``       the front end ``to_dataset`` and ``to_loader`` share (options, shards,
-  passes, the pass pipeline)
-- ``kerasfeed.tfdata``, ``kerasfeed.loader``, ``kerasfeed.exporting``, ``kerasfeed.streams``
-  the front ends: tf.data, numpy batches for any backend, exports, streams
-- ``kerasfeed.integrations``  Keras callbacks, ``tf.distribute``
-- ``kerasfeed.datasets``      synthetic data used by the demo, tests and benchmarks
+cheap, which matters most inside worker processes. The package is a stack of
+layers, each importing only those under it: ``docs/architecture.md``.
 """
 
 from __future__ import annotations

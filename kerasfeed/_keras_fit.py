@@ -2,38 +2,32 @@
 
 NOTE [ Keras' private structure ]: kerasfeed goes through Keras' public API
 where there is one (callbacks' ``on_epoch_begin(epoch)``, ``params["steps"]``,
-a data adapter's ``on_epoch_begin``/``num_batches``). What has no public route
-is read or patched here, and only here:
+a data adapter's ``on_epoch_begin``/``num_batches``). What has none is read or
+patched here and only here; ``docs/resume.md`` tabulates each read, its user
+and what a Keras that differs gets:
 
-1. the running ``fit``'s frame (``find_fit``): its parameters ``self``, ``x``,
-   ``initial_epoch``, ``steps_per_epoch`` and locals ``epoch``,
-   ``epoch_iterator`` (``FIT_NAMES``), and ``model._initial_epoch`` (where
-   Keras' ``BackupAndRestore`` sets the epoch a ``fit`` starts at);
-2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``):
-   ``_enumerate_iterator`` replaced on the instance for a resumed epoch
-   (``start_epoch_at``), ``_interrupted_warning`` (``explain_short_epochs``),
-   ``num_batches``, the ``__init__`` frame that reads a data adapter's
-   ``num_batches`` (``epoch_iterator_arguments``) and ``reset``
-   (``called_by_epoch_iterator_reset``);
-3. (``tfdata/adapter.py``) the ``cardinality`` method Keras reads of a
-   resumed dataset (``check_epoch_length`` checks that Keras took it);
-4. modules imported from ``keras.src``: the ``DataAdapter`` class
+1. the running ``fit``'s frame (``find_fit``): ``FIT_NAMES``, and
+   ``model._initial_epoch`` (where Keras' ``BackupAndRestore`` sets the epoch
+   a ``fit`` starts at);
+2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``): its
+   ``_enumerate_iterator`` (``start_epoch_at``), ``_interrupted_warning``
+   (``explain_short_epochs``), ``num_batches``, ``__init__``'s arguments
+   (``epoch_iterator_arguments``) and ``reset`` (``called_by_epoch_iterator_reset``);
+3. the ``cardinality`` Keras reads of a resumed dataset (``tfdata/adapter.py``;
+   ``check_epoch_length``);
+4. modules imported from ``keras.src``: ``DataAdapter``
    (``loader/keras_adapter.py``), the torch backend's ``get_device``
    (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``);
-5. (``execution/interrupts.py``) that the trainer's ``fit`` calls its
-   callbacks' ``on_epoch_begin`` and ``on_train_batch_begin`` itself
-   (``fit_calls``: the names its code uses), which tells a Ctrl-C taken inside
-   ``fit`` from one that unwinds it (NOTE [ A Ctrl-C taken inside fit ]).
+5. that the trainer's ``fit`` calls its callbacks' ``on_epoch_begin`` and
+   ``on_train_batch_begin`` itself (``fit_calls``, for
+   ``execution/interrupts.py``: NOTE [ A Ctrl-C taken inside fit ]).
 
-Each is checked where it is used: a missing name, method or attribute, or a
-value of an unexpected shape, is a ``KerasStructureWarning`` once per
-mismatch (``report``), naming the Keras version and what follows from it;
-where reading on would train other passes than the run it continues (a
-``fit`` starting at a later epoch, a restored backup, a resume inside an
-epoch) it is a ``KerasStructureError`` instead (``refuse``). The same names
-are in every backend's trainer from Keras 3.7 to 3.16 (``make keras-matrix``
-runs the Keras-facing tests on each minor release, ``docs/keras_versions.md``;
-``tests/test_keras_private.py`` trains through a Keras whose names differ).
+A mismatch is a ``KerasStructureWarning`` once (``report``), naming the Keras
+version and what follows; where reading on would train other passes than the
+run it continues it is a ``KerasStructureError`` (``refuse``). The names are
+the same in every backend's trainer from Keras 3.7 to 3.16 (``make
+keras-matrix``, ``docs/keras_versions.md``; ``tests/test_keras_private.py``
+trains through a Keras whose names differ).
 
 NOTE [ The pass follows Keras' epoch ]: Keras hands a data adapter no epoch
 number, and a ``fit`` that starts at ``initial_epoch=e`` (given, or restored
@@ -253,23 +247,19 @@ def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Opt
         del frame  # frames hold their locals (batches among them): none is kept past this call
 
 
-# NOTE [ Another thread's frames ]: tf.data begins a pass on one of its own
-# threads while ``fit`` waits on another, so the ``fit`` frame is often not on
-# the calling thread's stack. Walking another running thread's stack
-# (``sys._current_frames()``, then ``f_back``) can crash CPython 3.11 when that
-# thread pops frames meanwhile (cpython#111363, sentry-python#2386 and #6119:
-# a segfault in ``PyFrame_GetBack``; seen once in this suite under load). So a
-# ``fit`` frame is taken where Keras calls kerasfeed on the fit's own thread (a
-# dataset's ``cardinality``, a data adapter's hooks, a sequence's
-# ``on_epoch_begin``, a kerasfeed callback: ``remember_fit``) and kept, one per
-# thread, while it runs: another thread reads that frame's locals, never its
-# ``f_back``. A frame kept past its ``fit``'s return is cleared then (its
-# locals freed: nothing else reads a returned ``fit``'s frame), which is also
-# how a running one is told apart (``frame.clear()`` refuses an executing
-# frame). Only where none is kept (a dataset derived from kerasfeed's, which
-# Keras reads without calling kerasfeed) are the other threads walked, with
-# the garbage collector off and the GIL's switch interval long, so that no
-# other thread runs during the walk unless it was about to take the GIL anyway.
+# NOTE [ Another thread's frames ]: tf.data begins a pass on one of its own threads while ``fit``
+# waits on another, so the ``fit`` frame is often not on the calling thread's stack. Walking another
+# running thread's stack (``sys._current_frames()``, then ``f_back``) can crash CPython 3.11 when that
+# thread pops frames meanwhile (cpython#111363, sentry-python#2386 and #6119: a segfault in
+# ``PyFrame_GetBack``; seen once in this suite under load). So a ``fit`` frame is taken where Keras calls
+# kerasfeed on the fit's own thread (a dataset's ``cardinality``, a data adapter's hooks, a sequence's
+# ``on_epoch_begin``, a kerasfeed callback: ``remember_fit``) and kept, one per thread, while it runs:
+# another thread reads its locals, never its ``f_back``. A kept frame is cleared once its ``fit`` returned
+# (nothing else reads it; its locals are freed), which is also how a running one is told apart
+# (``frame.clear()`` refuses an executing frame). Only where none is kept (a dataset derived from
+# kerasfeed's, which Keras reads without calling kerasfeed) are the other threads walked, with the
+# garbage collector off and the GIL's switch interval long: no other thread runs during the walk
+# unless it was about to take the GIL anyway.
 _SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's stack
 
 

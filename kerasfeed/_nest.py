@@ -1,16 +1,10 @@
-"""Item nests, the same way for every front end (TF-free).
+"""Item nests, the same way for every front end (TF-free; ``docs/architecture.md``, "Item nests").
 
-Items are nests of tuples/lists/dicts whose leaves are arrays, numbers or
-strings. ``to_dataset`` (``tfdata/structure.py``), ``to_loader``
-(``loader/collate.py``) and ``export`` (``exporting/spec.py``) flatten them,
-name their fields and describe their structure here, so that the three
-agree: leaves in ``tf.nest`` order (dict keys sorted, lists read as tuples);
-field names as in Keras, a top-level tuple of 1-3 entries being
-``(x, y, sample_weight)``, dict keys ``['image']``, other positions ``[2]``.
-
-A *skeleton* is the nest with None at the leaves, dicts kept and sequences
-as tuples (a skeleton read back from JSON has lists; every function here
-takes both).
+``to_dataset``, ``to_loader`` and ``export`` flatten, name and describe items here, so that the three
+agree: leaves in ``tf.nest`` order (dict keys sorted, lists read as tuples); field names as in Keras,
+a top-level tuple of 1-3 entries being ``(x, y, sample_weight)``, dict keys ``['image']``, other
+positions ``[2]``. A *skeleton* is the nest with None at the leaves, dicts kept and sequences as
+tuples (one read back from JSON has lists; every function here takes both).
 """
 
 from __future__ import annotations

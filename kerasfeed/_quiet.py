@@ -1,12 +1,9 @@
-"""Imports TensorFlow without its start-up log lines (for the CLI and the demo).
+"""Imports TensorFlow without its start-up log lines (only ``python -m kerasfeed`` does; never the library).
 
-TensorFlow writes a few lines to file descriptor 2 while it is imported, before
-its logging is configured, so ``TF_CPP_MIN_LOG_LEVEL`` does not hide them: the
-oneDNN notice, "All log messages before absl::InitializeLog() ...", and the
-CPU-feature notice. Only those known lines are dropped; anything else written
-during the import (a real error) is passed on. Numerics are untouched: oneDNN
-stays on, only its notice is hidden. The library itself never does this; only
-``python -m kerasfeed`` calls it.
+TensorFlow writes a few lines to file descriptor 2 while it is imported, before its logging is
+configured, so ``TF_CPP_MIN_LOG_LEVEL`` does not hide them: the oneDNN notice (oneDNN stays on),
+"All log messages before absl::InitializeLog() ...", the CPU-feature notice. Only those known lines
+are dropped; anything else written during the import (a real error) is passed on.
 """
 
 from __future__ import annotations
@@ -25,12 +22,8 @@ _NOISE = re.compile(
 
 
 def import_tensorflow_quietly() -> None:
-    """Imports TensorFlow (and Keras) with their start-up noise filtered out.
-
-    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` unless already set (warnings and errors of
-    TensorFlow's C++ side stay visible) and absl's Python logging to errors.
-    With ``TF_CPP_MIN_LOG_LEVEL=0`` set by the user it filters nothing.
-    """
+    """Imports TensorFlow (and Keras) quietly: ``TF_CPP_MIN_LOG_LEVEL=2`` unless set (C++ warnings and
+    errors stay visible; with 0 nothing is filtered) and absl's Python logging at errors."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0":
         return  # already imported, or the user asked to see everything

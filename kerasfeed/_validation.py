@@ -55,11 +55,8 @@ def flag(name: str, value: Any, *, owner: Optional[str] = None) -> bool:
 
 
 def batching_needs_batch_size(batch_size: Optional[int], *, owner: Optional[str] = None, **given: Any) -> None:
-    """Refuses batching arguments (``drop_remainder``, ``ragged``, ``padding_values``) given
-    without ``batch_size``: items are batches already, so they would do nothing.
-
-    ``given`` holds each argument's value; False and None mean not given.
-    """
+    """Refuses batching arguments (``given``: ``drop_remainder``, ``ragged``, ``padding_values``; False or
+    None: not given) without ``batch_size``: items are batches already, so they would do nothing."""
     if batch_size is not None:
         return
     for name, value in given.items():
@@ -71,10 +68,8 @@ def batching_needs_batch_size(batch_size: Optional[int], *, owner: Optional[str]
 
 
 def seed(name: str, value: Any, *, owner: Optional[str] = None) -> Optional[int]:
-    """None or an int that numpy's generators accept (0 <= seed < 2**64).
-
-    TypeError for a value that is not an int, ValueError for one out of range.
-    """
+    """None or an int that numpy's generators accept (0 <= seed < 2**64); TypeError for a
+    value that is not an int, ValueError for one out of range."""
     if value is None:
         return None
     wrong_type = isinstance(value, bool) or not isinstance(value, (int, np.integer))
@@ -162,12 +157,9 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
 
 
 def sequence_index(index: Any, length: int, owner: str, out_of_range: Callable[[], str]) -> int:
-    """``index`` of a sequence of ``length`` (a Python or numpy int; negative
-    counts from the end) as an int in ``[0, length)``.
-
-    Raises TypeError for another type (a bool, 1.0 and '3' included), naming
-    ``owner``; IndexError with ``out_of_range()``'s message.
-    """
+    """``index`` of a sequence of ``length`` (a Python or numpy int; negative counts from the end) as an
+    int in ``[0, length)``; TypeError for another type (a bool, 1.0 and '3' included), naming ``owner``;
+    IndexError with ``out_of_range()``'s message."""
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
         raise TypeError(f"{owner} indices must be integers. Received: index={index!r}")
     i = int(index)

@@ -1,16 +1,13 @@
 """``executor="auto"``: pick threads or worker processes by probing the source.
 
-A few ``__getitem__`` calls in the consumer process (``auto_probe.py``)
-measure one call (wall and CPU time, time queued for a CPU, bytes, the cost
-of one copy) and the same calls on two threads at once. From those ``decide``
-predicts both executors' item rates **at the worker count and on the number
-of CPUs they will run with** and picks the faster (NOTE [ Predicting threads
-and processes ]). The choice, both predictions and the figures are kept on
-the executor (``name``, ``reason``, ``probe``) and logged on the
-``kerasfeed`` logger.
-
-With ``cache=`` auto probes what the executor will run per item instead (the
-stored stage, ``augment``, or nothing): NOTE [ Auto with cache= ] in ``auto_cached.py``.
+From a few ``__getitem__`` calls timed in the consumer process
+(``auto_probe.py``) ``decide`` predicts both executors' item rates **at the
+worker count and on the number of CPUs they will run with** and picks the
+faster (NOTE [ Predicting threads and processes ]). The choice, both
+predictions and the figures are kept on the executor (``name``, ``reason``,
+``probe``) and logged on the ``kerasfeed`` logger. With ``cache=`` auto probes
+what the executor will run per item instead (the stored stage, ``augment``, or
+nothing): NOTE [ Auto with cache= ] in ``auto_cached.py``.
 
 NOTE [ Predicting threads and processes ]
 =========================================

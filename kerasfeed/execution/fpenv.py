@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,18 +63,14 @@ def _found() -> Any:
 _FENV_BYTES = 256
 
 
-def set_default_fp_env() -> bool:
+def set_default_fp_env() -> None:
     """Gives the calling thread the default floating-point environment (no
-    flush-to-zero, round to nearest, exceptions masked).
-
-    Returns:
-        Whether it could (False on platforms without ``fesetenv``).
-    """
-    found: Optional[Any] = _found()
-    if not found:
-        return False
-    fesetenv, default_env, _ = found
-    return fesetenv(default_env) == 0
+    flush-to-zero, round to nearest, exceptions masked); a no-op on platforms
+    without ``fesetenv``."""
+    found = _found()
+    if found:
+        fesetenv, default_env, _ = found
+        fesetenv(default_env)
 
 
 @contextlib.contextmanager

@@ -6,27 +6,20 @@ NOTE [ HDF5 handles travel to workers ]
 ``self.f = h5py.File(path, "r")`` in ``__init__`` is the most common HDF5
 habit, and h5py objects cannot be pickled. The pickler that sends the source
 (``pickling.py``) reduces every h5py ``File``, ``Group`` and ``Dataset`` it
-meets (attributes, or in lists, dicts, tuples) with ``reduce``:
+meets with ``reduce``; what travels, how a worker reopens it and what is
+refused: docs/your_sequence.md, *HDF5 handles*. Beyond that page:
 
-- **What travels**: the kind, the absolute file name, the object's path in
-  the file, the open arguments that matter and can be read back from the
-  handle (``swmr``, ``libver``, the chunk cache, ``locking``), and the
-  file's stamp: ``(st_dev, st_ino)`` of the file the parent's handle has
-  open (``fstat`` of its descriptor where the driver has one), plus size and
-  mtime unless it was opened for SWMR reading (a SWMR file grows).
-- **In the worker** it unpickles as a ``LazyH5`` proxy that opens the file on
-  first use (read-only, the default driver), checks that the path still
-  names the stamped file (``FileChangedError``, an ``OSError``, as the HDF5
-  readers raise), and forwards everything to the h5py object
-  (``isinstance(proxy, h5py.Dataset)`` holds). One ``File`` per file and
-  open arguments per worker, shared by its proxies (HDF5 keeps one state
-  per file in a process: see ``kerasfeed/hdf5/handles.py``).
-- **The parent's handles** are only read (name, mode, property lists): they stay open and usable.
-- **Refused**, with a ``TypeError`` that ``pickling`` turns into the message
-  naming the attribute: a handle open for writing (``mode`` ``'r+'``: ``w``,
-  ``a``, ``r+`` all read back as that), a closed one, an in-memory file
-  (``driver="core"`` without backing store, or a Python file object), a file
-  replaced on disk since the parent opened it, other drivers, anonymous ones.
+- the file's stamp (``(st_dev, st_ino)``, plus size and mtime unless opened
+  for SWMR reading) comes from ``fstat`` of the parent's descriptor where the
+  driver has one; the parent's handles are only read (name, mode, property
+  lists): they stay open and usable;
+- a worker unpickles a ``LazyH5`` proxy and keeps one ``File`` per file and
+  open arguments, shared by its proxies (HDF5 keeps one state per file in a
+  process: see ``kerasfeed/hdf5/handles.py``); a file changed since raises
+  ``FileChangedError`` (an ``OSError``, as the HDF5 readers raise);
+- a handle open for writing reads back as mode ``'r+'`` (``w``, ``a``, ``r+``
+  alike); anonymous objects are refused too; a refusal is a ``TypeError``
+  that ``pickling`` turns into the message naming the attribute.
 """
 
 from __future__ import annotations
@@ -74,8 +67,11 @@ def _open_kwargs(fid: Any, swmr: bool, libver: Any) -> dict:
     return kwargs
 
 
-def describe(obj: Any) -> tuple:
-    """``(kind, filename, path, stamp, open kwargs)`` of a read-only h5py object; TypeError if it cannot travel."""
+def reduce(obj: Any) -> Optional[tuple]:
+    """The pickler's reduction of an h5py object, ``(LazyH5, (kind, filename, path, stamp, open kwargs))``; None
+    for anything else; TypeError says why one cannot travel."""
+    if not is_h5(obj):
+        return None
     h5py = sys.modules["h5py"]
     kind = "File" if isinstance(obj, h5py.File) else "Dataset" if isinstance(obj, h5py.Dataset) else "Group"
     if not obj:
@@ -103,14 +99,7 @@ def describe(obj: Any) -> tuple:
     swmr = bool(getattr(f, "swmr_mode", False))
     filename = os.path.abspath(name)
     stamp = _stamp(f.id, filename, swmr, driver)
-    return (kind, filename, path, stamp, tuple(sorted(_open_kwargs(f.id, swmr, f.libver).items())))
-
-
-def reduce(obj: Any) -> Optional[tuple]:
-    """The pickler's reduction of an h5py object (None for anything else); TypeError says why one cannot travel."""
-    if not is_h5(obj):
-        return None
-    return (LazyH5, describe(obj))
+    return (LazyH5, (kind, filename, path, stamp, tuple(sorted(_open_kwargs(f.id, swmr, f.libver).items()))))
 
 
 class _Files:
@@ -226,4 +215,4 @@ class LazyH5:
         return f"<HDF5 {kind} {path!r} of '{filename}' (reopened read-only in this worker: {state})>"
 
 
-__all__ = ["FileChangedError", "LazyH5", "describe", "is_h5", "reduce"]
+__all__ = ["FileChangedError", "LazyH5", "is_h5", "reduce"]

@@ -25,18 +25,13 @@ AST_RACE_RETRIES = 3
 _warned = threading.Event()
 
 
-def is_ast_race(error: BaseException) -> bool:
-    """Whether ``error`` is CPython's AST race (see the NOTE above)."""
-    return isinstance(error, SystemError) and AST_RACE_MESSAGE in str(error)
-
-
 def get_item(source: Any, index: int, name: str, cache: Any = None) -> Any:
     """``source[index]`` (through ``cache.make`` with cache=), made again when it failed only by the AST race."""
     for attempt in range(AST_RACE_RETRIES + 1):
         try:
             return source[index] if cache is None else cache.make(source, index)
         except SystemError as e:
-            if attempt == AST_RACE_RETRIES or not is_ast_race(e):
+            if attempt == AST_RACE_RETRIES or AST_RACE_MESSAGE not in str(e):  # not the AST race
                 raise
             if not _warned.is_set():
                 _warned.set()

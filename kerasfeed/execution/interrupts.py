@@ -1,15 +1,12 @@
 """Ctrl-C for a main thread that may be blocked inside TensorFlow: the wakeup pipe the waits read,
 kerasfeed's SIGINT handler, and a Ctrl-C that Python would drop raised again.
 
-Python runs signal handlers in the main thread only, between bytecodes; a
-main thread blocked inside TensorFlow (``next(it)``, a ``fit`` step) waiting
-for an item never gets there. Python's C-level handler also writes the signal
-number to the *wakeup fd* (``signal.set_wakeup_fd``); kerasfeed points it at a
-pipe of its own (only when nobody else uses it, e.g. not under asyncio), and
-the waits (``waits.py``) read that pipe between slices (``sigints``): a wait
-that sees SIGINT (while Ctrl-C means KeyboardInterrupt) raises
-``KeyboardInterrupt``, TensorFlow hands the main thread an error, and back in
-Python the pending handler raises ``KeyboardInterrupt`` there as usual.
+A main thread blocked inside TensorFlow (``next(it)``, a ``fit`` step) never
+runs Python's signal handlers, but Python's C-level handler also writes the
+signal number to the *wakeup fd* (``signal.set_wakeup_fd``): kerasfeed points
+it at a pipe of its own (only when nobody else uses it) that the waits
+(``waits.py``) read between slices (``sigints``); the whole path:
+docs/reliability.md, *A stuck item without a timeout*.
 """
 
 from __future__ import annotations
@@ -167,15 +164,14 @@ _armed: Optional[Callable[..., None]] = None  # the profile function of an inter
 # NOTE [ A Ctrl-C that Python swallows ]
 # ======================================
 #
-# Python runs the SIGINT handler in the main thread between bytecodes of
-# whatever Python code runs there, including code whose exceptions it ignores:
-# a ``gc.callbacks`` function (JAX registers one, and importing TensorFlow
-# imports JAX where installed), a ``__del__`` method, a weakref callback
-# (``weakref.finalize``, ``WeakSet``). The KeyboardInterrupt is printed as
-# "Exception ignored in ..." and dropped: ``model.fit`` went on training.
-# Measured with ``benchmarks/ctrl_c.py`` (SIGINT to the process group of a
-# script on its way into ``fit``, beside a CPU burner on 2 cores): 5 of 90
-# SIGINTs were lost, all in JAX's gc callback during ``import tensorflow``.
+# Python runs the SIGINT handler between bytecodes of whatever main-thread
+# code runs, also where it ignores exceptions (a ``gc.callbacks`` function such
+# as JAX's, a ``__del__``, a ``weakref.finalize``): the KeyboardInterrupt is
+# printed as "Exception ignored in ..." and dropped (docs/reliability.md, *A
+# Ctrl-C that Python drops*). Measured with ``benchmarks/ctrl_c.py`` (SIGINT
+# to the process group of a script on its way into ``fit``, beside a CPU
+# burner on 2 cores): 5 of 90 SIGINTs were lost, all in JAX's gc callback
+# during ``import tensorflow``.
 #
 # So kerasfeed wraps ``sys.unraisablehook`` (``keep_interrupts``: on the first
 # use of the public API, before it imports TensorFlow, and again whenever an

@@ -4,18 +4,16 @@ NOTE [ Random augmentation is a function of (seed, pass, index) ]
 A ``__getitem__`` that draws random numbers (augmentation) should draw the
 same numbers for item ``i`` of pass ``e`` however the items are made: with 1
 or 8 worker processes, on whichever worker after whatever it made before, on
-threads or processes, and in a run resumed mid-pass. Two things give that:
+threads or processes, and in a run resumed mid-pass. Two things give that
+(what users read: ``item_rng``'s docstring):
 
-- ``item_rng()`` (public as ``kerasfeed.item_rng``): a ``numpy.random.Generator``
-  for the item being made on the calling thread, seeded from the pipeline's
-  seed, the pass and the index only. Executors mark every ``source[i]`` call
-  they make (``enter``/``leave``: pool and aside threads, inline loads in the
-  main thread, worker processes), as do the probe calls of ``executor="auto"``
-  and ``export`` (``item_scope``). Outside such a call it raises.
+- ``item_rng()``, the calling thread's item's generator. Executors mark every
+  ``source[i]`` call they make (``enter``/``leave``: pool and aside threads,
+  inline loads in the main thread, worker processes), as do the probe calls of
+  ``executor="auto"`` and ``export`` (``item_scope``); outside one it raises.
 - Worker processes of a seeded pipeline reseed the global ``random`` and
-  ``numpy.random`` before each item (``ItemSeeds.seed_globals``), so code that
-  draws from them is exact there too. Threads share the globals, so nothing
-  reseeds them on the threads executor: use ``item_rng()``.
+  ``numpy.random`` before each item (``ItemSeeds.seed_globals``); threads
+  share the globals, so nothing reseeds them on the threads executor.
 
 Seeds (``ItemSeeds``; ``seed`` the pipeline's, ``e`` the pass, ``i`` the index):
 

@@ -4,12 +4,10 @@ NOTE [ Parking after a failed pass ]
 ====================================
 
 A pass that fails (``source[i]`` raised, an item did not fit the signature)
-usually ends its consumer: ``model.fit`` raises. The dataset, though, often
-lives on where its owner cannot drop it: the traceback holds ``fit``'s
-frames and arguments (a notebook keeps the last one), Keras keeps a failed
-validation iterator on the model, and every TensorFlow iterator holds its
-dataset; its workers would live as long. (A worker that died or timed out
-closes its whole pool at once instead: see NOTE [ Worker process shutdown ].)
+usually ends its consumer, while its dataset, and its workers, often live on
+where the owner cannot drop them (docs/reliability.md, *After a failed pass:
+parking*). (A worker that died or timed out closes its whole pool at once
+instead: see NOTE [ Worker process shutdown ].)
 
 So the pipeline tells its executor when a load fails (``pass_failed``), and a
 watch thread (one per failure, gone once it decides) looks at the executor's
@@ -37,12 +35,11 @@ TICK_S = 0.25  # how often the watch looks; the executor parks after one tick wi
 
 class ParkWatch:
     """Parks ``executor`` (weakly held; it provides ``Executor.activity`` and ``park``) once its failed
-    pass is left (see the note above), looking every ``tick_s`` seconds."""
+    pass is left (see the note above), looking every ``TICK_S`` seconds."""
 
-    def __init__(self, executor: Any, tick_s: float = TICK_S):
+    def __init__(self, executor: Any):
         self._ref = weakref.ref(executor)
         self._lock = threading.Lock()
-        self._tick_s = tick_s
         self._generation = 0
         self.armed = False
         self._epoch: Optional[int] = None
@@ -57,7 +54,7 @@ class ParkWatch:
             self._generation += 1
             generation = self._generation
         threading.Thread(
-            target=_watch, args=(self._ref, self, generation, self._tick_s), name="kerasfeed-park-watch", daemon=True
+            target=_watch, args=(self._ref, self, generation), name="kerasfeed-park-watch", daemon=True
         ).start()
 
     def pass_started(self, epoch: int) -> None:
@@ -74,10 +71,10 @@ class ParkWatch:
         return self.armed and self._generation == generation
 
 
-def _watch(ref: "weakref.ref", watch: ParkWatch, generation: int, tick_s: float) -> None:
+def _watch(ref: "weakref.ref", watch: ParkWatch, generation: int) -> None:
     last = None
     while True:
-        time.sleep(tick_s)
+        time.sleep(TICK_S)
         if not watch.current(generation):
             return
         executor = ref()

@@ -10,9 +10,8 @@ whoever saw the failure (a reader thread, a pool thread):
 
 - **Order for free.** Loads come in the pass's order; the items made ahead
   after the failed one stay where they are, and the retried item is made
-  once more before its load returns. Nothing is lost, repeated or
-  reordered, and a deterministic source (``kerasfeed.item_rng()``, or
-  ``seed=`` on worker processes) gives the same item again.
+  once more before its load returns (what that guarantees: docs/reliability.md,
+  *What each option guarantees*).
 - **Attempts are the item's own.** ``Attempts`` lives in the load's frame:
   no table keyed by index that a second pass over the same item (an
   iterator abandoned and started again) could mix up.
@@ -22,10 +21,8 @@ whoever saw the failure (a reader thread, a pool thread):
   that died starting), are sent again and keep their retries. A pool that
   failed or closed refuses the new request: that error ends the load.
 
-After the last attempt the load raises the last error, copied with
-``attempts`` and ``causes`` (one line per attempt) and the list in its
-message (``ItemError.with_attempts``). ``retries=0`` raises the first
-failure as it always was.
+After the last attempt the load raises the last error with its attempts
+(``ItemError.with_attempts``); ``retries=0`` raises the first failure as is.
 """
 
 from __future__ import annotations

@@ -1,38 +1,25 @@
 """Carrying what the consumer's epoch hooks change to worker processes (TF-free).
 
-Keras documents ``on_epoch_end`` as the place to change a dataset between
-epochs (re-shuffle its index list, switch a curriculum stage, swap the file
-list). Those hooks run in the consumer process; worker processes hold a copy
-of the source made when they started. ``StateTracker`` (consumer side) tells
-at every pass boundary whether the source changed since the workers' copy
-was made, and if so pickles what changed; ``apply_state`` (worker side)
-applies it before any item of the pass.
+Worker processes hold a copy of the source made when they started; the hooks
+(``on_epoch_end``: Keras' place to change a dataset between epochs) run in the
+consumer. ``StateTracker`` (consumer side) tells at every pass boundary whether
+the source changed since the workers' copy was made and pickles what changed;
+``apply_state`` (worker side) applies it before any item of the pass. How a
+change is seen (a fingerprint per attribute: by value, content, identity or
+CRC-32), what is sent, and what cannot be: docs/keras_parity.md, *State
+changed by the hooks, with worker processes*. Beyond that page:
 
-**Detecting a change cheaply.** The source's pickled state
-(``__getstate__()``, usually its ``__dict__``) is fingerprinted attribute by
-attribute: numbers and strings by value; anything else by its pickle, with
-array buffers taken out of band (protocol 5, no copy): small ones by
-content, large read-only ones (``flags.writeable`` False down their base
-chain) by identity, large writeable ones by a CRC-32 (in place changes are
-common: ``rng.shuffle(self.indices)``). A source that never changes never
-pickles its arrays; making a large array read-only makes its check free.
-
-**What is sent.** Only the attributes that changed, in one pickle (shared
-references among them survive), applied with ``__dict__.update``. A class
-with its own ``__setstate__`` gets its whole state into a fresh object, as
-unpickling does; one with its own ``__reduce__`` is sent whole.
-
-**Items made ahead.** Worker processes start the next pass's first items
-before the consumer runs that pass's hooks (``Executor.plans_next_pass``),
-calling ``set_epoch`` themselves. Those items stay valid only if nothing
-but ``set_epoch`` changed the source since the last sync: checked from
-fingerprints taken before ``set_epoch`` and before ``on_epoch_begin`` when
-the source overrides them (one fingerprint a pass otherwise).
-``SceneSequence``'s epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``) is
-not a change: every process sets it itself.
-
-**Cannot be pickled.** A changed attribute that cannot be pickled fails the
-pass at its start (``TypeError`` naming it): workers never read stale state.
+- array buffers are taken out of band (pickle protocol 5, no copy: an
+  unchanged source never pickles its arrays); an array counts as read-only
+  when ``flags.writeable`` is False down its base chain;
+- the changed attributes travel in one pickle (shared references among them
+  survive), applied with ``__dict__.update``;
+- items made ahead (``Executor.plans_next_pass``: workers call ``set_epoch``
+  themselves) are checked from fingerprints taken before ``set_epoch`` and
+  before ``on_epoch_begin`` when the source overrides them (one fingerprint a
+  pass otherwise);
+- ``SceneSequence``'s epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``) is
+  not a change: every process sets it itself.
 """
 
 from __future__ import annotations
@@ -81,9 +68,6 @@ class _Unpicklable(_Same):
     def __init__(self, obj: Any, error: BaseException):
         super().__init__(obj)
         self.error = error
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _Unpicklable) and other.obj is self.obj
 
 
 def _frozen(obj: Any) -> bool:

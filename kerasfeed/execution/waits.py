@@ -1,23 +1,14 @@
 """Blocking pick-ups that end when their consumer is gone, or on Ctrl-C.
 
 Without a ``timeout`` an executor waits for an item as long as its worker
-lives. Two things must still end such a wait, from outside the waiting
-thread:
-
-- **The consumer went away.** Deleting a tf.data iterator (``break``,
-  ``take(3)``, the end of ``fit``) cancels its threads and joins them; a
-  thread inside a kerasfeed ``numpy_function`` never sees that cancellation
-  (TensorFlow's Python-function op does not listen for it), so the join
-  waited for the stuck item. ``kerasfeed.tfdata.consumers`` tells the
-  executor's ``WaitScope`` when the last iterator over it is deleted (before
-  TensorFlow joins), and the waits in progress give up.
-- **Ctrl-C**, which a main thread blocked inside TensorFlow never handles:
-  the waits read the SIGINTs that came (``interrupts.sigints``) between
-  slices and raise ``KeyboardInterrupt`` (see ``interrupts.py``).
-
-Only waits in progress are ended: a wait remembers the state of both when
-it starts, and a later load waits as usual (but for a SIGINT the main thread
-has not handled yet: NOTE [ A Ctrl-C between two waits ] in ``interrupts.py``).
+lives. A wait in progress also ends, from outside the waiting thread, when the
+last iterator over the executor is deleted (``kerasfeed.tfdata.consumers``
+tells its ``WaitScope`` before TensorFlow joins the iterator's threads) and on
+Ctrl-C (the SIGINTs ``interrupts.sigints`` read between slices); why tf.data
+needs both: docs/reliability.md, *A stuck item without a timeout*. A wait
+remembers both states when it starts, so a later load waits as usual (but for
+a SIGINT the main thread has not handled yet: NOTE [ A Ctrl-C between two
+waits ] in ``interrupts.py``).
 
 Some waits nobody can end from here (TensorFlow resetting an input inside
 ``next()`` at the end of ``take(3)``, iterators made inside a

@@ -1,10 +1,8 @@
 """The random-access format (ArrayRecord) and ``ExportSource``, an export read back by index.
 
-TFRecord is sequential: reading item ``i`` means reading every record before
-it. ArrayRecord (the ``array-record`` package, the format Grain reads)
-stores an index of its records, so any record is one seek away; with
-``group_size:1`` each record is its own compressed chunk. The records are the
-same ``tf.train.Example`` bytes as in a TFRecord export.
+Why ArrayRecord (it indexes its records; with ``group_size:1`` any item is
+one seek) and what it stores (the same ``tf.train.Example`` bytes as
+TFRecord): docs/export.md, *format="arrayrecord"*.
 """
 
 from __future__ import annotations

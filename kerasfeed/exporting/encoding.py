@@ -1,17 +1,10 @@
 """Items as ``tf.train.Example`` bytes and TFRecord frames, without TensorFlow.
 
-One record per item. Each leaf of the item (see ``ExportSpec.keys``) is a
-feature:
-
-- numbers: ``<key>`` is a BytesList with one value, the array's bytes in C
-  order, little-endian (``tf.io.decode_raw`` reads them back);
-- strings: ``<key>`` is a BytesList with every element, in C order;
-- arrays of rank >= 1 also get ``<key>:shape``, an Int64List, so every record
-  describes itself and shapes may vary from item to item.
-
-The protobuf wire format of ``Example`` is small and stable, so it is written
-and parsed here directly (tests check it against ``tf.train.Example``): worker
-processes that write records then need neither TensorFlow nor protobuf.
+One record per item, one feature per leaf (``ExportSpec.keys``) plus
+``<key>:shape`` for arrays of rank >= 1, so shapes may vary per item
+(docs/export.md, *Record format*). The ``Example`` wire format is small and
+stable, so it is written and parsed here directly (tests check it against
+``tf.train.Example``): workers then need neither TensorFlow nor protobuf.
 A TFRecord frame is ``uint64 length, uint32 masked_crc32c(length), data,
 uint32 masked_crc32c(data)``, all little-endian.
 """
@@ -39,12 +32,6 @@ def require_crc32c() -> None:
         )
 
 
-def _little_endian(a: np.ndarray) -> np.ndarray:
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(a)
-
-
 def encode_pieces(spec: ExportSpec, arrays: Sequence[np.ndarray]) -> list:
     """The serialized Example as a list of bytes pieces (joined only by ``encode``)."""
     entries: list = []
@@ -57,10 +44,8 @@ def encode_pieces(spec: ExportSpec, arrays: Sequence[np.ndarray]) -> list:
                     f"field {key!r} holds strings and {type(bad[0]).__name__} objects. Received: {bad[0]!r}"
                 )
         else:
-            values = [_little_endian(a).tobytes()]  # google_crc32c takes bytes only
-        blist: list = []
-        for v in values:
-            blist += [_field(1, memoryview(v).nbytes), v]
+            values = [a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()]  # google_crc32c takes bytes only
+        blist = [piece for v in values for piece in (_field(1, memoryview(v).nbytes), v)]
         entries.append((key, _message(1, blist)))  # Feature.bytes_list
         if a.ndim:
             packed = b"".join(_varint(int(d)) for d in a.shape)

@@ -15,7 +15,7 @@ from kerasfeed.execution.item_random import item_scope
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
 from kerasfeed.exporting.spec import ExportSpec
-from kerasfeed.exporting.writer import Progress, ShardTask, remove
+from kerasfeed.exporting.writer import Progress, ShardTask
 from kerasfeed.loading.pipeline import probe_indices
 from kerasfeed.sources.base import set_epoch, source_length, source_name
 
@@ -303,7 +303,7 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
                 keep.add(entry["file"])
     for e in entries:
         if e not in keep and e != mf.MANIFEST:
-            remove(directory / e)
+            (directory / e).unlink(missing_ok=True)
     mf.write_manifest(directory, fresh)
     return fresh
 
@@ -347,7 +347,7 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
                 # The manifest could not list the shard (e.g. the disk filled up): a shard it does not list
                 # must not stay under its final name, where it would look complete.
                 manifest["shards"][k] = None
-                remove(final)
+                final.unlink(missing_ok=True)
                 raise
     finally:
         if shared is not None:
@@ -363,7 +363,7 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
             shared.close()
         for e in os.listdir(directory):
             if e.endswith(mf.TMP) or e == mf.PROGRESS:
-                remove(directory / e)
+                (directory / e).unlink(missing_ok=True)
 
 
 class _Bar:

@@ -6,10 +6,8 @@ Layout of an export directory::
     shard-00000-of-00008.tfrecord        (or .arrayrecord) item i is record i // 8 of shard i % 8
     shard-00003-of-00008.tfrecord.tmp    a shard being written (never read)
 
-The manifest records the element spec, the number of items, the file format
-and compression, and for every finished shard its item count, byte size and
-CRC32C (of the file as stored); ``complete`` turns true with the last one.
-Every write of it goes to a temporary name, is fsync'd and renamed.
+Its fields, and how every write of it is made safe (temporary name, fsync,
+rename): docs/export.md, *manifest.json*.
 """
 
 from __future__ import annotations
@@ -217,6 +215,4 @@ def bad_shards(directory: pathlib.Path, manifest: dict, *, checksum: bool) -> li
 
 
 def _ranges(ks: list) -> str:
-    if len(ks) > 8:
-        return ", ".join(map(str, ks[:8])) + f", ... ({len(ks)} in all)"
-    return ", ".join(map(str, ks))
+    return ", ".join(map(str, ks[:8])) + (f", ... ({len(ks)} in all)" if len(ks) > 8 else "")

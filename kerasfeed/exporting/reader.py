@@ -256,11 +256,6 @@ def make_parser(spec: ExportSpec):
     def decode(parsed):
         leaves = []
         for key, dtype, shape in zip(spec.keys, spec.dtypes, spec.shapes):
-            # NOTE [ Open leading dimension ]: to_dataset(source) leaves the first dimension of
-            # every array open (items may be batches of any size, as under Keras); load_export gives
-            # the same element spec, so one can stand in for the other. The stored spec keeps the
-            # exact shape: it checks what is written.
-            open_shape = [None, *shape[1:]] if shape else shape
             if dtype == STRING:
                 value = parsed[key]
             elif dtype in ("uint32", "uint64"):  # decode_raw has no unsigned 32/64-bit types
@@ -269,7 +264,11 @@ def make_parser(spec: ExportSpec):
             else:
                 value = tf.io.decode_raw(parsed[key], tf.as_dtype(dtype))
             value = tf.reshape(value, parsed[key + ":shape"] if shape else [])
-            value.set_shape(open_shape)
+            # NOTE [ Open leading dimension ]: to_dataset(source) leaves the first dimension of
+            # every array open (items may be batches of any size, as under Keras); load_export gives
+            # the same element spec, so one can stand in for the other. The stored spec keeps the
+            # exact shape: it checks what is written.
+            value.set_shape([None, *shape[1:]] if shape else shape)
             leaves.append(value)
         return pack(spec.skeleton, leaves)
 

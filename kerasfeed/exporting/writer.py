@@ -1,14 +1,12 @@
 """The shard task: makes one shard's items and writes them, with one writer of its own.
 
 ``export`` runs ``ShardTask`` as the source of a kerasfeed executor: item
-``k`` of the task is "write shard k", in the thread or worker process that
-makes its items, so item bytes never cross a process boundary and encoding,
-compression and checksums run in parallel on the workers (which need neither
-TensorFlow nor protobuf: ``encoding``). The task writes ``<shard>.tmp``,
-fsyncs it and reports ``(count, bytes, crc32c)``; the main process renames it
-and records it in the manifest. A small shared file (``.kerasfeed-progress``,
-memory-mapped) carries each shard's item count to the progress bar and a
-stop flag back to the tasks.
+``k`` is "write shard k", in the thread or worker process that makes its
+items (why: docs/export.md, *Where things run*). The task writes
+``<shard>.tmp``, fsyncs it and reports ``(count, bytes, crc32c)``; the main
+process renames it and records it in the manifest. ``Progress``
+(``.kerasfeed-progress``, memory-mapped) carries each shard's item count to
+the progress bar and a stop flag back to the tasks.
 """
 
 from __future__ import annotations
@@ -141,21 +139,17 @@ class ShardTask:
         self.hint = hint
         self.item_seeds = ItemSeeds(None)  # kerasfeed.item_rng(): drawn once per export, the same in every worker
         self._local: Optional[tuple] = None  # (pid, Progress), per process
-        self._active = 0  # tasks running in this process (threads executor)
+        self.active = 0  # tasks running in this process (threads executor): export waits for them
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_lock", "_active")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_local", "_lock", "active")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _local=None, _active=0, _lock=threading.Lock())
+        self.__dict__.update(state, _local=None, active=0, _lock=threading.Lock())
 
     def __len__(self) -> int:
         return self.num_shards
-
-    @property
-    def active(self) -> int:
-        return self._active
 
     def _progress(self) -> Progress:
         with self._lock:
@@ -167,12 +161,12 @@ class ShardTask:
     def __getitem__(self, k: int) -> dict:
         k = int(k)
         with self._lock:
-            self._active += 1
+            self.active += 1
         try:
             return self._write(k)
         finally:
             with self._lock:
-                self._active -= 1
+                self.active -= 1
 
     def _item(self, index: int) -> Any:
         """``source[index]``, called again up to ``retries`` times after one that raised
@@ -223,11 +217,4 @@ class ShardTask:
             if writer is not None:
                 writer.abort()
             if not done:
-                remove(tmp)
-
-
-def remove(path: pathlib.Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
+                tmp.unlink(missing_ok=True)

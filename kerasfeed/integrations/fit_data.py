@@ -1,11 +1,5 @@
-"""The kerasfeed data a running ``model.fit`` reads, and its position in a backup.
-
-``FitData.of(model)`` finds, from a callback's ``on_train_begin``, the fit call's ``x`` and Keras' epoch
-iterator (``kerasfeed/_keras_fit.py``), and the kerasfeed pipelines behind ``x``: a ``to_dataset``
-dataset (or one derived from it) or a ``to_loader`` loader (and its TensorFlow dataset under that
-backend). ``position`` is what a backup saves, ``restore`` resumes from it (``NOTE [ Resuming inside an
-epoch ]``), and ``epoch_begins`` takes the callback's own ``on_epoch_begin`` (Keras' public route).
-"""
+"""The kerasfeed data a running ``model.fit`` reads (``FitData.of``, through ``kerasfeed/_keras_fit.py``), and
+its position in a backup: ``position`` saves it, ``restore`` resumes from it (NOTE [ Resuming inside an epoch ])."""
 
 from __future__ import annotations
 

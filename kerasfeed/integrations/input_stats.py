@@ -252,13 +252,11 @@ class InputStats(keras.callbacks.Callback):
         for w in snap["workers"]:
             if w.get("rss_mb") is not None:
                 scalars[f"input/worker_{w['id']}/rss_mb"] = w["rss_mb"]
-        optional = {
-            "input/ready_fraction": snap["ready_fraction"],
-            "input/ahead": snap["ahead"],
-            "input/in_flight": snap["in_flight"],
-            "input/shm_mb": None if snap["shm_bytes"] is None else snap["shm_bytes"] / 2**20,
-        }
-        scalars.update({k: v for k, v in optional.items() if v is not None})
+        for key in ("ready_fraction", "ahead", "in_flight"):
+            if snap[key] is not None:
+                scalars[f"input/{key}"] = snap[key]
+        if snap["shm_bytes"] is not None:
+            scalars["input/shm_mb"] = snap["shm_bytes"] / 2**20
         scalars["input/errors"] = snap["errors"]
         scalars["input/skipped"] = snap["skipped"]
         if "cache_hits" in snap:

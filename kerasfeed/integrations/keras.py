@@ -102,17 +102,11 @@ class TrainingProgress(keras.callbacks.Callback):
         progress.on_epoch_end(epoch)
     ```
 
-    Under ``model.fit`` with weights you save at the batch of the state,
-    the interrupted epoch gets a ``fit`` call of its own
-    (``initial_state=state``, ``initial_epoch=e``, ``epochs=e + 1``, this
-    callback made with ``state``), then a new dataset from
-    ``{"epoch": e + 1, "batches": 0}`` fits on: a resumed pass is shorter
-    than the others (a pass's batches less ``b``), and Keras gives every
-    epoch of one ``fit`` the same number of steps. One call going on
-    past the resumed epoch also trains every batch (the resumed dataset's
-    ``cardinality()`` is a whole pass), but Keras warns "Your input ran out
-    of data" at the end of the resumed epoch; a resumed ``to_loader``
-    refuses it (its second epoch raises).
+    Under ``model.fit`` with weights you save at the batch of the state, the
+    interrupted epoch gets a ``fit`` call of its own (``docs/resume.md``): one
+    call going on past it trains every batch too (the resumed dataset's
+    ``cardinality()`` is a whole pass), but Keras warns "Your input ran out of
+    data" at the end of the resumed epoch, and a resumed ``to_loader`` refuses it.
     """
 
     def __init__(self, initial_state: Optional[Mapping[str, int]] = None,

@@ -1,26 +1,17 @@
 """``kerasfeed.orbax``: where a loader stands, in the same Orbax checkpoint as the model (custom loops).
 
-A pass's order is a pure function of ``(seed, pass)``, so a data position is
-the small JSON state ``to_loader(..., initial_state=...)`` takes (``ResumeState``:
-pass, batches consumed, the order's fingerprint, the items those batches
-held). ``DataSave`` makes it an item of an Orbax checkpoint, saved in the same
-step as the model's state, and ``DataRestore`` reads it back::
-
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            data=kerasfeed.orbax.DataSave(loader, epoch, batches)))
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                          data=kerasfeed.orbax.DataRestore()))
-    loader = kerasfeed.to_loader(seq, ..., initial_state=restored.data)
+The position is the JSON state ``to_loader(..., initial_state=...)`` takes
+(``ResumeState``); ``DataSave``/``DataRestore`` make it an item of the same
+Orbax step as the model's state (the pattern: ``docs/orbax.md``).
 
 NOTE [ A plain JSON item ]: the item is Orbax's own JSON item
-(``ocp.args.JsonSave``/``JsonRestore``, ``JsonCheckpointHandler``), not a
-handler of kerasfeed's as Grain registers for its iterators: any Orbax
-reader (``ocp.args.JsonRestore()``, the v1 ``ocp.v1.load_checkpointables``)
-reads it without importing kerasfeed, it is written by the primary process
-only (every process of a run holds the same state: the fingerprint leaves
-the shard out), and the checks happen where the state is used:
-``to_loader``/``to_dataset`` refuse a state of another order or batch size.
-Orbax is imported only by ``DataSave``/``DataRestore``.
+(``ocp.args.JsonSave``/``JsonRestore``), not a handler of kerasfeed's as Grain
+registers for its iterators: any Orbax reader (``ocp.args.JsonRestore()``, the
+v1 ``ocp.v1.load_checkpointables``) reads it without importing kerasfeed, the
+primary process alone writes it (every process holds the same state: the
+fingerprint leaves the shard out), and ``to_loader``/``to_dataset`` check it
+where it is used (another order or batch size is refused). Orbax is imported
+only by ``DataSave``/``DataRestore``.
 """
 
 from __future__ import annotations

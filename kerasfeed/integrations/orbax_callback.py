@@ -1,11 +1,9 @@
 """``kerasfeed.OrbaxCheckpoint``: Keras' Orbax callback, with the data position in the same checkpoint.
 
-Keras' ``OrbaxCheckpoint`` saves one Orbax step per save (the checkpointables ``pytree``: model,
-optimizer and metrics variables, ``model_config`` and ``assets``) through ``self.checkpointer`` (an
-``ocp.v1.training.Checkpointer``), and restores nothing by itself. This subclass wraps that
-checkpointer to add a ``kerasfeed`` checkpointable, the record ``kerasfeed.BackupAndRestore`` commits
-(``FitData.position``), to every step: Orbax writes and commits the step as a whole, so weights and
-position never disagree. ``restore=True`` restores the latest step at ``on_train_begin`` (``FitData.restore``).
+Keras' ``OrbaxCheckpoint`` saves each step's checkpointables (``pytree``: the variables;
+``model_config``, ``assets``) through ``self.checkpointer`` and restores nothing itself. This
+subclass wraps that checkpointer to add a ``kerasfeed`` checkpointable (``FitData.position``) that
+Orbax commits with the step, and ``restore=True`` restores the latest step (``docs/orbax.md``).
 """
 
 from __future__ import annotations
@@ -38,16 +36,10 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
     with the weights, atomically.
 
     With ``restore=True``, a ``fit`` whose ``directory`` holds a checkpoint
-    starts from its latest step: model, optimizer and metrics variables,
-    the epoch, and inside the interrupted epoch at its first batch not
-    trained yet; later epochs are whole passes, so the final weights are
-    those of a run never interrupted (with deterministic ops). The data
-    rules are ``BackupAndRestore``'s: a ``to_dataset``/``to_loader`` made
-    without ``initial_state``, epochs that are whole passes; another order,
-    seed, batch size or pass length is refused, naming what changed; other
-    data restores model and epoch and warns that the epoch starts again.
-    A finished run's last checkpoint starts the next ``fit`` at its end (no
-    epoch left): use a new ``directory`` to train again from scratch.
+    starts from its latest step (variables, epoch, and the interrupted
+    epoch's first batch not trained yet), by ``BackupAndRestore``'s data
+    rules (``docs/orbax.md``). A finished run's last checkpoint leaves no
+    epoch to train: use a new ``directory`` to train again from scratch.
 
     Args:
         directory, monitor, verbose, save_best_only, mode, save_freq,

@@ -1,19 +1,17 @@
 """TensorBoard scalars for the callbacks (``InputStats``, ``WorkerSummaries``).
 
-NOTE [ Scalars without TensorFlow ]
-===================================
-
-Under the JAX and PyTorch backends TensorFlow is often not installed (the
-TF-free path of ``to_loader``), and where it is, importing it for a summary
-writer costs seconds and, on a GPU, lets TensorFlow reserve the GPU's memory
-beside the backend's. So under those backends the callbacks write the event
-files here: TFRecord frames of ``Event`` messages, each scalar byte for byte
-as ``tf.summary.scalar`` writes it (a float32 scalar tensor with the
-``scalars`` plugin's metadata), which TensorBoard, tbparse and
-``EventAccumulator`` read alike (tests compare the bytes with TensorFlow's).
-Under the TensorFlow backend ``tf.summary`` writes, as before; it also
-reaches ``gs://`` and TensorFlow's other file systems, so a ``log_dir`` with
-a scheme uses it under any backend (TensorFlow then must be installed).
+NOTE [ Scalars without TensorFlow ]: under the JAX and PyTorch backends
+TensorFlow is often not installed (the TF-free path of ``to_loader``), and
+where it is, importing it for a summary writer costs seconds and, on a GPU,
+lets TensorFlow reserve the GPU's memory beside the backend's. So under those
+backends the callbacks write the event files here: TFRecord frames of
+``Event`` messages, each scalar byte for byte as ``tf.summary.scalar`` writes
+it (a float32 scalar tensor with the ``scalars`` plugin's metadata), which
+TensorBoard, tbparse and ``EventAccumulator`` read alike (tests compare the
+bytes with TensorFlow's). Under the TensorFlow backend ``tf.summary`` writes;
+it also reaches ``gs://`` and TensorFlow's other file systems, so a
+``log_dir`` with a scheme uses it under any backend (TensorFlow then must be
+installed).
 """
 
 from __future__ import annotations
@@ -35,10 +33,6 @@ _DT_FLOAT = 1
 _COUNTER = itertools.count()
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path
-
-
 def _tensorflow_backend() -> bool:
     import keras
 
@@ -58,7 +52,7 @@ def check_log_dir(log_dir: Any, *, owner: str) -> str:
     path = os.fspath(log_dir)
     if isinstance(path, bytes) or not path:
         raise TypeError(f"{owner}: `log_dir` must be a non-empty str path. Received: log_dir={log_dir!r}")
-    if _is_url(path):
+    if "://" in path:
         if not _tensorflow_backend() and importlib.util.find_spec("tensorflow") is None:
             raise ValueError(
                 f"{owner}: `log_dir` {path!r} is a URL; kerasfeed writes TensorBoard scalars to it through "
@@ -95,10 +89,6 @@ def _scalar_event(wall_time: float, step: int, tag: str, value: float) -> list:
     return head + _records.message(5, summary)
 
 
-def _version_event(wall_time: float) -> list:
-    return [b"\x09" + struct.pack("<d", wall_time), _records.field(3, len(_FILE_VERSION)), _FILE_VERSION]
-
-
 class EventFile:
     """One TensorBoard event file in ``run_dir`` (made if missing), written without TensorFlow."""
 
@@ -108,7 +98,7 @@ class EventFile:
                 f"{next(_COUNTER)}.v2")
         self.path = os.path.join(run_dir, name)
         self._file: Optional[Any] = open(self.path, "ab")
-        self._put(_version_event(time.time()))
+        self._put([b"\x09" + struct.pack("<d", time.time()), _records.field(3, len(_FILE_VERSION)), _FILE_VERSION])
         self.flush()
 
     def _put(self, pieces: list) -> None:
@@ -158,7 +148,7 @@ class TFSummary:
 def scalar_writer(run_dir: str) -> Union[EventFile, TFSummary]:
     """The writer for ``run_dir``: ``tf.summary`` under the TensorFlow backend
     or for a URL, an ``EventFile`` otherwise (NOTE above)."""
-    if _is_url(run_dir) or _tensorflow_backend():
+    if "://" in run_dir or _tensorflow_backend():
         return TFSummary(run_dir)
     return EventFile(run_dir)
 

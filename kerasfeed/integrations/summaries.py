@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional, Union
 
 import keras
+import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
@@ -100,8 +101,7 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     def _ensure_writer(self):
         if self._writer is None:
-            # Resolved when training starts: the strategy (and so the worker
-            # index) is known by then.
+            # Resolved when training starts: the strategy (and so the worker index) is known by then.
             self.run_dir = worker_run_dir(self.log_dir)
             self._writer = scalar_writer(self.run_dir)
         return self._writer
@@ -143,8 +143,6 @@ def _number(value: Any) -> Optional[float]:
     if isinstance(value, numbers.Number):
         return float(value)
     try:
-        import numpy as np
-
         arr = np.asarray(value)
     except Exception:  # noqa: BLE001 - not array-like: not a scalar to write
         return None

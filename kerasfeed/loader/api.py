@@ -104,7 +104,7 @@ def to_loader(
             memory, which stays lent to the batch until the batch and every
             view of it are gone (processes). True: every batch is made of
             fresh arrays that share nothing with the source or the workers
-            (one copy per batch). See ``kerasfeed/loader/batches.py``.
+            (one copy per batch). See docs/backends.md.
         device_prefetch: batches placed on the accelerator ahead of the step
             by a thread of the loader, where Keras' JAX trainer would put
             them (its distribution's data sharding, or the default device)

@@ -1,20 +1,9 @@
-"""Reading one batch of a pass, and what a batch's arrays share (TF-free).
+"""Reading one batch of a pass (TF-free).
 
-What ``iter(loader)`` yields, by default without a copy in this process:
-
-- ``batch_size=None`` (items are batches), threads: the arrays ``source[i]``
-  returned, as they are: if the source changes them later, the batch changes
-  too (``copy=True`` hands over fresh arrays instead).
-- ``batch_size=None``, worker processes: views of the shared memory the worker
-  wrote the item into (items of 256 KB or more; smaller ones are copied out).
-  The memory stays lent to the batch while the batch or any view of it is
-  alive (no worker writes into it, so a kept batch never changes) and goes
-  back to the pool with the last reference; past the pool's lending budget
-  (16 items per worker, 256 MB) items are copied, so keeping many batches
-  stays correct, only slower. ``copy=True`` copies every item out at once.
-- ``batch_size=n``: samples are written straight into one array per leaf
-  allocated for the batch (``BatchBuilder``): one copy, needed to stack them;
-  the batch shares nothing with the samples.
+What a batch's arrays share with the source and the workers, by default and
+with ``copy=True``: docs/backends.md, *What a batch shares*. With
+``batch_size=n`` samples are written straight into one array per leaf
+allocated for the batch (``BatchBuilder``).
 """
 
 from __future__ import annotations

@@ -43,6 +43,15 @@ def from_numpy(torch: Any, a: np.ndarray) -> Any:
     return t if t.dtype == dtype else t.view(dtype)
 
 
+def cpu_tensor(torch: Any, a: np.ndarray) -> Any:
+    """``a`` as a CPU tensor sharing its memory (copied first if read-only); strings stay numpy."""
+    if a.dtype == object:
+        return a  # strings: torch has no such tensor
+    if not a.flags.writeable:
+        a = a.copy()  # torch.from_numpy needs writable memory
+    return from_numpy(torch, a)
+
+
 class TorchBatches:
     """A loader's batches as torch tensors; ``iter()`` reads one pass.
 
@@ -56,18 +65,11 @@ class TorchBatches:
     def __iter__(self) -> Iterator[Any]:
         import torch
 
-        def to_tensor(a: np.ndarray) -> Any:
-            if a.dtype == object:
-                return a  # strings: torch has no such tensor
-            if not a.flags.writeable:
-                a = a.copy()  # torch.from_numpy needs writable memory
-            return from_numpy(torch, a)
-
         for batch in self.loader:
-            yield map_arrays(to_tensor, batch)
+            yield map_arrays(lambda a: cpu_tensor(torch, a), batch)
 
     def __len__(self) -> int:
         return self.loader.num_batches
 
 
-__all__ = ["TorchBatches", "from_numpy", "map_arrays", "torch_dtype"]
+__all__ = ["TorchBatches", "cpu_tensor", "from_numpy", "map_arrays", "torch_dtype"]

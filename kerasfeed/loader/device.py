@@ -64,7 +64,7 @@ import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_fit import report
-from kerasfeed.loader.convert import TorchBatches, from_numpy, map_arrays, torch_dtype
+from kerasfeed.loader.convert import TorchBatches, cpu_tensor, map_arrays, torch_dtype
 
 # Batches placed ahead when device_prefetch=None and the batches go to an accelerator.
 ACCELERATOR_DEPTH = 2
@@ -263,14 +263,10 @@ class _TorchPlace:
         self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
 
     def _tensor(self, a: np.ndarray) -> Any:
-        if a.dtype == object:
-            return a  # strings: torch has no such tensor
-        if self.cuda:
+        if self.cuda and a.dtype != object:
             return host_copy(self.torch, a, pin=True).to(self.device, non_blocking=True)
-        if not a.flags.writeable:
-            a = a.copy()  # torch.from_numpy needs writable memory
-        x = from_numpy(self.torch, a)
-        return x if self.device.type == "cpu" else x.to(self.device)
+        x = cpu_tensor(self.torch, a)
+        return x if a.dtype == object or self.device.type == "cpu" else x.to(self.device)
 
     def __call__(self, batch: Any) -> tuple[Any, Any]:  # the prefetch thread
         if not self.cuda:
@@ -350,9 +346,7 @@ class DeviceFeed:
         return {"device": self.stats.snapshot()}
 
     def _resolve(self, accelerator: bool) -> int:
-        if self.depth is not None:
-            return self.depth
-        return ACCELERATOR_DEPTH if accelerator else 0
+        return self.depth if self.depth is not None else (ACCELERATOR_DEPTH if accelerator else 0)
 
     def keras_jax(self) -> Iterator[Any]:
         """What Keras' JAX trainer drains: numpy batches, or placed ones with prefetch."""
@@ -362,9 +356,8 @@ class DeviceFeed:
         keep = JAX_KERAS_AHEAD + (depth + 1 if depth else 0)
         place, target = _jax_place(None, keras=True) if depth else (None, "numpy (Keras places them)")
         self.stats.depth, self.stats.target = (depth if place is not None else 0), target
-        if place is None:
-            return self.passes.iterator(keep=keep)
-        return DeviceIterator(self.passes.iterator(keep=keep), place, depth, self.stats)
+        source = self.passes.iterator(keep=keep)
+        return source if place is None else DeviceIterator(source, place, depth, self.stats)
 
     def jax(self, device: Any = None) -> Iterator[Any]:
         """``loader.jax(device)``: JAX arrays on ``device`` (the default device if None)."""

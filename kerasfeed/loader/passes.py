@@ -120,12 +120,8 @@ class Passes:
 
     def _replayable(self) -> Optional[Pass]:
         p = self._open
-        if p is None or p.reader != self._newest:
-            return None
-        kept = p.kept
-        if kept is not None and 1 <= p.position == len(kept):
-            return p
-        return None
+        kept = None if p is None or p.reader != self._newest else p.kept  # read once: a reader may drop it
+        return p if kept is not None and 1 <= p.position == len(kept) else None
 
     @property
     def next_batches(self) -> int:
@@ -183,14 +179,10 @@ class PassIterator:
                 p.keep = max(p.keep, self._keep)
             if self._replay:
                 return self._replay.pop(0)
-            if p.position >= p.batches:
+            batch = passes.read(p) if p.position < p.batches else END
+            if batch is END:  # read to its end, or it ended on items left out (max_skipped)
                 self._done = True
-                p.kept = None  # read to its end: never taken over (a one-batch pass included)
-                raise StopIteration
-            batch = passes.read(p)
-            if batch is END:  # the pass ended on items left out (max_skipped)
-                self._done = True
-                p.kept = None
+                p.kept = None  # never taken over (a one-batch pass included)
                 raise StopIteration
             p.position += 1
             if p.kept is not None:

@@ -1,15 +1,11 @@
 """The members of a distributed run check that their pipelines agree: one protocol, a list of facts.
 
-Every worker of a ``tf.distribute`` cluster (``shards.py``) and every process
-of a multi-process Keras distribution (``hosts.py``) builds its own pipeline
-over its own shard; from another source length, seed, shard count, batching
-or resume state, shards would overlap or step counts differ, silently. So the
-members all-gather one int64 row of codes of the facts their caller lists
-(``check_agreement``), through the cluster's collective ops
-(``check_workers``: a worker that never joins fails after
-``AGREEMENT_TIMEOUT_S``) or JAX (``hosts.exchange``). A mismatch fails on
-every member, naming what differs; a member whose pipeline failed sends a
-failure row, so the others raise instead of waiting at the first step.
+Every ``tf.distribute`` worker (``shards.py``) and every process of a multi-process Keras
+distribution (``hosts.py``) builds its own pipeline over its own shard; with another source length,
+seed, shard count, batching or resume state, shards would overlap or step counts differ, silently.
+So the members all-gather one int64 row of the facts' codes (``check_agreement``) through the
+cluster's collective ops (``check_workers``) or JAX (``hosts.exchange``). What a mismatch or a
+failed member raises: docs/multiworker.md, *Agreement check and errors*.
 """
 
 from __future__ import annotations

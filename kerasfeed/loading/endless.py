@@ -61,12 +61,10 @@ class EndlessPipeline(PassPipeline):
     ``set_epoch`` and ``on_epoch_begin`` and plans the first block;
     ``on_epoch_end`` is never called (the pass never ends)."""
 
-    def __init__(self, source: Any, executor: Executor, checker: Any, num_shards: int = 1, shard_index: int = 0,
-                 block: int = BLOCK):
+    def __init__(self, source: Any, executor: Executor, checker: Any, num_shards: int = 1, shard_index: int = 0):
         super().__init__(source, None, executor, checker, 0, 0)
         self._num_shards = int(num_shards)
         self._shard_index = int(shard_index)
-        self._block = int(block)
         self._current = -1  # the newest pass: older iterators no longer plan
 
     def first_index(self) -> int:
@@ -76,14 +74,12 @@ class EndlessPipeline(PassPipeline):
         return self._num_shards
 
     def _indices(self, k: int) -> np.ndarray:
-        positions = np.arange(k * self._block, (k + 1) * self._block, dtype=np.int64)
+        positions = np.arange(k * BLOCK, (k + 1) * BLOCK, dtype=np.int64)
         return positions * self._num_shards + self._shard_index
 
     def _plan(self, epoch: int, k: int) -> None:
-        if self.executor.plans_next_pass:
-            self.executor.plan(epoch, self._indices(k), (epoch, self._indices(k + 1)))
-        else:
-            self.executor.plan(epoch, self._indices(k))
+        upcoming = (epoch, self._indices(k + 1)) if self.executor.plans_next_pass else None
+        self.executor.plan(epoch, self._indices(k), upcoming)
 
     def begin(self):
         with self._lock:
@@ -105,8 +101,8 @@ class EndlessPipeline(PassPipeline):
         index, epoch = int(i), int(epoch)
         arrays = self._arrays(index, epoch)  # None: left out (max_skipped)
         position = self.position_of(index, epoch)
-        if position % self._block == self._block - 1 and epoch == self._current:
-            self._plan(epoch, position // self._block + 1)
+        if position % BLOCK == BLOCK - 1 and epoch == self._current:
+            self._plan(epoch, position // BLOCK + 1)
         return arrays
 
 

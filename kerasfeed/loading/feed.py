@@ -1,11 +1,8 @@
 """The stage every front end starts with: a source, its passes and its executor (TF-free).
 
-``open_feed`` takes the source, its length and the front end's options
-(``options.py``) and resolves, in this order: what an endless source cannot
-do, the shards (the front end's own way, ``shards.py``), the passes
-(``arguments.py``) and the executor. The front end then probes items
-(``Feed.probe``) to learn what every item must look like, and builds the pass
-pipeline (``Feed.pipeline``) its assembly drives: a ``tf.data`` graph for
+``open_feed`` resolves, in this order, what an endless source cannot do, the shards (the front
+end's own way), the passes and the executor. The front end then probes items (``Feed.probe``) and
+builds the pass pipeline (``Feed.pipeline``) its assembly drives: a ``tf.data`` graph for
 ``to_dataset``, plain Python for ``to_loader``.
 """
 
@@ -159,18 +156,15 @@ class Feed:
             pipeline.resume_skipped(passes.resume.epoch, passes.resume.skipped_in(passes.resume.epoch))
         return pipeline
 
-    def abandon(self) -> None:
-        """The front end failed: stops the executor if it was made here (no workers left behind)."""
-        if self.owns_executor:
-            self.executor.close()
-
     @contextlib.contextmanager
     def closing_on_error(self) -> Iterator[None]:
-        """``abandon`` when the block raises, then re-raise."""
+        """When the block (the front end) raises: stops the executor if it was made here (no workers
+        left behind), then re-raises."""
         try:
             yield
         except BaseException:
-            self.abandon()
+            if self.owns_executor:
+                self.executor.close()
             raise
 
 

@@ -1,32 +1,24 @@
 """Which shard of every pass this process reads under a multi-process Keras distribution.
 
-Keras 3's multi-host ``model.fit`` is its distribution API on JAX
-(``keras.distribution.initialize`` + ``DataParallel``/``ModelParallel``): one
-process per host, each feeding its *own part* of every global batch
-(``jax.make_array_from_process_local_data`` joins the processes' batches).
-Keras shards only ``tf.data`` input itself: ``get_data_adapter`` hands a
-``DataAdapter`` (a ``to_loader``) to ``fit`` unchanged, before its auto-shard
-check. So a loader must read this process's shard by itself, or the global
-batch holds each item once per process. This module decides the shard
-(TF-free; JAX and Keras are looked up only when the program imported them)
-and checks that the processes agree before the first step.
+Keras 3's multi-host ``model.fit`` (``keras.distribution`` on JAX, one process per host) joins the
+processes' batches into each global batch (``jax.make_array_from_process_local_data``) but shards
+only ``tf.data`` input itself: ``get_data_adapter`` hands a ``DataAdapter`` (a ``to_loader``) to
+``fit`` before its auto-shard check. So a loader reads this process's shard by itself, or the
+global batch holds each item once per process. This module decides the shard (TF-free; JAX and
+Keras are looked up only when the program imported them) and checks that the processes agree
+before the first step.
 
 NOTE [ processes under keras.distribution ]
-Each process's batch fills the batch-axis slices its devices hold, so
-processes holding the same slices must feed the same data and the others
-disjoint data: the shards are the distinct sets of batch-axis slices the
-processes hold (read from the device mesh), and this process reads its own.
-In the usual meshes that is Keras' own rule for ``tf.data``
-(``Distribution.distribute_tf_dataset``), used when the mesh cannot be read:
-with ``R`` model replicas along the batch dimension and ``P`` processes,
-``min(R, P)`` shards, this process reading ``distribution.data_shard_id`` (its
-process index under ``DataParallel``; processes holding one replica together
-read the same shard; ``R == 1``: every process reads everything). Each shard
-is cut as ``to_dataset``'s are (``IndexOrder``: every ``num_shards``-th entry
-of the pass order, cut to ``n // num_shards``), so every process takes the
-same number of steps. ``batch_size`` is the *per-process* batch: a step's
-global batch is ``batch_size * num_shards`` samples, and the per-process
-batch is split again among this process's devices, so it must divide among them.
+The shards are the distinct sets of batch-axis slices the processes' devices hold (read from the
+device mesh): processes holding the same slices feed the same data, the others disjoint data. When
+the mesh cannot be read, Keras' own rule for ``tf.data`` (``Distribution.distribute_tf_dataset``,
+the same in the usual meshes): ``min(R, P)`` shards for ``R`` model replicas along the batch
+dimension and ``P`` processes, this process reading ``distribution.data_shard_id`` (``R == 1``:
+every process reads everything). Shards are cut as ``to_dataset``'s (``IndexOrder``: every
+``num_shards``-th entry of the pass order, cut to ``n // num_shards``), so every process takes the
+same steps. ``batch_size`` is the per-process batch (a step's global batch: ``batch_size *
+num_shards``), split again among this process's devices, so it must divide among them
+(docs/multiworker.md, *Who reads what* and *Batch sizes*).
 """
 
 from __future__ import annotations
@@ -214,57 +206,42 @@ class _ProcessShardOrder:
         return f"{self.order!r} (shard {self.shard_index} of {self.num_shards}: this process's)"
 
 
-def process_shards(
-    processes: ProcessShards, *, length: int, order: Any, shuffle: bool, seed: Optional[int], owner: str
-) -> tuple[Optional[int], Optional[int], Any]:
-    """``(num_shards, shard_index, order)`` for a loader of this process: an
-    unsharded ``order=`` object is cut into this process's shard; one built
-    with ``num_shards > 1`` is taken as it is (its shards are yours).
+def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPlan]:
+    """The shard resolver of a loader of this process (see ``feed.ShardResolver``): this process's
+    shard; an unsharded ``order=`` object is cut into it, one built with ``num_shards > 1`` is taken
+    as it is (its shards are yours).
 
-    Raises:
-        ValueError: shuffling across processes without a ``seed``, or fewer
-            entries in a pass (the order's, else the source's ``length``)
-            than shards.
+    The resolver raises ValueError: shuffling across processes without a ``seed``, or fewer entries
+    in a pass (the order's, else the source's) than shards.
     """
     n, k = processes.num_shards, processes.shard_index
 
-    def too_short(what: str, count: str, received: str) -> ValueError:
+    def too_short(owner: str, what: str, count: str, received: str) -> ValueError:
         return ValueError(
             f"{owner}: {what} has {count} per pass, fewer "
             f"than the {n} data shards of the {processes.num_processes}-process {processes.source} "
             f"(process {processes.process_index}): every shard needs one. Received: {received}"
         )
 
-    if order is not None:
-        if n == 1 or int(getattr(order, "num_shards", 1) or 1) > 1:
-            return None, None, order
-        if int(order.shard_length) < n:
-            raise too_short("the `order`", f"{int(order.shard_length)} entries", f"order={order!r}")
-        return None, None, _ProcessShardOrder(order, n, k)
-    if shuffle and seed is None:
-        raise ValueError(
-            f"{owner}: `shuffle=True` under a {processes.num_processes}-process {processes.source} needs an explicit "
-            f"`seed`: every process must draw the same permutation of every pass, so that their shards stay "
-            "disjoint (or, with one shard, their batches equal). Pass the same seed on every process. "
-            "Received: seed=None"
-        )
-    if length < n:
-        raise too_short("the source", f"{length} items", f"len(source)={length}")
-    return n, k, None
-
-
-def process_shard_plan(processes: ProcessShards) -> Callable[[Any, int], ShardPlan]:
-    """The shard resolver of a loader of this process (see ``feed.ShardResolver``):
-    ``process_shards`` from the loader's options, as a ``ShardPlan``."""
-
     def resolve(options: Any, length: int) -> ShardPlan:
-        num_shards, shard_index, order = process_shards(
-            processes, length=length, order=options.order, shuffle=options.shuffle, seed=options.seed,
-            owner=options.owner,
-        )
-        num_shards = 1 if num_shards is None else num_shards
-        together = joined_shards(processes, max(processes.num_shards, order_shards(options.order)))
-        return ShardPlan(num_shards, 0 if shard_index is None else shard_index, num_shards, order, together)
+        order, owner = options.order, options.owner
+        together = joined_shards(processes, max(n, order_shards(order)))
+        if order is not None:
+            if n > 1 and int(getattr(order, "num_shards", 1) or 1) <= 1:
+                if int(order.shard_length) < n:
+                    raise too_short(owner, "the `order`", f"{int(order.shard_length)} entries", f"order={order!r}")
+                order = _ProcessShardOrder(order, n, k)
+            return ShardPlan(1, 0, 1, order, together)
+        if options.shuffle and options.seed is None:
+            raise ValueError(
+                f"{owner}: `shuffle=True` under a {processes.num_processes}-process {processes.source} needs an "
+                f"explicit `seed`: every process must draw the same permutation of every pass, so that their shards "
+                "stay disjoint (or, with one shard, their batches equal). Pass the same seed on every process. "
+                "Received: seed=None"
+            )
+        if length < n:
+            raise too_short(owner, "the source", f"{length} items", f"len(source)={length}")
+        return ShardPlan(n, k, n, None, together)
 
     return resolve
 
@@ -335,5 +312,4 @@ def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]
 
 __all__ = [
     "FACTS", "ProcessShards", "agreed", "current_processes", "exchange", "pass_facts", "process_shard_plan",
-    "process_shards",
 ]

@@ -1,13 +1,9 @@
 """The arguments every front end shares, resolved once into one options object (TF-free).
 
-``to_dataset`` and ``to_loader`` take the same batching, order, shard, resume
-and executor arguments, into a ``LoadOptions`` with the front end's own fields
-added (``DatasetOptions`` in ``kerasfeed/tfdata/options.py``,
-``LoaderOptions`` in ``kerasfeed/loader/options.py``). It is checked once,
-when built (``__post_init__``, before any item is loaded or any worker
-starts), and passed whole to every later stage: the shards (``shards.py``),
-the passes (``arguments.py``), the executor and the pass pipeline
-(``feed.py``), then the front end's own assembly.
+``to_dataset`` and ``to_loader`` take the same batching, order, shard, resume and executor
+arguments, into a ``LoadOptions`` with their own fields added (``tfdata/options.py``,
+``loader/options.py``). It is checked once, when built (before any item is loaded or any worker
+starts), and passed whole to every later stage (``feed.py``).
 """
 
 from __future__ import annotations
@@ -30,27 +26,20 @@ class LoadOptions:
     """The arguments a front end shares with every other, checked once.
 
     Attributes (as the public functions document them):
-        batch_size: None when items are already batches; an int batches them.
-        drop_remainder: with ``batch_size``, drop the last short batch.
-        padding_values: what variable-shape samples are padded with.
-        shuffle, seed: a new seeded permutation every pass.
-        order: an order object instead of ``shuffle``/``seed``/shards.
+        batch_size, drop_remainder, padding_values: the batching (``batch_size`` None: items are batches).
+        shuffle, seed, order: the order of every pass (``order`` instead of ``shuffle``/``seed``/shards).
         num_shards, shard_index, input_context: as given (None: not given);
             ``shards.py`` resolves them once the source length is known.
         initial_state: where a saved run stopped (``resume`` holds it checked).
-        executor: ``"threads"``, ``"processes"``, ``"auto"`` or an
-            ``Executor`` instance.
-        workers, worker_init, timeout: worker options (``pool`` holds them
-            checked, with ``seed``).
-        retries, worker_max_items, worker_max_rss: an item tried again after
-            a failure; workers replaced at a limit (``pool`` holds them
-            checked; ``execution/retries.py``).
-        max_skipped: items of a pass that may fail (after their retries) and
-            be left out: an int count or a float fraction of a pass; 0 (the
-            default) fails fast (``loading/skips.py``).
+        executor: ``"threads"``, ``"processes"``, ``"auto"`` or an ``Executor`` instance.
+        workers, worker_init, timeout, retries, worker_max_items, worker_max_rss: the worker
+            options (``pool`` holds them checked, with ``seed``; retries and worker limits:
+            ``execution/retries.py``).
+        max_skipped: items of a pass that may fail (after their retries) and be left out: an int
+            count or a float fraction of a pass; 0 (the default) fails fast (``loading/skips.py``).
         probe: leading items (and the last) probed for the structure.
-        cache: ``"memory"``, a directory, a ``kerasfeed.Cache`` or None;
-            held as a ``Cache`` (or None) once checked (``cache/options.py``).
+        cache: ``"memory"``, a directory, a ``kerasfeed.Cache`` or None; held as a ``Cache`` (or
+            None) once checked (``cache/options.py``).
 
     Derived (not arguments):
         pool: the ``PoolOptions`` every process executor uses whole.

@@ -82,7 +82,7 @@ class PassPipeline:
     def begin(self) -> tuple[IndexView, np.int64]:
         """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
         (``indices.window(start, stop)``; never the whole pass in memory)."""
-        epoch, skip = self.upcoming(consume=True)
+        epoch, skip = self._upcoming()
         indices = pass_view(self._order, epoch)[skip:]
         with self._lock:
             self._remaining[epoch] = len(indices)
@@ -98,23 +98,19 @@ class PassPipeline:
         self._run_begin_hooks(epoch)
         # After the hooks: an executor in this process makes items from now on. Worker processes may
         # also go on with the next pass's first items when this one is all requested (its order is seeded).
-        if self.executor.plans_next_pass:
-            self.executor.plan(epoch, indices, (epoch + 1, pass_view(self._order, epoch + 1)))
-        else:
-            self.executor.plan(epoch, indices)
+        upcoming = (epoch + 1, pass_view(self._order, epoch + 1)) if self.executor.plans_next_pass else None
+        self.executor.plan(epoch, indices, upcoming)
         return indices, np.int64(epoch)
 
-    def upcoming(self, consume: bool = False) -> tuple[int, int]:
-        """``(pass, items skipped)`` of the pass that begins next; ``consume``
-        marks it begun (the next one then follows it)."""
+    def _upcoming(self) -> tuple[int, int]:
+        """``(pass, items skipped)`` of the pass that begins now, marked begun (the next one follows it)."""
         target = self.fit_target()
         with self._lock:
             epoch, skip = self._next, self._skip
             if target is not None:
                 epoch, skip = target[0], self._pins.get(target[0], 0)
-            if consume:
-                self._next, self._skip = epoch + 1, 0
-                self._pins.pop(epoch, None)
+            self._next, self._skip = epoch + 1, 0
+            self._pins.pop(epoch, None)
         return epoch, skip
 
     def fit_target(self) -> Optional[tuple[int, int]]:
@@ -316,8 +312,7 @@ class PassPipeline:
             view, left = self._views.get(epoch), self._remaining.get(epoch, 0)
         if view is None:
             return None
-        offset = self.skips.offset(epoch)
-        taken = {p - offset for p in self.skips.positions(epoch)}
+        offset, taken = self.skips.taken(epoch)
         found = find_position(view, index, len(view) - left, taken)
         return None if found is None else offset + found
 

@@ -1,21 +1,17 @@
 """Which shard of every pass a pipeline reads, for every front end.
 
-A pipeline reads one of ``num_shards`` disjoint shards of every pass
-(``IndexOrder``), by precedence: an ``input_context`` (a
-``tf.distribute.InputContext``, or any object with ``num_input_pipelines``
-and ``input_pipeline_id``) or explicit ``num_shards``/``shard_index``
-(``shards_from``); else, in a worker of a multi-worker ``tf.distribute``
-cluster, one shard per worker (``current_worker``); else the whole source.
+A pipeline reads one of ``num_shards`` disjoint shards of every pass (``IndexOrder``), by
+precedence: an ``input_context`` (a ``tf.distribute.InputContext``, or any object with
+``num_input_pipelines`` and ``input_pipeline_id``) or explicit ``num_shards``/``shard_index``
+(``shards_from``); else one shard per worker of a multi-worker ``tf.distribute`` cluster
+(``current_worker``); else the whole source.
 
-Under ``tf.distribute.MultiWorkerMirroredStrategy`` every worker runs its own
-input pipeline, and tf.data's auto-sharding, finding no file reader in a
-``range -> numpy_function`` pipeline, falls back to sharding by data: every
-worker would make every item and throw away the others' (N times the work,
-silently). So kerasfeed shards its own index space by worker
-(``ShardPlan.parts`` tells a tf.data front end to turn auto-sharding off).
-The shards are chosen when the pipeline is created, as its number of steps
-depends on them and ``tf.distribute``/Keras read it before the first pass;
-the workers then check that they agree (``agreement.check_workers``).
+Under ``MultiWorkerMirroredStrategy`` tf.data's auto-sharding finds no file reader in a ``range ->
+numpy_function`` pipeline and falls back to sharding by data: every worker would make every item and
+throw away the others' (N times the work, silently). So kerasfeed shards its own index space by
+worker (``ShardPlan.parts`` tells a tf.data front end to turn auto-sharding off), when the pipeline
+is created: its number of steps depends on the shards, and ``tf.distribute``/Keras read it before
+the first pass. The workers then check that they agree (``agreement.check_workers``).
 """
 
 from __future__ import annotations

@@ -134,13 +134,11 @@ class SkipBudget:
                 for old in sorted(kept_per_pass)[:-KEPT_PASSES]:
                     del kept_per_pass[old]
 
-    def offset(self, epoch: int) -> int:
+    def taken(self, epoch: int) -> tuple[int, set]:
+        """``(offset, positions)``: where pass ``epoch`` was (re)read from; its skipped positions from there."""
         with self._lock:
-            return self._offsets.get(epoch, 0)
-
-    def positions(self, epoch: int) -> set:
-        with self._lock:
-            return {p for p, _ in self._passes.get(epoch, ())}
+            offset = self._offsets.get(epoch, 0)
+            return offset, {p - offset for p, _ in self._passes.get(epoch, ())}
 
     def count(self, epoch: int) -> int:
         """Items of pass ``epoch`` left out so far (those before a resumed start included)."""

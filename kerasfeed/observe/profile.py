@@ -1,24 +1,7 @@
 """``kerasfeed.profile(source)``: time a source every way, classify it, recommend a setup (TF-free).
 
-1. The probe of ``executor="auto"`` (``kerasfeed.execution.auto.probe_source``)
-   measures one call (wall and CPU time, time queued for a CPU, bytes, the
-   cost of one copy, CPUs two threads use at once), which classifies the source:
-
-   - **waiting**: CPU time is a small share of the call (I/O, sleeps);
-   - **transport-bound**: items of 4 MB and more, or a copy costing half the
-     call or more: moving the item is a large part of the work;
-   - **GIL-releasing**: two threads run it on 1.5 CPUs or more at once;
-   - **GIL-bound**: otherwise (pure Python, h5py's lock).
-
-2. The source is timed serially, on the thread executor and on worker
-   processes at several counts, as ``to_dataset`` drives them (the pass
-   planned ahead, items picked up in order). Thread runs also pay one copy
-   of each item in the consumer: TensorFlow copies every array a thread
-   returns; worker processes lend large items without a copy.
-
-3. The executor is ``executor="auto"``'s decision on the same probe (items
-   of 4 MB and more go to processes); the worker count the smallest measured
-   within 10 % of that executor's best, with the rate measured there.
+The method (the ``auto`` probe's categories, the timed runs, the recommendation) is in
+docs/observability.md, *kerasfeed.profile*.
 """
 
 from __future__ import annotations
@@ -78,22 +61,10 @@ def classify(probe: Any) -> tuple[str, str]:
     return "GIL-bound", f"two threads ran it on {par_text} at once (< {GIL_FREE_PARALLELISM}); {figures}"
 
 
-def _copy_out(item: Any) -> None:
-    from kerasfeed.execution.auto_probe import item_arrays
-
-    for a in item_arrays(item):
-        np.array(a, copy=True)
-
-
-def _time_serial(source: Any, indices: Sequence[int]) -> float:
-    t0 = time.perf_counter()
-    for i in indices:
-        item_at(source, i)
-    return time.perf_counter() - t0
-
-
 def _time_executor(ex: Any, indices: Sequence[int], copy: bool) -> tuple[float, StatsCollector]:
     """One planned pass through ``ex`` (pass 1; pass 0 warmed it up)."""
+    from kerasfeed.execution.auto_probe import item_arrays
+
     stats = StatsCollector("profile")
     ex.attach_stats(stats)
     stats.timeline = []
@@ -102,7 +73,8 @@ def _time_executor(ex: Any, indices: Sequence[int], copy: bool) -> tuple[float, 
     for i in indices:
         item = ex.load(i, 1)
         if copy:
-            _copy_out(item)
+            for a in item_arrays(item):
+                np.array(a, copy=True)
     seconds = time.perf_counter() - t0
     stats.timeline = [(lane, s - t0, e - t0) for lane, s, e in stats.timeline if e >= t0]
     return seconds, stats
@@ -293,14 +265,15 @@ def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optiona
 
 
 def _counts(name: str, value: Any) -> list:
-    """``workers=``/``threads=`` as a list of counts: one int is one count (it was a bare TypeError)."""
+    """``workers=``/``threads=`` as a list of counts, checked: one int is one count (it was a bare TypeError)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return [value]
+        value = [value]
     try:
-        return list(value)
+        value = list(value)
     except TypeError:
         raise TypeError(f"profile: `{name}` must be a sequence of ints (or one int, or None). "
                         f"Received: {name}={value!r}") from None
+    return [positive_int(name, v, owner="profile") for v in value]
 
 
 def _check_chart(chart: Any) -> None:
@@ -327,9 +300,8 @@ def profile(
 ) -> ProfileReport:
     """Times ``source`` every way, classifies it and recommends a setup.
 
-    Runs ``source[i]`` serially, on the thread executor and on worker
-    processes at several counts (see the module docstring for the method),
-    in this process and in short-lived worker processes.
+    Runs ``source[i]`` serially, on the thread executor and on short-lived
+    worker processes at several counts (the method: docs/observability.md).
 
     Args:
         source: an indexable source (``__len__`` and ``__getitem__``).
@@ -361,13 +333,8 @@ def profile(
     count = min(n, 64) if items is None else positive_int("items", items, owner="profile")
     per_batch = positive_int("batch_size", batch_size, allow_none=True, owner="profile") or 1
     cpus = _cpus()
-    if workers is None:
-        workers = sorted({1, 2, cpus, 2 * cpus})
-    else:
-        workers = [positive_int("workers", w, owner="profile") for w in _counts("workers", workers)]
-    threads = [1, 4, 16, 64] if threads is None else [
-        positive_int("threads", t, owner="profile") for t in _counts("threads", threads)
-    ]
+    workers = sorted({1, 2, cpus, 2 * cpus}) if workers is None else _counts("workers", workers)
+    threads = [1, 4, 16, 64] if threads is None else _counts("threads", threads)
     if not workers and not threads:
         raise ValueError(
             "profile: `workers` and `threads` are both empty: nothing to time (None gives the defaults). "
@@ -379,7 +346,10 @@ def profile(
 
     probe = probe_source(source)
     category, evidence = classify(probe)
-    serial = count / _time_serial(source, indices)
+    t0 = time.perf_counter()
+    for i in indices:
+        item_at(source, i)
+    serial = count / (time.perf_counter() - t0)
     runs, skipped = [_run_threads(source, indices, k) for k in sorted(set(threads))], []
     for k in sorted(set(workers)):
         try:

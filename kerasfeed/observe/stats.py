@@ -1,20 +1,16 @@
 """Live input statistics for every kerasfeed pipeline (TF-free).
 
-A ``StatsCollector`` sits next to each pipeline. The consumer records how long
-every pick-up blocked (``picked``); the producer how long each item took to
-make and where (``made``: a pool thread, a worker process that timed itself,
-a stream's generator or reader). Percentiles come from the most recent
-``window`` samples (a ring, never an unbounded list); totals count everything
-since the pipeline was built.
+A ``StatsCollector`` sits next to each pipeline: the consumer records how long
+every pick-up blocked (``picked``), the producer how long each item took to
+make and where (``made``). Percentiles come from the most recent ``window``
+samples (a ring); totals count everything since the pipeline was built.
 
 Per-item recording takes no lock and makes no clock read of its own (callers
-pass the times they already took): ``picked`` and ``made`` are straight-line
-attribute and list writes with no call between a read and its write, which
-CPython's GIL (Python 3.11, the version kerasfeed runs on) never interrupts,
-so concurrent recorders cannot lose an update. Structural changes (a new pass,
-a new worker) and ``snapshot`` take the lock. ``snapshot()`` returns a plain
-dict, with what the executor knows right now (items made ahead, in flight,
-shared memory, worker RSS) from the gauges registered with ``add_gauges``.
+pass the times they took): ``picked`` and ``made`` are straight-line attribute
+and list writes with no call between a read and its write, which CPython's GIL
+(Python 3.11, the version kerasfeed runs on) never interrupts, so concurrent
+recorders cannot lose an update. A new pass or worker, and ``snapshot``, take
+the lock; gauges (``add_gauges``) add what the executor knows right now.
 """
 
 from __future__ import annotations
@@ -50,10 +46,6 @@ class _Ring:
         self.values = array.array("d", bytes(8 * size))
         self.size = size
         self.count = 0
-
-    def add(self, value: float) -> None:
-        self.values[self.count % self.size] = value
-        self.count += 1
 
     def recent(self) -> np.ndarray:
         return np.frombuffer(self.values[: min(self.count, self.size)], dtype=np.float64)  # a slice: one atomic copy
@@ -158,11 +150,6 @@ class StatsCollector:
             while len(self._passes) > PASSES_KEPT:
                 self._passes.popitem(last=False)
 
-    def _pass_of(self, epoch: int) -> Optional[_Pass]:
-        with self._lock:
-            p = self._current = self._passes.get(epoch)
-        return p
-
     def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
         """The consumer got an item of pass ``epoch`` after blocking ``wait_s``
         (``now``: when, as ``time.perf_counter``)."""
@@ -170,7 +157,8 @@ class StatsCollector:
             now = time.perf_counter()
         p = self._current
         if p is None or p.epoch != epoch:
-            p = self._pass_of(epoch)
+            with self._lock:
+                p = self._current = self._passes.get(epoch)
         # From here to the end: no call (see the module docstring).
         ring = self._wait
         n = ring.count
@@ -210,7 +198,8 @@ class StatsCollector:
         try:
             entry = self._busy[worker]
         except KeyError:
-            entry = self._new_worker(worker)
+            with self._lock:
+                entry = self._busy.setdefault(worker, [0.0, 0])
         # From here to the end: no call (see the module docstring).
         ring = self._make
         n = ring.count
@@ -226,10 +215,6 @@ class StatsCollector:
                 self._first_made = end - busy
             if self.timeline is not None and len(self.timeline) < _TIMELINE_MAX:
                 self.timeline.append((worker if lane is None else lane, end - busy, end))
-
-    def _new_worker(self, worker: Any) -> list:
-        with self._lock:
-            return self._busy.setdefault(worker, [0.0, 0])
 
     def add_gauges(self, fn: Callable[[], dict]) -> None:
         """Registers a bound method returning instant figures (held weakly)."""

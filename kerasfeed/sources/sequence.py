@@ -121,10 +121,8 @@ class SceneSequence(_PyDataset):
 
 def _begin_pass(seq) -> None:
     seq._kf_in_epoch = True
-    # Under model.fit(seq) the pass is the fit's epoch, also when the fit starts
-    # at initial_epoch=e (given, or restored by Keras' BackupAndRestore) (NOTE
-    # [ The pass follows Keras' epoch ] in _keras_fit.py). Outside fit (and
-    # under to_dataset/to_loader, whose fit reads another x) nothing changes.
+    # Under model.fit(seq) the pass is the fit's epoch, from any initial_epoch (given or restored:
+    # NOTE [ The pass follows Keras' epoch ]); outside it (and under to_dataset/to_loader) nothing changes.
     fit = find_fit(lambda x: x is seq)
     if fit is not None and fit.missing:
         fit.unreadable()  # counted as outside fit; a fit from a later epoch is refused
@@ -136,13 +134,11 @@ def _begin_pass(seq) -> None:
 
 
 def _end_pass(seq) -> None:
-    # Keras also calls on_epoch_end once before the first epoch of every fit
-    # (EpochIterator.reset); only a call that ends a begun pass counts. Under
-    # JAX and PyTorch (and TensorFlow with a distribution strategy) that reset
-    # ends the one batch Keras read to build the model: no pass either, or
-    # the first epoch would read pass 1 (to_loader and to_dataset read 0).
-    # The reset is a few frames up (EpochIterator.reset -> PyDatasetAdapter.on_epoch_end
-    # -> overrides, bookkeeping -> here); an end of epoch proper comes from the iterator's generator.
+    # Only a call that ends a begun pass counts, and not the one from EpochIterator.reset (a few frames
+    # up, through PyDatasetAdapter.on_epoch_end and overrides) before a fit's first epoch: under JAX and
+    # PyTorch (and TensorFlow with a distribution strategy) it ends the one batch Keras read to build the
+    # model, and counted, the first epoch would read pass 1 (to_loader and to_dataset read 0). An end of
+    # epoch proper comes from the iterator's generator.
     if getattr(seq, "_kf_in_epoch", False):
         seq._kf_in_epoch = False
         if not called_by_epoch_iterator_reset(sys._getframe(1)):

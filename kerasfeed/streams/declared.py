@@ -16,22 +16,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from kerasfeed.errors import StreamError
-from kerasfeed.streams.options import END, NOT_READY
+from kerasfeed.streams.options import END, NOT_READY, NothingRaised
 
 
-class EpochLengthError(StreamError):
+class EpochLengthError(NothingRaised):
     """A pass of a stream with ``items_per_epoch`` had a different number of items."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.__cause__ = None  # nothing raised: no traceback to show
 
     def _subject(self) -> str:
         return f"{self.what} {self.exc_type}"
-
-    def __reduce__(self):
-        return (EpochLengthError, StreamError.__reduce__(self)[1])
 
 
 class CountedPass:

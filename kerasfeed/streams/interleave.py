@@ -90,7 +90,6 @@ class ShardPass:
         self._fatal: Optional[BaseException] = None  # a dead worker: fails the pass at once
         self._open = 0
         self._next_start = 0
-        self.threads: list[threading.Thread] = []
         # deterministic interleave state (mirrors tf.data's InterleaveDataset)
         self._cycle: list[Optional[_Shard]] = [None] * options.cycle_length
         self._ci = self._bi = self._num_open = self._next_open = 0
@@ -117,11 +116,7 @@ class ShardPass:
         self._next_start += 1
         sh.started = sh.open = True
         self._open += 1
-        t = threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True)
-        if len(self.threads) > 4 * max(1, self._max_open):
-            self.threads = [old for old in self.threads if old.is_alive()]  # a long pass keeps no dead threads
-        self.threads.append(t)
-        t.start()
+        threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True).start()
 
     def _produce(self, sh: _Shard) -> None:
         it = None
@@ -386,10 +381,3 @@ class ShardPass:
                 it.stop()
             except Exception:  # noqa: BLE001 - never fail a close
                 pass
-
-    def join(self, timeout: Optional[float] = None) -> bool:
-        """Waits for the producer threads to end; True if they all did."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for t in list(self.threads):
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self.threads)

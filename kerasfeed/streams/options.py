@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from kerasfeed import _validation as _v
+from kerasfeed.errors import StreamError
 
 
 class _Marker:
@@ -19,6 +20,17 @@ class _Marker:
 
 NOT_READY = _Marker("NOT_READY")  # take(): nothing arrived within the timeout
 END = _Marker("END")  # take(): the pass is over
+
+
+class NothingRaised(StreamError):
+    """A ``StreamError`` that no exception caused: no traceback to show."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__cause__ = None
+
+    def __reduce__(self):
+        return (type(self), StreamError.__reduce__(self)[1])
 
 
 @dataclasses.dataclass(frozen=True)

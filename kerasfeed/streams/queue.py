@@ -32,7 +32,7 @@ from typing import Any, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError
 from kerasfeed.execution.waits import WaitScope
-from kerasfeed.streams.options import END, NOT_READY
+from kerasfeed.streams.options import END, NOT_READY, NothingRaised
 
 
 class _EndOfEpoch:
@@ -64,18 +64,11 @@ class _ProducerDone:
         self.error = error
 
 
-class ProducerStopped(StreamError):
+class ProducerStopped(NothingRaised):
     """A pass started after a callable producer returned: there is no data left."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.__cause__ = None  # nothing raised: no traceback to show
 
     def _subject(self) -> str:
         return f"{self.what} has stopped"
-
-    def __reduce__(self):
-        return (ProducerStopped, StreamError.__reduce__(self)[1])
 
 
 class QueueClosed(RuntimeError):

@@ -101,13 +101,11 @@ class ChunkCodec:
 
     def decode(self, *flat) -> Any:
         """One unbatched element: slices padded leaves to their true shape."""
-        leaves, i = [], 0
+        leaves, tensors = [], iter(flat)
         for spec, var in zip(self.specs, self.variable):
-            x = flat[i]
-            i += 1
-            if var:
-                shape = flat[i]
-                i += 1
+            x = next(tensors)
+            if var:  # its true shape comes next
+                shape = next(tensors)
                 x = tf.slice(x, tf.zeros_like(shape), shape)
                 x.set_shape(spec.shape)
             leaves.append(x)

@@ -114,9 +114,8 @@ def _freeze_heap() -> None:
     # modules are cleared, as before. What the freeze gives up: finalizers of
     # objects in reference cycles that are still alive at exit (Python does
     # not promise to run those) and cycles made garbage only at exit.
-    if os.environ.get("KERASFEED_EXIT_GC", "") == "1":
-        return
-    gc.freeze()
+    if os.environ.get("KERASFEED_EXIT_GC", "") != "1":
+        gc.freeze()
 
 
 __all__ = ["install", "retire_live_iterators"]

@@ -72,8 +72,7 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False)
     def load_group(epoch):
         flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load_group")
         lengths = flat[-1] if ragged else None
-        leaves = []
-        k = 0
+        leaves, k = [], 0
         for t, spec, is_open in zip(flat, specs, opened):
             if is_open:  # concatenated along the varying leading dimension
                 t.set_shape([None] + spec.shape.as_list()[1:])

@@ -26,8 +26,7 @@ def pass_index_stream(begin_count: Callable, window: Callable) -> Callable:
         count, epoch = tf.numpy_function(
             begin_count, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass"
         )
-        count = tf.ensure_shape(count, [])
-        epoch = tf.ensure_shape(epoch, [])
+        count, epoch = tf.ensure_shape(count, []), tf.ensure_shape(epoch, [])
 
         def one_window(start):
             idx = tf.numpy_function(window, [epoch, start], tf.int64, stateful=True, name="kerasfeed_pass_window")

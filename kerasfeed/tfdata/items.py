@@ -107,21 +107,22 @@ def placeholder(specs: list) -> list:
     return out
 
 
-def _flat_item(flat: list, checker: ItemChecker, marked: bool) -> Any:
-    """The element of one item's ``numpy_function`` outputs (``(item, kept)`` when marked)."""
+def _load_item(load: Any, inputs: list, checker: ItemChecker, marked: bool) -> Any:
+    """The element of one item's ``numpy_function`` call of ``load`` (``(item, kept)`` when marked)."""
+    out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
+    flat = list(tf.numpy_function(load, inputs, out_types, stateful=True, name="kerasfeed_load"))
     for t, spec in zip(flat, checker.specs):
         t.set_shape(spec.shape)
     if marked:  # (item, kept): the tail drops items left out
         flat[-1].set_shape([])
-        return checker.pack(list(flat[:-1])), flat[-1]
-    return checker.pack(list(flat))
+        return checker.pack(flat[:-1]), flat[-1]
+    return checker.pack(flat)
 
 
 def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool) -> tf.data.Dataset:
     """Each pass: its epoch repeated once per item, each picked up by a sequential map that takes
     the pass's next item (NOTE [ A sequential map keeps its own position ])."""
     begin, load = weak_method(in_order, "begin"), weak_method(in_order, "load")
-    out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
 
     @graph_fn
     def pass_epochs(_):
@@ -130,8 +131,7 @@ def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool) -> tf.d
 
     @graph_fn
     def load_next(epoch):
-        flat = tf.numpy_function(load, [epoch], out_types, stateful=True, name="kerasfeed_load")
-        return _flat_item(list(flat), checker, marked)
+        return _load_item(load, [epoch], checker, marked)
 
     return inline_map(tf.data.Dataset.range(1).flat_map(pass_epochs), load_next)
 
@@ -141,7 +141,6 @@ def _one_by_one(
 ) -> tf.data.Dataset:
     marked = pipeline.skips is not None
     begin, load = weak_method(pipeline, "begin"), weak_method(pipeline, "load_marked" if marked else "load")
-    out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
     # Each pass's indices reach tf.data a window at a time (index_windows.py).
     index_stream = None if feed.endless else pass_index_stream(
         weak_method(pipeline, "begin_count"), weak_method(pipeline, "window")
@@ -155,8 +154,7 @@ def _one_by_one(
 
     @graph_fn
     def load_item(i, epoch):
-        flat = tf.numpy_function(load, [i, epoch], out_types, stateful=True, name="kerasfeed_load")
-        return _flat_item(list(flat), checker, marked)
+        return _load_item(load, [i, epoch], checker, marked)
 
     ds = tf.data.Dataset.range(1).flat_map(endless_stream if feed.endless else index_stream)
     if sequential:

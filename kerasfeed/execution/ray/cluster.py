@@ -1,17 +1,12 @@
 """Which Ray cluster the actors run on, and letting go of it (connection and lifetime).
 
-- **A connected cluster is used.** If this process is connected to Ray
-  already (the user's ``ray.init(...)``), the executors use that connection
-  and never end it. ``address=`` (or ``RAY_ADDRESS``, as for ``ray.init()``)
-  connects this process to a running cluster first; kerasfeed disconnects
-  it when the last executor that needed it closes (the cluster runs on).
-- **Otherwise Ray is started here**, on this machine only, listening on
-  127.0.0.1 (NOTE [ Ray started by kerasfeed listens on 127.0.0.1 only ]),
-  and stopped when the last executor that needed it closes. It never joins
-  a cluster that another program left behind (``address="local"``).
-- **Unreachable or wrong addresses fail within seconds**: a TCP connection to
-  ``host:port`` is tried first (``CONNECT_TIMEOUT_S``): a ``ConnectionError``
-  at once, not Ray's minute of retries.
+The user's own connection (``ray.init(...)``) is used and never ended;
+``address=`` (or ``RAY_ADDRESS``) connects first, and kerasfeed disconnects
+when the last executor that needed it closes; otherwise Ray is started here on
+127.0.0.1 (never joining a cluster another program left behind:
+``address="local"``) and stopped likewise (docs/ray.md). An address is tried
+with a TCP connection first (``CONNECT_TIMEOUT_S``): a ``ConnectionError`` at
+once, not Ray's minute of retries.
 
 NOTE [ Ray started by kerasfeed listens on 127.0.0.1 only ]
 ===========================================================

@@ -61,12 +61,8 @@ class RayExecutor(LoadsMixin, Executor):
     """Runs ``source[index]`` on Ray actors: on other machines' CPUs too.
 
     Use it when one host's CPUs cannot make the batches as fast as the model
-    takes them (heavy Python decoding, point clouds, simulations): the
-    actors run anywhere in a Ray cluster, and the rest is as with worker
-    processes: the pass's order, seeded shuffles, exact resume,
-    ``on_epoch_end`` state reaching the workers, ``worker_init``,
-    ``get_worker_info()``, ``timeout=``, ``retries=``, stats. Only Ray Core
-    (actors and the object store) is used, not Ray Data.
+    takes them (heavy Python decoding, point clouds, simulations); all else is
+    as with worker processes (docs/ray.md lists it). Only Ray Core is used.
 
     Where it runs: the cluster this process is connected to already (your
     ``ray.init(...)``, left as it is), else the one at ``address`` (or
@@ -274,9 +270,8 @@ class RayExecutor(LoadsMixin, Executor):
 
     def before_hook(self, name: str) -> None:
         with self._lock:
-            state = getattr(self, "_state", None)
-        if state is not None:
-            state.before_hook(name)
+            state = self._state
+        state.before_hook(name)
 
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
@@ -340,7 +335,7 @@ class RayExecutor(LoadsMixin, Executor):
             if pool is not None:
                 pool.refresh()  # replacements that came up since the last load
             per_worker = pool.workers_info() if pool is not None else []
-            state = getattr(self, "_state", None)
+            state = self._state
             items, cpu = self._items, self._consumer_cpu_s
         startups = [w["startup_s"] for w in per_worker if w["startup_s"] is not None]
         out = {
@@ -351,9 +346,8 @@ class RayExecutor(LoadsMixin, Executor):
             "in_flight_limit": len(per_worker) * (self._options.in_flight_per_worker + 1),
             "per_worker": per_worker,
             "cluster": {"address": self._held.lease.address, "owner": self._held.lease.owner},
+            "state": {"mode": state.mode, "syncs": state.syncs, "sent_bytes": state.sent_bytes},
         }
-        if state is not None:
-            out["state"] = {"mode": state.mode, "syncs": state.syncs, "sent_bytes": state.sent_bytes}
         out.update(self.counts.as_dict(_COUNTS))
         return out
 

@@ -86,7 +86,7 @@ class LoadsMixin:
         with self._lock:
             call = self._window.take(index, epoch)
             if call is None:
-                call = pool.new_call(index, epoch)
+                call = Call(index, epoch)
                 pool.send(call)
             self._window.fill(pool)
         attempts: Optional[Attempts] = None
@@ -100,7 +100,7 @@ class LoadsMixin:
                     raise attempts.final(err) from None
                 self.counts.add("retried_items")
                 with self._lock:
-                    call = pool.new_call(index, epoch)
+                    call = Call(index, epoch)
                     pool.send(call)
             except BaseException:  # Ctrl-C, the iterator deleted, the pool closed: the call is nobody's now
                 with self._lock:

@@ -243,9 +243,6 @@ class ActorPool:
             return None
 
     # ------------------------------------------------------------ calls
-    def new_call(self, index: int, epoch: int) -> Call:
-        return Call(index, epoch)
-
     def pick(self, cap: Optional[int] = None) -> Optional[Lane]:
         """The up lane with the fewest calls (below ``cap`` if given), or None."""
         best = None
@@ -272,13 +269,13 @@ class ActorPool:
             lane.calls.pop(call, None)
         call.ref, call.lane = None, None
 
-    def lost(self, lane: Lane, generation: int, why: str, keep: Optional[Call] = None) -> list[Call]:
-        """The actor of ``lane`` (``generation``) is gone or stuck: it is killed
-        and replaced, and its calls (but ``keep``) whose results cannot be had
-        now are sent again elsewhere. Returns the calls moved (each one's
-        ``losses`` counted); none if that actor was replaced already."""
+    def lost(self, lane: Lane, generation: int, why: str, keep: Optional[Call] = None) -> None:
+        """The actor of ``lane`` (``generation``; not if replaced already) is
+        gone or stuck: it is killed and replaced, and its calls (but ``keep``)
+        whose results cannot be had now are sent again elsewhere (each one's
+        ``losses`` counted)."""
         if lane.generation != generation or lane.state == LOST or self.closed:
-            return []
+            return
         moved = [c for c in lane.calls if c is not keep and not self._reachable(c)]
         lane.calls.clear()
         if keep is not None:
@@ -288,7 +285,6 @@ class ActorPool:
             call.losses += 1
             self.send(call)
         self.counts.add("requeued_items", len(moved))
-        return moved
 
     def _reachable(self, call: Call) -> bool:
         """``call``'s result is made and can be had now (not an error)."""

@@ -105,7 +105,7 @@ class Window:
             index = plan.next_index()
             if index is None:
                 break
-            call = pool.new_call(index, plan.epoch)
+            call = Call(index, plan.epoch)
             pool.send(call, lane)
             plan.started(index, call)
             room -= 1
