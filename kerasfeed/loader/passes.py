@@ -151,6 +151,15 @@ class PassIterator:
         self._keep = keep
         self._replay: Optional[list] = None  # an adopted pass's kept batches, taken on the first next
         self._done = False
+        # True when a device prefetch thread calls ``next``: its reads are not the consumer's
+        # (NOTE [ A prefetch thread is not the consumer ] in device.py).
+        self.prefetched = False
+
+    def carry_on(self) -> None:
+        """The consumer took a batch of this iterator (``Passes.carry_on``)."""
+        p = self._pass
+        if p is not None and p.reader == self._id:
+            self._passes.carry_on(p)
 
     def __iter__(self) -> "PassIterator":
         return self
@@ -173,7 +182,8 @@ class PassIterator:
                     "kerasfeed: this loader iterator was superseded: a newer iterator took over its pass "
                     f"(pass {p.epoch}). Iterate the newest one. Received: a call to next() on the older iterator."
                 )
-            passes.carry_on(p)
+            if not self.prefetched:
+                passes.carry_on(p)
             if self._replay is None:  # first next: an adopted pass replays what it kept
                 self._replay = list(p.kept or ())
                 p.keep = max(p.keep, self._keep)
