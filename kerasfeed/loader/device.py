@@ -157,7 +157,7 @@ class DeviceIterator:
     """Batches placed ahead on a thread; ``next`` hands over the oldest.
 
     Args:
-        source: the pass iterator (numpy batches).
+        source: the pass iterator (``passes.PassIterator``: numpy batches).
         place: turns a numpy batch into a placed one (runs on the thread).
         depth: placed batches kept ready (>= 1).
         stats: where the training thread's waits are counted.
@@ -177,9 +177,8 @@ class DeviceIterator:
         # NOTE [ A prefetch thread is not the consumer ]: the thread reads the pass iterator ahead, also
         # after a model build gave this iterator up; only the training thread's own next() means that
         # Keras went on with it (``Passes.carry_on``), or the next iterator would not take the pass over.
-        self._carry_on = getattr(source, "carry_on", None)
-        if self._carry_on is not None:
-            source.prefetched = True
+        source.prefetched = True
+        self._carry_on = source.carry_on
         self._stats = stats
         self._finish = finish
         self._thread: Optional[threading.Thread] = None
@@ -192,8 +191,7 @@ class DeviceIterator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        if self._carry_on is not None:
-            self._carry_on()
+        self._carry_on()
         if self._thread is None:  # the pass starts on the first next, as without prefetch
             self._thread = threading.Thread(target=self._feed.run, name="kerasfeed-device-prefetch", daemon=True)
             self._thread.start()
