@@ -307,9 +307,16 @@ def test_threads_processes_and_export_give_the_local_batches(stores, tmp_path):
     assert len(in_process) == STATS.as_dict()["requests"] and STATS.as_dict()["stats"] == 0
     before = len(srv.log)
     _same(_drain(seq, executor="processes", workers=2), want)
-    # The workers asked for chunks only (the ranges this process asked for): no version, no metadata block.
+    # The workers asked for chunks only (within the ranges this process asked for): no version, no metadata
+    # block. Not the very same ranges: a worker makes several items at once, and one that plans while another
+    # is keeping the file's small datasets (points, then labels) may find labels kept and points not, and
+    # fetch points alone (CI, 2026-11-25: ('b.h5', 16168, 24013) beside ('b.h5', 16168, 24075)).
     in_workers = srv.log[before:]
-    assert in_workers and set(in_workers) == set(in_process)
+    assert in_workers and all(
+        isinstance(start, int) and any(name == n and s <= start and end <= e for n, s, e in in_process)
+        for name, start, end in in_workers
+    ), (in_workers, in_process)
+    assert {name for name, _, _ in in_workers} == {name for name, _, _ in in_process}
     # export: items in index order, the local file's.
     kerasfeed.export(seq, tmp_path / "exported", num_shards=2, executor="threads", progress=False)
     _same([item for item in kerasfeed.load_export(tmp_path / "exported").as_numpy_iterator()], want)
