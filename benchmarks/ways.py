@@ -315,13 +315,16 @@ def _kerasfeed(executor: str, **loader_kwargs: Any) -> Callable[[Any, Context], 
 
         workers = {"processes": ctx.workers, "auto": ctx.auto_workers}.get(executor)
         kwargs = {} if workers is None else {"workers": workers}
-        if "cache" in loader_kwargs:  # both front ends take it
-            kwargs["cache"] = loader_kwargs.pop("cache")
+        # Both front ends take `cache`. Read, not popped: a child process runs several configurations of
+        # one way (gpu.py: one per worker count), and a pop left every one after the first uncached.
+        if "cache" in loader_kwargs:
+            kwargs["cache"] = loader_kwargs["cache"]
         if ctx.tf_front:
             ds = kerasfeed.to_dataset(seq, executor=executor, **kwargs)
             ex = kerasfeed.executor_of(ds)
             return tf_feed(ds, ctx, close=ex.close, info=lambda: executor_stats(ex))
-        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs, **loader_kwargs)
+        rest = {k: v for k, v in loader_kwargs.items() if k != "cache"}
+        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs, **rest)
         return Feed(loader, close=loader.close, info=lambda: executor_stats(loader.executor))
 
     return make
