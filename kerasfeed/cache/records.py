@@ -17,6 +17,7 @@ another item.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any, NamedTuple, Optional
 
@@ -27,6 +28,7 @@ from kerasfeed._layout import ALIGN, dumps_spec, encode, loads_spec, rebuild, ro
 MAGIC = b"KFI1"
 HEADER = struct.Struct("<4sIQQQ")  # magic, spec length, index, record length, arrays start
 HEADER_SIZE = 64
+_IOV_MAX = 512  # buffers per pwritev call (Linux takes up to 1024)
 
 
 class Encoded(NamedTuple):
@@ -60,16 +62,44 @@ def encode_record(index: int, item: Any) -> Encoded:
     return Encoded(spec_bytes, arrays, arrays_at, round_up(arrays_at + nbytes, ALIGN))
 
 
-def write_record(buf: Any, offset: int, index: int, record: Encoded) -> None:
-    """Writes ``record`` (item ``index``) at ``offset`` of the writable buffer ``buf``."""
-    HEADER.pack_into(buf, offset, MAGIC, len(record.spec), index, record.length, record.arrays_at)
-    start = offset + HEADER_SIZE
-    buf[start : start + len(record.spec)] = record.spec
-    base = offset + record.arrays_at
+def write_record(fd: int, offset: int, index: int, record: Encoded) -> None:
+    """Writes ``record`` (item ``index``) at ``offset`` of the file ``fd``.
+
+    NOTE [ A record is written with pwritev, not through a mapping ]
+    The store's pages are fresh when an item is first stored. Copied in
+    through a shared mapping, every fresh page costs a fault and the kernel's
+    zeroing before the copy overwrites it: 0.72-0.80 ms for a 1.5 MB item on
+    the 2-core VM, against 0.42 ms for ``os.pwritev`` of the same bytes into
+    the same memfd (whole pages written by ``write`` are not zeroed first; no
+    fault in the writer). Readers map the file as before: one page cache.
+    """
+    head = bytearray(record.arrays_at)
+    HEADER.pack_into(head, 0, MAGIC, len(record.spec), index, record.length, record.arrays_at)
+    head[HEADER_SIZE : HEADER_SIZE + len(record.spec)] = record.spec
+    buffers: list = [head]
+    end = record.arrays_at
     for at, a in record.arrays:
-        dst = np.ndarray(a.shape, a.dtype, buffer=buf, offset=base + at)
-        np.copyto(dst, a, casting="no")  # releases the GIL for large arrays
-        del dst
+        if record.arrays_at + at > end:  # alignment padding between arrays
+            buffers.append(bytes(record.arrays_at + at - end))
+        whole = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        buffers.append(whole.reshape(-1).view(np.uint8))  # any fixed-size dtype, as bytes
+        end = record.arrays_at + at + a.nbytes
+    _write_all(fd, buffers, offset)
+
+
+def _write_all(fd: int, buffers: list, offset: int) -> None:
+    """``os.pwritev`` of every byte of ``buffers`` (a short write goes on where it stopped; the GIL is released)."""
+    while buffers:
+        batch = buffers[:_IOV_MAX]
+        written = os.pwritev(fd, batch, offset)
+        if written <= 0:
+            raise OSError(f"kerasfeed cache: pwritev wrote nothing at offset {offset} of the item store's data file")
+        offset += written
+        while batch and written >= len(batch[0]):
+            written -= len(batch.pop(0))
+            buffers.pop(0)
+        if written:  # a buffer written in part: the rest of it first
+            buffers[0] = memoryview(buffers[0])[written:]
 
 
 def read_record(buf: Any, offset: int, index: int, length: int) -> Optional[Any]:

@@ -81,7 +81,7 @@ class ItemStore:
         self._index_fd, self._data_fd = index_fd, data_fd
         self._index = mmap.mmap(index_fd, index_bytes(n))
         self._q = memoryview(self._index).cast("Q")
-        self._rw: Optional[mmap.mmap] = None  # mapped on the first write
+        self._rw: Optional[_WriteFd] = None  # the data file's own fd for writers, made on the first write
         self._ro = mmap.mmap(data_fd, capacity, prot=mmap.PROT_READ)
         self._lock = threading.Lock()
         self._closed = False
@@ -181,10 +181,10 @@ class ItemStore:
             q[H_BUMP] = offset + record.length
         finally:
             self._release()
-        rw = self._writable()
-        if rw is None:
+        data = self._writable()
+        if data is None:
             return False
-        write_record(rw, offset, index, record)  # ``rw`` keeps the mapping alive even if the store closes meanwhile
+        write_record(data.fd, offset, index, record)  # ``data`` keeps its fd open even if the store closes meanwhile
         if not self._acquire():
             return False
         try:
@@ -260,12 +260,12 @@ class ItemStore:
         return {"items": q[H_HELD], "bytes": q[H_HELD_BYTES], "capacity": self.capacity, "full": bool(q[H_FULL]),
                 "n": self.n, "used": q[H_BUMP]}
 
-    def _writable(self) -> Optional[mmap.mmap]:
+    def _writable(self) -> Optional["_WriteFd"]:
         with self._lock:
             if self._closed:
                 return None
             if self._rw is None:
-                self._rw = mmap.mmap(self._data_fd, self.capacity)
+                self._rw = _WriteFd(self._data_fd)
             return self._rw
 
     # ------------------------------------------------------------ end
@@ -274,7 +274,7 @@ class ItemStore:
         with self._lock:
             if not self._closed:
                 if self._rw is not None:
-                    self._rw.flush()
+                    os.fdatasync(self._rw.fd)
                 self._index.flush()
 
     def close(self, mark_clean: bool = False) -> None:
@@ -283,10 +283,10 @@ class ItemStore:
         Nothing is published after it (writers take the same lock, and find
         it closed). With ``mark_clean`` (a kept directory) the mappings are
         written back and the header says so. The mappings are not unmapped
-        here but dropped: a pool thread still copying an item into one, and
-        every item handed out (numpy keeps a mapping as an array's base, but
-        holds no buffer export that would stop an unmap), keep it mapped until
-        they are gone.
+        here but dropped: every item handed out (numpy keeps a mapping as an
+        array's base, but holds no buffer export that would stop an unmap)
+        keeps it mapped until it is gone, as a writer still writing keeps its
+        fd (``_WriteFd``).
         """
         with self._lock:
             if self._closed:
@@ -294,7 +294,7 @@ class ItemStore:
             self._closed = True
             if mark_clean:
                 if self._rw is not None:
-                    self._rw.flush()
+                    os.fdatasync(self._rw.fd)
                 self._q[H_CLEAN] = 1
                 self._index.flush()
             self._q = self._index = self._rw = self._ro = None  # type: ignore[assignment]
@@ -307,6 +307,24 @@ class ItemStore:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class _WriteFd:
+    """A duplicate of the data file's fd for writers (``records.write_record``). A writer
+    holds this object while it writes, so a store closed meanwhile never leaves it
+    writing into a closed fd number that another file may have taken; the fd closes
+    when the last holder lets go."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = os.dup(fd)  # not inheritable
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 __all__ = ["ItemStore", "index_bytes"]
