@@ -89,17 +89,17 @@ def write_record(fd: int, offset: int, index: int, record: Encoded) -> None:
 
 def _write_all(fd: int, buffers: list, offset: int) -> None:
     """``os.pwritev`` of every byte of ``buffers`` (a short write goes on where it stopped; the GIL is released)."""
-    while buffers:
-        batch = buffers[:_IOV_MAX]
-        written = os.pwritev(fd, batch, offset)
+    first = 0  # the first buffer not yet written whole
+    while first < len(buffers):
+        written = os.pwritev(fd, buffers[first : first + _IOV_MAX], offset)
         if written <= 0:
             raise OSError(f"kerasfeed cache: pwritev wrote nothing at offset {offset} of the item store's data file")
         offset += written
-        while batch and written >= len(batch[0]):
-            written -= len(batch.pop(0))
-            buffers.pop(0)
-        if written:  # a buffer written in part: the rest of it first
-            buffers[0] = memoryview(buffers[0])[written:]
+        while first < len(buffers) and written >= len(buffers[first]):
+            written -= len(buffers[first])
+            first += 1
+        if written:  # a buffer written in part: the rest of it next
+            buffers[first] = memoryview(buffers[first])[written:]
 
 
 def read_record(buf: Any, offset: int, index: int, length: int) -> Optional[Any]:
