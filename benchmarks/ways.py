@@ -310,21 +310,20 @@ def _grain(multiprocess: bool) -> Callable[[Any, Context], Feed]:
 
 
 def _kerasfeed(executor: str, **loader_kwargs: Any) -> Callable[[Any, Context], Feed]:
+    # Both front ends take `cache`; the other keyword arguments are to_loader's. Split once, here: `make`
+    # runs once per configuration, and a child process runs several of one way (gpu.py: one per worker count).
+    both = {"cache": loader_kwargs.pop("cache")} if "cache" in loader_kwargs else {}
+
     def make(seq: Any, ctx: Context) -> Feed:
         import kerasfeed
 
         workers = {"processes": ctx.workers, "auto": ctx.auto_workers}.get(executor)
-        kwargs = {} if workers is None else {"workers": workers}
-        # Both front ends take `cache`. Read, not popped: a child process runs several configurations of
-        # one way (gpu.py: one per worker count), and a pop left every one after the first uncached.
-        if "cache" in loader_kwargs:
-            kwargs["cache"] = loader_kwargs["cache"]
+        kwargs = {**({} if workers is None else {"workers": workers}), **both}
         if ctx.tf_front:
             ds = kerasfeed.to_dataset(seq, executor=executor, **kwargs)
             ex = kerasfeed.executor_of(ds)
             return tf_feed(ds, ctx, close=ex.close, info=lambda: executor_stats(ex))
-        rest = {k: v for k, v in loader_kwargs.items() if k != "cache"}
-        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs, **rest)
+        loader = kerasfeed.to_loader(seq, executor=executor, **kwargs, **loader_kwargs)
         return Feed(loader, close=loader.close, info=lambda: executor_stats(loader.executor))
 
     return make
