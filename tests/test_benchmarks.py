@@ -359,3 +359,14 @@ def test_the_remote_benchmark_runs_and_counts_what_it_reads(tmp_path):
     assert res["first_batch"]["remote"]["first_batch_round_trips"] == 1
     best = res["best"]
     assert res["ratio_remote_to_local"] == pytest.approx(best["remote"]["batches_per_s"] / best["local"]["batches_per_s"])
+
+
+@pytest.mark.parametrize("mode", ["graph", "load"])
+def test_the_graph_passes_benchmark_times_fit_through_either_path(tmp_path, monkeypatch, mode):
+    """benchmarks/graph_passes.py's one configuration: a rate, with the threshold set for the mode."""
+    import kerasfeed.tfdata.stored_items as stored_items
+    from benchmarks import graph_passes
+
+    monkeypatch.setattr(stored_items, "MIN_PASS_ITEMS", stored_items.MIN_PASS_ITEMS)  # restored after
+    assert graph_passes.one("io", 6, mode, str(tmp_path)) > 0
+    assert stored_items.MIN_PASS_ITEMS == (0 if mode == "graph" else 10**12)

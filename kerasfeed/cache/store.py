@@ -83,6 +83,7 @@ class ItemStore:
         self._q = memoryview(self._index).cast("Q")
         self._rw: Optional[_WriteFd] = None  # the data file's own fd for writers, made on the first write
         self._ro = mmap.mmap(data_fd, capacity, prot=mmap.PROT_READ)
+        self._ro_at = np.frombuffer(self._ro, np.uint8, count=1).__array_interface__["data"][0]  # its address
         self._lock = threading.Lock()
         self._closed = False
 
@@ -213,6 +214,26 @@ class ItemStore:
         q, e = self._q, _Q + 3 * index
         return q is not None and bool(q[e]) and (before is None or q[e + 2] < before)
 
+    def locate(self, array: np.ndarray) -> Optional[int]:
+        """Where in the data file ``array``'s bytes start, if it is a C-contiguous
+        view of this process's data mapping (an item ``get`` returned); else None."""
+        if self._ro is None or not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            return None
+        at = array.__array_interface__["data"][0] - self._ro_at
+        return at if 0 <= at and at + array.nbytes <= self.capacity else None
+
+    def graph_view(self) -> np.ndarray:
+        """The data file as a writable uint8 array of a private (copy-on-write) mapping, for
+        TensorFlow to read records in place (``tfdata/stored_items.py``): pages the store's
+        writers fill later show through it, and nothing written through it reaches the file.
+        Its length is the capacity rounded down to 64 bytes (every record lies within). Left
+        to the garbage collector, as the store's own mappings (``close``)."""
+        if self._closed:
+            raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
+        length = self.capacity - self.capacity % 64
+        view = mmap.mmap(self._data_fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return np.frombuffer(view, np.uint8)
+
     def new_cut(self) -> int:
         """A new stamp: entries published before this call are below it, later ones are not."""
         if not self._acquire():
@@ -323,7 +344,7 @@ class _WriteFd:
     def __del__(self) -> None:
         try:
             os.close(self.fd)
-        except OSError:
+        except (OSError, AttributeError, TypeError):  # AttributeError, TypeError: at interpreter exit
             pass
 
 

@@ -77,6 +77,7 @@ class CacheFront(Executor):
         self._seeds = seeds if seeds is not None else item_random.ItemSeeds(None)
         self._on_close = on_close
         self._cuts: dict[int, int] = {}
+        self._whole: dict[int, int] = {}  # pass -> its cut, for a pass whose items were all stored before it
         self._lock = threading.Lock()
         self.hits = self.misses = 0
         self._state: Optional[dict] = None
@@ -104,12 +105,35 @@ class CacheFront(Executor):
     def plan(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]] = None) -> None:
         self._check_source()
         cut = self.store.new_cut()
+        missing = self.store.missing(indices, cut) if self._serve else indices
         with self._lock:
             self._cuts[epoch] = cut
+            self._whole.pop(epoch, None)
+            if self.whole_passes and len(missing) == 0:
+                self._whole[epoch] = cut
             for old in [e for e in self._cuts if e <= epoch - _KEPT_CUTS]:
                 del self._cuts[old]
+                self._whole.pop(old, None)
         # The next pass is not planned ahead: its misses are known only at its own cut.
-        self.inner.plan(epoch, self.store.missing(indices, cut) if self._serve else indices)
+        self.inner.plan(epoch, missing)
+
+    @property
+    def whole_passes(self) -> bool:
+        """Whether a pass whose items are all stored needs nothing per item but the stored
+        bytes (no ``augment``): the consumer may read it without calling ``load`` (to_dataset
+        reads such passes in the graph: NOTE [ A stored pass runs in the graph ])."""
+        return self._serve and not self._augment_here
+
+    def all_stored(self, epoch: int) -> Optional[int]:
+        """The cut of pass ``epoch`` when every one of its items was stored before it began
+        (``whole_passes`` only), else None."""
+        with self._lock:
+            return self._whole.get(epoch)
+
+    def served(self, count: int) -> None:
+        """``count`` items of a stored pass read without ``load`` (counted as hits)."""
+        with self._lock:
+            self.hits += int(count)
 
     def _check_source(self) -> None:
         state = getattr(self._source, "__dict__", None)

@@ -48,6 +48,11 @@ class PassInOrder:
     def begin(self) -> tuple[np.int64, np.int64]:
         """Starts the next pass: ``(items in it, epoch)``."""
         indices, epoch = self._begin()
+        return self.start(indices, epoch)
+
+    def start(self, indices: Any, epoch: Any) -> tuple[np.int64, np.int64]:
+        """Records pass ``epoch`` (begun: ``PassPipeline.begin``'s ``indices``) for ``load``:
+        ``(items in it, epoch)``."""
         epoch = int(epoch)
         order = as_view(indices)
         self._passes[epoch] = [order, 0]

@@ -359,6 +359,16 @@ class PassPipeline:
             with default_fp_env():  # as items (execution/fpenv.py)
                 hook()
 
+    def read_whole(self, epoch: int, count: int, first: float, last: float) -> None:
+        """Pass ``epoch`` was read without ``load`` (its ``count`` items all stored, read in the
+        graph between ``first`` and ``last``: NOTE [ A stored pass runs in the graph ]): it is
+        over for the source, as after its last ``take``."""
+        with self._lock:
+            self._remaining.pop(int(epoch), None)
+        if self.stats is not None:
+            self.stats.picked_many(epoch, count, first, last)
+        self.end_pass()
+
     def load(self, i, epoch):
         """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
         arrays, last = self.take(i, epoch)

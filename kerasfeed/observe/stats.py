@@ -175,6 +175,25 @@ class StatsCollector:
             p.items += 1
             p.wait_s += wait_s
 
+    def picked_many(self, epoch: int, count: int, first: float, last: float) -> None:
+        """The consumer got ``count`` items of pass ``epoch`` between ``first`` and ``last``
+        without blocking for any (a pass read from the item store in the graph)."""
+        if count <= 0:
+            return
+        self.picked(epoch, 0.0, first)  # the first: the pass's first pick-up (and the gap before it)
+        rest = count - 1
+        with self._lock:
+            ring = self._wait
+            for _ in range(min(rest, ring.size)):
+                ring.values[ring.count % ring.size] = 0.0
+                ring.count += 1
+            ring.count += rest - min(rest, ring.size)
+            self._last_pick = last
+            p = self._passes.get(int(epoch))
+            if p is not None:
+                p.last = last
+                p.items += rest
+
     def error(self) -> None:
         with self._lock:
             self._errors += 1

@@ -25,9 +25,11 @@ from kerasfeed.loading.feed import Feed
 from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
+from kerasfeed.loading.stored_passes import StoredPasses
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, uniform_leading
 from kerasfeed.tfdata.index_windows import pass_index_stream
 from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.stored_items import stored_in_order, stored_passes
 from kerasfeed.tfdata.structure import ItemChecker, flatten
 
 
@@ -93,7 +95,9 @@ def item_dataset(
         return Items(ds, groups, group)
     if sequential and not endless:
         in_order = PassInOrder(pipeline.begin, pipeline.load_marked if marked else pipeline.load)
-        return Items(_in_order(in_order, checker, marked), in_order, 1)
+        pass_items = (feed.passes.per_pass or 0) * (feed.options.batch_size or 1)
+        stored = stored_passes(pipeline, in_order, checker, pass_items)  # owns in_order
+        return Items(_in_order(in_order, checker, marked, stored), stored or in_order, 1)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
 
 
@@ -119,19 +123,24 @@ def _load_item(load: Any, inputs: list, checker: ItemChecker, marked: bool) -> A
     return checker.pack(flat)
 
 
-def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool) -> tf.data.Dataset:
+def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool,
+              stored: Optional[StoredPasses] = None) -> tf.data.Dataset:
     """Each pass: its epoch repeated once per item, each picked up by a sequential map that takes
-    the pass's next item (NOTE [ A sequential map keeps its own position ])."""
+    the pass's next item (NOTE [ A sequential map keeps its own position ]); with ``stored``, a
+    pass whose items are all stored is read in the graph (NOTE [ A stored pass runs in the graph ])."""
     begin, load = weak_method(in_order, "begin"), weak_method(in_order, "load")
+
+    if stored is not None:  # a pass whose items are all stored is read in the graph
+        return stored_in_order(stored, checker, marked, load)
+
+    @graph_fn
+    def load_next(epoch):
+        return _load_item(load, [epoch], checker, marked)
 
     @graph_fn
     def pass_epochs(_):
         count, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         return tf.data.Dataset.from_tensors(tf.ensure_shape(epoch, [])).repeat(tf.ensure_shape(count, []))
-
-    @graph_fn
-    def load_next(epoch):
-        return _load_item(load, [epoch], checker, marked)
 
     return inline_map(tf.data.Dataset.range(1).flat_map(pass_epochs), load_next)
 
