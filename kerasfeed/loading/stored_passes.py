@@ -74,10 +74,11 @@ class StoredPasses:
         self._copied = False  # a leaf was not a view of the store: no pass is read in the graph
         self._open: dict[int, tuple[int, float]] = {}  # pass -> (items, when it began)
         self._data: Optional[np.ndarray] = None  # the store's file for TensorFlow (``ItemStore.graph_view``)
-        self._none = []  # the columns of a pass read through ``load``
+        # Each column's row shape (``_columns``): per leaf its start, and for an open leaf its size and shape.
+        self.column_shapes: list = []
         for fixed, rank in zip(self.fixed, self._ranks):
-            self._none += [np.zeros((0, 1), np.int64)] + ([] if fixed else [np.zeros((0, 1), np.int64),
-                                                                              np.zeros((0, rank), np.int64)])
+            self.column_shapes += [[1]] + ([] if fixed else [[1], [rank]])
+        self._none = [np.zeros([0] + shape, np.int64) for shape in self.column_shapes]  # a pass through ``load``
 
 
     # ------------------------------------------------------------ passes

@@ -114,13 +114,8 @@ def placeholder(specs: list) -> list:
 def _load_item(load: Any, inputs: list, checker: ItemChecker, marked: bool) -> Any:
     """The element of one item's ``numpy_function`` call of ``load`` (``(item, kept)`` when marked)."""
     out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
-    flat = list(tf.numpy_function(load, inputs, out_types, stateful=True, name="kerasfeed_load"))
-    for t, spec in zip(flat, checker.specs):
-        t.set_shape(spec.shape)
-    if marked:  # (item, kept): the tail drops items left out
-        flat[-1].set_shape([])
-        return checker.pack(flat[:-1]), flat[-1]
-    return checker.pack(flat)
+    return checker.element(list(tf.numpy_function(load, inputs, out_types, stateful=True, name="kerasfeed_load")),
+                           marked)
 
 
 def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool,

@@ -50,9 +50,7 @@ def stored_in_order(stored: StoredPasses, checker: ItemChecker, marked: bool, lo
     kept from lowering (``_keep_case``)."""
     specs, fixed = checker.specs, stored.fixed
     begin, end = weak_method(stored, "begin"), weak_method(stored, "end")
-    column_shapes = []
-    for s, f in zip(specs, fixed):
-        column_shapes += [[1]] + ([] if f else [[1], [s.shape.rank]])
+    column_shapes = stored.column_shapes
     out_types = [s.dtype for s in specs] + [tf.bool] * marked
 
     @graph_fn
@@ -95,12 +93,7 @@ def stored_in_order(stored: StoredPasses, checker: ItemChecker, marked: bool, lo
         flat = tf.switch_case(tf.cast(kind, tf.int32), [lambda: loaded(epoch), lambda: sliced(views, columns),
                                                         lambda: sliced_then_end(epoch, views, columns)])
         _keep_case(flat[0].op)
-        for t, spec in zip(flat, specs):
-            t.set_shape(spec.shape)
-        if marked:  # (item, kept): the tail drops items left out
-            flat[-1].set_shape([])
-            return checker.pack(flat[:-1]), flat[-1]
-        return checker.pack(flat)
+        return checker.element(flat, marked)
 
     return inline_map(tf.data.Dataset.range(1).flat_map(one_pass), step)
 

@@ -88,6 +88,16 @@ class ItemChecker:
     def pack(self, tensors: list) -> Any:
         return _pack(self.skeleton, tensors)
 
+    def element(self, flat: list, marked: bool) -> Any:
+        """The dataset element of one item's flat tensors (its leaves, then with ``marked`` its
+        kept mark: ``(item, kept)``, the tail drops items left out), with the signature's shapes."""
+        for t, spec in zip(flat, self.specs):
+            t.set_shape(spec.shape)
+        if marked:
+            flat[-1].set_shape([])
+            return self.pack(flat[:-1]), flat[-1]
+        return self.pack(flat)
+
     def flat_arrays(self, index: int, item: Any) -> list:
         """Returns the item's leaves as arrays; raises SignatureError on mismatch."""
         if self._flat_numeric and type(item) in (tuple, list):
