@@ -197,3 +197,52 @@ def test_model_fit_on_stored_passes_trains_as_on_an_uncached_dataset():
         finally:
             kerasfeed.executor_of(ds).close()
     assert losses[0] == losses[1]
+
+
+def test_a_resumed_run_over_a_kept_cache_reads_its_passes_in_the_graph_as_an_uncached_resume(tmp_path, monkeypatch):
+    """A second run (``initial_state`` inside pass 1) over the first run's kept directory: the resumed pass
+    and the next are read in the graph, with the uncached resume's items, and nothing is loaded."""
+    calls = _count_loads(monkeypatch)
+    directory = str(tmp_path / "kept")
+    first = kerasfeed.to_dataset(Mixed(), shuffle=True, seed=5, executor="threads", cache=directory, group_items=1)
+    assert sum(1 for _ in first) == N  # pass 0 stores every item
+    kerasfeed.executor_of(first).close()
+    state = {"epoch": 1, "batches": 37}
+    reference = kerasfeed.to_dataset(Mixed(), shuffle=True, seed=5, executor="threads", group_items=1,
+                                     initial_state=state)
+    second = kerasfeed.to_dataset(Mixed(), shuffle=True, seed=5, executor="threads", cache=directory,
+                                  group_items=1, initial_state=state)
+    assert isinstance(second._kerasfeed_groups, StoredPasses)
+    calls[0] = 0  # the probes' loads aside
+    try:
+        for expected_items in (N - 37, N):
+            got, want = _numpy(second), _numpy(reference)
+            assert len(got) == expected_items
+            _assert_same(got, want)
+        assert calls[0] == 0
+    finally:
+        kerasfeed.executor_of(second).close()
+        kerasfeed.executor_of(reference).close()
+
+
+def test_a_store_the_kernel_will_not_map_keeps_every_pass_on_load(monkeypatch):
+    """``ItemStore.graph_view`` refused (a private mapping larger than memory): passes go item by item."""
+    import errno
+
+    from kerasfeed.cache.store import ItemStore
+
+    def refused(self, length):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(ItemStore, "graph_view", refused)
+    calls = _count_loads(monkeypatch)
+    reference = kerasfeed.to_dataset(Mixed(), shuffle=True, seed=2, executor="threads", group_items=1)
+    ds = kerasfeed.to_dataset(Mixed(), shuffle=True, seed=2, executor="threads", cache="memory", group_items=1)
+    calls[0] = 0  # the probes' loads aside
+    try:
+        for _ in range(3):
+            _assert_same(_numpy(ds), _numpy(reference))
+        assert calls[0] == 3 * N
+    finally:
+        kerasfeed.executor_of(ds).close()
+        kerasfeed.executor_of(reference).close()

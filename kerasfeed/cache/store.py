@@ -222,15 +222,18 @@ class ItemStore:
         at = array.__array_interface__["data"][0] - self._ro_at
         return at if 0 <= at and at + array.nbytes <= self.capacity else None
 
-    def graph_view(self) -> np.ndarray:
-        """The data file as a writable uint8 array of a private (copy-on-write) mapping, for
-        TensorFlow to read records in place (``tfdata/stored_items.py``): pages the store's
-        writers fill later show through it, and nothing written through it reaches the file.
-        Its length is the capacity rounded down to 64 bytes (every record lies within). Left
-        to the garbage collector, as the store's own mappings (``close``)."""
+    def graph_view(self, length: int) -> np.ndarray:
+        """The data file's first ``length`` bytes (a multiple of 64, within the capacity) as a
+        writable uint8 array of a private (copy-on-write) mapping, for TensorFlow to read records
+        in place (``tfdata/stored_items.py``): nothing written through it reaches the file. Left
+        to the garbage collector, as the store's own mappings (``close``).
+
+        Raises:
+            OSError: the kernel refused the mapping (a private writable mapping is charged
+                against memory: one larger than RAM is refused under the default overcommit).
+        """
         if self._closed:
             raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
-        length = self.capacity - self.capacity % 64
         view = mmap.mmap(self._data_fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         return np.frombuffer(view, np.uint8)
 

@@ -6,8 +6,8 @@ it began needs nothing per item but the stored bytes. ``to_dataset`` then
 reads it in the graph: ``begin`` (the pass's one ``numpy_function`` call, as
 for any pass: its hooks, the executor's empty plan) returns, per item in pass
 order, where each leaf lies in the store's data file and its shape; tf.data
-slices the leaves out of a tensor that maps the whole file (a private mapping,
-``ItemStore.graph_view``, that ``begin`` returns: TensorFlow takes an aligned
+slices the leaves out of a tensor that maps the file up to its last record
+(a private mapping, ``ItemStore.graph_view``, that ``begin`` returns: TensorFlow takes an aligned
 array a ``numpy_function`` returns without a copy, where a tensor the dataset
 captured would be copied into the serialized graph at every iterator: 4.7 GB
 of RSS for a 1 GB store), and the
@@ -25,7 +25,8 @@ reads it this way: ``ItemStore.get`` and the checker, as ``load`` would, then
 the address of each leaf in the mapping. A pass with an item not stored, a
 leaf the checker had to copy (a dtype cast, a Python scalar), or an item that
 fails the signature goes through ``load`` as before (that item fails there,
-with its own error); a copied leaf means every later pass does too.
+with its own error); a copied leaf means every later pass does too, as does a
+store whose file the kernel will not map privately (larger than memory).
 
 An iterator dropped mid-pass never reaches ``end``: that pass's items are not
 counted in the stats, and its ``on_epoch_end`` does not run (as a pass whose
@@ -34,6 +35,7 @@ last item was never loaded).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Optional
@@ -41,6 +43,8 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import SignatureError
+
+logger = logging.getLogger("kerasfeed")
 
 # Passes begun and not yet ended, at most (older ones are iterators given up).
 _OPEN_PASSES = 8
@@ -71,9 +75,10 @@ class StoredPasses:
         self._known: Optional[np.ndarray] = None  # per source index: where its leaves lie is learned
         self._starts: list = []  # per leaf: int64 [n], in elements of its dtype
         self._shapes: list = []  # per leaf: int64 [n, rank] (open leaves only)
-        self._copied = False  # a leaf was not a view of the store: no pass is read in the graph
+        # No pass is read in the graph: a leaf the checker copied, or the store's file could not be mapped.
+        self._never = False
         self._open: dict[int, tuple[int, float]] = {}  # pass -> (items, when it began)
-        self._data: Optional[np.ndarray] = None  # the store's file for TensorFlow (``ItemStore.graph_view``)
+        self._data: Optional[np.ndarray] = None  # the store's file for TensorFlow (``_mapped``)
         # Each column's row shape (``_columns``): per leaf its start, and for an open leaf its size and shape.
         self.column_shapes: list = []
         for fixed, rank in zip(self.fixed, self._ranks):
@@ -91,16 +96,15 @@ class StoredPasses:
         indices, epoch = self._pipeline.begin()
         epoch = int(epoch)
         order = self._readable(epoch, indices)
-        if order is None:
+        data = None if order is None else self._mapped()
+        if data is None:
             count, epoch_ = self.in_order.start(indices, epoch)
             return [count, epoch_, np.int64(0), _NO_DATA] + self._none
         with self._lock:
             self._open[epoch] = (len(order), time.perf_counter())
             while len(self._open) > _OPEN_PASSES:
                 del self._open[min(self._open)]
-            if self._data is None:
-                self._data = self._store.graph_view()
-        return [np.int64(0), np.int64(epoch), np.int64(len(order)), self._data] + self._columns(order)
+        return [np.int64(0), np.int64(epoch), np.int64(len(order)), data] + self._columns(order)
 
     def end(self, epoch: Any) -> np.int64:
         """Pass ``epoch``'s items were all read in the graph (after its last one)."""
@@ -116,7 +120,7 @@ class StoredPasses:
     def _readable(self, epoch: int, indices: Any) -> Optional[np.ndarray]:
         """The pass's order (int64) when it can be read in the graph, else None."""
         cut = self._front.all_stored(epoch)
-        if cut is None or self._copied:
+        if cut is None or self._never:
             return None
         n = len(indices)
         order = np.asarray(indices.window(0, n) if hasattr(indices, "window") else indices, np.int64)
@@ -128,6 +132,21 @@ class StoredPasses:
                 if not self._learn(index, cut):
                     return None
         return order
+
+    def _mapped(self) -> Optional[np.ndarray]:
+        """The store's file up to every record stored so far (``ItemStore.graph_view``), mapped
+        again only when the store has grown past it; None when the kernel refuses the mapping."""
+        capacity = self._store.capacity - self._store.capacity % 64
+        length = min(capacity, -(-self._store.figures()["used"] // 64) * 64)
+        with self._lock:
+            if self._data is None or len(self._data) < length:
+                try:
+                    self._data = self._store.graph_view(length)
+                except OSError as e:
+                    logger.info("kerasfeed cache: passes are read item by item, not in the graph: mapping %d "
+                                "bytes of the item store failed (%s)", length, e)
+                    self._never, self._data = True, None
+            return self._data
 
     def _allocate(self) -> None:
         n = self._store.n
@@ -148,7 +167,7 @@ class StoredPasses:
         for k, a in enumerate(arrays):
             at = 0 if isinstance(a, np.ndarray) and a.nbytes == 0 else self._store.locate(a)
             if at is None or at % self._itemsizes[k]:
-                self._copied = True  # the checker copied it: so it will for the other items
+                self._never = True  # the checker copied it: so it will for the other items
                 return False
             starts.append(at // self._itemsizes[k])
         for k, (a, at) in enumerate(zip(arrays, starts)):
