@@ -125,7 +125,7 @@ def load_export(
     """
     import tensorflow as tf
 
-    from kerasfeed.tfdata.inline_map import graph_fn
+    from kerasfeed.tfdata.functions import graph_fn
 
     directory, manifest = read_manifest(_v.path("directory", directory, owner="load_export"))
     if manifest["file_format"] != "tfrecord":

@@ -14,7 +14,7 @@ of RSS for a 1 GB store), and the
 elements are views of the store's pages, as those the consumer serves
 itself. One ``numpy_function`` call per item cost ~0.11 ms of CPU more than
 the slices on 2 cores; the iterator, which Keras makes every epoch, costs
-~15 ms more to make, so only passes of ``MIN_PASS_ITEMS`` or more are read
+~1.3 ms more to make, so only passes of ``MIN_PASS_ITEMS`` or more are read
 this way (``tfdata/stored_items.py``; ``benchmarks/README.md``, *Stored
 passes read in the graph*). After the
 pass's last item, ``end`` runs what ``load``'s last item would (the source's

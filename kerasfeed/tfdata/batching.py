@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from kerasfeed._leaves import padding_leaves
 from kerasfeed._nest import flatten
-from kerasfeed.tfdata.inline_map import graph_fn
+from kerasfeed.tfdata.functions import filter_by, inline_map, map_each
 
 
 def batch(
@@ -46,12 +46,12 @@ def drop_left_out(ds: tf.data.Dataset, *, batched: bool) -> tf.data.Dataset:
     loses only its rows left out (a boolean mask per leaf); unbatched items
     left out are filtered (the pass is shorter)."""
     if not batched:
-        return ds.filter(graph_fn(lambda item, kept: kept)).map(graph_fn(lambda item, kept: item))
+        return inline_map(filter_by(ds, lambda item, kept: kept), lambda item, kept: item)
 
     def mask(t: Any, kept: tf.Tensor) -> Any:
         return tf.ragged.boolean_mask(t, kept) if isinstance(t, tf.RaggedTensor) else tf.boolean_mask(t, kept)
 
-    return ds.map(graph_fn(lambda item, kept: tf.nest.map_structure(lambda t: mask(t, kept), item)))
+    return map_each(ds, lambda item, kept: tf.nest.map_structure(lambda t: mask(t, kept), item))
 
 
 def _padding(spec: Any, padding_values: Any) -> Any:

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
-from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.functions import flat_map, inline_map, take_while
 from kerasfeed.tfdata.unbatching import unbatch_rows
 
 
@@ -92,8 +92,8 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False)
         rows = first.nrows() if isinstance(first, tf.RaggedTensor) else tf.shape(first, out_type=tf.int64)[0]
         return rows > 0
 
-    ds = tf.data.Dataset.range(1).flat_map(graph_fn(pass_groups))
-    ds = unbatch_rows(inline_map(ds, load_group).take_while(graph_fn(has_items)))
+    ds = flat_map(tf.data.Dataset.range(1), pass_groups)
+    ds = unbatch_rows(take_while(inline_map(ds, load_group), has_items))
     if ragged:  # unbatched ragged rows are dense tensors; say so in the element spec
         ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
     return ds

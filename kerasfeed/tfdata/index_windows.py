@@ -14,7 +14,7 @@ from typing import Callable
 import tensorflow as tf
 
 from kerasfeed.loading.pipeline import INDEX_WINDOW
-from kerasfeed.tfdata.inline_map import graph_fn
+from kerasfeed.tfdata.functions import flat_map, graph_fn
 
 
 def pass_index_stream(begin_count: Callable, window: Callable) -> Callable:
@@ -35,7 +35,7 @@ def pass_index_stream(begin_count: Callable, window: Callable) -> Callable:
             return tf.data.Dataset.from_tensor_slices((idx, tf.fill([n], epoch)))
 
         starts = tf.data.Dataset.range(tf.constant(0, tf.int64), count, INDEX_WINDOW)
-        return starts.flat_map(graph_fn(one_window))
+        return flat_map(starts, one_window)
 
     return graph_fn(index_stream)
 

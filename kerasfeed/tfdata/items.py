@@ -26,9 +26,9 @@ from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.loading.stored_passes import StoredPasses
+from kerasfeed.tfdata.functions import flat_map, graph_fn, inline_map, parallel_map
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, uniform_leading
 from kerasfeed.tfdata.index_windows import pass_index_stream
-from kerasfeed.tfdata.inline_map import graph_fn, inline_map
 from kerasfeed.tfdata.stored_items import stored_in_order, stored_passes
 from kerasfeed.tfdata.structure import ItemChecker, flatten
 
@@ -137,7 +137,7 @@ def _in_order(in_order: PassInOrder, checker: ItemChecker, marked: bool,
         count, epoch = tf.numpy_function(begin, [], (tf.int64, tf.int64), stateful=True, name="kerasfeed_begin_pass")
         return tf.data.Dataset.from_tensors(tf.ensure_shape(epoch, [])).repeat(tf.ensure_shape(count, []))
 
-    return inline_map(tf.data.Dataset.range(1).flat_map(pass_epochs), load_next)
+    return inline_map(flat_map(tf.data.Dataset.range(1), pass_epochs), load_next)
 
 
 def _one_by_one(
@@ -154,16 +154,16 @@ def _one_by_one(
     def endless_stream(_):
         epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")
         indices = tf.data.Dataset.counter(start=pipeline.first_index(), step=pipeline.step())
-        return indices.map(graph_fn(lambda i: (i, epoch)))
+        return inline_map(indices, lambda i: (i, epoch))
 
     @graph_fn
     def load_item(i, epoch):
         return _load_item(load, [i, epoch], checker, marked)
 
-    ds = tf.data.Dataset.range(1).flat_map(endless_stream if feed.endless else index_stream)
+    ds = flat_map(tf.data.Dataset.range(1), endless_stream if feed.endless else index_stream)
     if sequential:
         return inline_map(ds, load_item)
-    return ds.map(load_item, num_parallel_calls=parallel, deterministic=True)
+    return parallel_map(ds, load_item, parallel)
 
 
 __all__ = ["Items", "item_dataset", "placeholder"]

@@ -10,7 +10,7 @@ import tensorflow as tf
 from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.loading.stored_passes import StoredPasses
-from kerasfeed.tfdata.inline_map import graph_fn, inline_map
+from kerasfeed.tfdata.functions import flat_map, graph_fn, inline_map
 from kerasfeed.tfdata.structure import ItemChecker
 
 # Leaf dtypes read straight from the store's bytes (a bitcast; bool: a cast of its bytes).
@@ -18,11 +18,12 @@ _READABLE = frozenset({tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.compl
                        tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64})
 
 
-# Items per pass below which passes are not read in the graph. Its iterator costs ~15 ms more to make
-# (2 cores; Keras makes one per epoch) and an item ~0.11 ms less than through ``load``. `fit` on `h5`
-# (benchmarks/README.md, *Stored passes read in the graph*): no faster at 200 items a pass, 1.0-1.1x at
-# 500, 1.04-1.08x at 1,000.
-MIN_PASS_ITEMS = 400
+# Items per pass below which passes are not read in the graph. Its iterator costs ~1.3 ms more to make
+# (2 cores; Keras makes one per epoch; NOTE [ kerasfeed's functions are instantiated single-device ] in
+# functions.py) and an item ~0.11 ms less than through ``load``. `fit` on `h5` (benchmarks/README.md,
+# *Stored passes read in the graph*), against ``load``: 0.90-0.97x at 20 items a pass, 1.02-1.17x at 50,
+# 1.05-1.06x at 100, 1.01-1.09x at 200.
+MIN_PASS_ITEMS = 50
 
 
 def stored_passes(pipeline: PassPipeline, in_order: PassInOrder, checker: ItemChecker,
@@ -95,7 +96,7 @@ def stored_in_order(stored: StoredPasses, checker: ItemChecker, marked: bool, lo
         _keep_case(flat[0].op)
         return checker.element(flat, marked)
 
-    return inline_map(tf.data.Dataset.range(1).flat_map(one_pass), step)
+    return inline_map(flat_map(tf.data.Dataset.range(1), one_pass), step)
 
 
 def _keep_case(op: Any) -> None:

@@ -29,7 +29,7 @@ from kerasfeed.errors import SignatureError
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.streams.declared import counted_passes
 from kerasfeed.tfdata.chunks import ChunkCodec, Label, chunks
-from kerasfeed.tfdata.inline_map import graph_fn
+from kerasfeed.tfdata.functions import map_each
 from kerasfeed.tfdata.structure import infer_signature, normalize_signature
 from kerasfeed.tfdata.tail import TailOptions, own_sharding
 from kerasfeed.tfdata.unbatching import unbatch_rows
@@ -105,7 +105,7 @@ def stream_dataset(
         )
         ds = unbatch_rows(ds.prefetch(2))
         if codec.needs_decode:
-            ds = ds.map(graph_fn(codec.decode))
+            ds = map_each(ds, codec.decode)
         ds = tail.apply(ds, variable=any(codec.variable))
         ds._kerasfeed_stats = stats  # kerasfeed.stats(ds)
         if sharding is not None:

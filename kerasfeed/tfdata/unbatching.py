@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from kerasfeed.tfdata.inline_map import graph_fn
+from kerasfeed.tfdata.functions import flat_map
 
 
 def may_hold_no_values(spec: tf.TypeSpec) -> bool:
@@ -44,7 +44,7 @@ def unbatch_rows(ds: tf.data.Dataset) -> tf.data.Dataset:
     def rows(*group):
         return tf.data.Dataset.from_tensor_slices(group if len(group) > 1 else group[0])
 
-    return ds.flat_map(graph_fn(rows))
+    return flat_map(ds, rows)
 
 
 __all__ = ["may_hold_no_values", "unbatch_rows"]

@@ -1,0 +1,86 @@
+"""kerasfeed's tf.data functions are instantiated single-device (NOTE [ kerasfeed's functions are
+instantiated single-device ], kerasfeed/tfdata/functions.py), and a TensorFlow without tf.data's private
+classes gets the same elements through the public transformations."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfeed
+from kerasfeed.tfdata import functions
+
+
+class Small(kerasfeed.SceneSequence):
+    """Small items (grouped by default); ``max_skipped`` marks them."""
+
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        return np.full((4, 3), i, np.float32), np.full((4,), i, np.int64)
+
+
+CONFIGS = {
+    "grouped": dict(executor="threads"),
+    "one by one": dict(executor="threads", group_items=1),
+    "skips": dict(executor="threads", group_items=1, max_skipped=2),
+    "cached, read in the graph": dict(executor="threads", group_items=1, cache="memory"),
+    "windows": dict(executor="threads", group_items=1, num_parallel_calls=2),
+}
+
+
+def _library(ds) -> dict:
+    graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    return {f.signature.name: f for f in graph.library.function}
+
+
+def _drain(ds, passes: int = 3) -> list:
+    return [[tuple(t.numpy() for t in element) for element in ds] for _ in range(passes)]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_function_of_a_pipeline_is_single_device(name):
+    ds = kerasfeed.to_dataset(Small(), **CONFIGS[name])
+    try:
+        library = _library(ds)
+        ours = [n for n in library if n.startswith("__inference_kerasfeed_")]
+        assert ours, sorted(library)
+        public = [n for n in library if n.startswith("__inference_Dataset_")]  # tf.data's public transformations
+        assert public == [], public
+        for n in ours:
+            assert library[n].attr["experimental_ints_on_device"].b is True, n
+        for one_pass in _drain(ds):
+            assert sorted(int(y[0]) for _, y in one_pass) == list(range(60))
+            assert all(np.array_equal(x, np.full((4, 3), y[0], np.float32)) for x, y in one_pass)
+    finally:
+        kerasfeed.executor_of(ds).close()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_without_private_classes_the_same_elements(name, monkeypatch, caplog):
+    made = kerasfeed.to_dataset(Small(), **CONFIGS[name])
+    try:
+        single = _drain(made)
+    finally:
+        kerasfeed.executor_of(made).close()
+    monkeypatch.setattr(functions, "_Unary", None)
+    monkeypatch.setattr(functions, "_fell_back", [])
+    with caplog.at_level(logging.INFO, logger="kerasfeed"):
+        ds = kerasfeed.to_dataset(Small(), **CONFIGS[name])
+    try:
+        library = _library(ds)
+        assert not any(f.attr["experimental_ints_on_device"].b for f in library.values())
+        public = _drain(ds)
+    finally:
+        kerasfeed.executor_of(ds).close()
+    said = [r.getMessage() for r in caplog.records if "multi-device" in r.getMessage()]
+    assert len(said) == 1 and "private dataset classes are missing" in said[0], said
+    assert len(public) == len(single)
+    for a, b in zip(public, single):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert all(np.array_equal(u, v) for u, v in zip(x, y))
