@@ -179,8 +179,9 @@ class H5Slices(SceneSequence):
 class H5AugSlices(H5Slices):
     """``h5`` split for the item cache: ``load`` reads the gzip slice (stored with cache=); ``augment``, every
     pass, mirrors each scene's x axis with probability 1/2 and shifts each scene by a small random offset
-    (a flip and noise: ~0.07 ms a batch here, 0.47 ms as first written, see ``augment``; per-point noise on
-    98K coordinates would cost ~0.7 ms, more than the whole in-memory step). It draws from
+    (a flip and noise: 0.22-0.25 ms a batch over distinct batches on the 2-core Intel VM, 2026-11-26; 0.47 ms
+    as first written, see ``augment``; per-point noise on 98K coordinates would cost ~0.7 ms, more than the
+    whole in-memory step). It draws from
     ``kerasfeed.item_rng()`` in kerasfeed, else from a generator seeded by the batch's first label, so every
     way of feeding does the same work."""
 
