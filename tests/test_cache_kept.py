@@ -116,3 +116,44 @@ def test_a_kept_cache_survives_a_threads_run_and_serves_a_processes_run(tmp_path
     second, _ = _run(scenes, cache, log)
     assert _loads(log) == [] and second["digest"] == first["digest"]
     assert np.isclose(second["cache_items"], ITEMS)
+
+
+class _Numbered:
+    """Items whose values say their index and the source's generation (``offset``)."""
+
+    def __init__(self, offset: float):
+        import kerasfeed
+
+        class Source(kerasfeed.SceneSequence):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return np.full((64, 32), i + offset, np.float32)
+
+        self.source = Source()
+
+
+@pytest.mark.parametrize("api", ["to_loader", "to_dataset"])
+def test_a_rebuilt_directory_leaves_a_closed_run_s_items_as_they_were(tmp_path, api):
+    """A rebuild (another ``version``) makes new files: items a closed pipeline handed out (views of the
+    store's pages) keep their values, in this process as in any other still holding them."""
+    import kerasfeed
+
+    directory = str(tmp_path / "kept")
+
+    def passes(offset, version):
+        make = kerasfeed.to_loader if api == "to_loader" else kerasfeed.to_dataset
+        pipe = make(_Numbered(offset).source, executor="threads", cache=kerasfeed.Cache(directory, version=version))
+        try:
+            got = [[np.asarray(x) for x in pipe] for _ in range(2)]
+        finally:
+            kerasfeed.executor_of(pipe).close() if api == "to_dataset" else pipe.close()
+        return got[1]  # the second pass: served from the store
+
+    held = passes(0.0, 1)
+    assert [float(a[0, 0]) for a in held] == [float(i) for i in range(8)]
+    again = passes(1000.0, 2)  # rebuilt: every item made again, with other values, into the directory
+    assert [float(a[0, 0]) for a in again] == [1000.0 + i for i in range(8)]
+    for i, a in enumerate(held):
+        assert np.array_equal(a, np.full((64, 32), float(i), np.float32)), (i, a[0, :4])

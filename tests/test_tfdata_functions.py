@@ -84,3 +84,20 @@ def test_without_private_classes_the_same_elements(name, monkeypatch, caplog):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             assert all(np.array_equal(u, v) for u, v in zip(x, y))
+
+
+def test_an_op_this_tensorflow_lacks_falls_back_naming_why(monkeypatch, caplog):
+    monkeypatch.setattr(functions, "_OPS", {**functions._OPS, "map": ("no_such_dataset_op", "f")})
+    monkeypatch.setattr(functions, "_fell_back", [])
+    with caplog.at_level(logging.INFO, logger="kerasfeed"):
+        ds = kerasfeed.to_dataset(Small(), executor="threads", group_items=1)
+    try:
+        library = _library(ds)
+        assert any(n.startswith("__inference_Dataset_map") for n in library), sorted(library)
+        assert any(n.startswith("__inference_kerasfeed_flat_map") for n in library), sorted(library)  # still its own
+        one_pass = _drain(ds, passes=1)[0]
+    finally:
+        kerasfeed.executor_of(ds).close()
+    assert [int(y[0]) for _, y in one_pass] == list(range(60))
+    said = [r.getMessage() for r in caplog.records if "multi-device" in r.getMessage()]
+    assert len(said) == 1 and "AttributeError" in said[0] and "no_such_dataset_op" in said[0], said

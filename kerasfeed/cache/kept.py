@@ -20,7 +20,10 @@ NOTE [ A kept cache's directory ]
    entry could then point at bytes that never reached it).
 
 ``key.json`` is written (atomically: a temporary file renamed) before any
-item is stored, so a key always describes the items beside it.
+item is stored, so a key always describes the items beside it. A rebuild
+writes nothing into the old files: new ones (``*.new``) are renamed over
+them, so items a closed pipeline handed out, views of the old pages, keep
+their bytes.
 """
 
 from __future__ import annotations
@@ -135,36 +138,17 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
 
 def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[ItemStore, bool]:
     boot = boot_id()
-    index_path, data_path = kept.path(INDEX), kept.path(DATA)
-    existed = os.path.exists(index_path) and os.path.exists(data_path)
+    existed = os.path.exists(kept.path(INDEX)) and os.path.exists(kept.path(DATA))
     reason = key_change(kept.read_key(), key) if existed else None
-    fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for p in (index_path, data_path)]
+    if existed and reason is None:
+        store, reason = _reuse(kept, n, capacity, boot)
+        if store is not None:
+            return store, True
+    fds = _fresh_files(kept, n, capacity)
     try:
-        if existed and reason is None and os.fstat(fds[0]).st_size == index_bytes(n):
-            held = os.fstat(fds[1]).st_size
-            if held < capacity:  # grown to the capacity asked for (it stays sparse)
-                os.ftruncate(fds[1], capacity)
-            store = ItemStore(fds[0], fds[1], n, max(held, capacity))
-            reason = _stale_reason(store, n, boot)
-            if reason is None:
-                store.set_header(H_CLEAN, 0)
-                store.set_header(H_BOOT, boot)
-                return store, True
-            store.close()
-            fds = [os.open(p, os.O_RDWR | os.O_CLOEXEC) for p in (index_path, data_path)]
-        elif existed and reason is None:
-            reason = "its index is not of this source's length"
-        for fd in fds:
-            os.ftruncate(fd, 0)  # empty: the entries read as zero again
-        os.ftruncate(fds[0], index_bytes(n))
-        os.ftruncate(fds[1], capacity)
         store = ItemStore(fds[0], fds[1], n, capacity)
     except BaseException:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_all(fds)
         raise
     if existed:
         logger.warning("kerasfeed: cache %s rebuilt: %s.", kept.directory, reason)
@@ -172,6 +156,56 @@ def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[
     store.format(boot)
     store.flush()
     return store, False
+
+
+def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optional[ItemStore], Optional[str]]:
+    """The directory's store if it can serve this source (with the key already matched), else
+    (None, why not)."""
+    fds = [os.open(kept.path(name), os.O_RDWR | os.O_CLOEXEC) for name in (INDEX, DATA)]
+    try:
+        if os.fstat(fds[0]).st_size != index_bytes(n):
+            _close_all(fds)
+            return None, "its index is not of this source's length"
+        held = os.fstat(fds[1]).st_size
+        if held < capacity:  # grown to the capacity asked for (it stays sparse)
+            os.ftruncate(fds[1], capacity)
+        store = ItemStore(fds[0], fds[1], n, max(held, capacity))
+    except BaseException:
+        _close_all(fds)
+        raise
+    reason = _stale_reason(store, n, boot)
+    if reason is None:
+        store.set_header(H_CLEAN, 0)
+        store.set_header(H_BOOT, boot)
+        return store, None
+    store.close()
+    return None, reason
+
+
+def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:
+    """Empty index and data files, each made under a temporary name and renamed over the old one
+    (the index first: an old index never points into a new data file). A rebuild must not write
+    into the old files: a closed pipeline's items (in this process or another) are views of their
+    pages, and keep the old inodes' bytes."""
+    fds: list[int] = []
+    try:
+        for name, size in ((INDEX, index_bytes(n)), (DATA, capacity)):
+            path = kept.path(name)
+            fds.append(os.open(path + ".new", os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+            os.ftruncate(fds[-1], size)
+            os.replace(path + ".new", path)
+    except BaseException:
+        _close_all(fds)
+        raise
+    return fds
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def close_kept(store: ItemStore, kept: KeptDirectory) -> None:

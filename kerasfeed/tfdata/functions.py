@@ -112,7 +112,7 @@ def _fall_back(public: Callable[[], tf.data.Dataset], why: str) -> tf.data.Datas
     if not _fell_back:
         _fell_back.append(why)
         logger.warning("kerasfeed: TensorFlow %s: its functions are made multi-device (Grappler at every iterator: "
-                    "~5-25 ms more each epoch; the same elements), because %s", tf.__version__, why)
+                       "~5-25 ms more each epoch; the same elements), because %s", tf.__version__, why)
     return public()
 
 

@@ -21,7 +21,7 @@ _READABLE = frozenset({tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.compl
 # Items per pass below which passes are not read in the graph. Its iterator costs ~1.3 ms more to make
 # (2 cores; Keras makes one per epoch; NOTE [ kerasfeed's functions are instantiated single-device ] in
 # functions.py) and an item ~0.11 ms less than through ``load``. `fit` on `h5` (benchmarks/README.md,
-# *Stored passes read in the graph*), against ``load``: 0.90-0.97x at 20 items a pass, 1.02-1.17x at 50,
+# *Iterators made without Grappler*), against ``load``: 0.90-0.97x at 20 items a pass, 1.02-1.17x at 50,
 # 1.05-1.06x at 100, 1.01-1.09x at 200.
 MIN_PASS_ITEMS = 50
 
