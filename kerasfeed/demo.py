@@ -1,9 +1,10 @@
-"""The demo: train a point-cloud classifier from an HDF5 scene file two ways.
+"""The demo: train a point-cloud classifier from an HDF5 scene file three ways.
 
 Run it with ``python -m kerasfeed demo`` (or ``make demo``). It writes a
 synthetic scene file, wraps it in a ``SceneSequence`` subclass, and trains
 the same small PointNet-style model through ``model.fit(seq)`` (Keras' own
-machinery) and through ``model.fit(kerasfeed.to_dataset(seq))``.
+machinery) and through ``model.fit(kerasfeed.to_dataset(seq))`` with each
+executor (``run_demo``).
 """
 
 from __future__ import annotations

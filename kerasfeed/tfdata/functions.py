@@ -18,6 +18,11 @@ another device, which is what multi-device instantiation is for; the attribute's
 take no function attributes, so these build the same dataset ops through tf.data's private
 classes. Where a TensorFlow lacks them, each falls back to the public transformation (the same
 elements, slower iterators), saying so once in the log.
+
+Not for a function that takes or returns int32 tensors: those become ``_DeviceArg``/``_DeviceRetval``
+nodes, and tf.data's graph rewrite then takes a stateless one for a pipeline of its own and fails
+the iterator ("Expected only one fetch node", TensorFlow 2.21, a map returning (float32, int32)).
+Such a function is made multi-device (its transformation otherwise the same), without a word.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ _SINGLE_DEVICE = {"experimental_ints_on_device": True}  # NOTE above
 try:  # tf.data's private classes (NOTE above)
     from tensorflow.python.data.ops import dataset_ops as _dataset_ops
     from tensorflow.python.data.ops import structured_function as _structured
+    from tensorflow.python.data.util import structure as _structure
     from tensorflow.python.ops import gen_dataset_ops as _gen
     from tensorflow.python.ops import gen_experimental_dataset_ops as _gen_experimental
 
@@ -103,7 +109,7 @@ def _own(ds: tf.data.Dataset, fn: Any, kind: str, public: Callable[[], tf.data.D
     if _Unary is None:
         return _fall_back(public, "tf.data's private dataset classes are missing")
     try:
-        return _SingleDevice(ds, fn, kind, attrs)
+        return _Transformation(ds, fn, kind, attrs)
     except (AttributeError, TypeError) as e:  # another TensorFlow's op or class signatures
         return _fall_back(public, f"{type(e).__name__}: {e}")
 
@@ -116,20 +122,28 @@ def _fall_back(public: Callable[[], tf.data.Dataset], why: str) -> tf.data.Datas
     return public()
 
 
+def _int32_in(structure: Any) -> bool:
+    return any(s.dtype == tf.int32 for s in _structure.get_flat_tensor_specs(structure))
+
+
 # kind: (the dataset op, the name of its function's argument)
 _OPS = {"map": ("map_dataset", "f"), "parallel_map": ("parallel_map_dataset_v2", "f"),
         "flat_map": ("flat_map_dataset", "f"), "take_while": ("take_while_dataset", "predicate"),
         "filter": ("filter_dataset", "predicate")}
 
 
-class _SingleDevice(_Unary or object):  # type: ignore[misc]
-    """One of ``_OPS`` over a function whose FunctionDef is marked single-device (as tf.data's
-    own ``_MapDataset``, ``_FlatMapDataset``...; their element specs)."""
+class _Transformation(_Unary or object):  # type: ignore[misc]
+    """One of ``_OPS`` over a function whose FunctionDef is marked single-device, unless it takes
+    or returns int32 tensors (as tf.data's own ``_MapDataset``, ``_FlatMapDataset``...; their
+    element specs)."""
 
     def __init__(self, ds: tf.data.Dataset, fn: Any, kind: str, attrs: dict) -> None:
         self._input_dataset, self._name, self.kind = ds, None, kind
-        self._func = _structured.StructuredFunctionWrapper(graph_fn(fn), f"kerasfeed.{kind}()", dataset=ds,
-                                                           defun_kwargs=dict(_SINGLE_DEVICE))
+        self.single_device = not _int32_in(ds.element_spec)
+        self._func = self._wrap(fn, ds)
+        if self.single_device and _int32_in(self._func.output_structure):  # made again, multi-device
+            self.single_device = False
+            self._func = self._wrap(fn, ds)
         out = self._func.output_structure
         if kind == "flat_map":
             if not isinstance(out, tf.data.DatasetSpec):
@@ -146,6 +160,10 @@ class _SingleDevice(_Unary or object):  # type: ignore[misc]
         variant = op(ds._variant_tensor, self._func.function.captured_inputs, **{fn_arg: self._func.function}, **attrs,
                      **self._common_args)
         super().__init__(ds, variant)
+
+    def _wrap(self, fn: Any, ds: tf.data.Dataset) -> Any:
+        return _structured.StructuredFunctionWrapper(graph_fn(fn), f"kerasfeed.{self.kind}()", dataset=ds,
+                                                     defun_kwargs=dict(_SINGLE_DEVICE) if self.single_device else None)
 
     def _functions(self) -> list:
         return [self._func]

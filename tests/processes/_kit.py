@@ -109,6 +109,6 @@ def dataset_kinds(ds):
     kinds, stack = set(), [ds]
     while stack:
         d = stack.pop()
-        kinds.add(getattr(d, "kind", None) if type(d).__name__ == "_SingleDevice" else type(d).__name__)
+        kinds.add(getattr(d, "kind", None) if type(d).__name__ == "_Transformation" else type(d).__name__)
         stack.extend(d._inputs())
     return kinds
