@@ -368,5 +368,6 @@ def test_the_graph_passes_benchmark_times_fit_through_either_path(tmp_path, monk
     from benchmarks import graph_passes
 
     monkeypatch.setattr(stored_items, "MIN_PASS_ITEMS", stored_items.MIN_PASS_ITEMS)  # restored after
+    monkeypatch.setattr(stored_items, "MIN_PASS_ITEMS_INT32", stored_items.MIN_PASS_ITEMS_INT32)
     assert graph_passes.one("io", 6, mode, str(tmp_path)) > 0
     assert stored_items.MIN_PASS_ITEMS == (0 if mode == "graph" else 10**12)

@@ -246,3 +246,34 @@ def test_a_store_the_kernel_will_not_map_keeps_every_pass_on_load(monkeypatch):
     finally:
         kerasfeed.executor_of(ds).close()
         kerasfeed.executor_of(reference).close()
+
+
+class Int32(Mixed):
+    def __getitem__(self, i):
+        return {"x": np.full((4, 3), i, np.float32), "label": np.full((4,), i, np.int32)}
+
+
+def test_an_int32_leaf_needs_longer_passes_to_be_read_in_the_graph(monkeypatch):
+    """The reader's functions stay multi-device with an int32 leaf (NOTE [ kerasfeed's functions are instantiated
+    single-device ]): its iterator costs what it did, so such passes need ``MIN_PASS_ITEMS_INT32`` items."""
+    import kerasfeed.tfdata.stored_items as stored_items
+
+    assert stored_items.MIN_PASS_ITEMS < N < stored_items.MIN_PASS_ITEMS_INT32
+    ds = kerasfeed.to_dataset(Int32(), executor="threads", cache="memory", group_items=1)
+    try:
+        assert not isinstance(ds._kerasfeed_groups, StoredPasses)
+    finally:
+        kerasfeed.executor_of(ds).close()
+    monkeypatch.setattr(stored_items, "MIN_PASS_ITEMS_INT32", N)
+    calls = _count_loads(monkeypatch)
+    ds = kerasfeed.to_dataset(Int32(), shuffle=True, seed=2, executor="threads", cache="memory", group_items=1)
+    reference = kerasfeed.to_dataset(Int32(), shuffle=True, seed=2, executor="threads", group_items=1)
+    assert isinstance(ds._kerasfeed_groups, StoredPasses)
+    calls[0] = 0
+    try:
+        for _ in range(3):
+            _assert_same(_numpy(ds), _numpy(reference))
+        assert calls[0] == N  # pass 0 only: the later passes were read in the graph, int32 labels and all
+    finally:
+        kerasfeed.executor_of(ds).close()
+        kerasfeed.executor_of(reference).close()

@@ -22,19 +22,22 @@ _READABLE = frozenset({tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.compl
 # (2 cores; Keras makes one per epoch; NOTE [ kerasfeed's functions are instantiated single-device ] in
 # functions.py) and an item ~0.11 ms less than through ``load``. `fit` on `h5` (benchmarks/README.md,
 # *Iterators made without Grappler*), against ``load``: 0.90-0.97x at 20 items a pass, 1.02-1.17x at 50,
-# 1.05-1.06x at 100, 1.01-1.09x at 200.
+# 1.05-1.06x at 100, 1.01-1.09x at 200. With an int32 leaf the reader's functions stay multi-device
+# (NOTE there), its iterator ~15 ms dearer than ``load``'s: no faster at 200 items, 1.0-1.1x at 500
+# (*Stored passes read in the graph*).
 MIN_PASS_ITEMS = 50
+MIN_PASS_ITEMS_INT32 = 400
 
 
 def stored_passes(pipeline: PassPipeline, in_order: PassInOrder, checker: ItemChecker,
                   pass_items: int) -> Optional[StoredPasses]:
     """The passes' start for a pipeline whose stored passes may be read in the graph, or None
     (no ``cache=``, an ``augment``, a leaf that is not read from bytes, strings, or passes
-    shorter than ``MIN_PASS_ITEMS``)."""
-    front = pipeline.executor
-    if getattr(front, "whole_passes", False) is not True or pass_items < MIN_PASS_ITEMS:
+    shorter than ``MIN_PASS_ITEMS``, or ``MIN_PASS_ITEMS_INT32`` with an int32 leaf)."""
+    front, specs = pipeline.executor, checker.specs
+    least = MIN_PASS_ITEMS_INT32 if any(s.dtype == tf.int32 for s in specs) else MIN_PASS_ITEMS
+    if getattr(front, "whole_passes", False) is not True or pass_items < least:
         return None
-    specs = checker.specs
     if not all(s.dtype in _READABLE and s.shape.rank is not None for s in specs):
         return None
     return StoredPasses(pipeline, in_order, front, checker, [s.dtype.size for s in specs],
