@@ -50,7 +50,7 @@ def stored_in_order(stored: StoredPasses, checker: ItemChecker, marked: bool, lo
     graph, the item is sliced out of the store's file (its last row also calls ``stored.end``).
 
     Every function is a top-level one, made once per iterator: a function inside the per-pass
-    ``flat_map`` is made again at every pass (~5 ms each on 2 cores). The branches are a ``Case``
+    ``flat_map`` is made again at every pass (~5 ms each on 2 cores, multi-device). The branches are a ``Case``
     kept from lowering (``_keep_case``)."""
     specs, fixed = checker.specs, stored.fixed
     begin, end = weak_method(stored, "begin"), weak_method(stored, "end")
