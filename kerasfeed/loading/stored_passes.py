@@ -85,7 +85,6 @@ class StoredPasses:
             self.column_shapes += [[1]] + ([] if fixed else [[1], [rank]])
         self._none = [np.zeros([0] + shape, np.int64) for shape in self.column_shapes]  # a pass through ``load``
 
-
     # ------------------------------------------------------------ passes
     def begin(self) -> list:
         """Starts the next pass: ``[items through load, epoch, items read in the graph, data,

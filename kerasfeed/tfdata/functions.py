@@ -122,7 +122,11 @@ def _fall_back(public: Callable[[], tf.data.Dataset], why: str) -> tf.data.Datas
     return public()
 
 
-def _int32_in(structure: Any) -> bool:
+def stays_multi_device(structure: Any) -> bool:
+    """Whether a function that takes or returns ``structure`` (an element spec, a tuple of specs) is
+    made multi-device: it holds int32 tensors, or this TensorFlow lacks the private classes (NOTE above)."""
+    if _Unary is None:
+        return True
     return any(s.dtype == tf.int32 for s in _structure.get_flat_tensor_specs(structure))
 
 
@@ -139,9 +143,9 @@ class _Transformation(_Unary or object):  # type: ignore[misc]
 
     def __init__(self, ds: tf.data.Dataset, fn: Any, kind: str, attrs: dict) -> None:
         self._input_dataset, self._name, self.kind = ds, None, kind
-        self.single_device = not _int32_in(ds.element_spec)
+        self.single_device = not stays_multi_device(ds.element_spec)
         self._func = self._wrap(fn, ds)
-        if self.single_device and _int32_in(self._func.output_structure):  # made again, multi-device
+        if self.single_device and stays_multi_device(self._func.output_structure):  # made again, multi-device
             self.single_device = False
             self._func = self._wrap(fn, ds)
         out = self._func.output_structure
@@ -173,4 +177,5 @@ class _Transformation(_Unary or object):  # type: ignore[misc]
         return self._spec
 
 
-__all__ = ["filter_by", "flat_map", "graph_fn", "inline_map", "map_each", "parallel_map", "take_while"]
+__all__ = ["filter_by", "flat_map", "graph_fn", "inline_map", "map_each", "parallel_map", "stays_multi_device",
+           "take_while"]

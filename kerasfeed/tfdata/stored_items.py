@@ -10,7 +10,7 @@ import tensorflow as tf
 from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.loading.stored_passes import StoredPasses
-from kerasfeed.tfdata.functions import flat_map, graph_fn, inline_map
+from kerasfeed.tfdata.functions import flat_map, graph_fn, inline_map, stays_multi_device
 from kerasfeed.tfdata.structure import ItemChecker
 
 # Leaf dtypes read straight from the store's bytes (a bitcast; bool: a cast of its bytes).
@@ -33,9 +33,10 @@ def stored_passes(pipeline: PassPipeline, in_order: PassInOrder, checker: ItemCh
                   pass_items: int) -> Optional[StoredPasses]:
     """The passes' start for a pipeline whose stored passes may be read in the graph, or None
     (no ``cache=``, an ``augment``, a leaf that is not read from bytes, strings, or passes
-    shorter than ``MIN_PASS_ITEMS``, or ``MIN_PASS_ITEMS_INT32`` with an int32 leaf)."""
+    shorter than ``MIN_PASS_ITEMS``, or ``MIN_PASS_ITEMS_INT32`` where the reader's functions stay
+    multi-device: an int32 leaf)."""
     front, specs = pipeline.executor, checker.specs
-    least = MIN_PASS_ITEMS_INT32 if any(s.dtype == tf.int32 for s in specs) else MIN_PASS_ITEMS
+    least = MIN_PASS_ITEMS_INT32 if stays_multi_device(tuple(specs)) else MIN_PASS_ITEMS
     if getattr(front, "whole_passes", False) is not True or pass_items < least:
         return None
     if not all(s.dtype in _READABLE and s.shape.rank is not None for s in specs):
