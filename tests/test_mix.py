@@ -189,3 +189,19 @@ def test_h5_rows_bad_input(scenes):
         kerasfeed.BalancedOrder.from_hdf5(scenes, "nope")
     with pytest.raises(ValueError, match=r"must hold one label per row, shape \(N,\) or \(N, 1\). Received: shape=\(96, 16\)"):
         kerasfeed.BalancedOrder.from_hdf5(scenes, "point_labels")
+
+
+def test_balanced_order_from_hdf5_reads_a_url_s_labels_as_the_local_file_s(tmp_path):
+    from remote_servers import http_server
+
+    path = make_synthetic_scenes(tmp_path / "b.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4, seed=1)
+    local = kerasfeed.BalancedOrder.from_hdf5(str(path), "labels", seed=0)
+    with http_server({"b.h5": str(path)}) as srv:
+        remote = kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/b.h5", "labels", seed=0)
+        per_scheme = kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/b.h5", "labels", seed=0,
+                                                       storage_options={"http": {}})
+        with pytest.raises(FileNotFoundError, match="missing.h5"):
+            kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/missing.h5", "labels", seed=0)
+    for order in (remote, per_scheme):
+        np.testing.assert_array_equal(order.proportions, local.proportions)
+        np.testing.assert_array_equal(order.indices(0), local.indices(0))

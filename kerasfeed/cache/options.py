@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import weakref
 from typing import Any, Callable, Optional
 
 from kerasfeed import _validation as _v
@@ -46,8 +47,9 @@ class Cache:
             names, and ``version``); a change rebuilds it, with one log line
             saying why. One run at a time uses a directory.
         max_bytes: what the store may hold, at most. None: half the memory
-            available when the pipeline is made (in RAM), or half the free
-            disk at ``directory``. Past it, the items stored first stay and
+            available when the pipeline is made (in RAM: within a
+            container's memory limit, less what other open stores in RAM may
+            still fill), or half the free disk at ``directory``. Past it, the items stored first stay and
             the rest are made every pass.
         version: anything with a stable ``repr``; a kept cache made under
             another version is rebuilt (for what the key cannot see, such as
@@ -107,13 +109,49 @@ def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
     )
 
 
+# A container's memory limit and use (cgroup v2, then v1): /proc/meminfo shows the host's.
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_memory() -> int:
+    """Memory available to this process: the host's available memory, or less where a
+    container's memory limit leaves less."""
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    for limit_file, usage_file in _CGROUP_FILES:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max" or v1's near-2**63: no limit
+            available = min(available, max(int(limit) - usage, 0))
+        break
+    return available
+
+
+# Open stores in RAM: what they may still fill is not available to the next one (a training and a
+# validation pipeline made one after the other would otherwise each take half of the same memory).
+_IN_MEMORY: "weakref.WeakSet[ItemStore]" = weakref.WeakSet()
+
+
+def _unfilled() -> int:
+    total = 0
+    for store in list(_IN_MEMORY):
+        figures = store.figures()
+        total += max(int(figures["capacity"]) - int(figures["used"]), 0)
+    return total
+
+
 def _capacity(cache: Cache, directory: Optional[str]) -> int:
     if cache.max_bytes is not None:
         size = cache.max_bytes
     elif directory is None:
-        import psutil
-
-        size = int(psutil.virtual_memory().available * MEMORY_SHARE)
+        size = int(max(available_memory() - _unfilled(), 0) * MEMORY_SHARE)
     else:
         size = int(shutil.disk_usage(directory).free * DISK_SHARE)
     return max(size, 128)  # the first record starts at 64
@@ -135,13 +173,25 @@ def open_store(
 
     Raises:
         RuntimeError: the directory is in use by another run.
+        ValueError: the directory's path is a file.
     """
     if cache.directory is None:
         store = ItemStore.memory(n, _capacity(cache, None))
-        return store, store.close
+        _IN_MEMORY.add(store)
+
+        def close() -> None:
+            _IN_MEMORY.discard(store)
+            store.close()
+
+        return store, close
     directory = cache.directory
     if shard[1] > 1:
         directory = os.path.join(directory, f"shard-{shard[0]}-of-{shard[1]}")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(
+            f"`cache` names a directory to keep the items in, and '{directory}' is a file. Pass a directory "
+            f"path (made if missing), or cache='memory'. Received: cache={cache.directory!r}"
+        )
     os.makedirs(directory, exist_ok=True)
     key = source_key(source, n, cache.version, LAYOUT)
     store, kept = open_kept(directory, key, n, _capacity(cache, directory))

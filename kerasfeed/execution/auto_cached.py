@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from kerasfeed.execution.cached_items import ItemCache, read_only, run_stage
+from kerasfeed.execution.cached_items import ItemCache, read_only, run_augment, run_stage
 from kerasfeed.execution.item_random import item_scope
 from kerasfeed.sources.base import source_length
 
@@ -54,7 +54,7 @@ class _Stored:
 
     def __getitem__(self, i: int) -> Any:
         item = self._stored.get(i)
-        return self._source.augment(self._stored_item(i) if item is None else item)
+        return run_augment(self._source, self._stored_item(i) if item is None else item)
 
 
 class _Made:
@@ -69,7 +69,7 @@ class _Made:
 
     def __getitem__(self, i: int) -> Any:
         item = run_stage(self._source, self._cache.stage_name, i)
-        return self._source.augment(read_only(item)) if self._cache.augment else item
+        return run_augment(self._source, read_only(item)) if self._cache.augment else item
 
 
 def _named(kind: type, source: Any, cache: ItemCache, probed: int) -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -63,17 +64,57 @@ def _warn_global_draw(name: str, index: int) -> None:
     )
 
 
+class _Calls:
+    """The source's calls (stored stages, augments) running in this process now, and how many have begun.
+
+    The global generators are the process's: a change seen across a stage is the stage's own draw only
+    when no other call ran beside it (an ``augment`` on another pool thread may draw from them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._begun = 0
+
+    def enter(self) -> int:
+        """A token for ``leave``: the count of calls begun, or -1 when another call is running."""
+        with self._lock:
+            self._running += 1
+            self._begun += 1
+            return self._begun if self._running == 1 else -1
+
+    def leave(self, token: int) -> bool:
+        """Whether the call ran alone: nothing running when it began, nothing begun since."""
+        with self._lock:
+            self._running -= 1
+            return token == self._begun
+
+
+_CALLS = _Calls()
+
+
 def run_stage(source: Any, name: str, index: int) -> Any:
     """The cached stage ``name`` of item ``index``, refusing what depends on the pass."""
+    token = _CALLS.enter()
     before = _global_states()
     previous = stage.enter_cached(name)
     try:
         item = getattr(source, name)(index) if name == "load" else source[index]
     finally:
         stage.leave(previous)
-    if _global_states() != before:
+        changed = _global_states() != before
+        alone = _CALLS.leave(token)
+    if changed and alone:
         _warn_global_draw(name, index)
     return item
+
+
+def run_augment(source: Any, item: Any) -> Any:
+    """The source's ``augment`` of a stored (or just made) item, counted among the running calls."""
+    _CALLS.enter()
+    try:
+        return source.augment(item)
+    finally:
+        _CALLS.leave(-1)
 
 
 def read_only(item: Any) -> Any:
@@ -119,12 +160,13 @@ class ItemCache:
             stored = store.get(index) if store.put(index, item) and self.augment else None
             if self.augment:
                 item = read_only(item) if stored is None else stored
-        return source.augment(item) if self.augment else item
+        return run_augment(source, item) if self.augment else item
 
     def handed_over_stored(self, index: int) -> bool:
         """Whether a worker process answers item ``index`` as stored (nothing in its slot: the consumer
-        reads the store): the item is the stored one (no ``augment``) and the store holds it."""
-        return not self.augment and self.store is not None and self.store.has(index)
+        reads the store): the item is the stored one (no ``augment``) and the store holds it, its
+        record intact (one that fails its check, e.g. pages a crash lost, is answered in the slot)."""
+        return not self.augment and self.store is not None and self.store.get(index) is not None
 
     # ------------------------------------------------------------ worker processes
     def described(self) -> dict:
@@ -148,4 +190,4 @@ class ItemCache:
             self.store.close()
 
 
-__all__ = ["ItemCache", "read_only", "run_stage"]
+__all__ = ["ItemCache", "read_only", "run_augment", "run_stage"]

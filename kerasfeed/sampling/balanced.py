@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -30,6 +31,7 @@ from kerasfeed.sampling.weighted import (
 )
 
 OWNER = "BalancedOrder"
+_SCHEMES = frozenset({"s3", "gs", "gcs", "http", "https"})
 
 
 class BalancedOrder(SampledOrder):
@@ -143,24 +145,26 @@ class BalancedOrder(SampledOrder):
     # ---- construction helpers ----------------------------------------------
 
     @classmethod
-    def from_hdf5(cls, paths: Any, key: str, **kwargs: Any) -> "BalancedOrder":
+    def from_hdf5(cls, paths: Any, key: str, storage_options: Optional[Mapping] = None,
+                  **kwargs: Any) -> "BalancedOrder":
         """Reads the labels, of shape ``(N,)`` or ``(N, 1)``, once from HDF5 dataset ``key`` (files
         concatenated in order); only the label dataset is read, never the items.
 
         Args:
-            paths: one HDF5 file or a sequence of files (as given to ``H5SliceSequence``/``H5RowSequence``).
+            paths: one HDF5 file or a sequence of files (as given to ``H5SliceSequence``/``H5RowSequence``):
+                local paths or ``s3://``, ``gs://``, ``http(s)://`` URLs (read once through fsspec, the
+                ``remote`` extra).
             key: the label dataset in every file.
+            storage_options: fsspec's options for URLs (credentials, endpoint), as the readers take them.
             **kwargs: ``BalancedOrder`` arguments.
 
         Raises:
             ValueError: a file lacks ``key`` or its labels are not one per row.
         """
-        import h5py  # lazily: `import kerasfeed` stays light
-
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         parts = []
         for path in paths:
-            with h5py.File(path, "r") as f:
+            with _open_hdf5(path, storage_options) as f:
                 ds = f.get(key)
                 if ds is None or not hasattr(ds, "shape"):
                     raise ValueError(
@@ -376,5 +380,28 @@ def _encoded(labels: np.ndarray) -> tuple:
             f"classes: {e}. Received: labels of types {kinds}"
         ) from e
 
+
+
+@contextlib.contextmanager
+def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
+    """An h5py file of a local path, or of a URL through fsspec (the labels are read once, whole)."""
+    import h5py  # lazily: `import kerasfeed` stays light
+
+    if not (isinstance(path, str) and "://" in path):
+        with h5py.File(path, "r") as f:
+            yield f
+        return
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(
+            f"{OWNER}.from_hdf5: reading labels from a URL needs fsspec: pip install 'kerasfeed[remote]'. "
+            f"Received: {path.split('?', 1)[0]}"
+        ) from None
+    options = dict(storage_options or {})
+    if options and all(k in _SCHEMES for k in options):  # keyed by scheme, as the readers accept too
+        options = dict(options.get(path.split("://", 1)[0].lower(), {}))
+    with fsspec.open(path, "rb", **options) as raw, h5py.File(raw, "r") as f:
+        yield f
 
 __all__ = ["BalancedOrder"]
