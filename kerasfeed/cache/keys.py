@@ -7,10 +7,11 @@ holds:
 
 - ``class``, ``length`` and ``version`` (``Cache(version=...)``: the user's
   lever for anything the rest cannot see);
-- ``code``: a digest of the cached stage's code (``load``, else
-  ``__getitem__``; its bytecode, constants and names, not its line numbers),
-  so editing what makes an item rebuilds the cache, and editing a comment
-  does not;
+- ``code``: a digest of the cached stage's code (``load`` when items are
+  ``augment(load(i))``, else ``__getitem__``: ``stage_of``; its bytecode,
+  constants (sets sorted) and names, not its line numbers; its defaults and
+  closure values; each decorator layer down ``__wrapped__``), so editing what
+  makes an item rebuilds the cache, and editing a comment does not;
 - ``attributes``: the source's public plain attributes (numbers, strings,
   small arrays and lists of them: what its constructor was given, such as a
   batch size or a point count) by value or digest. Left out: attributes
@@ -22,7 +23,8 @@ holds:
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
   attributes that are existing paths and h5py objects it holds, one level
-  into lists, tuples and dicts.
+  into lists, tuples and dicts (not those in ``cache_ignores``: a log the
+  source appends to).
 
 Any difference rebuilds the cache and one log line says which part changed.
 The records themselves carry their items' specs, so the item spec needs no
@@ -50,27 +52,78 @@ def _digest(data: bytes) -> str:
 
 
 def stage_of(source: Any) -> str:
-    """The cached stage's name: ``"load"`` when the source has one, else ``"__getitem__"``."""
-    return "load" if callable(getattr(source, "load", None)) else "__getitem__"
+    """The cached stage's name: ``"load"`` when the source's items are ``augment(load(i))`` (it keeps
+    ``SceneSequence.__getitem__``, or defines ``augment`` too), else ``"__getitem__"``: a class with its
+    own ``__getitem__`` and a helper named ``load`` has its items made by ``__getitem__``."""
+    if not callable(getattr(source, "load", None)):
+        return "__getitem__"
+    if callable(getattr(source, "augment", None)):
+        return "load"
+    owner = next((k for k in type(source).__mro__ if "__getitem__" in vars(k)), None)
+    # By name: this layer does not import kerasfeed.sources (nor Keras with it).
+    inherited = owner is None or (owner.__module__, owner.__qualname__) == ("kerasfeed.sources.sequence",
+                                                                            "SceneSequence")
+    return "load" if inherited else "__getitem__"
+
+
+def _const(const: Any) -> bytes:
+    # A set literal compiles to a frozenset, whose repr's order follows the run's string hashing
+    # (PYTHONHASHSEED): its elements count sorted, so the digest is the same in every run.
+    if isinstance(const, frozenset):
+        return b"frozenset{" + b",".join(sorted(_const(c) for c in const)) + b"}"
+    if isinstance(const, tuple):
+        return b"(" + b",".join(_const(c) for c in const) + b")"
+    if isinstance(const, types.CodeType):
+        h = hashlib.blake2b(const.co_code, digest_size=12)
+        h.update(repr(const.co_names).encode())
+        for c in const.co_consts:
+            h.update(_const(c))
+        return b"code:" + h.hexdigest().encode()
+    return repr(const).encode()
+
+
+def _bound_value(value: Any) -> str:
+    # A default or a closure cell: by value where ``_value`` takes it, else by type.
+    text = _value(value)
+    return f"<{type(value).__module__}.{type(value).__qualname__}>" if text is None else text
 
 
 def _code_digest(fn: Any) -> str:
+    """The stage's code, its defaults and closure values, and every decorator layer's (``__wrapped__``, and
+    functions held in closures: a decorator without ``functools.wraps``), so editing any of them counts."""
     h = hashlib.blake2b(digest_size=12)
-
-    def add(code: types.CodeType) -> None:
-        h.update(code.co_code)
-        h.update(repr(code.co_names).encode())
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                add(const)
-            else:
-                h.update(repr(const).encode())
-
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return f"<no code: {type(fn).__name__}>"
-    add(code)
+    seen: dict = {}  # id -> the layer, held so that no id is reused meanwhile
+    pending, hashed = [fn], False
+    while pending and len(seen) < 100:
+        layer = pending.pop()
+        layer = getattr(layer, "__func__", layer)
+        if layer is None or id(layer) in seen:
+            continue
+        seen[id(layer)] = layer
+        code = getattr(layer, "__code__", None)
+        if isinstance(code, types.CodeType):
+            hashed = True
+            h.update(_const(code))
+            h.update(repr(tuple(_bound_value(v) for v in getattr(layer, "__defaults__", None) or ())).encode())
+            kwdefaults = getattr(layer, "__kwdefaults__", None) or {}
+            h.update(repr(sorted((k, _bound_value(v)) for k, v in kwdefaults.items())).encode())
+            for cell in getattr(layer, "__closure__", None) or ():
+                try:
+                    value = cell.cell_contents
+                except ValueError:  # an empty cell (a name not bound yet)
+                    h.update(b"<empty>")
+                    continue
+                if isinstance(value, (types.FunctionType, types.MethodType)):
+                    pending.append(value)
+                else:
+                    h.update(_bound_value(value).encode())
+        else:
+            h.update(f"<{type(layer).__qualname__}>".encode())
+        wrapped = getattr(layer, "__wrapped__", None)  # functools.wraps, lru_cache, cache
+        if callable(wrapped):
+            pending.append(wrapped)
+    if not hashed:
+        return f"<no code: {type(getattr(fn, '__func__', fn)).__name__}>"
     return h.hexdigest()
 
 
@@ -126,7 +179,10 @@ def source_files(source: Any) -> dict:
     own = getattr(source, "kerasfeed_identity", None)
     if callable(own):
         found.update({str(k): str(v) for k, v in dict(own()).items()})
-    for value in _attributes(source).values():
+    ignored = _ignored(source)
+    for name, value in _attributes(source).items():
+        if name in ignored:  # a log the source appends to, say: not what the stored stage reads
+            continue
         _files_in(value, found)
         if isinstance(value, (list, tuple)) and len(value) <= _SEQUENCE_MAX:
             for v in value:
@@ -135,6 +191,10 @@ def source_files(source: Any) -> dict:
             for v in value.values():
                 _files_in(v, found)
     return found
+
+
+def _ignored(source: Any) -> frozenset:
+    return frozenset(getattr(source, "cache_ignores", ()) or ())
 
 
 def _attributes(source: Any) -> dict:
@@ -146,7 +206,7 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
     cls = type(source)
     stage = stage_of(source)
-    ignored = frozenset(getattr(source, "cache_ignores", ()) or ())
+    ignored = _ignored(source)
     public = {k: v for k, v in _attributes(source).items() if not k.startswith("_") and k not in ignored}
     attributes = {k: v for k, v in ((k, _value(v)) for k, v in sorted(public.items())) if v is not None}
     return {

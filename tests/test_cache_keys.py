@@ -1,0 +1,222 @@
+"""A kept cache's key (``kerasfeed/cache/keys.py``): what its code digest sees, which stage is stored, and which
+files count.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+import kerasfeed
+from kerasfeed.cache.keys import key_change, source_key, stage_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _code(source) -> str:
+    return source_key(source, 4, None, 1)["code"]
+
+
+# ------------------------------------------------------------------ a set literal, under any string hashing
+_SET_SCRIPT = textwrap.dedent('''
+    from kerasfeed.cache.keys import source_key
+
+    class Src:
+        def load(self, i):
+            mode = "train"
+            names = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"}
+            pick = [x for x in range(i) if str(x) in {"1", "2", "3", "5", "8", "13"}]
+            return (2.0 if mode in names else 1.0), pick, ("k", frozenset({"u", "v", "w", "x"}))
+
+    const = next(c for c in Src.load.__code__.co_consts if isinstance(c, frozenset))
+    print(repr(const))
+    print(source_key(Src(), 4, None, 1)["code"])
+''')
+
+
+def _set_run(seed: str) -> list[str]:
+    env = {**os.environ, "PYTHONHASHSEED": seed,
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _SET_SCRIPT], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_a_set_literal_in_load_gives_the_same_digest_under_another_hash_seed():
+    (order_a, digest_a), (order_b, digest_b) = _set_run("1"), _set_run("2")
+    assert order_a != order_b, "the two seeds iterate the set alike: the test would show nothing"
+    assert digest_a == digest_b
+
+
+# ------------------------------------------------------------------ defaults, closures, decorators
+class _Scale1:
+    def load(self, i, scale=1.0):
+        return np.full((2,), i * scale)
+
+
+class _Scale10:
+    def load(self, i, scale=10.0):
+        return np.full((2,), i * scale)
+
+
+class _Scale1Again:
+    def load(self, i, scale=1.0):
+        return np.full((2,), i * scale)
+
+
+class _KwScale1:
+    def load(self, i, *, scale=1.0):
+        return np.full((2,), i * scale)
+
+
+class _KwScale10:
+    def load(self, i, *, scale=10.0):
+        return np.full((2,), i * scale)
+
+
+def _closing_over(scale):
+    class Src:
+        def load(self, i):
+            return np.full((2,), i * scale)
+    return Src()
+
+
+def test_a_changed_default_or_closure_value_changes_the_digest():
+    assert _code(_Scale1()) != _code(_Scale10())
+    assert _code(_KwScale1()) != _code(_KwScale10())
+    assert _code(_closing_over(1.0)) != _code(_closing_over(10.0))
+    assert _code(_Scale1()) == _code(_Scale1Again())  # the same code in another place: the same digest
+    assert _code(_closing_over(1.0)) == _code(_closing_over(1.0))
+
+
+def _logged(fn):
+    @functools.wraps(fn)
+    def wrapper(self, i):
+        return fn(self, i)
+    return wrapper
+
+
+def _bare(fn):  # a decorator without functools.wraps: the function is only in its closure
+    def wrapper(self, i):
+        return fn(self, i)
+    return wrapper
+
+
+def _load_1(self, i):
+    return np.full((2,), i * 1.0)
+
+
+def _load_10(self, i):
+    return np.full((2,), i * 10.0)
+
+
+def _decorated(deco, load):
+    class Src(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 4
+
+    Src.load = deco(load)
+    return Src()
+
+
+def test_editing_a_decorated_load_changes_the_digest():
+    for deco in (_logged, _bare, functools.lru_cache(maxsize=None), functools.cache):
+        one, ten = _decorated(deco, _load_1), _decorated(deco, _load_10)
+        assert key_change(source_key(one, 4, None, 1), source_key(ten, 4, None, 1)) == \
+            "the code of `load` changed", deco
+        assert _code(one) == _code(_decorated(deco, _load_1)), deco
+        assert not _code(one).startswith("<no code"), deco
+
+
+# ------------------------------------------------------------------ which stage is stored
+class _Images(kerasfeed.SceneSequence):
+    """Its own ``__getitem__`` and a helper named ``load``: the items are ``__getitem__``'s."""
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full((2, 2), 200 + i, np.uint8)
+
+    def __getitem__(self, i):
+        return self.load(i).astype("float32") / 255.0
+
+
+class _Split(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full((2,), i, np.float32)
+
+
+class _SplitAugmented(_Split):
+    def augment(self, item):
+        return item + 1
+
+
+class _OwnGetitemAugmented(_SplitAugmented):
+    def __getitem__(self, i):
+        return self.augment(self.load(i))
+
+
+def test_the_stored_stage_is_load_only_where_items_are_augment_of_load():
+    assert stage_of(_Split()) == "load"
+    assert stage_of(_SplitAugmented()) == "load"
+    assert stage_of(_OwnGetitemAugmented()) == "load"
+    assert stage_of(_Images()) == "__getitem__"
+    assert stage_of(_Numbered("log")) == "__getitem__"  # no load at all
+
+
+def test_a_load_helper_under_its_own_getitem_gives_the_uncached_items():
+    with kerasfeed.to_loader(_Images(), executor="threads") as loader:
+        plain = list(loader)
+    with kerasfeed.to_loader(_Images(), executor="threads", cache="memory") as loader:
+        cached = [list(loader) for _ in range(2)]
+    for items in cached:
+        assert [x.dtype for x in items] == [np.float32] * 4
+        np.testing.assert_array_equal(np.stack(items), np.stack(plain))
+
+
+# ------------------------------------------------------------------ cache_ignores and files
+class _Numbered(kerasfeed.SceneSequence):
+    cache_ignores = ("log_path",)  # a log the script appends to: not read by the stored stage
+    made: list = []  # on the class: not an attribute of the key
+
+    def __init__(self, log_path, data_path=None):
+        super().__init__()
+        self.log_path, self.data_path = log_path, data_path
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        self.made.append(i)
+        return np.full((2,), i, np.float32)
+
+
+def test_a_file_named_by_an_ignored_attribute_is_not_in_the_key(tmp_path):
+    log, data = tmp_path / "train.log", tmp_path / "data.bin"
+    log.write_text("run 1\n")
+    data.write_bytes(b"0123")
+    key = source_key(_Numbered(str(log), str(data)), 4, None, 1)
+    assert str(data) in key["files"] and str(log) not in key["files"]  # the other attribute's file counts
+    with open(log, "a") as f:
+        f.write("run 2\n" * 10)
+    assert key_change(key, source_key(_Numbered(str(log), str(data)), 4, None, 1)) is None
+
+    cache = tmp_path / "kept"
+    _Numbered.made.clear()
+    with kerasfeed.to_loader(_Numbered(str(log)), executor="threads", cache=str(cache)) as loader:
+        list(loader)
+    assert sorted(_Numbered.made) == [0, 1, 2, 3]
+    with open(log, "a") as f:
+        f.write("run 3\n" * 10)
+    with kerasfeed.to_loader(_Numbered(str(log)), executor="threads", cache=str(cache)) as loader:
+        list(loader)
+    assert sorted(_Numbered.made) == [0, 1, 2, 3], "the kept cache was rebuilt: its items made again"
