@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -563,6 +564,7 @@ def test_a_second_store_in_ram_does_not_count_what_the_first_may_still_fill(monk
     from kerasfeed.cache import options
 
     monkeypatch.setattr(options, "available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(options, "_IN_MEMORY", weakref.WeakSet())  # stores other tests left to the gc
     first, close_first = options.open_store(options.Cache(), Ramp(), 8)
     second, close_second = options.open_store(options.Cache(), Ramp(), 8)
     try:

@@ -29,17 +29,36 @@ their bytes.
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import logging
 import os
-from typing import Optional
+import time
+import weakref
+from typing import Callable, Optional
 
 from kerasfeed.cache.keys import key_change
-from kerasfeed.cache.store import H_BOOT, H_CLEAN, H_ITEMS_N, H_LAYOUT, H_MAGIC, LAYOUT, MAGIC, ItemStore, index_bytes
+from kerasfeed.cache.store import (
+    H_BOOT,
+    H_BUMP,
+    H_CAPACITY,
+    H_CLEAN,
+    H_FAILED,
+    H_FULL,
+    H_ITEMS_N,
+    H_LAYOUT,
+    H_MAGIC,
+    LAYOUT,
+    MAGIC,
+    ItemStore,
+    index_bytes,
+)
 
 logger = logging.getLogger("kerasfeed")
 
 INDEX, DATA, KEY, LOCK = "index.bin", "data.bin", "key.json", "lock"
+# How long a directory held by this very process is waited for (a pipeline dropped without close()).
+_OWN_WAIT_S = 2.0
 
 
 def boot_id() -> int:
@@ -61,21 +80,25 @@ class KeptDirectory:
     def __init__(self, directory: str):
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
-        self._lock_fd: Optional[int] = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                               0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._lock_fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            raise RuntimeError(
-                f"kerasfeed cache: the directory {directory} is in use by another run (pid {holder}): one run at a "
-                "time fills a kept cache. Give this run its own directory (cache=... or Cache(directory=...)), or "
-                f"wait for that run to end. Received: cache directory {directory!r}"
-            ) from None
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._lock = _LockFd(fd)
+        # Dropped without ``release`` the lock goes too, unless a store took it over (``hand_over``).
+        self._finalizer = weakref.finalize(self, self._lock.close)
+        if not _take(fd):
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            own = holder == str(os.getpid())
+            if not (own and _take_from_own(fd)):
+                self._finalizer()
+                what = "another pipeline of this process" if own else "another run"
+                fix = ("close() that pipeline (or make it in a `with` block) before making another over this "
+                       "directory" if own else "wait for that run to end")
+                raise RuntimeError(
+                    f"kerasfeed cache: the directory {directory} is in use by {what} (pid {holder}): one run at a "
+                    f"time fills a kept cache. Give this run its own directory (cache=... or Cache(directory=...)), "
+                    f"or {fix}. Received: cache directory {directory!r}"
+                )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -95,12 +118,48 @@ class KeptDirectory:
             os.fsync(f.fileno())
         os.replace(tmp, self.path(KEY))
 
+    def hand_over(self) -> Callable[[], None]:
+        """The lock's release, for the store to run once written back and marked clean (``ItemStore.kept_by``):
+        the lock is then held as long as the store, however the two objects are dropped."""
+        self._finalizer.detach()
+        return self._lock.close
+
     def release(self) -> None:
-        if self._lock_fd is not None:
-            try:
-                os.close(self._lock_fd)  # drops the flock
-            finally:
-                self._lock_fd = None
+        self._lock.close()
+
+
+class _LockFd:
+    """The lock file's fd, apart from its owner (finalizers must not hold the owner)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd: Optional[int] = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # drops the flock
+
+
+def _take(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _take_from_own(fd: int) -> bool:
+    """The lock of a pipeline of this process dropped without close(): its store lets it go once
+    collected (after its pool threads stop; a reference cycle needs the collector)."""
+    gc.collect()
+    deadline = time.monotonic() + _OWN_WAIT_S
+    while not _take(fd):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _stale_reason(store: ItemStore, n: int, boot: int) -> Optional[str]:
@@ -117,8 +176,9 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
     """Opens (or makes, or rebuilds) the kept cache in ``directory`` for a source of ``n`` items.
 
     Returns:
-        The store (``capacity`` bytes, or what it holds already if more) and
-        the directory, whose lock is held until ``close_kept``.
+        The store (``capacity`` bytes, or what its file holds already if more: new records
+        stop at ``capacity``) and the directory, whose lock is held until ``close_kept``, or
+        until the store is collected (it then marks itself clean and frees the lock).
 
     Raises:
         RuntimeError: another run holds the directory.
@@ -129,6 +189,8 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
     except BaseException:
         kept.release()
         raise
+    store.where = directory
+    store.kept_by(kept.hand_over())
     figures = store.figures()
     if reused and figures["items"]:
         logger.info("kerasfeed: cache %s reused: %d of %d items held (%.1f MB).", directory, figures["items"], n,
@@ -169,7 +231,8 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
         held = os.fstat(fds[1]).st_size
         if held < capacity:  # grown to the capacity asked for (it stays sparse)
             os.ftruncate(fds[1], capacity)
-        store = ItemStore(fds[0], fds[1], n, max(held, capacity))
+        # This run's capacity (its max_bytes) bounds new records; a longer file stays, and what it holds is served.
+        store = ItemStore(fds[0], fds[1], n, max(held, capacity), limit=capacity)
     except BaseException:
         _close_all(fds)
         raise
@@ -177,6 +240,10 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
     if reason is None:
         store.set_header(H_CLEAN, 0)
         store.set_header(H_BOOT, boot)
+        # This run's budget: full only if it has no room left (an earlier run's budget or failed write is its own).
+        store.set_header(H_CAPACITY, store.limit)
+        store.set_header(H_FULL, int(store.header(H_BUMP) >= store.limit))
+        store.set_header(H_FAILED, 0)
         return store, None
     store.close()
     return None, reason

@@ -34,24 +34,35 @@ whose stamp is below a pass's cut was cached before that pass began:
 the consumer serves those items itself and asks the executor for the rest
 (``missing``), and the two sides agree on which is which however the
 workers race.
+
+A store dropped without ``close`` (a pipeline never closed, or still open at
+interpreter exit) is released by a ``weakref.finalize`` all the same: its
+fds are closed (a memfd's RAM goes back) and a kept one is written back and
+marked clean, then its directory unlocked (``_Owned``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 import threading
-from typing import Any, Optional
+import weakref
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from kerasfeed.cache.records import encode_record, read_record, write_record
 
+logger = logging.getLogger("kerasfeed")
+
 HEADER_BYTES = 4096
 _Q = HEADER_BYTES // 8  # index entries start at this u64
 # Header u64 slots.
-H_MAGIC, H_LAYOUT, H_ITEMS_N, H_CAPACITY, H_BUMP, H_STAMP, H_HELD, H_HELD_BYTES, H_FULL, H_CLEAN, H_BOOT = range(11)
+# H_FAILED: a write failed (a full disk): nothing more is stored in this run.
+H_MAGIC, H_LAYOUT, H_ITEMS_N, H_CAPACITY, H_BUMP, H_STAMP, H_HELD, H_HELD_BYTES, H_FULL, H_CLEAN, H_BOOT, H_FAILED = \
+    range(12)
 MAGIC = int.from_bytes(b"KFCACHE1", "little")
 LAYOUT = 1  # bump when the file layout changes: a kept cache of another layout is rebuilt
 FIRST_OFFSET = 64  # offset 0 marks an empty entry
@@ -71,13 +82,17 @@ class ItemStore:
     or ``attach`` (a worker process, from the fds its pool sent).
 
     Args:
-        index_fd, data_fd: the files (this object owns and closes them).
+        index_fd, data_fd: the files (this object owns and closes them, when closed or collected).
         n: the number of source items.
-        capacity: the data file's length: what the store may hold.
+        capacity: the data file's length (mapped).
+        limit: what new records may fill the file up to (default: ``capacity``); less in a
+            reused kept file longer than this run's ``max_bytes`` (what it holds past it stays).
     """
 
-    def __init__(self, index_fd: int, data_fd: int, n: int, capacity: int):
+    def __init__(self, index_fd: int, data_fd: int, n: int, capacity: int, limit: Optional[int] = None):
         self.n, self.capacity = n, capacity
+        self.limit = capacity if limit is None else min(limit, capacity)
+        self.where = "memory"  # the cache's name in a log line (a kept store's directory)
         self._index_fd, self._data_fd = index_fd, data_fd
         self._index = mmap.mmap(index_fd, index_bytes(n))
         self._q = memoryview(self._index).cast("Q")
@@ -85,7 +100,11 @@ class ItemStore:
         self._ro = mmap.mmap(data_fd, capacity, prot=mmap.PROT_READ)
         self._ro_at = np.frombuffer(self._ro, np.uint8, count=1).__array_interface__["data"][0]  # its address
         self._lock = threading.Lock()
-        self._closed = False
+        self._last: Optional[dict] = None  # the figures when closed
+        self._on_close: list = []
+        # Made last: a failed __init__ leaves the fds to its caller. Holds no reference to ``self``.
+        self._owned = _Owned((index_fd, data_fd), self._lock)
+        self._finalizer = weakref.finalize(self, self._owned.release)
 
     # ------------------------------------------------------------ making
     @classmethod
@@ -111,11 +130,26 @@ class ItemStore:
         """A worker's view of the store its pool sent (``described()`` and ``fds()``)."""
         if len(fds) != 2:
             raise RuntimeError(f"kerasfeed cache: a worker got {len(fds)} fds for the item store, not 2")
-        return cls(fds[0], fds[1], described["n"], described["capacity"])
+        store = cls(fds[0], fds[1], described["n"], described["capacity"], described.get("limit"))
+        store.where = described.get("where", store.where)
+        return store  # its finalizer closes the worker's fds only (never marks a kept store clean)
 
     def described(self) -> dict:
         """What a worker needs besides the fds to ``attach``."""
-        return {"n": self.n, "capacity": self.capacity}
+        return {"n": self.n, "capacity": self.capacity, "limit": self.limit, "where": self.where}
+
+    def kept_by(self, release: Callable[[], None]) -> None:
+        """Makes this a kept directory's store: once closed or collected it is written back and
+        marked clean, then ``release`` runs (the directory's lock: held until then)."""
+        self._owned.clean, self._owned.then = True, release
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Runs ``callback`` when the store closes (what holds a mapping of its own drops it)."""
+        with self._lock:
+            if not self._owned.closed:
+                self._on_close.append(callback)
+                return
+        callback()
 
     def fds(self) -> tuple[int, int]:
         """The index and data fds, to send to a worker as they are (see the NOTE)."""
@@ -125,9 +159,9 @@ class ItemStore:
         """Writes a fresh header (owner only, before any other process uses
         the store; the entries of fresh or truncated files are zero already)."""
         q = self._q
-        for slot, value in ((H_MAGIC, MAGIC), (H_LAYOUT, LAYOUT), (H_ITEMS_N, self.n), (H_CAPACITY, self.capacity),
+        for slot, value in ((H_MAGIC, MAGIC), (H_LAYOUT, LAYOUT), (H_ITEMS_N, self.n), (H_CAPACITY, self.limit),
                             (H_BUMP, FIRST_OFFSET), (H_STAMP, 1), (H_HELD, 0), (H_HELD_BYTES, 0), (H_FULL, 0),
-                            (H_CLEAN, 0), (H_BOOT, boot)):
+                            (H_CLEAN, 0), (H_BOOT, boot), (H_FAILED, 0)):
             q[slot] = value
 
     def header(self, slot: int) -> int:
@@ -140,7 +174,7 @@ class ItemStore:
     def _acquire(self) -> bool:
         """Takes the lock (threads, then processes); False (and not held) once the store is closed."""
         self._lock.acquire()
-        if self._closed:
+        if self._owned.closed:
             self._lock.release()
             return False
         try:
@@ -159,7 +193,8 @@ class ItemStore:
     # ------------------------------------------------------------ items
     def put(self, index: int, item: Any) -> bool:
         """Stores item ``index`` (no-op if it is stored already); False when
-        it does not fit in what is left of ``capacity``.
+        it does not fit in what is left of ``limit``, or writing it failed
+        (a full disk: storing stops, logged once).
 
         Raises:
             TypeError: a leaf that cannot be stored (``records.encode_record``).
@@ -169,6 +204,8 @@ class ItemStore:
             return False  # closed: a late thread of a closed pipeline
         if q[e]:
             return True
+        if q[H_FAILED]:
+            return False
         record = encode_record(index, item)
         if not self._acquire():
             return False
@@ -176,7 +213,7 @@ class ItemStore:
             if q[e]:
                 return True
             offset = q[H_BUMP]
-            if offset + record.length > self.capacity:
+            if offset + record.length > self.limit:
                 q[H_FULL] = 1
                 return False
             q[H_BUMP] = offset + record.length
@@ -185,7 +222,13 @@ class ItemStore:
         data = self._writable()
         if data is None:
             return False
-        write_record(data.fd, offset, index, record)  # ``data`` keeps its fd open even if the store closes meanwhile
+        try:  # ``data`` keeps its fd open even if the store closes meanwhile
+            write_record(data.fd, offset, index, record)
+        except OSError as e:
+            if e.errno is None:  # ``_write_all``'s no-progress guard: not the disk's doing
+                raise
+            self._write_failed(index, e)  # ENOSPC, EIO...: the item is served as made; these bytes stay unused
+            return False
         if not self._acquire():
             return False
         try:
@@ -232,7 +275,7 @@ class ItemStore:
             OSError: the kernel refused the mapping (a private writable mapping is charged
                 against memory: one larger than RAM is refused under the default overcommit).
         """
-        if self._closed:
+        if self._owned.closed:
             raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
         view = mmap.mmap(self._data_fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         return np.frombuffer(view, np.uint8)
@@ -277,16 +320,31 @@ class ItemStore:
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def figures(self) -> dict:
-        """Items and bytes held, the capacity, and whether a put did not fit."""
+        """Items and bytes held, the budget (``limit``), and whether a put did not fit (as
+        they were at ``close`` once closed)."""
         q = self._q
         if q is None:  # closed
-            return {"items": 0, "bytes": 0, "capacity": self.capacity, "full": False, "n": self.n, "used": 0}
-        return {"items": q[H_HELD], "bytes": q[H_HELD_BYTES], "capacity": self.capacity, "full": bool(q[H_FULL]),
+            return self._last or {"items": 0, "bytes": 0, "capacity": self.limit, "full": False, "n": self.n,
+                                  "used": 0}
+        return {"items": q[H_HELD], "bytes": q[H_HELD_BYTES], "capacity": self.limit, "full": bool(q[H_FULL]),
                 "n": self.n, "used": q[H_BUMP]}
+
+    def _write_failed(self, index: int, error: OSError) -> None:
+        """Stops storing (every process: the header says so) and says why, once."""
+        if not self._acquire():
+            return
+        try:
+            first = not self._q[H_FAILED]
+            self._q[H_FAILED] = self._q[H_FULL] = 1
+        finally:
+            self._release()
+        if first:
+            logger.warning("kerasfeed: cache %s: storing stopped: writing item %d failed (%s); items not stored "
+                           "are made every pass.", self.where, index, error)
 
     def _writable(self) -> Optional["_WriteFd"]:
         with self._lock:
-            if self._closed:
+            if self._owned.closed:
                 return None
             if self._rw is None:
                 self._rw = _WriteFd(self._data_fd)
@@ -296,7 +354,7 @@ class ItemStore:
     def flush(self) -> None:
         """Writes the mappings back to their files (a kept directory's, once formatted)."""
         with self._lock:
-            if not self._closed:
+            if not self._owned.closed:
                 if self._rw is not None:
                     os.fdatasync(self._rw.fd)
                 self._index.flush()
@@ -305,32 +363,65 @@ class ItemStore:
         """Closes the store. Idempotent.
 
         Nothing is published after it (writers take the same lock, and find
-        it closed). With ``mark_clean`` (a kept directory) the mappings are
-        written back and the header says so. The mappings are not unmapped
+        it closed). With ``mark_clean``, or for a kept directory's store
+        (``kept_by``), the files are written back and the header says so
+        (``_Owned.release``). The mappings are not unmapped
         here but dropped: every item handed out (numpy keeps a mapping as an
         array's base, but holds no buffer export that would stop an unmap)
         keeps it mapped until it is gone, as a writer still writing keeps its
-        fd (``_WriteFd``).
+        fd (``_WriteFd``). The figures stay as they were (``figures``).
         """
         with self._lock:
-            if self._closed:
+            if self._owned.closed:
                 return
-            self._closed = True
-            if mark_clean:
-                if self._rw is not None:
-                    os.fdatasync(self._rw.fd)
-                self._q[H_CLEAN] = 1
-                self._index.flush()
+            self._owned.closed = True
+            self._owned.clean = self._owned.clean or mark_clean
+            self._last = self.figures()
             self._q = self._index = self._rw = self._ro = None  # type: ignore[assignment]
-        for fd in (self._index_fd, self._data_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            callbacks, self._on_close = self._on_close, []
+        try:
+            for callback in callbacks:
+                callback()
+        finally:
+            self._finalizer()  # the fds (after the clean mark), then a kept directory's lock
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._owned.closed
+
+
+class _Owned:
+    """What an ``ItemStore`` owns, apart from it: its finalizer (a store dropped without ``close``,
+    or still open at interpreter exit) must hold no reference to the store. ``closed`` is the
+    store's state (its writers check it under ``lock``); ``clean``: a kept store, written back
+    and marked clean before its fds close; ``then``: run last (the directory's lock)."""
+
+    __slots__ = ("fds", "lock", "closed", "clean", "then")
+
+    def __init__(self, fds: tuple, lock: threading.Lock):
+        self.fds, self.lock, self.closed, self.clean, self.then = fds, lock, False, False, None
+
+    def release(self) -> None:
+        with self.lock:  # a writer publishing now finishes first; later ones find the store closed
+            self.closed = True
+            fds, self.fds = self.fds, ()
+        then, self.then = self.then, None
+        try:
+            if fds and self.clean:
+                index_fd, data_fd = fds
+                # Every process's records reach the disk before the mark (workers wrote them
+                # through their own fds: one fdatasync of the file covers them all).
+                os.fdatasync(data_fd)
+                os.pwrite(index_fd, (1).to_bytes(8, "little"), 8 * H_CLEAN)  # the mapping's page: one page cache
+                os.fdatasync(index_fd)
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            if then is not None:
+                then()
 
 
 class _WriteFd:

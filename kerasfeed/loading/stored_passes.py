@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -79,6 +80,8 @@ class StoredPasses:
         self._never = False
         self._open: dict[int, tuple[int, float]] = {}  # pass -> (items, when it began)
         self._data: Optional[np.ndarray] = None  # the store's file for TensorFlow (``_mapped``)
+        # Dropped when the store closes: a dataset that outlives its pipeline keeps none of the store mapped.
+        self._store.on_close(_Unmap(self))
         # Each column's row shape (``_columns``): per leaf its start, and for an open leaf its size and shape.
         self.column_shapes: list = []
         for fixed, rank in zip(self.fixed, self._ranks):
@@ -138,6 +141,8 @@ class StoredPasses:
         capacity = self._store.capacity - self._store.capacity % 64
         length = min(capacity, -(-self._store.figures()["used"] // 64) * 64)
         with self._lock:
+            if self._store.closed:  # checked under the lock ``_Unmap`` takes: nothing mapped after it
+                return None
             if self._data is None or len(self._data) < length:
                 try:
                     self._data = self._store.graph_view(length)
@@ -184,6 +189,25 @@ class StoredPasses:
                 shapes = self._shapes[k][order]
                 out += [np.prod(shapes, axis=1, dtype=np.int64).reshape(-1, 1), shapes]
         return out
+
+    def _unmap(self) -> None:
+        with self._lock:
+            self._data = None
+
+
+class _Unmap:
+    """The store's close callback: drops ``StoredPasses``' mapping (a weak reference: the store must
+    not keep the passes alive)."""
+
+    __slots__ = ("passes",)
+
+    def __init__(self, passes: StoredPasses):
+        self.passes = weakref.ref(passes)
+
+    def __call__(self) -> None:
+        passes = self.passes()
+        if passes is not None:
+            passes._unmap()
 
 
 __all__ = ["StoredPasses"]
