@@ -52,4 +52,10 @@ def receive(given: Optional[dict]) -> None:
             _TABLE.update(given)
 
 
-__all__ = ["entries", "get", "put", "receive"]
+def drop(token: Optional[str]) -> None:
+    """Forgets the value under ``token`` (its last holder is gone). Takes no lock: a dict's pop is
+    atomic, and a finalizer may run while a thread that is collecting garbage holds the lock."""
+    _TABLE.pop(token, None)
+
+
+__all__ = ["drop", "entries", "get", "put", "receive"]

@@ -2,7 +2,9 @@
 
 ``RangeServer`` is a stdlib HTTP/1.1 server for files on disk with what the
 remote readers rely on: ``Range`` requests (206, ``Content-Range``), an
-``ETag`` per file version and ``If-Match`` (412 when it changed), plus what
+``ETag`` per file version and ``If-Match`` (412 when it changed), or, as
+some servers do, a weak ETag, no ETag, no ``Last-Modified``, preconditions
+ignored (``RangeServer``'s ``etag``, ``last_modified``, ``if_match``), plus what
 the tests need to see and to break: a fixed delay per request (the latency
 of a far store), faults injected into the next requests (503, 429, a
 dropped connection, a stall), an optional bearer token (403 without it),
@@ -109,6 +111,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
             for k, v in self.headers.items():
+                if k.lower() == "if-match" and not self.server.if_match:
+                    continue  # a store that ignores If-Match
                 conn.putheader(k, v)
             conn.endheaders()
             r = conn.getresponse()
@@ -150,8 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"not found")
             return
         etag = _etag(st)
-        match = self.headers.get("If-Match")
-        if srv.if_match and match is not None and match != etag:
+        if srv.if_match and self._precondition_failed(etag, st):
             self._reply(412, b"precondition failed")
             return
         size, start, end, status = st.st_size, 0, st.st_size, 200
@@ -160,8 +163,11 @@ class _Handler(BaseHTTPRequestHandler):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else size, size)
             status = 206
-        headers = {"ETag": etag, "Accept-Ranges": "bytes",
-                   "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True)}
+        headers = {"Accept-Ranges": "bytes"}
+        if srv.etag:
+            headers["ETag"] = "W/" + etag if srv.etag == "weak" else etag
+        if srv.last_modified:
+            headers["Last-Modified"] = email.utils.formatdate(st.st_mtime, usegmt=True)
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         self.send_response(status)
@@ -176,6 +182,16 @@ class _Handler(BaseHTTPRequestHandler):
         srv._count(end - start, (name, start, end))
         with open(path, "rb") as f:
             self.connection.sendfile(f, start, end - start)
+
+    def _precondition_failed(self, etag: str, st) -> bool:
+        """RFC 7232: If-Match by strong comparison (a weak ETag never matches), else If-Unmodified-Since."""
+        srv, match = self.server, self.headers.get("If-Match")
+        if match is not None:
+            return srv.etag != "strong" or match != etag
+        since = self.headers.get("If-Unmodified-Since")
+        if since is not None and srv.last_modified:
+            return int(st.st_mtime) > email.utils.parsedate_to_datetime(since).timestamp()
+        return False
 
 
 _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your '
@@ -208,7 +224,11 @@ class RangeServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.files, self.forward = dict(files or {}), forward
         self.delay, self.token, self.stall_s = delay, token, 5.0
-        self.if_match = True  # False: ignore If-Match, as some servers do (the reader then checks the ETag)
+        # False: ignore If-Match and If-Unmodified-Since, as some servers do (the reader then checks the answers;
+        # with ``forward``, If-Match is dropped on the way)
+        self.if_match = True
+        self.etag = "strong"  # "weak": W/"..." (If-Match never matches, as in nginx and Go); None: no ETag
+        self.last_modified = True  # False: no Last-Modified header
         self._lock = threading.Lock()
         self._faults: collections.deque = collections.deque()
         self.requests = self.bytes_sent = 0
@@ -295,14 +315,19 @@ class MotoS3:
 
     ``key``/``secret`` are a valid access key (made through moto's IAM, with
     a policy allowing S3); ``bucket`` exists. ``stop()`` ends the process.
+    ``auth=False``: no signature is checked (a proxy in front may then drop
+    a signed header).
     """
 
     bucket = "kerasfeed-data"
 
-    def __init__(self):
+    def __init__(self, auth: bool = True):
         self.port = free_port()
         # The first 4 calls (making the user, its key and policy, the bucket) need no signature.
-        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="4", **AWS_ISOLATION)
+        env = dict(os.environ, **AWS_ISOLATION)
+        env.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
+        if auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "4"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -363,6 +363,10 @@ def test_kerasfeed_identity_names_each_file_and_changes_with_it(stores, tmp_path
     assert seq.kerasfeed_identity() == first  # stable while nothing changes
     make_synthetic_scenes(path, num_scenes=8, points_per_scene=8, seed=2)  # same size, new bytes
     moto.upload(str(path), "h5/c.h5")
+    # This sequence reads the objects it pinned: no identity of the new ones (test_hdf5_remote_versions.py).
+    with pytest.raises(kerasfeed.FileChangedError, match=r"was replaced after the sequence was built"):
+        seq.kerasfeed_identity()
+    seq = kerasfeed.H5SliceSequence([str(path), url, s3], "labels", 4, storage_options={"s3": moto.options()})
     now = seq.kerasfeed_identity()
     assert all(now[k] != first[k] for k in first)
     # The identity holds no credentials, and pickling keeps the method.

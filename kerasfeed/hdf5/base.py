@@ -102,18 +102,28 @@ class H5Base(SceneSequence):
     def kerasfeed_identity(self) -> dict:
         """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.
 
-        A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat`` now); a remote object's is its
-        version and size as the store reports them now (``"etag=...,size=..."``; ``generation=`` on GCS), one
-        request per object. A changed file has another identity. A URL is keyed without its query string (a
-        presigned URL's signature is no name to keep in a cache's index).
+        A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat`` now); a remote object's is the
+        version and size the sequence reads (``"etag=...,size=..."``; ``generation=`` on GCS), checked against
+        the store's now, one request per object. A changed file has another identity. A URL is keyed without
+        its query string (a presigned URL's signature is no name to keep in a cache's index).
 
         Raises:
             FileNotFoundError, PermissionError, OSError: a file is gone or cannot be read; the message names it.
+            FileChangedError: an object was replaced since construction (the sequence reads the old version,
+                partly from memory: its items are no data of the new one).
         """
         out = {}
         for j, path in enumerate(self._paths):
             if j in self._remote:
-                out[self._shown(j)] = self._remote[j].stat_now().identity()
+                rf = self._remote[j]
+                now = rf.stat_now()
+                if not rf.pin.same_version(now):
+                    raise FileChangedError(
+                        f"{type(self).__name__}: the object '{self._shown(j)}' was replaced after the sequence was "
+                        f"built, which reads the version it inspected. Build a new sequence to read the new object. "
+                        f"Received: {now.identity()} now, {rf.pin.identity()} at construction"
+                    )
+                out[self._shown(j)] = rf.pin.identity()
                 continue
             try:
                 st = os.stat(path)

@@ -274,7 +274,7 @@ def merge(ranges: list, gap: int, limit: int) -> list:
     Two ranges share a request when the bytes between them are at most
     ``gap``, or when the request's skipped bytes stay within ``WASTE`` of
     its useful ones; a request grows no larger than ``limit`` bytes (a single
-    larger range is one request).
+    larger range stays whole here: ``pieces`` cuts it into requests).
     """
     out: list = []
     useful = waste = 0  # of the last request
@@ -292,4 +292,14 @@ def merge(ranges: list, gap: int, limit: int) -> list:
     return out
 
 
-__all__ = ["WASTE", "Layout", "merge", "unreachable", "unshuffle"]
+def pieces(start: int, end: int, limit: int) -> list:
+    """``[start, end)`` cut into ``[(start, end), ...]`` of at most ``limit`` bytes each, of even sizes (sent
+    concurrently, each within its own timeout: ``RemoteOptions.max_request``); one piece when it fits."""
+    n = -(-(end - start) // limit)
+    if n <= 1:
+        return [(start, end)]
+    step = -(-(end - start) // n)
+    return [(s, min(s + step, end)) for s in range(start, end, step)]
+
+
+__all__ = ["WASTE", "Layout", "merge", "pieces", "unreachable", "unshuffle"]

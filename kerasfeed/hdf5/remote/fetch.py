@@ -11,8 +11,9 @@ them with the GIL released (``run``): one round trip per batch, and the
 threads executor's 64 calls in flight are 64 waves in flight, not 64 calls
 queued behind h5py's lock. Every request is pinned to the version the
 source saw: ``If-Match: <ETag>`` on S3 and HTTP (a store that has replaced
-the object answers 412), the generation on GCS (a replaced object's old
-generation is gone: 404), and the response's own ETag and length are
+the object answers 412; ``If-Unmodified-Since`` for a weak ETag or none),
+the generation on GCS (a replaced object's old generation is gone: 404),
+and the response's own ETag (else Last-Modified) and object size are
 checked, so a replaced object is a ``FileChangedError``, never bytes of the
 new object decoded with the old layout. ``RemoteOptions`` says which
 failures are tried again and how long each try may take.
@@ -21,8 +22,8 @@ failures are tried again and how long each try may take.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
+import logging
 import os
 import random
 import threading
@@ -30,9 +31,11 @@ from typing import Any, Awaitable, Callable, Optional
 
 from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, protocol, redact
+from kerasfeed.hdf5.remote.urls import Credentials, protocol, redact, redact_text
+from kerasfeed.hdf5.remote.versions import ObjectStat, answer_changed, http_precondition, total_size
 
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
+logger = logging.getLogger("kerasfeed")
 
 # HTTP statuses worth another try: timeout, throttling, server errors.
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -40,25 +43,6 @@ _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 _TRANSIENT = {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError", "ServerTimeoutError",
               "HTTPClientError", "ConnectionError", "TimeoutError", "ReadTimeoutError", "IncompleteRead",
               "ResponseStreamingError"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectStat:
-    """An object's size and version, as the store reports them."""
-
-    size: int
-    etag: Optional[str] = None
-    generation: Optional[str] = None
-    version: Optional[str] = None
-    last_modified: Optional[str] = None
-
-    def identity(self) -> str:
-        """The version and size as one string (``kerasfeed_identity``)."""
-        parts = [f"{name}={value}" for name, value in (
-            ("etag", self.etag), ("generation", self.generation), ("version", self.version),
-            ("last_modified", None if self.etag or self.generation else self.last_modified),
-        ) if value]
-        return ",".join([*parts, f"size={self.size}"])
 
 
 class RequestStats:
@@ -132,7 +116,8 @@ def _classify(err: BaseException) -> _Fail:
     """What one failed try means (see ``_RETRY_STATUS`` and ``_TRANSIENT``)."""
     if isinstance(err, _Fail):
         return err
-    why = f"{type(err).__name__}: {err}".strip().rstrip(":")
+    # aiohttp names the URL it followed, query string (a presigned URL's signature) and all.
+    why = redact_text(f"{type(err).__name__}: {err}".strip().rstrip(":"))
     names = {c.__name__ for c in type(err).__mro__}
     if "NoCredentialsError" in names or "PartialCredentialsError" in names:
         return _Fail("denied", f"no credentials found ({why})")
@@ -165,6 +150,7 @@ class Store:
         self.protocol = protocol(url)
         self._fs = None
         self._lock = threading.Lock()
+        self._warned = False  # that the server sends no version (ETag, Last-Modified): once
 
     @property
     def fs(self):
@@ -257,14 +243,21 @@ class Store:
                               generation=str(generation) if generation else None)
         # HTTP: a one-byte GET (a presigned URL answers GET only, and some servers refuse HEAD).
         async with await self._http_get({"Range": "bytes=0-0"}) as r:
-            self._http_status(r)
+            self._http_status(r, {})
             if r.status == 206:
                 size = int(r.headers.get("Content-Range", "/-1").rpartition("/")[2])
             else:
                 size = int(r.headers.get("Content-Length", -1))
             if size < 0:
                 raise OSError(f"the server gave no size (no Content-Range or Content-Length; status {r.status})")
-            return ObjectStat(size, etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"))
+            stat = ObjectStat(size, etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"))
+        if not (stat.etag or stat.last_modified) and not self._warned:
+            self._warned = True  # once per object and process: at creation, or a later identity check
+            logger.warning(
+                "%s: the server of '%s' sends neither ETag nor Last-Modified: an object replaced during the run "
+                "is detected only when its size changes (otherwise its new bytes would be decoded with the old "
+                "layout). Serve it with an ETag, or read it from a local copy.", self.owner, redact(self.url))
+        return stat
 
     async def _get_once(self, start: int, end: int, pin: ObjectStat) -> bytes:
         fs, url = self.fs, self.url
@@ -276,7 +269,10 @@ class Store:
             if pin.version:
                 kw["VersionId"] = pin.version
             resp = await fs._call_s3("get_object", **kw)
-            try:
+            try:  # a store or proxy may ignore IfMatch: the answer's own version is checked too
+                changed = answer_changed(pin, resp.get("ETag"), None, total_size(resp.get("ContentRange")))
+                if changed:
+                    raise _Fail("changed", changed)
                 data = await resp["Body"].read()
             finally:
                 resp["Body"].close()
@@ -286,14 +282,16 @@ class Store:
             except FileNotFoundError:
                 raise _Fail("changed", f"generation {pin.generation} is gone (HTTP 404)") from None
         else:
-            headers = {"Range": f"bytes={start}-{end - 1}"}
-            if pin.etag:
-                headers["If-Match"] = pin.etag
+            headers = {"Range": f"bytes={start}-{end - 1}", **http_precondition(pin)}
             async with await self._http_get(headers) as r:
-                self._http_status(r)
-                etag = r.headers.get("ETag")
-                if pin.etag and etag and etag != pin.etag:
-                    raise _Fail("changed", f"the server answered ETag {etag}, the source read {pin.etag}")
+                self._http_status(r, headers)
+                h = r.headers
+                length = h.get("Content-Length", "")
+                total = total_size(h.get("Content-Range")) if r.status == 206 else (
+                    int(length) if length.isdigit() else None)
+                changed = answer_changed(pin, h.get("ETag"), h.get("Last-Modified"), total)
+                if changed:  # a server that ignores the precondition
+                    raise _Fail("changed", changed)
                 data = await r.read()
                 if r.status == 200 and len(data) == pin.size:  # the server ignored Range
                     data = data[start:end]
@@ -311,11 +309,12 @@ class Store:
         return session.get(fs.encode_url(self.url), headers=merged, **kw)
 
     @staticmethod
-    def _http_status(r) -> None:
+    def _http_status(r, headers) -> None:
         if r.status in (200, 206):
             return
         if r.status == 412:
-            raise _Fail("changed", "the server answered 412 to If-Match")
+            sent = "If-Match" if "If-Match" in headers else "If-Unmodified-Since"
+            raise _Fail("changed", f"the server answered 412 to {sent}")
         if r.status in (404, 410):
             raise _Fail("missing", f"HTTP {r.status}")
         if r.status in (401, 403):
@@ -346,7 +345,8 @@ def _make_filesystem(protocol: str, credentials: Credentials):
 
 class _Stores:
     """This process's ``Store`` per (URL, options), and its filesystem per (protocol, options): one
-    connection pool for the objects read with the same options."""
+    connection pool for the objects read with the same options (``Credentials.key``: secrets by digest).
+    A ``Store`` holds a ``Credentials.for_cache`` copy: no reader's secrets kept alive."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -364,7 +364,9 @@ class _Stores:
             self._forked()
             store = self._stores.get(key)
             if store is None:
-                store = self._stores[key] = Store(url, credentials, options, owner)
+                store = self._stores[key] = Store(url, credentials.for_cache(), options, owner)
+            elif store.credentials.token != credentials.token and not store.credentials.secrets_here():
+                store.credentials = credentials.for_cache()  # the reader that made it is gone: this one's
             return store
 
     def filesystem(self, protocol: str, credentials: Credentials):

@@ -11,13 +11,15 @@ fast path open the file through h5py again, once per process.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import Any, Optional
 
 import numpy as np
 
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.chunks import Layout, merge, unreachable
+from kerasfeed.hdf5.remote.chunks import Layout, merge, pieces, unreachable
 from kerasfeed.hdf5.remote.fetch import STORES, ObjectStat, Store, gather_ranges, run
 from kerasfeed.hdf5.remote.h5file import collector_held, fetch_error, open_h5
 from kerasfeed.hdf5.remote.options import RemoteOptions
@@ -43,14 +45,24 @@ class RemoteFile:
         self._reset()
 
     def _reset(self) -> None:
+        self._forget_h5()
+        self.kept: dict = {}  # key -> {(start, end): bytes}: small datasets fetched whole in this process
+
+    def _forget_h5(self) -> None:
         self._lock = threading.Lock()
         self._h5 = None  # this process's h5py file, for datasets off the fast path
         self._datasets: dict = {}
-        self.kept: dict = {}  # key -> {(start, end): bytes}: small datasets fetched whole in this process
+        self._pid = os.getpid()
+
+    def _check_process(self) -> None:
+        """In a forked child, drops (never closes) the parent's h5py file: it reads through the parent's event
+        loop and session, and the lock may have been held by a parent thread. The kept bytes stay valid."""
+        if self._pid != os.getpid():
+            self._forget_h5()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_lock", "_h5", "_datasets", "kept"):
+        for name in ("_lock", "_h5", "_datasets", "kept", "_pid"):
             state.pop(name, None)
         return state
 
@@ -113,6 +125,7 @@ class RemoteFile:
 
     def read_fallback(self, key: str, runs: list) -> np.ndarray:
         """Rows of the runs through h5py (datasets off the fast path), one call at a time in this process."""
+        self._check_process()
         with self._lock, collector_held():
             ds = self._datasets.get(key)
             if ds is None:
@@ -130,6 +143,7 @@ class RemoteFile:
 
     def close(self) -> None:
         """Closes this process's h5py file of the object, if any (a later read reopens it)."""
+        self._check_process()
         with self._lock:
             h5, self._h5, self._datasets = self._h5, None, {}
         if h5 is not None:
@@ -140,6 +154,43 @@ class RemoteFile:
                     pass
 
 
+# Bytes of small datasets this process keeps whole (``read_parts``), all its files together: past it a small
+# dataset is fetched per batch, as a large one is (docs/remote.md).
+KEPT_BUDGET = 64 << 20
+
+
+class _KeptBytes:
+    """The bytes each ``RemoteFile`` of this process keeps, against ``KEPT_BUDGET``; given back when it goes."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # re-entrant: a file's finalizer may run on a collection inside `keep`
+        self.used = 0
+        self._by_file: dict = {}  # id(RemoteFile) -> bytes it keeps
+
+    def room(self, nbytes: int) -> bool:
+        return self.used + nbytes <= KEPT_BUDGET
+
+    def keep(self, rf: RemoteFile, key: str, data: dict) -> None:
+        """``rf`` keeps ``data`` for ``key`` if the budget has room (else its rows are fetched per batch)."""
+        nbytes = sum(len(v) for v in data.values())
+        with self._lock:
+            if key in rf.kept or self.used + nbytes > KEPT_BUDGET:
+                return
+            if id(rf) not in self._by_file:
+                self._by_file[id(rf)] = 0
+                weakref.finalize(rf, self._give_back, id(rf)).atexit = False
+            rf.kept[key] = data
+            self._by_file[id(rf)] += nbytes
+            self.used += nbytes
+
+    def _give_back(self, ident: int) -> None:
+        with self._lock:
+            self.used -= self._by_file.pop(ident, 0)
+
+
+_KEPT = _KeptBytes()
+
+
 def read_parts(parts: list) -> list:
     """``[(RemoteFile, key, [(a, b), ...]), ...]`` -> the rows of each part's runs, concatenated.
 
@@ -148,8 +199,10 @@ def read_parts(parts: list) -> list:
     (``RemoteOptions.merge_gap``/``max_request``) and fetched concurrently;
     the chunks are then decoded on this thread. A small dataset
     (``RemoteOptions.small_dataset``) is fetched whole the first time and
-    kept by the ``RemoteFile`` in this process. Parts off the fast path are
-    read through h5py after.
+    kept by the ``RemoteFile`` in this process, while the process keeps at
+    most ``KEPT_BUDGET`` bytes so. A range larger than ``max_request`` is
+    fetched in concurrent pieces. Parts off the fast path are read through
+    h5py after.
     """
     wanted: dict = {}  # id(file) -> (file, set of byte ranges)
     plans, keep = [], []
@@ -161,33 +214,48 @@ def read_parts(parts: list) -> list:
         if key in rf.kept:
             plans.append(())
             continue
-        if layout.stored_bytes <= rf.options.small_dataset:  # fetched whole once, then kept
+        if layout.stored_bytes <= rf.options.small_dataset and _KEPT.room(layout.stored_bytes):  # fetched whole, kept
             ranges = layout.ranges([(0, layout.shape[0])])
             keep.append((rf, key, ranges))
         else:
             ranges = layout.ranges(runs)
         wanted.setdefault(id(rf), (rf, set()))[1].update(ranges)
         plans.append(ranges)
-    requests, members = [], []
+    requests, members = [], []  # members: (file, first byte, member ranges, requests it was cut into)
     for rf, ranges in wanted.values():
-        store = rf.store()
-        for start, end, inside in merge(list(ranges), rf.options.merge_gap, rf.options.max_request):
-            requests.append((store, start, end, rf.pin))
-            members.append((rf, start, inside))
+        store, limit = rf.store(), rf.options.max_request
+        for start, end, inside in merge(list(ranges), rf.options.merge_gap, limit):
+            if end - start <= limit:
+                requests.append((store, start, end, rf.pin))
+                members.append((rf, start, inside, 1))
+                continue
+            cut = pieces(start, end, limit)  # one range larger than a request (a big chunk, a long run)
+            requests.extend((store, s, e, rf.pin) for s, e in cut)
+            members.append((rf, start, inside, len(cut)))
     got = run(gather_ranges, requests) if requests else []
     fetched: dict = {}  # id(file) -> {(start, end): bytes}
-    for (rf, start, inside), data in zip(members, got):
-        view = memoryview(data)
+    at = 0
+    for rf, start, inside, n in members:
+        view = memoryview(got[at] if n == 1 else b"".join(got[at : at + n]))
+        at += n
         table = fetched.setdefault(id(rf), {})
         for s, e in inside:
             table[(s, e)] = view[s - start : e - start]
     for rf, key, ranges in keep:
         table = fetched.get(id(rf), {})
-        rf.kept[key] = {r: bytes(table[r]) for r in ranges}  # a copy: the response it came in can go
+        _KEPT.keep(rf, key, {r: bytes(table[r]) for r in ranges})  # a copy: the response it came in can go
     out = []
     for (rf, key, runs), plan in zip(parts, plans):
         if plan is None:
-            out.append(rf.read_fallback(key, runs))
+            try:
+                out.append(rf.read_fallback(key, runs))
+            except Exception as e:
+                if rf.name in str(e):  # a failed request's error (replaced object, timeout...): it names the URL
+                    raise
+                raise OSError(  # h5py's own error names no file: named as on the fast path
+                    f"{rf.owner}: reading rows {runs[0][0]}..{runs[-1][1]} of dataset '{key}' in '{rf.name}' "
+                    f"failed: {type(e).__name__}: {e}"
+                ) from e
             continue
         try:
             out.append(rf.layouts[key].assemble(runs, rf.kept[key] if plan == () else fetched.get(id(rf), {})))

@@ -34,11 +34,15 @@ class RemoteOptions:
             in one request (the bytes between are read and dropped); ranges
             farther apart are too while the bytes skipped stay within 1/16
             of the bytes needed.
-        max_request: a merged request grows no larger than this many bytes
-            (larger reads are split and sent concurrently).
+        max_request: a merged request grows no larger than this many bytes,
+            and a larger single range (a big chunk, a long run of a
+            contiguous dataset) is split into requests of at most this size,
+            sent concurrently, each with its own ``timeout``.
         small_dataset: a dataset that stores at most this many bytes (labels,
             say) is fetched whole the first time a process reads it, and
-            kept: its rows then cost no request (0: never).
+            kept: its rows then cost no request (0: never). A process keeps
+            at most 64 MiB so, over all its readers and files
+            (``files.KEPT_BUDGET``); past that, datasets are fetched per batch.
         block_size: the size of the blocks that the reads h5py makes itself
             (the file's metadata, datasets outside the fast path) fetch and
             keep.

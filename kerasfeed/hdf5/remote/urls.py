@@ -13,7 +13,11 @@ building process's hand-off table under a random token (NOTE [ Secrets
 travel to workers in memory, never with the source ] in
 ``kerasfeed/_handoff.py``). A copy unpickled in that process finds its
 secrets by the token, and so does one in a kerasfeed worker process, which
-gets the table in memory with its first message. A Ray actor does not: its
+gets the table in memory with its first message. The entry goes when the
+last ``Credentials`` of this process holding it does (a reader built and
+dropped leaves nothing behind), and the per-process caches of filesystems
+name secret options by a digest of them, never by the token, so readers
+given the same options share one filesystem and its connections. A Ray actor does not: its
 filesystem is built from the public options alone, so fsspec looks for
 credentials the way it does by itself: environment variables
 (``AWS_ACCESS_KEY_ID``...), a profile or credentials file,
@@ -26,6 +30,10 @@ of every message.
 
 from __future__ import annotations
 
+import hashlib
+import re
+import threading
+import weakref
 from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
@@ -37,6 +45,8 @@ PROTOCOLS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http",
 # Parts of an option's name that make it a credential (compared lower-case).
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "cookie", "signature",
                  "session")
+# Option names that are credentials without such a word (s3fs' aliases of `key`: `username`, `user`).
+_SECRET_NAMES = {"user", "username", "login", "creds", "sas"}
 # Option names that contain such a word but name no secret.
 _PUBLIC_NAMES = {"anon", "endpoint_url", "profile", "signature_version", "use_listings_cache", "skip_instance_cache"}
 # gcsfs `token=` values that name a way of finding credentials, not a credential.
@@ -61,6 +71,24 @@ def redact(url: str) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
+
+
+# A URL inside a library's message (aiohttp's "url='http://...?X-Amz-Signature=...'"), and a query string
+# left without its URL ("GET /a.h5?X-Amz-Signature=...").
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_QUERY_IN_TEXT = re.compile(r"\?[^\s'\"<>=&?/]+=[^\s'\"<>]*")
+
+
+def _redact_found(match: re.Match) -> str:
+    try:
+        return redact(match.group())
+    except ValueError:  # not a URL urlsplit reads (a bad port, a bracket): no query, no user info
+        return re.sub(r"//[^/?#]*@", "//", match.group().split("?")[0])
+
+
+def redact_text(text: str) -> str:
+    """``text`` (another library's error, say) fit for a message: every URL in it redacted, no query string."""
+    return _QUERY_IN_TEXT.sub("?…", _URL_IN_TEXT.sub(_redact_found, text))
 
 
 def check_url(url: str, owner: str) -> str:
@@ -106,7 +134,9 @@ def _is_secret(name: Any, value: Any) -> bool:
         return False
     if low == "token" and isinstance(value, str) and value in _PUBLIC_TOKENS:
         return False
-    return any(word in low for word in _SECRET_WORDS)
+    if low == "headers" and not isinstance(value, Mapping):  # [(name, value), ...]: an Authorization among them
+        return True
+    return low in _SECRET_NAMES or any(word in low for word in _SECRET_WORDS)
 
 
 def split_options(options: Mapping, where: str = "") -> tuple:
@@ -136,6 +166,39 @@ def _merge(public: Mapping, secret: Mapping) -> dict:
     return out
 
 
+def _canonical(value: Any) -> Any:
+    """``value`` with its mappings sorted by key, so that equal options give equal digests."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _canonical(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_canonical(v) for v in value)
+    return value
+
+
+# Tokens this process put in the hand-off table -> how many Credentials here hold each (built or unpickled):
+# the entry goes with the last (a worker's entries, handed over by its owner, stay for its life).
+_HELD: dict = {}
+_HELD_LOCK = threading.RLock()  # re-entrant: a finalizer may run inside a held section, on collection
+
+
+def _hold(credentials: "Credentials", only_if_held: bool = False) -> None:
+    with _HELD_LOCK:
+        count = _HELD.get(credentials.token, 0)
+        if only_if_held and not count:
+            return
+        _HELD[credentials.token] = count + 1
+    weakref.finalize(credentials, _release, credentials.token).atexit = False
+
+
+def _release(token: str) -> None:
+    with _HELD_LOCK:
+        count = _HELD.pop(token, 0) - 1
+        if count > 0:
+            _HELD[token] = count
+            return
+    _handoff.drop(token)
+
+
 class Credentials:
     """The ``storage_options`` of a source: public ones travel, secret ones stay (NOTE above).
 
@@ -143,24 +206,35 @@ class Credentials:
         options: the user's ``storage_options`` (None: none).
     """
 
-    __slots__ = ("public", "token", "has_secrets")
+    __slots__ = ("public", "token", "has_secrets", "_key", "__weakref__")
 
     def __init__(self, options: Optional[Mapping] = None, *, _token: Optional[str] = None):
         public, secret = split_options(dict(options or {}))
         self.public = public
         self.has_secrets = bool(secret)
         self.token = _token
+        self._key: Optional[tuple] = None
         if secret:
             self.token = _handoff.put(secret)
+            _hold(self)
 
     @classmethod
     def _restore(cls, public: dict, token: Optional[str], has_secrets: bool) -> "Credentials":
         out = cls.__new__(cls)
-        out.public, out.token, out.has_secrets = public, token, has_secrets
+        out.public, out.token, out.has_secrets, out._key = public, token, has_secrets, None
+        if token is not None:
+            _hold(out, only_if_held=True)  # a copy in the process that put the entry keeps it too
         return out
 
     def __reduce__(self):
         return (Credentials._restore, (self.public, self.token, self.has_secrets))
+
+    def for_cache(self) -> "Credentials":
+        """A copy for this process's caches (``fetch._Stores``): it finds the secrets while a reader's own
+        ``Credentials`` lives, and keeps none alive."""
+        out = Credentials.__new__(Credentials)
+        out.public, out.token, out.has_secrets, out._key = self.public, self.token, self.has_secrets, self.key()
+        return out
 
     def secrets_here(self) -> bool:
         """Whether this process holds the secret options given at construction."""
@@ -172,8 +246,14 @@ class Credentials:
         return _merge(self.public, secret) if secret else dict(self.public)
 
     def key(self) -> tuple:
-        """A hashable name of these options (public values and the token), for per-process tables."""
-        return (repr(sorted(self.public.items(), key=lambda kv: str(kv[0]))), self.token)
+        """A hashable name of these options, for per-process tables: the public values and a digest of the
+        secret ones found here (kept in memory, never pickled): equal options, equal keys."""
+        key = self._key
+        if key is None:
+            secret = _handoff.get(self.token)
+            digest = hashlib.sha256(repr(_canonical(secret)).encode()).hexdigest() if secret else None
+            key = self._key = (repr(sorted(self.public.items(), key=lambda kv: str(kv[0]))), digest, self.has_secrets)
+        return key
 
     def __repr__(self) -> str:
         names = sorted(self.public)
@@ -181,5 +261,6 @@ class Credentials:
 
 
 __all__ = [
-    "PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "split_options",
+    "PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "redact_text",
+    "split_options",
 ]

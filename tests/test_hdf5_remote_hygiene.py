@@ -1,0 +1,155 @@
+"""Remote HDF5 readers keep their secrets and their footprint to themselves: no signature in a message, no key in a
+pickle, no filesystem or hand-off entry per reader, a bounded memory of kept datasets, requests of bounded size, and
+errors that name the URL, key and rows.
+
+Servers on 127.0.0.1 only (``remote_servers.py``): the HTTP store, and moto's S3 for s3fs' option names.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import cloudpickle
+import h5py
+import numpy as np
+import pytest
+from remote_servers import AWS_ISOLATION, MotoS3, RangeServer, _Handler, http_server
+
+import kerasfeed
+from kerasfeed import _handoff
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.hdf5.remote import files
+from kerasfeed.hdf5.remote.chunks import pieces
+from kerasfeed.hdf5.remote.fetch import STORES
+from kerasfeed.hdf5.remote.urls import redact_text, split_options
+
+SIGNED = "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=deadbeefSIGNATURE"
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hygiene")
+    return str(make_synthetic_scenes(d / "a.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4, seed=1))
+
+
+class _RedirectLoop(_Handler):
+    def _serve(self, head):
+        self._reply(302, headers={"Location": self.path})
+
+
+def test_a_presigned_urls_signature_is_in_no_error_message():
+    srv = RangeServer({})
+    srv.RequestHandlerClass = _RedirectLoop
+    srv.start()
+    try:  # aiohttp gives up after 10 redirects, naming the URL it followed, query string and all
+        with pytest.raises(OSError, match=r"'http://127.0.0.1:\d+/a.h5\?…' failed: TooManyRedirects") as info:
+            kerasfeed.H5SliceSequence(f"{srv.url}/a.h5{SIGNED}", "x", 4)
+    finally:
+        srv.stop()
+    assert "SIGNATURE" not in str(info.value) and "AKIAEXAMPLE" not in str(info.value)
+    text = f"url='http://h:1/a.h5{SIGNED}' then URL('https://u:p@h/b{SIGNED}'), GET /c.h5{SIGNED} http://[bad"
+    assert redact_text(text) == "url='http://h:1/a.h5?…' then URL('https://h/b?…'), GET /c.h5?… http://[bad"
+
+
+def test_s3fs_username_and_password_are_never_pickled(scenes, monkeypatch):
+    for k, v in AWS_ISOLATION.items():
+        monkeypatch.setenv(k, v)
+    moto = MotoS3()
+    try:
+        url = moto.upload(scenes, "u.h5")
+        options = {"endpoint_url": moto.endpoint, "username": moto.key, "password": moto.secret}
+        seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options)
+        want = kerasfeed.H5SliceSequence(scenes, "labels", 4)[0]
+        assert np.array_equal(seq[0], want)
+        for blob in (pickle.dumps(seq), cloudpickle.dumps(seq)):
+            assert moto.key.encode() not in blob and moto.secret.encode() not in blob
+        assert seq._remote[0].credentials.public == {"endpoint_url": moto.endpoint}
+        assert np.array_equal(pickle.loads(pickle.dumps(seq))[0], want)  # a copy here finds them again
+    finally:
+        moto.stop()
+    # Other names of a credential: fsspec's and the stores' aliases, and headers given as pairs.
+    aliases = {"user": "u", "token": "t", "session_token": "t", "aws_session_token": "t", "access_key_id": "k",
+               "secret_access_key": "s", "creds": "c", "sas": "s", "headers": [["Authorization", "Bearer t"]]}
+    public, secret = split_options({**aliases, "anon": False, "endpoint_url": "http://h"})
+    assert set(secret) == set(aliases) and public == {"anon": False, "endpoint_url": "http://h"}
+
+
+def test_readers_given_the_same_secrets_share_a_filesystem_and_leave_no_hand_off_entry(scenes):
+    options = {"headers": {"Authorization": "Bearer hygiene-token"}}
+    gc.collect()
+    entries, filesystems = set(_handoff.entries()), len(STORES._filesystems)
+    with http_server({"a.h5": scenes}, token="hygiene-token") as srv:
+        url = f"{srv.url}/a.h5"
+        for _ in range(20):
+            seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options)
+            seq[0]
+        assert len(STORES._filesystems) <= filesystems + 1  # one connection pool, not one per reader
+        copy = pickle.loads(pickle.dumps(seq))
+        del seq
+        gc.collect()
+        assert len(set(_handoff.entries()) - entries) == 1  # the copy's: it still reads
+        copy[1]
+        del copy
+        gc.collect()
+        assert set(_handoff.entries()) - entries == set()
+        again = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=options)  # the cached store serves it
+        again[2]
+    assert len(STORES._filesystems) <= filesystems + 1
+
+
+def test_a_fallback_read_error_names_the_url_the_key_and_the_rows(tmp_path):
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:  # lzf: read by h5py (the fallback), a chunk overwritten
+        f.create_dataset("x", data=np.arange(800, dtype=np.float32).reshape(100, 8), chunks=(10, 8), compression="lzf")
+        info = []
+        f["x"].id.chunk_iter(info.append)
+    with open(path, "r+b") as fh:
+        fh.seek(info[3].byte_offset)
+        fh.write(b"\xff" * info[3].size)
+    with http_server({"bad.h5": str(path)}) as srv:
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/bad.h5{SIGNED}", "x", 10)
+        assert np.array_equal(seq[0], np.arange(80, dtype=np.float32).reshape(10, 8))
+        with pytest.raises(OSError, match=r"H5SliceSequence: reading rows 30..40 of dataset 'x' in "
+                                          r"'http://127.0.0.1:\d+/bad.h5\?…' failed: OSError: ") as info:
+            seq[3]
+    assert "SIGNATURE" not in str(info.value)
+
+
+def test_a_range_larger_than_max_request_is_split_into_concurrent_requests(tmp_path):
+    assert pieces(0, 10, 4) == [(0, 4), (4, 8), (8, 10)] and pieces(5, 9, 4) == [(5, 9)]
+    path = tmp_path / "contiguous.h5"
+    data = np.arange(32 * 2048, dtype=np.float32).reshape(32, 2048)  # 8 KiB a row, one byte range per run
+    with h5py.File(path, "w") as f:
+        f["x"] = data
+    with http_server({"c.h5": str(path)}) as srv:
+        for limit, requests in ((64 << 10, 4), (256 << 10, 1)):  # 256 KiB: in 4 pieces, or one when it fits
+            seq = kerasfeed.H5SliceSequence(f"{srv.url}/c.h5", "x", 32,
+                                            remote_options={"max_request": limit, "small_dataset": 0})
+            before = len(srv.log)
+            assert np.array_equal(seq[0], data)
+            sizes = [end - start for _, start, end in srv.log[before:]]
+            assert len(sizes) == requests and sum(sizes) == data.nbytes and max(sizes) <= limit
+
+
+def test_small_datasets_are_kept_within_the_process_budget(scenes, monkeypatch):
+    plain = kerasfeed.H5SliceSequence(scenes, "labels", 4)
+    with http_server({"a.h5": scenes}) as srv:
+        def reader():
+            return kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", "labels", 4, remote_options={"small_dataset": 1 << 20})
+
+        first = reader()
+        size = first._remote[0].layouts["labels"].stored_bytes
+        gc.collect()
+        monkeypatch.setattr(files, "KEPT_BUDGET", files._KEPT.used + size + size // 2)  # room for one copy
+        second = reader()
+        for seq in (first, second):
+            assert all(np.array_equal(seq[i], plain[i]) for i in (0, 1))
+        assert "labels" in first._remote[0].kept and second._remote[0].kept == {}  # past the budget
+        before = len(srv.log)
+        assert np.array_equal(second[2], plain[2])
+        assert sum(end - start for _, start, end in srv.log[before:]) < size  # this batch's chunk, not the whole
+        del first  # its kept bytes go with it
+        gc.collect()
+        third = reader()
+        assert np.array_equal(third[3], plain[3]) and "labels" in third._remote[0].kept
