@@ -158,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(412, b"precondition failed")
             return
         size, start, end, status = st.st_size, 0, st.st_size, 200
-        rng = self.headers.get("Range")
+        rng = self.headers.get("Range") if self.server.ranges else None
         if rng and rng.startswith("bytes="):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else size, size)
@@ -229,6 +229,7 @@ class RangeServer(ThreadingHTTPServer):
         self.if_match = True
         self.etag = "strong"  # "weak": W/"..." (If-Match never matches, as in nginx and Go); None: no ETag
         self.last_modified = True  # False: no Last-Modified header
+        self.ranges = True  # False: Range ignored, every answer the whole object (200)
         self._lock = threading.Lock()
         self._faults: collections.deque = collections.deque()
         self.requests = self.bytes_sent = 0

@@ -153,3 +153,17 @@ def test_small_datasets_are_kept_within_the_process_budget(scenes, monkeypatch):
         gc.collect()
         third = reader()
         assert np.array_equal(third[3], plain[3]) and "labels" in third._remote[0].kept
+
+
+def test_a_server_that_ignores_range_gives_the_batches_and_one_warning(tmp_path, caplog):
+    path = make_synthetic_scenes(tmp_path / "r.h5", num_scenes=32, points_per_scene=64, chunk_scenes=4, seed=1)
+    want = kerasfeed.H5SliceSequence(str(path), ("points", "labels"), 4)
+    with http_server({"r.h5": str(path)}) as srv, caplog.at_level("WARNING", logger="kerasfeed"):
+        srv.ranges = False
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/r.h5", ("points", "labels"), 4,
+                                         remote_options={"small_dataset": 0})
+        for i in range(len(seq)):
+            for a, b in zip(seq[i], want[i]):
+                np.testing.assert_array_equal(a, b)
+    warned = [r.getMessage() for r in caplog.records if "ignores Range" in r.getMessage()]
+    assert len(warned) == 1 and "r.h5" in warned[0], warned

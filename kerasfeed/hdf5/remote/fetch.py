@@ -151,6 +151,7 @@ class Store:
         self._fs = None
         self._lock = threading.Lock()
         self._warned = False  # that the server sends no version (ETag, Last-Modified): once
+        self._warned_range = False  # that it ignores Range: once
 
     @property
     def fs(self):
@@ -294,10 +295,20 @@ class Store:
                     raise _Fail("changed", changed)
                 data = await r.read()
                 if r.status == 200 and len(data) == pin.size:  # the server ignored Range
+                    self._whole_object(end - start, pin.size)
                     data = data[start:end]
         if len(data) != end - start:
             raise _Fail("retry", f"{len(data)} bytes received of {end - start}")
         return data
+
+    def _whole_object(self, wanted: int, size: int) -> None:
+        if self._warned_range or wanted >= size:
+            return
+        self._warned_range = True  # once per object and process
+        logger.warning(
+            "%s: the server of '%s' ignores Range requests: every read downloads the whole object (%d bytes) to use "
+            "a part of it. Serve it from a store that answers byte ranges (S3, GCS, nginx...), or read a local "
+            "copy.", self.owner, redact(self.url), size)
 
     async def _http_get(self, headers: dict):
         fs = self.fs
