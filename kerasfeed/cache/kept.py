@@ -244,6 +244,7 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
         store.set_header(H_CAPACITY, store.limit)
         store.set_header(H_FULL, int(store.header(H_BUMP) >= store.limit))
         store.set_header(H_FAILED, 0)
+        store.flush()  # "not clean" on disk before any new record: a crash must not leave the old mark vouching
         return store, None
     store.close()
     return None, reason
