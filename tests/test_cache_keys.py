@@ -220,3 +220,26 @@ def test_a_file_named_by_an_ignored_attribute_is_not_in_the_key(tmp_path):
     with kerasfeed.to_loader(_Numbered(str(log)), executor="threads", cache=str(cache)) as loader:
         list(loader)
     assert sorted(_Numbered.made) == [0, 1, 2, 3], "the kept cache was rebuilt: its items made again"
+
+
+class _Mapped(kerasfeed.SceneSequence):
+    def __init__(self, path):
+        super().__init__()
+        self.data = np.load(path, mmap_mode="r")
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return np.asarray(self.data[i])
+
+
+def test_a_memory_mapped_array_s_file_is_in_the_key(tmp_path):
+    path = str(tmp_path / "data.npy")
+    np.save(path, np.zeros((4, 3), "float32"))
+    before = source_key(_Mapped(path), 4, None, 1)
+    assert os.path.abspath(path) in before["files"], before["files"]
+    np.save(path, np.ones((4, 3), "float32"))
+    os.utime(path, ns=(1, 1))  # another modification time, whatever the clock's resolution
+    after = source_key(_Mapped(path), 4, None, 1)
+    assert key_change(before, after) is not None

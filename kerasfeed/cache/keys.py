@@ -22,9 +22,9 @@ holds:
 - ``files``: every file the source names, as ``size`` and ``mtime_ns``
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
-  attributes that are existing paths and h5py objects it holds, one level
-  into lists, tuples and dicts (not those in ``cache_ignores``: a log the
-  source appends to).
+  attributes that are existing paths, h5py objects and memory-mapped
+  arrays it holds, one level into lists, tuples and dicts (not those in
+  ``cache_ignores``: a log the source appends to).
 
 Any difference rebuilds the cache and one log line says which part changed.
 The records themselves carry their items' specs, so the item spec needs no
@@ -162,6 +162,12 @@ def _files_in(value: Any, found: dict) -> None:
             return
         if isinstance(path, str) and len(path) < 4096 and os.path.isfile(path):
             found[os.path.abspath(path)] = file_identity(path)
+        return
+    if isinstance(value, np.memmap):  # np.load(mmap_mode=...): its file, whatever its size (the key's array
+        name = getattr(value, "filename", None)  # digest stops at _ARRAY_DIGEST_MAX)
+        identity = file_identity(name) if isinstance(name, str) else None
+        if identity is not None:
+            found[os.path.abspath(name)] = identity
         return
     if type(value).__module__.startswith("h5py") and hasattr(value, "file"):
         try:
