@@ -34,8 +34,11 @@ stage does not read are named in the source's ``cache_ignores``.
 
 from __future__ import annotations
 
+import random
 import threading
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
@@ -45,6 +48,7 @@ from kerasfeed.execution.state_sync import fingerprint
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
+_EVER = (1 << 64) - 1  # a cut after every stored item
 
 
 def _read_through(name: str) -> property:
@@ -79,10 +83,14 @@ class CacheFront(Executor):
         self._cuts: dict[int, int] = {}
         self._whole: dict[int, int] = {}  # pass -> its cut, for a pass whose items were all stored before it
         self._lock = threading.Lock()
+        self._globals_lock = threading.Lock()
         self.hits = self.misses = 0
         self._state: Optional[dict] = None
         self._ignored = frozenset(getattr(source, "cache_ignores", ()) or ()) | _OWN
         self._closed = False
+        self._read: Optional[np.ndarray] = None  # the indices the passes planned so far (cache_fill's whole)
+        self._reads = 0
+        self._closed_fill = 1.0
 
     # The executor's own attributes (name, reason, probe, counts...) read through; those the
     # Executor base class defines need a property each (a class attribute hides __getattr__).
@@ -104,6 +112,7 @@ class CacheFront(Executor):
     # ------------------------------------------------------------ passes
     def plan(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]] = None) -> None:
         self._check_source()
+        self._mark_read(indices)
         cut = self.store.new_cut()
         missing = self.store.missing(indices, cut) if self._serve else indices
         with self._lock:
@@ -116,6 +125,21 @@ class CacheFront(Executor):
                 self._whole.pop(old, None)
         # The next pass is not planned ahead: its misses are known only at its own cut.
         self.inner.plan(epoch, missing)
+
+    def _mark_read(self, indices: Any) -> None:
+        # A host reading a shard reads only its share: cache_fill is the share of what it reads, not of the
+        # source. One vectorized write per pass, none once every index has been read.
+        n = self.store.n
+        if self._reads >= n:
+            return
+        if self._read is None:
+            self._read = np.zeros(n, np.bool_)
+        chunk = 1 << 20
+        for start in range(0, len(indices), chunk):
+            end = start + chunk
+            part = indices.window(start, end) if hasattr(indices, "window") else indices[start:end]
+            self._read[np.asarray(part, np.int64)] = True
+        self._reads = int(np.count_nonzero(self._read))
 
     @property
     def whole_passes(self) -> bool:
@@ -176,6 +200,21 @@ class CacheFront(Executor):
         return item
 
     def _augmented(self, item: Any, index: int, epoch: int) -> Any:
+        if not self._seeds.given:
+            return self._augment(item, index, epoch)
+        # As an actor would (NOTE [ Random augmentation is a function of (seed, pass, index) ]): a seeded
+        # pipeline's globals are reseeded for the item, then put back (the consumer's own draws go on). The
+        # globals are the process's: one item at a time (to_dataset loads on several threads).
+        with self._globals_lock:
+            saved = random.getstate(), np.random.get_state()
+            self._seeds.seed_globals(epoch, index)
+            try:
+                return self._augment(item, index, epoch)
+            finally:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+
+    def _augment(self, item: Any, index: int, epoch: int) -> Any:
         previous = item_random.enter(self._seeds, epoch, index)
         try:
             return self._source.augment(item)
@@ -184,8 +223,8 @@ class CacheFront(Executor):
 
     def ready(self, index: int, epoch: int) -> bool:
         cut = self._cuts.get(epoch)
-        if self._serve and cut is not None and not self._augment_here and self.store.has(index, cut):
-            return True
+        if self._serve and cut is not None and self.store.has(index, cut):
+            return True  # served here (augment too, when remote): the executor never had it planned
         return self.inner.ready(index, epoch)
 
     # ------------------------------------------------------------ the rest reads through
@@ -202,8 +241,22 @@ class CacheFront(Executor):
             "cache_bytes": figures["bytes"],
             "cache_capacity": figures["capacity"],
             "cache_full": figures["full"],
-            "cache_fill": figures["items"] / figures["n"] if figures["n"] else 1.0,
+            "cache_fill": self._fill(figures),
         }
+
+    def _fill(self, figures: dict) -> float:
+        # The share of the items the passes read that are stored: a host reading a shard counts its shard's
+        # (the stored items it does not read, e.g. executor="auto"'s probe's, do not count). One O(n) mask
+        # per call, only then: gauges are read per stats() call, not per item.
+        if self._closed:
+            return self._closed_fill
+        whole = self._reads or figures["n"]
+        if not whole:
+            return 1.0
+        held = figures["items"]
+        if 0 < self._reads < figures["n"] and self._read is not None:
+            held = int(np.count_nonzero(self.store.cached_mask(_EVER) & self._read))
+        return min(1.0, held / whole)
 
     def gauges(self) -> dict:
         return {**self.inner.gauges(), **self.cache_gauges()}
@@ -229,6 +282,7 @@ class CacheFront(Executor):
     def close(self) -> None:
         if self._closed:
             return
+        self._closed_fill = self._fill(self.store.figures())  # as it was when the store closed
         self._closed = True
         try:
             self.inner.close()
