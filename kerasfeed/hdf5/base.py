@@ -21,6 +21,7 @@ from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_path
 from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.hdf5.remote.options import RemoteOptions
 from kerasfeed.hdf5.remote.urls import Credentials, check_url, is_url, options_per_scheme, protocol, redact
+from kerasfeed.sources import stage
 from kerasfeed.sources.sequence import SceneSequence
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ ORDER_STREAM, WINDOW_STREAM, TRANSFORM_STREAM = 0, 1, 2
 # Loads a worker process runs at once for files in an object store (the threads executor keeps 64 in flight);
 # 16 drained a 20 ms store at 403-453 batches/s on 2 workers and 2 cores, 8 at 347-374 (docs/remote.md).
 REMOTE_WORKER_THREADS = 16
+
+_CACHE_FIX = ("With cache=, shuffle the items in to_loader/to_dataset (shuffle=True there) and build the reader with "
+              "shuffle=False (an unshuffled IndexOrder for H5RowSequence; no shuffle_window_chunks or transform)")
+
 
 class H5Base(SceneSequence):
     """Shared machinery: paths, keys, inspection, lazy per-process handles."""
@@ -400,6 +405,14 @@ class H5Base(SceneSequence):
         if self.transform is not None:
             batch = self.transform(batch, self.rng(index))
         return batch
+
+    @property
+    def epoch(self) -> int:
+        """The pass being read; refused inside the stage cache= stores, naming a fix a reader allows (no augment)."""
+        refused = stage.refusal(f"{type(self).__name__}.epoch", remedy=_CACHE_FIX)
+        if refused is not None:
+            raise refused
+        return getattr(self, "_kf_epoch", 0)
 
     def rng(self, index: int) -> np.random.Generator:
         """The generator passed to ``transform`` for batch ``index`` of this epoch: a pure function of

@@ -10,6 +10,7 @@ import numpy as np
 from kerasfeed.hdf5.base import FileChangedError, H5Base, concat
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
+from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.protocol import resolve_order
 from kerasfeed.sampling.views import pass_view
 
@@ -92,6 +93,8 @@ class H5RowSequence(H5Base):
             self.order = resolve_order(self.num_rows, order)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{cls}: {e} (the files hold {self.num_rows} rows)") from e
+        given = getattr(self.order, "order", self.order)  # resolve_order wraps a given order to check it
+        self._per_pass = not (isinstance(given, IndexOrder) and not given.shuffle)
         n = self.order.shard_length
         self._len = n // self.batch_size if self.drop_remainder else math.ceil(n / self.batch_size)
         if self._len == 0:
@@ -107,7 +110,7 @@ class H5RowSequence(H5Base):
         """The global row numbers that batch ``index`` of this pass holds, in order."""
         i = self._check_index(index)
         cached = getattr(self, "_pass_cache", None)
-        epoch = self.epoch
+        epoch = self.epoch if self._per_pass else 0  # an unshuffled order: the same every pass (cache= may store it)
         if cached is None or cached[0] != epoch:
             cached = (epoch, pass_view(self.order, epoch))  # lazy: a window of the pass at a time
             self._pass_cache = cached  # one tuple: safe to swap under threads

@@ -23,7 +23,7 @@ from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batches
 from kerasfeed.loading.options import LoadOptions
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
-from kerasfeed.loading.shards import ShardPlan, shard_probe_indices
+from kerasfeed.loading.shards import ShardPlan, order_shards, shard_probe_indices
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
 
 # The length an endless source counts as when shards are resolved: items for any number of workers.
@@ -80,7 +80,7 @@ class Feed:
         probe, shards = self.options.probe, self.shards
         if self.endless:
             return list(range(shards.shard_index, shards.shard_index + probe * shards.num_shards, shards.num_shards))
-        if shards.order is None and shards.num_shards > 1:
+        if (shards.order is None and shards.num_shards > 1) or order_shards(shards.order) > 1:  # or a sharded order
             passes = self.passes
             return shard_probe_indices(passes.order, self.total, probe, passes.resume.epoch, passes.skip,
                                        batches=self.options.batch_size is None)

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from kerasfeed._validation import positive_int
+from kerasfeed.cache.keys import stage_of
 from kerasfeed.execution.auto import (
     GIL_FREE_PARALLELISM,
     LARGE_ITEM_BYTES,
@@ -27,6 +28,7 @@ from kerasfeed.sources.base import source_length, source_name
 
 CATEGORIES = ("waiting", "transport-bound", "GIL-releasing", "GIL-bound")
 TRANSPORT_COPY_SHARE = 0.5  # a copy costing this share of a call: transport-bound
+LOAD_SHARE = 0.5  # load(i) under this share of an item's time: a cache skips too little of it
 NEAR_BEST = 0.9  # the smallest count reaching this share of the best rate is recommended
 
 
@@ -227,27 +229,56 @@ def _recommend(probe: Any, runs: list, cpus: int) -> tuple[str, int, float, str]
 CACHE_GAIN = 5.0
 
 
+def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
+    """``load(i)`` timed alone (after ``probe_source``'s warm-up), and its output sized: what ``cache=``
+    stores and skips on a source whose items are ``augment(load(i))``."""
+    import statistics
+    from types import SimpleNamespace
+
+    from kerasfeed.execution.auto_probe import item_arrays
+
+    walls = []
+    for i in range(1, calls + 1):
+        t0 = time.perf_counter()
+        stored = source.load(i % n)
+        walls.append(time.perf_counter() - t0)
+    arrays = item_arrays(stored)
+    copies = []
+    for _ in range(2):  # the faster of two: the first one's page faults are not a store's read
+        t0 = time.perf_counter()
+        for a in arrays:
+            np.array(a, copy=True)
+        copies.append(time.perf_counter() - t0)
+    return SimpleNamespace(wall_s=statistics.median(walls), copy_s=min(copies),
+                           nbytes=int(sum(a.nbytes for a in arrays)))
+
+
 def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optional[int] = None,
-                 disk: Optional[int] = None) -> str:
+                 disk: Optional[int] = None, stored: Any = None) -> str:
     """Whether ``cache=`` would pay for a source of ``n`` items like ``probe``, and which kind.
 
     Args:
+        stored: where the cache stores ``load(i)`` (not the item), that stage's probe
+            (``wall_s``, ``copy_s``, ``nbytes``): a cache skips only its time and holds its output.
         memory, disk: bytes a store could take in RAM / on local disk (None:
             ``Cache``'s defaults: half the available memory, half the free disk
             of the working directory).
     """
     import shutil
 
-    from kerasfeed.cache.options import DISK_SHARE, MEMORY_SHARE
+    from kerasfeed.cache.options import DISK_SHARE, MEMORY_SHARE, available_memory
 
+    if stored is not None:
+        if stored.wall_s < LOAD_SHARE * probe.wall_s:
+            return (f"not worth it: load(i) takes {stored.wall_s * 1e3:.2f} ms of an item's "
+                    f"{probe.wall_s * 1e3:.2f} ms; the rest, augment(item), runs every pass with a cache too")
+        probe, category = stored, "stored"  # its time is what is skipped, its output what is held
     make_ms, read_ms = probe.wall_s * 1e3, max(probe.copy_s, 1e-6) * 1e3
     if category == "transport-bound" or probe.wall_s < CACHE_GAIN * max(probe.copy_s, 1e-6):
         return (f"not worth it: an item costs {make_ms:.2f} ms to make and about {read_ms:.2f} ms to read back "
                 "(its copy): making it is as cheap as storing it")
     if memory is None:
-        import psutil
-
-        memory = int(psutil.virtual_memory().available * MEMORY_SHARE)
+        memory = int(available_memory() * MEMORY_SHARE)  # the cache's own default budget (container-aware)
     if disk is None:
         disk = int(shutil.disk_usage(".").free * DISK_SHARE)
     total = probe.nbytes * n
@@ -346,6 +377,8 @@ def profile(
 
     probe = probe_source(source)
     category, evidence = classify(probe)
+    # What cache= stores: load(i) on an augment(load(i)) source, timed and sized alone.
+    stored = _probe_load(source, n) if stage_of(source) == "load" else None
     t0 = time.perf_counter()
     for i in indices:
         item_at(source, i)
@@ -367,7 +400,7 @@ def profile(
         source=source_name(source), items=count, batch_size=per_batch, category=category, evidence=evidence,
         probe=probe.as_dict(), serial_items_per_s=serial, runs=runs, executor=name, workers=best_count,
         items_per_s=rate, batches_per_s=rate / per_batch, reason=reason, skipped=skipped,
-        cache=cache_advice(probe, category, n, source),
+        cache=cache_advice(probe, category, n, source, stored=stored),
     )
     if chart is not None:
         import matplotlib.pyplot as plt

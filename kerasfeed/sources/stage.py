@@ -35,15 +35,19 @@ def leave(previous: Optional[str]) -> None:
     _STAGE.cached = previous
 
 
-def refusal(what: str) -> Optional[RuntimeError]:
-    """The error for ``what`` (e.g. ``"kerasfeed.item_rng()"``) used inside a cached stage, or None outside one."""
+def refusal(what: str, remedy: Optional[str] = None) -> Optional[RuntimeError]:
+    """The error for ``what`` (e.g. ``"kerasfeed.item_rng()"``) used inside a cached stage, or None outside one.
+
+    ``remedy``: the fix to name instead of moving the work into ``augment`` (which a built-in reader has not).
+    """
     name = _STAGE.cached
     if name is None:
         return None
+    remedy = remedy or ("Move random augmentation and per-pass work into `augment(item)` (run every pass after "
+                        "the cache, where kerasfeed.item_rng() works)")
     return RuntimeError(
         f"{what} was used inside `{name}`, the stage that cache= stores: its result is made once and served every "
-        f"pass, so what depends on the pass would repeat. Move random augmentation and per-pass work into "
-        f"`augment(item)` (run every pass after the cache, where kerasfeed.item_rng() works), or leave cache= off. "
+        f"pass, so what depends on the pass would repeat. {remedy}, or leave cache= off. "
         f"Received: {what} in {name}"
     )
 

@@ -1,0 +1,124 @@
+"""cache= around the stage it stores: profile's advice, sharded orders' probes, the HDF5 readers' passes."""
+
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import kerasfeed
+
+
+class CheapLoad(kerasfeed.SceneSequence):
+    """``load`` is next to free; ``augment`` (run every pass, cache or not) costs the item's time."""
+
+    def __len__(self):
+        return 32
+
+    def load(self, i):
+        return np.full((64,), i, "float32")
+
+    def augment(self, x):
+        time.sleep(0.005)
+        return x + 1
+
+
+class BigLoad(kerasfeed.SceneSequence):
+    """A costly ``load`` of 1 MiB (what cache= stores) cropped to 1 KiB by ``augment``."""
+
+    def __len__(self):
+        return 1000
+
+    def load(self, i):
+        time.sleep(0.005)
+        return np.full((512, 512), i, "float32")
+
+    def augment(self, x):
+        return x[:16, :16] + kerasfeed.item_rng().normal()
+
+
+def test_profile_advises_no_cache_when_augment_costs_the_item():
+    report = kerasfeed.profile(CheapLoad(), items=4, workers=[], threads=[1])
+    assert report.cache.startswith("not worth it") and "augment(item)" in report.cache, report.cache
+
+
+def test_profile_sizes_the_store_by_what_load_returns():
+    report = kerasfeed.profile(BigLoad(), items=4, workers=[], threads=[1])
+    # 1000 stored items of 1 MiB: 0.98 GB (the 1 KiB crops would be 0.00 GB)
+    assert "0.98 GB" in report.cache or "1.0 GB" in report.cache, report.cache
+
+
+def test_cache_advice_budgets_memory_as_the_cache_does(monkeypatch):
+    from types import SimpleNamespace as Probe
+
+    import kerasfeed.cache.options as options
+    from kerasfeed.observe.profile import cache_advice
+
+    monkeypatch.setattr(options, "available_memory", lambda: 2**20)  # a container's limit, below the host's
+    costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
+    advice = cache_advice(costly, "GIL-bound", 100, CheapLoad(), disk=2**40)
+    assert advice.startswith("cache='<a local directory>'"), advice
+
+
+class Counted(kerasfeed.SceneSequence):
+    def __init__(self, n=16):
+        super().__init__()
+        self.n, self.loaded = n, []
+
+    def __len__(self):
+        return self.n
+
+    def load(self, i):
+        self.loaded.append(int(i))
+        return np.full((3,), i, "float32")
+
+
+def test_a_sharded_order_with_cache_makes_and_stores_only_its_shard():
+    order = kerasfeed.IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0, fixed_shards=True)
+    own = set(order.indices(0).tolist())
+    source = Counted()
+    loader = kerasfeed.to_loader(source, batch_size=4, order=order, cache="memory")
+    try:
+        seen = sorted(int(v) for b in loader for v in np.asarray(b)[:, 0])
+        assert seen == sorted(own)
+        assert set(source.loaded) <= own, sorted(set(source.loaded) - own)  # no other host's item made
+        assert kerasfeed.stats(loader)["cache_items"] == 8
+    finally:
+        loader.close()
+
+
+@pytest.fixture
+def h5_path(tmp_path):
+    path = str(tmp_path / "rows.h5")
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(64 * 3, dtype="float32").reshape(64, 3)
+        f["y"] = np.arange(64, dtype="int64")
+    return path
+
+
+def _passes(loader, n=2):
+    return [np.concatenate([np.asarray(y) for _, y in loader]).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("reader", ["rows", "slices"])
+def test_unshuffled_hdf5_readers_cache_and_the_loader_shuffles_them(h5_path, reader):
+    if reader == "rows":
+        seq = kerasfeed.H5RowSequence(h5_path, ["x", "y"], batch_size=8, order=kerasfeed.IndexOrder(64))
+    else:
+        seq = kerasfeed.H5SliceSequence(h5_path, ["x", "y"], batch_size=8, shuffle=False)
+    loader = kerasfeed.to_loader(seq, cache="memory", shuffle=True, seed=0)
+    try:
+        first, second = _passes(loader)
+        assert sorted(first) == sorted(second) == list(range(64))
+        assert first != second  # the loader's shuffle: a new batch order each pass
+        assert kerasfeed.stats(loader)["cache_items"] == 8
+    finally:
+        loader.close()
+
+
+def test_a_shuffling_hdf5_reader_with_cache_names_the_fix_it_allows(h5_path):
+    seq = kerasfeed.H5SliceSequence(h5_path, ["x", "y"], batch_size=8, shuffle=True, seed=0)
+    with pytest.raises(kerasfeed.ItemError, match=r"shuffle=True there\) and build the reader with shuffle=False") as e:
+        loader = kerasfeed.to_loader(seq, cache="memory", shuffle=True, seed=0)  # its probes make items
+        _passes(loader, 1)
+    assert "augment" not in str(e.value)
