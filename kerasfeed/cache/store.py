@@ -312,11 +312,7 @@ class ItemStore:
         mask = self.cached_mask(before)
         if held >= self.n and mask.all():
             return np.empty(0, np.int64)
-        parts = []
-        for start in range(0, len(indices), _CHUNK):
-            chunk = np.asarray(indices.window(start, start + _CHUNK) if hasattr(indices, "window")
-                               else indices[start : start + _CHUNK], np.int64)
-            parts.append(chunk[~mask[chunk]])
+        parts = [chunk[~mask[chunk]] for chunk in index_chunks(indices)]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def figures(self) -> dict:
@@ -388,6 +384,13 @@ class ItemStore:
     @property
     def closed(self) -> bool:
         return self._owned.closed
+
+
+def index_chunks(indices: Any) -> Any:
+    """A pass's order (a lazy view or an array), as int64 arrays of at most ``_CHUNK`` indices."""
+    for start in range(0, len(indices), _CHUNK):
+        stop = start + _CHUNK
+        yield np.asarray(indices.window(start, stop) if hasattr(indices, "window") else indices[start:stop], np.int64)
 
 
 class _Owned:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from kerasfeed.cache.store import index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache
@@ -134,11 +135,8 @@ class CacheFront(Executor):
             return
         if self._read is None:
             self._read = np.zeros(n, np.bool_)
-        chunk = 1 << 20
-        for start in range(0, len(indices), chunk):
-            end = start + chunk
-            part = indices.window(start, end) if hasattr(indices, "window") else indices[start:end]
-            self._read[np.asarray(part, np.int64)] = True
+        for chunk in index_chunks(indices):
+            self._read[chunk] = True
         self._reads = int(np.count_nonzero(self._read))
 
     @property
