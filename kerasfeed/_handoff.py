@@ -8,19 +8,23 @@ is put in this process's table instead, under a random token that the
 source keeps. A kerasfeed worker process gets the table's entries with its
 first message, over its private socket (``protocol.Init``'s ``handoff``),
 and puts them in its own table before it unpickles the source: the copy
-finds its values by the token. Ray actors get none (Ray keeps actors'
+finds its values by the token. Only the entries the pickled source names
+travel (``mentioned``): a pool for one reader never receives the secrets of
+another reader living in the same process. Ray actors get none (Ray keeps actors'
 arguments in its object store): they find credentials the way the store's
 own library does (environment, profile files, a metadata service).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 _TABLE: dict = {}
 _LOCK = threading.Lock()
+_PICKLING = threading.local()  # .tokens: the set that ``mention`` fills while ``mentioned`` runs
 
 
 def put(value: Any) -> str:
@@ -39,10 +43,32 @@ def get(token: Optional[str]) -> Any:
         return _TABLE.get(token)
 
 
-def entries() -> dict:
-    """Every value kept here, for a worker process's first message."""
+def entries(tokens: Optional[frozenset] = None) -> dict:
+    """The values kept here under ``tokens`` (None: all of them), for a worker process's first message."""
     with _LOCK:
-        return dict(_TABLE)
+        if tokens is None:
+            return dict(_TABLE)
+        return {token: _TABLE[token] for token in tokens if token in _TABLE}
+
+
+@contextlib.contextmanager
+def mentioned() -> Iterator[set]:
+    """Yields the set of the tokens that values pickled in this block (on this thread) named."""
+    outer = getattr(_PICKLING, "tokens", None)
+    _PICKLING.tokens = tokens = set()
+    try:
+        yield tokens
+    finally:
+        _PICKLING.tokens = outer
+        if outer is not None:
+            outer |= tokens
+
+
+def mention(token: Optional[str]) -> None:
+    """A holder being pickled names its token (kept only inside ``mentioned``)."""
+    tokens = getattr(_PICKLING, "tokens", None)
+    if tokens is not None and token is not None:
+        tokens.add(token)
 
 
 def receive(given: Optional[dict]) -> None:
@@ -58,4 +84,4 @@ def drop(token: Optional[str]) -> None:
     _TABLE.pop(token, None)
 
 
-__all__ = ["drop", "entries", "get", "put", "receive"]
+__all__ = ["drop", "entries", "get", "mention", "mentioned", "put", "receive"]

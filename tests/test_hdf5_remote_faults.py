@@ -122,6 +122,10 @@ def test_s3_missing_objects_refused_credentials_and_replaced_objects(moto, scene
     url = moto.upload(scenes[0], "a.h5")
     with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 's3://kerasfeed-data/nope.h5'"):
         kerasfeed.H5SliceSequence(url.replace("a.h5", "nope.h5"), "labels", 4, storage_options=moto.options())
+    moto.upload(scenes[0], "day1/b.h5")
+    for folder in ("s3://kerasfeed-data/day1", "s3://kerasfeed-data/day1/"):  # a prefix, not an object
+        with pytest.raises(IsADirectoryError, match=rf"'{folder}' is a folder .* name the files in it"):
+            kerasfeed.H5SliceSequence(folder, "labels", 4, storage_options=moto.options())
     with pytest.raises(PermissionError, match=r"access to 's3://kerasfeed-data/a.h5' was refused") as e:
         kerasfeed.H5SliceSequence(url, "labels", 4, storage_options=moto.options(secret="not-it"))
     assert "not-it" not in str(e.value)
@@ -276,6 +280,8 @@ def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scen
         options = {"endpoint_url": srv.url, "token": "anon"}
         with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 'gs://bkt/nope.h5'"):
             kerasfeed.H5SliceSequence("gs://bkt/nope.h5", "labels", 4, storage_options=options)
+        with pytest.raises(IsADirectoryError, match=r"'gs://bkt/day1/' is a folder"):
+            kerasfeed.H5SliceSequence("gs://bkt/day1/", "labels", 4, storage_options=options)
         seq = kerasfeed.H5SliceSequence("gs://bkt/g.h5", ("points", "labels"), 4, storage_options=options,
                                         remote_options=FAST_RETRY)
         for fault in ("503", "429"):

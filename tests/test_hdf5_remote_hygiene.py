@@ -167,3 +167,38 @@ def test_a_server_that_ignores_range_gives_the_batches_and_one_warning(tmp_path,
                 np.testing.assert_array_equal(a, b)
     warned = [r.getMessage() for r in caplog.records if "ignores Range" in r.getMessage()]
     assert len(warned) == 1 and "r.h5" in warned[0], warned
+
+
+class _SecretsSeen(kerasfeed.SceneSequence):
+    """Reports, from the process that makes its items, whether its own secrets and another holder's are there."""
+
+    def __init__(self, mine, other_token):
+        super().__init__()
+        self.mine, self.other_token = mine, other_token
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return np.array([self.mine.secrets_here(), _handoff.get(self.other_token) is not None])
+
+
+def _stream_secrets(arg):
+    holder, other_token = arg
+    yield np.array([holder.secrets_here(), _handoff.get(other_token) is not None])
+
+
+def test_a_worker_process_gets_only_the_secrets_its_source_or_task_names():
+    from kerasfeed.hdf5.remote.urls import Credentials
+
+    mine, other = Credentials({"password": "mine-secret"}), Credentials({"password": "other-secret"})
+    seq = _SecretsSeen(mine, other.token)
+    batch = next(iter(kerasfeed.to_loader(seq, batch_size=2, executor="processes", workers=1)))
+    assert batch.tolist() == [[True, False], [True, False]]  # its own: yes; the other reader's: never sent
+    ex = kerasfeed.ProcessExecutor(seq, workers=1)
+    try:
+        later = Credentials({"password": "made-after-the-pool"})  # named by a stream task started later
+        (seen,) = list(ex.stream(_stream_secrets, (later, other.token)))
+        assert seen.tolist() == [True, False]
+    finally:
+        ex.close()

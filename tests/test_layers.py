@@ -17,7 +17,7 @@ PACKAGE = ROOT / "kerasfeed"
 # kerasfeed/ or a single module) and the parts of lower layers. Parts of one
 # layer do not import each other, except in the base layer.
 LAYERS = [
-    ["_version", "_validation", "_layout", "_handoff", "_leaves", "_quiet", "_records", "_keras_fit",
+    ["_version", "_validation", "_layout", "_handoff", "_urls", "_leaves", "_quiet", "_records", "_keras_fit",
      "_keras_epoch_iterator", "errors", "_nest", "transforms", "datasets", "_demo_args"],
     ["sources"],
     ["sampling"],

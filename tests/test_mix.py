@@ -202,6 +202,10 @@ def test_balanced_order_from_hdf5_reads_a_url_s_labels_as_the_local_file_s(tmp_p
                                                        storage_options={"http": {}})
         with pytest.raises(FileNotFoundError, match="missing.h5"):
             kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/missing.h5", "labels", seed=0)
-    for order in (remote, per_scheme):
+    with http_server({"b.h5": str(path)}, token="t0k") as locked:  # keyed as the readers take it, s3a too
+        keyed = kerasfeed.BalancedOrder.from_hdf5(
+            f"{locked.url}/b.h5", "labels", seed=0,
+            storage_options={"s3a": {"anon": True}, "http": {"headers": {"Authorization": "Bearer t0k"}}})
+    for order in (remote, per_scheme, keyed):
         np.testing.assert_array_equal(order.proportions, local.proportions)
         np.testing.assert_array_equal(order.indices(0), local.indices(0))

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
+from kerasfeed._urls import PROTOCOLS, is_url, keyed_by_scheme, protocol
 from kerasfeed.sampling.bijection import (
     SMALL_N,
     TABLE_BUDGET,
@@ -31,7 +32,6 @@ from kerasfeed.sampling.weighted import (
 )
 
 OWNER = "BalancedOrder"
-_SCHEMES = frozenset({"s3", "gs", "gcs", "http", "https"})
 
 
 class BalancedOrder(SampledOrder):
@@ -387,7 +387,7 @@ def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
     """An h5py file of a local path, or of a URL through fsspec (the labels are read once, whole)."""
     import h5py  # lazily: `import kerasfeed` stays light
 
-    if not (isinstance(path, str) and "://" in path):
+    if not is_url(path):
         with h5py.File(path, "r") as f:
             yield f
         return
@@ -399,8 +399,8 @@ def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
             f"Received: {path.split('?', 1)[0]}"
         ) from None
     options = dict(storage_options or {})
-    if options and all(k in _SCHEMES for k in options):  # keyed by scheme, as the readers accept too
-        options = dict(options.get(path.split("://", 1)[0].lower(), {}))
+    if keyed_by_scheme(options):  # as the readers accept too
+        options = dict(next((v for k, v in options.items() if PROTOCOLS[k.lower()] == protocol(path)), {}))
     with fsspec.open(path, "rb", **options) as raw, h5py.File(raw, "r") as f:
         yield f
 

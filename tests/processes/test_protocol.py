@@ -17,7 +17,9 @@ from kerasfeed.execution.processes import protocol
 WIRE = [
     (protocol.Init({"worker_id": 0}), ("init", {"worker_id": 0})),
     (protocol.Load(7, 42, 3, 1), ("load", 7, 42, 3, 1)),
-    (protocol.StartStream(8, b"task", [0, 1], "gen(3)"), ("stream", 8, b"task", [0, 1], "gen(3)")),
+    (protocol.SetState(2, b"state"), ("state", 2, b"state", {})),
+    (protocol.StartStream(8, b"task", [0, 1], "gen(3)", {"tok": {"password": "p"}}),
+     ("stream", 8, b"task", [0, 1], "gen(3)", {"tok": {"password": "p"}})),
     (protocol.Credit(8, 1), ("credit", 8, 1)),
     (protocol.Cancel(8), ("cancel", 8)),
     (protocol.Exit(), ("exit",)),

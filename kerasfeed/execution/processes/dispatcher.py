@@ -53,6 +53,7 @@ class Dispatcher:
         name: the pool's name in error messages.
         waits: the ``WaitScope`` of the pool's loads (a new one if None).
         counts: where retries and replaced workers are counted (a new one if None).
+        handoff: the ``_handoff`` tokens the payload names (its workers get those entries only).
     """
 
     def __init__(
@@ -62,8 +63,10 @@ class Dispatcher:
         name: str,
         waits: Optional[WaitScope] = None,
         counts: Optional[RetryCounts] = None,
+        handoff: frozenset = frozenset(),
     ):
         self.options = options
+        self.handoff = frozenset(handoff)  # replaced by a larger one as later payloads name more (states, streams)
         self.retries = options.retries
         self.name = name
         self.owner_pid = os.getpid()
@@ -119,7 +122,8 @@ class Dispatcher:
             "payload": payload,
             "max_rss": options.worker_max_rss,
             "cache": None if options.item_cache is None else options.item_cache.described(),
-            "handoff": _handoff.entries(),  # NOTE [ Secrets travel to workers in memory, never with the source ]
+            # NOTE [ Secrets travel to workers in memory, never with the source ]: only the pool's own.
+            "handoff": _handoff.entries(self.handoff),
         }
 
     def init_fds(self) -> tuple:

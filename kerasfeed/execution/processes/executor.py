@@ -11,6 +11,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
+from kerasfeed import _handoff
 from kerasfeed.errors import WorkerError, short_repr
 from kerasfeed.execution.base import Executor, item_position
 from kerasfeed.execution.parking import ParkWatch
@@ -134,10 +135,11 @@ class ProcessExecutor(Executor):
 
     def _launch(self, waits: Any) -> None:
         """Starts the workers (a first pool, or one after a parked or dead one) with the source as it is now."""
-        payload = dumps_for_workers(self._source, self.options.worker_init)  # TypeError naming what cannot travel
+        with _handoff.mentioned() as named:  # the secrets the source names: its workers get only those
+            payload = dumps_for_workers(self._source, self.options.worker_init)  # TypeError naming what cannot travel
         # What the workers' copy is: later passes send what changed since.
         self._state = StateTracker(self._source) if self._source is not None else None
-        d = Dispatcher(payload, self.options, self._label, waits, self.counts)
+        d = Dispatcher(payload, self.options, self._label, waits, self.counts, frozenset(named))
         d.stats = self._collector
         self._dispatcher = d
         self._finalizer = weakref.finalize(self, d.close)
@@ -218,11 +220,11 @@ class ProcessExecutor(Executor):
         state = None
         if self._state is not None:
             d.check_usable()
-            state, _ = self._state.check()
+            state, _ = _pickled_for(d, self._state.check)
         d.start_plan(epoch, indices, next_pass, state=state)
         if state is not None and d.replacements.wants_rebase():
             # The source is what the workers hold here: a successor's new start (NOTE [ Replacing a worker ]).
-            d.replacements.rebase(dumps_for_workers(self._source, self.options.worker_init), epoch)
+            d.replacements.rebase(_pickled_for(d, dumps_for_workers, self._source, self.options.worker_init), epoch)
 
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
@@ -282,8 +284,8 @@ class ProcessExecutor(Executor):
             kerasfeed.WorkerError: the worker died.
         """
         label = name or f"{getattr(fn, '__qualname__', type(fn).__name__)}({short_repr(arg, 40)})"
-        payload = dumps_task(fn, arg, label)
         d = self._dispatcher
+        payload = _pickled_for(d, dumps_task, fn, arg, label)
         lane, session = d.streams.start(payload, label)
         return StreamIterator(self, d.streams, lane, session)
 
@@ -421,3 +423,13 @@ def figures(d: Dispatcher, *, full: bool) -> dict:
         "lent_items": lent_items,
         "per_worker": workers,
     }
+
+
+def _pickled_for(d: Dispatcher, dump: Callable[..., Any], *args: Any) -> Any:
+    """``dump(*args)``, a payload for pool ``d``'s workers: the hand-off entries it names join the pool's
+    (NOTE [ Secrets travel to workers in memory, never with the source ])."""
+    with _handoff.mentioned() as named:
+        out = dump(*args)
+    if not named <= d.handoff:
+        d.handoff = d.handoff | named  # one rebinding: readers of the old set are never disturbed
+    return out

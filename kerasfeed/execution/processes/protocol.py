@@ -54,21 +54,24 @@ class Load(NamedTuple):
 class SetState(NamedTuple):
     """Parent -> worker, before any ``Load`` of pass ``epoch``: what the consumer's epoch hooks
     changed in the source (``state_sync.StateTracker.check``, applied with ``apply_state``). It
-    includes the consumer's ``set_epoch(epoch)``: the worker does not call it again for that pass."""
+    includes the consumer's ``set_epoch(epoch)``: the worker does not call it again for that pass.
+    ``handoff``: the ``_handoff`` entries the payload names, kept before it is unpickled."""
 
     epoch: int
     payload: bytes
+    handoff: dict = {}
     kind = "state"
 
 
 class StartStream(NamedTuple):
     """Parent -> worker: iterate ``fn(arg)`` (cloudpickled in ``payload``), each item into a free
-    one of ``slots``; ``name`` is for error messages."""
+    one of ``slots``; ``name`` is for error messages; ``handoff`` as ``SetState``'s."""
 
     stream_id: int
     payload: bytes
     slots: list
     name: str
+    handoff: dict = {}
     kind = "stream"
 
 

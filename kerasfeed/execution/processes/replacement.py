@@ -53,6 +53,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from kerasfeed import _handoff
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol
 from kerasfeed.execution.processes.lanes import WorkerLane
@@ -106,7 +107,7 @@ class Replacements:
                 self._state_bytes += len(state)
             for lane in list(self._d.lanes.every()):
                 try:
-                    lane.process.send(protocol.SetState(epoch, state))
+                    lane.process.send(protocol.SetState(epoch, state, _handoff.entries(self._d.handoff)))
                 except OSError:
                     pass  # the worker died: its reader reports it
 
@@ -229,7 +230,7 @@ class Replacements:
                     self.launching.append(proc)  # close() kills it meanwhile
             if joined:
                 messages = [protocol.Init(d.init_config(old.id, self._payload))]
-                messages += [protocol.SetState(epoch, state) for epoch, state in self._states]
+                messages += [protocol.SetState(epoch, state) for epoch, state in self._states]  # Init's handoff
                 for message in messages:
                     try:
                         proc.send(message, d.init_fds() if isinstance(message, protocol.Init) else ())

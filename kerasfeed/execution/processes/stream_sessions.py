@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
+from kerasfeed import _handoff
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol, shm
 from kerasfeed.execution.processes.process import NO_RESTART, fresh_error
@@ -78,7 +79,8 @@ class StreamSessions:
                 owner.cv.wait(_POLL_S)
                 wait.check(f"a free worker for {name}")
         try:
-            lane.process.send(protocol.StartStream(st.id, payload, list(st.slots), name))
+            handoff = _handoff.entries(owner.handoff)  # what the task names (executor._pickled_for) among them
+            lane.process.send(protocol.StartStream(st.id, payload, list(st.slots), name, handoff))
         except OSError:
             pass  # the worker died: its reader reports it to the session
         return lane, st

@@ -242,6 +242,7 @@ class WorkerLoop:
     # ------------------------------------------------------------ tasks
     def set_state(self, msg: protocol.SetState) -> None:
         try:
+            _handoff.receive(msg.handoff)
             self.source = apply_state(self.source, msg.payload)
             self.state_error = None
         except BaseException as e:  # noqa: BLE001 - every later item fails with it (SystemExit too)
@@ -294,6 +295,7 @@ class WorkerLoop:
         n = 0
         gen = None
         try:
+            _handoff.receive(request.handoff)
             fn, arg = pickle.loads(request.payload)
             self._send(protocol.StreamStarted(stream_id))
             t0 = time.perf_counter()  # the first item's make time includes the task's call

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, protocol, redact, redact_text
+from kerasfeed.hdf5.remote.urls import Credentials, folder_message, protocol, redact, redact_text
 from kerasfeed.hdf5.remote.versions import ObjectStat, answer_changed, http_precondition, total_size
 
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
@@ -124,6 +124,8 @@ def _classify(err: BaseException) -> _Fail:
     status = _status_of(err)
     if status == 412:
         return _Fail("changed", "the store refused the pinned version (HTTP 412)")
+    if isinstance(err, IsADirectoryError):
+        return _Fail("folder", why)
     if isinstance(err, FileNotFoundError) or status in (404, 410):
         return _Fail("missing", why)
     if isinstance(err, PermissionError) or status in (401, 403) or str(err).startswith("Forbidden"):
@@ -133,6 +135,12 @@ def _classify(err: BaseException) -> _Fail:
     if isinstance(err, OSError) and err.errno in (errno.EBUSY, errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
         return _Fail("retry", why)  # s3fs' translation of SlowDown / ServiceUnavailable
     return _Fail("other", why)
+
+
+def _not_a_folder(info: dict) -> None:
+    # s3fs and gcsfs describe a prefix that holds objects (no object of that name) as a directory of size 0.
+    if info.get("type") == "directory":
+        raise IsADirectoryError("the store lists it as a folder of other objects")
 
 
 class Store:
@@ -202,6 +210,8 @@ class Store:
             )
         if fail.kind == "missing":
             return FileNotFoundError(f"{self.owner}: HDF5 object not found: '{url}' ({fail}). Received: path='{url}'")
+        if fail.kind == "folder":
+            return IsADirectoryError(folder_message(self.owner, url))
         home = "" if self.credentials.secrets_here() or not self.credentials.has_secrets else (
             " The credentials given in `storage_options` reach kerasfeed's worker processes in memory but never "
             "travel to Ray actors (nor with the pickled source); give actors credentials the way fsspec finds them: "
@@ -235,10 +245,12 @@ class Store:
         fs = self.fs
         if self.protocol == "s3":
             info = await fs._info(self.url, refresh=True)
+            _not_a_folder(info)
             return ObjectStat(int(info["size"]), etag=info.get("ETag"), version=info.get("VersionId"))
         if self.protocol == "gcs":
             fs.invalidate_cache(self.url)
             info = await fs._info(self.url)
+            _not_a_folder(info)
             generation = info.get("generation")
             return ObjectStat(int(info["size"]), etag=info.get("etag"),
                               generation=str(generation) if generation else None)

@@ -38,9 +38,7 @@ from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from kerasfeed import _handoff
-
-# URL scheme -> fsspec protocol of the filesystems that read it.
-PROTOCOLS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
+from kerasfeed._urls import PROTOCOLS, is_url, keyed_by_scheme, protocol
 
 # Parts of an option's name that make it a credential (compared lower-case).
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "cookie", "signature",
@@ -51,17 +49,6 @@ _SECRET_NAMES = {"user", "username", "login", "creds", "sas"}
 _PUBLIC_NAMES = {"anon", "endpoint_url", "profile", "signature_version", "use_listings_cache", "skip_instance_cache"}
 # gcsfs `token=` values that name a way of finding credentials, not a credential.
 _PUBLIC_TOKENS = {"anon", "google_default", "cache", "cloud", "browser"}
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` names an object in a store kerasfeed reads remotely (s3, gs, http(s))."""
-    head, sep, _ = path.partition("://")
-    return bool(sep) and head.lower() in PROTOCOLS
-
-
-def protocol(url: str) -> str:
-    """fsspec's protocol for ``url`` (``s3``, ``gcs``, ``http``, ``https``)."""
-    return PROTOCOLS[url.partition("://")[0].lower()]
 
 
 def redact(url: str) -> str:
@@ -103,7 +90,15 @@ def check_url(url: str, owner: str) -> str:
         raise ValueError(
             f"{owner}: the URL names no object (a bucket or host and a path). Received: path='{redact(url)}'"
         )
+    if PROTOCOLS.get(parts.scheme.lower()) in ("s3", "gcs") and parts.path.endswith("/"):
+        raise IsADirectoryError(folder_message(owner, redact(url)))
     return url
+
+
+def folder_message(owner: str, url: str) -> str:
+    """The error for a URL that names a folder (a prefix of objects) instead of one HDF5 object."""
+    return (f"{owner}: '{url}' is a folder (a prefix other objects share), not an HDF5 object: name the files in it "
+            f"(a reader takes a list of paths; fsspec's `glob` lists them). Received: path='{url}'")
 
 
 def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -> dict:
@@ -114,7 +109,7 @@ def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -
     several filesystems), one per kind of URL.
     """
     options = dict(options or {})
-    if not options or not all(isinstance(k, str) and k.lower() in PROTOCOLS for k in options):
+    if not keyed_by_scheme(options):
         return {p: options for p in protocols}
     out = {p: {} for p in protocols}
     for scheme, value in options.items():
@@ -227,6 +222,7 @@ class Credentials:
         return out
 
     def __reduce__(self):
+        _handoff.mention(self.token)  # its pool's workers get this entry (NOTE [ Secrets travel ... ])
         return (Credentials._restore, (self.public, self.token, self.has_secrets))
 
     def for_cache(self) -> "Credentials":
@@ -261,6 +257,7 @@ class Credentials:
 
 
 __all__ = [
-    "PROTOCOLS", "Credentials", "check_url", "is_url", "options_per_scheme", "protocol", "redact", "redact_text",
+    "PROTOCOLS", "Credentials", "check_url", "folder_message", "is_url", "options_per_scheme", "protocol", "redact",
+    "redact_text",
     "split_options",
 ]
