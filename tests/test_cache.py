@@ -300,6 +300,8 @@ def test_bad_cache_arguments_are_named(tmp_path):
         kerasfeed.to_loader(src, cache=3)
     with pytest.raises(ValueError, match="max_bytes"):
         kerasfeed.Cache(max_bytes=0)
+    with pytest.raises(ValueError, match=r"`max_bytes` must be at least 128 .* Received: max_bytes=100"):
+        kerasfeed.Cache(max_bytes=100)
     from kerasfeed.execution.threads import ThreadExecutor
 
     with ThreadExecutor(src) as ex:
@@ -541,9 +543,9 @@ class Ramp(kerasfeed.SceneSequence):
         return np.full((1024,), i, "float32")
 
 
-def test_a_kept_record_that_fails_its_check_is_made_again_not_served_as_none(tmp_path):
+def test_a_kept_record_that_fails_its_check_is_made_again_not_served_as_none(tmp_path, caplog):
     """A record whose bytes no longer hold its item (pages a power loss took) is not served: worker
-    processes make the item again and answer it in their slot."""
+    processes make the item again, answer it in their slot and store it again (once, not every pass)."""
     from kerasfeed.cache.store import HEADER_BYTES
 
     d = str(tmp_path / "kept")
@@ -558,6 +560,10 @@ def test_a_kept_record_that_fails_its_check_is_made_again_not_served_as_none(tmp
             got = list(ld)
             assert [int(x[0]) for x in got] == list(range(8))
             np.testing.assert_array_equal(got[3], np.full((1024,), 3, "float32"))
+        assert kerasfeed.stats(ld)["cache_misses"] == 1  # made again in the first pass only
+    assert "the stored record of item 3 failed its check" in caplog.text
+    again = np.fromfile(os.path.join(d, "index.bin"), np.uint64)[HEADER_BYTES // 8:].reshape(-1, 3)
+    assert again[3, 0] != entries[3, 0] and (again[:, 0] > 0).all()  # stored again, in new bytes
 
 
 def test_a_second_store_in_ram_does_not_count_what_the_first_may_still_fill(monkeypatch):

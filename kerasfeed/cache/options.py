@@ -19,6 +19,7 @@ from kerasfeed.cache.kept import close_kept, open_kept
 from kerasfeed.cache.keys import source_key
 from kerasfeed.cache.store import LAYOUT, ItemStore
 
+MIN_BYTES = 128  # the smallest store: a 64-byte header, then room for a record
 # What a store may hold when max_bytes is not given: this share of the memory
 # available when it is opened ("memory"), or of the free disk at its directory.
 MEMORY_SHARE = 0.5
@@ -46,7 +47,7 @@ class Cache:
             attributes, the size and modification time of the files it
             names, and ``version``); a change rebuilds it, with one log line
             saying why. One run at a time uses a directory.
-        max_bytes: what the store may hold, at most. None: half the memory
+        max_bytes: what the store may hold, at most (at least 128). None: half the memory
             available when the pipeline is made (in RAM: within a
             container's memory limit, less what other open stores in RAM may
             still fill), or half the free disk at ``directory``. Past it, the items stored first stay and
@@ -88,6 +89,9 @@ class Cache:
             object.__setattr__(self, "directory", _v.path("directory", self.directory, owner="Cache"))
         object.__setattr__(self, "max_bytes", _v.positive_int("max_bytes", self.max_bytes, allow_none=True,
                                                               owner="Cache"))
+        if self.max_bytes is not None and self.max_bytes < MIN_BYTES:
+            raise ValueError(f"Cache: `max_bytes` must be at least {MIN_BYTES} (the store's header takes 64 bytes, "
+                             f"and a smaller store holds no item). Received: max_bytes={self.max_bytes}")
 
 
 def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
@@ -154,7 +158,7 @@ def _capacity(cache: Cache, directory: Optional[str]) -> int:
         size = int(max(available_memory() - _unfilled(), 0) * MEMORY_SHARE)
     else:
         size = int(shutil.disk_usage(directory).free * DISK_SHARE)
-    return max(size, 128)  # the first record starts at 64
+    return max(size, MIN_BYTES)  # the first record starts at 64
 
 
 def open_store(

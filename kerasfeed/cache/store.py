@@ -38,7 +38,7 @@ workers race.
 A store dropped without ``close`` (a pipeline never closed, or still open at
 interpreter exit) is released by a ``weakref.finalize`` all the same: its
 fds are closed (a memfd's RAM goes back) and a kept one is written back and
-marked clean, then its directory unlocked (``_Owned``).
+marked clean, then its directory unlocked (``store_fds.Owned``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from kerasfeed.cache.records import encode_record, read_record, write_record
+from kerasfeed.cache.store_fds import Owned, WriteFd
 
 logger = logging.getLogger("kerasfeed")
 
@@ -96,14 +97,14 @@ class ItemStore:
         self._index_fd, self._data_fd = index_fd, data_fd
         self._index = mmap.mmap(index_fd, index_bytes(n))
         self._q = memoryview(self._index).cast("Q")
-        self._rw: Optional[_WriteFd] = None  # the data file's own fd for writers, made on the first write
+        self._rw: Optional[WriteFd] = None  # the data file's own fd for writers, made on the first write
         self._ro = mmap.mmap(data_fd, capacity, prot=mmap.PROT_READ)
         self._ro_at = np.frombuffer(self._ro, np.uint8, count=1).__array_interface__["data"][0]  # its address
         self._lock = threading.Lock()
         self._last: Optional[dict] = None  # the figures when closed
         self._on_close: list = []
         # Made last: a failed __init__ leaves the fds to its caller. Holds no reference to ``self``.
-        self._owned = _Owned((index_fd, data_fd), self._lock)
+        self._owned = Owned((index_fd, data_fd), self._lock, 8 * H_CLEAN)
         self._finalizer = weakref.finalize(self, self._owned.release)
 
     # ------------------------------------------------------------ making
@@ -250,7 +251,27 @@ class ItemStore:
         offset = q[e]
         if not offset or (before is not None and q[e + 2] >= before):
             return None
-        return read_record(ro, offset, index, q[e + 1])
+        item = read_record(ro, offset, index, q[e + 1])
+        if item is None:
+            self._forget(index, offset)
+        return item
+
+    def _forget(self, index: int, offset: int) -> None:
+        """Drops item ``index``'s entry, whose record at ``offset`` failed its check (pages a crash lost in a
+        kept directory): the next ``put`` stores the item again, so it is made once more, not every pass."""
+        q, e = self._q, _Q + 3 * index
+        if q is None or not self._acquire():
+            return
+        try:
+            if q[e] != offset:
+                return  # another reader dropped it first
+            q[e] = 0
+            q[H_HELD] -= 1
+            q[H_HELD_BYTES] -= q[e + 1]
+        finally:
+            self._release()
+        logger.warning("kerasfeed cache: the stored record of item %d failed its check (its bytes are not the "
+                       "record written); the item is made and stored again.", index)
 
     def has(self, index: int, before: Optional[int] = None) -> bool:
         """Whether ``get(index, before)`` would find the item (cheap)."""
@@ -338,12 +359,12 @@ class ItemStore:
             logger.warning("kerasfeed: cache %s: storing stopped: writing item %d failed (%s); items not stored "
                            "are made every pass.", self.where, index, error)
 
-    def _writable(self) -> Optional["_WriteFd"]:
+    def _writable(self) -> Optional[WriteFd]:
         with self._lock:
             if self._owned.closed:
                 return None
             if self._rw is None:
-                self._rw = _WriteFd(self._data_fd)
+                self._rw = WriteFd(self._data_fd)
             return self._rw
 
     # ------------------------------------------------------------ end
@@ -361,11 +382,11 @@ class ItemStore:
         Nothing is published after it (writers take the same lock, and find
         it closed). With ``mark_clean``, or for a kept directory's store
         (``kept_by``), the files are written back and the header says so
-        (``_Owned.release``). The mappings are not unmapped
+        (``Owned.release``). The mappings are not unmapped
         here but dropped: every item handed out (numpy keeps a mapping as an
         array's base, but holds no buffer export that would stop an unmap)
         keeps it mapped until it is gone, as a writer still writing keeps its
-        fd (``_WriteFd``). The figures stay as they were (``figures``).
+        fd (``WriteFd``). The figures stay as they were (``figures``).
         """
         with self._lock:
             if self._owned.closed:
@@ -391,58 +412,6 @@ def index_chunks(indices: Any) -> Any:
     for start in range(0, len(indices), _CHUNK):
         stop = start + _CHUNK
         yield np.asarray(indices.window(start, stop) if hasattr(indices, "window") else indices[start:stop], np.int64)
-
-
-class _Owned:
-    """What an ``ItemStore`` owns, apart from it: its finalizer (a store dropped without ``close``,
-    or still open at interpreter exit) must hold no reference to the store. ``closed`` is the
-    store's state (its writers check it under ``lock``); ``clean``: a kept store, written back
-    and marked clean before its fds close; ``then``: run last (the directory's lock)."""
-
-    __slots__ = ("fds", "lock", "closed", "clean", "then")
-
-    def __init__(self, fds: tuple, lock: threading.Lock):
-        self.fds, self.lock, self.closed, self.clean, self.then = fds, lock, False, False, None
-
-    def release(self) -> None:
-        with self.lock:  # a writer publishing now finishes first; later ones find the store closed
-            self.closed = True
-            fds, self.fds = self.fds, ()
-        then, self.then = self.then, None
-        try:
-            if fds and self.clean:
-                index_fd, data_fd = fds
-                # Every process's records reach the disk before the mark (workers wrote them
-                # through their own fds: one fdatasync of the file covers them all).
-                os.fdatasync(data_fd)
-                os.pwrite(index_fd, (1).to_bytes(8, "little"), 8 * H_CLEAN)  # the mapping's page: one page cache
-                os.fdatasync(index_fd)
-        finally:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            if then is not None:
-                then()
-
-
-class _WriteFd:
-    """A duplicate of the data file's fd for writers (``records.write_record``). A writer
-    holds this object while it writes, so a store closed meanwhile never leaves it
-    writing into a closed fd number that another file may have taken; the fd closes
-    when the last holder lets go."""
-
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int):
-        self.fd = os.dup(fd)  # not inheritable
-
-    def __del__(self) -> None:
-        try:
-            os.close(self.fd)
-        except (OSError, AttributeError, TypeError):  # AttributeError, TypeError: at interpreter exit
-            pass
 
 
 __all__ = ["ItemStore", "index_bytes"]
