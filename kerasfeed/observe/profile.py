@@ -235,7 +235,7 @@ def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
     import statistics
     from types import SimpleNamespace
 
-    from kerasfeed.execution.auto_probe import item_arrays
+    from kerasfeed.execution.auto_probe import copy_time, item_arrays
 
     walls = []
     for i in range(1, calls + 1):
@@ -243,13 +243,8 @@ def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
         stored = source.load(i % n)
         walls.append(time.perf_counter() - t0)
     arrays = item_arrays(stored)
-    copies = []
-    for _ in range(2):  # the faster of two: the first one's page faults are not a store's read
-        t0 = time.perf_counter()
-        for a in arrays:
-            np.array(a, copy=True)
-        copies.append(time.perf_counter() - t0)
-    return SimpleNamespace(wall_s=statistics.median(walls), copy_s=min(copies),
+    # The faster of two copies: the first one's page faults are not a store's read.
+    return SimpleNamespace(wall_s=statistics.median(walls), copy_s=copy_time(arrays, tries=2),
                            nbytes=int(sum(a.nbytes for a in arrays)))
 
 
