@@ -16,7 +16,10 @@ fsspec's event-loop thread: if the cyclic collector ran there and freed an
 h5py object, that object's finalizer would wait for the lock forever
 (h5py#2019, and h5py's docs on file-like objects). ``collector_held``
 keeps the collector off while any thread of the process is inside such an
-h5py call (counted, so overlapping calls re-enable it once, at the end).
+h5py call (counted, so overlapping calls re-enable it once, at the end). A
+child forked meanwhile (Keras' ``use_multiprocessing=True``) has none of
+those threads: it starts with a fresh count and lock and the collector as
+the parent had it before (``_after_fork``), never off for good.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import os
 import threading
 from collections import OrderedDict
 
@@ -31,6 +35,18 @@ from kerasfeed.hdf5.remote.fetch import ObjectStat, Store, gather_ranges, run
 
 _GC_LOCK = threading.Lock()
 _GC_STATE = {"depth": 0, "was_enabled": False}
+
+
+def _after_fork() -> None:
+    global _GC_LOCK
+    _GC_LOCK = threading.Lock()  # a thread gone with the fork may have held it
+    if _GC_STATE["depth"] and _GC_STATE["was_enabled"]:
+        gc.enable()  # the calls that turned it off ran on threads the child does not have
+    _GC_STATE["depth"] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 @contextlib.contextmanager
