@@ -117,6 +117,22 @@ def test_a_kept_cache_holding_every_item_starts_threads_without_a_probe(tmp_path
         second.close()
 
 
+def test_a_kept_shard_holding_its_first_pass_starts_threads_without_a_probe(tmp_path, four_cpus):
+    """A host's kept directory holds its shard only: all its first pass needs, though not all of the source."""
+    log, directory = str(tmp_path / "calls"), str(tmp_path / "kept")
+    kw = dict(executor="auto", workers=2, cache=directory, num_shards=2, shard_index=1)
+    with kerasfeed.to_loader(Stage(log, waits=False), **kw) as first:
+        want = [int(y) for _, y in first]
+    assert len(want) == 6
+    made = _counted(log)
+    with kerasfeed.to_loader(Stage(log, waits=False), **kw) as second:
+        ex = kerasfeed.executor_of(second)
+        assert ex.name == "threads" and ex.probe is None, ex.reason
+        assert "every item of the first pass (this shard's) is stored already (6)" in ex.reason
+        assert [int(y) for _, y in second] == want
+    assert _counted(log) == made  # no probe call, no item made
+
+
 @pytest.mark.parametrize("busy", [True, False])
 def test_with_augment_auto_probes_augment_alone(tmp_path, four_cpus, busy):
     """``load`` waits 30 ms either way: a probe of the whole item would see a waiting source (threads). What

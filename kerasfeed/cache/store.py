@@ -336,6 +336,10 @@ class ItemStore:
         parts = [chunk[~mask[chunk]] for chunk in index_chunks(indices)]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def holds_all(self, indices: Any) -> bool:
+        """Whether every one of ``indices`` (a pass's order: a lazy view or an array) is stored."""
+        return len(indices) > 0 and len(self.missing(indices, 1 << 63)) == 0
+
     def figures(self) -> dict:
         """Items and bytes held, the budget (``limit``), and whether a put did not fit (as
         they were at ``close`` once closed)."""

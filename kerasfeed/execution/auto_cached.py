@@ -9,9 +9,10 @@ With ``cache=`` the executor does not run ``source[i]`` every pass
   the consumer serves the stored items itself, whichever executor made them.
   So auto decides for what pass 0 makes (the stored stage), as it would
   without a cache; pass 0 then runs as fast as an uncached pass. When every
-  item is stored already (a kept directory reused), nothing will be made at
-  all: threads, without a probe (it would make items for nothing) and
-  without worker processes to start.
+  item is stored already (a kept directory reused), or every item of the
+  first pass (a host's kept shard), nothing will be made at all: threads,
+  without a probe (it would make items for nothing) and without worker
+  processes to start.
 - **With ``augment``.** Every pass runs ``augment`` on the executor, over the
   stored item (read in place, no copy); pass 0 also runs the stored stage,
   once per item. From the second pass on, the executor's work per item is
@@ -86,9 +87,10 @@ def cached_work(source: Any, cache: ItemCache, probed: int) -> tuple[Optional[An
     figures = store.figures() if store is not None else {"items": 0, "n": 1}
     every = figures["n"] > 0 and figures["items"] >= figures["n"]
     if not cache.augment:
-        if every:
+        if every or cache.first_pass_stored:
+            which = "every item" if every else "every item of the first pass (this shard's)"
             return None, (
-                f"with cache= every item is stored already ({figures['items']:,}) and nothing runs per pass (no "
+                f"with cache= {which} is stored already ({figures['items']:,}) and nothing runs per pass (no "
                 "augment): the consumer serves them itself, so no probe and no worker processes"
             )
         return _named(_Made, source, cache, probed), (

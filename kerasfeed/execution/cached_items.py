@@ -143,6 +143,9 @@ class ItemCache:
         self.store = store
         self.stage_name = stage_name
         self.augment = augment
+        # Every item of the pipeline's first pass was stored when it was opened (a kept directory reused; a
+        # shard's holds only the shard's): set by the pipeline, for executor="auto" (``auto_cached.py``).
+        self.first_pass_stored = False
 
     @classmethod
     def for_source(cls, source: Any, store: Optional[ItemStore]) -> "ItemCache":

@@ -25,6 +25,7 @@ from kerasfeed.loading.options import LoadOptions
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.loading.shards import ShardPlan, order_shards, shard_probe_indices
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
+from kerasfeed.sampling.views import pass_view
 
 # The length an endless source counts as when shards are resolved: items for any number of workers.
 ENDLESS = 2**62
@@ -198,13 +199,15 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
         resume=options.resume, owner=options.owner,
     )
     if options.cache is not None:
-        executor = cached_executor(source, total, options, plan)
+        executor = cached_executor(source, total, options, plan, passes)
     else:
         executor = make_executor(options.executor, source, options.pool, handover=options.handover)
     return Feed(source, total, options, plan, passes, executor)
 
 
-def cached_executor(source: Any, total: Optional[int], options: LoadOptions, plan: ShardPlan) -> Executor:
+def cached_executor(
+    source: Any, total: Optional[int], options: LoadOptions, plan: ShardPlan, passes: Optional[Passes] = None
+) -> Executor:
     """The executor of a pipeline with ``cache=``: the store opened for ``source``, the executor's
     item calls going through it, and the front that serves the items stored before each pass
     (NOTE [ Serving hits in the consumer ], ``execution/cache_front.py``).
@@ -226,6 +229,8 @@ def cached_executor(source: Any, total: Optional[int], options: LoadOptions, pla
     store, close = open_store(options.cache, source, total, _store_shard(plan, options.order))
     try:
         item_cache = ItemCache.for_source(source, store)
+        if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
+            item_cache.first_pass_stored = store.holds_all(pass_view(passes.order, passes.resume.epoch))
         pool = dataclasses.replace(options.pool, item_cache=item_cache)
         inner = make_executor(options.executor, source, pool, handover=options.handover)
     except BaseException:
