@@ -300,37 +300,46 @@ def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scen
             seq[1]
 
 
+_FORK_BESIDE_A_HELD_COLLECTOR = """
+import gc, os, threading
+from kerasfeed.hdf5.remote.h5file import collector_held
+
+inside, leave = threading.Event(), threading.Event()
+
+def other():
+    with collector_held():
+        inside.set()
+        leave.wait(10)
+
+t = threading.Thread(target=other)
+t.start()
+assert inside.wait(5) and not gc.isenabled()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: report, then leave at once
+    try:
+        enabled = gc.isenabled()
+        with collector_held():  # neither the lock nor the count is the parent's
+            held = not gc.isenabled()
+        os.write(write, f"{enabled} {held} {gc.isenabled()}".encode())
+    finally:
+        os._exit(0)
+os.close(write)
+with os.fdopen(read) as f:
+    report = f.read()
+os.waitpid(pid, 0)
+parent_still_off = not gc.isenabled()  # the parent's thread is still inside
+leave.set()
+t.join(10)
+print(report, parent_still_off, gc.isenabled())
+"""
+
+
 def test_a_child_forked_while_another_thread_holds_the_collector_off_gets_it_back():
     """Keras' use_multiprocessing forks: the thread inside an h5py call is not in the child, so the collector
-    must not stay off there (nor the count's lock stay taken)."""
-    inside, leave = threading.Event(), threading.Event()
-
-    def other():
-        with collector_held():
-            inside.set()
-            leave.wait(10)
-
-    t = threading.Thread(target=other)
-    t.start()
-    try:
-        assert inside.wait(5) and not gc.isenabled()
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report, then leave at once
-            try:
-                enabled = gc.isenabled()
-                with collector_held():  # neither the lock nor the count is the parent's
-                    held = not gc.isenabled()
-                os.write(write, f"{enabled} {held} {gc.isenabled()}".encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as f:
-            report = f.read()
-        os.waitpid(pid, 0)
-        assert report == "True True True", report
-        assert not gc.isenabled()  # the parent's thread is still inside
-    finally:
-        leave.set()
-        t.join(10)
-    assert gc.isenabled()
+    must not stay off there (nor the count's lock stay taken). In a fresh interpreter: no other library's
+    threads beside the fork."""
+    out = subprocess.run([sys.executable, "-c", _FORK_BESIDE_A_HELD_COLLECTOR], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "True", "True", "True"], out.stdout
