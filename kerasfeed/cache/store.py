@@ -67,6 +67,7 @@ H_MAGIC, H_LAYOUT, H_ITEMS_N, H_CAPACITY, H_BUMP, H_STAMP, H_HELD, H_HELD_BYTES,
 MAGIC = int.from_bytes(b"KFCACHE1", "little")
 LAYOUT = 1  # bump when the file layout changes: a kept cache of another layout is rebuilt
 FIRST_OFFSET = 64  # offset 0 marks an empty entry
+EVER = (1 << 64) - 1  # a cut after every stored item: ``cached_mask(EVER)`` is every entry, whenever published
 # Positions per chunk when a pass's misses are worked out (``missing``).
 _CHUNK = 1 << 20
 
@@ -338,7 +339,7 @@ class ItemStore:
 
     def holds_all(self, indices: Any) -> bool:
         """Whether every one of ``indices`` (a pass's order: a lazy view or an array) is stored."""
-        return len(indices) > 0 and len(self.missing(indices, 1 << 63)) == 0
+        return len(indices) > 0 and len(self.missing(indices, EVER)) == 0
 
     def figures(self) -> dict:
         """Items and bytes held, the budget (``limit``), and whether a put did not fit (as
@@ -418,4 +419,4 @@ def index_chunks(indices: Any) -> Any:
         yield np.asarray(indices.window(start, stop) if hasattr(indices, "window") else indices[start:stop], np.int64)
 
 
-__all__ = ["ItemStore", "index_bytes"]
+__all__ = ["EVER", "ItemStore", "index_bytes"]

@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed.cache.store import index_chunks
+from kerasfeed.cache.store import EVER, index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache
@@ -49,7 +49,6 @@ from kerasfeed.execution.state_sync import fingerprint
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
-_EVER = (1 << 64) - 1  # a cut after every stored item
 
 
 def _read_through(name: str) -> property:
@@ -253,7 +252,7 @@ class CacheFront(Executor):
             return 1.0
         held = figures["items"]
         if 0 < self._reads < figures["n"] and self._read is not None:
-            held = int(np.count_nonzero(self.store.cached_mask(_EVER) & self._read))
+            held = int(np.count_nonzero(self.store.cached_mask(EVER) & self._read))
         return min(1.0, held / whole)
 
     def gauges(self) -> dict:
