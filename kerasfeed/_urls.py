@@ -1,7 +1,10 @@
 """The URL schemes kerasfeed reads remotely, for every layer that meets a path (the HDF5 readers,
-``BalancedOrder.from_hdf5``): one table, so a scheme one accepts the other accepts too."""
+``BalancedOrder.from_hdf5``): one table and one reading of `storage_options`, so what one accepts the
+other accepts too."""
 
 from __future__ import annotations
+
+from typing import Mapping, Optional
 
 # URL scheme -> fsspec protocol of the filesystems that read it.
 PROTOCOLS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
@@ -25,4 +28,26 @@ def keyed_by_scheme(options: dict) -> bool:
     return bool(options) and all(isinstance(k, str) and k.lower() in PROTOCOLS for k in options)
 
 
-__all__ = ["PROTOCOLS", "is_url", "keyed_by_scheme", "protocol"]
+def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -> dict:
+    """``{protocol: storage options}`` for the protocols of a reader's URLs.
+
+    ``storage_options`` is either one dict for every URL, or, keyed by
+    scheme (``{"s3": {...}, "gs": {...}, "https": {...}}``, fsspec's form for
+    several filesystems), one per kind of URL.
+    """
+    options = dict(options or {})
+    if not keyed_by_scheme(options):
+        return {p: options for p in protocols}
+    out = {p: {} for p in protocols}
+    for scheme, value in options.items():
+        if not isinstance(value, Mapping):
+            raise TypeError(
+                f"{owner}: `storage_options` keyed by scheme needs a dict per scheme. "
+                f"Received: storage_options[{scheme!r}] of type {type(value).__name__}"
+            )
+        if PROTOCOLS[scheme.lower()] in out:
+            out[PROTOCOLS[scheme.lower()]] = dict(value)
+    return out
+
+
+__all__ = ["PROTOCOLS", "is_url", "keyed_by_scheme", "options_per_scheme", "protocol"]

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed._urls import PROTOCOLS, is_url, keyed_by_scheme, protocol
+from kerasfeed._urls import is_url, options_per_scheme, protocol
 from kerasfeed.sampling.bijection import (
     SMALL_N,
     TABLE_BUDGET,
@@ -398,9 +398,8 @@ def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
             f"{OWNER}.from_hdf5: reading labels from a URL needs fsspec: pip install 'kerasfeed[remote]'. "
             f"Received: {path.split('?', 1)[0]}"
         ) from None
-    options = dict(storage_options or {})
-    if keyed_by_scheme(options):  # as the readers accept too
-        options = dict(next((v for k, v in options.items() if PROTOCOLS[k.lower()] == protocol(path)), {}))
+    kind = protocol(path)  # storage_options as the readers take them: one dict, or one per scheme
+    options = options_per_scheme(storage_options, {kind}, f"{OWNER}.from_hdf5")[kind]
     with fsspec.open(path, "rb", **options) as raw, h5py.File(raw, "r") as f:
         yield f
 

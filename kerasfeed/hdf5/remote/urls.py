@@ -38,7 +38,7 @@ from typing import Any, Mapping, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from kerasfeed import _handoff
-from kerasfeed._urls import PROTOCOLS, is_url, keyed_by_scheme, protocol
+from kerasfeed._urls import PROTOCOLS, is_url, options_per_scheme, protocol
 
 # Parts of an option's name that make it a credential (compared lower-case).
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "cookie", "signature",
@@ -99,28 +99,6 @@ def folder_message(owner: str, url: str) -> str:
     """The error for a URL that names a folder (a prefix of objects) instead of one HDF5 object."""
     return (f"{owner}: '{url}' is a folder (a prefix other objects share), not an HDF5 object: name the files in it "
             f"(a reader takes a list of paths; fsspec's `glob` lists them). Received: path='{url}'")
-
-
-def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -> dict:
-    """``{protocol: storage options}`` for the protocols of a reader's URLs.
-
-    ``storage_options`` is either one dict for every URL, or, keyed by
-    scheme (``{"s3": {...}, "gs": {...}, "https": {...}}``, fsspec's form for
-    several filesystems), one per kind of URL.
-    """
-    options = dict(options or {})
-    if not keyed_by_scheme(options):
-        return {p: options for p in protocols}
-    out = {p: {} for p in protocols}
-    for scheme, value in options.items():
-        if not isinstance(value, Mapping):
-            raise TypeError(
-                f"{owner}: `storage_options` keyed by scheme needs a dict per scheme. "
-                f"Received: storage_options[{scheme!r}] of type {type(value).__name__}"
-            )
-        if PROTOCOLS[scheme.lower()] in out:
-            out[PROTOCOLS[scheme.lower()]] = dict(value)
-    return out
 
 
 def _is_secret(name: Any, value: Any) -> bool:
