@@ -9,9 +9,12 @@ import pytest
 import kerasfeed
 from kerasfeed.execution.cache_front import CacheFront
 from kerasfeed.loading.stored_passes import StoredPasses
-from kerasfeed.tfdata.stored_items import MIN_PASS_ITEMS
 
-N = MIN_PASS_ITEMS + 44  # long enough passes to be read in the graph
+# Long enough passes to be read in the graph: MIN_PASS_ITEMS (50) + 44, checked against it by
+# test_an_int32_leaf_needs_longer_passes_to_be_read_in_the_graph. A literal, not an import of
+# kerasfeed.tfdata: worker processes import this module to unpickle its sources, and that import
+# would load TensorFlow in each of them (4-10 s per start).
+N = 94
 
 
 class Mixed(kerasfeed.SceneSequence):
@@ -141,6 +144,8 @@ def test_strings_short_passes_and_augment_do_not_read_in_the_graph():
 
         def augment(self, item):
             return item + kerasfeed.item_rng().random(2).astype(np.float32)
+
+    from kerasfeed.tfdata.stored_items import MIN_PASS_ITEMS
 
     for source in (Text(), Mixed(n=MIN_PASS_ITEMS - 1), Augmented()):
         ds = kerasfeed.to_dataset(source, executor="threads", cache="memory", group_items=1)

@@ -272,16 +272,23 @@ class Batches(kerasfeed.SceneSequence):
         return x, x[:, :1] * 2
 
 
-class _StepsPerEpoch(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.steps = []
+def _steps_per_epoch():
+    """A callback counting the batches of each epoch. Made on call: worker processes import this
+    module to unpickle its sources, and a Keras class at module level would import Keras and
+    TensorFlow in every one of them (4-5 s per start)."""
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self.steps.append(0)
+    class StepsPerEpoch(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps[-1] += 1
+        def on_epoch_begin(self, epoch, logs=None):
+            self.steps.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps[-1] += 1
+
+    return StepsPerEpoch()
 
 
 @pytest.mark.parametrize("front, executor", [("dataset", "processes"), ("loader", "threads")])
@@ -300,7 +307,7 @@ def test_batches_left_out_end_their_epochs_early_without_keras_warning(front, ex
     got = [[round(float(x[0, 2]) * N / B) for x, _ in p] for p in passes]
     assert got == [[k for k in order if k not in (1, 6)] for order in orders]
     data = _make(front, Batches(), **kwargs)
-    steps = _StepsPerEpoch()
+    steps = _steps_per_epoch()
     fitted = _model()
     with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="kerasfeed"):
         warnings.filterwarnings("error", message=".*ran out of data")
