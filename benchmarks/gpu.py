@@ -57,7 +57,7 @@ SECTIONS = ("drain", "fit")
 FULL_BATCHES = {"decode": 150, "h5img": 200, "big": 100}
 PEERS = ("torch", "keras-processes", "grain-mp")  # at the largest worker count
 DRAIN_WAYS = ("serial", "kerasfeed-processes", "kerasfeed-threads", "kerasfeed-auto") + PEERS + ("grain-threads",)
-# kerasfeed-cached: the item cache's goal (JAX fit on decode from epoch 2 at >= 0.9 of memory; not yet lent).
+# kerasfeed-cached: the item cache's goal (JAX fit on decode from epoch 2 at >= 0.9 of memory; README, 2026-11-26).
 FIT_WAYS = ("memory", "kerasfeed-processes", "kerasfeed-auto", "kerasfeed-cached") + PEERS + ("kerasfeed-no-prefetch",)
 BUDGET_S = 500  # one device command may run 10 minutes: configurations past this are skipped, and say so
 
