@@ -44,7 +44,7 @@ from kerasfeed.cache.store import EVER, index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache
-from kerasfeed.execution.state_sync import fingerprint
+from kerasfeed.execution.state_sync import fingerprint, fingerprints_once
 
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
@@ -111,6 +111,10 @@ class CacheFront(Executor):
 
     # ------------------------------------------------------------ passes
     def plan(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]] = None) -> None:
+        with fingerprints_once():  # the inner executor's state tracker reads the same fingerprints
+            self._plan(epoch, indices)
+
+    def _plan(self, epoch: int, indices: Any) -> None:
         self._check_source()
         self._mark_read(indices)
         cut = self.store.new_cut()

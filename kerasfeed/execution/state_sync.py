@@ -24,9 +24,11 @@ changed by the hooks, with worker processes*. Beyond that page:
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import threading
 import zlib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -36,6 +38,7 @@ _OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})  # bookkeeping every proces
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
 _WHOLE = "<source>"  # the one key of a source sent whole
+_TAKEN = threading.local()  # .memo: {id: (object, fingerprint)} inside ``fingerprints_once``
 
 
 class _Same:
@@ -79,10 +82,36 @@ def _frozen(obj: Any) -> bool:
     return obj is None or isinstance(obj, bytes)
 
 
+@contextlib.contextmanager
+def fingerprints_once() -> Iterator[None]:
+    """Within it (this thread), each object is fingerprinted once: a second ``fingerprint`` of the same
+    object returns the first one's. For a pass start with a cache over worker processes, where the cache
+    front and then the state tracker fingerprint the same attributes with no code of the user's between
+    (a CRC-32 of a large writable array each: ~0.5 s a GB). Nested uses share the outer one."""
+    if getattr(_TAKEN, "memo", None) is not None:
+        yield
+        return
+    _TAKEN.memo = {}
+    try:
+        yield
+    finally:
+        _TAKEN.memo = None
+
+
 def fingerprint(value: Any) -> Any:
     """A comparable summary of ``value``: equal ones mean the same pickled content (up to CRC-32 collisions)."""
     if type(value) in _ATOMIC:
         return _Value(value)
+    memo = getattr(_TAKEN, "memo", None)
+    if memo is None:
+        return _taken(value)
+    hit = memo.get(id(value))
+    if hit is None or hit[0] is not value:
+        hit = memo[id(value)] = (value, _taken(value))  # holding ``value``: its id is not reused meanwhile
+    return hit[1]
+
+
+def _taken(value: Any) -> Any:
     buffers: list = []
     try:
         skeleton = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
