@@ -223,6 +223,8 @@ def run(args) -> Dict[str, Any]:
                 else:
                     n = _drain(loaders[name])
                 rows[name].append(n / (time.perf_counter() - t0))
+                # As it goes (stderr): a run cut short by a time limit still shows what it measured.
+                print(f"round {len(rows[name])}: {name}: {rows[name][-1]:.1f} batches/s", file=sys.stderr, flush=True)
         for ld in loaders.values():
             ld.close()
         loaders.clear()

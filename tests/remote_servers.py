@@ -219,6 +219,13 @@ class RangeServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 512  # a reader opens many connections at once (the default backlog is 5)
 
+    def handle_error(self, request, client_address) -> None:
+        # A client that closes its connections (a loader closed while it read ahead) is not an error of
+        # the server: socketserver would print a traceback for each one, hiding a benchmark's output.
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
     def __init__(self, files: dict | None = None, delay: float = 0.0, token: str | None = None,
                  forward: str | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)
