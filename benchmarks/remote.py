@@ -134,9 +134,10 @@ def _traffic(store: StoreProcess, name: str, make: Callable, make_h5py: Callable
     The pass is the mean of passes 2 and 3, not the first pass alone: a loader of worker processes
     starts its next pass before the last batch of a pass arrives (its in-flight depth: up to 32
     batches here), so counts taken when pass 1 ends hold part of pass 2 (the 2026-11-26 note in
-    benchmarks/README.md). Between the ends of passes 1 and 3 lie exactly two passes' reads, whatever
-    was made ahead. A per-process first read (the small ``labels``, fetched whole once) falls in pass 1
-    and so is left out: 16 KB here.
+    benchmarks/README.md). Between the ends of passes 1 and 3 lie two passes' reads, give or take the
+    difference between what was made ahead of those two ends (for worker processes: up to ~0.2 of a pass,
+    so a row's figures move by a few hundredths between runs). A per-process first read (the small
+    ``labels``, fetched whole once) falls in pass 1 and so is left out: 16 KB here.
     """
     import kerasfeed
 
