@@ -54,16 +54,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _command(how: str, looks: int) -> list:
+    return [sys.executable, "-c", SCRIPT, how, str(looks)]
+
+
 def _run(how: str, looks: int, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, how, str(looks)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(_command(how, looks), capture_output=True, text=True, timeout=timeout)
 
 
 def _stalls(how: str, looks: int, quiet_s: float, limit_s: float) -> bool:
     """Whether the script stops making progress (no line for ``quiet_s`` once it printed "ready") before
     it ends; killed then. Most runs of the plain script deadlock in their first look."""
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, how, str(looks)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(_command(how, looks), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     last = [float("inf")]  # no quiet time counted before the first line (a slow start is not a stall)
 
     def follow():

@@ -106,8 +106,8 @@ def fingerprint(value: Any) -> Any:
     if memo is None:
         return _taken(value)
     hit = memo.get(id(value))
-    if hit is None or hit[0] is not value:
-        hit = memo[id(value)] = (value, _taken(value))  # holding ``value``: its id is not reused meanwhile
+    if hit is None:  # the memo holds ``value``: its id is not reused by another object meanwhile
+        hit = memo[id(value)] = (value, _taken(value))
     return hit[1]
 
 
