@@ -177,12 +177,15 @@ def check_errors(strategy, args, worker_id):
     return out
 
 
-def check_alone(args, worker_id):
+def check_alone(strategy, args, worker_id):
     """A sharded dataset that only worker 0 creates fails there after the
-    (shortened) agreement timeout instead of hanging. TensorFlow then aborts
-    the worker's collective ops ("Restart your program to reset") and its
-    teardown can crash, so both workers leave with ``os._exit`` afterwards."""
+    (shortened) agreement timeout instead of hanging; the cluster's collective
+    ops stay usable afterwards (the check waits in the coordination service's
+    key-value store, not in a collective that would have to be aborted), so
+    both workers then sum a value across the cluster, as a training step would."""
     import time
+
+    import tensorflow as tf
 
     import kerasfeed
     from kerasfeed.loading import agreement
@@ -202,8 +205,13 @@ def check_alone(args, worker_id):
         deadline = time.monotonic() + 120
         while not os.path.exists(done) and time.monotonic() < deadline:
             time.sleep(0.2)
-    sys.stdout.flush()
-    os._exit(0)
+
+    @tf.function
+    def total():
+        ones = strategy.run(lambda: tf.constant(worker_id + 1.0))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+    return float(total().numpy())
 
 
 def train(strategy, args, worker_id, phase, stop_after=None, resume=False):
@@ -278,14 +286,13 @@ def main(argv=None):
     results[args.phase] = train(strategy, args, worker_id, args.phase, args.stop_after, args.resume)
     if args.check_errors:
         results["errors"] = check_errors(strategy, args, worker_id)
+        results["sum_after_failed_agreement"] = check_alone(strategy, args, worker_id)
     results.update(worker=worker_id, replicas=strategy.num_replicas_in_sync)
     with open(os.path.join(args.out, f"result_worker_{worker_id}_{args.phase}.json"), "w") as f:
         json.dump(results, f)
     run = results[args.phase]
     print(f"worker {worker_id}: {len(run['steps'])} steps, epoch losses {run['losses']}, "
           f"summaries in {run['run_dir']}", flush=True)
-    if args.check_errors:
-        check_alone(args, worker_id)
     return 0
 
 

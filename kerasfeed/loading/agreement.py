@@ -4,7 +4,7 @@ Every ``tf.distribute`` worker (``shards.py``) and every process of a multi-proc
 distribution (``hosts.py``) builds its own pipeline over its own shard; with another source length,
 seed, shard count, batching or resume state, shards would overlap or step counts differ, silently.
 So the members all-gather one int64 row of the facts' codes (``check_agreement``) through the
-cluster's collective ops (``check_workers``) or JAX (``hosts.exchange``). What a mismatch or a
+cluster's coordination service (``check_workers``) or JAX (``hosts.exchange``). What a mismatch or a
 failed member raises: docs/multiworker.md, *Agreement check and errors*.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -90,34 +91,64 @@ def check_agreement(
 
 def check_workers(worker: Any, facts: dict, owner: str) -> None:
     """``check_agreement`` of this worker (a ``shards.WorkerIdentity``) over its ``tf.distribute``
-    cluster's collective ops; RuntimeError also when the other workers did not create a
-    matching pipeline within ``AGREEMENT_TIMEOUT_S`` seconds."""
+    cluster; RuntimeError also when the other workers did not create a matching pipeline within
+    ``AGREEMENT_TIMEOUT_S`` seconds."""
+    with _instance_lock:
+        instance = next(_instance_keys)
 
     def exchange(row: np.ndarray) -> np.ndarray:
         import tensorflow as tf
-        from tensorflow.python.ops import collective_ops
+        from tensorflow.python.eager import context
 
-        timeout = AGREEMENT_TIMEOUT_S
-        with _instance_lock:
-            instance = next(_instance_keys)
         try:
-            with tf.device(worker.device):
-                gathered = collective_ops.all_gather_v2(
-                    tf.constant([row], tf.int64), group_size=worker.num_workers, group_key=_GROUP_KEY,
-                    instance_key=instance, timeout=timeout,
-                )
-            return np.asarray(gathered.numpy())
+            if context.context().coordination_service is None:
+                return _gather_collective(worker, row, instance)
+            return _gather_key_values(worker, row, instance)
         except tf.errors.OpError as e:  # timed out, or a peer left: never a hang
             raise RuntimeError(
-                f"{owner}: worker {worker.worker_id} of {worker.num_workers} waited {timeout:.0f} s for the other "
-                "workers to create the same pipeline (the check that they agree on source length, seed and shards). "
-                "Every worker must create its sharded kerasfeed datasets in the same order; for a dataset on one "
-                f"worker only, pass `num_shards=1`. Received: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                f"{owner}: worker {worker.worker_id} of {worker.num_workers} waited {AGREEMENT_TIMEOUT_S:.0f} s for "
+                "the other workers to create the same pipeline (the check that they agree on source length, seed "
+                "and shards). Every worker must create its sharded kerasfeed datasets in the same order; for a "
+                "dataset on one worker only, pass `num_shards=1`. "
+                f"Received: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             ) from None
 
     check_agreement(
         tuple(facts), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers, member="worker"
     )
+
+
+def _gather_key_values(worker: Any, row: np.ndarray, instance: int) -> np.ndarray:
+    """The rows through the coordination service's key-value store, which every
+    ``MultiWorkerMirroredStrategy`` cluster runs. Unlike a collective, a wait that
+    times out there leaves the worker's collective ops usable (an aborted
+    all-gather does not: "Restart your program to reset", and its teardown can
+    crash). Each creation's keys are its own: the workers count them alike."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    prefix = f"kerasfeed/agreement/{instance}/"
+    ctx.set_config_key_value(prefix + str(worker.worker_id), ",".join(map(str, row.tolist())))
+    deadline = time.monotonic() + AGREEMENT_TIMEOUT_S
+    table = []
+    for k in range(worker.num_workers):
+        wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        text = ctx.get_config_key_value(prefix + str(k), wait_ms)
+        table.append([int(v) for v in text.split(",")])
+    return np.asarray(table, np.int64)
+
+
+def _gather_collective(worker: Any, row: np.ndarray, instance: int) -> np.ndarray:
+    """The rows through an all-gather, for a cluster without a coordination service."""
+    import tensorflow as tf
+    from tensorflow.python.ops import collective_ops
+
+    with tf.device(worker.device):
+        gathered = collective_ops.all_gather_v2(
+            tf.constant([row], tf.int64), group_size=worker.num_workers, group_key=_GROUP_KEY,
+            instance_key=instance, timeout=AGREEMENT_TIMEOUT_S,
+        )
+    return np.asarray(gathered.numpy())
 
 
 __all__ = ["AGREEMENT_TIMEOUT_S", "check_agreement", "check_workers"]
