@@ -27,7 +27,9 @@ server's counts for a fresh reader's construction plus one pass, the mean
 of its passes 2 and 3: ``_traffic``; a pass needs every stored chunk once,
 so 1.0 is the floor); the
 round trips before the first batch (the file's metadata at construction,
-then the first batch).
+then the first batch). Per row, the store process's CPU per batch over the
+timed passes (user + system: the loopback store shares the reader's cores,
+which a real store does not; see ``StoreProcess.cpu_s``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ class StoreProcess:
         )
         self.port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def cpu_s(self) -> float:
+        """CPU seconds the store's process has used (user + system). The loopback store shares the
+        reader's cores, which a real store does not; its system time includes the loopback TCP work
+        that runs in the sender's context (the receiving side's too), not only the store's own."""
+        import psutil
+
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
 
     def counts(self) -> Dict[str, int]:
         with urllib.request.urlopen(f"{self.url}/__counts__", timeout=10) as r:
@@ -204,6 +215,7 @@ def run(args) -> Dict[str, Any]:
                                                                    executor="threads")
         plain = H5pyOverFsspec(url, args.batch)
         rows: Dict[str, List[float]] = {name: [] for name in [*loaders, "h5py over fsspec, loop"]}
+        store_cpu = {name: [0.0, 0] for name in rows}  # the store's CPU s and batches over the timed passes
         for name, ld in loaders.items():  # warm: workers started, connections open, caches filled
             _drain(ld)
         for i in range(len(plain)):
@@ -216,7 +228,7 @@ def run(args) -> Dict[str, Any]:
                     # pass (the whole pass at 32 loads per worker: "17,852 batches/s"). Back to back, the
                     # timed pass gets only what a training loop's next epoch gets.
                     _drain(loaders[name])
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), store.cpu_s()
                 if name == "h5py over fsspec, loop":
                     n = len(plain)
                     for i in range(n):
@@ -224,6 +236,8 @@ def run(args) -> Dict[str, Any]:
                 else:
                     n = _drain(loaders[name])
                 rows[name].append(n / (time.perf_counter() - t0))
+                store_cpu[name][0] += store.cpu_s() - c0
+                store_cpu[name][1] += n
                 # As it goes (stderr): a run cut short by a time limit still shows what it measured.
                 print(f"round {len(rows[name])}: {name}: {rows[name][-1]:.1f} batches/s", file=sys.stderr, flush=True)
         for ld in loaders.values():
@@ -232,7 +246,8 @@ def run(args) -> Dict[str, Any]:
         out["rows"] = {}
         for name, rates in rows.items():
             out["rows"][name] = {"batches_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-                                 "rounds": rates, "requests_per_batch": None, "bytes_read_per_byte_stored": None}
+                                 "rounds": rates, "requests_per_batch": None, "bytes_read_per_byte_stored": None,
+                                 "store_cpu_us_per_batch": store_cpu[name][0] / store_cpu[name][1] * 1e6}
         for name in rows:
             if not name.startswith("local"):
                 out["rows"][name].update(_traffic(store, name, lambda: kerasfeed.H5SliceSequence(url, keys, args.batch),
@@ -259,13 +274,14 @@ def _table(out: Dict[str, Any]) -> str:
     lines = [
         f"delay {out['delay_s'] * 1000:.0f} ms per request; {out['scenes']} scenes x {out['points']} points, "
         f"batches of {out['batch']}; file {out['file_bytes'] / 2**20:.1f} MiB",
-        "| row | batches/s median [min-max] | requests/batch | bytes read / byte stored |",
-        "| --- | --- | --- | --- |",
+        "| row | batches/s median [min-max] | requests/batch | bytes read / byte stored | store CPU us/batch |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for name, r in out["rows"].items():
         req = "-" if r["requests_per_batch"] is None else f"{r['requests_per_batch']:.2f}"
         amp = "-" if r["bytes_read_per_byte_stored"] is None else f"{r['bytes_read_per_byte_stored']:.3f}"
-        lines.append(f"| {name} | {r['batches_per_s']:.1f} [{r['min']:.1f}-{r['max']:.1f}] | {req} | {amp} |")
+        lines.append(f"| {name} | {r['batches_per_s']:.1f} [{r['min']:.1f}-{r['max']:.1f}] | {req} | {amp} | "
+                     f"{r['store_cpu_us_per_batch']:.0f} |")
     fb = out["first_batch"]
     rr = out["ratio_per_round"]
     lines += [
