@@ -29,8 +29,8 @@ $(NOTF_STAMP): setup.cfg setup.py
 demo: $(STAMP)
 	$(PY) -m kerasfeed demo
 
-# Two test processes (pytest-xdist): most tests wait on the processes they start,
-# so two at once take 9-12 minutes on 2 cores where one at a time took 14-16.
+# Two test processes (pytest-xdist): most tests wait on the processes they start, so two run at once.
+# 11 min 41 s on a quiet 2-core AMD EPYC on 2026-11-26; 20-24 min on the same VM on slower days.
 # A targeted run needs no -n (e.g. `.venv/bin/python -m pytest tests/test_mix.py`).
 test: $(STAMP) $(NOTF_STAMP)
 	KERASFEED_NOTF_PYTHON=$(NOTF_VENV)/bin/python $(PY) -m pytest -q -n 2 --dist worksteal
