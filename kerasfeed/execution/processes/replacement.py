@@ -189,6 +189,10 @@ class Replacements:
             lane.pending.clear()
             for req in mine:
                 req.error = fresh_error(err)
+                if req is not mine[0]:
+                    # Died with the worker, not of it: a requeue, not an attempt (retries.Attempts.counts). By
+                    # index alone, a next pass's request for the same item would count as one.
+                    req.error.index = None
                 d.settle(lane, req)
             start = not lane.successor_started
             lane.successor_started = True
