@@ -56,17 +56,11 @@ def keras_jax_env(k: int, ports: list[int]) -> dict:
 
 
 def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout: float = 240.0, cwd=None,
-                env_for: Callable[[int, list[int]], dict] = tf_config_env,
-                done_files: dict[int, str] | None = None) -> list[str]:
+                env_for: Callable[[int, list[int]], dict] = tf_config_env) -> list[str]:
     """Runs ``script args`` once per worker; returns each worker's output.
 
     ``env_for(k, ports)``: what worker ``k``'s environment adds (``TF_CONFIG``
     by default, or ``keras_jax_env``); ``ports`` are free ones, one per worker.
-    ``done_files``: ``{k: path}``; worker ``k`` killed by a signal after it
-    wrote ``path`` (its last act) counts as finished. TensorFlow can crash in
-    a thread of its own after a collective op was aborted on purpose
-    (``examples/multiworker.py``'s ``check_alone``); a crash before the file
-    exists still fails.
 
     Raises:
         AssertionError: a worker failed or the group timed out (with every
@@ -82,12 +76,9 @@ def run_workers(script: str, args: Sequence[str], num_workers: int = 2, timeout:
                                       stderr=subprocess.STDOUT, text=True, preexec_fn=_die_with_parent))
     deadline = time.monotonic() + timeout
     failed = None
-    done = done_files or {}
     try:
         while True:
             codes = [p.poll() for p in procs]
-            codes = [0 if c is not None and c < 0 and k in done and os.path.exists(done[k]) else c
-                     for k, c in enumerate(codes)]
             if any(c not in (None, 0) for c in codes):
                 failed = f"a worker exited with {codes}"
                 break
