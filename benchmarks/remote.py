@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,10 +56,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 class StoreProcess:
     """``tests/remote_servers.py`` serving a directory from a process of its own."""
 
-    def __init__(self, root: str, delay: float):
+    def __init__(self, root: str, delay: float, procs: int = 1):
+        # A process group of its own: a store of several processes (``--procs``) is stopped as one.
+        self.procs = procs
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "remote_servers.py"), "--root", root, "--delay", str(delay)],
-            stdout=subprocess.PIPE, text=True,
+            [sys.executable, str(ROOT / "tests" / "remote_servers.py"), "--root", root, "--delay", str(delay),
+             "--procs", str(procs)],
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
         )
         self.port = int(self.proc.stdout.readline())
         self.url = f"http://127.0.0.1:{self.port}"
@@ -69,15 +73,27 @@ class StoreProcess:
         that runs in the sender's context (the receiving side's too), not only the store's own."""
         import psutil
 
-        t = psutil.Process(self.proc.pid).cpu_times()
-        return t.user + t.system
+        root = psutil.Process(self.proc.pid)
+        total = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+        return total
 
     def counts(self) -> Dict[str, int]:
         with urllib.request.urlopen(f"{self.url}/__counts__", timeout=10) as r:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        self.proc.terminate()
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         self.proc.wait(10)
 
 
@@ -100,6 +116,12 @@ class H5pyOverFsspec:
     def __getitem__(self, i: int):
         s = slice(i * self.batch, (i + 1) * self.batch)
         return self._points[s], self._labels[s]
+
+    def close(self) -> None:
+        # Closed before the interpreter exits: h5py objects over an fsspec file freed at shutdown hung or
+        # crashed the benchmark's process there (h5py's lock, taken in a dealloc; h5py#2019's kind).
+        self._h5.close()
+        self._file.close()
 
 
 def _stored_bytes(path: str, keys) -> int:
@@ -183,23 +205,39 @@ def run(args) -> Dict[str, Any]:
     import kerasfeed
     from kerasfeed.datasets import make_synthetic_scenes
 
-    tmp = tempfile.mkdtemp(prefix="kf-remote-bench-")
-    path = str(make_synthetic_scenes(os.path.join(tmp, "scenes.h5"), num_scenes=args.scenes,
-                                     points_per_scene=args.points, chunk_scenes=8, seed=0))
+    # --file-dir: the file is made once there and reused by later runs (a many-core machine's runs are
+    # short next to making a large file); otherwise in a fresh temporary directory.
+    tmp = args.file_dir or tempfile.mkdtemp(prefix="kf-remote-bench-")
+    name = f"scenes-{args.scenes}x{args.points}.h5"
+    path = os.path.join(tmp, name)
+    if not os.path.exists(path):
+        os.makedirs(tmp, exist_ok=True)
+        made = make_synthetic_scenes(path + ".part", num_scenes=args.scenes, points_per_scene=args.points,
+                                     chunk_scenes=8, seed=0)
+        os.replace(made, path)
     keys = ("points", "labels")
     stored = _stored_bytes(path, keys)
-    store = StoreProcess(tmp, args.delay)
-    url = f"{store.url}/scenes.h5"
+    store = StoreProcess(tmp, args.delay, args.store_procs)
+    url = f"{store.url}/{name}"
+    counted = args.store_procs == 1  # each store process counts only its own requests
     out: Dict[str, Any] = {"delay_s": args.delay, "scenes": args.scenes, "points": args.points,
+                           "store_procs": args.store_procs, "workers": args.workers,
                            "batch": args.batch, "file_bytes": os.path.getsize(path), "stored_bytes": stored}
     loaders: Dict[str, Any] = {}
+    files: List[H5pyOverFsspec] = []
+
+    def opened(f: H5pyOverFsspec) -> H5pyOverFsspec:
+        files.append(f)
+        return f
+
     try:
         out["first_batch"] = {"remote": _first_batch(lambda: kerasfeed.H5SliceSequence(url, keys, args.batch))}
         before = store.counts()["requests"]
         t0 = time.perf_counter()
-        H5pyOverFsspec(url, args.batch)[0]
-        out["first_batch"]["h5py over fsspec"] = {"round_trips": store.counts()["requests"] - before,
-                                                  "first_batch_s": time.perf_counter() - t0}
+        first = opened(H5pyOverFsspec(url, args.batch))
+        first[0]
+        trips = store.counts()["requests"] - before if counted else None
+        out["first_batch"]["h5py over fsspec"] = {"round_trips": trips, "first_batch_s": time.perf_counter() - t0}
 
         def loader(seq, executor):
             kw = {"workers": args.workers} if executor in ("processes", "ray") else {}
@@ -207,18 +245,21 @@ def run(args) -> Dict[str, Any]:
 
         local = kerasfeed.H5SliceSequence(path, keys, args.batch)
         remote = kerasfeed.H5SliceSequence(url, keys, args.batch)
-        executors = ["threads", "processes"] + (["ray"] if args.ray else [])
+        executors = args.executors.split(",") + (["ray"] if args.ray else [])
         for ex in executors:
             loaders[f"local, {ex}"] = loader(local, ex)
             loaders[f"remote, {ex}"] = loader(remote, ex)
-        loaders["h5py over fsspec, threads"] = kerasfeed.to_loader(H5pyOverFsspec(url, args.batch),
-                                                                   executor="threads")
-        plain = H5pyOverFsspec(url, args.batch)
-        rows: Dict[str, List[float]] = {name: [] for name in [*loaders, "h5py over fsspec, loop"]}
+        if not args.no_fsspec:
+            loaders["h5py over fsspec, threads"] = kerasfeed.to_loader(opened(H5pyOverFsspec(url, args.batch)),
+                                                                       executor="threads")
+        plain = opened(H5pyOverFsspec(url, args.batch)) if not args.no_fsspec else None
+        rows: Dict[str, List[float]] = {name: [] for name in loaders}
+        if not args.no_fsspec:
+            rows["h5py over fsspec, loop"] = []
         store_cpu = {name: [0.0, 0] for name in rows}  # the store's CPU s and batches over the timed passes
         for name, ld in loaders.items():  # warm: workers started, connections open, caches filled
             _drain(ld)
-        for i in range(len(plain)):
+        for i in range(len(plain) if plain is not None else 0):
             plain[i]
         for _ in range(args.rounds):
             for name in rows:
@@ -249,9 +290,9 @@ def run(args) -> Dict[str, Any]:
                                  "rounds": rates, "requests_per_batch": None, "bytes_read_per_byte_stored": None,
                                  "store_cpu_us_per_batch": store_cpu[name][0] / store_cpu[name][1] * 1e6}
         for name in rows:
-            if not name.startswith("local"):
+            if not name.startswith("local") and counted:
                 out["rows"][name].update(_traffic(store, name, lambda: kerasfeed.H5SliceSequence(url, keys, args.batch),
-                                                  lambda: H5pyOverFsspec(url, args.batch), loader, stored))
+                                                  lambda: opened(H5pyOverFsspec(url, args.batch)), loader, stored))
         best = {side: max((r["batches_per_s"], k) for k, r in out["rows"].items() if k.startswith(side))
                 for side in ("local", "remote")}
         out["best"] = {side: {"row": k, "batches_per_s": v} for side, (v, k) in best.items()}
@@ -266,14 +307,18 @@ def run(args) -> Dict[str, Any]:
             close = getattr(ld, "close", None)
             if close is not None:
                 close()
+        for f in files:
+            f.close()
         store.stop()
+        if not args.file_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def _table(out: Dict[str, Any]) -> str:
     lines = [
         f"delay {out['delay_s'] * 1000:.0f} ms per request; {out['scenes']} scenes x {out['points']} points, "
-        f"batches of {out['batch']}; file {out['file_bytes'] / 2**20:.1f} MiB",
+        f"batches of {out['batch']}; file {out['file_bytes'] / 2**20:.1f} MiB; store processes {out['store_procs']}",
         "| row | batches/s median [min-max] | requests/batch | bytes read / byte stored | store CPU us/batch |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -290,10 +335,14 @@ def _table(out: Dict[str, Any]) -> str:
         f"first batch, remote: {fb['remote']['metadata_round_trips']} round trips for the metadata "
         f"({fb['remote']['metadata_requests']} requests), then {fb['remote']['first_batch_round_trips']} for the "
         f"batch ({fb['remote']['build_s'] * 1000:.0f} ms + {fb['remote']['first_batch_s'] * 1000:.0f} ms)",
-        f"first batch, h5py over fsspec: {fb['h5py over fsspec']['round_trips']} round trips "
+        f"first batch, h5py over fsspec: {_or_dash(fb['h5py over fsspec']['round_trips'])} round trips "
         f"({fb['h5py over fsspec']['first_batch_s'] * 1000:.0f} ms)",
     ]
     return "\n".join(lines)
+
+
+def _or_dash(v: Any) -> str:
+    return "-" if v is None else str(v)
 
 
 def main(argv=None) -> Dict[str, Any]:
@@ -305,6 +354,12 @@ def main(argv=None) -> Dict[str, Any]:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ray", action="store_true", help="also the Ray executor (a local Ray on 127.0.0.1)")
+    p.add_argument("--executors", default="threads,processes", help="the executors of the local and remote rows")
+    p.add_argument("--store-procs", type=int, default=1,
+                   help="the store's processes (1: requests per batch and bytes read are counted; more: not)")
+    p.add_argument("--file-dir", default=None, help="make the file there once and reuse it (kept)")
+    p.add_argument("--no-fsspec", action="store_true",
+                   help="time no h5py-over-fsspec rows (serial: they would take most of a many-core run)")
     p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

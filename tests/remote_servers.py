@@ -403,6 +403,9 @@ def _main(argv: list) -> None:
     p = argparse.ArgumentParser(description="Serve the files of a directory with ranges and a fixed delay.")
     p.add_argument("--root", required=True)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--procs", type=int, default=1,
+                   help="processes accepting on the one listening socket (each counts only its own requests); "
+                        "the caller stops them all by their process group")
     args = p.parse_args(argv)
     files = {}
     for dirpath, _, names in os.walk(args.root):
@@ -410,6 +413,14 @@ def _main(argv: list) -> None:
             full = os.path.join(dirpath, n)
             files[os.path.relpath(full, args.root)] = full
     srv = RangeServer(files, delay=args.delay)
+    # Forked before any thread starts: a store of many processes does not serve every request under one GIL,
+    # as a many-core reader would otherwise measure this server, not itself (benchmarks/remote.py --store-procs).
+    for _ in range(args.procs - 1):
+        if os.fork() == 0:
+            try:
+                srv.serve_forever(poll_interval=0.05)
+            finally:
+                os._exit(0)
     print(srv.server_address[1], flush=True)
     try:
         srv.serve_forever(poll_interval=0.05)

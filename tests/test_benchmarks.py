@@ -12,6 +12,7 @@ import pathlib
 import pickle
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -361,6 +362,56 @@ def test_the_remote_benchmark_runs_and_counts_what_it_reads(tmp_path):
     assert res["first_batch"]["remote"]["first_batch_round_trips"] == 1
     best = res["best"]
     assert res["ratio_remote_to_local"] == pytest.approx(best["remote"]["batches_per_s"] / best["local"]["batches_per_s"])
+
+
+def test_the_remote_benchmarks_store_of_several_processes_serves_and_stops_whole(tmp_path):
+    """``StoreProcess(procs=3)`` (``--store-procs``: a many-core reader measured against a store that is
+    not one GIL): three processes answer ranges on one port, their CPU is summed, and ``stop`` ends all."""
+    import urllib.request
+
+    import psutil
+
+    from benchmarks.remote import StoreProcess
+
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 64)
+    store = StoreProcess(str(tmp_path), 0.0, procs=3)
+    try:
+        pids = [store.proc.pid] + [c.pid for c in psutil.Process(store.proc.pid).children(recursive=True)]
+        assert len(pids) == 3, pids
+        for _ in range(6):  # new connections: whichever process accepts answers the same bytes
+            req = urllib.request.Request(f"{store.url}/f.bin", headers={"Range": "bytes=10-19"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 206 and r.read() == bytes(range(10, 20))
+        assert store.cpu_s() > 0
+    finally:
+        store.stop()
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if psutil.pid_exists(p)]
+        time.sleep(0.05)
+
+
+def test_the_remote_benchmark_on_a_many_core_machine_reuses_its_file(tmp_path):
+    """remote.py as run on the 16-core machine: the processes rows alone, no h5py-over-fsspec rows, a store of
+    two processes (whose traffic is not counted: each process counts only its own), the file made once in
+    ``--file-dir`` and reused by the next run."""
+    args = [sys.executable, str(ROOT / "benchmarks" / "remote.py"), "--quick", "--no-fsspec", "--executors",
+            "processes", "--store-procs", "2", "--file-dir", str(tmp_path / "files")]
+    mtimes = []
+    for run in range(2):
+        out = tmp_path / f"remote{run}.json"
+        proc = subprocess.run([*args, "--json", str(out)], cwd=str(ROOT), capture_output=True, text=True,
+                              timeout=240)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        res = json.loads(out.read_text())
+        assert set(res["rows"]) == {"local, processes", "remote, processes"} and res["store_procs"] == 2
+        assert res["rows"]["remote, processes"]["requests_per_batch"] is None
+        assert res["first_batch"]["h5py over fsspec"]["round_trips"] is None
+        assert res["first_batch"]["remote"]["first_batch_round_trips"] == 1
+        files = sorted(p.name for p in (tmp_path / "files").iterdir())
+        assert files == ["scenes-128x64.h5"], files
+        mtimes.append((tmp_path / "files" / files[0]).stat().st_mtime_ns)
+    assert mtimes[0] == mtimes[1]  # made once
 
 
 @pytest.mark.parametrize("mode", ["graph", "load"])
