@@ -420,3 +420,69 @@ def test_a_remote_source_cached_to_a_kept_directory_reads_the_store_once(stores,
         replaced, fetched_new = run()
     assert replaced != first and any(end - start > 1 for _, start, end in fetched_new)
     assert any("rebuilt" in r.getMessage() and url in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_a_large_chunk_index_is_read_a_level_at_a_time(tmp_path, libver):
+    """NOTE [ A chunk index read one level at a time ]: 5,000 chunks put ~90 leaf nodes of a three-level
+    B-tree in the default file (``earliest``); read node by node they cost 96 round trips (measured), here 7,
+    and the layouts are h5py's own. A ``latest`` file's index (a fixed array) takes a few reads as before."""
+    from kerasfeed.hdf5.remote.h5file import BlockFile
+
+    path = tmp_path / "many.h5"
+    # 4 KB chunks that do not compress: the leaves lie ~200 KB apart, each in a block of its own (64 KiB).
+    x = np.random.default_rng(3).normal(size=(5000, 1024)).astype(np.float32)
+    with h5py.File(path, "w", libver=libver) as f:
+        f.create_dataset("x", data=x, chunks=(1, 1024), compression="gzip", shuffle=True)
+        f.create_dataset("y", data=np.arange(5000), chunks=(1,))
+    want = {}
+    with h5py.File(path, "r") as f:
+        for k in ("x", "y"):
+            found: list = []
+            f[k].id.chunk_iter(lambda info: found.append((info.byte_offset, info.size)))
+            want[k] = sorted(found)
+    read_ahead = []
+    real = BlockFile._fetch_below
+
+    def counted(self, node):
+        read_ahead.append(len(self._nodes))
+        return real(self, node)
+
+    with http_server({"m.h5": str(path)}) as srv, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BlockFile, "_fetch_below", counted)
+        STATS.reset()
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/m.h5", ("x", "y"), 100)
+        built = STATS.as_dict()
+        layouts = seq._remote[0].layouts
+        for k in ("x", "y"):
+            assert sorted(zip(layouts[k].addr.tolist(), layouts[k].size.tolist())) == want[k]
+        if libver == "earliest":
+            assert built["rounds"] <= 10, built  # one wave per level of each index (and the open's few)
+            assert max(read_ahead) > 64  # leaves were held ahead (a three-level tree: 64 children at most below one)
+        else:
+            assert built["rounds"] <= 10, built  # a fixed array: a handful of reads, not one per chunk
+        local = kerasfeed.H5SliceSequence(str(path), ("x", "y"), 100)
+        for i in (0, 7, len(seq) - 1):
+            _same(seq[i], local[i])
+
+
+def test_a_node_that_is_not_a_chunk_index_node_fetches_nothing_ahead():
+    """``tree_children`` parses a version-1 B-tree node of raw-data chunks only; anything else gives no address."""
+    from kerasfeed.hdf5.remote.h5file import tree_children
+
+    rank, key = 2, 8 + 8 * 3
+    two_k = 4
+
+    def node(kind=1, level=1, entries=2, children=(1000, 2000), sig=b"TREE"):
+        body = bytearray(sig + bytes([kind, level]) + entries.to_bytes(2, "little") + bytes(16))
+        for i in range(two_k):
+            body += bytes(key) + (children[i] if i < len(children) else 0).to_bytes(8, "little")
+        return bytes(body + bytes(key))
+
+    assert tree_children(node(), rank, 10_000) == [1000, 2000]
+    assert tree_children(node(level=0), rank, 10_000) == []  # a leaf: its children are chunks
+    assert tree_children(node(kind=0), rank, 10_000) == []  # a group's node
+    assert tree_children(node(sig=b"HEAP"), rank, 10_000) == []
+    assert tree_children(node(entries=5), rank, 10_000) == []  # more entries than a node of this size holds
+    assert tree_children(node(children=(1000, 9_900)), rank, 10_000) == []  # a child past the object's end
+    assert tree_children(node(), rank + 1, 10_000) == []  # another rank: the sizes do not add up

@@ -111,7 +111,8 @@ class RemoteFile:
                             "are not the store's objects. Read it from a local copy of every file, or store "
                             f"the data in the file itself. Received: key='{key}', path='{self.name}'"
                         )
-                    self.layouts[key] = Layout.of(key, f[key])
+                    with raw.chunk_index(len(f[key].shape)):  # NOTE [ A chunk index read one level at a time ]
+                        self.layouts[key] = Layout.of(key, f[key])
             except Exception as e:
                 cause = fetch_error(raw, e)
                 if cause is e:
