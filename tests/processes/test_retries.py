@@ -342,3 +342,22 @@ def test_a_fit_whose_items_kill_or_hang_their_worker_once_trains_as_a_run_withou
     for a, b in zip(weights, reference):
         np.testing.assert_array_equal(a, b)
     assert stats["retried_items"] == 2 and stats["replaced_workers"] == 2, stats
+
+
+def test_a_second_request_for_the_item_a_worker_died_on_is_requeued_not_counted_as_an_attempt(tmp_path):
+    """One worker holds two requests for item ``BAD`` (an order may repeat an item, and a loader asks for the
+    next pass's items ahead): the worker dies of the first. That is the first request's failed attempt; the
+    second died with the worker, not of it, so it is sent again without using one of its retries (by index
+    alone it counted as one: the CI run of 2026-11-26 19:25 UTC read retried_items 3 for 2 faults)."""
+    expected = fault_free(tmp_path)
+    ex = ProcessExecutor(Flaky(tmp_path, [BAD], "segv"), workers=1, in_flight_per_worker=2, retries=1, seed=0)
+    try:
+        order = [BAD, BAD, 0, 1]
+        got = read_pass(ex, order)
+        assert all(np.array_equal(a, expected[i]) for a, i in zip(got, order)), got
+        stats = ex.stats()
+        assert stats["retried_items"] == 1 and stats["requeued_items"] == 1, stats
+        assert stats["replaced_workers"] == 1 and stats["failed_items"] == 0
+        assert tries(tmp_path, BAD) == 3  # the fatal attempt, its retry, the requeued request
+    finally:
+        ex.close()
