@@ -98,7 +98,9 @@ class LoadsMixin:
                 if not attempts.again(err):
                     self.counts.add("failed_items")
                     raise attempts.final(err) from None
-                self.counts.add("retried_items")
+                # As the processes executor counts (dispatcher.py): a call's own errors name its index here,
+                # so this is an attempt; an error naming another item would be a requeue.
+                self.counts.add("retried_items" if attempts.counts(err) else "requeued_items")
                 with self._lock:
                     call = Call(index, epoch)
                     pool.send(call)

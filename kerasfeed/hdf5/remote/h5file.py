@@ -166,7 +166,7 @@ class BlockFile(io.RawIOBase):
         while len(self._blocks) > max(self._max, last - first + 1):
             self._blocks.popitem(last=False)
         self._pos += n
-        if self._rank is not None:
+        if self._rank is not None and view[:4] == _TREE:  # a chunk-index node (most reads are not)
             self._fetch_below(bytes(view[:n]))
         return n
 
