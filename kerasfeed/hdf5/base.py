@@ -205,13 +205,13 @@ class H5Base(SceneSequence):
         if opts.swmr:
             raise ValueError(f"{cls}: `swmr=True` reads files being appended to on this machine; a URL cannot be "
                              f"one. Received: swmr=True, path='{redact(self._paths[min(urls)])}'")
-        from kerasfeed.hdf5.remote.files import RemoteFile
+        from kerasfeed.hdf5.remote.files import RemoteFile, pin_all
 
         per_scheme = options_per_scheme(opts.storage_options, {protocol(u) for u in urls.values()}, cls)
         credentials = {scheme: Credentials(o) for scheme, o in per_scheme.items()}
         remote_options = opts.remote_options or RemoteOptions()
-        return {j: RemoteFile(url, credentials[protocol(url)], remote_options, cls, self._open_kwargs)
-                for j, url in urls.items()}
+        return pin_all({j: RemoteFile(url, credentials[protocol(url)], remote_options, cls, self._open_kwargs)
+                        for j, url in urls.items()})
 
     def _read_many(self, parts: list, local=None) -> list:
         """``[(file index, key, [(a, b), ...]), ...]`` -> each part's rows, the runs concatenated.

@@ -413,4 +413,9 @@ async def gather_ranges(requests: list) -> list:
     return list(await asyncio.gather(*(store.get(s, e, pin) for store, s, e, pin in requests)))
 
 
-__all__ = ["ObjectStat", "RequestStats", "STATS", "STORES", "Store", "gather_ranges", "run"]
+async def gather_settled(calls: list) -> list:
+    """``[(coroutine function, args), ...]`` run concurrently; each one's result, or its exception in its place."""
+    return list(await asyncio.gather(*(fn(*args) for fn, args in calls), return_exceptions=True))
+
+
+__all__ = ["ObjectStat", "RequestStats", "STATS", "STORES", "Store", "gather_ranges", "gather_settled", "run"]

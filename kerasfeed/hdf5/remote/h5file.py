@@ -98,11 +98,14 @@ class BlockFile(io.RawIOBase):
         max_blocks: blocks kept (least recently used dropped).
     """
 
-    def __init__(self, store: Store, pin: ObjectStat, block_size: int, max_blocks: int = 64):
+    def __init__(self, store: Store, pin: ObjectStat, block_size: int, max_blocks: int = 64,
+                 head: Optional[bytes] = None):
         super().__init__()
         self._store, self._pin = store, pin
         self._block, self._max = block_size, max_blocks
         self._blocks: OrderedDict = OrderedDict()
+        if head is not None and len(head) == min(block_size, pin.size):  # block 0, fetched already
+            self._blocks[0] = head
         self._pos = 0
         self.error = None  # the last fetch error: h5py reports its own error in its place
         self._rank: Optional[int] = None  # set while a chunk index is read: its nodes' children are fetched ahead
@@ -205,11 +208,12 @@ def tree_children(node: bytes, rank: int, size: int) -> list:
     return children if all(c + n <= size for c in children) else []
 
 
-def open_h5(store: Store, pin: ObjectStat, block_size: int, open_kwargs: dict) -> tuple:
-    """``(h5py.File, BlockFile)`` of ``pin``; call it, and use the file, under ``collector_held``."""
+def open_h5(store: Store, pin: ObjectStat, block_size: int, open_kwargs: dict, head: Optional[bytes] = None) -> tuple:
+    """``(h5py.File, BlockFile)`` of ``pin`` (``head``: its first block, if fetched already); call it, and use
+    the file, under ``collector_held``."""
     import h5py
 
-    raw = BlockFile(store, pin, block_size)
+    raw = BlockFile(store, pin, block_size, head=head)
     try:
         return h5py.File(raw, "r", **open_kwargs), raw
     except Exception:
