@@ -79,3 +79,38 @@ def test_the_attribute_is_read_as_a_positive_int_and_capped():
     for value, expected in ((None, 1), (True, 1), (0, 1), (-3, 1), ("8", 1), (3, 3), (10**6, MAX_WORKER_THREADS)):
         s.worker_threads = value
         assert worker_threads(s) == expected, value
+
+
+def test_closing_lets_running_loads_end_and_the_threads_return():
+    """A leaving worker closes its load threads (``ThreadedLoads.close``): the loads running finish, then every
+    thread returns, so none is cut off inside a call by the interpreter's exit (Python 3.11 aborted a few
+    workers of remote readers so: "terminate called without an active exception"). A load that does not end
+    is left after the timeout."""
+    import threading
+
+    from kerasfeed.execution.processes.worker_threads import ThreadedLoads
+
+    class Req:
+        epoch = 0
+
+        def __init__(self, wait):
+            self.wait = wait
+
+    done = []
+    loads = ThreadedLoads(3, lambda r: (time.sleep(r.wait), done.append(r.wait)))
+    for w in (0.2, 0.3):
+        loads.submit(Req(w))
+    loads.close()
+    assert sorted(done) == [0.2, 0.3]
+    assert not any(t.is_alive() for t in loads._threads)
+    assert not [t for t in threading.enumerate() if t.name.startswith("kerasfeed-worker-load-")]
+
+    stuck = ThreadedLoads(2, lambda r: time.sleep(r.wait))
+    stuck.submit(Req(30))
+    t0 = time.monotonic()
+    stuck.close(timeout=0.3)
+    assert time.monotonic() - t0 < 2  # bounded: a worker leaves even if a call hangs
+    deadline = time.monotonic() + 5  # the idle thread got its end with the time spent: it returns at once
+    while sum(t.is_alive() for t in stuck._threads) != 1:
+        assert time.monotonic() < deadline, [t.is_alive() for t in stuck._threads]
+        time.sleep(0.01)

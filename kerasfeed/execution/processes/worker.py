@@ -166,6 +166,7 @@ class WorkerLoop:
     def run(self) -> int:
         # _Exit (the parent closed the channel, e.g. a pool closed while its workers start)
         # ends the worker quietly wherever it is raised.
+        loads = None
         try:
             try:
                 self.setup()
@@ -195,6 +196,8 @@ class WorkerLoop:
                     self.stream(msg)
                 # else: a late Credit/Cancel for a finished stream.
         except _Exit:
+            if loads is not None:
+                loads.close()  # no load thread left to be cut off by the interpreter's exit (worker_threads.py)
             return 0
 
     # ------------------------------------------------------------ transport

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Optional
 
 # At most this many loads at once in one worker (the attribute is a hint about I/O, not a pool size to trust).
 MAX_WORKER_THREADS = 64
+CLOSE_S = 5.0  # a leaving worker waits at most this long for its running loads (each has its own timeout too)
 
 
 def worker_threads(source: Any) -> int:
@@ -53,12 +55,16 @@ class ThreadedLoads:
         self._idle = threading.Condition()
         self._running = 0
         self._epoch: Any = None
-        for k in range(threads):
-            threading.Thread(target=self._loop, name=f"kerasfeed-worker-load-{k}", daemon=True).start()
+        self._threads = [threading.Thread(target=self._loop, name=f"kerasfeed-worker-load-{k}", daemon=True)
+                         for k in range(threads)]
+        for t in self._threads:
+            t.start()
 
     def _loop(self) -> None:
         while True:
             request = self._tasks.get()
+            if request is None:  # close()
+                return
             try:
                 self._load(request)
             except BaseException:  # noqa: BLE001 - the parent is gone (_Exit): the main thread sees it too
@@ -78,11 +84,22 @@ class ThreadedLoads:
             self._running += 1
         self._tasks.put(request)
 
-    def drain(self) -> None:
-        """Waits until no load is running."""
+    def drain(self, timeout: Optional[float] = None) -> None:
+        """Waits until no load is running (at most ``timeout`` seconds)."""
         with self._idle:
-            while self._running:
-                self._idle.wait()
+            self._idle.wait_for(lambda: not self._running, timeout)
+
+    def close(self, timeout: float = CLOSE_S) -> None:
+        """Lets the running loads end (their answers fail once the parent is gone) and the threads return,
+        waiting at most ``timeout`` seconds in all. A daemon thread still inside a call when the interpreter
+        exits is cut off there (Python 3.11: ``pthread_exit`` unwinding its C and C++ frames), which aborted
+        a few workers of remote readers at exit with "terminate called without an active exception"."""
+        deadline = time.monotonic() + timeout
+        self.drain(timeout)
+        for _ in self._threads:
+            self._tasks.put(None)
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 __all__ = ["MAX_WORKER_THREADS", "ThreadedLoads", "worker_threads"]
