@@ -39,6 +39,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,8 +89,6 @@ class StoreProcess:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        import signal
-
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -209,9 +209,10 @@ def pin_all(files: dict) -> dict:
         if isinstance(st, BaseException):
             raise st
         rf.pin = st
+    sized = [rf for rf in group if rf.pin.size]  # an empty object has no block to fetch
     heads = run(gather_settled, [(rf.store().get, (0, min(rf.options.block_size, rf.pin.size), rf.pin))
-                                 for rf in group if rf.pin.size])
-    for rf, head in zip([rf for rf in group if rf.pin.size], heads):
+                                 for rf in sized])
+    for rf, head in zip(sized, heads):
         if isinstance(head, bytes):
             rf._head = head
     return files
