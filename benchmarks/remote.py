@@ -362,6 +362,11 @@ def main(argv=None) -> Dict[str, Any]:
     p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.store_procs < 1:
+        p.error(f"--store-procs must be at least 1. Received: --store-procs {args.store_procs}")
+    unknown = set(args.executors.split(",")) - {"threads", "processes"}
+    if unknown:
+        p.error(f"--executors takes threads and processes (--ray adds Ray). Received: --executors {args.executors}")
     if args.quick:
         args.scenes, args.points, args.rounds, args.batch = 128, 64, 2, 16
     out = run(args)

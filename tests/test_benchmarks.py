@@ -391,6 +391,14 @@ def test_the_remote_benchmarks_store_of_several_processes_serves_and_stops_whole
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("bad, named", [(["--store-procs", "0"], "--store-procs 0"),
+                                        (["--executors", "thread"], "--executors thread")])
+def test_the_remote_benchmark_refuses_bad_options_by_name(bad, named):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "remote.py"), *bad], cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"Received: {named}" in proc.stderr, proc.stderr[-1000:]
+
+
 def test_the_remote_benchmark_on_a_many_core_machine_reuses_its_file(tmp_path):
     """remote.py as run on the 16-core machine: the processes rows alone, no h5py-over-fsspec rows, a store of
     two processes (whose traffic is not counted: each process counts only its own), the file made once in
