@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kerasfeed-installed
-# A second environment without TensorFlow (JAX backend only), for the test
-# that trains through kerasfeed.to_loader where TensorFlow cannot be imported.
+# A second environment without TensorFlow (JAX backend only, and the remote extra), for the tests
+# that train through kerasfeed.to_loader where TensorFlow cannot be imported.
 NOTF_VENV ?= .venv-notf
 NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 
@@ -23,7 +23,7 @@ $(STAMP): setup.cfg setup.py
 
 $(NOTF_STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(NOTF_VENV)
-	$(NOTF_VENV)/bin/python -m pip install --quiet -e ".[jax]"
+	$(NOTF_VENV)/bin/python -m pip install --quiet -e ".[jax,remote]"
 	touch $(NOTF_STAMP)
 
 demo: $(STAMP)
