@@ -157,3 +157,59 @@ def test_a_rebuilt_directory_leaves_a_closed_run_s_items_as_they_were(tmp_path, 
     assert [float(a[0, 0]) for a in again] == [1000.0 + i for i in range(8)]
     for i, a in enumerate(held):
         assert np.array_equal(a, np.full((64, 32), float(i), np.float32)), (i, a[0, :4])
+
+
+def _entries(cache) -> np.ndarray:
+    """The kept store's index entries: ``(offset, length, stamp)`` per item (offset 0: not held)."""
+    from kerasfeed.cache.store import HEADER_BYTES
+
+    with open(os.path.join(cache, "index.bin"), "rb") as f:
+        raw = f.read()
+    return np.frombuffer(raw, np.uint64, count=3 * ITEMS, offset=HEADER_BYTES).reshape(ITEMS, 3).copy()
+
+
+def test_a_directory_reused_with_a_smaller_max_bytes_is_trimmed_to_it(tmp_path, scenes):
+    """A run with a smaller budget than the directory holds keeps the records stored first (where they
+    were), drops the rest once (one log line), shrinks the data file, and gives the same batches; the next
+    run with that budget finds nothing to trim."""
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    first, _ = _run(scenes, cache, log)
+    before = _entries(cache)
+    assert first["cache_items"] == ITEMS and (before[:, 0] > 0).all()
+    ends = before[:, 0] + before[:, 1]
+    budget = int(np.sort(ends)[ITEMS // 2 - 1])  # the first half of the records, by where they were written
+    kept = ends <= budget
+    assert 0 < kept.sum() < ITEMS
+    os.remove(log)
+    second, err = _run(scenes, cache, log, "--max-bytes", str(budget))
+    assert "trimmed" in err and str(cache) in err and f"{kept.sum()} of its {ITEMS} items kept" in err, err[-2000:]
+    assert second["digest"] == first["digest"] and second["cache_items"] == kept.sum()
+    # the items dropped are made in each of the 2 passes (the budget is full: none is stored again)
+    assert sorted(_loads(log)) == sorted(2 * list(np.flatnonzero(~kept))), _loads(log)
+    after = _entries(cache)
+    assert (after[kept] == before[kept]).all() and (after[~kept] == 0).all()
+    assert os.path.getsize(cache / "data.bin") == budget
+    os.remove(log)
+    third, err = _run(scenes, cache, log, "--max-bytes", str(budget))
+    assert "trimmed" not in err and third["digest"] == first["digest"]
+    assert sorted(_loads(log)) == sorted(2 * list(np.flatnonzero(~kept)))
+
+
+def test_a_trimmed_directory_leaves_a_closed_run_s_items_as_they_were(tmp_path):
+    """Trimming writes new files: items a closed pipeline handed out keep their values."""
+    import kerasfeed
+
+    directory = str(tmp_path / "kept")
+
+    def second_pass(max_bytes):
+        with kerasfeed.to_loader(_Numbered(0.0).source, executor="threads",
+                                 cache=kerasfeed.Cache(directory, max_bytes=max_bytes)) as loader:
+            return [[np.asarray(x) for x in loader] for _ in range(2)][1]
+
+    held = second_pass(None)
+    record = os.path.getsize(os.path.join(directory, "data.bin"))  # sparse: the default budget
+    small = second_pass(3 * 64 * 32 * 4)  # room for at most 2 of the 8 records (each 8 KB and a header)
+    assert os.path.getsize(os.path.join(directory, "data.bin")) < record
+    assert [float(a[0, 0]) for a in small] == [float(i) for i in range(8)]
+    for i, a in enumerate(held):
+        assert np.array_equal(a, np.full((64, 32), float(i), np.float32)), (i, a[0, :4])

@@ -19,6 +19,13 @@ NOTE [ A kept cache's directory ]
    the machine restarted since (pages not yet on disk may be lost, and an
    entry could then point at bytes that never reached it).
 
+4. A store that holds more than this run's ``max_bytes`` (an earlier run's
+   budget was larger) is cut down to it: the records stored first stay (as
+   within one run, NOTE [ A budget keeps a fixed subset ]), the later ones'
+   entries go, with one log line. Records never move, so the trimmed store
+   is the old data file's first bytes and the old index without the entries
+   past them, written to new files renamed over the old ones (as a rebuild).
+
 ``key.json`` is written (atomically: a temporary file renamed) before any
 item is stored, so a key always describes the items beside it. A rebuild
 writes nothing into the old files: new ones (``*.new``) are renamed over
@@ -37,17 +44,23 @@ import time
 import weakref
 from typing import Callable, Optional
 
+import numpy as np
+
 from kerasfeed.cache.keys import key_change
 from kerasfeed.cache.store import (
+    FIRST_OFFSET,
     H_BOOT,
     H_BUMP,
     H_CAPACITY,
     H_CLEAN,
     H_FAILED,
     H_FULL,
+    H_HELD,
+    H_HELD_BYTES,
     H_ITEMS_N,
     H_LAYOUT,
     H_MAGIC,
+    HEADER_BYTES,
     LAYOUT,
     MAGIC,
     ItemStore,
@@ -173,12 +186,13 @@ def _stale_reason(store: ItemStore, n: int, boot: int) -> Optional[str]:
 
 
 def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemStore, KeptDirectory]:
-    """Opens (or makes, or rebuilds) the kept cache in ``directory`` for a source of ``n`` items.
+    """Opens (or makes, rebuilds or trims) the kept cache in ``directory`` for a source of ``n`` items.
 
     Returns:
-        The store (``capacity`` bytes, or what its file holds already if more: new records
-        stop at ``capacity``) and the directory, whose lock is held until ``close_kept``, or
-        until the store is collected (it then marks itself clean and frees the lock).
+        The store (its records within ``capacity`` bytes: those past it are trimmed, and new
+        ones stop there; a longer file stays sparse past them) and the directory, whose lock is
+        held until ``close_kept``, or until the store is collected (it then marks itself clean
+        and frees the lock).
 
     Raises:
         RuntimeError: another run holds the directory.
@@ -231,12 +245,16 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
         held = os.fstat(fds[1]).st_size
         if held < capacity:  # grown to the capacity asked for (it stays sparse)
             os.ftruncate(fds[1], capacity)
-        # This run's capacity (its max_bytes) bounds new records; a longer file stays, and what it holds is served.
+        # This run's capacity (its max_bytes) bounds new records; records past it are trimmed below.
         store = ItemStore(fds[0], fds[1], n, max(held, capacity), limit=capacity)
     except BaseException:
         _close_all(fds)
         raise
     reason = _stale_reason(store, n, boot)
+    if reason is None and store.header(H_BUMP) > capacity:  # more than this run's max_bytes: trimmed, reopened
+        store.close()
+        _trim(kept, n, capacity)
+        return _reuse(kept, n, capacity, boot)
     if reason is None:
         store.set_header(H_CLEAN, 0)
         store.set_header(H_BOOT, boot)
@@ -248,6 +266,45 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
         return store, None
     store.close()
     return None, reason
+
+
+def _trim(kept: KeptDirectory, n: int, capacity: int) -> None:
+    """Cuts the directory's store (closed, matched, not stale) down to ``capacity`` bytes: the entries
+    of records ending past it go, and the data file keeps the bytes up to the last record kept (step 4
+    of NOTE [ A kept cache's directory ]); new files renamed over the old ones, the index first."""
+    with open(kept.path(INDEX), "rb") as f:
+        index = bytearray(f.read())
+    q = np.frombuffer(index, np.uint64)
+    entries = q[HEADER_BYTES // 8:HEADER_BYTES // 8 + 3 * n].reshape(n, 3)
+    held, ends = entries[:, 0] != 0, entries[:, 0] + entries[:, 1]
+    keep, before = held & (ends <= capacity), (int(held.sum()), int(entries[held, 1].sum()))
+    entries[held & ~keep] = 0
+    cut = int(ends[keep].max()) if keep.any() else FIRST_OFFSET
+    q[H_BUMP], q[H_HELD], q[H_HELD_BYTES] = cut, int(keep.sum()), int(entries[keep, 1].sum())
+    fds: list[int] = []
+    try:
+        src = os.open(kept.path(DATA), os.O_RDONLY | os.O_CLOEXEC)
+        fds.append(src)
+        for name, size in ((INDEX, len(index)), (DATA, capacity)):
+            fds.append(os.open(kept.path(name) + ".new", os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+            if name == INDEX:
+                with os.fdopen(os.dup(fds[-1]), "wb") as f:
+                    f.write(index)
+            else:
+                done = 0
+                while done < cut:  # the records kept, where they were (entries hold file offsets)
+                    step = os.copy_file_range(src, fds[-1], cut - done, done, done)
+                    if step == 0:
+                        raise OSError(f"kerasfeed cache: {kept.path(DATA)} ended at {done} bytes, before its "
+                                      f"records' end ({cut})")
+                    done += step
+                os.ftruncate(fds[-1], size)
+            os.replace(kept.path(name) + ".new", kept.path(name))
+    finally:
+        _close_all(fds)
+    logger.warning("kerasfeed: cache %s trimmed to this run's max_bytes (%d bytes): %d of its %d items kept "
+                   "(%.1f of %.1f MB), the items stored first; the rest are made every pass.", kept.directory,
+                   capacity, int(keep.sum()), before[0], int(q[H_HELD_BYTES]) / 2**20, before[1] / 2**20)
 
 
 def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:

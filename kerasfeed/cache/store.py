@@ -88,7 +88,8 @@ class ItemStore:
         n: the number of source items.
         capacity: the data file's length (mapped).
         limit: what new records may fill the file up to (default: ``capacity``); less in a
-            reused kept file longer than this run's ``max_bytes`` (what it holds past it stays).
+            reused kept file longer than this run's ``max_bytes`` (records past it were trimmed
+            when it was opened: ``kept.py``).
     """
 
     def __init__(self, index_fd: int, data_fd: int, n: int, capacity: int, limit: Optional[int] = None):

@@ -4,7 +4,8 @@ The source reads an HDF5 file (kerasfeed.H5SliceSequence) and appends one line
 to LOG per item it makes (O_APPEND: atomic per line, from any process). The
 run drains P shuffled passes through to_loader on worker processes and prints
 one JSON line: a digest of every batch of every pass, and the store's figures.
-``--slow S`` sleeps S seconds per item made (the kill test's window).
+``--slow S`` sleeps S seconds per item made (the kill test's window); ``--max-bytes B`` sets the cache's
+budget (``kerasfeed.Cache(CACHE_DIR, max_bytes=B)``).
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--slow", type=float, default=0.0)
     ap.add_argument("--executor", default="processes")
+    ap.add_argument("--max-bytes", type=int, default=None)
     args = ap.parse_args()
+    cache = args.cache if args.max_bytes is None else kerasfeed.Cache(args.cache, max_bytes=args.max_bytes)
     kw = {"workers": 2} if args.executor == "processes" else {}
     digest = hashlib.sha256()
     with kerasfeed.to_loader(Logged(args.h5, args.log, args.slow), shuffle=True, seed=11, executor=args.executor,
-                             cache=args.cache, **kw) as loader:
+                             cache=cache, **kw) as loader:
         for _ in range(args.passes):
             for x, y in loader:
                 digest.update(np.ascontiguousarray(x).tobytes())
