@@ -253,7 +253,7 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
     reason = _stale_reason(store, n, boot)
     if reason is None and store.header(H_BUMP) > capacity:  # more than this run's max_bytes: trimmed, reopened
         store.close()
-        _trim(kept, n, capacity)
+        _trim(kept, n, capacity, boot)
         return _reuse(kept, n, capacity, boot)
     if reason is None:
         store.set_header(H_CLEAN, 0)
@@ -268,7 +268,7 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
     return None, reason
 
 
-def _trim(kept: KeptDirectory, n: int, capacity: int) -> None:
+def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
     """Cuts the directory's store (closed, matched, not stale) down to ``capacity`` bytes: the entries
     of records ending past it go, and the data file keeps the bytes up to the last record kept (step 4
     of NOTE [ A kept cache's directory ]); new files renamed over the old ones, the index first."""
@@ -281,6 +281,8 @@ def _trim(kept: KeptDirectory, n: int, capacity: int) -> None:
     entries[held & ~keep] = 0
     cut = int(ends[keep].max()) if keep.any() else FIRST_OFFSET
     q[H_BUMP], q[H_HELD], q[H_HELD_BYTES] = cut, int(keep.sum()), int(entries[keep, 1].sum())
+    # Not clean, on this boot: the new data file is not synced (a restart before this run closes rebuilds it).
+    q[H_CLEAN], q[H_BOOT] = 0, boot
     fds: list[int] = []
     try:
         src = os.open(kept.path(DATA), os.O_RDONLY | os.O_CLOEXEC)
