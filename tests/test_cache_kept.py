@@ -213,3 +213,44 @@ def test_a_trimmed_directory_leaves_a_closed_run_s_items_as_they_were(tmp_path):
     assert [float(a[0, 0]) for a in small] == [float(i) for i in range(8)]
     for i, a in enumerate(held):
         assert np.array_equal(a, np.full((64, 32), float(i), np.float32)), (i, a[0, :4])
+
+
+@pytest.mark.parametrize("fails", ["before the index", "in the data copy"])
+def test_a_trim_the_disk_has_no_room_for_leaves_a_store_that_serves(tmp_path, monkeypatch, caplog, fails):
+    """Trimming copies the records kept beside the old file. With no room for that (ENOSPC, injected: a
+    real full disk is not made here), the run goes on: before the new index is in place the store is served
+    as it is; after it, the entries past the budget are gone and the old data file serves the rest."""
+    import errno
+    import logging
+
+    import kerasfeed
+    from kerasfeed.cache import kept as kept_module
+
+    directory = str(tmp_path / "kept")
+
+    def passes(max_bytes):
+        with kerasfeed.to_loader(_Numbered(0.0).source, executor="threads",
+                                 cache=kerasfeed.Cache(directory, max_bytes=max_bytes)) as loader:
+            got = [[float(np.asarray(x)[0, 0]) for x in loader] for _ in range(2)]
+            return got, kerasfeed.stats(loader)
+
+    passes(None)
+    full = os.path.getsize(os.path.join(directory, "data.bin"))
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    if fails == "before the index":
+        monkeypatch.setattr(kept_module.os, "replace", no_room)
+    else:
+        monkeypatch.setattr(kept_module.os, "copy_file_range", no_room)
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        got, stats = passes(3 * 64 * 32 * 4)
+    monkeypatch.undo()
+    assert got == [[float(i) for i in range(8)]] * 2
+    assert not [f for f in os.listdir(directory) if f.endswith(".new")]
+    assert os.path.getsize(os.path.join(directory, "data.bin")) == full  # not shrunk either way
+    if fails == "before the index":
+        assert "could not be trimmed" in caplog.text and stats["cache_items"] == 8, (caplog.text, stats)
+    else:
+        assert "could not be shrunk" in caplog.text and 0 < stats["cache_items"] < 8, (caplog.text, stats)

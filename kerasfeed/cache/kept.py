@@ -234,9 +234,10 @@ def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[
     return store, False
 
 
-def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optional[ItemStore], Optional[str]]:
+def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
+           trim: bool = True) -> tuple[Optional[ItemStore], Optional[str]]:
     """The directory's store if it can serve this source (with the key already matched), else
-    (None, why not)."""
+    (None, why not). ``trim``: cut it down to ``capacity`` if it holds more (``_trim``)."""
     fds = [os.open(kept.path(name), os.O_RDWR | os.O_CLOEXEC) for name in (INDEX, DATA)]
     try:
         if os.fstat(fds[0]).st_size != index_bytes(n):
@@ -251,10 +252,10 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int) -> tuple[Optio
         _close_all(fds)
         raise
     reason = _stale_reason(store, n, boot)
-    if reason is None and store.header(H_BUMP) > capacity:  # more than this run's max_bytes: trimmed, reopened
+    if reason is None and trim and store.header(H_BUMP) > capacity:  # more than this run's max_bytes
         store.close()
         _trim(kept, n, capacity, boot)
-        return _reuse(kept, n, capacity, boot)
+        return _reuse(kept, n, capacity, boot, trim=False)
     if reason is None:
         store.set_header(H_CLEAN, 0)
         store.set_header(H_BOOT, boot)
@@ -284,6 +285,7 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
     # Not clean, on this boot: the new data file is not synced (a restart before this run closes rebuilds it).
     q[H_CLEAN], q[H_BOOT] = 0, boot
     fds: list[int] = []
+    renamed = False
     try:
         src = os.open(kept.path(DATA), os.O_RDONLY | os.O_CLOEXEC)
         fds.append(src)
@@ -302,6 +304,21 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
                     done += step
                 os.ftruncate(fds[-1], size)
             os.replace(kept.path(name) + ".new", kept.path(name))
+            renamed = True
+    except OSError as e:  # a full disk (the copy needs room beside the old file): served as it is
+        for name in (INDEX, DATA):
+            try:
+                os.remove(kept.path(name) + ".new")
+            except OSError:
+                pass
+        if not renamed:
+            logger.warning("kerasfeed: cache %s holds more than this run's max_bytes (%d bytes) and could not be "
+                           "trimmed (%s); it is served as it is, and stores nothing more.", kept.directory,
+                           capacity, e)
+            return
+        # The new index is in place; it points only at records the old data file holds too: served so.
+        logger.warning("kerasfeed: cache %s: its data file could not be shrunk (%s); the entries past this run's "
+                       "max_bytes were dropped all the same.", kept.directory, e)
     finally:
         _close_all(fds)
     logger.warning("kerasfeed: cache %s trimmed to this run's max_bytes (%d bytes): %d of its %d items kept "
