@@ -254,3 +254,15 @@ def test_a_trim_the_disk_has_no_room_for_leaves_a_store_that_serves(tmp_path, mo
         assert "could not be trimmed" in caplog.text and stats["cache_items"] == 8, (caplog.text, stats)
     else:
         assert "could not be shrunk" in caplog.text and 0 < stats["cache_items"] < 8, (caplog.text, stats)
+
+
+def test_new_files_a_killed_rebuild_or_trim_left_are_removed_when_the_directory_opens(tmp_path, scenes):
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    first, _ = _run(scenes, cache, log)
+    for name in ("index.bin.new", "data.bin.new"):  # as a run SIGKILLed between writing and renaming leaves them
+        with open(cache / name, "wb") as f:
+            f.write(b"\0" * 4096)
+    os.remove(log)  # as in the tests above: the log is a file the source names (it would rebuild the key)
+    second, err = _run(scenes, cache, log)
+    assert second["digest"] == first["digest"] and second["cache_misses"] == 0, (second, err[-2000:])
+    assert not [f for f in os.listdir(cache) if f.endswith(".new")]

@@ -214,6 +214,7 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
 
 def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[ItemStore, bool]:
     boot = boot_id()
+    _remove_new_files(kept)  # a run killed while renaming new files over the old (a rebuild, a trim)
     existed = os.path.exists(kept.path(INDEX)) and os.path.exists(kept.path(DATA))
     reason = key_change(kept.read_key(), key) if existed else None
     if existed and reason is None:
@@ -306,11 +307,7 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
             os.replace(kept.path(name) + ".new", kept.path(name))
             renamed = True
     except OSError as e:  # a full disk (the copy needs room beside the old file): served as it is
-        for name in (INDEX, DATA):
-            try:
-                os.remove(kept.path(name) + ".new")
-            except OSError:
-                pass
+        _remove_new_files(kept)
         if not renamed:
             logger.warning("kerasfeed: cache %s holds more than this run's max_bytes (%d bytes) and could not be "
                            "trimmed (%s); it is served as it is, and stores nothing more.", kept.directory,
@@ -342,6 +339,14 @@ def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:
         _close_all(fds)
         raise
     return fds
+
+
+def _remove_new_files(kept: KeptDirectory) -> None:
+    for name in (INDEX, DATA):
+        try:
+            os.remove(kept.path(name) + ".new")
+        except OSError:
+            pass
 
 
 def _close_all(fds: list[int]) -> None:
