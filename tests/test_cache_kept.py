@@ -266,3 +266,52 @@ def test_new_files_a_killed_rebuild_or_trim_left_are_removed_when_the_directory_
     second, err = _run(scenes, cache, log)
     assert second["digest"] == first["digest"] and second["cache_misses"] == 0, (second, err[-2000:])
     assert not [f for f in os.listdir(cache) if f.endswith(".new")]
+
+
+TRIM_SCRIPT = os.path.join(os.path.dirname(__file__), "cache_scripts", "trim_run.py")
+
+
+def _trim_run(cache, log, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, TRIM_SCRIPT, str(cache), str(log), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def test_a_run_killed_while_trimming_leaves_a_directory_the_next_run_serves(tmp_path):
+    """SIGKILL while a run copies the records it keeps (its data.bin.new being written; 64 MB kept here):
+    the same script again serves every item right, makes only the items past the budget, and leaves no
+    *.new file."""
+    cache, log = tmp_path / "cache", tmp_path / "loads"
+    first = _trim_run(cache, log)
+    out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-3000:]
+    want = [[float(i) for i in range(64)]] * 2
+    assert json.loads(out.strip().splitlines()[-1])["passes"] == want
+    budget = str(32 * (2 << 20) + 32 * 4096)  # about half the records (each 2 MB and a header)
+    os.remove(log)
+    second = _trim_run(cache, log, budget)
+    new_data = cache / "data.bin.new"
+    try:
+        wait_until(lambda: new_data.exists() or second.poll() is not None, timeout=120, interval=0.0005)
+        os.kill(second.pid, signal.SIGKILL)
+    finally:
+        second.communicate(timeout=60)
+    assert new_data.exists(), "the kill did not land while the trim copied (it ended first)"
+    assert second.returncode == -signal.SIGKILL
+    third = _trim_run(cache, log, budget)
+    out, err = third.communicate(timeout=240)
+    assert third.returncode == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["passes"] == want
+    kept = got["cache_items"]
+    assert 0 < kept < 64
+    made = _loads_plain(log)  # the items past the budget, made in each of the 2 passes (none stored again)
+    assert len(set(made)) == 64 - kept and sorted(made) == sorted(2 * sorted(set(made))), made
+    assert not [f for f in os.listdir(cache) if f.endswith(".new")]
+    assert os.path.getsize(cache / "data.bin") == int(budget)
+
+
+def _loads_plain(log) -> list[int]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [int(line) for line in f if line.strip()]

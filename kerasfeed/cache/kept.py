@@ -24,7 +24,11 @@ NOTE [ A kept cache's directory ]
    within one run, NOTE [ A budget keeps a fixed subset ]), the later ones'
    entries go, with one log line. Records never move, so the trimmed store
    is the old data file's first bytes and the old index without the entries
-   past them, written to new files renamed over the old ones (as a rebuild).
+   past them, written to new files renamed over the old ones (as a rebuild),
+   the index first. A run killed in between leaves the new index beside the
+   old data file, whose first bytes are the same: every entry still points at
+   its record, and the next open, finding bytes on disk past the budget,
+   trims again (SIGKILL test in ``tests/test_cache_kept.py``).
 
 ``key.json`` is written (atomically: a temporary file renamed) before any
 item is stored, so a key always describes the items beside it. A rebuild
@@ -70,6 +74,8 @@ from kerasfeed.cache.store import (
 logger = logging.getLogger("kerasfeed")
 
 INDEX, DATA, KEY, LOCK = "index.bin", "data.bin", "key.json", "lock"
+# Bytes a data file may take on disk past the budget before a reuse shrinks it (``_reuse``).
+_SLACK = 1 << 20
 # How long a directory held by this very process is waited for (a pipeline dropped without close()).
 _OWN_WAIT_S = 2.0
 
@@ -244,7 +250,8 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
         if os.fstat(fds[0]).st_size != index_bytes(n):
             _close_all(fds)
             return None, "its index is not of this source's length"
-        held = os.fstat(fds[1]).st_size
+        st = os.fstat(fds[1])
+        held, allocated = st.st_size, st.st_blocks * 512
         if held < capacity:  # grown to the capacity asked for (it stays sparse)
             os.ftruncate(fds[1], capacity)
         # This run's capacity (its max_bytes) bounds new records; records past it are trimmed below.
@@ -253,7 +260,9 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
         _close_all(fds)
         raise
     reason = _stale_reason(store, n, boot)
-    if reason is None and trim and store.header(H_BUMP) > capacity:  # more than this run's max_bytes
+    # More than this run's max_bytes: records past it, or bytes on disk past it (a run killed mid-trim;
+    # a file system allocates in blocks, and may ahead: _SLACK).
+    if reason is None and trim and (store.header(H_BUMP) > capacity or allocated > capacity + _SLACK):
         store.close()
         _trim(kept, n, capacity, boot)
         return _reuse(kept, n, capacity, boot, trim=False)
