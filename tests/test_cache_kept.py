@@ -315,3 +315,29 @@ def _loads_plain(log) -> list[int]:
         return []
     with open(log) as f:
         return [int(line) for line in f if line.strip()]
+
+
+def test_the_default_budget_trims_nothing(tmp_path, monkeypatch, caplog):
+    """Without max_bytes the budget is half the free disk, which the cache itself shrinks: a run that finds
+    less free disk than its directory holds serves all of it (injected: the disk's free space as reported)."""
+    import logging
+    import shutil
+
+    import kerasfeed
+    from kerasfeed.cache import options as cache_options
+
+    directory = str(tmp_path / "kept")
+
+    def second_pass():
+        with kerasfeed.to_loader(_Numbered(0.0).source, executor="threads", cache=kerasfeed.Cache(directory)) as loader:
+            got = [[float(np.asarray(x)[0, 0]) for x in loader] for _ in range(2)][1]
+            return got, kerasfeed.stats(loader)
+
+    second_pass()
+    size = os.path.getsize(os.path.join(directory, "data.bin"))
+    real = shutil.disk_usage(directory)
+    monkeypatch.setattr(cache_options.shutil, "disk_usage", lambda path: real._replace(free=16 * 1024))
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        got, stats = second_pass()
+    assert got == [float(i) for i in range(8)] and stats["cache_items"] == 8 and stats["cache_hits"] == 16, stats
+    assert "trimmed" not in caplog.text and os.path.getsize(os.path.join(directory, "data.bin")) == size

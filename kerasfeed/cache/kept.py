@@ -19,8 +19,9 @@ NOTE [ A kept cache's directory ]
    the machine restarted since (pages not yet on disk may be lost, and an
    entry could then point at bytes that never reached it).
 
-4. A store that holds more than this run's ``max_bytes`` (an earlier run's
-   budget was larger) is cut down to it: the records stored first stay (as
+4. A store that holds more than this run's ``max_bytes``, given (an earlier
+   run's budget was larger; the default, half the free disk, shrinks as the
+   cache itself fills the disk, so it trims nothing), is cut down to it: the records stored first stay (as
    within one run, NOTE [ A budget keeps a fixed subset ]), the later ones'
    entries go, with one log line. Records never move, so the trimmed store
    is the old data file's first bytes and the old index without the entries
@@ -191,8 +192,13 @@ def _stale_reason(store: ItemStore, n: int, boot: int) -> Optional[str]:
     return None
 
 
-def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemStore, KeptDirectory]:
+def open_kept(directory: str, key: dict, n: int, capacity: int,
+              trim: bool = True) -> tuple[ItemStore, KeptDirectory]:
     """Opens (or makes, rebuilds or trims) the kept cache in ``directory`` for a source of ``n`` items.
+
+    Args:
+        trim: cut a store that holds more than ``capacity`` down to it (step 4 of the NOTE); False
+            serves what it holds (new records still stop at ``capacity``).
 
     Returns:
         The store (its records within ``capacity`` bytes: those past it are trimmed, and new
@@ -205,7 +211,7 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
     """
     kept = KeptDirectory(directory)
     try:
-        store, reused = _open_store(kept, key, n, capacity)
+        store, reused = _open_store(kept, key, n, capacity, trim)
     except BaseException:
         kept.release()
         raise
@@ -218,13 +224,13 @@ def open_kept(directory: str, key: dict, n: int, capacity: int) -> tuple[ItemSto
     return store, kept
 
 
-def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int) -> tuple[ItemStore, bool]:
+def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int, trim: bool) -> tuple[ItemStore, bool]:
     boot = boot_id()
     _remove_new_files(kept)  # a run killed while renaming new files over the old (a rebuild, a trim)
     existed = os.path.exists(kept.path(INDEX)) and os.path.exists(kept.path(DATA))
     reason = key_change(kept.read_key(), key) if existed else None
     if existed and reason is None:
-        store, reason = _reuse(kept, n, capacity, boot)
+        store, reason = _reuse(kept, n, capacity, boot, trim)
         if store is not None:
             return store, True
     fds = _fresh_files(kept, n, capacity)

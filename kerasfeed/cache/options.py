@@ -198,7 +198,8 @@ def open_store(
         )
     os.makedirs(directory, exist_ok=True)
     key = source_key(source, n, cache.version, LAYOUT)
-    store, kept = open_kept(directory, key, n, _capacity(cache, directory))
+    # Only a budget given trims what the directory holds: the default shrinks as the cache fills the disk.
+    store, kept = open_kept(directory, key, n, _capacity(cache, directory), trim=cache.max_bytes is not None)
     return store, lambda: close_kept(store, kept)
 
 
