@@ -432,3 +432,32 @@ def test_the_graph_passes_benchmark_times_fit_through_either_path(tmp_path, monk
     monkeypatch.setattr(stored_items, "MIN_PASS_ITEMS_INT32", stored_items.MIN_PASS_ITEMS_INT32)
     assert graph_passes.one("io", 6, mode, str(tmp_path)) > 0
     assert stored_items.MIN_PASS_ITEMS == (0 if mode == "graph" else 10**12)
+
+
+def test_fit_ab_alternates_the_ways_epochs_in_one_process(tmp_path):
+    """benchmarks/fit_ab.py: every way trains every round on whole epochs, each round's ratio is against the
+    first way's epoch of that round, and the summary is their median."""
+    import statistics
+
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fit_ab.py"), "--workload", "cpu", "--ways",
+                           "memory,kerasfeed-cached", "--batches", "6", "--rounds", "3", "--warmup", "1",
+                           "--json", str(out)], cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["ways"] == ["memory", "kerasfeed-cached"] and len(res["rounds"]) == 3
+    for r, row in enumerate(res["rounds"]):
+        assert all(row[w]["batches_per_s"] > 0 and row[w]["main_cpu_us"] > 0 for w in res["ways"])
+        want = row["kerasfeed-cached"]["batches_per_s"] / row["memory"]["batches_per_s"]
+        assert res["ratios"]["kerasfeed-cached"][r] == pytest.approx(want)
+    assert res["ratios"]["memory"] == [1.0] * 3
+    assert res["summary"]["kerasfeed-cached"]["ratio"] == pytest.approx(statistics.median(res["ratios"]["kerasfeed-cached"]))
+    assert "| kerasfeed-cached |" in proc.stdout
+
+
+@pytest.mark.parametrize("bad, named", [(["--ways", "memory"], "['memory']"), (["--ways", "memory,nope"], "nope"),
+                                        (["--rounds", "0"], "--rounds 0")])
+def test_fit_ab_refuses_bad_options_by_name(bad, named):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fit_ab.py"), "--workload", "cpu", *bad],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1500:]
