@@ -84,11 +84,14 @@ def run_ab(workload: str, way_names: Sequence[str], *, batches: int, rounds: int
             feed = feeds[name]
             models[name].fit(feed.x, **feed.fit_kwargs, epochs=warmup, verbose=0, shuffle=False)
         per_round: List[Dict[str, Dict[str, float]]] = []
-        for _ in range(rounds):
+        for r in range(rounds):
             row = {}
             for name in way_names:
                 clock, feed = _epoch_clock(), feeds[name]
-                models[name].fit(feed.x, **feed.fit_kwargs, epochs=1, verbose=0, shuffle=False, callbacks=[clock])
+                # Keras' epoch numbers go on from call to call: a kerasfeed pipeline's pass follows them (a
+                # pass 0 again would drop the next pass its workers made ahead).
+                models[name].fit(feed.x, **feed.fit_kwargs, initial_epoch=warmup + r, epochs=warmup + r + 1,
+                                 verbose=0, shuffle=False, callbacks=[clock])
                 if clock.batches != batches:
                     raise RuntimeError(f"way {name!r} ran {clock.batches} batches in an epoch, expected {batches}")
                 wall, cpu = clock.took
