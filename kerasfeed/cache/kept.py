@@ -201,10 +201,10 @@ def open_kept(directory: str, key: dict, n: int, capacity: int,
             serves what it holds (new records still stop at ``capacity``).
 
     Returns:
-        The store (its records within ``capacity`` bytes: those past it are trimmed, and new
-        ones stop there; a longer file stays sparse past them) and the directory, whose lock is
-        held until ``close_kept``, or until the store is collected (it then marks itself clean
-        and frees the lock).
+        The store (new records stop at ``capacity``; with ``trim`` the records past it are
+        trimmed, without it they are served; a longer file stays sparse past them) and the
+        directory, whose lock is held until ``close_kept``, or until the store is collected (it
+        then marks itself clean and frees the lock).
 
     Raises:
         RuntimeError: another run holds the directory.
@@ -260,7 +260,7 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
         held, allocated = st.st_size, st.st_blocks * 512
         if held < capacity:  # grown to the capacity asked for (it stays sparse)
             os.ftruncate(fds[1], capacity)
-        # This run's capacity (its max_bytes) bounds new records; records past it are trimmed below.
+        # This run's capacity (its max_bytes) bounds new records; records past it are trimmed below (``trim``).
         store = ItemStore(fds[0], fds[1], n, max(held, capacity), limit=capacity)
     except BaseException:
         _close_all(fds)
@@ -300,27 +300,11 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
     q[H_BUMP], q[H_HELD], q[H_HELD_BYTES] = cut, int(keep.sum()), int(entries[keep, 1].sum())
     # Not clean, on this boot: the new data file is not synced (a restart before this run closes rebuilds it).
     q[H_CLEAN], q[H_BOOT] = 0, boot
-    fds: list[int] = []
     renamed = False
     try:
-        src = os.open(kept.path(DATA), os.O_RDONLY | os.O_CLOEXEC)
-        fds.append(src)
-        for name, size in ((INDEX, len(index)), (DATA, capacity)):
-            fds.append(os.open(kept.path(name) + ".new", os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
-            if name == INDEX:
-                with os.fdopen(os.dup(fds[-1]), "wb") as f:
-                    f.write(index)
-            else:
-                done = 0
-                while done < cut:  # the records kept, where they were (entries hold file offsets)
-                    step = os.copy_file_range(src, fds[-1], cut - done, done, done)
-                    if step == 0:
-                        raise OSError(f"kerasfeed cache: {kept.path(DATA)} ended at {done} bytes, before its "
-                                      f"records' end ({cut})")
-                    done += step
-                os.ftruncate(fds[-1], size)
-            os.replace(kept.path(name) + ".new", kept.path(name))
-            renamed = True
+        _replace_with(kept, INDEX, lambda fd: _write_index(fd, index))
+        renamed = True
+        _replace_with(kept, DATA, lambda fd: _copy_records(kept, fd, cut, capacity))
     except OSError as e:  # a full disk (the copy needs room beside the old file): served as it is
         _remove_new_files(kept)
         if not renamed:
@@ -331,11 +315,42 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
         # The new index is in place; it points only at records the old data file holds too: served so.
         logger.warning("kerasfeed: cache %s: its data file could not be shrunk (%s); the entries past this run's "
                        "max_bytes were dropped all the same.", kept.directory, e)
-    finally:
-        _close_all(fds)
     logger.warning("kerasfeed: cache %s trimmed to this run's max_bytes (%d bytes): %d of its %d items kept "
                    "(%.1f of %.1f MB), the items stored first; the rest are made every pass.", kept.directory,
                    capacity, int(keep.sum()), before[0], int(q[H_HELD_BYTES]) / 2**20, before[1] / 2**20)
+
+
+def _replace_with(kept: KeptDirectory, name: str, fill: Callable[[int], None]) -> None:
+    """Writes file ``name`` anew: ``fill(fd)`` into ``name.new``, then renamed over the old one."""
+    path = kept.path(name) + ".new"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        fill(fd)
+    finally:
+        os.close(fd)
+    os.replace(path, kept.path(name))
+
+
+def _write_index(fd: int, index: bytearray) -> None:
+    with os.fdopen(os.dup(fd), "wb") as f:
+        f.write(index)
+
+
+def _copy_records(kept: KeptDirectory, fd: int, cut: int, size: int) -> None:
+    """The directory's data file's first ``cut`` bytes (the records kept, where they were: entries hold
+    file offsets) into ``fd``, then ``fd`` made ``size`` long (sparse past them)."""
+    src = os.open(kept.path(DATA), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        done = 0
+        while done < cut:
+            step = os.copy_file_range(src, fd, cut - done, done, done)
+            if step == 0:
+                raise OSError(f"kerasfeed cache: {kept.path(DATA)} ended at {done} bytes, before its records' "
+                              f"end ({cut})")
+            done += step
+    finally:
+        os.close(src)
+    os.ftruncate(fd, size)
 
 
 def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:

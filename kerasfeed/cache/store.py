@@ -89,7 +89,7 @@ class ItemStore:
         capacity: the data file's length (mapped).
         limit: what new records may fill the file up to (default: ``capacity``); less in a
             reused kept file longer than this run's ``max_bytes`` (records past it were trimmed
-            when it was opened: ``kept.py``).
+            when it was opened if the run gave ``max_bytes``, else they stay: ``kept.py``).
     """
 
     def __init__(self, index_fd: int, data_fd: int, n: int, capacity: int, limit: Optional[int] = None):
