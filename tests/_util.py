@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
 import time
 from typing import Callable
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The oldest Keras setup.cfg accepts (the first whose fit takes a data adapter: to_loader).
 OLDEST_KERAS = "3.7.0"
 
@@ -19,6 +21,18 @@ def oldest_keras_path() -> str:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
                         "--target", str(target), f"keras=={OLDEST_KERAS}"], check=True, timeout=300)
     return str(target)
+
+
+def notf_python(what: str) -> str:
+    """The Python of the environment without TensorFlow (``$KERASFEED_NOTF_PYTHON``, else ``.venv-notf``,
+    which ``make test`` builds); fails the test ``what`` names, saying how to build it, when it is missing."""
+    path = os.environ.get("KERASFEED_NOTF_PYTHON") or str(ROOT / ".venv-notf" / "bin" / "python")
+    if not pathlib.Path(path).exists():
+        import pytest
+
+        pytest.fail(f"{what} runs in a virtualenv without TensorFlow: build it with `make .venv-notf/"
+                    f".kerasfeed-installed` (or point KERASFEED_NOTF_PYTHON at one). Received: {path} does not exist")
+    return path
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:

@@ -21,6 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report, runner, ways, workloads  # noqa: E402
+from tests._util import notf_python  # noqa: E402
 
 
 def test_workload_items_have_the_documented_shapes(tmp_path):
@@ -242,10 +243,7 @@ def test_gpu_entry_runs_without_tensorflow(tmp_path):
     """Under a Python without TensorFlow (``.venv-notf``): one drain and one JAX fit configuration
     run, a missing package is a ``skipped`` row (not a crash), and the results and the short table
     come out (``make test`` builds that environment)."""
-    python = os.environ.get("KERASFEED_NOTF_PYTHON") or str(ROOT / ".venv-notf" / "bin" / "python")
-    if not pathlib.Path(python).exists():
-        pytest.fail(f"The GPU entry's test runs in a virtualenv without TensorFlow: build it with `make "
-                    f".venv-notf/.kerasfeed-installed` (or set KERASFEED_NOTF_PYTHON). Received: {python} does not exist")
+    python = notf_python("The GPU entry's test")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
     # XLA's CPU optimizations take ~45 s on the loaded 2-core machine to compile this model's few ops.
     env.update(PYTHONPATH=str(ROOT), XLA_FLAGS="--xla_backend_optimization_level=0")
@@ -290,7 +288,7 @@ def test_gpu_fit_runs_the_peers_at_the_largest_worker_count(monkeypatch):
 def test_fit_contention_times_fit_per_variant_without_tensorflow(tmp_path):
     """benchmarks/fit_contention.py (issue 24's open question) under JAX on the CPU: each variant
     is a row with its rate and per-thread CPU, and a bad variant is named."""
-    python = os.environ.get("KERASFEED_NOTF_PYTHON") or str(ROOT / ".venv-notf" / "bin" / "python")
+    python = notf_python("The fit_contention test")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
     env.update(PYTHONPATH=str(ROOT), KERAS_BACKEND="jax", XLA_FLAGS="--xla_backend_optimization_level=0")
     cmd = [python, str(ROOT / "benchmarks" / "fit_contention.py"), "--output-dir", str(tmp_path), "--workers", "1",

@@ -304,17 +304,11 @@ def test_a_run_killed_while_trimming_leaves_a_directory_the_next_run_serves(tmp_
     assert got["passes"] == want
     kept = got["cache_items"]
     assert 0 < kept < 64
-    made = _loads_plain(log)  # the items past the budget, made in each of the 2 passes (none stored again)
+    made = _loads(log)  # the items past the budget, made in each of the 2 passes (none stored again)
     assert len(set(made)) == 64 - kept and sorted(made) == sorted(2 * sorted(set(made))), made
     assert not [f for f in os.listdir(cache) if f.endswith(".new")]
     assert os.path.getsize(cache / "data.bin") == int(budget)
 
-
-def _loads_plain(log) -> list[int]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as f:
-        return [int(line) for line in f if line.strip()]
 
 
 def test_the_default_budget_trims_nothing(tmp_path, monkeypatch, caplog):

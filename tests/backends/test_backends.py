@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _util import notf_python
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -27,13 +28,7 @@ REFUSED = ["fit:y", "fit:sample_weight", "fit:class_weight", "evaluate:y"]
 
 
 def _notf_python() -> str:
-    path = os.environ.get("KERASFEED_NOTF_PYTHON") or str(REPO / ".venv-notf" / "bin" / "python")
-    if not Path(path).exists():
-        pytest.fail(
-            "The JAX backend test runs in a virtualenv without TensorFlow: build it with `make .venv-notf/"
-            f".kerasfeed-installed` (or point KERASFEED_NOTF_PYTHON at one). Received: {path} does not exist"
-        )
-    return path
+    return notf_python("The JAX backend test")
 
 
 @pytest.fixture(scope="module")

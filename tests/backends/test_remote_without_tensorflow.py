@@ -10,12 +10,13 @@ this test failed on the abort (2026-11-27, 2 cores), 0 of 9 with it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 from pathlib import Path
 
+from _util import notf_python
+from remote_scenario import digest
 from remote_servers import http_server
 
 from kerasfeed.datasets import make_synthetic_scenes
@@ -26,32 +27,18 @@ SCENARIO = HERE / "remote_scenario.py"
 ROUNDS = 4
 
 
-def _notf_python() -> str:
-    spec = importlib.util.spec_from_file_location("kerasfeed_backends_test", HERE / "test_backends.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module._notf_python()
-
-
-def _scenario_module():
-    spec = importlib.util.spec_from_file_location("kerasfeed_remote_scenario", SCENARIO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_an_http_file_on_worker_processes_without_tensorflow(tmp_path):
     """Every pass of the URL on 2 worker processes, in the environment without TensorFlow, has the local
     file's batches bit for bit; ROUNDS loaders open and close cleanly (no abort, rc 0); a JAX fit trains."""
     import kerasfeed
 
-    python = _notf_python()
+    python = notf_python("The remote readers' test without TensorFlow")
     probe = subprocess.run([python, "-c", "import tensorflow"], check=False, capture_output=True, text=True)
     assert probe.returncode != 0, "the no-TensorFlow environment has TensorFlow installed"
     path = make_synthetic_scenes(tmp_path / "scenes.h5", num_scenes=40, points_per_scene=64, chunk_scenes=4,
                                  compression="gzip", seed=3)
     local = kerasfeed.H5SliceSequence(str(path), ("points", "labels"), 4)
-    want = _scenario_module().digest(local[i] for i in range(len(local)))
+    want = digest(local[i] for i in range(len(local)))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
     env.update(KERAS_BACKEND="jax", PYTHONPATH=str(REPO))

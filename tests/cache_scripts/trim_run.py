@@ -1,6 +1,7 @@
 """One run over a kept directory cache of large items: ``python trim_run.py CACHE_DIR LOG [MAX_BYTES]``.
 
-The source has 64 items of 2 MB whose values say their index, and appends a line to LOG per item it makes.
+The source has 64 items of 2 MB whose values say their index, and appends a line to LOG per item it makes
+(``pid index``, as ``kept_run.py``).
 The run drains 2 passes through to_loader (threads) with ``Cache(CACHE_DIR, max_bytes=MAX_BYTES)`` and prints
 one JSON line: every item's first value per pass, and the store's figures. The kill-during-trim test SIGKILLs
 a run with a smaller MAX_BYTES than the directory holds while it copies the records it keeps.
@@ -9,6 +10,7 @@ a run with a smaller MAX_BYTES than the directory holds while it copies the reco
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -28,7 +30,7 @@ class Numbered(kerasfeed.SceneSequence):
 
     def __getitem__(self, i):
         with open(self._log, "a") as f:
-            f.write(f"{i}\n")
+            f.write(f"{os.getpid()} {i}\n")
         return np.full(ITEM_FLOATS, float(i), np.float32)
 
 
