@@ -50,9 +50,10 @@ def _epoch_clock() -> Any:
     return Clock()
 
 
-def run_ab(workload: str, way_names: Sequence[str], *, batches: int, rounds: int = 10, warmup: int = 2,
+def run_ab(workload: str, way_names: Sequence[str], *, batches: Optional[int] = None, rounds: int = 10, warmup: int = 2,
            workers: int = 2, cache_dir: pathlib.Path = runner.DEFAULT_OUTPUT_DIR / "cache") -> Dict[str, Any]:
-    """Builds every way of ``way_names`` on ``workload`` in this process and alternates their epochs.
+    """Builds every way of ``way_names`` on ``workload`` in this process and alternates their epochs
+    (``batches`` an epoch; None: the workload's full size).
 
     Returns:
         ``{"machine", "workload", "ways", "rounds": [{way: {"batches_per_s", "main_cpu_us"}}],
@@ -64,6 +65,7 @@ def run_ab(workload: str, way_names: Sequence[str], *, batches: int, rounds: int
     if len(way_names) < 2:
         raise ValueError(f"--ways needs two ways or more, the first the reference. Received: {list(way_names)}")
     workloads.check_names([workload])
+    batches = batches or workloads.REGISTRY[workload].full
     unknown = [w for w in way_names if w not in ways.REGISTRY]
     if unknown:
         raise ValueError(f"unknown ways {unknown}; expected among {sorted(ways.REGISTRY)}. Received: {list(way_names)}")
@@ -138,10 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rounds < 1 or args.warmup < 1:
         p.error(f"--rounds and --warmup must be at least 1. Received: --rounds {args.rounds} --warmup {args.warmup}")
     try:
-        workloads.check_names([args.workload])
-        batches = args.batches or workloads.REGISTRY[args.workload].full
-        result = run_ab(args.workload, [w for w in args.ways.split(",") if w], batches=batches, rounds=args.rounds,
-                        warmup=args.warmup, workers=args.workers)
+        result = run_ab(args.workload, [w for w in args.ways.split(",") if w], batches=args.batches,
+                        rounds=args.rounds, warmup=args.warmup, workers=args.workers)
     except ValueError as e:  # a bad name: said as argparse says it (rc 2), not a traceback
         p.error(str(e))
     print(render(result))
