@@ -196,7 +196,7 @@ def test_model_fit_on_stored_passes_trains_as_on_an_uncached_dataset():
         model.compile(keras.optimizers.SGD(0.05), "mse")
         ds = kerasfeed.to_dataset(Points(), shuffle=True, seed=0, executor="threads", cache=cache, group_items=1)
         try:
-            losses.append(model.fit(ds, epochs=3, verbose=0).history["loss"])
+            losses.append(model.fit(ds, epochs=3, verbose=0, shuffle=False).history["loss"])
             if cache is not None:
                 assert kerasfeed.stats(ds)["cache_hits"] >= 2 * N
         finally:
