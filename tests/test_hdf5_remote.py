@@ -67,6 +67,24 @@ def _write_layouts(path) -> dict:
         f.create_dataset("szip", data=np.arange(ROWS, dtype=np.int32) * 7, chunks=(10,), compression="szip",
                          compression_opts=("nn", 8))
         f.create_dataset("scaleoffset", data=data["plain_chunks"].astype(np.int32), chunks=(6, 7), scaleoffset=0)
+        # Stored types h5py converts on read: bfloat16's layout in 16 bits, an integer of 20 bits, one at a bit offset.
+        bf16 = h5py.h5t.IEEE_F32LE.copy()
+        bf16.set_fields(15, 7, 8, 0, 7)
+        bf16.set_size(2)
+        bf16.set_ebias(127)
+        i20 = h5py.h5t.STD_I32LE.copy()
+        i20.set_precision(20)
+        u12 = h5py.h5t.STD_U16LE.copy()
+        u12.set_precision(12)
+        u12.set_offset(2)
+        gzip = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        gzip.set_chunk((8,))
+        gzip.set_deflate(4)
+        for name, htype, values, dcpl in (("bfloat16", bf16, np.linspace(-3, 3, ROWS, dtype="<f4"), None),
+                                          ("int20", i20, np.arange(-ROWS, ROWS, 2, dtype="<i4") * 1000, gzip),
+                                          ("uint12_at_bit2", u12, np.arange(ROWS, dtype="<u2") * 100, gzip)):
+            h5py.h5d.create(f.id, name.encode(), htype, h5py.h5s.create_simple((ROWS,)), dcpl=dcpl).write(
+                h5py.h5s.ALL, h5py.h5s.ALL, values)
         itself = h5py.VirtualLayout(shape=(ROWS, 7), dtype=np.int16)  # sources in this same file: readable
         itself[:] = h5py.VirtualSource(".", "plain_chunks", shape=(ROWS, 7))
         f.create_virtual_dataset("virtual", itself, fillvalue=-1)
@@ -77,7 +95,8 @@ def _write_layouts(path) -> dict:
 FAST = {"gzip_shuffle", "gzip_big_endian", "plain_chunks", "chunks_2d", "flags", "complex", "contiguous", "sparse"}
 FALLBACK = {"compact": "compact layout", "lzf": "lzf filter", "fletcher32": "fletcher32 filter",
             "words": "variable-length", "records": "dtype", "szip": "szip filter",
-            "scaleoffset": "scaleoffset filter", "virtual": "a virtual dataset"}
+            "scaleoffset": "scaleoffset filter", "virtual": "a virtual dataset",
+            "bfloat16": "stored type", "int20": "stored type", "uint12_at_bit2": "stored type"}
 
 
 @pytest.fixture(scope="module")

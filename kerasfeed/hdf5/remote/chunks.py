@@ -260,6 +260,11 @@ def _dtype_refused(ds) -> str:
         return f"a variable-length dtype ({dtype})"
     if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufc":
         return f"dtype {dtype} (only bool, integers, floats and complex take the fast path)"
+    # The raw bytes are decoded as `dtype`: the stored type must be exactly its HDF5 type. h5py converts other
+    # types on read (a 16-bit float with bfloat16's layout, a 24-bit float, an integer of 20 bits or at a bit
+    # offset), which only its fallback decodes.
+    if not ds.id.get_type().equal(h5py.h5t.py_create(dtype)):
+        return f"a stored type that h5py converts to {dtype} on read (not {dtype}'s own layout)"
     return ""
 
 
