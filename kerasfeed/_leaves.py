@@ -86,6 +86,8 @@ def as_array(leaf: Any) -> np.ndarray:
                             "(what tf.data holds; to_loader keeps the same rule)")
                 raise UnsupportedLeaf(what, leaf) from None
         return out
+    if not a.dtype.isnative:  # e.g. a big-endian HDF5 dataset's rows: TensorFlow, JAX and torch take native only
+        return a.astype(a.dtype.newbyteorder("="))
     return a
 
 

@@ -649,3 +649,49 @@ def test_to_dataset_processes(files):
     finally:
         ds._kerasfeed_executor.close()
         seq.close()
+
+
+def test_big_endian_datasets_keep_their_dtype_and_feed_every_front_end_natively(tmp_path):
+    """A big-endian dataset's batches are in its dtype whether their rows come from one run of one file or
+    several (numpy's concatenation returned native rows, so a batch's byte order depended on where it fell);
+    the front ends hand them over in native byte order, which TensorFlow, JAX and torch take (to_dataset
+    refused the very dtype its probe had read, and `.torch()`/`.jax()` failed)."""
+    import jax
+    import torch
+
+    paths, xs, ys = [], [], []
+    for j, n in enumerate((7, 6)):
+        x = (np.arange(n * 2) + 100 * j).reshape(n, 2).astype(">f4")  # arithmetic would give native arrays
+        y = (np.arange(n) + 10 * j).astype(">i8")
+        path = tmp_path / f"be{j}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=x, chunks=(3, 2), compression="gzip")
+            f.create_dataset("y", data=y, chunks=(4,))
+        paths.append(str(path))
+        xs.append(x)
+        ys.append(y)
+    x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+    order = kerasfeed.IndexOrder(13, shuffle=True, seed=3)
+    readers = [kerasfeed.H5SliceSequence(paths, ("x", "y"), 5),  # batch 1 straddles the two files
+               kerasfeed.H5RowSequence(paths, ("x", "y"), 4, order=order)]  # shuffled rows: several runs
+    for seq in readers:
+        rows = [seq.batch_rows(i) for i in range(len(seq))]
+        for i, picked in enumerate(rows):
+            x, y = seq[i]
+            assert (x.dtype.str, y.dtype.str) == (">f4", ">i8"), (type(seq).__name__, i)
+            assert np.array_equal(x, x_all[picked]) and np.array_equal(y, y_all[picked])
+        for executor, kw in (("threads", {}), ("processes", {"workers": 2})):
+            loader = kerasfeed.to_loader(seq, executor=executor, **kw)
+            try:
+                batches = list(loader)
+                assert [b[0].dtype.str for b in batches] == ["<f4"] * len(rows)
+                for (x, y), picked in zip(batches, rows):
+                    assert np.array_equal(x, x_all[picked]) and np.array_equal(y, y_all[picked])
+                assert all(t[0].dtype == torch.float32 for t in loader.torch())
+                assert all(a[0].dtype == jax.numpy.float32 for a in loader.jax())
+            finally:
+                loader.close()
+        got = [(x.numpy(), y.numpy()) for x, y in kerasfeed.to_dataset(seq)]
+        assert len(got) == len(rows)
+        for (x, y), picked in zip(got, rows):
+            assert x.dtype == np.float32 and np.array_equal(x, x_all[picked]) and np.array_equal(y, y_all[picked])

@@ -528,3 +528,26 @@ def test_several_files_are_pinned_and_opened_in_one_wave_each(tmp_path):
             _same(seq[i], local[i])
         with pytest.raises(FileNotFoundError, match=r"HDF5 object not found: 'http://127.0.0.1:\d+/gone.h5'"):
             kerasfeed.H5SliceSequence([urls[0], f"{srv.url}/gone.h5", urls[1]], "labels", 8)
+
+
+def test_a_big_endian_dataset_reads_as_the_local_file_across_files_and_row_runs(tmp_path):
+    """Batches of a big-endian dataset keep its dtype when their rows come from several runs or files (the
+    local and remote readers concatenated at different points, and numpy's concatenation turned rows native)."""
+    paths = []
+    for j, n in enumerate((7, 6)):
+        path = tmp_path / f"be{j}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=(np.arange(n * 3) + 50 * j).reshape(n, 3).astype(">f8"), chunks=(2, 3),
+                             compression="gzip", shuffle=True)
+        paths.append(str(path))
+    with http_server({f"be{j}.h5": p for j, p in enumerate(paths)}) as srv:
+        urls = [f"{srv.url}/be{j}.h5" for j in range(2)]
+        order = kerasfeed.IndexOrder(13, shuffle=True, seed=3)
+        for make in (lambda p: kerasfeed.H5SliceSequence(p, "x", 5),  # batch 1 straddles the files
+                     lambda p: kerasfeed.H5RowSequence(p, "x", 4, order=order)):  # several runs a batch
+            local, remote, mixed = make(paths), make(urls), make([urls[0], paths[1]])
+            for i in range(len(local)):
+                want = local[i]
+                assert want.dtype.str == ">f8"
+                _same(remote[i], want)
+                _same(mixed[i], want)

@@ -444,8 +444,10 @@ class H5Base(SceneSequence):
 
 
 def concat(arrays: list) -> np.ndarray:
-    """The arrays end to end (the one array itself, uncopied, when there is one)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    """The arrays end to end (the one array itself, uncopied, when there is one), in their dtype: numpy's
+    concatenation would turn a big-endian dataset's rows native, and a batch's byte order would then depend
+    on whether its rows came from one run of one file."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, dtype=arrays[0].dtype)
 
 
 __all__ = ["H5Base", "FileChangedError", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

@@ -143,7 +143,7 @@ class RemoteFile:
                 if cause is e:
                     raise
                 raise cause from None
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, dtype=parts[0].dtype)  # a big-endian one stays so
 
     def close(self) -> None:
         """Closes this process's h5py file of the object, if any (a later read reopens it)."""
