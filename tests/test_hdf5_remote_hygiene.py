@@ -202,3 +202,39 @@ def test_a_worker_process_gets_only_the_secrets_its_source_or_task_names():
         assert seen.tolist() == [True, False]
     finally:
         ex.close()
+
+
+def test_readers_with_other_secrets_leave_no_filesystem_connection_or_secret_behind(scenes):
+    """A store and its filesystem live while a reader holds them: 20 readers, each with its own secret (say
+    rotating credentials), left 20 filesystems, 20 open connections and 20 secrets for the process's life."""
+    import os
+
+    import fsspec
+
+    def client_sockets() -> int:
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except OSError:
+                pass
+        return n
+
+    def secrets_alive() -> int:
+        return sum("rotating-" in repr(getattr(o, "storage_options", "")) for o in gc.get_objects()
+                   if isinstance(o, fsspec.AbstractFileSystem))
+
+    with http_server({"a.h5": scenes}) as srv:
+        url = f"{srv.url}/a.h5"
+        gc.collect()
+        sockets, stores, filesystems = client_sockets(), len(STORES._stores), len(STORES._filesystems)
+        for i in range(20):
+            seq = kerasfeed.H5SliceSequence(url, "labels", 4, storage_options={"headers": {"X-Api-Key": f"rotating-{i}"}})
+            seq[i % len(seq)]
+            if i % 2:
+                seq.close()  # closed or just dropped: both let go
+            del seq
+        gc.collect()
+        assert (len(STORES._stores), len(STORES._filesystems)) == (stores, filesystems)
+        assert secrets_alive() == 0
+        assert client_sockets() <= sockets  # the server runs in this process: its own sockets count too

@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import threading
+import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from kerasfeed.errors import FileChangedError
@@ -369,17 +370,21 @@ def _make_filesystem(protocol: str, credentials: Credentials):
 class _Stores:
     """This process's ``Store`` per (URL, options), and its filesystem per (protocol, options): one
     connection pool for the objects read with the same options (``Credentials.key``: secrets by digest).
-    A ``Store`` holds a ``Credentials.for_cache`` copy: no reader's secrets kept alive."""
+    A ``Store`` holds a ``Credentials.for_cache`` copy: no reader's secrets kept alive. Both tables hold
+    their entries weakly: a store lives while a reader's ``RemoteFile`` holds it, a filesystem while a
+    store does; then both go, and with the filesystem its connections and the options it was made with
+    (secrets included: with rotating credentials, one per reader would pile up for the process's life)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._stores: dict = {}
-        self._filesystems: dict = {}
+        self._stores: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._filesystems: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def _forked(self) -> None:
         if self._pid != os.getpid():  # forked: fsspec makes new loops and sessions in a child
-            self._stores, self._filesystems, self._pid = {}, {}, os.getpid()
+            self._stores, self._filesystems = weakref.WeakValueDictionary(), weakref.WeakValueDictionary()
+            self._pid = os.getpid()
 
     def get(self, url: str, credentials: Credentials, options: RemoteOptions, owner: str) -> Store:
         key = (url, credentials.key(), options)

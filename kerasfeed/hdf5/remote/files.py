@@ -53,6 +53,7 @@ class RemoteFile:
         self._lock = threading.Lock()
         self._h5 = None  # this process's h5py file, for datasets off the fast path
         self._datasets: dict = {}
+        self._store: Optional[Store] = None  # this process's, held here: ``STORES`` keeps it only while held
         self._pid = os.getpid()
 
     def _check_process(self) -> None:
@@ -63,7 +64,7 @@ class RemoteFile:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_lock", "_h5", "_datasets", "kept", "_pid", "_head"):
+        for name in ("_lock", "_h5", "_datasets", "_store", "kept", "_pid", "_head"):
             state.pop(name, None)
         return state
 
@@ -77,7 +78,11 @@ class RemoteFile:
         return redact(self.url)
 
     def store(self) -> Store:
-        return STORES.get(self.url, self.credentials, self.options, self.owner)
+        self._check_process()
+        store = self._store
+        if store is None:
+            store = self._store = STORES.get(self.url, self.credentials, self.options, self.owner)
+        return store
 
     def stat_now(self) -> ObjectStat:
         """The object's size and version as the store reports them now (one request)."""
@@ -146,10 +151,11 @@ class RemoteFile:
         return parts[0] if len(parts) == 1 else np.concatenate(parts, dtype=parts[0].dtype)  # a big-endian one stays so
 
     def close(self) -> None:
-        """Closes this process's h5py file of the object, if any (a later read reopens it)."""
+        """Closes this process's h5py file of the object, if any, and lets go of its store (its connections
+        close once no other reader holds it); a later read reopens both."""
         self._check_process()
         with self._lock:
-            h5, self._h5, self._datasets = self._h5, None, {}
+            h5, self._h5, self._datasets, self._store = self._h5, None, {}, None
         if h5 is not None:
             with collector_held():
                 try:
