@@ -243,3 +243,75 @@ def test_a_memory_mapped_array_s_file_is_in_the_key(tmp_path):
     os.utime(path, ns=(1, 1))  # another modification time, whatever the clock's resolution
     after = source_key(_Mapped(path), 4, None, 1)
     assert key_change(before, after) is not None
+
+
+# ------------------------------------------------------------------ what a kept cache served stale before
+class _Configured(kerasfeed.SceneSequence):
+    """Items scaled by a value held the ways a user's source may hold it."""
+
+    made: list = []
+
+    def __init__(self, how, value, path=None):
+        super().__init__()
+        if how == "optional" and value != 1.0:  # set only when given: absent in one run, present in the next
+            self.scale = value
+        elif how == "dict":
+            self.cfg = {"norm": {"scale": value, "eps": 1e-6}, "names": ["points"]}
+        elif how == "nested":
+            self.mean = [[value, 0.0], [0.0, value]]
+        elif how == "reader":
+            self.reader = kerasfeed.H5SliceSequence(path, "x", 1)
+        self.how, self._value, self.path = how, value, path  # _value: not in the key, only the holding above
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        self.made.append(i)
+        if self.how == "reader":
+            return np.asarray(self.reader[i], np.float32).reshape(-1)
+        return np.full((2,), i * self._value, np.float32)
+
+
+def test_a_kept_cache_is_rebuilt_when_an_attribute_appears_a_nested_value_or_a_held_reader_changes(tmp_path, caplog):
+    """Each of these served the first run's items in the second: an attribute set in one run only (the key
+    compared the attributes both runs had), a config dict or a list of lists (left out of the key), and a
+    kerasfeed reader held as an attribute (its file left out)."""
+    import h5py
+
+    path = str(tmp_path / "d.h5")
+    for how in ("optional", "dict", "nested", "reader"):
+        directory = str(tmp_path / how)
+        for value in (1.0, 2.0):
+            if how == "reader":
+                with h5py.File(path, "w") as f:
+                    f["x"] = np.full((4, 2), value, np.float32)
+                os.utime(path, ns=(int(value), int(value)))  # another mtime whatever the clock's resolution
+            _Configured.made.clear()
+            caplog.clear()
+            source = _Configured(how, value, path)
+            with kerasfeed.to_loader(source, executor="threads", cache=directory) as loader:
+                got = np.concatenate([np.asarray(b).reshape(-1) for b in loader])
+            if how == "reader":
+                source.reader.close()  # its file is written again next
+            want = np.full(8, value, np.float32) if how == "reader" else np.repeat(np.arange(4) * value, 2)
+            assert np.array_equal(got, want), (how, value, got)
+            assert sorted(_Configured.made) == [0, 1, 2, 3], (how, value)  # made again: rebuilt
+        assert "rebuilt" in caplog.text, (how, caplog.text)
+
+
+def test_nested_values_are_keyed_by_content_and_objects_inside_by_type():
+    a = source_key(_Configured("dict", 1.0), 4, None, 1)
+    assert key_change(a, source_key(_Configured("dict", 1.0), 4, None, 1)) is None  # same content, same key
+    b = source_key(_Configured("dict", 3.0), 4, None, 1)
+    assert "`cfg` changed" in key_change(a, b)
+
+    class Holder(_Numbered):
+        def __init__(self, log_path, extra):
+            super().__init__(log_path)
+            self.extra = extra
+
+    plain = source_key(Holder("x.log", {"model": object(), "k": 1}), 4, None, 1)
+    again = source_key(Holder("x.log", {"model": object(), "k": 1}), 4, None, 1)  # another object, same type
+    assert key_change(plain, again) is None
+    assert key_change(plain, source_key(Holder("x.log", {"model": object(), "k": 2}), 4, None, 1)) is not None

@@ -13,17 +13,20 @@ holds:
   closure values; each decorator layer down ``__wrapped__``), so editing what
   makes an item rebuilds the cache, and editing a comment does not;
 - ``attributes``: the source's public plain attributes (numbers, strings,
-  small arrays and lists of them: what its constructor was given, such as a
-  batch size or a point count) by value or digest. Left out: attributes
-  whose name starts with ``_`` (a class's own state: open handles, pids),
-  attributes that hold objects (open files, models), and those the source
-  names in ``cache_ignores`` (a seed drawn per run that the stored stage does
-  not read);
+  small arrays, and lists, tuples and dicts of them, nested up to 4 levels,
+  an object inside them by its type: what its constructor was given, such
+  as a batch size, a point count or a config dict) by value or digest. An
+  attribute set in one run and not the other counts as changed. Left out:
+  attributes whose name starts with ``_`` (a class's own state: open
+  handles, pids), attributes that hold objects (open files, models), and
+  those the source names in ``cache_ignores`` (a seed drawn per run that the
+  stored stage does not read);
 - ``files``: every file the source names, as ``size`` and ``mtime_ns``
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
-  attributes that are existing paths, h5py objects and memory-mapped
-  arrays it holds, one level into lists, tuples and dicts (not those in
+  attributes that are existing paths, h5py objects, memory-mapped arrays
+  and objects with their own ``kerasfeed_identity()`` (a kerasfeed HDF5
+  reader it holds), one level into lists, tuples and dicts (not those in
   ``cache_ignores``: a log the source appends to).
 
 Any difference rebuilds the cache and one log line says which part changed.
@@ -45,6 +48,7 @@ _SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_k
 _ATOMIC = (bool, int, float, complex, str, bytes, np.generic)
 _ARRAY_DIGEST_MAX = 64 * 2**20  # larger arrays count by shape and dtype only
 _SEQUENCE_MAX = 10_000
+_NESTED_DEPTH = 4  # levels of lists, tuples and dicts an attribute's value is keyed through
 
 
 def _digest(data: bytes) -> str:
@@ -138,9 +142,33 @@ def _value(value: Any) -> Optional[str]:
         return f"array{value.shape}:{value.dtype}:{_digest(np.ascontiguousarray(value).tobytes())}"
     if isinstance(value, (tuple, list)) and len(value) <= _SEQUENCE_MAX and all(
         v is None or isinstance(v, _ATOMIC) for v in value
-    ):
+    ):  # flat: keyed as before nested values were, so that kept caches of such sources stay valid
         return f"{type(value).__name__}:{_digest(repr(value).encode())}"
+    if isinstance(value, (tuple, list, dict)):
+        text = _nested(value, _NESTED_DEPTH, [_SEQUENCE_MAX])
+        return None if text is None else f"{type(value).__name__}:{_digest(text.encode())}"
     return None
+
+
+def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
+    """A list, tuple or dict of plain values (nested: a config dict, a list of lists) as text for the key;
+    an object inside counts by its type. None past ``_NESTED_DEPTH`` levels or ``_SEQUENCE_MAX`` values."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    if isinstance(value, (tuple, list, dict)):
+        if depth == 0:
+            return None
+        pairs = sorted(value.items(), key=lambda kv: repr(kv[0])) if isinstance(value, dict) else enumerate(value)
+        parts = []
+        for k, v in pairs:
+            text = _nested(v, depth - 1, budget)
+            if text is None:
+                return None
+            parts.append(f"{k!r}:{text}" if isinstance(value, dict) else text)
+        return f"{type(value).__name__}[{','.join(parts)}]"
+    text = _value(value)
+    return f"<{type(value).__module__}.{type(value).__qualname__}>" if text is None else text
 
 
 def file_identity(path: str) -> Optional[str]:
@@ -155,6 +183,13 @@ def file_identity(path: str) -> Optional[str]:
 
 
 def _files_in(value: Any, found: dict) -> None:
+    own = getattr(value, "kerasfeed_identity", None)
+    if callable(own) and not isinstance(value, type):  # a kerasfeed HDF5 reader the source holds: its files
+        try:
+            found.update({str(k): str(v) for k, v in dict(own()).items()})
+        except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
+            pass
+        return
     if isinstance(value, (str, os.PathLike)):
         try:
             path = os.fspath(value)
@@ -244,9 +279,10 @@ def key_change(old: Optional[dict], new: dict) -> Optional[str]:
                 return f"the source names a new file, {name}"
             return f"{name} changed ({old_files[name]} -> {new_files[name]})"
     old_attrs, new_attrs = old.get("attributes", {}), new.get("attributes", {})
-    for name in sorted(old_attrs.keys() & new_attrs.keys()):
-        if old_attrs[name] != new_attrs[name]:
-            return f"the source's attribute `{name}` changed ({old_attrs[name]} -> {new_attrs[name]})"
+    for name in sorted(old_attrs.keys() | new_attrs.keys()):  # one set only in one run changes items too
+        if old_attrs.get(name) != new_attrs.get(name):
+            was, now = old_attrs.get(name, "not set or not keyed"), new_attrs.get(name, "not set or not keyed")
+            return f"the source's attribute `{name}` changed ({was} -> {now})"
     return None
 
 
