@@ -335,3 +335,26 @@ def test_the_default_budget_trims_nothing(tmp_path, monkeypatch, caplog):
         got, stats = second_pass()
     assert got == [float(i) for i in range(8)] and stats["cache_items"] == 8 and stats["cache_hits"] == 16, stats
     assert "trimmed" not in caplog.text and os.path.getsize(os.path.join(directory, "data.bin")) == size
+
+
+def test_a_data_file_cut_short_drops_the_records_past_its_end(tmp_path, caplog):
+    """A ``data.bin`` cut short since (by hand, or a copy that stopped) while the index still points past
+    its end: a record whose header survived the cut was served with its tail read as zeros."""
+    import logging
+
+    import kerasfeed
+
+    directory = str(tmp_path / "kept")
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        list(loader)
+    entries = np.frombuffer(open(os.path.join(directory, "index.bin"), "rb").read(), np.uint64)[512:512 + 24]
+    entries = entries.reshape(8, 3)
+    first = entries[entries[:, 0] > 0][np.argmin(entries[entries[:, 0] > 0, 0])]
+    cut = int(first[0] + first[1] // 2)  # halfway through the first record: its header stays
+    os.truncate(os.path.join(directory, "data.bin"), cut)
+    caplog.set_level(logging.WARNING, logger="kerasfeed")
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        got = [np.asarray(x) for x in loader]
+    for i, a in enumerate(got):
+        assert np.array_equal(a, np.full((64, 32), 1000.0 + i, np.float32)), (i, a[-1, -4:])  # zeros: the cut tail
+    assert "its data file is shorter" in caplog.text and "8 of its records" in caplog.text

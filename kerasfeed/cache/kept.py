@@ -266,6 +266,10 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
         _close_all(fds)
         raise
     reason = _stale_reason(store, n, boot)
+    lost = store.drop_past(held) if reason is None else 0
+    if lost:  # the data file was cut short since (by hand, or a copy that stopped): those records are gone
+        logger.warning("kerasfeed cache %s: its data file is shorter (%d bytes) than %d of its records need; "
+                       "those items are made and stored again.", kept.directory, held, lost)
     # More than this run's max_bytes: records past it, or bytes on disk past it (a run killed mid-trim;
     # a file system allocates in blocks, and may ahead: _SLACK).
     if reason is None and trim and (store.header(H_BUMP) > capacity or allocated > capacity + _SLACK):

@@ -275,6 +275,19 @@ class ItemStore:
         logger.warning("kerasfeed cache: the stored record of item %d failed its check (its bytes are not the "
                        "record written); the item is made and stored again.", index)
 
+    def drop_past(self, end: int) -> int:
+        """Drops the entries whose records end past byte ``end`` (a kept data file cut short: their bytes
+        would read as zeros); returns how many. Before any reader or writer (``kept._reuse``)."""
+        q = np.frombuffer(self._index, np.uint64)
+        entries = q[_Q:_Q + 3 * self.n].reshape(self.n, 3)
+        lost = (entries[:, 0] != 0) & (entries[:, 0] + entries[:, 1] > end)
+        count = int(lost.sum())
+        if count:
+            q[H_HELD] -= count
+            q[H_HELD_BYTES] -= int(entries[lost, 1].sum())
+            entries[lost] = 0
+        return count
+
     def has(self, index: int, before: Optional[int] = None) -> bool:
         """Whether ``get(index, before)`` would find the item (cheap)."""
         q, e = self._q, _Q + 3 * index
