@@ -110,8 +110,10 @@ class KeptDirectory:
             if not (own and _take_from_own(fd)):
                 self._finalizer()
                 what = "another pipeline of this process" if own else "another run"
-                fix = ("close() that pipeline (or make it in a `with` block) before making another over this "
-                       "directory" if own else "wait for that run to end")
+                fix = ("close that pipeline before making another over this directory: `loader.close()` (or a "
+                       "`with` block) for a loader, `kerasfeed.executor_of(ds).close()` for a dataset (a notebook "
+                       "cell run again makes the new one while the old one is still open)"
+                       if own else "wait for that run to end")
                 raise RuntimeError(
                     f"kerasfeed cache: the directory {directory} is in use by {what} (pid {holder}): one run at a "
                     f"time fills a kept cache. Give this run its own directory (cache=... or Cache(directory=...)), "
