@@ -4,7 +4,9 @@ other accepts too."""
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 # URL scheme -> fsspec protocol of the filesystems that read it.
 PROTOCOLS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
@@ -21,6 +23,39 @@ def is_url(path: object) -> bool:
 def protocol(url: str) -> str:
     """fsspec's protocol for ``url`` (``s3``, ``gcs``, ``http``, ``https``)."""
     return PROTOCOLS[url.partition("://")[0].lower()]
+
+
+def redact(url: str) -> str:
+    """``url`` fit for a message: no user info, and for http(s) no query string (a presigned URL's
+    signature). An ``s3://`` or ``gs://`` URL keeps the rest: '?' and '#' are part of an object's key there
+    (``runs#8/part-0.h5``), not a query or a fragment."""
+    scheme, sep, rest = url.partition("://")
+    if sep and PROTOCOLS.get(scheme.lower()) in ("s3", "gcs"):
+        bucket, slash, key = rest.partition("/")
+        return f"{scheme}://{bucket.rpartition('@')[2]}{slash}{key}"
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
+
+
+# A URL inside a library's message (aiohttp's "url='http://...?X-Amz-Signature=...'"), and a query string
+# left without its URL ("GET /a.h5?X-Amz-Signature=...").
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_QUERY_IN_TEXT = re.compile(r"\?[^\s'\"<>=&?/]+=[^\s'\"<>]*")
+
+
+def _redact_found(match: re.Match) -> str:
+    try:
+        return redact(match.group())
+    except ValueError:  # not a URL urlsplit reads (a bad port, a bracket): no query, no user info
+        return re.sub(r"//[^/?#]*@", "//", match.group().split("?")[0])
+
+
+def redact_text(text: str) -> str:
+    """``text`` (another library's error, say) fit for a message: every URL in it redacted, no query string."""
+    return _QUERY_IN_TEXT.sub("?…", _URL_IN_TEXT.sub(_redact_found, text))
 
 
 def keyed_by_scheme(options: dict) -> bool:
@@ -50,4 +85,4 @@ def options_per_scheme(options: Optional[Mapping], protocols: set, owner: str) -
     return out
 
 
-__all__ = ["PROTOCOLS", "is_url", "keyed_by_scheme", "options_per_scheme", "protocol"]
+__all__ = ["PROTOCOLS", "is_url", "keyed_by_scheme", "options_per_scheme", "protocol", "redact", "redact_text"]

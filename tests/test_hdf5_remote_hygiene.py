@@ -22,7 +22,7 @@ from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.hdf5.remote import files
 from kerasfeed.hdf5.remote.chunks import pieces
 from kerasfeed.hdf5.remote.fetch import STORES
-from kerasfeed.hdf5.remote.urls import redact_text, split_options
+from kerasfeed.hdf5.remote.urls import redact, redact_text, split_options
 
 SIGNED = "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=deadbeefSIGNATURE"
 
@@ -238,3 +238,32 @@ def test_readers_with_other_secrets_leave_no_filesystem_connection_or_secret_beh
         assert (len(STORES._stores), len(STORES._filesystems)) == (stores, filesystems)
         assert secrets_alive() == 0
         assert client_sockets() <= sockets  # the server runs in this process: its own sockets count too
+
+
+def test_balanced_order_from_a_url_names_the_url_without_its_signature(scenes):
+    """``BalancedOrder.from_hdf5`` read URLs through fsspec and let its errors out as they were: a presigned
+    URL's signature in the message, no class or URL named ("[Errno %s not found..."), and "Forbidden" alone."""
+    with http_server({"a.h5": scenes}, token="balanced-token") as srv:
+        good = {"headers": {"Authorization": "Bearer balanced-token"}}
+        order = kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/a.h5", "labels", storage_options=good, seed=0)
+        assert order.num_samples == 24  # the labels read: one per scene
+        with pytest.raises(FileNotFoundError, match=r"BalancedOrder.from_hdf5: 'http://127.0.0.1:\d+/nope.h5\?…' was "
+                           r"not found") as missing:
+            kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/nope.h5{SIGNED}", "labels", storage_options=good)
+        with pytest.raises(FileNotFoundError, match=r"'http://127.0.0.1:\d+/a.h5' was not found \(or access to it "
+                           r"refused") as refused:
+            kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/a.h5", "labels",
+                                              storage_options={"headers": {"Authorization": "Bearer wrong"}})
+        with pytest.raises(ValueError, match=r"file 'http://127.0.0.1:\d+/a.h5\?…' has no dataset 'lables'") as key:
+            kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/a.h5{SIGNED}", "lables", storage_options=good)
+    for info in (missing, refused, key):
+        text = str(info.value)
+        assert "SIGNATURE" not in text and "AKIAEXAMPLE" not in text and "balanced-token" not in text, text
+
+
+def test_an_object_store_key_keeps_its_question_marks_and_hashes_in_messages():
+    # They are part of an s3:// or gs:// key, not a query or a fragment: "s3://bkt/runs#8/part-0.h5" was named
+    # "s3://bkt/runs" in the readers' repr and errors.
+    assert redact("s3://bkt/runs#8/part-0.h5") == "s3://bkt/runs#8/part-0.h5"
+    assert redact("gs://bkt/a?b/c.h5") == "gs://bkt/a?b/c.h5"
+    assert redact("https://u:p@h:9/a.h5?X-Amz-Signature=s#f") == "https://h:9/a.h5?…"  # http(s) as before

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed._urls import is_url, options_per_scheme, protocol
+from kerasfeed._urls import is_url, options_per_scheme, protocol, redact, redact_text
 from kerasfeed.sampling.bijection import (
     SMALL_N,
     TABLE_BUDGET,
@@ -168,11 +168,11 @@ class BalancedOrder(SampledOrder):
                 ds = f.get(key)
                 if ds is None or not hasattr(ds, "shape"):
                     raise ValueError(
-                        f"{OWNER}.from_hdf5: file '{os.fspath(path)}' has no dataset {key!r}. Received: key={key!r}"
+                        f"{OWNER}.from_hdf5: file '{_shown(path)}' has no dataset {key!r}. Received: key={key!r}"
                     )
                 if not (ds.ndim == 1 or (ds.ndim == 2 and ds.shape[1] == 1)):
                     raise ValueError(
-                        f"{OWNER}.from_hdf5: dataset {key!r} in '{os.fspath(path)}' must hold one label per row, "
+                        f"{OWNER}.from_hdf5: dataset {key!r} in '{_shown(path)}' must hold one label per row, "
                         f"shape (N,) or (N, 1). Received: shape={ds.shape}"
                     )
                 parts.append(ds[()].reshape(-1))
@@ -400,7 +400,34 @@ def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
         ) from None
     kind = protocol(path)  # storage_options as the readers take them: one dict, or one per scheme
     options = options_per_scheme(storage_options, {kind}, f"{OWNER}.from_hdf5")[kind]
-    with fsspec.open(path, "rb", **options) as raw, h5py.File(raw, "r") as f:
-        yield f
+    with contextlib.ExitStack() as stack:
+        try:
+            raw = stack.enter_context(fsspec.open(path, "rb", **options))
+            f = stack.enter_context(h5py.File(raw, "r"))
+        except Exception as e:  # noqa: BLE001 - fsspec's and its clients' own errors: named, redacted
+            raise _remote_failure(path, e) from None
+        try:
+            yield f
+        except (OSError, RuntimeError) as e:  # a read of the labels failed (the store, the network)
+            raise _remote_failure(path, e) from None
+
+
+def _shown(path: Any) -> str:
+    return redact(path) if is_url(path) else os.fspath(path)
+
+
+def _remote_failure(path: str, e: BaseException) -> BaseException:
+    """fsspec's error for a URL as this class's: naming the URL with no query string (a presigned URL's
+    signature) and no credentials in the text, of the kind a reader's would be."""
+    shown, text = redact(path), redact_text(f"{type(e).__name__}: {e}")
+    where = f"{OWNER}.from_hdf5: '{shown}'"
+    if isinstance(e, FileNotFoundError):
+        over_http = protocol(path).startswith("http")
+        refused = " (or access to it refused: over http(s) fsspec reports both so)" if over_http else ""
+        return FileNotFoundError(f"{where} was not found{refused}: {text}. Received: path='{shown}'")
+    if isinstance(e, PermissionError):
+        return PermissionError(f"{where}: access was refused (wrong or missing credentials in `storage_options` or "
+                               f"the environment): {text}. Received: path='{shown}'")
+    return OSError(f"{where} could not be read as HDF5: {text}. Received: path='{shown}'")
 
 __all__ = ["BalancedOrder"]

@@ -31,14 +31,13 @@ of every message.
 from __future__ import annotations
 
 import hashlib
-import re
 import threading
 import weakref
 from typing import Any, Mapping, Optional
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from kerasfeed import _handoff
-from kerasfeed._urls import PROTOCOLS, is_url, options_per_scheme, protocol
+from kerasfeed._urls import PROTOCOLS, is_url, options_per_scheme, protocol, redact, redact_text
 
 # Parts of an option's name that make it a credential (compared lower-case).
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "cookie", "signature",
@@ -49,33 +48,6 @@ _SECRET_NAMES = {"user", "username", "login", "creds", "sas"}
 _PUBLIC_NAMES = {"anon", "endpoint_url", "profile", "signature_version", "use_listings_cache", "skip_instance_cache"}
 # gcsfs `token=` values that name a way of finding credentials, not a credential.
 _PUBLIC_TOKENS = {"anon", "google_default", "cache", "cloud", "browser"}
-
-
-def redact(url: str) -> str:
-    """``url`` fit for a message: no user info, no query string (a presigned URL's signature)."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
-
-
-# A URL inside a library's message (aiohttp's "url='http://...?X-Amz-Signature=...'"), and a query string
-# left without its URL ("GET /a.h5?X-Amz-Signature=...").
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-_QUERY_IN_TEXT = re.compile(r"\?[^\s'\"<>=&?/]+=[^\s'\"<>]*")
-
-
-def _redact_found(match: re.Match) -> str:
-    try:
-        return redact(match.group())
-    except ValueError:  # not a URL urlsplit reads (a bad port, a bracket): no query, no user info
-        return re.sub(r"//[^/?#]*@", "//", match.group().split("?")[0])
-
-
-def redact_text(text: str) -> str:
-    """``text`` (another library's error, say) fit for a message: every URL in it redacted, no query string."""
-    return _QUERY_IN_TEXT.sub("?…", _URL_IN_TEXT.sub(_redact_found, text))
 
 
 def check_url(url: str, owner: str) -> str:
