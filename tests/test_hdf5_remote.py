@@ -409,6 +409,14 @@ def test_remote_arguments_are_checked_up_front(stores):
     assert "hunter2" not in str(e.value)
     with pytest.raises(ValueError, match=r"has no dataset key 'nope'"):
         kerasfeed.H5SliceSequence(url, "nope", 4)
+    # Other stores' URLs were looked up as local files ("HDF5 file not found"), a bad port came out bare.
+    with pytest.raises(ValueError, match=r"'file://' paths are not read: .* pass the local path itself"):
+        kerasfeed.H5SliceSequence("file://" + os.path.abspath(local), "labels", 4)
+    with pytest.raises(ValueError, match=r"H5RowSequence: 'az://' paths are not read: kerasfeed reads local paths and "
+                       r"s3://, gs:// and http\(s\):// URLs. Received: path='az://box/a.h5'"):
+        kerasfeed.H5RowSequence([local, "az://box/a.h5"], "labels", 4, order=kerasfeed.IndexOrder(8))
+    with pytest.raises(ValueError, match=r"the URL cannot be read \(Port could not be cast .*\). Received: path='http://h:8x/a.h5"):
+        kerasfeed.H5SliceSequence("http://h:8x/a.h5?sig=1", "labels", 4)
 
 
 def test_a_remote_source_cached_to_a_kept_directory_reads_the_store_once(stores, tmp_path, caplog):

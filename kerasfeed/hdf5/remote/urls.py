@@ -31,6 +31,7 @@ of every message.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import weakref
 from typing import Any, Mapping, Optional
@@ -50,9 +51,27 @@ _PUBLIC_NAMES = {"anon", "endpoint_url", "profile", "signature_version", "use_li
 _PUBLIC_TOKENS = {"anon", "google_default", "cache", "cloud", "browser"}
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def has_scheme(path: Any) -> bool:
+    """Whether ``path`` is written as a URL (``scheme://``), of a store kerasfeed reads or not."""
+    return isinstance(path, str) and _SCHEME.match(path) is not None
+
+
 def check_url(url: str, owner: str) -> str:
-    """Refuses a URL with credentials in it, or one that names no object; returns it unchanged."""
-    parts = urlsplit(url)
+    """Refuses a URL of a scheme kerasfeed does not read, one it cannot parse, one with credentials in it,
+    or one that names no object; returns it unchanged."""
+    if not is_url(url):  # an fsspec URL of another store (az://, file://): it would be looked up as a local file
+        scheme = _SCHEME.match(url).group(1)
+        local = "; for a file:// URL pass the local path itself" if scheme.lower() == "file" else ""
+        raise ValueError(f"{owner}: '{scheme}://' paths are not read: kerasfeed reads local paths and s3://, gs:// "
+                         f"and http(s):// URLs{local}. Received: path='{redact_text(url)}'")
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises on a port that is not a number
+    except ValueError as e:
+        raise ValueError(f"{owner}: the URL cannot be read ({e}). Received: path='{redact_text(url)}'") from None
     if parts.username is not None or parts.password is not None:
         raise ValueError(
             f"{owner}: a URL may not carry credentials (they would travel to every worker with the source): "
@@ -207,7 +226,6 @@ class Credentials:
 
 
 __all__ = [
-    "PROTOCOLS", "Credentials", "check_url", "folder_message", "is_url", "options_per_scheme", "protocol", "redact",
-    "redact_text",
-    "split_options",
+    "PROTOCOLS", "Credentials", "check_url", "folder_message", "has_scheme", "is_url", "options_per_scheme",
+    "protocol", "redact", "redact_text", "split_options",
 ]
