@@ -218,6 +218,28 @@ def test_item_rng_or_epoch_inside_the_stored_stage_is_refused_naming_cache_and_a
         assert len(list(ld)) == 4
 
 
+class WritesInPlace(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full((2,), i, "float32")
+
+    def augment(self, x):
+        x += 1  # into the stored item's arrays
+        return x
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_an_augment_writing_into_the_stored_item_is_told_why_it_is_read_only(executor):
+    # It said only "output array is read-only" (numpy's words).
+    kw = {"workers": 1} if executor == "processes" else {}
+    with pytest.raises(kerasfeed.ItemError, match=r"read-only \(with cache=, `augment` gets the stored item's "
+                       r"arrays, read-only views of the store: write into a copy"):
+        with kerasfeed.to_loader(WritesInPlace(), executor=executor, cache="memory", **kw) as ld:
+            list(ld)
+
+
 class DrawsGlobalRandom(Plain):
     def __getitem__(self, i):
         return np.full((2,), np.random.random(), "float32")

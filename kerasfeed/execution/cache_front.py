@@ -43,7 +43,7 @@ import numpy as np
 from kerasfeed.cache.store import EVER, index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.cached_items import ItemCache
+from kerasfeed.execution.cached_items import ItemCache, run_augment
 from kerasfeed.execution.state_sync import fingerprint, fingerprints_once
 
 # Passes whose cut stays known (loads of older passes go to the executor).
@@ -218,7 +218,7 @@ class CacheFront(Executor):
     def _augment(self, item: Any, index: int, epoch: int) -> Any:
         previous = item_random.enter(self._seeds, epoch, index)
         try:
-            return self._source.augment(item)
+            return run_augment(self._source, item)
         finally:
             item_random.leave(previous)
 

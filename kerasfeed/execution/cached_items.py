@@ -113,6 +113,12 @@ def run_augment(source: Any, item: Any) -> Any:
     _CALLS.enter()
     try:
         return source.augment(item)
+    except ValueError as e:
+        if "read-only" not in str(e):
+            raise
+        # numpy's "assignment destination is read-only" alone did not say why the arrays were.
+        raise ValueError(f"{e} (with cache=, `augment` gets the stored item's arrays, read-only views of the "
+                         "store: write into a copy, `x = x.copy()`, or return new arrays)") from e
     finally:
         _CALLS.leave(-1)
 
