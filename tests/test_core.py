@@ -50,6 +50,10 @@ def test_values_and_order_match_getitem():
     ds = kerasfeed.to_dataset(seq)
     assert ds.element_spec[0].shape.as_list() == [None, 3]  # last batch is short
     assert int(ds.cardinality()) == 5
+    # On a dataset nothing else holds (it held the dataset weakly: freed between the lookup and the call).
+    assert int(kerasfeed.to_dataset(Ramp(n=5, last=2)).cardinality()) == 5 == len(kerasfeed.to_dataset(seq))
+    method = kerasfeed.to_dataset(seq, batch_size=2).cardinality
+    assert int(method()) == 3
     got = [(x.numpy(), y.numpy()) for x, y in ds]
     assert len(got) == 5
     for i, (x, y) in enumerate(got):

@@ -9,7 +9,6 @@ per group), then the tail (batching, cardinality, options, prefetch).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Mapping, Optional, Union
 
 import tensorflow as tf
@@ -286,11 +285,16 @@ def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: Optional[int]) -> N
     Keras structure: where a fit's epoch iterator counts fewer steps than a
     pass, the pass it would cut is refused (``_keras_fit.check_epoch_length``).
     """
-    ref, own = weakref.ref(ds), type(ds).cardinality  # no reference cycle through the dataset
+    # The dataset's variant (its C++ graph), not the dataset: no reference cycle through the dataset (a
+    # dropped one stops its workers at once), and `to_dataset(...).cardinality()`, which looks the method up
+    # on a dataset nothing else holds, still answers (a weak reference to the dataset had it freed first).
+    variant = tf.data.experimental.to_variant(ds)
 
     def cardinality() -> tf.Tensor:
         remember_fit()
-        return own(ref()) if per_pass is None else tf.constant(per_pass, tf.int64)
+        if per_pass is not None:
+            return tf.constant(per_pass, tf.int64)
+        return tf.raw_ops.DatasetCardinality(input_dataset=variant)
 
     ds.cardinality = cardinality
 
