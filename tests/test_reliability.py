@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -244,3 +245,32 @@ def test_from_generators_timeout_fails_a_stuck_pass(executor):
     if executor == "threads":  # the pass's own timeout names the shard it waits for (processes: the worker's)
         assert "waiting for from_generators (pass 0): item 1 of _stuck_second_shard(1)" in message
     del ds
+
+
+_RELEASE = threading.Event()
+
+
+def _stuck_first_item(k):
+    _RELEASE.wait(60)  # stuck until the test ends
+    yield np.zeros(2, np.float32)
+
+
+def _stuck_reader(path):
+    _RELEASE.wait(60)
+    yield np.zeros(2, np.float32)
+
+
+def test_timeout_covers_the_signature_probe_of_streams_on_threads():
+    # With threads, the probe that reads the first items for the signature waited for ever (the dataset was
+    # never made); worker processes kept their own timeout there.
+    _RELEASE.clear()
+    try:
+        for make in (lambda: kerasfeed.from_generators(_stuck_first_item, 2, executor="threads", timeout=1),
+                     lambda: kerasfeed.from_files(["a", "b"], _stuck_reader, executor="threads", timeout=1)):
+            t0 = time.monotonic()
+            with pytest.raises(kerasfeed.StreamError, match=r"\(probe\) raised TimeoutError after 0 items: no item "
+                               r"for timeout=1.0 s while reading the first items for the signature; a generator or reader is stuck"):
+                make()
+            assert time.monotonic() - t0 < 30
+    finally:
+        _RELEASE.set()

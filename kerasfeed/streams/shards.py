@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed import _validation as _v
+from kerasfeed.errors import StreamError
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.views import pass_view
@@ -120,6 +121,7 @@ class ShardedStream:
             IndexOrder(n, shuffle=shuffle, seed=seed, num_shards=num_workers, shard_index=worker_index)
             if shuffle or num_workers > 1 else None
         )
+        self.timeout = timeout  # the threads' own (``probe``; a pass's in ``tfdata/chunks.py``)
         self._lock = threading.Lock()
         self._generators = GeneratorsSeen()
         self._passes = 0
@@ -189,13 +191,20 @@ class ShardedStream:
         order = range(len(self.args)) if self.order is None else pass_view(self.order, 0)
         p = ShardPass(order, self._open_shard, opts, self.describe, name="probe")
         items = []
+        wait = self.timeout if self.pool is None else None  # a worker process keeps its own timeout
         try:
             while len(items) < count:
-                r = p.take(timeout=None)
+                r = p.take(timeout=wait)
                 if r is END:
                     break
-                if r is not NOT_READY:
-                    items.append(r)
+                if r is NOT_READY:  # a stuck generator or reader: the dataset is not made (it waited for ever)
+                    raise StreamError(
+                        f"{self.kind}s of {_task_name(self.task)} (probe)", "TimeoutError",
+                        f"no item for timeout={wait} s while reading the first items for the signature; a "
+                        f"generator or reader is stuck. Received: timeout={wait}",
+                        "(none: nothing raised, no item came)\n", None, len(items),
+                    )
+                items.append(r)
         finally:
             p.close()
         return items
