@@ -490,3 +490,29 @@ def test_text_leaves_keep_trailing_nul_bytes(executor):
     assert [x["raw"].numpy() for x in got] == [b"ab\x00\x00" * (i + 1) for i in range(3)]
     assert got[0]["text"].numpy() == "\u00e9\x00".encode("utf-8")
     assert list(got[1]["many"].numpy()) == [b"x\x00", b"\x00"]
+
+
+class _Growing(kerasfeed.SceneSequence):
+    def __init__(self):
+        super().__init__()
+        self.n = 4
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.array([i, self.n], "int64")
+
+    def on_epoch_end(self):
+        self.n += 2
+
+
+def test_a_length_changed_in_on_epoch_end_is_said_once(caplog):
+    # Later passes read the first length, as before, but no longer in silence.
+    with caplog.at_level("WARNING", logger="kerasfeed"):
+        with kerasfeed.to_loader(_Growing(), executor="threads", batch_size=2) as loader:
+            passes = [[row.tolist() for batch in loader for row in batch] for _ in range(3)]
+    assert [[i for i, _ in p] for p in passes] == [[0, 1, 2, 3]] * 3
+    said = [r.getMessage() for r in caplog.records if "length changed" in r.getMessage()]
+    assert said == ["kerasfeed: _Growing's length changed from 4 to 6 in on_epoch_end; every pass reads 4 items "
+                    "(its order was made for that length). Make a new dataset or loader to read the new length."]

@@ -8,6 +8,7 @@ item loading through the executor. ``to_dataset`` drives it from
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -26,6 +27,15 @@ from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
 from kerasfeed.sources.base import has_own_epoch_hooks, set_epoch
+
+logger = logging.getLogger("kerasfeed")
+
+
+def _length(source: Any) -> Optional[int]:
+    try:
+        return int(len(source))
+    except Exception:  # noqa: BLE001 - no __len__ (num_batches, an endless source): nothing to compare
+        return None
 
 # Indices handed to tf.data per ``window`` call (one Python call per this many items).
 INDEX_WINDOW = 4096
@@ -78,6 +88,7 @@ class PassPipeline:
         self.skips: Optional[SkipBudget] = None
         self.placeholder: Optional[list] = None
         self._short: Optional[tuple[int, int]] = None  # (pass, items left out): the last pass, complete but short
+        self._length: Optional[int] = _length(source)  # what every pass's order was made for
 
     def begin(self) -> tuple[IndexView, np.int64]:
         """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
@@ -358,6 +369,13 @@ class PassPipeline:
         if callable(hook):
             with default_fp_env():  # as items (execution/fpenv.py)
                 hook()
+            now = _length(self._source) if self._length is not None else None
+            if now is not None and now != self._length:  # said once: later passes read the first length
+                logger.warning(
+                    "kerasfeed: %s's length changed from %d to %d in on_epoch_end; every pass reads %d items (its "
+                    "order was made for that length). Make a new dataset or loader to read the new length.",
+                    type(self._source).__name__, self._length, now, self._length)
+                self._length = None
 
     def read_whole(self, epoch: int, count: int, first: float, last: float) -> None:
         """Pass ``epoch`` was read without ``load`` (its ``count`` items all stored, read in the
