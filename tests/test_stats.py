@@ -155,6 +155,22 @@ def test_stats_of_a_derived_dataset_and_per_pass_records():
     assert s["threads_busy"] > 0
 
 
+def test_a_second_fit_on_one_dataset_keeps_every_pass_record():
+    """Each fit begins its passes at Keras' epoch 0 again: its pass 0 replaced the first fit's record in place
+    (its items lost from the passes), and the rate reported was the first fit's last pass's."""
+    import keras
+
+    ds = kerasfeed.to_dataset(Sleepy(n=8, delay=0.0), batch_size=2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(ds, epochs=2, verbose=0, shuffle=False)
+    model.fit(ds, epochs=1, verbose=0, shuffle=False)
+    s = kerasfeed.stats(ds)
+    assert [p["epoch"] for p in s["passes"]] == [0, 1, 0]
+    assert sum(p["items"] for p in s["passes"]) == s["items"] == 24
+    assert s["items_per_s"] == s["passes"][-1]["items_per_s"]  # the latest pass's
+
+
 def test_errors_are_counted():
     import tensorflow as tf
 

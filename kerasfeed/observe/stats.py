@@ -126,7 +126,11 @@ class StatsCollector:
         self._skipped = 0
         self._busy: dict[Any, list] = {}  # worker id -> [busy seconds, items]
         self._first_made: Optional[float] = None
+        # Every pass begun, in order (a second fit on one dataset begins its passes 0, 1... again: each a record
+        # of its own), and the latest record of each pass number (where its items are counted).
         self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
+        self._begun = 0
+        self._by_epoch: dict[int, _Pass] = {}
         self._last_pick: Optional[float] = None
         self._current: Optional[_Pass] = None  # the pass picked from last
         self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
@@ -145,10 +149,14 @@ class StatsCollector:
         """A pass starts (its order was handed to the executor)."""
         now = time.perf_counter()
         with self._lock:
-            self._passes[int(epoch)] = _Pass(int(epoch), now, self._last_pick)
+            record = _Pass(int(epoch), now, self._last_pick)
+            self._passes[self._begun] = self._by_epoch[int(epoch)] = record
+            self._begun += 1
             self._current = None
             while len(self._passes) > PASSES_KEPT:
-                self._passes.popitem(last=False)
+                _, old = self._passes.popitem(last=False)
+                if self._by_epoch.get(old.epoch) is old:
+                    del self._by_epoch[old.epoch]
 
     def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
         """The consumer got an item of pass ``epoch`` after blocking ``wait_s``
@@ -158,7 +166,7 @@ class StatsCollector:
         p = self._current
         if p is None or p.epoch != epoch:
             with self._lock:
-                p = self._current = self._passes.get(epoch)
+                p = self._current = self._by_epoch.get(epoch)
         # From here to the end: no call (see the module docstring).
         ring = self._wait
         n = ring.count
@@ -189,7 +197,7 @@ class StatsCollector:
                 ring.count += 1
             ring.count += rest - min(rest, ring.size)
             self._last_pick = last
-            p = self._passes.get(int(epoch))
+            p = self._by_epoch.get(int(epoch))
             if p is not None:
                 p.last = last
                 p.items += rest
@@ -202,7 +210,7 @@ class StatsCollector:
         """An item of pass ``epoch`` failed and was left out (``max_skipped``; also counted in ``error``)."""
         with self._lock:
             self._skipped += 1
-            p = self._passes.get(int(epoch))
+            p = self._by_epoch.get(int(epoch))
             if p is not None:
                 p.skipped += 1
 
