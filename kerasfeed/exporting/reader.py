@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
@@ -174,16 +175,22 @@ def load_export(
     counts = [s["count"] for s in mine]
     notes = [_damage_note(directory, s, str(f)) for s, f in zip(mine, files)]
 
-    def read(file, count, note):
+    def read(file, pattern, count, note):
         # TFRecordDataset checks each record's CRC32C but its DataLossError names no file. A
         # failing record (or read) ends this shard's reader quietly instead, and the records it
         # could not give are replaced by the shard's note, which the parse step below raises:
         # the error names the file, in the group of 32 that holds the first bad record.
+        # A file that is gone is not read at all: its reader fails at every call without moving on, and
+        # ignore_errors() would call it again for ever (a hang at 100 % CPU); its shard's note names it.
+        there = tf.size(tf.io.matching_files(pattern)) > 0
         records = tf.data.TFRecordDataset(file, compression_type=compression, buffer_size=buffer_size)
+        records = records.take(tf.where(there, tf.constant(-1, tf.int64), tf.constant(0, tf.int64)))
         filler = tf.data.Dataset.from_tensors(note).repeat()
         return records.ignore_errors().concatenate(filler).take(count)
 
-    ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64), notes))
+    # Each file's path as a glob pattern that matches only itself ('*', '?' and '[' taken literally).
+    patterns = [re.sub(r"([*?\[])", r"[\1]", f) for f in files]
+    ds = tf.data.Dataset.from_tensor_slices((files, patterns, tf.constant(counts, tf.int64), notes))
     cycle = len(files)
     if shuffle_files:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
