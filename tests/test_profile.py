@@ -206,3 +206,24 @@ def test_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kerasfeed", "profile", "nocolon"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "MODULE:FACTORY" in bad.stderr and "Received: 'nocolon'" in bad.stderr
+
+
+class _Delayed:
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return np.full((4,), i, np.float32)
+
+
+def test_slow_items_are_timed_fewer_by_default_and_items_is_kept_when_given():
+    # The default was 64 items whatever they cost: 0.1 s items took 20 s for one thread run and one worker run,
+    # 2 s items several minutes (the docs say the profile takes seconds).
+    report = kerasfeed.profile(_Delayed(0.25), threads=[4], workers=[])
+    assert 4 <= report.items <= 10, report.items  # a serial pass of ~2 s by the probe, at least 4
+    assert kerasfeed.profile(_Delayed(0.001), items=6, threads=[1], workers=[]).items == 6
+    assert kerasfeed.profile(_Delayed(0.0), threads=[1], workers=[]).items == 64

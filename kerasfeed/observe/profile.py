@@ -30,6 +30,7 @@ CATEGORIES = ("waiting", "transport-bound", "GIL-releasing", "GIL-bound")
 TRANSPORT_COPY_SHARE = 0.5  # a copy costing this share of a call: transport-bound
 LOAD_SHARE = 0.5  # load(i) under this share of an item's time: a cache skips too little of it
 NEAR_BEST = 0.9  # the smallest count reaching this share of the best rate is recommended
+DEFAULT_PASS_S = 2.0  # default `items`: what a serial pass over them takes, by the probe (64 at most, 4 at least)
 
 
 def _cpus() -> int:
@@ -331,7 +332,8 @@ def profile(
 
     Args:
         source: an indexable source (``__len__`` and ``__getitem__``).
-        items: items per timed run (default ``min(len(source), 64)``).
+        items: items per timed run (default: ``min(len(source), 64)``, fewer for slow items: as many as a
+            serial loop runs in ~2 s by the probe, at least 4).
         batch_size: items per batch when items are samples (as given to
             ``to_dataset``); None when items are batches.
         workers: worker process counts (default 1, 2, the CPU count and
@@ -356,7 +358,7 @@ def profile(
     ```
     """
     n = source_length(source)
-    count = min(n, 64) if items is None else positive_int("items", items, owner="profile")
+    count = None if items is None else positive_int("items", items, owner="profile")
     per_batch = positive_int("batch_size", batch_size, allow_none=True, owner="profile") or 1
     cpus = _cpus()
     workers = sorted({1, 2, cpus, 2 * cpus}) if workers is None else _counts("workers", workers)
@@ -368,10 +370,11 @@ def profile(
         )
     if chart is not None:
         _check_chart(chart)  # before the minutes of timing, not after
-    indices = [i % n for i in range(count)]
-
     probe = probe_source(source)
     category, evidence = classify(probe)
+    if count is None:  # a serial pass of ~DEFAULT_PASS_S (at least 4 items): slow items do not make it take minutes
+        count = min(n, 64, max(4, int(DEFAULT_PASS_S / max(probe.wall_s, 1e-9))))
+    indices = [i % n for i in range(count)]
     # What cache= stores: load(i) on an augment(load(i)) source, timed and sized alone.
     stored = _probe_load(source, n) if stage_of(source) == "load" else None
     t0 = time.perf_counter()
