@@ -19,8 +19,9 @@ from kerasfeed.hdf5.handles import REGISTRY
 from kerasfeed.hdf5.inspection import check_file
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
+from kerasfeed.hdf5.remote.chunks import concat
 from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, check_url, has_scheme, is_url, options_per_scheme, protocol, redact
+from kerasfeed.hdf5.remote.urls import Credentials, check_url, has_scheme, options_per_scheme, protocol, redact
 from kerasfeed.sources import stage
 from kerasfeed.sources.sequence import SceneSequence
 
@@ -194,7 +195,7 @@ class H5Base(SceneSequence):
 
     def _remote_files(self, opts: H5Options, cls: str) -> dict:
         """A ``RemoteFile`` (not yet inspected) per URL among the paths; checks the remote arguments."""
-        urls = {j: check_url(p, cls) for j, p in enumerate(self._paths) if is_url(p) or has_scheme(p)}
+        urls = {j: check_url(p, cls) for j, p in enumerate(self._paths) if has_scheme(p)}  # check_url refuses others
         if not urls:
             if opts.storage_options is not None:
                 raise ValueError(
@@ -441,11 +442,6 @@ class H5Base(SceneSequence):
         order = np.random.default_rng([self.seed, epoch, ORDER_STREAM]).permutation(n)
         self._order_cache = ((epoch, n), order)  # one tuple: safe to swap under threads
         return order
-
-
-def concat(arrays: list) -> np.ndarray:
-    """The arrays end to end (one uncopied), in their dtype: numpy's would make big-endian rows native."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, dtype=arrays[0].dtype)
 
 
 __all__ = ["H5Base", "FileChangedError", "ORDER_STREAM", "WINDOW_STREAM", "TRANSFORM_STREAM"]

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kerasfeed.hdf5.base import FileChangedError, H5Base, concat
+from kerasfeed.hdf5.base import FileChangedError, H5Base
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
+from kerasfeed.hdf5.remote.chunks import concat
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.protocol import resolve_order
 from kerasfeed.sampling.views import pass_view

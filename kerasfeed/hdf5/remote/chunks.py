@@ -307,4 +307,10 @@ def pieces(start: int, end: int, limit: int) -> list:
     return [(s, min(s + step, end)) for s in range(start, end, step)]
 
 
-__all__ = ["WASTE", "Layout", "merge", "pieces", "unreachable", "unshuffle"]
+def concat(arrays: list) -> np.ndarray:
+    """The arrays end to end (one uncopied), in their dtype: numpy's would make big-endian rows native, and a
+    batch's byte order would then depend on whether its rows came from one run of one file."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, dtype=arrays[0].dtype)
+
+
+__all__ = ["WASTE", "Layout", "concat", "merge", "pieces", "unreachable", "unshuffle"]

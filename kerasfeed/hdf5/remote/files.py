@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.chunks import Layout, merge, pieces, unreachable
+from kerasfeed.hdf5.remote.chunks import Layout, concat, merge, pieces, unreachable
 from kerasfeed.hdf5.remote.fetch import STORES, ObjectStat, Store, gather_ranges, gather_settled, run
 from kerasfeed.hdf5.remote.h5file import collector_held, fetch_error, open_h5
 from kerasfeed.hdf5.remote.options import RemoteOptions
@@ -148,7 +148,7 @@ class RemoteFile:
                 if cause is e:
                     raise
                 raise cause from None
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, dtype=parts[0].dtype)  # a big-endian one stays so
+        return concat(parts)
 
     def close(self) -> None:
         """Closes this process's h5py file of the object, if any, and lets go of its store (its connections
