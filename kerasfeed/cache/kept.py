@@ -75,6 +75,7 @@ from kerasfeed.cache.store import (
 logger = logging.getLogger("kerasfeed")
 
 INDEX, DATA, KEY, LOCK = "index.bin", "data.bin", "key.json", "lock"
+_NEW = ".new"  # a file's next version, renamed over it once written
 # Bytes a data file may take on disk past the budget before a reuse shrinks it (``_reuse``).
 _SLACK = 1 << 20
 # How long a directory held by this very process is waited for (a pipeline dropped without close()).
@@ -328,13 +329,12 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
 
 def _replace_with(kept: KeptDirectory, name: str, fill: Callable[[int], None]) -> None:
     """Writes file ``name`` anew: ``fill(fd)`` into ``name.new``, then renamed over the old one."""
-    path = kept.path(name) + ".new"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    fd = _open_new(kept, name)
     try:
         fill(fd)
     finally:
         os.close(fd)
-    os.replace(path, kept.path(name))
+    os.replace(kept.path(name) + _NEW, kept.path(name))
 
 
 def _write_index(fd: int, index: bytearray) -> None:
@@ -367,20 +367,24 @@ def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:
     fds: list[int] = []
     try:
         for name, size in ((INDEX, index_bytes(n)), (DATA, capacity)):
-            path = kept.path(name)
-            fds.append(os.open(path + ".new", os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+            fds.append(_open_new(kept, name))
             os.ftruncate(fds[-1], size)
-            os.replace(path + ".new", path)
+            os.replace(kept.path(name) + _NEW, kept.path(name))
     except BaseException:
         _close_all(fds)
         raise
     return fds
 
 
+def _open_new(kept: KeptDirectory, name: str) -> int:
+    """``name.new``, empty: a file written whole before it is renamed over ``name`` (a rebuild, a trim)."""
+    return os.open(kept.path(name) + _NEW, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+
+
 def _remove_new_files(kept: KeptDirectory) -> None:
     for name in (INDEX, DATA):
         try:
-            os.remove(kept.path(name) + ".new")
+            os.remove(kept.path(name) + _NEW)
         except OSError:
             pass
 

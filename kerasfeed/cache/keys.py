@@ -167,8 +167,7 @@ def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
                 return None
             parts.append(f"{k!r}:{text}" if isinstance(value, dict) else text)
         return f"{type(value).__name__}[{','.join(parts)}]"
-    text = _value(value)
-    return f"<{type(value).__module__}.{type(value).__qualname__}>" if text is None else text
+    return _bound_value(value)
 
 
 def file_identity(path: str) -> Optional[str]:
@@ -182,13 +181,22 @@ def file_identity(path: str) -> Optional[str]:
     return f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
 
 
-def _files_in(value: Any, found: dict) -> None:
+def _own_files(value: Any) -> Optional[dict]:
+    """``{path or URL: identity}`` from ``value.kerasfeed_identity()`` (kerasfeed's HDF5 readers); None
+    when it has none."""
     own = getattr(value, "kerasfeed_identity", None)
-    if callable(own) and not isinstance(value, type):  # a kerasfeed HDF5 reader the source holds: its files
-        try:
-            found.update({str(k): str(v) for k, v in dict(own()).items()})
-        except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
-            pass
+    if not callable(own) or isinstance(value, type):
+        return None
+    return {str(k): str(v) for k, v in dict(own()).items()}
+
+
+def _files_in(value: Any, found: dict) -> None:
+    try:
+        held = _own_files(value)  # a kerasfeed HDF5 reader the source holds: its files
+    except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
+        return
+    if held is not None:
+        found.update(held)
         return
     if isinstance(value, (str, os.PathLike)):
         try:
@@ -216,10 +224,7 @@ def _files_in(value: Any, found: dict) -> None:
 
 def source_files(source: Any) -> dict:
     """``{path or URL: identity}`` of the files ``source`` names (see the NOTE)."""
-    found: dict = {}
-    own = getattr(source, "kerasfeed_identity", None)
-    if callable(own):
-        found.update({str(k): str(v) for k, v in dict(own()).items()})
+    found: dict = _own_files(source) or {}
     ignored = _ignored(source)
     for name, value in _attributes(source).items():
         if name in ignored:  # a log the source appends to, say: not what the stored stage reads
