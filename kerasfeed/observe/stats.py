@@ -128,8 +128,7 @@ class StatsCollector:
         self._first_made: Optional[float] = None
         # Every pass begun, in order (a second fit on one dataset begins its passes 0, 1... again: each a record
         # of its own), and the latest record of each pass number (where its items are counted).
-        self._passes: "collections.OrderedDict[int, _Pass]" = collections.OrderedDict()
-        self._begun = 0
+        self._passes: "collections.deque[_Pass]" = collections.deque()
         self._by_epoch: dict[int, _Pass] = {}
         self._last_pick: Optional[float] = None
         self._current: Optional[_Pass] = None  # the pass picked from last
@@ -150,11 +149,11 @@ class StatsCollector:
         now = time.perf_counter()
         with self._lock:
             record = _Pass(int(epoch), now, self._last_pick)
-            self._passes[self._begun] = self._by_epoch[int(epoch)] = record
-            self._begun += 1
+            self._passes.append(record)
+            self._by_epoch[int(epoch)] = record
             self._current = None
             while len(self._passes) > PASSES_KEPT:
-                _, old = self._passes.popitem(last=False)
+                old = self._passes.popleft()
                 if self._by_epoch.get(old.epoch) is old:
                     del self._by_epoch[old.epoch]
 
@@ -262,7 +261,7 @@ class StatsCollector:
             make = _summary_ms(self._make)
             recent = self._wait.recent()
             ready = float((recent < READY_S).mean()) if recent.size else None
-            passes = [p.as_dict(self.items_per_batch) for p in self._passes.values()]
+            passes = [p.as_dict(self.items_per_batch) for p in self._passes]
             busy = {k: list(v) for k, v in list(self._busy.items())}
             since = self._first_made
             out = {
