@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import glob
 import os
-import re
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
@@ -188,8 +188,7 @@ def load_export(
         filler = tf.data.Dataset.from_tensors(note).repeat()
         return records.ignore_errors().concatenate(filler).take(count)
 
-    # Each file's path as a glob pattern that matches only itself ('*', '?' and '[' taken literally).
-    patterns = [re.sub(r"([*?\[])", r"[\1]", f) for f in files]
+    patterns = [glob.escape(f) for f in files]  # each file's path as a glob pattern that matches only itself
     ds = tf.data.Dataset.from_tensor_slices((files, patterns, tf.constant(counts, tf.int64), notes))
     cycle = len(files)
     if shuffle_files:
