@@ -15,6 +15,7 @@ NOTF_STAMP := $(NOTF_VENV)/.kerasfeed-installed
 $(STAMP): setup.cfg setup.py
 	@echo "kerasfeed set-up: creating $(VENV)/ and installing kerasfeed with TensorFlow (CPU), Keras, h5py"
 	@echo "and the test tools (the dev extra). About 1.7 GB to download: a minute or two. Only the first run does this."
+	@$(PYTHON) -c "import shutil; free = shutil.disk_usage('.').free / 2**30; free < 6 and print(f'kerasfeed set-up: WARNING: {free:.1f} GB free on this disk; the two environments take about 4.6 GB and pip needs more while it unpacks')"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[dev]"
 	@$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null

@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -199,13 +200,16 @@ def _one(env: dict, hard_timeout: float, out: dict) -> None:
 
 def run_batch(count: int, hard_timeout: float) -> List[Dict[str, Any]]:
     """Starts ``count`` runs of the exit script at once, each watched by its own thread."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     results: List[Dict[str, Any]] = [{} for _ in range(count)]
-    threads = [threading.Thread(target=_one, args=(env, hard_timeout, r)) for r in results]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # The runs' files (every_dataset.py's scene file, export, text files) go into one folder removed here.
+    with tempfile.TemporaryDirectory(prefix="kerasfeed-exit-") as workdir:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "KERASFEED_TEST_WORKDIR": workdir}
+        threads = [threading.Thread(target=_one, args=(env, hard_timeout, r)) for r in results]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return results
 
 

@@ -201,12 +201,21 @@ def _traffic(store: StoreProcess, name: str, make: Callable, make_h5py: Callable
 
 
 def run(args) -> Dict[str, Any]:
+    # --file-dir: the file is made once there and reused by later runs (a many-core machine's runs are
+    # short next to making a large file); otherwise in a fresh temporary directory, removed however the run ends.
+    if args.file_dir:
+        return _run_in(args, args.file_dir)
+    tmp = tempfile.mkdtemp(prefix="kf-remote-bench-")
+    try:
+        return _run_in(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_in(args, tmp: str) -> Dict[str, Any]:
     import kerasfeed
     from kerasfeed.datasets import make_synthetic_scenes
 
-    # --file-dir: the file is made once there and reused by later runs (a many-core machine's runs are
-    # short next to making a large file); otherwise in a fresh temporary directory.
-    tmp = args.file_dir or tempfile.mkdtemp(prefix="kf-remote-bench-")
     name = f"scenes-{args.scenes}x{args.points}.h5"
     path = os.path.join(tmp, name)
     if not os.path.exists(path):
@@ -309,8 +318,6 @@ def run(args) -> Dict[str, Any]:
         for f in files:
             f.close()
         store.stop()
-        if not args.file_dir:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -20,8 +20,14 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # 02 runs the quick drain benchmark on two of its four workloads here: the
     # benchmark's own tests (test_benchmarks.py) run every way on all four.
     monkeypatch.setenv("KERASFEED_NOTEBOOK_WORKLOADS", "cpu,io")
+    # The kernel's temporary folder: a notebook removes what it made there (a user runs them again and again).
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("kerasfeed-"))
+    assert not left, f"{path.name} left {left} in its temporary folder"

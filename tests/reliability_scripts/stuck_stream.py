@@ -17,8 +17,10 @@ The producer makes 3 items, then waits forever (no ``timeout=``). Every line
 printed is JSON; the worker pids are in it (processes).
 """
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -79,7 +81,9 @@ def build(kind):
     api, executor = kind.split("-")
     if api == "generators":
         return kerasfeed.from_generators(gen, 1, executor=executor, workers=1, **common)
-    path = os.path.join(tempfile.mkdtemp(), "a.txt")
+    folder = tempfile.mkdtemp(prefix="kerasfeed-stuck-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "a.txt")
     with open(path, "w") as f:
         f.write("x\n")
     return kerasfeed.from_files([path], read, executor=executor, workers=1, **common)
