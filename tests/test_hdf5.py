@@ -213,6 +213,17 @@ def test_time_windows(tmp_path):
         kerasfeed.H5WindowSequence(paths, "signal", batch_size=2, window=4, stride=0)
 
 
+def test_windows_of_a_compound_with_a_string_field(tmp_path):
+    """h5py tags the string field's dtype with metadata, which numpy's strided windows cannot rebuild."""
+    dt = np.dtype([("a", "<i4"), ("c", "S3")])
+    rows = np.array([(i, b"x%d" % i) for i in range(9)], dtype=dt)
+    with h5py.File(tmp_path / "rec.h5", "w") as f:
+        f["rec"] = rows
+    seq = kerasfeed.H5WindowSequence(tmp_path / "rec.h5", "rec", batch_size=2, window=3, stride=2)
+    got = np.concatenate([seq[i] for i in range(len(seq))])
+    np.testing.assert_array_equal(got, np.stack([rows[s : s + 3] for s in (0, 2, 4, 6)]))
+
+
 # ---- scene sampling ------------------------------------------------------------
 
 

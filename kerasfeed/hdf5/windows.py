@@ -108,9 +108,11 @@ class H5WindowSequence(H5Base):
             trailing, dtype = self._specs[key]
             arr = np.empty((s1 - s0, self.window, *trailing), dtype=dtype)
             for (f, w0, w1, _, _), rows in zip(spans, reads):
-                # (n, *trailing, window) view -> (n, window, *trailing) copy
-                view = np.lib.stride_tricks.sliding_window_view(rows, self.window, axis=0)
-                arr[w0 - s0 : w1 - s0] = np.moveaxis(view[:: self.stride], -1, 1)
+                # Row k of window j is rows[j * stride + k], gathered straight into the batch. Not a
+                # sliding_window_view: its as_strided cannot rebuild a dtype carrying h5py's metadata
+                # (a compound with a fixed-length string field).
+                picks = np.arange(w1 - w0)[:, None] * self.stride + np.arange(self.window)
+                np.take(rows, picks, axis=0, out=arr[w0 - s0 : w1 - s0])
             out[key] = arr
         return self._finish(i, out)
 
