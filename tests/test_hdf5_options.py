@@ -67,3 +67,52 @@ def test_shared_values_are_checked_by_every_sequence(path):
             make(transform=3)
         with pytest.raises(ValueError, match=r"may not set 'swmr'"):
             make(open_kwargs={"swmr": True})
+
+
+def _rows_read(seq_of, pipeline):
+    """Rows read by two pipelines' shards, each over its own copy of the sequence (one per worker)."""
+    return [[int(v) for batch in pipeline(seq_of(), k) for v in batch] for k in range(2)]
+
+
+def test_sharded_pipelines_over_reader_copies_read_disjoint_rows_or_are_refused(tmp_path):
+    import h5py
+    import numpy as np
+    import tensorflow as tf
+
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("labels", data=np.arange(12), chunks=(3,))  # a row's number
+
+    def dataset(seq, k):
+        return kerasfeed.to_dataset(seq, input_context=tf.distribute.InputContext(2, k))
+
+    def loader(seq, k):
+        return kerasfeed.to_loader(seq, num_shards=2, shard_index=k, executor="threads")
+
+    for pipeline in (dataset, loader):
+        # A seed shared by the copies: disjoint shards, every row read once.
+        a, b = _rows_read(lambda: kerasfeed.H5SliceSequence(path, "labels", 3, shuffle=True, seed=5), pipeline)
+        assert not set(a) & set(b) and len(a) + len(b) == 12
+        # A seed drawn per copy would order each copy differently: the shards would overlap.
+        for make in (
+            lambda: kerasfeed.H5SliceSequence(path, "labels", 3, shuffle=True),
+            lambda: kerasfeed.H5SliceSequence(path, "labels", 3, shuffle_window_chunks=1),
+            lambda: kerasfeed.H5WindowSequence(path, "labels", 3, window=2, shuffle=True),
+        ):
+            with pytest.raises(ValueError) as info:
+                pipeline(make(), 0)
+            assert "cannot be cut into 2 disjoint shards" in str(info.value)
+            assert str(info.value).endswith("Pass the same seed= on every worker. Received: seed=None")
+        # Unshuffled, or with nothing to cut: no seed needed.
+        pipeline(kerasfeed.H5SliceSequence(path, "labels", 3), 0)
+        kerasfeed.to_loader(kerasfeed.H5SliceSequence(path, "labels", 3, shuffle=True), executor="threads")
+
+    # An order that is one shard already: cutting its batches again would leave rows unread.
+    def rows(k):
+        return kerasfeed.H5RowSequence(path, "labels", 2, order=kerasfeed.IndexOrder(12, shuffle=True, seed=4,
+                                                                                       num_shards=2, shard_index=k))
+    with pytest.raises(ValueError, match=r"its order is one shard already.*Pass num_shards=1.*Received: order=IndexOrder"):
+        dataset(rows(0), 0)
+    whole = [[int(v) for batch in kerasfeed.to_loader(rows(k), num_shards=1, executor="threads") for v in batch]
+             for k in range(2)]
+    assert sorted(whole[0] + whole[1]) == list(range(12))

@@ -67,6 +67,7 @@ class H5Base(SceneSequence):
         self.swmr = opts.swmr
         # None: drawn once here, so that pickled copies in workers agree on every order.
         self.seed = opts.seed if opts.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+        self._seed_drawn = opts.seed is None
         self.transform = opts.transform
         self._open_kwargs = dict(opts.open_kwargs or {})
         self._remote = self._remote_files(opts, cls)  # file index -> RemoteFile (filled by _inspect)
@@ -77,6 +78,13 @@ class H5Base(SceneSequence):
         self._row_offsets = [0, *np.cumsum(self._lengths).tolist()]
 
     # ---- public ------------------------------------------------------------
+
+    def kerasfeed_unshardable(self) -> Optional[str]:
+        """Why each worker's own copy would not read disjoint shards (None: they would; ``sources.base``)."""
+        if self._seed_drawn and (self.shuffle or getattr(self, "shuffle_window_chunks", None)):
+            return ("it shuffles with a seed drawn when it was made, so every worker's copy orders its rows "
+                    "differently and their shards overlap. Pass the same seed= on every worker. Received: seed=None")
+        return None
 
     @property
     def paths(self) -> tuple:

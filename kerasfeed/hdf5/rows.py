@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -106,6 +106,16 @@ class H5RowSequence(H5Base):
 
     def __len__(self) -> int:
         return self._len
+
+    def kerasfeed_unshardable(self) -> Optional[str]:
+        """An order that is one shard already: its batches are this worker's (``sources.base``)."""
+        order = getattr(self.order, "order", self.order)
+        shards = getattr(order, "num_shards", 1)
+        if isinstance(shards, int) and shards > 1:
+            return ("its order is one shard already, so its batches are this worker's rows and cutting them "
+                    "again leaves rows unread. Pass num_shards=1 to read this sequence whole here, or build the "
+                    f"order without num_shards and let the pipelines shard its batches. Received: order={order!r}")
+        return None
 
     def batch_rows(self, index: int) -> np.ndarray:
         """The global row numbers that batch ``index`` of this pass holds, in order."""

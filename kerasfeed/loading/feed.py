@@ -26,6 +26,7 @@ from kerasfeed.loading.pipeline import PassPipeline, probe_indices
 from kerasfeed.loading.shards import ShardPlan, order_shards, shard_probe_indices
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
 from kerasfeed.sampling.views import pass_view
+from kerasfeed.sources.base import check_shardable
 
 # The length an endless source counts as when shards are resolved: items for any number of workers.
 ENDLESS = 2**62
@@ -186,6 +187,7 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
     if total is None:
         check_endless_arguments(source, options.shuffle, options.initial_state, options.order, options.max_skipped)
     plan = shards(options, ENDLESS if total is None else total)
+    check_shardable(source, plan.parts, options.api)
     if options.max_skipped and plan.equal_batches:
         raise ValueError(
             f"{options.api}: `max_skipped` cannot be used by {plan.equal_batches}: a step joins every process's "

@@ -118,6 +118,24 @@ def set_epoch(source: Any, epoch: int) -> None:
         source._kf_epoch = int(epoch)
 
 
+# A source that orders its own items (an HDF5 reader's shuffle, an H5RowSequence's order) may define
+# `kerasfeed_unshardable()`: why several pipelines, each with its own copy, would not read disjoint
+# shards of it (None: they would). Every front end asks it before cutting a source into shards.
+UNSHARDABLE_HOOK = "kerasfeed_unshardable"
+
+
+def check_shardable(source: Any, parts: int, api: str) -> None:
+    """Refuses to cut ``source`` into ``parts`` shards when it says its copies would not agree.
+
+    Raises:
+        ValueError: the source's own reason, and what was asked.
+    """
+    hook = getattr(source, UNSHARDABLE_HOOK, None)
+    why = hook() if parts > 1 and callable(hook) else None
+    if why:
+        raise ValueError(f"{api}: {source_name(source)} cannot be cut into {parts} disjoint shards: {why}")
+
+
 def close_quietly(iterator: Any) -> None:
     """Closes a generator (or any iterator with ``close``) whose stream is over
     either way: an exception from its clean-up must not hide the real outcome."""
