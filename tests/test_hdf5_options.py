@@ -116,3 +116,12 @@ def test_sharded_pipelines_over_reader_copies_read_disjoint_rows_or_are_refused(
     whole = [[int(v) for batch in kerasfeed.to_loader(rows(k), num_shards=1, executor="threads") for v in batch]
              for k in range(2)]
     assert sorted(whole[0] + whole[1]) == list(range(12))
+
+
+def test_open_kwargs_that_h5py_refuses_are_named_not_blamed_on_the_file(path):
+    for bad, said in (({"rdcc_nbytes": "64MB"}, "an integer is required"), ({"rdcc_nbyts": 1}, "rdcc_nbyts")):
+        with pytest.raises(TypeError) as info:
+            kerasfeed.H5SliceSequence(path, "labels", 4, open_kwargs=bad)
+        msg = str(info.value)
+        assert "h5py.File refused `open_kwargs`" in msg and said in msg and "corrupt" not in msg, msg
+        assert msg.endswith(f"Received: open_kwargs={bad!r}")

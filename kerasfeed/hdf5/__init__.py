@@ -43,7 +43,11 @@ Files replaced or shortened after construction:
   ``close()``, in a worker process) it raises ``FileChangedError`` (an ``OSError``) rather than read
   another file as if it had the old length. A read that finds fewer rows than the sequence saw (a
   dataset resized or the file rewritten in place) raises the same error, naming the file, key and rows.
-  After changing a file, build a new sequence.
+  After changing a file, build a new sequence. One case is not caught: with HDF5's file locking off
+  (``HDF5_USE_FILE_LOCKING=FALSE``, common on NFS and Lustre) a writer may change a file while a reader
+  holds it open, and HDF5 then reads by the layout it cached when it opened the file: rows past a new,
+  shorter end come back as the fill value (zeros), as with h5py itself. With locking on, HDF5 refuses
+  that writer.
 
 Files in object stores (docs/remote.md):
   Any path may be an ``s3://``, ``gs://`` or ``http(s)://`` URL, with ``storage_options=`` for fsspec

@@ -16,7 +16,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError
 from kerasfeed.hdf5.handles import REGISTRY
-from kerasfeed.hdf5.inspection import check_file
+from kerasfeed.hdf5.inspection import check_file, open_local
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.hdf5.remote.chunks import concat
@@ -323,23 +323,7 @@ class H5Base(SceneSequence):
             return ds
 
     def _open(self, path: str):
-        import h5py  # lazily: `import kerasfeed` and light workers skip it
-
-        cls = type(self).__name__
-        try:
-            return h5py.File(path, "r", swmr=self.swmr, **self._open_kwargs)
-        except Exception as e:
-            try:
-                is_hdf5 = h5py.is_hdf5(path)
-            except Exception:  # noqa: BLE001 - only refines the message of the error raised below
-                is_hdf5 = False
-            what = (
-                "could not be opened as HDF5 (corrupt or truncated, held open for writing "
-                "by another process without SWMR, or not written for SWMR while swmr=True)"
-                if is_hdf5
-                else "is not an HDF5 file (no HDF5 signature)"
-            )
-            raise OSError(f"{cls}: file '{path}' {what}: {type(e).__name__}: {e}") from e
+        return open_local(path, self.swmr, self._open_kwargs, type(self).__name__)
 
     def _inspect(self):
         """Opens each file briefly: checks keys and shapes, returns the layout."""

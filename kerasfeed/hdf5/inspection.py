@@ -1,4 +1,5 @@
-"""Checking an open HDF5 file against the keys of a sequence being built (local files and URLs alike)."""
+"""Opening a local HDF5 file, and checking an open one against the keys of a sequence being built (local files
+and URLs alike)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,40 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
 
 
 __all__ = ["check_file"]
+
+
+def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
+    """``h5py.File(path, "r")`` with the sequence's options; a failure names what it was.
+
+    Raises:
+        TypeError, ValueError: h5py refused ``open_kwargs`` (the file opens without them).
+        OSError: the file is not HDF5, or could not be opened as HDF5.
+    """
+    import h5py  # lazily: `import kerasfeed` and light workers skip it
+
+    try:
+        return h5py.File(path, "r", swmr=swmr, **open_kwargs)
+    except Exception as e:
+        try:
+            is_hdf5 = h5py.is_hdf5(path)
+        except Exception:  # noqa: BLE001 - only refines the message of the error raised below
+            is_hdf5 = False
+        if is_hdf5 and open_kwargs and _opens_without(h5py, path, swmr):
+            kind = type(e) if isinstance(e, (TypeError, ValueError)) else ValueError
+            raise kind(f"{owner}: h5py.File refused `open_kwargs` for '{path}' (the file opens without them): "
+                       f"{type(e).__name__}: {e}. Received: open_kwargs={open_kwargs!r}") from e
+        what = (
+            "could not be opened as HDF5 (corrupt or truncated, held open for writing "
+            "by another process without SWMR, or not written for SWMR while swmr=True)"
+            if is_hdf5
+            else "is not an HDF5 file (no HDF5 signature)"
+        )
+        raise OSError(f"{owner}: file '{path}' {what}: {type(e).__name__}: {e}") from e
+
+
+def _opens_without(h5py, path: str, swmr: bool) -> bool:
+    try:
+        h5py.File(path, "r", swmr=swmr).close()
+    except Exception:  # noqa: BLE001 - the file itself fails: the caller names the file
+        return False
+    return True
