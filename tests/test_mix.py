@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import pickle
 import sys
+import warnings
 
 import cloudpickle
 import h5py
@@ -50,16 +51,44 @@ def test_proportions_by_arithmetic_each_item_once():
     assert mixed.slots.tolist() == [6, 3, 1] and mixed.period == 10
     pairs = _pairs(mixed)
     assert len(set(pairs)) == len(pairs)  # each element from exactly one part, no item twice
-    # 50 whole blocks, then the block's first slots (a, b, a, a, b) until c runs out
-    assert len(mixed) == 505
+    # 50 whole blocks, then the block's first slots (a, b, a, a, b, a) until c runs out
+    assert len(mixed) == 506
     counts = np.bincount([p for p, _ in pairs], minlength=3)
-    assert counts.tolist() == [303, 152, 50]
+    assert counts.tolist() == [304, 152, 50]
     parts = np.array([p for p, _ in pairs])
     for k in range(1, len(mixed) + 1):  # every prefix within one item per part of the proportions
-        assert np.all(np.abs(np.bincount(parts[:k], minlength=3) - k * np.array([0.6, 0.3, 0.1])) <= 1)
+        assert np.all(np.abs(np.bincount(parts[:k], minlength=3) - k * np.array([0.6, 0.3, 0.1])) < 1)
     assert [mixed[i] for i in (0, 1, 2, -1)] == [a[pairs[0][1]], [a, b, c][pairs[1][0]][pairs[1][1]], [a, b, c][pairs[2][0]][pairs[2][1]], [a, b, c][pairs[-1][0]][pairs[-1][1]]]
-    with pytest.raises(IndexError, match="index 505 is out of range for 505 elements"):
-        mixed[505]
+    with pytest.raises(IndexError, match="index 506 is out of range for 506 elements"):
+        mixed[506]
+
+
+def test_every_prefix_holds_each_share_within_less_than_one_item():
+    """Tijdeman's bound, 1 - 1/(2n - 2) for n parts, on every prefix of a block (blocks repeat whole,
+    so of the mix); a window is the difference of two prefixes: within less than two."""
+    rng = np.random.default_rng(0)
+    cases = [[7, 1, 1, 1], [1, 1, 1, 1, 5], [6, 3, 1], [1, 0, 2]]
+    cases += [rng.integers(1, 40, rng.integers(2, 9)).tolist() for _ in range(150)]
+    for w in cases:
+        mixed = kerasfeed.mix([np.arange(100)] * len(w), w, check=False)
+        block = np.array([mixed.locate(i)[0] for i in range(mixed.period)])
+        n = sum(1 for x in w if x > 0)
+        counts = np.cumsum(np.eye(len(w), dtype=int)[block], axis=0)
+        drift = counts - np.arange(1, mixed.period + 1)[:, None] * mixed.proportions
+        assert np.abs(drift).max() <= 1 - 1 / (2 * n - 2) + 1e-9, (w, block.tolist())
+        assert np.bincount(block, minlength=len(w)).tolist() == mixed.slots.tolist()
+
+
+def test_rounded_weights_that_move_a_share_are_warned_about():
+    with pytest.warns(UserWarning, match=r"gives part 1 a share of 9.999e-05 where the weights ask for 4.99975e-05"):
+        huge = kerasfeed.mix([np.arange(10)] * 2, [20000, 1], check=False)
+    assert huge.slots.tolist() == [10000, 1]
+    with pytest.warns(UserWarning, match=r"part 0 a share .* Received: weights=\[1e-06, 1.0\]"):
+        kerasfeed.mix([np.arange(10)] * 2, [1e-6, 1], check=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kerasfeed.mix([np.arange(10)] * 2, [6000, 4000], check=False).slots.tolist() == [3, 2]
+        assert kerasfeed.mix([np.arange(10)] * 2, [1 / 3, 2 / 3], check=False).period == 10_000
 
 
 def test_float_weights_and_the_partial_last_block():

@@ -23,11 +23,12 @@ def mix(
     Args:
         sources: two or more indexable sources (``__len__`` and ``__getitem__``) whose items share one
             structure (same nest, dtypes and ranks; dimensions may differ).
-        weights: one non-negative weight per part, not all zero; None mixes equally. Whole numbers are
-            used exactly; other weights are rounded to ``1/10000`` of a block.
-        seed: None: the slots of every block are evenly interleaved (any window of the mix is within ±1
-            of the proportions per part). An int: the slots of every block are shuffled with
-            ``(seed, block)``.
+        weights: one non-negative weight per part, not all zero; None mixes equally. Whole numbers summing
+            to at most 10,000 are used exactly; other weights are rounded to ``1/10000`` of a block (a
+            positive weight keeps at least one slot; a share moved by over 1 % is warned about).
+        seed: None: the slots of every block are evenly interleaved: every prefix of the mix holds each
+            part's share within less than one item (any window, within less than two). An int: the slots
+            of every block are shuffled with ``(seed, block)``.
         check: compare item 0 of every part with item 0 of the first part and name the first mismatch
             (part and field).
 

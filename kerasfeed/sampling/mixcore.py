@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import heapq
 import math
+import warnings
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -132,7 +135,8 @@ class MixCore:
 
 
 def _whole_slots(w: np.ndarray) -> np.ndarray:
-    """Weights as whole slots per block, in their lowest terms."""
+    """Weights as whole slots per block, in their lowest terms; a share that rounding moves by over 1 % is
+    warned about (weights too fine for a block of ``MAX_PERIOD``, or a positive weight raised to one slot)."""
     if np.all(w == np.round(w)) and w.sum() <= MAX_PERIOD:
         slots = w.astype(np.int64)
     else:
@@ -141,18 +145,59 @@ def _whole_slots(w: np.ndarray) -> np.ndarray:
         short = MAX_PERIOD - int(slots.sum())
         slots[np.argsort(slots - quota, kind="stable")[:short]] += 1  # largest remainders
         slots[(slots == 0) & (w > 0)] = 1  # a positive weight keeps at least one slot
+        asked, given = w / w.sum(), slots / slots.sum()
+        moved = np.abs(given - asked) / np.where(w > 0, asked, 1)
+        k = int(np.argmax(moved))
+        if moved[k] > 0.01:
+            warnings.warn(
+                f"mix: the weights are rounded to whole slots of a block of {MAX_PERIOD}, which gives part {k} a "
+                f"share of {given[k]:.6g} where the weights ask for {asked[k]:.6g}. Whole-number weights summing to "
+                f"at most {MAX_PERIOD} are used exactly. Received: weights={w.tolist()!r}",
+                UserWarning,
+                stacklevel=5,  # the caller of kerasfeed.mix
+            )
     g = math.gcd(*slots.tolist())
     return slots // g
 
 
 def _interleave(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One block: the part of every slot and its rank within that part, slots
-    of each part spread evenly (slot j of part k sits at time (j + 1/2) / w_k)."""
-    parts = np.repeat(np.arange(len(slots)), slots)
-    ranks = np.concatenate([np.arange(s) for s in slots])
-    times = (ranks + 0.5) / slots[parts]
-    order = np.lexsort((parts, times))
-    return parts[order].astype(np.int32), ranks[order].astype(np.int64)
+    """One block: the part of every slot and its rank within that part, so that every prefix of the block
+    holds each part's share within less than one item (Tijdeman's chairman assignment: at most
+    ``1 - 1/(2n - 2)`` for ``n`` parts; R. Tijdeman, 1980).
+
+    Step ``t`` (1-based) places, among the parts whose next item may come without getting ahead of its
+    share by more than ``d = 1 - 1/(2n - 2)``, the one whose item is due first (before the part falls
+    behind by more than ``d``); one always may (the shares sum to ``t``). Exact integer and rational
+    arithmetic, so the block is the same on every machine.
+    """
+    sizes = [int(x) for x in slots]
+    n, total = len(sizes), sum(sizes)
+    used = [k for k, size in enumerate(sizes) if size > 0]
+    parts = np.empty(total, np.int32)
+    ranks = np.empty(total, np.int64)
+    if len(used) == 1:
+        parts[:], ranks[:] = used[0], np.arange(total)
+        return parts, ranks
+    m = 2 * len(used) - 2
+    # Item j of part k may come at step ceil((j m + 1) total / (size m)), and is due at (j m + m - 1) total / (size m).
+    waiting = [(_release(0, size, m, total), k) for k, size in enumerate(sizes) if size > 0]
+    heapq.heapify(waiting)
+    ready: list = []
+    count = [0] * n
+    for t in range(1, total + 1):
+        while waiting and waiting[0][0] <= t:
+            _, k = heapq.heappop(waiting)
+            heapq.heappush(ready, (Fraction(count[k] * m + m - 1, sizes[k]), k))
+        _, k = heapq.heappop(ready)
+        parts[t - 1], ranks[t - 1] = k, count[k]
+        count[k] += 1
+        if count[k] < sizes[k]:
+            heapq.heappush(waiting, (_release(count[k], sizes[k], m, total), k))
+    return parts, ranks
+
+
+def _release(j: int, size: int, m: int, total: int) -> int:
+    return -(-(j * m + 1) * total // (size * m))  # ceil
 
 
 def _leaves(item: Any, path: str, out: list) -> Any:
