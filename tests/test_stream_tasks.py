@@ -99,3 +99,27 @@ def test_a_worker_process_refuses_a_generator_it_handed_out_before():
             list(ds)
     finally:
         ds._kerasfeed_stream.close()
+
+
+@pytest.mark.parametrize("made", [lambda i: map(np.int64, [10 * i, 10 * i + 1]), lambda i: iter([np.int64(10 * i)] * 2)],
+                         ids=["map", "list_iterator"])
+def test_other_iterators_made_ahead_are_refused_after_the_probe(made):
+    """A map or iter(list) made ahead is its own iterator, as a generator is: the probe read shard 0's
+    first items, so the pass would have lost them (pass 0 was [10, 20, 11, 21], pass 1 empty)."""
+    its = [made(i) for i in range(3)]
+    ds = kerasfeed.from_generators(lambda i: its[i], 3, probe=1)
+    with pytest.raises(tf.errors.OpError, match=r"the task returned an iterator it had returned before.*Received: <"):
+        list(ds)
+
+
+def test_iterators_of_types_without_weak_references_are_told_apart():
+    from kerasfeed.sources.base import GeneratorsSeen
+
+    seen = GeneratorsSeen()
+    kept = [seen.check(iter([1])) for _ in range(3)]  # new iterators each call: all fine, held strongly
+    with pytest.raises(ValueError, match="returned an iterator it had returned before"):
+        seen.check(kept[1])
+    seen.KEPT_STRONG = 2
+    for _ in range(5):
+        seen.check(iter([1]))
+    assert len(seen._held) == 2

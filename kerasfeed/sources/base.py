@@ -6,6 +6,7 @@ once per pass in the consumer process, as Keras calls them on a ``PyDataset``.""
 
 from __future__ import annotations
 
+import collections
 import numbers
 import threading
 import types
@@ -148,32 +149,54 @@ def close_quietly(iterator: Any) -> None:
 
 
 class GeneratorsSeen:
-    """Refuses a generator that a stream's task returned before.
+    """Refuses an iterator that a stream's task returned before.
 
     A generator runs once, and every stream closes its iterator when it ends.
     A task that hands back a generator made ahead (``lambda i: gens[i]``, a
     global) would give a stream with no items, silently, from the second
-    time on: and the signature probe is already a first time. Only
-    generators are checked: another iterator may restart in ``__iter__``.
-    Weak references: a generator nobody else holds cannot come back.
+    time on: and the signature probe is already a first time. The same holds
+    for any object that is its own iterator (``map``, ``iter(list)``, a file):
+    what the task returns is checked when ``iter()`` gives it back unchanged.
+    A list or another iterable restarts in ``__iter__`` and is not checked.
+    Weak references where the type allows (generators); the last
+    ``KEPT_STRONG`` others are held (the built-in iterators take no weak
+    reference), so that an id is never another object's.
     """
+
+    KEPT_STRONG = 4096
 
     def __init__(self) -> None:
         self._seen: weakref.WeakSet = weakref.WeakSet()
+        self._held: collections.OrderedDict = collections.OrderedDict()  # id -> the iterator, oldest first
         self._lock = threading.Lock()
 
     def check(self, iterator: Any) -> Any:
-        """Returns ``iterator``; raises ValueError if it is a generator seen before."""
-        if isinstance(iterator, types.GeneratorType):
-            with self._lock:
-                if iterator in self._seen:
-                    raise ValueError(
-                        "the task returned a generator object it had returned before; a generator runs only "
-                        "once and the stream that read it closed it, so this stream would have no items. "
-                        "Return a new generator from every call (kerasfeed calls the task once per shard in "
-                        "every pass, and once more for the first shards to infer the signature): e.g. "
-                        "`def factory(i): return make_gen(i)`, not `lambda i: gens[i]`. "
-                        f"Received: {_short(iterator)}"
-                    )
-                self._seen.add(iterator)
+        """Returns ``iterator`` (what ``iter()`` gave for the task's value); raises ValueError if the task
+        returned this very iterator before."""
+        with self._lock:
+            if self._seen_before(iterator):
+                kind = "a generator object" if isinstance(iterator, types.GeneratorType) else "an iterator"
+                raise ValueError(
+                    f"the task returned {kind} it had returned before; an iterator runs only "
+                    "once and the stream that read it closed it, so this stream would have no items. "
+                    "Return a new generator or iterator from every call (kerasfeed calls the task once per "
+                    "shard in every pass, and once more for the first shards to infer the signature): e.g. "
+                    "`def factory(i): return make_gen(i)`, not `lambda i: gens[i]`. "
+                    f"Received: {_short(iterator)}"
+                )
         return iterator
+
+    def _seen_before(self, iterator: Any) -> bool:
+        try:
+            if iterator in self._seen:
+                return True
+            self._seen.add(iterator)
+            return False
+        except TypeError:  # no weak reference to this type
+            pass
+        if id(iterator) in self._held:
+            return self._held[id(iterator)] is iterator
+        self._held[id(iterator)] = iterator
+        while len(self._held) > self.KEPT_STRONG:
+            self._held.popitem(last=False)
+        return False

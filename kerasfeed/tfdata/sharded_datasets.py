@@ -107,8 +107,8 @@ def from_generators(
     overlap; tf.data pulls whatever is ready. Every pass over the dataset
     (every epoch) calls ``factory`` again for new generators, and the
     signature probe calls it for the first shards: it must make a new
-    generator every call (a generator runs once; one returned before fails
-    its shard with a ``StreamError`` saying so, rather than giving no items).
+    generator every call (a generator, or any iterator such as a ``map``, runs
+    once; one returned before fails its shard with a ``StreamError`` saying so, rather than giving no items).
 
     Under ``MultiWorkerMirroredStrategy`` (a dataset created in a worker
     process) each worker runs only its own generators: shards ``k, k + W,
