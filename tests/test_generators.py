@@ -103,6 +103,17 @@ def test_order_does_not_depend_on_workers_when_cycle_length_is_fixed():
     assert orders[0] == orders[1] == orders[2] == tf_interleave_reference(7, 2, 1)
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_cycle_longer_than_the_shards_runs_with_the_default_workers(executor):
+    """tf.data cycles over the shards there are: cycle_length=5 over 3 shards needs 3 workers, and the
+    default gives them (it was refused, naming a `workers=3` the caller never passed)."""
+    ds = kerasfeed.from_generators(numbered, 3, cycle_length=5, block_length=2, executor=executor,
+                                   output_signature=INT)
+    assert values(ds) == tf_interleave_reference(3, 5, 2)
+    with pytest.raises(ValueError, match=r"`cycle_length=5` is larger than `workers=2`.*Received: cycle_length=5, workers=2"):
+        kerasfeed.from_generators(numbered, 4, cycle_length=5, workers=2, executor=executor)
+
+
 def test_nondeterministic_mode_delivers_everything_as_it_arrives():
     def slow_first(i):
         if i == 0:

@@ -88,15 +88,16 @@ class ShardedStream:
         self.task, self.args, self.kind, self.executor = task, list(args), kind, executor
         n = len(self.args)
         self.pool = None
+        # A default leaves room for the cycle: every generator of it needs a thread or process of its own.
         if executor == "threads":
             if workers is None:
                 workers = min(n, max(DEFAULT_THREAD_WORKERS, cycle_length or 0))
         elif workers is None:
             from kerasfeed.execution.processes.options import default_workers
 
-            workers = min(n, default_workers())
+            workers = min(n, max(default_workers(), cycle_length or 0))
         self.workers = workers
-        if cycle_length is not None and cycle_length > workers:
+        if cycle_length is not None and min(cycle_length, n) > workers:  # tf.data cycles over n shards at most
             raise ValueError(
                 f"`cycle_length={cycle_length}` is larger than `workers={workers}`: every generator of the "
                 f"cycle needs a thread or process of its own. Received: cycle_length={cycle_length}, "
@@ -104,7 +105,7 @@ class ShardedStream:
             )
         processes = executor == "processes"
         self.options = InterleaveOptions(
-            cycle_length=min(n, workers) if cycle_length is None else cycle_length,
+            cycle_length=min(n, workers if cycle_length is None else cycle_length),
             block_length=block_length,
             deterministic=deterministic,
             # A worker process that finished its shard starts the next one even

@@ -133,7 +133,8 @@ def from_generators(
             come back through shared memory).
         workers: generators running at once (threads or processes). Default:
             ``min(num_shards, 64)`` threads, or ``default_workers()`` processes
-            (2 on 2 cores, 14 on 16; see ``PoolOptions``).
+            (2 on 2 cores, 14 on 16; see ``PoolOptions``); at least
+            ``min(num_shards, cycle_length)`` when ``cycle_length`` is given.
         cycle_length: generators interleaved at a time in the deterministic
             order; at most ``workers``. Default: ``min(num_shards, workers)``.
             The order depends only on ``num_shards``, ``cycle_length`` and
