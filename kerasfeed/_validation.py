@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 # tf.data.AUTOTUNE, without importing TensorFlow.
 AUTOTUNE = -1
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the calling function: the first frame outside kerasfeed."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _where(owner: Optional[str]) -> str:

@@ -327,6 +327,55 @@ def test_timeout_replaces_a_stuck_actor_and_retries_make_an_item_again(ray_clust
     assert _no_kerasfeed_actors()
 
 
+class Steady:
+    """12 items of 0.3 s each; item 4 raises on its first call (a marker file says it ran)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        time.sleep(0.3)
+        if i == 4 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise OSError("a flaky read")
+        return np.full(2, i, np.int64)
+
+
+def test_a_retried_item_times_from_when_its_actor_runs_it(ray_cluster, tmp_path):
+    """A retry goes behind its actor's later items; its timeout counted from the resend killed a healthy
+    actor and failed the pass (the processes executor counts from when the worker is ready for it)."""
+    ex = kerasfeed.RayExecutor(Steady(str(tmp_path / "ran")), workers=2, timeout=0.8, retries=1)
+    ex.plan(0, list(range(12)))
+    assert [int(ex.load(i, 0)[0]) for i in range(12)] == list(range(12))
+    stats = ex.stats()
+    assert stats["retried_items"] == 1 and stats["replaced_workers"] == 0 and stats["failed_items"] == 0, stats
+    ex.close()
+    assert _no_kerasfeed_actors()
+
+
+class Locked(Blobs):
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.guard = threading.Lock()
+
+
+def test_what_cannot_reach_the_actors_is_named_for_ray_not_processes(ray_cluster):
+    with pytest.raises(TypeError, match=r"^kerasfeed: executor='ray' sends the source to Ray actors by pickling it "
+                                        r"\(cloudpickle\), but `source.guard` \(_thread.lock\) cannot be pickled"):
+        kerasfeed.RayExecutor(Locked(4), workers=1)
+    src = Blobs(4)
+    with kerasfeed.RayExecutor(src, workers=1) as ex:
+        loader = kerasfeed.to_loader(src, executor=ex)
+        next(iter(loader))
+        src.guard = threading.Lock()  # set between passes: the actors' copy must get it
+        with pytest.raises(TypeError, match=r"`guard` of Blobs changed in this process .* must reach the Ray actors "
+                                            r"before the next pass"):
+            list(loader)
+
+
 def test_fit_trains_on_tensorflow_with_ray_input_and_validation(ray_cluster):
     import keras
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from kerasfeed import ProcessExecutor
 from kerasfeed import _validation as v
 from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.execution.processes.options import PoolOptions
+from kerasfeed.execution.threads import ThreadExecutor
 
 
 class Small(kerasfeed.SceneSequence):
@@ -145,6 +147,24 @@ def test_an_executor_instance_reads_only_its_own_source():
     for bad in ("scenes.h5", 5, None):
         with pytest.raises(TypeError, match=rf"^ProcessExecutor needs an indexable source.*Received: {bad!r} of type"):
             ProcessExecutor(bad, workers=1)
+
+
+def test_a_pipeline_seed_beside_an_executor_instance_with_another_item_seed_is_warned_about():
+    """The pipeline's seed orders the items; item_rng() draws from the executor's own: an executor made
+    without that seed gave other random numbers than executor='...' with it, and others every run."""
+    train = Small()
+    for make in (lambda **kw: ProcessExecutor(train, workers=1, **kw), lambda **kw: ThreadExecutor(train, **kw)):
+        with make() as ex:
+            with pytest.warns(UserWarning, match=r"seed=3 orders the items, but kerasfeed.item_rng\(\).*drawn when it "
+                              r"was made.*Make the executor with seed=3 too. Received: seed=3, executor=<") as got:
+                kerasfeed.to_loader(train, shuffle=True, seed=3, executor=ex)
+            assert got[0].filename == __file__  # names the caller's line
+        with make(seed=4) as ex, pytest.warns(UserWarning, match=r"executor's own seed, 4:"):
+            kerasfeed.to_dataset(train, shuffle=True, seed=3, executor=ex)
+        with make(seed=3) as ex, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kerasfeed.to_loader(train, shuffle=True, seed=3, executor=ex)
+            kerasfeed.to_loader(train, executor=ex)  # no seed of the pipeline's: nothing to differ from
 
 
 def test_a_seed_numpy_refuses_fails_when_the_dataset_is_made_not_mid_iteration():

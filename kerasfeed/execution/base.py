@@ -35,6 +35,8 @@ class Executor(abc.ABC):
     lends_source_arrays: bool = False
     # The waits of its loads (``execution/waits.py``), ended when the last iterator over it is deleted.
     waits: Optional[Any] = None
+    # The seed of ``kerasfeed.item_rng()`` the user gave it (None: drawn when it was made, or none used).
+    item_seed: Optional[int] = None
 
     @abc.abstractmethod
     def load(self, index: int, epoch: int) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
+from kerasfeed import _validation as _v
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.processes.options import PoolOptions
 from kerasfeed.execution.threads import ThreadExecutor
@@ -81,6 +83,17 @@ def _check_instance(executor: Executor, source: Any, options: PoolOptions) -> No
         raise ValueError(
             "`workers` and `worker_init` apply to an executor kerasfeed makes; the one given was made with its "
             f"own. Received: workers={options.workers!r}, worker_init={options.worker_init!r}, executor={executor!r}"
+        )
+    if options.seed is not None and executor.item_seed != options.seed:
+        # The pipeline's seed orders the items; the items' own random numbers come from the executor.
+        warnings.warn(
+            f"seed={options.seed} orders the items, but kerasfeed.item_rng() (and the reseeded random and "
+            f"numpy.random of worker processes) draw from the executor's own seed, "
+            f"{'drawn when it was made' if executor.item_seed is None else executor.item_seed}: the items' random "
+            f"numbers would differ from executor='{executor.name}' with seed={options.seed}, and from run to run. "
+            f"Make the executor with seed={options.seed} too. Received: seed={options.seed}, executor={executor!r}",
+            UserWarning,
+            stacklevel=_v.caller_stacklevel(),
         )
     if options.retries or options.recycles:
         raise ValueError(

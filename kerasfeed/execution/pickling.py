@@ -104,8 +104,12 @@ def find_unpicklable(obj: Any, path: str) -> Optional[tuple[str, Any, BaseExcept
     return visit(obj, path, 0)
 
 
-def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
-    """Pickles ``(source, worker_init)`` for the workers.
+# What an executor's workers are called in messages.
+WORKERS = {"processes": "worker processes", "ray": "Ray actors"}
+
+
+def dumps_for_workers(source: Any, worker_init: Any = None, executor: str = "processes") -> bytes:
+    """Pickles ``(source, worker_init)`` for the workers of ``executor`` (a key of ``WORKERS``).
 
     Raises:
         TypeError: something in them cannot be pickled; the message names it.
@@ -120,12 +124,12 @@ def dumps_for_workers(source: Any, worker_init: Any = None) -> bytes:
             where, value, err = found
             cls = type(value)
             raise TypeError(
-                f"kerasfeed: executor='processes' sends the {what} to worker processes by pickling it "
+                f"kerasfeed: executor='{executor}' sends the {what} to {WORKERS[executor]} by pickling it "
                 f"(cloudpickle), but `{where}` ({cls.__module__}.{cls.__qualname__}) cannot be pickled: "
                 f"{type(err).__name__}: {err}. {_FIX} Received: {path}={short_repr(obj, 200)}"
             ) from e
         raise TypeError(
-            f"kerasfeed: could not pickle the source for the worker processes: {type(e).__name__}: {e}. "
+            f"kerasfeed: could not pickle the source for the {WORKERS[executor]}: {type(e).__name__}: {e}. "
             f"{_FIX} Received: source={short_repr(source, 200)}"
         ) from e
 

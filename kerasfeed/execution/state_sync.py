@@ -151,8 +151,9 @@ class StateTracker:
     hooks and ``check`` at every pass boundary. Not thread-safe: the pass pipeline calls it from one thread.
     """
 
-    def __init__(self, source: Any):
+    def __init__(self, source: Any, executor: str = "processes"):
         self.source = source
+        self.executor = executor  # whose workers get the changes, for messages
         cls = type(source)
         standard = cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
         self.mode = "keys" if standard and isinstance(self._state(), dict) else "whole"
@@ -226,7 +227,7 @@ class StateTracker:
         return payload, False
 
     def _payload(self, post: dict, send: set) -> bytes:
-        from kerasfeed.execution.pickling import dumps, find_unpicklable
+        from kerasfeed.execution.pickling import WORKERS, dumps, find_unpicklable
 
         for key in sorted(send, key=str):
             fp = post.get(key)
@@ -238,9 +239,10 @@ class StateTracker:
                 raise TypeError(
                     f"kerasfeed: `{key if key != _WHOLE else 'the source'}` of {type(self.source).__name__} changed in "
                     "this process (in on_epoch_end, set_epoch or on_epoch_begin, or between passes) and must reach the "
-                    f"worker processes before the next pass, but `{path}` ({cls.__module__}.{cls.__qualname__}) cannot "
-                    f"be pickled: {type(err).__name__}: {err}. Keep such objects out of the pickled state (open them "
-                    "lazily in `__getitem__` and drop them in `__getstate__`), or use executor='threads'. "
+                    f"{WORKERS[self.executor]} before the next pass, but `{path}` "
+                    f"({cls.__module__}.{cls.__qualname__}) cannot be pickled: {type(err).__name__}: {err}. Keep such "
+                    "objects out of the pickled state (open them lazily in `__getitem__` and drop them in "
+                    "`__getstate__`), or use executor='threads'. "
                     f"Received: {path}={short_repr(value, 120)}"
                 )
         if self.mode == "whole":

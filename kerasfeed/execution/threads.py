@@ -86,6 +86,7 @@ class ThreadExecutor(Executor):
     ):
         seed = _v.seed("seed", seed, owner="ThreadExecutor")
         self._runner = Runner(source, source_name(source), item_random.ItemSeeds(seed))
+        self.item_seed = seed
         self._timeout = _v.seconds("timeout", timeout)
         self._retries = _v.non_negative_int("retries", retries, owner="ThreadExecutor")
         if self._retries and self._timeout is not None:

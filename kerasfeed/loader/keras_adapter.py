@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import warnings
 from typing import Any
 
 from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
@@ -122,12 +123,20 @@ def tf_dataset(loader: Any) -> Any:
     order, seed = feed.shards.order, options.seed
     if order is None and seed is None:
         seed = feed.passes.order.seed  # the seed IndexOrder drew: the same permutations
+    with warnings.catch_warnings():
+        # The loader's own executor (or the user's, warned about when the loader was made): its item seed
+        # is the loader's, whatever seed orders these passes.
+        warnings.filterwarnings("ignore", message=r"seed=\d+ orders the items", category=UserWarning)
+        return _to_dataset(to_dataset, feed, options, seed, order, loader.executor)
+
+
+def _to_dataset(to_dataset: Any, feed: Any, options: Any, seed: Any, order: Any, executor: Any) -> Any:
     return to_dataset(
         feed.source,
         batch_size=options.batch_size,
         shuffle=options.shuffle,
         seed=seed,
-        executor=loader.executor,
+        executor=executor,
         drop_remainder=options.drop_remainder,
         padding_values=options.padding_values,
         probe=options.probe,

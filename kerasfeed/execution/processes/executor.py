@@ -122,6 +122,7 @@ class ProcessExecutor(Executor):
                 options = dataclasses.replace(options, in_flight_per_worker=max(options.in_flight_per_worker,
                                                                                 threads + 1))
         self.options = options.resolved()  # workers and seed made concrete: every restart starts the same workers
+        self.item_seed = self.options.seed if self.options.seed_given else None
         self._label = name or type(source).__name__  # in messages
         self._source = source  # a parked pool's successor gets it as it is then
         self._restart_lock = threading.Lock()

@@ -184,9 +184,10 @@ class RayExecutor(LoadsMixin, Executor):
         self._loads = self._loading = 0
         self._items, self._consumer_cpu_s = 0, 0.0
         self._base_seed, self._seed_given = options.base_seed()
+        self.item_seed = self._base_seed if self._seed_given else None
         self._ray = cluster.import_ray()
         self._lost = None
-        payload = dumps_for_workers(source, options.worker_init)  # TypeError before any cluster is touched
+        payload = dumps_for_workers(source, options.worker_init, "ray")  # TypeError before any cluster is touched
         self._held = _Held(cluster.acquire(options.address))
         self._finalizer = weakref.finalize(self, self._held.close)
         cluster.register_pool(self._held)
@@ -200,13 +201,13 @@ class RayExecutor(LoadsMixin, Executor):
     def _new_pool(self, payload: Optional[bytes] = None) -> ActorPool:
         # With the lock held (or in the constructor). The source as it is now.
         if payload is None:
-            payload = dumps_for_workers(self._source, self._options.worker_init)
+            payload = dumps_for_workers(self._source, self._options.worker_init, "ray")
         try:
             items = source_length(self._source, allow_infinite=True)
         except (TypeError, ValueError):
             items = None
         items = items if isinstance(items, int) else None
-        self._state = StateTracker(self._source)  # what the actors' copy is (the payload's source)
+        self._state = StateTracker(self._source, "ray")  # what the actors' copy is (the payload's source)
         available = cluster.room(self._ray, self._options, items, self._held.lease.address, self._name)
         workers = workers_for(self._options, available, items)
         pool = ActorPool(self._ray, payload, self._options, workers, self._base_seed, self._seed_given, self._name,
@@ -264,7 +265,7 @@ class RayExecutor(LoadsMixin, Executor):
                 self._window.drop_all(pool)
                 pool.broadcast(epoch, payload)
                 if pool.states_bytes > max(pool.payload_bytes, _REBASE_BYTES):
-                    pool.rebase(dumps_for_workers(self._source, self._options.worker_init))
+                    pool.rebase(dumps_for_workers(self._source, self._options.worker_init, "ray"))
             self._window.start(epoch, indices, next_pass, pool)
             self._window.fill(pool)
 

@@ -181,10 +181,12 @@ class LoadsMixin:
         timeout = self._options.timeout
         if timeout is None or ref is None:
             return
-        if time.monotonic() - max(since, call.sent_at) <= timeout:
-            return
         with self._lock:
             if call.ref is not ref:  # moved meanwhile: its clock starts again
+                return
+            # From when its actor is ready to run it, as the processes executor counts.
+            running = pool.running_since(call)
+            if running is None or time.monotonic() - max(since, running) <= timeout:
                 return
             pid = lane.info.get("pid") if lane is not None else None
             if lane is not None:

@@ -68,7 +68,7 @@ def lost_errors(ray: Any) -> tuple:
 class Call:
     """One ``source[index]`` request of pass ``epoch`` and where it is now."""
 
-    __slots__ = ("index", "epoch", "ref", "lane", "generation", "losses", "sent_at")
+    __slots__ = ("index", "epoch", "ref", "lane", "generation", "losses", "sent_at", "run_from")
 
     def __init__(self, index: int, epoch: int):
         self.index = index
@@ -78,6 +78,7 @@ class Call:
         self.generation = -1
         self.losses = 0
         self.sent_at = 0.0
+        self.run_from: Optional[float] = None  # when it was seen running (pool.running_since)
 
 
 class Lane:
@@ -259,8 +260,26 @@ class ActorPool:
             return False
         call.ref = lane.actor.load.remote(call.index, call.epoch)
         call.lane, call.generation, call.sent_at = lane, lane.generation, time.monotonic()
+        call.run_from = None
         lane.calls[call] = None
         return True
+
+    def running_since(self, call: Call) -> Optional[float]:
+        """When ``call`` was first seen running on its actor (None: not yet). An actor runs its calls in the
+        order sent, so a call runs once every call sent to its lane before it has a result: a call sent
+        again (a lost actor's, a retry) waits behind the lane's later items, and its timeout must not."""
+        if call.run_from is None and call.lane is not None:
+            ahead = []
+            for other in call.lane.calls:
+                if other is call:
+                    break
+                if other.ref is not None:
+                    ahead.append(other.ref)
+            if ahead:
+                done, _ = self.ray.wait(ahead, num_returns=len(ahead), timeout=0, fetch_local=False)
+            if not ahead or len(done) == len(ahead):
+                call.run_from = time.monotonic()
+        return call.run_from
 
     def done(self, call: Call) -> None:
         """``call`` is finished with (its result taken, or dropped)."""
