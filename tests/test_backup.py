@@ -216,6 +216,13 @@ def test_bad_arguments_are_named(bad):
         kerasfeed.BackupAndRestore(**kwargs)
 
 
+def test_a_backup_dir_that_is_a_file_is_refused_when_made(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")  # fit failed later with a bare FileExistsError naming no argument
+    with pytest.raises(ValueError, match=rf"`backup_dir` is an existing file, not a directory.*Received: backup_dir='{afile}'"):
+        kerasfeed.BackupAndRestore(afile)
+
+
 def test_it_is_keras_callback():
     assert isinstance(kerasfeed.BackupAndRestore("run/b"), keras.callbacks.BackupAndRestore)
 

@@ -324,6 +324,15 @@ def test_bad_cache_arguments_are_named(tmp_path):
         kerasfeed.Cache(max_bytes=0)
     with pytest.raises(ValueError, match=r"`max_bytes` must be at least 128 .* Received: max_bytes=100"):
         kerasfeed.Cache(max_bytes=100)
+    # Any other string is a directory: these made './Memory' and kept it, where RAM was meant.
+    for lookalike in ("Memory", "RAM", " mem"):
+        with pytest.raises(ValueError, match=rf"looks like the former misspelt.*Received: cache='{lookalike}'"):
+            kerasfeed.to_loader(src, cache=lookalike)
+    assert not (tmp_path / "Memory").exists()
+    # A repr with an address changes every run: the kept cache would be rebuilt every time, silently.
+    for changing in (object(), lambda: 1):
+        with pytest.raises(ValueError, match=r"`version` must have a repr that stays the same.*Received: version=<"):
+            kerasfeed.Cache(directory=str(tmp_path / "c"), version=changing)
     from kerasfeed.execution.threads import ThreadExecutor
 
     with ThreadExecutor(src) as ex:

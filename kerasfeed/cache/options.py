@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import weakref
 from typing import Any, Callable, Optional
@@ -92,6 +93,15 @@ class Cache:
         if self.max_bytes is not None and self.max_bytes < MIN_BYTES:
             raise ValueError(f"Cache: `max_bytes` must be at least {MIN_BYTES} (the store's header takes 64 bytes, "
                              f"and a smaller store holds no item). Received: max_bytes={self.max_bytes}")
+        if self.version is not None and _ADDRESS.search(repr(self.version)):
+            # An address differs every run: a kept cache would be rebuilt every time, silently.
+            raise ValueError("Cache: `version` must have a repr that stays the same from run to run (a string, a "
+                             "number, a tuple of them); this one shows a memory address. "
+                             f"Received: version={self.version!r}")
+
+
+_MEMORY_LOOKALIKES = {"memory", "mem", "ram", "in-memory", "in_memory", "inmemory", "memory:"}
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
@@ -104,6 +114,12 @@ def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
         return value
     if isinstance(value, str) and value == "memory":
         return Cache()
+    if isinstance(value, str) and value.strip().lower() in _MEMORY_LOOKALIKES:
+        # Any other string is a directory: './Memory' would be made and kept, where RAM was meant.
+        where = f"{owner}: " if owner else ""
+        raise ValueError(f"{where}`cache` is 'memory' (in RAM) or a directory path; {value!r} looks like the "
+                         "former misspelt. Pass cache='memory', or a path such as './cache'. "
+                         f"Received: cache={value!r}")
     if isinstance(value, (str, os.PathLike)):
         return Cache(directory=_v.path("cache", value, owner=owner))
     where = f"{owner}: " if owner else ""

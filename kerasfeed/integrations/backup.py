@@ -71,6 +71,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 "BackupAndRestore: Empty `backup_dir` argument passed; it must be a non-empty path. "
                 f"Received: backup_dir={backup_dir!r}"
             )
+        if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):  # fit failed later: bare FileExistsError
+            raise ValueError(
+                "BackupAndRestore: `backup_dir` is an existing file, not a directory; backups go into a directory "
+                f"of that name. Received: backup_dir={backup_dir!r}"
+            )
         if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
             raise ValueError(
                 "BackupAndRestore: Invalid value for argument `save_freq`. Expected either 'epoch' or an integer "
