@@ -159,8 +159,12 @@ def test_a_pipeline_seed_beside_an_executor_instance_with_another_item_seed_is_w
                               r"was made.*Make the executor with seed=3 too. Received: seed=3, executor=<") as got:
                 kerasfeed.to_loader(train, shuffle=True, seed=3, executor=ex)
             assert got[0].filename == __file__  # names the caller's line
-        with make(seed=4) as ex, pytest.warns(UserWarning, match=r"executor's own seed, 4:"):
-            kerasfeed.to_dataset(train, shuffle=True, seed=3, executor=ex)
+        with make(seed=4) as ex:
+            with pytest.warns(UserWarning, match=r"executor's own seed, 4: .* with seed=3\. Make the executor"):
+                kerasfeed.to_dataset(train, shuffle=True, seed=3, executor=ex)
+            with warnings.catch_warnings():  # once per executor
+                warnings.simplefilter("error")
+                kerasfeed.to_loader(train, shuffle=True, seed=3, executor=ex)
         with make(seed=3) as ex, warnings.catch_warnings():
             warnings.simplefilter("error")
             kerasfeed.to_loader(train, shuffle=True, seed=3, executor=ex)

@@ -37,6 +37,7 @@ class Executor(abc.ABC):
     waits: Optional[Any] = None
     # The seed of ``kerasfeed.item_rng()`` the user gave it (None: drawn when it was made, or none used).
     item_seed: Optional[int] = None
+    seed_warned: bool = False  # told once that a pipeline's seed is not its item seed (factory.py)
 
     @abc.abstractmethod
     def load(self, index: int, epoch: int) -> Any:

@@ -84,13 +84,16 @@ def _check_instance(executor: Executor, source: Any, options: PoolOptions) -> No
             "`workers` and `worker_init` apply to an executor kerasfeed makes; the one given was made with its "
             f"own. Received: workers={options.workers!r}, worker_init={options.worker_init!r}, executor={executor!r}"
         )
-    if options.seed is not None and executor.item_seed != options.seed:
-        # The pipeline's seed orders the items; the items' own random numbers come from the executor.
+    if options.seed is not None and executor.item_seed != options.seed and not executor.seed_warned:
+        # The pipeline's seed orders the items; the items' own random numbers come from the executor (once per
+        # executor: a source that draws none need not hear it for every pipeline).
+        executor.seed_warned = True
+        drawn = executor.item_seed is None
         warnings.warn(
             f"seed={options.seed} orders the items, but kerasfeed.item_rng() (and the reseeded random and "
             f"numpy.random of worker processes) draw from the executor's own seed, "
-            f"{'drawn when it was made' if executor.item_seed is None else executor.item_seed}: the items' random "
-            f"numbers would differ from executor='{executor.name}' with seed={options.seed}, and from run to run. "
+            f"{'drawn when it was made' if drawn else executor.item_seed}: the items' random numbers would differ "
+            f"from executor='{executor.name}' with seed={options.seed}{', and from run to run' if drawn else ''}. "
             f"Make the executor with seed={options.seed} too. Received: seed={options.seed}, executor={executor!r}",
             UserWarning,
             stacklevel=_v.caller_stacklevel(),
