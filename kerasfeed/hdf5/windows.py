@@ -112,7 +112,7 @@ class H5WindowSequence(H5Base):
                 # sliding_window_view: its as_strided cannot rebuild a dtype carrying h5py's metadata
                 # (a compound with a fixed-length string field).
                 picks = np.arange(w1 - w0)[:, None] * self.stride + np.arange(self.window)
-                np.take(rows, picks, axis=0, out=arr[w0 - s0 : w1 - s0])
+                np.take(rows, picks, axis=0, out=arr[w0 - s0 : w1 - s0], mode="clip")  # in range: unbuffered
             out[key] = arr
         return self._finish(i, out)
 
