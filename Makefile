@@ -18,7 +18,7 @@ $(STAMP): setup.cfg setup.py
 	@$(PYTHON) -c "import shutil; free = shutil.disk_usage('.').free / 2**30; free < 6 and print(f'kerasfeed set-up: WARNING: {free:.1f} GB free on this disk; the two environments take about 4.6 GB and pip needs more while it unpacks')"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --disable-pip-version-check --progress-bar on -e ".[dev]"
-	@$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	@TMPDIR=$(VENV) $(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null  # its empty scratch folder stays in the venv
 	@touch $(STAMP)
 	@echo "kerasfeed set-up done."
 
