@@ -43,7 +43,10 @@ def stats(ds: Any) -> dict:
 
     Keys (``None`` where not known yet or not applicable):
 
-    - ``items``, ``batches``, ``errors``: picked up so far / items that raised.
+    - ``items``, ``batches``, ``errors``: picked up so far / items that raised. ``batches`` counts
+      kerasfeed's own batches (``batch_size=``); a ``.batch()`` applied to the dataset afterwards is
+      not seen, so for a stream's single items ``batches`` equals ``items`` (and ``batches_per_s``
+      ``items_per_s``).
     - ``skipped``: items that failed and were left out (``max_skipped=``;
       each is counted in ``errors`` too); per pass in ``passes``.
     - ``wait_ms``: ``{mean, p50, p95, p99, max, samples}`` of the pick-up's
