@@ -116,15 +116,13 @@ def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
         return Cache()
     if isinstance(value, str) and value.strip().lower() in _MEMORY_LOOKALIKES:
         # Any other string is a directory: './Memory' would be made and kept, where RAM was meant.
-        where = f"{owner}: " if owner else ""
-        raise ValueError(f"{where}`cache` is 'memory' (in RAM) or a directory path; {value!r} looks like the "
-                         "former misspelt. Pass cache='memory', or a path such as './cache'. "
+        raise ValueError(f"{_v._where(owner)}`cache` is 'memory' (in RAM) or a directory path; {value!r} looks "
+                         "like the former misspelt. Pass cache='memory', or a path such as './cache'. "
                          f"Received: cache={value!r}")
     if isinstance(value, (str, os.PathLike)):
         return Cache(directory=_v.path("cache", value, owner=owner))
-    where = f"{owner}: " if owner else ""
     raise TypeError(
-        f"{where}`cache` must be None, 'memory', a directory path or a kerasfeed.Cache. "
+        f"{_v._where(owner)}`cache` must be None, 'memory', a directory path or a kerasfeed.Cache. "
         f"Received: cache={value!r} of type {type(value).__name__}"
     )
 

@@ -12,7 +12,7 @@ from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.hdf5.remote.chunks import concat
 from kerasfeed.sampling.order import IndexOrder
-from kerasfeed.sampling.protocol import resolve_order
+from kerasfeed.sampling.protocol import order_shards, resolve_order
 from kerasfeed.sampling.views import pass_view
 
 if TYPE_CHECKING:
@@ -109,9 +109,8 @@ class H5RowSequence(H5Base):
 
     def kerasfeed_unshardable(self) -> Optional[str]:
         """An order that is one shard already: its batches are this worker's (``sources.base``)."""
-        order = getattr(self.order, "order", self.order)
-        shards = getattr(order, "num_shards", 1)
-        if isinstance(shards, int) and shards > 1:
+        order = getattr(self.order, "order", self.order)  # resolve_order wraps a given order to check it
+        if order_shards(order) > 1:
             return ("its order is one shard already, so its batches are this worker's rows and cutting them "
                     "again leaves rows unread. Pass num_shards=1 to read this sequence whole here, or build the "
                     f"order without num_shards and let the pipelines shard its batches. Received: order={order!r}")

@@ -127,26 +127,23 @@ def tf_dataset(loader: Any) -> Any:
         # The loader's own executor (or the user's, warned about when the loader was made): its item seed
         # is the loader's, whatever seed orders these passes.
         warnings.filterwarnings("ignore", message=r"seed=\d+ orders the items", category=UserWarning)
-        return _to_dataset(to_dataset, feed, options, seed, order, loader.executor)
+        return to_dataset(
+            feed.source,
+            batch_size=options.batch_size,
+            shuffle=options.shuffle,
+            seed=seed,
+            executor=loader.executor,
+            drop_remainder=options.drop_remainder,
+            padding_values=options.padding_values,
+            probe=options.probe,
+            num_shards=feed.shards.num_shards,
+            shard_index=feed.shards.shard_index,
+            # None stays None: the dataset's passes then follow fit's epochs as the loader's do.
+            initial_state=None if options.initial_state is None else options.resume.to_dict(),
+            order=order,
+            max_skipped=options.max_skipped,  # retries and worker limits: the loader's executor has them
+        )
 
-
-def _to_dataset(to_dataset: Any, feed: Any, options: Any, seed: Any, order: Any, executor: Any) -> Any:
-    return to_dataset(
-        feed.source,
-        batch_size=options.batch_size,
-        shuffle=options.shuffle,
-        seed=seed,
-        executor=executor,
-        drop_remainder=options.drop_remainder,
-        padding_values=options.padding_values,
-        probe=options.probe,
-        num_shards=feed.shards.num_shards,
-        shard_index=feed.shards.shard_index,
-        # None stays None: the dataset's passes then follow fit's epochs as the loader's do.
-        initial_state=None if options.initial_state is None else options.resume.to_dict(),
-        order=order,
-        max_skipped=options.max_skipped,  # retries and worker limits: the loader's executor has them
-    )
 
 __all__ = [
     "MIN_KERAS",

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.agreement import check_workers
-from kerasfeed.sampling.protocol import order_fingerprint
+from kerasfeed.sampling.protocol import order_fingerprint, order_shards
 from kerasfeed.sampling.views import pass_view
 
 
@@ -314,12 +314,6 @@ def plan_shards(
     if worker is not None and num_shards > 1:
         check_workers(worker, {"length": length, "num_shards": num_shards, **fields}, api)
     return ShardPlan(num_shards, shard_index, num_shards)
-
-
-def order_shards(order: Any) -> int:
-    """The shards an order object fixes itself (1: none, or no order)."""
-    shards = getattr(order, "num_shards", 1)
-    return shards if isinstance(shards, int) and shards > 0 else 1
 
 
 def _plan_order(api, length, num_shards, shard_index, input_context, order, fields) -> ShardPlan:

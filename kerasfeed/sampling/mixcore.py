@@ -154,7 +154,7 @@ def _whole_slots(w: np.ndarray) -> np.ndarray:
                 f"share of {given[k]:.6g} where the weights ask for {asked[k]:.6g}. Whole-number weights summing to "
                 f"at most {MAX_PERIOD} are used exactly. Received: weights={w.tolist()!r}",
                 UserWarning,
-                stacklevel=5,  # the caller of kerasfeed.mix
+                stacklevel=v.caller_stacklevel(),
             )
     g = math.gcd(*slots.tolist())
     return slots // g

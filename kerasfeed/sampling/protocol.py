@@ -174,6 +174,12 @@ class _CheckedOrder:
         return repr(self.order)
 
 
+def order_shards(order: Any) -> int:
+    """The shards an order object fixes itself (1: none, or no order)."""
+    shards = getattr(order, "num_shards", 1)
+    return shards if isinstance(shards, int) and shards > 0 else 1
+
+
 def order_fingerprint(order: Any) -> str:
     """A short string identifying ``order``'s pass sequence over all shards.
 
@@ -240,4 +246,4 @@ def check_resume_order(state: Any, order: Any) -> None:
         )
 
 
-__all__ = ["Order", "check_resume_order", "order_fingerprint", "pass_fingerprint", "resolve_order"]
+__all__ = ["Order", "check_resume_order", "order_fingerprint", "order_shards", "pass_fingerprint", "resolve_order"]

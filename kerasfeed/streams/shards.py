@@ -88,14 +88,15 @@ class ShardedStream:
         self.task, self.args, self.kind, self.executor = task, list(args), kind, executor
         n = len(self.args)
         self.pool = None
-        # A default leaves room for the cycle: every generator of it needs a thread or process of its own.
-        if executor == "threads":
-            if workers is None:
-                workers = min(n, max(DEFAULT_THREAD_WORKERS, cycle_length or 0))
-        elif workers is None:
-            from kerasfeed.execution.processes.options import default_workers
+        if workers is None:
+            if executor == "threads":
+                base = DEFAULT_THREAD_WORKERS
+            else:
+                from kerasfeed.execution.processes.options import default_workers
 
-            workers = min(n, max(default_workers(), cycle_length or 0))
+                base = default_workers()
+            # Room for the cycle: every generator of it needs a thread or process of its own.
+            workers = min(n, max(base, cycle_length or 0))
         self.workers = workers
         if cycle_length is not None and min(cycle_length, n) > workers:  # tf.data cycles over n shards at most
             raise ValueError(

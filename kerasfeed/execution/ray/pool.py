@@ -68,7 +68,7 @@ def lost_errors(ray: Any) -> tuple:
 class Call:
     """One ``source[index]`` request of pass ``epoch`` and where it is now."""
 
-    __slots__ = ("index", "epoch", "ref", "lane", "generation", "losses", "sent_at", "run_from")
+    __slots__ = ("index", "epoch", "ref", "lane", "generation", "losses", "run_from")
 
     def __init__(self, index: int, epoch: int):
         self.index = index
@@ -77,7 +77,6 @@ class Call:
         self.lane: Optional["Lane"] = None
         self.generation = -1
         self.losses = 0
-        self.sent_at = 0.0
         self.run_from: Optional[float] = None  # when it was seen running (pool.running_since)
 
 
@@ -259,8 +258,7 @@ class ActorPool:
             call.ref, call.lane = None, None
             return False
         call.ref = lane.actor.load.remote(call.index, call.epoch)
-        call.lane, call.generation, call.sent_at = lane, lane.generation, time.monotonic()
-        call.run_from = None
+        call.lane, call.generation, call.run_from = lane, lane.generation, None
         lane.calls[call] = None
         return True
 
