@@ -141,6 +141,10 @@ class FitView:
         missing: the names of ``FIT_NAMES`` this Keras' ``fit`` does not
             have (or holds of another shape), and where the ``fit`` is.
         x: what the ``fit`` reads (its first argument after ``self``).
+        callbacks: the ``callbacks`` argument of the call, before the loop
+            (None in it): a kerasfeed callback there can say before its
+            ``on_train_begin`` which pass a restore will start at
+            (NOTE [ The model build's pass under a resume ], loading/pipeline.py).
     """
 
     epoch: Optional[int]
@@ -150,6 +154,7 @@ class FitView:
     epoch_iterator: Any
     missing: tuple = ()
     x: Any = None
+    callbacks: Any = None
 
     @property
     def current(self) -> int:
@@ -346,8 +351,11 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
     iterator = local.get("epoch_iterator")
     if iterator is not None and not hasattr(iterator, "num_batches"):
         missing.append("`epoch_iterator.num_batches`")
+    # fit's public argument; read only before the loop, where the trainer has not wrapped it yet
+    callbacks = local.get("callbacks") if epoch is None else None
     return FitView(epoch=epoch, initial_epoch=initial, steps_per_epoch=steps, model=model,
-                   epoch_iterator=iterator, missing=tuple(missing), x=x)
+                   epoch_iterator=iterator, missing=tuple(missing), x=x,
+                   callbacks=callbacks if isinstance(callbacks, (list, tuple)) else None)
 
 
 def _int_or_none(local: dict, name: str, missing: list) -> Optional[int]:

@@ -133,6 +133,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if record.get("data") is not None and self._data.known:
             self._resumed = (self._current_epoch, int(record["batch"]))
 
+    def kerasfeed_resume_hint(self) -> Any:
+        """``(epoch, batch)`` that ``on_train_begin`` will resume the data at, read before it for the pass
+        Keras' model build reads (NOTE [ The model build's pass under a resume ], loading/pipeline.py);
+        None: no backup with a data position. A hint: the restore itself checks the backup."""
+        try:
+            record = self._files.latest()
+        except ValueError:
+            return None  # on_train_begin says why
+        if record is None or record.get("data") is None:
+            return None
+        return int(record["epoch"]), int(record["batch"])
+
     def _load_weights(self, record: dict) -> dict:
         """Loads ``record``'s weights, or with ``double_checkpoint`` the previous backup's when
         they cannot be read (Keras' fallback): returns the record whose weights were loaded."""

@@ -74,7 +74,7 @@ class Loader:
         count = functools.partial(count_batches, batch_size=options.batch_size, drop_remainder=options.drop_remainder)
         self._passes = Passes(
             self._pipeline.begin, self._reader.read, feed.passes.per_pass, feed.passes.first_pass,
-            feed.passes.items, count, self._pipeline.fit_target,
+            feed.passes.items, count, self._pipeline.takes_over,
         )
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor

@@ -34,11 +34,16 @@ class Pass:
     under way in the one it replaces.
     """
 
-    __slots__ = ("epoch", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader", "lock")
+    __slots__ = ("epoch", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader", "lock",
+                 "first")
 
-    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0):
+    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0,
+                 first: bool = False):
         self.epoch = epoch
         self.skip = skip  # items of the pass before its first batch (a resumed pass)
+        # The loader's first pass: one resumed by initial_state is shorter for Keras too; any other
+        # (a model build's resumed pass: Keras' epoch iterator starts at its batch) counts whole.
+        self.first = first
         self.indices = indices
         self.batches = batches
         self.position = 0  # batches of this pass read
@@ -60,19 +65,19 @@ class Passes:
         first_pass: batches in the first pass (fewer when resumed inside it).
         items: items in a whole pass.
         count: batches that a pass of this many items makes.
-        fit_target: ``PassPipeline.fit_target``: ``(pass, items skipped)``
-            that a running ``fit`` reads next, or None.
+        takes_over: ``PassPipeline.takes_over``: whether a pass begun as
+            ``(pass, items skipped)`` is the one a running ``fit`` reads next.
     """
 
     def __init__(self, begin: Callable[[], tuple], read: Callable[[Pass], Any], per_pass: int, first_pass: int,
-                 items: int, count: Callable[[int], int], fit_target: Callable[[], Optional[tuple]]):
+                 items: int, count: Callable[[int], int], takes_over: Callable[[int, int], bool]):
         self._begin_pass = begin
         self.read = read
         self.per_pass = per_pass
         self._first_pass = first_pass
         self._items = items
         self._count = count
-        self._fit_target = fit_target
+        self._takes_over = takes_over
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._newest = 0  # id of the newest iterator
@@ -100,15 +105,14 @@ class Passes:
             indices, epoch = self._begin_pass()
             # A pass begun under fit may start anywhere (its epoch; a pinned resume): counted from its items.
             batches = self._count(len(indices))
-            self._begun = True
-            self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices))
+            first, self._begun = not self._begun, True
+            self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices), first)
             return self._open
 
     def current(self, p: Pass) -> bool:
         """Whether ``p`` is the pass a running ``fit`` reads next (True outside ``fit``):
         a pass a model build read before a restored epoch is not."""
-        target = self._fit_target()
-        return target is None or target == (p.epoch, p.skip)
+        return self._takes_over(p.epoch, p.skip)
 
     def carry_on(self, p: Pass) -> None:
         """The reader went on with its own iterator (Keras with
@@ -129,7 +133,7 @@ class Passes:
         with self._lock:
             p = self._peek or self._replayable()
             if p is not None:
-                return p.batches
+                return self._first_pass if p.first else self.per_pass
             return self.per_pass if self._begun else self._first_pass
 
     def hand_over(self) -> None:

@@ -119,7 +119,7 @@ class PassPipeline:
         with self._lock:
             epoch, skip = self._next, self._skip
             if target is not None:
-                epoch, skip = target[0], self._pins.get(target[0], 0)
+                epoch, skip = target
             self._next, self._skip = epoch + 1, 0
             self._pins.pop(epoch, None)
         return epoch, skip
@@ -154,7 +154,32 @@ class PassPipeline:
         if epoch is None:
             return None
         with self._lock:
-            return epoch, self._pins.get(epoch, 0)
+            skip = self._pins.get(epoch)
+        return (epoch, skip or 0) if skip is not None or fit.epoch is not None else self._build_pass(fit, epoch)
+
+    def _build_pass(self, fit: FitView, epoch: int) -> tuple[int, int]:
+        """NOTE [ The model build's pass under a resume ]: Keras' JAX and torch trainers build the model
+        from a batch of a throwaway iterator before ``on_train_begin``, where a backup restores the epoch
+        and pins the position: that pass, which the next iterator takes over, would be the fit's first
+        one, not the resumed one, and the executor would make a window of it for nothing. A kerasfeed
+        callback among the fit's ``callbacks`` says beforehand where it will restore
+        (``kerasfeed_resume_hint``). Only a hint: a pass the restore does not pin is begun again."""
+        for callback in fit.callbacks or ():
+            hint = getattr(callback, "kerasfeed_resume_hint", None)
+            at = hint() if callable(hint) and self.skips is None and fit.steps_per_epoch is None else None
+            if at is not None and 0 <= at[1] * self.items_per_batch < (self._length or 0):
+                return int(at[0]), int(at[1]) * self.items_per_batch
+        return epoch, 0
+
+    def takes_over(self, epoch: int, skip: int) -> bool:
+        """Whether the pass begun as ``(epoch, skip)`` (by a model build) is the one a running ``fit``
+        reads next (True outside ``fit``); the pin it reads by is then spent, as a ``begin`` spends it."""
+        target = self.fit_target()
+        if target is not None and target != (epoch, skip):
+            return False
+        with self._lock:
+            self._pins.pop(epoch, None)
+        return True
 
     def expect(self, view: Optional[FitView], epoch: Optional[int]) -> None:
         """A kerasfeed callback's ``on_epoch_begin(epoch)`` (Keras' public route) for the fit ``view``:

@@ -9,7 +9,8 @@ the backup's included) the process kills itself with SIGKILL, or null.
 its n-th backup instead: half-way through writing the weights, or with the
 weights written and the commit not made. ``augment``: the source adds noise
 drawn from ``np.random`` (worker processes reseed it per item). ``cache``:
-passed as ``cache=`` (a directory outlives a killed run). The final
+passed as ``cache=`` (a directory outlives a killed run). ``calls_to``: a
+file where every item made appends ``pass index`` (any process). The final
 weights go to ``CONFIG.json``'s ``out`` (an ``.npz``), written only when
 ``fit`` returns, with the backup directory's existence after it.
 """
@@ -32,14 +33,18 @@ BATCH, ITEMS = 4, 48
 class Noisy(kerasfeed.SceneSequence):
     """Samples ``(x, y)``; with ``augment``, x gets noise drawn from ``np.random``."""
 
-    def __init__(self, augment=False, **kwargs):
+    def __init__(self, augment=False, calls_to=None, **kwargs):
         super().__init__(**kwargs)
         self.augment = augment
+        self.calls_to = calls_to
 
     def __len__(self):
         return ITEMS
 
     def __getitem__(self, i):
+        if self.calls_to:
+            with open(self.calls_to, "a") as f:  # one short append per line: whole lines from any process
+                f.write(f"{self.epoch} {i}\n")
         x = np.array([np.sin(i), np.cos(3 * i), i / ITEMS], "float32")
         if self.augment:
             x = x + np.random.normal(0, 0.1, 3).astype("float32")
@@ -112,7 +117,7 @@ def main(config_path: str) -> None:
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-    source = Noisy(augment=config.get("augment", False))
+    source = Noisy(augment=config.get("augment", False), calls_to=config.get("calls_to"))
     common = dict(batch_size=BATCH, shuffle=True, seed=3, executor=config["executor"])
     if config["executor"] != "threads":
         common["workers"] = config.get("workers", 2)
