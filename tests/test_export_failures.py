@@ -180,8 +180,13 @@ def test_killed_workers_then_resume_writes_every_item_once(tmp_path):
 
     killer = threading.Thread(target=kill_workers_after_first_shard)
     killer.start()
-    with pytest.raises(kerasfeed.WorkerError, match="killed by signal SIGKILL"):
+    with pytest.raises(kerasfeed.WorkerError, match="killed by signal SIGKILL") as died:
         kerasfeed.export(Slow(48, delay=0.02), tmp_path, num_shards=8, executor="processes", workers=2, progress=False)
+    # Told as the export's: the shard file, the user's source, the export's remedies (not the pool's internals).
+    text = str(died.value)
+    assert re.match(r"kerasfeed.export: shard file 'shard-0000\d-of-00008.tfrecord' was not written: ", text), text
+    assert "Slow" in text and "ShardTask" not in text and "does not restart" not in text, text
+    assert "retries=N" in text and "resume=True" in text and died.value.pid is not None, text
     killer.join()
     done = [s for s in _manifest(tmp_path)["shards"] if s]
     assert 1 <= len(done) < 8 and not any(n.endswith(".tmp") for n in _files(tmp_path))
@@ -333,3 +338,48 @@ def test_a_shard_gone_after_load_export_is_named_while_reading(tmp_path, verify)
     out = subprocess.run([sys.executable, "-c", _GONE, str(d), verify], capture_output=True, text=True, timeout=180)
     assert "RAISED InvalidArgumentError" in out.stdout, (out.stdout[-800:], out.stderr[-1500:])
     assert "damaged shard shard-00001-of-00002.tfrecord" in out.stdout
+
+
+def test_overwrite_deletes_only_the_exports_own_files(tmp_path):
+    """Names that merely look like shards (a user's backup copy, notes) are not the export's: refused, kept."""
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    mine = ["shard-00000-of-00002.tfrecord.bak", "shard-notes.tfrecord.txt", "shard-1-of-2.tfrecord"]
+    for name in mine:
+        (tmp_path / name).write_text("my notes")
+    for again in ({"overwrite": True}, {"resume": True}):
+        with pytest.raises(ValueError, match="shard-00000-of-00002.tfrecord.bak"):
+            kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, **again)
+        assert all((tmp_path / name).read_text() == "my notes" for name in mine)
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("dtype", "float99", r"\['dtype'\] must be 'string' or one of .*float32.*; export again .*Received: 'float99'$"),
+    ("shape", [None, "x"], r"\['shape'\] must hold sizes \(ints >= 0\) or null; export again .*Received: \[None, 'x'\]$"),
+    ("shape", [-2], r"\['shape'\] must hold sizes .*Received: \[-2\]$"),
+])
+def test_a_manifest_field_of_a_wrong_value_is_named(tmp_path, field, value, problem):
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    manifest = _manifest(tmp_path)
+    manifest["element_spec"]["fields"][0][field] = value
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(kerasfeed.ExportError, match=r"element_spec\['fields'\]\[0\]" + problem):
+        kerasfeed.load_export(tmp_path)
+
+
+def test_an_export_source_refuses_shards_exported_again_after_it_was_made(tmp_path):
+    """Shards already open read the old files; one opened after a new export would read the new one: refused."""
+    kerasfeed.export(Slow(8), tmp_path, num_shards=2, executor="threads", progress=False, format="arrayrecord")
+    src = kerasfeed.ExportSource(tmp_path)
+    assert int(src[0][0]) == 0  # shard 0 open
+    class Later(Slow):
+        def __getitem__(self, i):
+            first, payload = super().__getitem__(i)
+            return first + 100, payload
+
+    kerasfeed.export(Later(8), tmp_path, num_shards=2, executor="threads", progress=False, format="arrayrecord",
+                     overwrite=True)
+    assert int(src[2][0]) == 2  # the open shard 0: the old file, whole
+    with pytest.raises(kerasfeed.ExportError, match=r"shard-00001-of-00002.arrayrecord' was replaced after this "
+                       r"ExportSource was made .*Make the ExportSource again\. Received: shard 1$"):
+        src[1]
+    assert [int(kerasfeed.ExportSource(tmp_path)[i][0]) for i in range(8)] == list(range(100, 108))

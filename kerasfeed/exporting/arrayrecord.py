@@ -55,6 +55,16 @@ class ArrayRecordFile:
             pass
 
 
+def _stamp(path: str) -> Optional[tuple]:
+    """What tells a file from another put in its place, as an export puts its shards (a rename): ``(device,
+    inode)``; None: no file. A file changed in place keeps it: Riegeli's checks find what changed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class ExportSource:
     """A ``format="arrayrecord"`` export as an indexable source: ``src[i]`` is item ``i``.
 
@@ -99,6 +109,9 @@ class ExportSource:
         self.num_items = manifest["num_items"]
         self.num_shards = manifest["num_shards"]
         self.files = [str(self.directory / s["file"]) for s in manifest["shards"]]
+        # Each shard file as it is now: one replaced later (an export again into the directory) is refused
+        # when first opened, rather than mixed with the shards already open (which read the old files).
+        self._stamps = [_stamp(f) for f in self.files]
         self._readers: Optional[tuple] = None  # (pid, {shard: reader}): readers are thread-safe
         self._lock = threading.Lock()
 
@@ -116,6 +129,8 @@ class ExportSource:
             # Riegeli's errors (a bad chunk, a short or missing file) name no file.
             record = self._reader(k).read([position])[0]
             return encoding.decode(self.spec, record)
+        except ExportError:
+            raise
         except (RuntimeError, OSError, ValueError) as e:
             raise ExportError(
                 f"Record {position} of shard file '{self.files[k]}' (item {i}) cannot be read: {type(e).__name__}: "
@@ -131,14 +146,31 @@ class ExportSource:
             readers = self._readers[1]
             reader = readers.get(k)
             if reader is None:
+                if _stamp(self.files[k]) != self._stamps[k]:
+                    raise ExportError(
+                        f"Shard file '{self.files[k]}' was replaced after this ExportSource was made (exported "
+                        "again into its directory?): its items would mix with the old files' of the shards already "
+                        f"open. Make the ExportSource again. Received: shard {k}"
+                    )
                 reader = readers[k] = _module().ArrayRecordReader(self.files[k], _READ_OPTIONS)
             return reader
 
     def close(self) -> None:
-        if self._readers is not None and self._readers[0] == os.getpid():
-            for reader in self._readers[1].values():
+        readers, self._readers = self._readers, None
+        if readers is None or readers[0] != os.getpid():
+            return
+        failed = None
+        for k, reader in readers[1].items():
+            try:
                 reader.close()
-        self._readers = None
+            except (RuntimeError, OSError, ValueError) as e:  # Riegeli checks the file again and names none
+                failed = failed or ExportError(
+                    f"Shard file '{self.files[k]}' was found damaged when closed: {type(e).__name__}: {e}. "
+                    f"kerasfeed.verify_export(directory) checks every shard of {self.directory}; "
+                    f"kerasfeed.export(..., resume=True) rewrites the damaged ones. Received: shard {k}"
+                )
+        if failed is not None:
+            raise failed
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock")}

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numbers
 import os
 import pathlib
+import re
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from kerasfeed import _validation as _v
-from kerasfeed.errors import ItemError
+from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.item_random import item_scope
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
@@ -332,7 +333,10 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
             ex = make_executor("threads", task, PoolOptions(retries=limits["retries"]))
         ex.plan(0, todo)
         for k in todo:
-            report = ex.load(k, 0)
+            try:
+                report = ex.load(k, 0)
+            except WorkerError as e:
+                raise _worker_died(e, task, k) from e
             if "error" in report:
                 raise report["error"]
             if report.get("stopped"):  # pragma: no cover - only after a stop this process asked for
@@ -364,6 +368,22 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
         for e in os.listdir(directory):
             if e.endswith(mf.TMP) or e == mf.PROGRESS:
                 (directory / e).unlink(missing_ok=True)
+
+
+def _worker_died(error: WorkerError, task: ShardTask, k: int) -> WorkerError:
+    """``error`` told as the export's: the shard and the source, and the export's remedies (a pool of
+    shard tasks is internal, and export can replace workers: ``retries``)."""
+    name = mf.shard_name(k, task.num_shards, task.file_format)
+    cause = str(error).split("kerasfeed does not restart workers")[0].strip().removeprefix("kerasfeed: ")
+    # "of ShardTask ... while loading ShardTask[k]": the pool's item is a shard, named above
+    cause = re.sub(rf" while loading {type(task).__name__}\[\d+\]", "", cause).rstrip(".")
+    cause = cause.replace(type(task).__name__, task.source_name)
+    return WorkerError(
+        f"kerasfeed.export: shard file '{name}' was not written: {cause}. Pass retries=N to replace a worker that "
+        "dies and write its shard again, or run the same export with resume=True: the shards already written are "
+        f"kept. Received: shard {k} of {task.num_shards}",
+        error.worker_id, error.pid, error.exitcode, error.index, error.attempts, error.causes,
+    )
 
 
 class _Bar:

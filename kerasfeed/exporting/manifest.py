@@ -16,11 +16,12 @@ import datetime
 import json
 import os
 import pathlib
+import re
 from typing import Any, Optional
 
 from kerasfeed._leaves import short_repr
 from kerasfeed._version import __version__
-from kerasfeed.exporting.spec import ExportSpec
+from kerasfeed.exporting.spec import NUMERIC, STRING, ExportSpec
 
 MANIFEST = "manifest.json"
 PROGRESS = ".kerasfeed-progress"
@@ -47,11 +48,14 @@ def shard_count(k: int, num_shards: int, num_items: int) -> int:
     return len(range(k, num_items, num_shards))
 
 
+# A shard's name as ``shard_name`` writes it, or its temporary file: nothing else is an export's.
+_SHARD_FILE = re.compile(rf"shard-\d{{5,}}-of-\d{{5,}}\.(?:{'|'.join(FORMATS)})(?:{re.escape(TMP)})?")
+
+
 def is_own_file(name: str) -> bool:
-    """A file an export writes (and ``overwrite``/``resume`` may delete)."""
-    return name in (MANIFEST, MANIFEST + TMP, PROGRESS) or (
-        name.startswith("shard-") and any(f".{fmt}" in name for fmt in FORMATS)
-    )
+    """A file an export writes (and ``overwrite``/``resume`` may delete): a user's
+    ``shard-00000-of-00002.tfrecord.bak`` is not one."""
+    return name in (MANIFEST, MANIFEST + TMP, PROGRESS) or _SHARD_FILE.fullmatch(name) is not None
 
 
 def new_manifest(
@@ -165,7 +169,12 @@ def _check_fields(path: pathlib.Path, manifest: dict) -> None:
             check(entry, _SHARD_FIELDS, f"shards[{k}]")
     check(manifest["element_spec"], _SPEC_FIELDS, "element_spec")
     for k, field in enumerate(manifest["element_spec"]["fields"]):
-        check(field, _FIELD_FIELDS, f"element_spec['fields'][{k}]")
+        where = f"element_spec['fields'][{k}]"
+        check(field, _FIELD_FIELDS, where)
+        if field["dtype"] != STRING and field["dtype"] not in NUMERIC:
+            fail(f"{where}['dtype'] must be {STRING!r} or one of {', '.join(NUMERIC)}", repr(field["dtype"]))
+        if not all(d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0) for d in field["shape"]):
+            fail(f"{where}['shape'] must hold sizes (ints >= 0) or null", short_repr(field["shape"]))
 
 
 def file_crc32c(path: pathlib.Path) -> tuple[int, str]:

@@ -149,9 +149,10 @@ def load_export(
     files_total = manifest["num_shards"]
     num_shards = _v.positive_int("num_shards", num_shards, owner="load_export")
     if num_shards > files_total:
+        given = ("num_shards" if input_context is None else "input_context.num_input_pipelines") + f"={num_shards}"
         raise ValueError(
-            f"load_export: the export has {files_total} files, fewer than `num_shards`: every input pipeline needs at "
-            f"least one; export with more shards. Received: num_shards={num_shards}"
+            f"load_export: the export has {files_total} files, fewer than the input pipelines: every input pipeline "
+            f"needs at least one; export with more shards. Received: {given}"
         )
     shard_index = _v.non_negative_int("shard_index", shard_index, owner="load_export")
     if shard_index >= num_shards:
