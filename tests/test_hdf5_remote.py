@@ -64,6 +64,13 @@ def _write_layouts(path) -> dict:
         sparse = f.create_dataset("sparse", shape=(ROWS, 2), dtype=np.int32, chunks=(5, 2), fillvalue=-7,
                                   compression="gzip")
         sparse[10:15] = 1
+        # ... unless HDF5 never writes fill values: never written, it reads as zeros in h5py.
+        never = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        never.set_chunk((5, 2))
+        never.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        never.set_fill_value(np.array(9, "i4"))
+        h5py.h5d.create(f.id, b"never_filled", h5py.h5t.STD_I32LE, h5py.h5s.create_simple((ROWS, 2)), dcpl=never)
+        f["never_filled"][10:15] = 1
         f.create_dataset("szip", data=np.arange(ROWS, dtype=np.int32) * 7, chunks=(10,), compression="szip",
                          compression_opts=("nn", 8))
         f.create_dataset("scaleoffset", data=data["plain_chunks"].astype(np.int32), chunks=(6, 7), scaleoffset=0)
@@ -92,7 +99,8 @@ def _write_layouts(path) -> dict:
         return {k: f[k][()] for k in f}
 
 
-FAST = {"gzip_shuffle", "gzip_big_endian", "plain_chunks", "chunks_2d", "flags", "complex", "contiguous", "sparse"}
+FAST = {"gzip_shuffle", "gzip_big_endian", "plain_chunks", "chunks_2d", "flags", "complex", "contiguous", "sparse",
+        "never_filled"}
 FALLBACK = {"compact": "compact layout", "lzf": "lzf filter", "fletcher32": "fletcher32 filter",
             "words": "variable-length", "records": "dtype", "szip": "szip filter",
             "scaleoffset": "scaleoffset filter", "virtual": "a virtual dataset",
@@ -390,6 +398,11 @@ def test_kerasfeed_identity_names_each_file_and_changes_with_it(stores, tmp_path
     assert all(now[k] != first[k] for k in first)
     # The identity holds no credentials, and pickling keeps the method.
     assert moto.secret not in repr(now) and pickle.loads(pickle.dumps(seq)).kerasfeed_identity() == now
+    # URLs that differ only in their query (a download endpoint's ?f=): one entry each, or a cache keyed by
+    # them would not see the first one replaced (its identity overwritten by the second's).
+    twins = kerasfeed.H5SliceSequence([f"{url}?f=a", f"{url}?f=b", str(path)], "labels", 4).kerasfeed_identity()
+    assert list(twins) == [f"{url}?… (file 0)", f"{url}?… (file 1)", str(path)], twins
+    assert "f=a" not in repr(twins) and twins[f"{url}?… (file 0)"] == now[url]
 
 
 def test_remote_arguments_are_checked_up_front(stores):

@@ -78,9 +78,14 @@ def test_throttling_and_dropped_connections_are_retried_and_the_pass_completes(s
 def test_a_store_failing_past_the_budget_names_the_url_and_retries_go_on_top(scenes, srv):
     url = f"{srv.url}/a.h5"
     seq = kerasfeed.H5SliceSequence(url, "labels", 4, remote_options={"attempts": 2, **FAST_RETRY})
+    rows = kerasfeed.H5RowSequence(url, "labels", 4, order=kerasfeed.IndexOrder(24),
+                                   remote_options={"attempts": 2, **FAST_RETRY})
     srv.inject("503", 2)  # both tries of the batch's one request
     with pytest.raises(OSError, match=r"reading bytes \d+-\d+ of '.*/a.h5' failed 2 times \(attempts=2.*HTTP 503"):
         seq[0]
+    srv.inject("503", 2)  # the same object, options and process: each reader's messages name its own class
+    with pytest.raises(OSError, match=r"^H5RowSequence: reading bytes \d+-\d+ of '.*/a.h5' failed 2 times"):
+        rows[0]
     # The batch made again by `retries=` of the loader meets a store that answers.
     srv.inject("503", 2)
     got = list(kerasfeed.to_loader(seq, executor="threads", retries=1))

@@ -119,7 +119,8 @@ class H5Base(SceneSequence):
         A local file's identity is ``"size=...,mtime_ns=..."`` (``os.stat`` now); a remote object's is the
         version and size the sequence reads (``"etag=...,size=..."``; ``generation=`` on GCS), checked against
         the store's now, one request per object. A changed file has another identity. A URL is keyed without
-        its query string (a presigned URL's signature is no name to keep in a cache's index).
+        its query string (a presigned URL's signature is no name to keep in a cache's index); URLs that differ
+        only there (``/get?f=a.h5``, ``/get?f=b.h5``) are keyed with their place in the list as well.
 
         Raises:
             FileNotFoundError, PermissionError, OSError: a file is gone or cannot be read; the message names it.
@@ -137,7 +138,9 @@ class H5Base(SceneSequence):
                         f"built, which reads the version it inspected. Build a new sequence to read the new object. "
                         f"Received: {now.identity()} now, {rf.pin.identity()} at construction"
                     )
-                out[self._shown(j)] = rf.pin.identity()
+                shown = self._shown(j)
+                twins = sum(self._shown(k) == shown for k in self._remote)
+                out[shown if twins == 1 else f"{shown} (file {j})"] = rf.pin.identity()
                 continue
             try:
                 st = os.stat(path)

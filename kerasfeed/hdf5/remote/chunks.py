@@ -44,6 +44,7 @@ FILTER_DEFLATE, FILTER_SHUFFLE = 1, 2
 _FILTER_NAMES = {3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf", 32001: "blosc",
                  32015: "zstd"}
 LAYOUT_COMPACT, LAYOUT_CONTIGUOUS, LAYOUT_CHUNKED = 0, 1, 2
+FILL_TIME_NEVER = 1  # h5py.h5d.FILL_TIME_NEVER
 
 
 @dataclasses.dataclass
@@ -85,9 +86,11 @@ class Layout:
             fill = ds.fillvalue
         except Exception:  # noqa: BLE001 - only needed on the fast path, which checks the dtype first
             fill = 0
+        dcpl = ds.id.get_create_plist()
+        if dcpl.get_fill_time() == FILL_TIME_NEVER:  # HDF5 leaves what was never written as read: zeros in h5py
+            fill = np.zeros((), dtype)[()]
         base = dict(key=key, shape=shape, dtype=dtype, fill=fill)
         why = _dtype_refused(ds)
-        dcpl = ds.id.get_create_plist()
         layout = dcpl.get_layout()
         if not why:
             if ds.is_virtual:  # its sources in this same file (``unreachable`` refuses the others)

@@ -368,7 +368,7 @@ def _make_filesystem(protocol: str, credentials: Credentials):
 
 
 class _Stores:
-    """This process's ``Store`` per (URL, options), and its filesystem per (protocol, options): one
+    """This process's ``Store`` per (URL, options, reader class), and its filesystem per (protocol, options): one
     connection pool for the objects read with the same options (``Credentials.key``: secrets by digest).
     A ``Store`` holds a ``Credentials.for_cache`` copy: no reader's secrets kept alive. Both tables hold
     their entries weakly: a store lives while a reader's ``RemoteFile`` holds it, a filesystem while a
@@ -387,7 +387,7 @@ class _Stores:
             self._pid = os.getpid()
 
     def get(self, url: str, credentials: Credentials, options: RemoteOptions, owner: str) -> Store:
-        key = (url, credentials.key(), options)
+        key = (url, credentials.key(), options, owner)  # a store's messages name its reader's class
         with self._lock:
             self._forked()
             store = self._stores.get(key)
