@@ -265,6 +265,26 @@ def test_input_stats_callback_logs_and_tensorboard_tags(tmp_path):
     assert not frame.duplicated(["tag", "step"]).any()
 
 
+def test_input_stats_and_worker_summaries_count_steps_under_steps_per_execution(tmp_path):
+    """Keras calls on_train_batch_end once per execution of steps_per_execution steps (here 3 and a last 2 in
+    an epoch of 8): the callbacks count steps, not calls, on the x-axis and in per-step figures."""
+    import keras
+    from tbparse import SummaryReader
+
+    ds = kerasfeed.to_dataset(Sleepy(n=32, delay=0.0), batch_size=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=3)
+    stats = kerasfeed.InputStats(str(tmp_path / "input"), every_n_steps=4)
+    summaries = kerasfeed.WorkerSummaries(str(tmp_path / "workers"), update_freq=4)
+    model.fit(ds, epochs=2, callbacks=[stats, summaries], verbose=0, shuffle=False)
+    waits = SummaryReader(str(tmp_path / "input"), pivot=False).tensors
+    # Executions end at steps 3, 6, 8, 11, 14, 16: written where one passes a multiple of 4 (epoch ends: 8, 16).
+    assert sorted(set(waits[waits["tag"] == "input/wait_ms_p95"]["step"])) == [6, 8, 14, 16]
+    frame = SummaryReader(str(tmp_path / "workers"), pivot=False).tensors
+    assert list(frame[frame["tag"] == "input/batches"]["value"]) == [8, 8]  # 3 calls an epoch
+    assert sorted(frame[frame["tag"] == "batch/loss"]["step"]) == [6, 8, 14, 16]
+
+
 def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
     import keras
 

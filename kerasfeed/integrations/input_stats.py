@@ -12,6 +12,7 @@ import keras
 
 from kerasfeed._validation import positive_int
 from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
+from kerasfeed.integrations.steps import StepCount
 from kerasfeed.integrations.summaries import worker_run_dir
 from kerasfeed.loading import hosts
 from kerasfeed.observe.api import collector_of
@@ -131,8 +132,7 @@ class InputStats(keras.callbacks.Callback):
         self._baseline: dict[int, tuple[StatsCollector, _Totals]] = {}
         self._writer: Any = None
         self.run_dir: Optional[str] = None
-        self._step = 0
-        self._epoch_steps = 0
+        self._steps = StepCount()  # training steps (an execution of steps_per_execution: one call)
         self._epoch_start: Optional[_Totals] = None
         self._last: Optional[_Totals] = None
 
@@ -152,13 +152,12 @@ class InputStats(keras.callbacks.Callback):
             self._writer = scalar_writer(self.run_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_steps = 0
+        self._steps.epoch_begins()
         c = self._collector
         self._epoch_start = None if c is None else _Totals(c.snapshot(), time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
-        self._epoch_steps += 1
+        added = self._steps.batch_ends(self.model, batch, self.params)
         if self._collector is None and not (self._searching and self._find()):
             return
         if self._epoch_start is None:  # found during this epoch's first step
@@ -166,7 +165,7 @@ class InputStats(keras.callbacks.Callback):
             # Without an entry, a dataset built after fit began: nothing before.
             empty = {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
             self._epoch_start = entry[1] if entry else _Totals(empty, time.perf_counter())
-        if self._writer is not None and self._step % self.every_n_steps == 0:
+        if self._writer is not None and self._steps.crossed(added, self.every_n_steps):
             self._write(self._collector.snapshot(), epoch_end=False)
 
     def on_test_begin(self, logs=None):
@@ -179,7 +178,7 @@ class InputStats(keras.callbacks.Callback):
         snap = self._collector.snapshot()
         now = _Totals(snap, time.perf_counter())
         waited = now.wait - self._epoch_start.wait
-        steps = max(self._epoch_steps, 1)
+        steps = max(self._steps.epoch, 1)
         if logs is not None:
             logs["input_wait_ms"] = waited / steps * 1e3
             logs["input_wait_share"] = waited / max(now.now - self._epoch_start.now, 1e-9)
@@ -191,7 +190,7 @@ class InputStats(keras.callbacks.Callback):
                 logs["input_cache_mb"] = snap["cache_bytes"] / 2**20
         if self._writer is not None:
             # Already written at this step: only the epoch-end tags (never two points at one step).
-            self._write(snap, epoch_end=True, totals=now, interval=self._written_step != self._step)
+            self._write(snap, epoch_end=True, totals=now, interval=self._written_step != self._steps.total)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -227,7 +226,7 @@ class InputStats(keras.callbacks.Callback):
         if not interval:
             scalars = self._epoch_end_scalars(snap)
             if scalars:
-                self._writer.scalars(scalars, self._step)
+                self._writer.scalars(scalars, self._steps.total)
             return
         last = self._last or self._epoch_start
         scalars: dict[str, float] = {}
@@ -264,8 +263,8 @@ class InputStats(keras.callbacks.Callback):
                             "input/cache_mb": snap["cache_bytes"] / 2**20, "input/cache_fill": snap["cache_fill"]})
         if epoch_end:
             scalars.update(self._epoch_end_scalars(snap))
-        self._writer.scalars(scalars, self._step)
-        self._last, self._written_step = now, self._step
+        self._writer.scalars(scalars, self._steps.total)
+        self._last, self._written_step = now, self._steps.total
 
     @staticmethod
     def _epoch_end_scalars(snap: dict) -> dict:

@@ -12,6 +12,7 @@ import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
+from kerasfeed.integrations.steps import StepCount
 from kerasfeed.loading import hosts
 from kerasfeed.loading.shards import current_worker, tf_config_worker
 
@@ -95,9 +96,8 @@ class WorkerSummaries(keras.callbacks.Callback):
         self.update_freq = update_freq
         self.run_dir: Optional[str] = None
         self._writer = None
-        self._global_batches = 0
+        self._steps = StepCount()  # batches trained (an execution of steps_per_execution: one call)
         self._epoch_start = 0.0
-        self._epoch_batches = 0
 
     def _ensure_writer(self):
         if self._writer is None:
@@ -115,18 +115,17 @@ class WorkerSummaries(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch_start = time.perf_counter()
-        self._epoch_batches = 0
+        self._steps.epoch_begins()
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self._epoch_batches += 1
-        self._global_batches += 1
-        if self.update_freq != "epoch" and self._global_batches % self.update_freq == 0:
-            self._write("batch", logs, self._global_batches)
+        added = self._steps.batch_ends(self.model, batch, self.params)
+        if self.update_freq != "epoch" and self._steps.crossed(added, self.update_freq):
+            self._write("batch", logs, self._steps.total)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
         self._write("epoch", logs, epoch)
-        rate = {"batches_per_s": self._epoch_batches / elapsed, "batches": self._epoch_batches}
+        rate = {"batches_per_s": self._steps.epoch / elapsed, "batches": self._steps.epoch}
         self._write("input", rate, epoch)
         self._writer.flush()
 
