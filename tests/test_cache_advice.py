@@ -30,7 +30,7 @@ class BigLoad(kerasfeed.SceneSequence):
         return 1000
 
     def load(self, i):
-        time.sleep(0.005)
+        time.sleep(0.02)  # well over augment's time even on a busy machine (the advice weighs their share)
         return np.full((512, 512), i, "float32")
 
     def augment(self, x):
@@ -58,6 +58,19 @@ def test_cache_advice_budgets_memory_as_the_cache_does(monkeypatch):
     costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
     advice = cache_advice(costly, "GIL-bound", 100, CheapLoad(), disk=2**40)
     assert advice.startswith("cache='<a local directory>'"), advice
+
+
+def test_cache_advice_weighs_times_not_size():
+    """A large item (transport-bound) that is costly to make pays to store; a large, cheap one does not."""
+    from types import SimpleNamespace as Probe
+
+    from kerasfeed.observe.profile import cache_advice
+
+    costly = Probe(wall_s=0.135, copy_s=6e-4, nbytes=8 * 2**20)
+    advice = cache_advice(costly, "transport-bound", 8, CheapLoad(), memory=2**30, disk=2**40)
+    assert advice.startswith("cache='memory'") and "135.00 ms to make" in advice, advice
+    cheap = Probe(wall_s=2e-3, copy_s=6e-4, nbytes=8 * 2**20)
+    assert cache_advice(cheap, "transport-bound", 8, CheapLoad(), memory=2**30).startswith("not worth it")
 
 
 class Counted(kerasfeed.SceneSequence):

@@ -69,6 +69,8 @@ def test_demo_arguments_it_cannot_run_with_are_refused_before_tensorflow_starts(
     for args, message in (
         (["--epochs", "0"], "demo: `epochs` must be a positive int. Received: epochs=0"),
         (["--workdir", str(tmp_path / "afile")], "demo: the work folder is a file, not a folder. Received: workdir="),
+        (["--workdir", str(tmp_path / "afile" / "sub")],
+         f"demo: '{tmp_path / 'afile'}', on the way to the work folder, is a file, not a folder. Received: workdir="),
     ):
         bad = subprocess.run([sys.executable, "-m", "kerasfeed", "demo", *args], capture_output=True, text=True,
                              timeout=60, env=dict(os.environ, KERASFEED_CACHE=str(tmp_path)))

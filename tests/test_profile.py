@@ -85,6 +85,20 @@ def test_the_recommendation_is_auto_s_choice_for_large_items_too():
     assert reason == decide(probe, 2, 2)[1]
 
 
+def test_a_recommendation_auto_s_choice_was_not_measured_for_says_so():
+    """Auto would choose processes (GIL-bound items), but only threads were measured (threads=[] asked for,
+    or the source cannot be pickled): the measured one is named as such, not as auto's choice."""
+    from kerasfeed.observe.profile import _recommend
+
+    probe = Probe(wall_s=0.01, cpu_s=0.01, runqueue_s=0.0, nbytes=100, copy_s=1e-6, parallelism_2_threads=1.0,
+                  calls=10)
+    assert decide(probe, 2, 2)[0] == "processes"
+    name, count, rate, reason = _recommend(probe, [dict(executor="threads", count=1, items_per_s=90.0)], 2)
+    assert (name, count, rate) == ("threads", 1, 90.0)
+    assert reason.startswith("the faster of the executors measured; executor='auto' would choose processes here ("), reason
+    assert reason.endswith("but no processes run was made (not asked for, or not possible: see skipped)"), reason
+
+
 def test_profile_figures_and_chart(tmp_path):
     path = tmp_path / "chart.png"
     report = kerasfeed.profile(Sleeping(), batch_size=4, chart=str(path), **LEAN)

@@ -209,9 +209,10 @@ def _recommend(probe: Any, runs: list, cpus: int) -> tuple[str, int, float, str]
     # What executor="auto" chooses on this probe (to_dataset's hand-over), nothing else: a rule of its
     # own here (items >= 4 MB: processes) recommended processes where auto chose threads.
     name, reason = decide(probe, max(2, max_workers), cpus)
-    if name not in by_exec:
-        name = next(iter(by_exec))
-        reason += f" (no {name} run was possible, see skipped)"
+    if name not in by_exec:  # auto's choice was not measured: the faster of what was, saying so
+        chosen, name = name, max(by_exec, key=lambda e: max(r["items_per_s"] for r in by_exec[e]))
+        reason = (f"the faster of the executors measured; executor='auto' would choose {chosen} here ({reason}), "
+                  f"but no {chosen} run was made (not asked for, or not possible: see skipped)")
     candidates = sorted(by_exec[name], key=lambda r: r["count"])
     best = max(r["items_per_s"] for r in candidates)
     pick = next(r for r in candidates if r["items_per_s"] >= NEAR_BEST * best)
@@ -270,7 +271,8 @@ def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optiona
                     f"{probe.wall_s * 1e3:.2f} ms; the rest, augment(item), runs every pass with a cache too")
         probe, category = stored, "stored"  # its time is what is skipped, its output what is held
     make_ms, read_ms = probe.wall_s * 1e3, max(probe.copy_s, 1e-6) * 1e3
-    if category == "transport-bound" or probe.wall_s < CACHE_GAIN * max(probe.copy_s, 1e-6):
+    # By the times alone: a large item (transport-bound) costly to make is stored once and read back at a copy.
+    if probe.wall_s < CACHE_GAIN * max(probe.copy_s, 1e-6):
         return (f"not worth it: an item costs {make_ms:.2f} ms to make and about {read_ms:.2f} ms to read back "
                 "(its copy): making it is as cheap as storing it")
     if memory is None:
