@@ -31,7 +31,8 @@ def check_demo_arguments(workdir: Optional[str], *, epochs: int, executor: str, 
         workdir = os.environ.get("KERASFEED_CACHE") or os.path.join(tempfile.gettempdir(), "kerasfeed-demo")
     found = _v.nearest_existing(workdir)  # the folder itself, or where making it would start
     if not os.path.isdir(found):
-        what = "the work folder is" if found == os.path.abspath(workdir) else f"'{found}', on the way to the work folder, is"
+        what = ("the work folder is" if found == os.path.abspath(workdir)
+                else f"'{found}', on the way to the work folder, is")
         raise ValueError(f"demo: {what} a file, not a folder. Received: workdir={workdir!r}")
     return workdir
 

@@ -385,14 +385,14 @@ def test_profile_recommends_a_cache_for_costly_items_that_fit_and_not_for_cheap_
 
     costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
     plain = Plain("unused")
-    assert cache_advice(costly, "GIL-bound", 100, plain, memory=2**30, disk=2**32).startswith("cache='memory'")
-    assert "augment(item)" in cache_advice(costly, "GIL-bound", 100, plain, memory=2**30, disk=2**32)
-    on_disk = cache_advice(costly, "waiting", 4096, Decoded("unused"), memory=2**30, disk=2**33)
+    assert cache_advice(costly, 100, plain, memory=2**30, disk=2**32).startswith("cache='memory'")
+    assert "augment(item)" in cache_advice(costly, 100, plain, memory=2**30, disk=2**32)
+    on_disk = cache_advice(costly, 4096, Decoded("unused"), memory=2**30, disk=2**33)
     assert on_disk.startswith("cache='<a local directory>'") and "augment(item)" not in on_disk
-    assert cache_advice(costly, "GIL-bound", 10**6, plain, memory=2**30, disk=2**32).startswith(
+    assert cache_advice(costly, 10**6, plain, memory=2**30, disk=2**32).startswith(
         "kerasfeed.Cache(max_bytes=...)")
     cheap = Probe(wall_s=2e-4, copy_s=1e-4, nbytes=19 * 2**20)
-    assert cache_advice(cheap, "transport-bound", 100, plain).startswith("not worth it")
+    assert cache_advice(cheap, 100, plain).startswith("not worth it")
 
 
 def test_profile_report_says_whether_to_cache(tmp_path):

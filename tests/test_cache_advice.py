@@ -56,7 +56,7 @@ def test_cache_advice_budgets_memory_as_the_cache_does(monkeypatch):
 
     monkeypatch.setattr(options, "available_memory", lambda: 2**20)  # a container's limit, below the host's
     costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
-    advice = cache_advice(costly, "GIL-bound", 100, CheapLoad(), disk=2**40)
+    advice = cache_advice(costly, 100, CheapLoad(), disk=2**40)
     assert advice.startswith("cache='<a local directory>'"), advice
 
 
@@ -67,10 +67,10 @@ def test_cache_advice_weighs_times_not_size():
     from kerasfeed.observe.profile import cache_advice
 
     costly = Probe(wall_s=0.135, copy_s=6e-4, nbytes=8 * 2**20)
-    advice = cache_advice(costly, "transport-bound", 8, CheapLoad(), memory=2**30, disk=2**40)
+    advice = cache_advice(costly, 8, CheapLoad(), memory=2**30, disk=2**40)
     assert advice.startswith("cache='memory'") and "135.00 ms to make" in advice, advice
     cheap = Probe(wall_s=2e-3, copy_s=6e-4, nbytes=8 * 2**20)
-    assert cache_advice(cheap, "transport-bound", 8, CheapLoad(), memory=2**30).startswith("not worth it")
+    assert cache_advice(cheap, 8, CheapLoad(), memory=2**30).startswith("not worth it")
 
 
 class Counted(kerasfeed.SceneSequence):

@@ -250,7 +250,7 @@ def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
                            nbytes=int(sum(a.nbytes for a in arrays)))
 
 
-def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optional[int] = None,
+def cache_advice(probe: Any, n: int, source: Any, memory: Optional[int] = None,
                  disk: Optional[int] = None, stored: Any = None) -> str:
     """Whether ``cache=`` would pay for a source of ``n`` items like ``probe``, and which kind.
 
@@ -269,7 +269,7 @@ def cache_advice(probe: Any, category: str, n: int, source: Any, memory: Optiona
         if stored.wall_s < LOAD_SHARE * probe.wall_s:
             return (f"not worth it: load(i) takes {stored.wall_s * 1e3:.2f} ms of an item's "
                     f"{probe.wall_s * 1e3:.2f} ms; the rest, augment(item), runs every pass with a cache too")
-        probe, category = stored, "stored"  # its time is what is skipped, its output what is held
+        probe = stored  # its time is what is skipped, its output what is held
     make_ms, read_ms = probe.wall_s * 1e3, max(probe.copy_s, 1e-6) * 1e3
     # By the times alone: a large item (transport-bound) costly to make is stored once and read back at a copy.
     if probe.wall_s < CACHE_GAIN * max(probe.copy_s, 1e-6):
@@ -400,7 +400,7 @@ def profile(
         source=source_name(source), items=count, batch_size=per_batch, category=category, evidence=evidence,
         probe=probe.as_dict(), serial_items_per_s=serial, runs=runs, executor=name, workers=best_count,
         items_per_s=rate, batches_per_s=rate / per_batch, reason=reason, skipped=skipped,
-        cache=cache_advice(probe, category, n, source, stored=stored),
+        cache=cache_advice(probe, n, source, stored=stored),
     )
     if chart is not None:
         import matplotlib.pyplot as plt
