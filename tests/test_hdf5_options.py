@@ -113,6 +113,16 @@ def test_sharded_pipelines_over_reader_copies_read_disjoint_rows_or_are_refused(
                                                                                        num_shards=2, shard_index=k))
     with pytest.raises(ValueError, match=r"its order is one shard already.*Pass num_shards=1.*Received: order=IndexOrder"):
         dataset(rows(0), 0)
+    # An order that drew its own seed: each worker's would be another permutation of the rows.
+    for order in (kerasfeed.IndexOrder(12, shuffle=True), kerasfeed.WeightedOrder(np.ones(12))):
+        for pipeline in (dataset, loader):
+            with pytest.raises(ValueError, match=r"its order drew a seed of its own \(seed=None\).*Pass the same "
+                               r"seed= to the order on every worker\. Received: order="):
+                pipeline(kerasfeed.H5RowSequence(path, "labels", 2, order=order), 0)
+    for order_of in (lambda: kerasfeed.IndexOrder(12), lambda: kerasfeed.IndexOrder(12, shuffle=True, seed=1)):
+        # each worker's order made anew, with nothing drawn to differ: every row read once
+        a, b = _rows_read(lambda: kerasfeed.H5RowSequence(path, "labels", 2, order=order_of()), loader)
+        assert sorted(a + b) == list(range(12))
     whole = [[int(v) for batch in kerasfeed.to_loader(rows(k), num_shards=1, executor="threads") for v in batch]
              for k in range(2)]
     assert sorted(whole[0] + whole[1]) == list(range(12))

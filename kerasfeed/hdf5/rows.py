@@ -114,6 +114,10 @@ class H5RowSequence(H5Base):
             return ("its order is one shard already, so its batches are this worker's rows and cutting them "
                     "again leaves rows unread. Pass num_shards=1 to read this sequence whole here, or build the "
                     f"order without num_shards and let the pipelines shard its batches. Received: order={order!r}")
+        if getattr(order, "seed_drawn", False) and getattr(order, "shuffle", True):
+            return ("its order drew a seed of its own (seed=None), and an order made in each worker's process draws "
+                    "another: their batches would hold overlapping rows. Pass the same seed= to the order on every "
+                    f"worker. Received: order={order!r}")
         return None
 
     def batch_rows(self, index: int) -> np.ndarray:

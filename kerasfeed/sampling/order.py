@@ -66,6 +66,8 @@ class IndexOrder:
     num_shards: int = 1
     shard_index: int = 0
     fixed_shards: bool = False
+    # The seed was drawn for this object: another process's order made anew draws another (sources.base).
+    seed_drawn: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _v.positive_int("length", self.length, owner="IndexOrder")
@@ -101,6 +103,7 @@ class IndexOrder:
         if self.seed is None:
             # Fixed once per order object: passes still differ from each other.
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
+            object.__setattr__(self, "seed_drawn", True)
 
     def __repr__(self) -> str:
         # fixed_shards shows only when set: the repr names the order in messages, as it always did.

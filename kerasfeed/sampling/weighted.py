@@ -49,6 +49,7 @@ class SampledOrder:
                 f"{owner}: `shard_index` must be in [0, {self.num_shards}). Received: shard_index={self.shard_index}"
             )
         seed = v.seed("seed", seed, owner=owner)
+        self.seed_drawn = seed is None  # another process's copy made anew draws another: sources.base
         if seed is None:
             if self.num_shards > 1:
                 raise ValueError(
