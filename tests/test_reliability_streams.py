@@ -58,6 +58,25 @@ def test_deleting_a_stream_iterator_and_ctrl_c_end_the_wait_for_a_stuck_producer
     assert _gone(got["pids"]), got
 
 
+def test_ctrl_c_during_a_stream_on_processes_ends_it_without_a_second_error():
+    """Ctrl-C while shards stream from worker processes: a plain KeyboardInterrupt, no worker left, and no
+    WorkerError logged by TensorFlow for a shard a producer opened after the exit hook closed the pool
+    (it read like a second failure)."""
+    proc = _start_script("endless_streams.py")
+    line = proc.stdout.readline()
+    try:
+        pids = json.loads(line)["pids"]
+    except ValueError:
+        proc.kill()
+        pytest.fail(f"no report line: {line!r} {proc.communicate()[1][-3000:]}")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = _finish(proc)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert "WorkerError" not in err and "is closed" not in err, err[-3000:]
+    assert len(pids) == 2 and _gone(pids), pids
+
+
 class _Late:
     """Item 3 comes only once the test sets ``release`` (a stuck item)."""
 

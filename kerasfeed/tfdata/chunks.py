@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from kerasfeed.errors import SignatureError, StreamError
 from kerasfeed.streams.options import END, NOT_READY
+from kerasfeed.tfdata.exit_guard import exiting
 from kerasfeed.tfdata.structure import ItemChecker
 
 CHUNK_ITEMS = 64
@@ -130,7 +131,12 @@ def chunks(
     ``waits``: the source's ``WaitScope``: between heartbeats, a wait for the
     next item sees Ctrl-C, gives up when the last iterator is deleted, and
     gives the stuck-wait notice (``execution/waits.py``)."""
-    p = open_pass()
+    try:
+        p = open_pass()
+    except Exception:
+        if exiting():  # the exit hook closed the stream's pool: TensorFlow would log the error as a failure
+            return
+        raise
     awaited = getattr(p, "pending", None)
     starting = getattr(p, "starting", None)
 
@@ -185,6 +191,8 @@ def chunks(
                     made += 1
                     arrays = codec.check(r[0], r[1], describe)
                 except Exception as e:
+                    if exiting():  # as above: the pass ends with the process
+                        return
                     if stats is not None:
                         stats.error()
                     if not rows:

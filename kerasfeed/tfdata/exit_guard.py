@@ -41,6 +41,13 @@ _OWNERS = (
 
 _lock = threading.Lock()
 _installed = False
+_exiting = False
+
+
+def exiting() -> bool:
+    """Whether the exit hook has begun stopping kerasfeed's pipelines: what fails after that is the stop
+    itself (a stream's pool closed under a generator chunk still being read), not the data's."""
+    return _exiting
 
 
 def install() -> None:
@@ -66,6 +73,8 @@ def retire_live_iterators() -> int:
     their threads are joined here. Returns how many were retired. Never
     raises: it runs at exit.
     """
+    global _exiting
+    _exiting = True
     try:
         from tensorflow.python.data.ops import iterator_ops
         from tensorflow.python.ops import gen_dataset_ops
