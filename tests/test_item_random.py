@@ -149,3 +149,31 @@ def test_seeded_workers_reseed_before_each_item():
     finally:
         np.random.set_state(state[0])
         random.setstate(state[1])
+
+
+class _Jitter(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 8
+
+    def load(self, i):
+        return np.float32(i)
+
+    def augment(self, x):
+        return x + np.float32(kerasfeed.item_rng().random())
+
+
+def test_a_seeded_order_seeds_item_rng_as_seed_does():
+    """With order= a pipeline takes no seed=; a given order's seed seeds the items' random numbers (they
+    were drawn anew by every pipeline: augmentation under BalancedOrder(seed=0) differed run to run)."""
+    def two_passes(order_of, **kw):
+        with kerasfeed.to_loader(_Jitter(), order=order_of(), **kw) as loader:
+            return np.concatenate([np.atleast_1d(b) for _ in range(2) for b in loader])
+
+    for order_of in (lambda: kerasfeed.BalancedOrder(np.arange(8) % 2, seed=0),
+                     lambda: kerasfeed.IndexOrder(8, shuffle=True, seed=3)):
+        first = two_passes(order_of, executor="threads")
+        for kw in ({"executor": "threads"}, {"executor": "processes", "workers": 2}, {"cache": "memory"}):
+            np.testing.assert_array_equal(two_passes(order_of, **kw), first)
+        assert not np.array_equal(first[:8], first[8:])  # fresh numbers every pass
+    drawn = [two_passes(lambda: kerasfeed.IndexOrder(8, shuffle=True)) for _ in range(2)]
+    assert not np.array_equal(*drawn)  # an order without a seed: nothing to follow, as seed=None

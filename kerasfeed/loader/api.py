@@ -93,7 +93,8 @@ def to_loader(
         order: the index order of every pass instead of ``shuffle``/``seed``/
             ``num_shards``/``shard_index``: any object with ``shard_length``
             and ``indices(epoch)``, such as ``kerasfeed.BalancedOrder`` or
-            ``kerasfeed.WeightedOrder`` (as in ``to_dataset``).
+            ``kerasfeed.WeightedOrder`` (as in ``to_dataset``; its seed seeds
+            ``kerasfeed.item_rng()``).
         input_context: a ``tf.distribute.InputContext``, or any object with
             ``num_input_pipelines`` and ``input_pipeline_id`` (TensorFlow is
             not needed): sets ``num_shards``/``shard_index`` to them, as in

@@ -238,7 +238,7 @@ def cached_executor(
     except BaseException:
         close()
         raise
-    return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.seed),
+    return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.pool.seed),
                       on_close=close)
 
 

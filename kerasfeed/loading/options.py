@@ -84,7 +84,9 @@ class LoadOptions:
         object.__setattr__(self, name, value)
 
     def __post_init__(self):
-        self._put("pool", PoolOptions(workers=self.workers, worker_init=self.worker_init, seed=self.seed,
+        # The items' random numbers (item_rng(), the workers' globals) follow seed=, or a given order's own seed.
+        item_seed = self.seed if self.seed is not None else order_seed(self.order)
+        self._put("pool", PoolOptions(workers=self.workers, worker_init=self.worker_init, seed=item_seed,
                                       timeout=self.timeout, retries=self.retries,
                                       worker_max_items=self.worker_max_items, worker_max_rss=self.worker_max_rss))
         self._put("max_skipped", check_max_skipped(self.max_skipped, self.owner))
@@ -112,4 +114,14 @@ class LoadOptions:
         and before the shared ones (a subclass's hook)."""
 
 
-__all__ = ["LoadOptions"]
+def order_seed(order: Any) -> Optional[int]:
+    """The seed an ``order=`` was given (``IndexOrder``, ``BalancedOrder``, ``WeightedOrder``; None: it drew its
+    own, or says nothing): with ``order=`` a pipeline takes no ``seed=``, and ``item_rng()`` would draw anew
+    every run, so augmentation under a seeded order was not reproducible."""
+    seed = getattr(order, "seed", None)
+    if getattr(order, "seed_drawn", True) or not isinstance(seed, int) or isinstance(seed, bool):
+        return None
+    return seed
+
+
+__all__ = ["LoadOptions", "order_seed"]

@@ -119,7 +119,8 @@ def to_dataset(
             ``shuffle``/``seed``/``num_shards``/``shard_index``: any object
             with ``shard_length`` and ``indices(epoch)``, such as
             ``kerasfeed.BalancedOrder`` or ``kerasfeed.WeightedOrder`` (see
-            ``kerasfeed.sampling.protocol``). Indices may repeat.
+            ``kerasfeed.sampling.protocol``). Indices may repeat. Its seed
+            (one given to it) seeds ``kerasfeed.item_rng()`` as ``seed`` does.
         group_items: items handed to tf.data per Python call. None (the
             default): up to 64 small items (at most 64 KB each, 1 MB per
             call, every dimension but the leading batch one fixed) when the
