@@ -315,3 +315,42 @@ def test_nested_values_are_keyed_by_content_and_objects_inside_by_type():
     again = source_key(Holder("x.log", {"model": object(), "k": 1}), 4, None, 1)  # another object, same type
     assert key_change(plain, again) is None
     assert key_change(plain, source_key(Holder("x.log", {"model": object(), "k": 2}), 4, None, 1)) is not None
+
+
+class _ClassSet(kerasfeed.SceneSequence):
+    """``load`` reads a constant and a file named in the class body (``self.SCALE``, ``self.PATH``)."""
+
+    PATH = ""
+    SCALE = 1.0
+    made: list = []  # the test's count of load calls: a class's list is shared state, not in the key
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        type(self).made.append(i)
+        return np.load(self.PATH)[i] * self.SCALE
+
+
+def test_a_kept_cache_is_rebuilt_when_a_class_attribute_or_a_file_it_names_changes(tmp_path, monkeypatch):
+    """Class-body values are the source's attributes too: both served the first run's items before."""
+    path = tmp_path / "values.npy"
+    np.save(path, np.ones(4))
+    monkeypatch.setattr(_ClassSet, "PATH", str(path))
+    directory = str(tmp_path / "items")
+
+    def run():
+        _ClassSet.made.clear()
+        with kerasfeed.to_loader(_ClassSet(), executor="threads", cache=directory) as loader:
+            return [float(b) for b in loader], sorted(_ClassSet.made)
+
+    assert run() == ([1.0] * 4, [0, 1, 2, 3])
+    assert run() == ([1.0] * 4, [])  # the same: reused
+    monkeypatch.setattr(_ClassSet, "SCALE", 10.0)
+    assert run() == ([10.0] * 4, [0, 1, 2, 3])
+    np.save(path, np.full(4, 2.0))
+    os.utime(path, ns=(1, 1))  # another mtime whatever the clock's resolution
+    assert run() == ([20.0] * 4, [0, 1, 2, 3])
+    key = source_key(_ClassSet(), 4, None, 1)
+    assert key["attributes"]["SCALE"] == "10.0" and str(path) in key["files"]
+    assert set(key["attributes"]) == {"PATH", "SCALE"}  # no method, no class list

@@ -12,7 +12,9 @@ holds:
   constants (sets sorted) and names, not its line numbers; its defaults and
   closure values; each decorator layer down ``__wrapped__``), so editing what
   makes an item rebuilds the cache, and editing a comment does not;
-- ``attributes``: the source's public plain attributes (numbers, strings,
+- ``attributes``: the source's public plain attributes, its instance's and
+  its own classes' (``SCALE = 2.0`` in the class body; not a class's lists,
+  dicts and sets: shared state) (numbers, strings,
   small arrays, and lists, tuples and dicts of them, nested up to 4 levels,
   an object inside them by its type: what its constructor was given, such
   as a batch size, a point count or a config dict) by value or digest. An
@@ -44,7 +46,8 @@ from typing import Any, Optional
 import numpy as np
 
 # Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change items.
-_SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch"})
+_SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch",
+                      "cache_ignores"})
 _ATOMIC = (bool, int, float, complex, str, bytes, np.generic)
 _ARRAY_DIGEST_MAX = 64 * 2**20  # larger arrays count by shape and dtype only
 _SEQUENCE_MAX = 10_000
@@ -243,9 +246,25 @@ def _ignored(source: Any) -> frozenset:
     return frozenset(getattr(source, "cache_ignores", ()) or ())
 
 
+# Classes whose attributes are not the user's: kerasfeed's, Keras' (a PyDataset's), Python's own.
+_FOREIGN = frozenset({"builtins", "abc", "typing", "keras", "kerasfeed"})
+
+
 def _attributes(source: Any) -> dict:
-    state = getattr(source, "__dict__", None)
-    return {k: v for k, v in (state or {}).items() if k not in _SKIPPED}
+    """The source's attributes: its instance's, over the plain values of its own classes' bodies (``PATH =
+    "..."``, ``SCALE = 2.0``, read as ``self.PATH``); not methods, properties or other descriptors, nor what
+    kerasfeed's and Keras' classes define, nor a class's lists, dicts and sets (state shared by its instances,
+    such as a registry or a count, more often than a setting)."""
+    found: dict = {}
+    for klass in reversed(type(source).__mro__):  # a subclass's value over its base's
+        if str(getattr(klass, "__module__", "")).split(".")[0] in _FOREIGN:
+            continue
+        for k, v in vars(klass).items():
+            if not (k.startswith("__") or callable(v) or hasattr(type(v), "__get__")
+                    or isinstance(v, (list, dict, set))):
+                found[k] = v
+    found.update(getattr(source, "__dict__", None) or {})
+    return {k: v for k, v in found.items() if k not in _SKIPPED}
 
 
 def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
