@@ -7,6 +7,7 @@ import inspect
 import itertools
 import logging
 import sys
+import weakref
 from typing import Any, Callable, Optional
 
 from kerasfeed._keras_fit import FitView, keras_minor, refuse, report
@@ -169,10 +170,27 @@ def check_epoch_length(view: FitView, per_pass: int) -> None:
                      "Finish the resumed epoch in a fit call of its own (docs/resume.md).")
 
 
+def same_iterator(ref: Optional[Callable[[], Any]], view: FitView) -> bool:
+    """Whether ``ref`` (a weak reference made by ``iterator_ref``) is ``view``'s epoch iterator."""
+    return ref is not None and view.epoch_iterator is not None and ref() is view.epoch_iterator
+
+
+def iterator_ref(view: Optional[FitView]) -> Optional[Callable[[], Any]]:
+    """A weak reference to ``view``'s epoch iterator (one per ``fit`` call), or None."""
+    if view is None or view.epoch_iterator is None:
+        return None
+    try:
+        return weakref.ref(view.epoch_iterator)
+    except TypeError:  # an iterator without weak references: identity not kept
+        return None
+
+
 __all__ = [
     "called_by_epoch_iterator_reset",
     "check_epoch_length",
     "epoch_iterator_arguments",
     "explain_short_epochs",
+    "iterator_ref",
+    "same_iterator",
     "start_epoch_at",
 ]

@@ -53,7 +53,6 @@ import re
 import sys
 import threading
 import warnings
-import weakref
 from typing import Any, Callable, Optional
 
 from kerasfeed.errors import KerasStructureError, KerasStructureWarning
@@ -240,6 +239,8 @@ def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Opt
     try:
         while frame is not None:
             if is_fit(frame):
+                if _sweep not in gc.callbacks:
+                    gc.callbacks.append(_sweep)
                 _SEEN[me], seen = frame, True
                 view = _view(frame, holds, model)
                 if view is not None:
@@ -259,13 +260,22 @@ def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Opt
 # ``PyFrame_GetBack``; seen once in this suite under load). So a ``fit`` frame is taken where Keras calls
 # kerasfeed on the fit's own thread (a dataset's ``cardinality``, a data adapter's hooks, a sequence's
 # ``on_epoch_begin``, a kerasfeed callback: ``remember_fit``) and kept, one per thread, while it runs:
-# another thread reads its locals, never its ``f_back``. A kept frame is cleared once its ``fit`` returned
-# (nothing else reads it; its locals are freed), which is also how a running one is told apart
-# (``frame.clear()`` refuses an executing frame). Only where none is kept (a dataset derived from
-# kerasfeed's, which Keras reads without calling kerasfeed) are the other threads walked, with the
-# garbage collector off and the GIL's switch interval long: no other thread runs during the walk
-# unless it was about to take the GIL anyway.
+# another thread reads its locals, never its ``f_back``. A kept frame is cleared once its ``fit`` returned,
+# at the next look or garbage collection (``_sweep``; nothing else reads it; its locals are freed), which
+# is also how a running one is told apart (``frame.clear()`` refuses an executing frame). Only where
+# none is kept (a dataset derived from kerasfeed's, which Keras reads without calling kerasfeed) are the
+# other threads walked, with the garbage collector off and the GIL's switch interval long: no other
+# thread runs during the walk unless it was about to take the GIL anyway.
 _SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's stack
+
+
+def _sweep(phase: str, info: dict) -> None:
+    """A ``gc.callbacks`` hook: drops the kept frames whose ``fit`` returned. Without it the last ``fit`` of a
+    thread kept its model, optimizer and data alive (nothing looked again after it), also past
+    ``clear_session()``; a collection runs soon after any Python work, and ``gc.collect()`` frees them."""
+    if phase == "start":
+        for ident, frame in list(_SEEN.items()):
+            _drop(ident, frame)
 
 
 def is_fit(frame: Any) -> bool:
@@ -415,27 +425,11 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
     )
 
 
-def same_iterator(ref: Optional[Callable[[], Any]], view: FitView) -> bool:
-    """Whether ``ref`` (a weak reference made by ``iterator_ref``) is ``view``'s epoch iterator."""
-    return ref is not None and view.epoch_iterator is not None and ref() is view.epoch_iterator
-
-
-def iterator_ref(view: Optional[FitView]) -> Optional[Callable[[], Any]]:
-    """A weak reference to ``view``'s epoch iterator (one per ``fit`` call), or None."""
-    if view is None or view.epoch_iterator is None:
-        return None
-    try:
-        return weakref.ref(view.epoch_iterator)
-    except TypeError:  # an iterator without weak references: identity not kept
-        return None
-
-
 __all__ = [
     "FIT_NAMES",
     "FitView",
     "current_frames",
     "find_fit",
-    "iterator_ref",
     "remember_fit",
     "batch_end_offset",
     "keras_minor",
@@ -445,5 +439,4 @@ __all__ = [
     "report",
     "restore_epoch",
     "restored_epoch",
-    "same_iterator",
 ]

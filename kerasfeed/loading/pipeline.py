@@ -16,8 +16,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed._keras_epoch_iterator import check_epoch_length, explain_short_epochs
-from kerasfeed._keras_fit import FitView, find_fit, iterator_ref, keras_pass, refuse, same_iterator
+from kerasfeed._keras_epoch_iterator import check_epoch_length, explain_short_epochs, iterator_ref, same_iterator
+from kerasfeed._keras_fit import FitView, find_fit, keras_pass, refuse
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.fpenv import default_fp_env
