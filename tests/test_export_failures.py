@@ -383,3 +383,13 @@ def test_an_export_source_refuses_shards_exported_again_after_it_was_made(tmp_pa
                        r"ExportSource was made .*Make the ExportSource again\. Received: shard 1$"):
         src[1]
     assert [int(kerasfeed.ExportSource(tmp_path)[i][0]) for i in range(8)] == list(range(100, 108))
+
+
+def test_load_export_and_export_source_arguments_that_would_be_ignored_are_refused(tmp_path):
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    with pytest.raises(ValueError, match=r"only shuffle_files=True shuffles.*Received: seed=1, shuffle_files=False$"):
+        kerasfeed.load_export(tmp_path, seed=1)
+    for odd in (0, 1, True, "SIZE"):  # 0 == False: it passed as "check nothing"
+        with pytest.raises(ValueError, match=rf"`verify` must be 'size', 'checksum' or False. Received: verify={odd!r}$"):
+            kerasfeed.load_export(tmp_path, verify=odd)
+    assert len(list(kerasfeed.load_export(tmp_path, verify=False, shuffle_files=True, seed=1))) == 4

@@ -183,7 +183,7 @@ class ExportSource:
 
 
 def check_verify(verify: Any) -> None:
-    if verify not in (False, "size", "checksum"):
+    if not (verify is False or (isinstance(verify, str) and verify in ("size", "checksum"))):  # not 0 for False
         raise ValueError(f"`verify` must be 'size', 'checksum' or False. Received: verify={verify!r}")
 
 

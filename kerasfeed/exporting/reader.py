@@ -137,6 +137,9 @@ def load_export(
         )
     _v.flag("shuffle_files", shuffle_files, owner="load_export")
     seed = _v.seed("seed", seed, owner="load_export")
+    if seed is not None and not shuffle_files:
+        raise ValueError("load_export: `seed` orders the shard files, which only shuffle_files=True shuffles: pass "
+                         f"shuffle_files=True, or no seed. Received: seed={seed}, shuffle_files=False")
     reads = _v.positive_int("num_parallel_reads", num_parallel_reads, allow_autotune=True, owner="load_export")
     check_verify(verify)
     if input_context is not None:
