@@ -58,11 +58,12 @@ def test_deleting_a_stream_iterator_and_ctrl_c_end_the_wait_for_a_stuck_producer
     assert _gone(got["pids"]), got
 
 
-def test_ctrl_c_during_a_stream_on_processes_ends_it_without_a_second_error():
-    """Ctrl-C while shards stream from worker processes: a plain KeyboardInterrupt, no worker left, and no
-    WorkerError logged by TensorFlow for a shard a producer opened after the exit hook closed the pool
-    (it read like a second failure)."""
-    proc = _start_script("endless_streams.py")
+@pytest.mark.parametrize("kind", ["generators", "dataset"])
+def test_ctrl_c_during_a_pass_on_processes_ends_it_without_a_second_error(kind):
+    """Ctrl-C while items come from worker processes: a plain KeyboardInterrupt, no worker left, and no
+    WorkerError logged by TensorFlow for a shard a producer opened, or a load in flight, after the exit
+    hook closed the pool (it read like a second failure)."""
+    proc = _start_script("endless_streams.py", kind)
     line = proc.stdout.readline()
     try:
         pids = json.loads(line)["pids"]

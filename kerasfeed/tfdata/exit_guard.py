@@ -50,6 +50,22 @@ def exiting() -> bool:
     return _exiting
 
 
+def quiet_at_exit(fn: Any, fallback: list) -> Any:
+    """``fn`` for a ``numpy_function``; once the exit hook stops the pipelines, an error gives ``fallback``
+    instead (an element dropped with its iterator): TensorFlow logged each load the stop failed as a
+    failure, after the KeyboardInterrupt that began the exit."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            if not _exiting:
+                raise
+            return fallback
+
+    return call
+
+
 def install() -> None:
     """Registers the exit hook once (called for every dataset kerasfeed builds)."""
     global _installed
@@ -127,4 +143,4 @@ def _freeze_heap() -> None:
         gc.freeze()
 
 
-__all__ = ["install", "retire_live_iterators"]
+__all__ = ["exiting", "install", "quiet_at_exit", "retire_live_iterators"]

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.groups import auto_group_size
+from kerasfeed.tfdata.exit_guard import quiet_at_exit
 from kerasfeed.tfdata.functions import flat_map, inline_map, take_while
 from kerasfeed.tfdata.unbatching import unbatch_rows
 
@@ -48,7 +49,8 @@ def group_size(group_items: Optional[int], specs: list, sequential: bool, item_b
     return int(group_items)
 
 
-def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False) -> tf.data.Dataset:
+def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False,
+                  empty: Optional[list] = None) -> tf.data.Dataset:
     """Each pass: ``begin`` records the order; ``load`` gives groups of items
     until an empty one (``kerasfeed.loading.groups``); tf.data splits them in C++.
 
@@ -59,11 +61,14 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False)
         marked: each group also holds every item's mark (``max_skipped``:
             False for an item left out), after the leaves; the elements are
             then ``(item, kept)``.
+        empty: a group of no items: what a load the exit hook failed gives instead (``quiet_at_exit``).
     """
     specs = checker.specs
     opened = open_leading(specs) if ragged else [False] * len(specs)
     out_types = [s.dtype for s in specs] + ([tf.bool] if marked else []) + ([tf.int64] if ragged else [])
     begin, load = loader
+    if empty is not None:
+        load = quiet_at_exit(load, empty)
 
     def pass_groups(_):
         epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")

@@ -26,6 +26,7 @@ from kerasfeed.loading.groups import GroupLoader, RunLoader
 from kerasfeed.loading.in_order import PassInOrder
 from kerasfeed.loading.pipeline import PassPipeline, weak_method
 from kerasfeed.loading.stored_passes import StoredPasses
+from kerasfeed.tfdata.exit_guard import quiet_at_exit
 from kerasfeed.tfdata.functions import flat_map, graph_fn, inline_map, parallel_map
 from kerasfeed.tfdata.grouped import group_size, grouped_items, open_leading, uniform_leading
 from kerasfeed.tfdata.index_windows import pass_index_stream
@@ -91,7 +92,8 @@ def item_dataset(
         # owned by the dataset; the source's on_epoch_end runs once the group holding the last item is stacked
         groups = loader(pipeline.begin, take, pipeline.ready, opened + [False] * marked, group, empty,
                         end_pass=pipeline.end_pass)
-        ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged, marked)
+        ds = grouped_items((weak_method(groups, "begin"), weak_method(groups, "load")), checker, ragged, marked,
+                           empty)
         return Items(ds, groups, group)
     if sequential and not endless:
         in_order = PassInOrder(pipeline.begin, pipeline.load_marked if marked else pipeline.load)
@@ -114,6 +116,7 @@ def placeholder(specs: list) -> list:
 def _load_item(load: Any, inputs: list, checker: ItemChecker, marked: bool) -> Any:
     """The element of one item's ``numpy_function`` call of ``load`` (``(item, kept)`` when marked)."""
     out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
+    load = quiet_at_exit(load, placeholder(checker.specs) + [np.bool_(False)] * marked)
     return checker.element(list(tf.numpy_function(load, inputs, out_types, stateful=True, name="kerasfeed_load")),
                            marked)
 
