@@ -110,6 +110,18 @@ def test_bad_resume_states():
         kerasfeed.TrainingProgress(save_every=0)
 
 
+def test_training_progress_in_a_custom_loop_without_a_model():
+    """A custom loop (JAX, numpy) calls the hooks with no Keras model set: the epoch ends complete
+    (an AttributeError on model.stop_training before)."""
+    progress = kerasfeed.TrainingProgress()
+    progress.on_epoch_begin(0)
+    for b in range(3):
+        progress.on_train_batch_end(b)
+    assert progress.state() == {"epoch": 0, "batches": 3}
+    progress.on_epoch_end(0)
+    assert progress.state() == {"epoch": 1, "batches": 0}
+
+
 class Samples:
     def __len__(self):
         return 10

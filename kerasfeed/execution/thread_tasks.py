@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kerasfeed import _nest
 from kerasfeed.errors import ItemError
 from kerasfeed.execution import item_random
 from kerasfeed.execution.fpenv import set_default_fp_env
@@ -94,6 +95,7 @@ class Runner:
         # the thread's own check atomic.
         self.abandon_lock: Optional[threading.Lock] = None
         self.cache: Any = None  # cache=: a cached_items.ItemCache (NOTE [ An item with cache= ])
+        self.copy = False  # copy each item's arrays here, as made (PoolOptions.copy_items)
 
     def call(self, index: int, epoch: int, started: Optional[float] = None) -> Any:
         """``source[index]`` as item ``index`` of pass ``epoch``; ``started``: the caller's
@@ -108,6 +110,10 @@ class Runner:
             raise ItemError.from_exception(index, e, source_name=self.name)
         finally:
             item_random.leave(previous)
+        if self.copy:
+            skeleton, leaves = _nest.flatten(item, index=index)
+            item = _nest.pack(skeleton, [np.array(v, copy=True) if isinstance(v, np.ndarray) else v
+                                         for _, v in leaves])
         if stats is not None:
             end = time.perf_counter()
             lane = threading.current_thread().name if stats.timeline is not None else None

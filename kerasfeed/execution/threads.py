@@ -114,6 +114,7 @@ class ThreadExecutor(Executor):
         ``seed``, ``retries``, and with cache= the ``item_cache`` its item calls go through)."""
         ex = cls(source, timeout=options.timeout, seed=options.seed, retries=options.retries)
         ex._runner.cache = options.item_cache
+        ex._runner.copy = options.copy_items
         return ex
 
     @property

@@ -193,7 +193,9 @@ class TrainingProgress(keras.callbacks.Callback):
         # sets `stop_training` mid-epoch; then the position stays as it is.
         steps = (self.params or {}).get("steps")
         skip = self._resume.batches if epoch == self._resume.epoch else 0
-        complete = (steps is not None and self._batches - skip >= steps) or not self.model.stop_training
+        # A custom loop may call the hooks without set_model: no model, nothing that stopped the epoch early.
+        stopped = bool(getattr(self._model, "stop_training", False))
+        complete = (steps is not None and self._batches - skip >= steps) or not stopped
         if complete:
             self._epoch, self._batches = epoch + 1, 0
         if self.path is not None:

@@ -33,6 +33,7 @@ class LoaderOptions(LoadOptions):
                 "(use to_dataset for tf.RaggedTensor batches). Received: ragged=True"
             )
         self._put("copy", _v.flag("copy", self.copy, owner=self.owner))
+        self._put("pool", dataclasses.replace(self.pool, copy_items=self.copy))
         self._put("device_prefetch", check_depth(self.device_prefetch))
 
 

@@ -114,6 +114,33 @@ def test_copy_true_hands_over_fresh_arrays_and_frees_the_slots_at_once():
         kerasfeed.to_loader(src, copy="yes")
 
 
+@pytest.mark.parametrize("how", [{}, {"batch_size": 4}, {"cache": "memory"}])
+def test_copy_protects_a_source_that_reuses_one_buffer_per_thread(how):
+    """The threads make items up to 64 ahead of the batch read: a per-thread buffer held a later item by the
+    time the loader copied it (19 of 20 items wrong). With copy=True the thread copies as it makes the item."""
+    import threading
+
+    class Reusing(kerasfeed.SceneSequence):
+        def __init__(self):
+            super().__init__()
+            self.local = threading.local()
+
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if not hasattr(self.local, "buffer"):
+                self.local.buffer = np.zeros(3, np.float32)
+            self.local.buffer[:] = i
+            return self.local.buffer, np.int64(i)
+
+    with kerasfeed.to_loader(Reusing(), copy=True, executor="threads", **how) as loader:
+        for _ in range(2):
+            pairs = [(np.asarray(x)[..., 0], np.asarray(y)) for x, y in loader]
+            np.testing.assert_array_equal(np.concatenate([x.ravel() for x, _ in pairs]),
+                                          np.concatenate([y.ravel() for _, y in pairs]))
+
+
 def test_thread_batches_are_freed_by_reference_counting(no_gc):
     """Threads, batch_size=None: the arrays the source returned are the batch's (no copy),
     and a dropped batch is freed without the garbage collector (no reference cycle on the

@@ -146,6 +146,9 @@ class PoolOptions:
     seed_given: Optional[bool] = dataclasses.field(default=None, compare=False, repr=False)
     # cache=: the cached_items.ItemCache the workers' items go through (its store's fds travel with Init).
     item_cache: Any = dataclasses.field(default=None, compare=False, repr=False)
+    # to_loader's copy=True: threads copy each item's arrays as it is made (a source reusing its buffers would
+    # have overwritten it by the time the consumer copies); a worker process's items are copies anyway.
+    copy_items: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self):
         def put(name, value):
