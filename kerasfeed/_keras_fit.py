@@ -272,8 +272,10 @@ _SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's
 def _sweep(phase: str, info: dict) -> None:
     """A ``gc.callbacks`` hook: drops the kept frames whose ``fit`` returned. Without it the last ``fit`` of a
     thread kept its model, optimizer and data alive (nothing looked again after it), also past
-    ``clear_session()``; a collection runs soon after any Python work, and ``gc.collect()`` frees them."""
-    if phase == "start":
+    ``clear_session()``; a collection runs soon after any Python work, and ``gc.collect()`` frees them.
+    Not at the youngest generation's collections, the most frequent (a kept frame that still runs costs a
+    RuntimeError to tell apart)."""
+    if phase == "start" and info.get("generation", 2) >= 1:
         for ident, frame in list(_SEEN.items()):
             _drop(ident, frame)
 
