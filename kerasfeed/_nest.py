@@ -78,7 +78,7 @@ def leaves_like(skeleton: Any, index: Any, item: Any, owner: str, hint: str = ""
     if other != skeleton:
         raise SignatureError(
             f"Item {index} does not match {owner}'s structure: expected {describe(skeleton)}, "
-            f"received {describe(other)}.{hint}"
+            f"received {'None' if item is None else describe(other)}.{hint}"
         )
     return leaves
 
@@ -182,7 +182,8 @@ def infer_fields(
         if other != skeleton:
             raise SignatureError(
                 f"Items have different structures: item {first_index} is {describe(skeleton)} but item "
-                f"{index} is {describe(other)}. Every item must have the same nesting of tuples/dicts."
+                f"{index} is {'None' if item is None else describe(other)}. Every item must have the same nesting "
+                "of tuples/dicts."
             )
         for k, a in enumerate(arrays(index, other_leaves, skeleton)):
             if dtype_of(a) != dtypes[k]:

@@ -317,6 +317,23 @@ def test_signature_break_names_index_field_expected_and_received():
     with pytest.raises(tf.errors.OpError, match=r"Item 2 does not match the dataset's structure: expected \(array, array\), received array"):
         list(kerasfeed.to_dataset(StructBreak(), output_signature=(tf.TensorSpec([3], tf.float64), tf.TensorSpec([1], tf.float64))))
 
+    class NoneAt(StructBreak):
+        def __init__(self, at):
+            self.at = at
+
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return None if i == self.at else (np.zeros(3), np.zeros(1))
+
+    # "received array" / "is array" before, for an item that is None (a probed one, or one after)
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 7 does not match the loader's structure: expected "
+                       r"\(array, array\), received None\."):
+        list(kerasfeed.to_loader(NoneAt(7), batch_size=2))
+    with pytest.raises(kerasfeed.SignatureError, match=r"item 0 is \(array, array\) but item 2 is None\."):
+        kerasfeed.to_loader(NoneAt(2), batch_size=2)
+
 
 def test_probe_detects_inconsistent_dtypes():
     class Drift:

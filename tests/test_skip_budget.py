@@ -375,3 +375,32 @@ def test_export_retries_a_failing_item_and_writes_every_item(tmp_path):
     kerasfeed.export(source, tmp_path / "e", num_shards=2, executor="threads", retries=1, progress=False)
     assert sorted(int(y[0]) for _, y in kerasfeed.load_export(tmp_path / "e").as_numpy_iterator()) == list(range(N))
 
+
+
+@pytest.mark.parametrize("front", ["to_loader", "to_dataset"])
+def test_a_pass_that_left_an_item_out_frees_its_pipeline_by_reference_counting(front):
+    """The error left out kept the consumer's frames in its traceback (and a thread task kept the error):
+    the pipeline, its executor and threads lived until the garbage collector ran."""
+    import gc
+    import weakref
+
+    class OneBad:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if i == 11:
+                raise ValueError("corrupt")
+            return np.full(2, i, np.float32)
+
+    make = getattr(kerasfeed, front)
+    data = make(OneBad(), batch_size=4, executor="threads", max_skipped=2)
+    gc.collect()
+    gc.disable()
+    try:
+        assert sum(len(b) for b in data) == 19
+        executor = weakref.ref(kerasfeed.executor_of(data))
+        del data
+        assert executor() is None
+    finally:
+        gc.enable()

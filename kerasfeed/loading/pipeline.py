@@ -277,13 +277,19 @@ class PassPipeline:
         except WaitAbandoned:
             raise  # the consumer left on purpose
         except Exception as e:
-            error = e
+            # An error got over (left out, or its worker's death) drops the frames it gathered here: the executor
+            # may keep it (a thread task's error), and through this frame it held the pipeline, its executor and
+            # workers until the garbage collector ran.
             if self.skips is not None and skippable(e, index):
                 error = self._leave_out(index, epoch, e)
                 if error is None:
+                    e.with_traceback(None)
                     return None
             elif self.skips is not None and isinstance(e, WorkerError) and e.index is not None:
+                e.with_traceback(None)
                 return self._after_death(index, epoch, e)
+            else:
+                error = e
             self.executor.pass_failed(epoch)
             if isinstance(error, ItemError):
                 # The executor's own frames say nothing to the user (TensorFlow
@@ -300,11 +306,14 @@ class PassPipeline:
         for _ in range(RESTARTS):
             self.executor.item_skipped(int(error.index), epoch)
             try:
-                return self._arrays(index, epoch)
+                arrays = self._arrays(index, epoch)
             except WorkerError as again:
                 if again.index is None or int(again.index) == index:
                     raise
                 error = again
+                continue
+            error = None  # a retried error's traceback holds this frame (see _arrays)
+            return arrays
         self.executor.pass_failed(epoch)
         raise error
 

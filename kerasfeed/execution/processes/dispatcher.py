@@ -341,12 +341,17 @@ class Dispatcher:
                             lane.stopped_for = f"did not return an item within timeout={timeout} s and was stopped"
                             proc.kill()
                         continue
+                    # A worker makes its requests in the order sent: the oldest one pending is what it is stuck
+                    # on, this one may only wait behind it (blamed, it was left out in the stuck one's place).
+                    with self.lock:
+                        stuck = next(iter(lane.pending.values()), req).index
+                    behind = "" if stuck == req.index else f" ({self.name}[{req.index}] waited behind it)"
                     err = WorkerError(
-                        f"kerasfeed: worker {lane.id} (pid {proc.pid}) did not return {self.name}[{req.index}] within "
-                        f"timeout={timeout} s; the worker was stopped.\n{NO_RESTART}",
+                        f"kerasfeed: worker {lane.id} (pid {proc.pid}) did not return {self.name}[{stuck}] within "
+                        f"timeout={timeout} s{behind}; the worker was stopped.\n{NO_RESTART}",
                         worker_id=lane.id,
                         pid=proc.pid,
-                        index=req.index,
+                        index=stuck,
                     )
                     self.record_failure(err)
                     proc.kill()  # its reader fails whatever else was pending
