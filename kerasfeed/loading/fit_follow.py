@@ -1,0 +1,131 @@
+"""A pipeline's passes under ``model.fit``: which pass a fit reads next (TF-free, Keras-free).
+
+NOTE [ The pass follows Keras' epoch ] (``kerasfeed/_keras_fit.py``) says why; ``FollowsFit`` is the part of
+``PassPipeline`` that does it: the fit a pass begins under, the pins a backup restores, a kerasfeed
+callback's word on the epoch, and the model build's pass under a resume.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from kerasfeed._keras_epoch_iterator import check_epoch_length, iterator_ref, same_iterator
+from kerasfeed._keras_fit import FitView, find_fit, keras_pass, refuse
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
+
+
+class FollowsFit:
+    """``PassPipeline``'s passes under ``model.fit`` (a base class of it). Its attributes, set by the pipeline:
+    ``_follow`` (no ``initial_state``: passes are the fit's epochs), ``_lock``, ``_pins`` (pass -> items of it
+    already trained on), ``_expected`` (a kerasfeed callback's ``(epoch iterator ref, epoch)``),
+    ``batches_per_pass``, ``items_per_batch``, ``skips`` and ``_length``."""
+
+    _follow: bool
+    _lock: threading.Lock
+    _pins: dict
+    _expected: Optional[tuple]
+    _length: Optional[int]
+    batches_per_pass: Optional[int]
+    items_per_batch: int
+    skips: Any
+
+    def fit_target(self) -> Optional[tuple[int, int]]:
+        """``(pass, items skipped)`` a pass begun now reads because a running
+        ``model.fit`` reads this pipeline; None when none does (or its epochs
+        are not passes, or an ``initial_state`` numbers the passes).
+
+        Raises:
+            KerasStructureError: the fit's frame cannot say its epoch where that decides
+                the pass (``FitView.unreadable``), or says another than a kerasfeed callback's.
+        """
+        fit = find_fit(self.held_by) if self._follow else None
+        if fit is None:
+            return None
+        with self._lock:
+            said = self._expected if self._expected is not None and same_iterator(self._expected[0], fit) else None
+        if fit.missing:
+            with self._lock:
+                resuming = bool(self._pins)
+            fit.unreadable(resuming=resuming, said=said is not None)  # raises where counting would read others
+            if said is None:
+                return None
+        epoch = said[1] if fit.missing else keras_pass(fit.current, fit.steps_per_epoch, self.batches_per_pass,
+                                                       fit.initial_epoch)
+        if said is not None and fit.epoch is not None and epoch is not None and epoch != said[1]:
+            raise refuse(f"its `fit` frame says epoch {fit.epoch} where a kerasfeed callback's on_epoch_begin said "
+                         f"{said[1]}", "The pass to read is not known: refused rather than train another one.")
+        if self._held_directly(fit):
+            check_epoch_length(fit, self.batches_per_pass)
+        if epoch is None:
+            return None
+        with self._lock:
+            skip = self._pins.get(epoch)
+        return (epoch, skip or 0) if skip is not None or fit.epoch is not None else self._build_pass(fit, epoch)
+
+    def _build_pass(self, fit: FitView, epoch: int) -> tuple[int, int]:
+        """NOTE [ The model build's pass under a resume ]: Keras' JAX and torch trainers build the model
+        from a batch of a throwaway iterator before ``on_train_begin``, where a backup restores the epoch
+        and pins the position: that pass, which the next iterator takes over, would be the fit's first
+        one, not the resumed one, and the executor would make a window of it for nothing. A kerasfeed
+        callback among the fit's ``callbacks`` says beforehand where it will restore
+        (``kerasfeed_resume_hint``). Only a hint: a pass the restore does not pin is begun again."""
+        for callback in fit.callbacks or ():
+            hint = getattr(callback, "kerasfeed_resume_hint", None)
+            at = hint() if callable(hint) and self.skips is None and fit.steps_per_epoch is None else None
+            if at is not None and 0 <= at[1] * self.items_per_batch < (self._length or 0):
+                return int(at[0]), int(at[1]) * self.items_per_batch
+        return epoch, 0
+
+    def takes_over(self, epoch: int, skip: int) -> bool:
+        """Whether the pass begun as ``(epoch, skip)`` (by a model build) is the one a running ``fit``
+        reads next (True outside ``fit``); the pin it reads by is then spent, as a ``begin`` spends it."""
+        target = self.fit_target()
+        if target is not None and target != (epoch, skip):
+            return False
+        with self._lock:
+            self._pins.pop(epoch, None)
+        return True
+
+    def expect(self, view: Optional[FitView], epoch: Optional[int]) -> None:
+        """A kerasfeed callback's ``on_epoch_begin(epoch)`` (Keras' public route) for the fit ``view``:
+        its passes are checked against the frame's epoch, and follow it where the frame has none
+        (None: the fit ended)."""
+        ref = iterator_ref(view) if epoch is not None else None
+        with self._lock:
+            self._expected = None if ref is None else (ref, epoch)
+
+    def _held_directly(self, fit: FitView) -> bool:
+        return getattr(fit.x, PIPELINE_ATTR, None) is self
+
+    def _check_keras_length(self) -> None:
+        """The pass after a resumed one, under fit: Keras must count a whole pass's steps (its
+        ``cardinality()``), or it cuts this pass short (``check_epoch_length``)."""
+        fit = find_fit(self.held_by)
+        if fit is not None and not fit.missing and self._held_directly(fit):
+            check_epoch_length(fit, self.batches_per_pass)
+
+    def pin(self, epoch: int, skip: int) -> None:
+        """The pass ``epoch``, when it begins under ``fit``, starts after its
+        first ``skip`` items (kerasfeed.BackupAndRestore resuming inside it)."""
+        with self._lock:
+            self._pins = {epoch: skip} if skip else {}
+
+    @property
+    def follows_keras(self) -> bool:
+        """Whether passes begun under ``model.fit`` are the fit's epochs (no ``initial_state`` given)."""
+        return self._follow
+
+    def held_by(self, x: Any) -> bool:
+        """Whether ``x`` (what a ``fit`` is given) reads through this pipeline: a
+        dataset or loader made with it, one derived from it, or a loader whose
+        TensorFlow dataset (under that backend) is."""
+        if x is None:
+            return False
+        for candidate in (x, getattr(x, "_tf_dataset", None)):
+            if candidate is not None and find_tagged(candidate, PIPELINE_ATTR) is self:
+                return True
+        return False
+
+
+__all__ = ["FollowsFit"]
