@@ -182,6 +182,16 @@ def test_errors_are_counted():
     assert s["errors"] == 1
     assert 5 <= s["items"] <= 7  # tf.data may go on past the error before the iterator stops
 
+    class OffSignature(Sleepy):  # item 3 comes back of another dtype: an error too (left out, and counted)
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return (x.astype(np.float64) if i == 3 else x), y
+
+    loader = kerasfeed.to_loader(OffSignature(n=8, delay=0.0), max_skipped=1)
+    assert len(list(loader)) == 7
+    s = kerasfeed.stats(loader)
+    assert s["errors"] == s["skipped"] == 1, s
+
 
 def test_stream_datasets_have_stats():
     def gen(k):

@@ -175,11 +175,15 @@ class PassPipeline(FollowsFit):
         """Item ``index`` of pass ``epoch``, checked and flattened; None: it
         failed and was left out (``max_skipped``). A failure that ends the
         pass is told to the executor (NOTE [ Parking after a failed pass ])."""
+        picked = False
         try:
-            return self._checker.flat_arrays(index, self._pick(index, epoch))
+            item, picked = self._pick(index, epoch), True
+            return self._checker.flat_arrays(index, item)
         except WaitAbandoned:
             raise  # the consumer left on purpose
         except Exception as e:
+            if picked and self.stats is not None:
+                self.stats.error()  # it came, not as the signature says (_pick counts the executor's errors)
             # An error got over (left out, or its worker's death) drops the frames it gathered here: the executor
             # may keep it (a thread task's error), and through this frame it held the pipeline, its executor and
             # workers until the garbage collector ran.
