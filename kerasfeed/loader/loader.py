@@ -51,6 +51,15 @@ class Loader:
 
     Attributes:
         executor: the executor running ``source[i]``.
+
+    Example:
+
+    ```python
+    loader = kerasfeed.to_loader(seq, batch_size=32, shuffle=True, seed=0)
+    for x, y in loader:        # one pass; the next `for` reads the next pass
+        ...
+    loader.close()             # its threads or worker processes stop (also `with loader:`)
+    ```
     """
 
     def __init__(self, feed: Feed, options: LoaderOptions):

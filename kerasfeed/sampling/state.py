@@ -36,6 +36,13 @@ class ResumeState:
         order: fingerprint of the saved run's order, or None.
         items: items of the pass in those batches, or None (not known).
         skipped: ``[[pass, index], ...]`` left out before the position, or None (none, or not known).
+
+    Example:
+
+    ```python
+    state = kerasfeed.ResumeState.from_dict({"epoch": 2, "batches": 5})
+    state.to_dict()   # {'epoch': 2, 'batches': 5}: what initial_state= takes
+    ```
     """
 
     epoch: int = 0
