@@ -176,7 +176,12 @@ def infer_fields(
     skeleton, leaves = flatten(first, check_dict, first_index)
     first_arrays = arrays(first_index, leaves, skeleton)
     shapes = [list(a.shape) for a in first_arrays]
-    dtypes = [dtype_of(a) for a in first_arrays]
+    dtypes = []
+    for (path, _), a in zip(leaves, first_arrays):
+        try:
+            dtypes.append(dtype_of(a))
+        except SignatureError as e:  # which field of which item: a compound HDF5 dataset's, say
+            raise SignatureError(f"Item {first_index}, field {field_name(path, skeleton)}: {e}") from None
     for index, item in probes[1:]:
         other, other_leaves = flatten(item, check_dict, index)
         if other != skeleton:

@@ -83,7 +83,9 @@ class ScenePointSampler:
             for k in range(count):
                 a = lo[axis] + k * self.stride
                 end = a + self.block_size
-                if self.stride <= self.block_size:  # blocks that touch share their bound: no point between
+                if self.stride == self.block_size:  # tiling blocks share the next one's very bound: a + block_size
+                    end = lo[axis] + (k + 1) * self.stride  # could round past it and take a point twice
+                elif self.stride < self.block_size:  # blocks that touch share their bound: no point between
                     end = max(end, lo[axis] + (k + 1) * self.stride)
                 # Half-open blocks; the last one also takes the scene's edge.
                 upper = v <= end if k == count - 1 else v < end

@@ -327,6 +327,13 @@ def test_signature_break_names_index_field_expected_and_received():
         def __getitem__(self, i):
             return None if i == self.at else (np.zeros(3), np.zeros(1))
 
+    class Compound(StructBreak):  # TensorFlow has no compound dtype: the field and the item are named
+        def __getitem__(self, i):
+            return {"x": np.zeros(2, "float32"), "rec": np.zeros(2, [("a", "i4")])}
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 0, field \['rec'\]: Unsupported dtype \[\('a', '<i4'\)\]"):
+        kerasfeed.to_dataset(Compound())
+
     # "received array" / "is array" before, for an item that is None (a probed one, or one after)
     with pytest.raises(kerasfeed.SignatureError, match=r"^Item 7 does not match the loader's structure: expected "
                        r"\(array, array\), received None\."):

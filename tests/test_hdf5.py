@@ -278,6 +278,10 @@ def test_scene_point_sampler_far_from_the_origin_empty_and_non_finite_scenes():
         assert covered.all(), f"stride={stride}: {np.count_nonzero(~covered)} points in no block"
     tiles = np.concatenate([i for i, _ in kerasfeed.ScenePointSampler(4, block_size=0.1).blocks(xy)])
     assert len(tiles) == len(xy)  # stride == block_size: each point in exactly one block
+    # ... also one on a bound: 1.2 + 0.1 rounds past 13 * 0.1, and x=1.3 fell in blocks 12 and 13
+    on_bounds = np.array([[0.0, 0.0], [1.3, 0.0], [1.5, 0.0], [1.8, 0.0], [2.5, 0.0], [3.0, 0.0]])
+    tiles = np.concatenate([i for i, _ in kerasfeed.ScenePointSampler(1, block_size=0.1).blocks(on_bounds)])
+    assert sorted(tiles.tolist()) == list(range(len(on_bounds)))
     sampler, r = kerasfeed.ScenePointSampler(8), np.random.default_rng(0)
     x, y = sampler((np.zeros((0, 5, 3), np.float32), np.zeros((0, 5), np.int32)), r)
     assert x.shape == (0, 8, 3) and y.shape == (0, 8) and y.dtype == np.int32
