@@ -143,7 +143,7 @@ class FitView:
         callbacks: the ``callbacks`` argument of the call, before the loop
             (None in it): a kerasfeed callback there can say before its
             ``on_train_begin`` which pass a restore will start at
-            (NOTE [ The model build's pass under a resume ], loading/pipeline.py).
+            (NOTE [ The model build's pass under a resume ], loading/fit_follow.py).
     """
 
     epoch: Optional[int]

@@ -135,7 +135,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def kerasfeed_resume_hint(self) -> Any:
         """``(epoch, batch)`` that ``on_train_begin`` will resume the data at, read before it for the pass
-        Keras' model build reads (NOTE [ The model build's pass under a resume ], loading/pipeline.py);
+        Keras' model build reads (NOTE [ The model build's pass under a resume ], loading/fit_follow.py);
         None: no backup with a data position. A hint: the restore itself checks the backup."""
         try:
             record = self._files.latest()
