@@ -361,3 +361,21 @@ def test_a_second_request_for_the_item_a_worker_died_on_is_requeued_not_counted_
         assert tries(tmp_path, BAD) == 3  # the fatal attempt, its retry, the requeued request
     finally:
         ex.close()
+
+
+def _exit_at_start():
+    os._exit(7)
+
+
+def test_workers_that_die_while_starting_are_named_so_and_the_message_fits_retries(tmp_path):
+    """A worker_init that exits: with retries=2 one successor is tried, then the pool fails. The message
+    said "while loading S[0]" and "kerasfeed does not restart workers", both wrong here."""
+    with pytest.raises(WorkerError) as info:
+        list(kerasfeed.to_loader(Flaky(tmp_path, n=8), executor="processes", workers=1, retries=2,
+                                 worker_init=_exit_at_start))
+    text = str(info.value)
+    assert "exit code 7 before it was ready." in text and "while loading" not in text, text
+    assert "not replaced once 2 in a row have (retries=2)" in text and "does not restart" not in text, text
+    with pytest.raises(WorkerError) as info:  # without retries: as before
+        list(kerasfeed.to_loader(Flaky(tmp_path, n=8), executor="processes", workers=1, worker_init=_exit_at_start))
+    assert "before it was ready" in str(info.value) and "does not restart workers" in str(info.value)

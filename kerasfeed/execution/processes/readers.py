@@ -86,6 +86,18 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
             os.close(fd)
 
 
+def _not_replaced(d: Any, lane: WorkerLane) -> str:
+    """Why the pool fails instead of replacing the worker (with ``retries=`` it replaces those that die
+    making items: NOTE [ Replacing a worker ])."""
+    if not d.retries:
+        return NO_RESTART
+    if not lane.process.ready.is_set():
+        return (f"Workers that die while starting are not replaced once {d.retries} in a row have "
+                f"(retries={d.retries}), nor after a worker_init that raised: fix the cause, or use "
+                "executor='threads' to debug the source in the main process.")
+    return "It was not replaced (a stream's worker, or a pool that had failed already): create the dataset again."
+
+
 def _worker_gone(d: Any, lane: WorkerLane) -> None:
     if d.closed:
         return
@@ -94,13 +106,14 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
     if d.closed or d.replacements.worker_gone(lane, code):  # retired, or replaced (NOTE [ Replacing a worker ])
         return
     head, details = proc.explain_exit(code)
+    early = not proc.ready.is_set()  # died while starting: it made no item
     with d.lock:
         # A worker runs its requests in order: the oldest one pending is the item it died on.
         mine = sorted(lane.pending.values(), key=lambda r: r.id)
-        index = mine[0].index if mine else None
-        during = f" while loading {d.name}[{index}]" if index is not None else ""
+        index = mine[0].index if mine and not early else None
+        during = f" while loading {d.name}[{index}]" if index is not None else (" before it was ready" if early else "")
         err = WorkerError(
-            f"kerasfeed: worker {lane.id} (pid {proc.pid}) of {d.name} {head}{during}.\n{NO_RESTART}"
+            f"kerasfeed: worker {lane.id} (pid {proc.pid}) of {d.name} {head}{during}.\n{_not_replaced(d, lane)}"
             + (f"\n\n{details}" if details else ""),
             worker_id=lane.id,
             pid=proc.pid,
