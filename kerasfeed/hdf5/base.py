@@ -6,6 +6,7 @@ See the package docstring (``kerasfeed/hdf5/__init__.py``) for how files are ope
 from __future__ import annotations
 
 import bisect
+import collections
 import os
 import stat
 import threading
@@ -128,6 +129,8 @@ class H5Base(SceneSequence):
                 partly from memory: its items are no data of the new one).
         """
         out = {}
+        shown_as = {j: self._shown(j) for j in self._remote}  # redacted once: the loop below asks for twins
+        twins = collections.Counter(shown_as.values())
         for j, path in enumerate(self._paths):
             if j in self._remote:
                 rf = self._remote[j]
@@ -138,9 +141,8 @@ class H5Base(SceneSequence):
                         f"built, which reads the version it inspected. Build a new sequence to read the new object. "
                         f"Received: {now.identity()} now, {rf.pin.identity()} at construction"
                     )
-                shown = self._shown(j)
-                twins = sum(self._shown(k) == shown for k in self._remote)
-                out[shown if twins == 1 else f"{shown} (file {j})"] = rf.pin.identity()
+                shown = shown_as[j]
+                out[shown if twins[shown] == 1 else f"{shown} (file {j})"] = rf.pin.identity()
                 continue
             try:
                 st = os.stat(path)
