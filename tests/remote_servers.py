@@ -119,6 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = r.read()
         finally:
             conn.close()
+        self.server._count(len(body), (self.path, self.command, r.status))  # before the answer (see _bytes)
         self.send_response(r.status, r.reason)
         for k, v in r.getheaders():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
@@ -128,7 +129,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self.server._count(len(body), (self.path, self.command, r.status))
 
     def _stat(self, name: str):
         path = self.server.files.get(name)
@@ -170,6 +170,10 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Last-Modified"] = email.utils.formatdate(st.st_mtime, usegmt=True)
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        # Logged before anything goes out: once a client holds the headers (a size probe reads no more) or the
+        # bytes, the log shows them. A test reads the log right after; logged later, the entry could come after.
+        if not (head or self.command == "HEAD"):
+            srv._count(end - start, (name, start, end))
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
@@ -177,9 +181,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if head or self.command == "HEAD":
             return
-        # Logged before the body goes out: once a client holds the bytes, the log shows them (a test reads
-        # the log right after its reads; logged after sendfile, the entry could come later).
-        srv._count(end - start, (name, start, end))
         with open(path, "rb") as f:
             self.connection.sendfile(f, start, end - start)
 
