@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kerasfeed._nest import describe, field_name, flatten, pack
-from kerasfeed.errors import SignatureError, short_repr
+from kerasfeed.errors import SignatureError, held_objects, short_repr
 
 
 class UnsupportedLeaf(ValueError):
@@ -30,13 +30,17 @@ def _to_bytes(v: Any) -> bytes:
     raise UnsupportedLeaf(v)
 
 
-def dtype_mismatch(want: Any, got: np.dtype) -> str:
+def dtype_mismatch(want: Any, got: np.ndarray) -> str:
     """``"dtype float32, received float64"``; with the byte order where only it
-    differs (``"<f4, received >f4"``, not ``"float32, received float32"``)."""
-    want = np.dtype(want)
-    if want.name == got.name:
-        return f"dtype {want.str}, received {got.str}"
-    return f"dtype {want.name}, received {got.name}"
+    differs (``"<f4, received >f4"``, not ``"float32, received float32"``), and
+    what an object array holds (``"received object: str 'oops'"``: a str leaf)."""
+    want, dtype = np.dtype(want), got.dtype
+    if want.name == dtype.name:
+        return f"dtype {want.str}, received {dtype.str}"
+    if dtype.kind == "O" and got.size:  # a str or bytes leaf becomes an object array: say which
+        first = got.flat[0]
+        return f"dtype {want.name}, received {held_objects(first)}"
+    return f"dtype {want.name}, received {dtype.name}"
 
 
 def as_array(leaf: Any) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional, Sequence
 
-from kerasfeed.errors import SignatureError
+from kerasfeed.errors import SignatureError, held_objects
 
 KERAS_NAMES = ("x", "y", "sample_weight")
 
@@ -193,9 +193,12 @@ def infer_fields(
         for k, a in enumerate(arrays(index, other_leaves, skeleton)):
             if dtype_of(a) != dtypes[k]:
                 field = field_name(other_leaves[k][0], skeleton)
+                held = ""
+                if getattr(getattr(a, "dtype", None), "kind", "") == "O" and a.size:  # a str leaf, say: which
+                    held = f" ({held_objects(a.flat[0])})"
                 raise SignatureError(
                     f"Field {field} changes dtype: item {first_index} has {name(dtypes[k])}, "
-                    f"item {index} has {name(dtype_of(a))}."
+                    f"item {index} has {name(dtype_of(a))}{held}."
                 )
             if a.ndim != len(shapes[k]):
                 field = field_name(other_leaves[k][0], skeleton)

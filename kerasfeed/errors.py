@@ -32,6 +32,14 @@ def short_repr(obj: object, limit: int = 80) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
+def held_objects(first: object) -> str:
+    """What an object array holds, by its first element: ``"strings (b'oops'...)"`` (a str or bytes leaf
+    becomes one), else ``"object: dict {...}"``."""
+    if isinstance(first, (str, bytes)):
+        return f"strings ({short_repr(first)}...)"
+    return f"object: {type(first).__name__} {short_repr(first)}"
+
+
 def short_cause(text: str) -> str:
     """``text``'s first line, at most ``CAUSE_CHARS`` characters (an attempt's cause)."""
     line = (text.strip().splitlines() or [""])[0].strip()

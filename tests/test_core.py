@@ -354,6 +354,24 @@ def test_probe_detects_inconsistent_dtypes():
         kerasfeed.to_dataset(Drift())
 
 
+def test_a_string_leaf_where_numbers_were_probed_is_named_as_strings_with_its_value():
+    class TextAt:  # str where float32 arrays were: it became an object array, reported as "object" before
+        def __init__(self, at):
+            self.at = at
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return "oops" if i == self.at else np.zeros(2, np.float32)
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"item 0 has float32, item 1 has object \(strings \(b?'oops'"):
+        kerasfeed.to_loader(TextAt(1), batch_size=2)
+    with pytest.raises(kerasfeed.SignatureError, match=r"Item 40, field item: expected dtype float32, received "
+                                                       r"strings \(b?'oops'\.\.\.\)"):
+        list(kerasfeed.to_loader(TextAt(40), batch_size=2, executor="threads"))
+
+
 def test_bad_sources_and_arguments():
     class Empty:
         def __len__(self):

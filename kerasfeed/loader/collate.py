@@ -50,7 +50,7 @@ class Signature:
         for k, (_, leaf) in enumerate(leaves):
             a = leaf_array(index, self.names[k], leaf)
             if a.dtype != self.dtypes[k]:
-                self._fail(index, k, dtype_mismatch(self.dtypes[k], a.dtype))
+                self._fail(index, k, dtype_mismatch(self.dtypes[k], a))
             shape = self.shapes[k]
             if not shape_fits(shape, a.shape):
                 self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")

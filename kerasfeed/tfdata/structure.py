@@ -113,7 +113,7 @@ class ItemChecker:
                 if a.dtype != object:
                     self._fail(index, k, f"dtype string, received {a.dtype}")
             elif a.dtype != want:
-                self._fail(index, k, dtype_mismatch(want, a.dtype))
+                self._fail(index, k, dtype_mismatch(want, a))
             check = self._shape_checks[k]  # runs for every item: C-level calls only
             if check is not None and (a.ndim != check[0] or check[1](a.shape) != check[2]):
                 self._fail(index, k, f"shape {shape_text(self.shapes[k])}, received shape {a.shape}")
