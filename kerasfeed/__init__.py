@@ -89,6 +89,11 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as e:
         if e.name != "tensorflow" and not (e.name or "").startswith("tensorflow."):
             raise
+        from kerasfeed._backend_errors import keras_backend_error
+
+        backend_error = keras_backend_error(e, f"kerasfeed.{name}")
+        if backend_error is not None:
+            raise backend_error from e
         # TensorFlow is optional (to_dataset and the stream functions need it).
         raise ModuleNotFoundError(
             f"kerasfeed.{name} needs TensorFlow, which is not installed: pip install 'kerasfeed[tensorflow]' "

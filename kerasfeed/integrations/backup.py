@@ -10,6 +10,7 @@ from typing import Any, Union
 
 import keras
 
+from kerasfeed import _validation as _v
 from kerasfeed._keras_fit import batch_end_offset, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
@@ -63,14 +64,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         delete_checkpoint: bool = True,
     ):
         _check_keras(keras.version())
-        if isinstance(backup_dir, os.PathLike):
-            backup_dir = os.fspath(backup_dir)
         # Keras' own texts lead its messages (code that matches them keeps working).
-        if not isinstance(backup_dir, str) or not backup_dir:
+        if isinstance(backup_dir, str) and not backup_dir:
             raise ValueError(
                 "BackupAndRestore: Empty `backup_dir` argument passed; it must be a non-empty path. "
                 f"Received: backup_dir={backup_dir!r}"
             )
+        # Another type is not "empty": say which type it is, and which it must be.
+        backup_dir = _v.path("backup_dir", backup_dir, owner="BackupAndRestore")
+        # Keras takes any truthy value; the rest of kerasfeed refuses a non-bool flag ("yes", 0) rather than guess.
+        double_checkpoint = _v.flag("double_checkpoint", double_checkpoint, owner="BackupAndRestore")
+        delete_checkpoint = _v.flag("delete_checkpoint", delete_checkpoint, owner="BackupAndRestore")
         if os.path.exists(backup_dir) and not os.path.isdir(backup_dir):  # fit failed later: bare FileExistsError
             raise ValueError(
                 "BackupAndRestore: `backup_dir` is an existing file, not a directory; backups go into a directory "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
+from kerasfeed.errors import short_repr
 from kerasfeed.execution.base import Executor
 from kerasfeed.loader.keras_adapter import loader_class
 from kerasfeed.loader.loader import Loader
@@ -160,7 +161,8 @@ def to_loader(
         ``keras`` data adapter, so ``model.fit(loader, epochs=n)`` works.
 
     Raises:
-        TypeError, ValueError: a non-indexable or empty source, or bad
+        TypeError, ValueError: a non-indexable, empty or infinite source
+            (``num_batches`` None: ``to_dataset`` takes those), or bad
             arguments (``ragged=True`` included); under several processes,
             ones that disagree, a per-process batch that does not divide
             among the local devices, or ``shuffle`` without a ``seed``.
@@ -204,7 +206,16 @@ def to_loader(
     processes = None if explicit else cluster
 
     def make() -> tuple[Loader, Optional[dict]]:
-        total = source_length(source)
+        total = source_length(source, allow_infinite=True, owner="to_loader")
+        if total is None:
+            # Said here: source_length's generic "kerasfeed needs a finite source" read as if no front end
+            # took one, and to_dataset does.
+            raise ValueError(
+                "to_loader needs a finite source: a loader is a sequence of passes of known length (num_batches, "
+                f"len(loader)), but {type(source).__name__}.num_batches is None (an infinite source). Give the "
+                "source a length, or use kerasfeed.to_dataset (TensorFlow), which takes infinite sources (fit "
+                f"with steps_per_epoch). Received: {short_repr(source, 120)} of type {type(source).__name__}"
+            )
         options = LoaderOptions(**arguments)
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)

@@ -17,6 +17,7 @@ import sys
 import warnings
 from typing import Any
 
+from kerasfeed._backend_errors import keras_backend_error
 from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
 from kerasfeed._keras_fit import refuse, remember_fit
 from kerasfeed._leaves import short_repr
@@ -42,7 +43,13 @@ def check_keras_version(version: str) -> None:
 @functools.lru_cache(maxsize=None)
 def loader_class() -> type:
     """``Loader`` with Keras' ``DataAdapter`` as a second base (made once)."""
-    import keras
+    try:
+        import keras
+    except ModuleNotFoundError as e:  # Keras on its default backend, TensorFlow, without TensorFlow
+        backend_error = keras_backend_error(e, "kerasfeed.to_loader")
+        if backend_error is None:
+            raise
+        raise backend_error from e
 
     check_keras_version(keras.version())
     try:

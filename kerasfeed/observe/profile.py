@@ -198,6 +198,7 @@ class ProfileReport:
         per-worker timeline of the recommended run's pass; saved to ``path``."""
         from kerasfeed.observe.profile_chart import plot_report
 
+        _matplotlib("ProfileReport.plot", f"path={path!r}")  # a clear error, not plot_report's bare one
         return plot_report(self, path)
 
 
@@ -305,12 +306,28 @@ def _counts(name: str, value: Any) -> list:
     return [positive_int(name, v, owner="profile") for v in value]
 
 
-def _check_chart(chart: Any) -> None:
-    import matplotlib.figure
+def _matplotlib(needs: str, received: str, remedy: str = "") -> Any:
+    """``matplotlib``, or an error that says what needs it and how to install it (it is optional)."""
+    try:
+        import matplotlib.figure
+    except ModuleNotFoundError as e:
+        if e.name != "matplotlib" and not (e.name or "").startswith("matplotlib."):
+            raise
+        # setup.cfg has it only in the `dev` extra (with the whole test toolchain): name both.
+        raise ModuleNotFoundError(
+            f"{needs} needs matplotlib, which is not installed: pip install matplotlib (or 'kerasfeed[dev]', "
+            f"which has it){remedy}. Received: {received}",
+            name="matplotlib",
+        ) from e
+    return matplotlib
 
+
+def _check_chart(chart: Any) -> None:
+    # The argument's type first: a wrong one is the caller's mistake whether or not matplotlib is installed.
     if not isinstance(chart, (str, os.PathLike)) or not os.fspath(chart):
         raise TypeError(f"profile: `chart` must be a file path (or None). Received: chart={chart!r}")
     path = os.fspath(chart)
+    matplotlib = _matplotlib("profile: `chart`", f"chart={path!r}", ", or pass chart=None for the report alone")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"profile: the folder of `chart` does not exist: {folder!r}. Received: chart={path!r}")
@@ -348,6 +365,7 @@ def profile(
 
     Raises:
         TypeError, ValueError: a non-indexable or empty source, bad counts.
+        ModuleNotFoundError: ``chart`` given without matplotlib installed.
         kerasfeed.ItemError: ``source[i]`` raised.
 
     Example:
