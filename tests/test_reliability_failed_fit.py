@@ -1,5 +1,5 @@
 """After a failed ``fit`` (an item raised, a worker was killed, an item timed
-out), the dataset's threads or worker processes stop within about a second,
+out, ``on_epoch_end`` raised), the dataset's threads or worker processes stop within about a second,
 even while the failure's traceback (and with it ``fit``'s frames, its
 iterator and the dataset) is kept, as a notebook keeps the last one
 (docs/reliability.md, NOTE [ Parking after a failed pass ])."""
@@ -30,7 +30,8 @@ STOPPED_WITHIN_S = 10
 
 
 class Faulty(kerasfeed.SceneSequence):
-    """40 batches; batch ``BAD`` raises, kills its worker process, or sleeps 3 s (``how``)."""
+    """40 batches; batch ``BAD`` raises, kills its worker process, or sleeps 3 s, or the pass's end hook
+    raises (``how``)."""
 
     def __init__(self, how):
         super().__init__()
@@ -48,6 +49,10 @@ class Faulty(kerasfeed.SceneSequence):
             if self.how == "hang":
                 time.sleep(3)
         return np.full((4, 3), i, np.float32), np.zeros((4, 1), np.float32)
+
+    def on_epoch_end(self):
+        if self.how == "hook":  # the pass's end, not an item: the pool parked only after a failed load
+            raise ValueError("the epoch hook failed")
 
 
 def _model():
@@ -76,7 +81,8 @@ def _stopped(executor_name, pids, threads) -> bool:
 
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_workers_stop_after_a_failed_fit_while_its_traceback_is_kept(executor):
-    cases = [("to_dataset", "raise"), ("to_dataset", "hang"), ("to_loader", "raise"), ("numpy", "raise")]
+    cases = [("to_dataset", "raise"), ("to_dataset", "hang"), ("to_loader", "raise"), ("numpy", "raise"),
+             ("to_dataset", "hook"), ("numpy", "hook")]
     if executor == "processes":
         cases += [("to_dataset", "kill"), ("to_loader", "kill")]
     kept = []  # what a notebook keeps: the last traceback, fit's frames, the dataset in them
@@ -96,7 +102,8 @@ def test_workers_stop_after_a_failed_fit_while_its_traceback_is_kept(executor):
             else:
                 _model().fit(data, epochs=1, verbose=0, shuffle=False)
         text = str(failed.value)
-        want = {"raise": f"Faulty[{BAD}] raised ValueError", "kill": "SIGKILL", "hang": "timeout=0.5"}[how]
+        want = {"raise": f"Faulty[{BAD}] raised ValueError", "kill": "SIGKILL", "hang": "timeout=0.5",
+                "hook": "the epoch hook failed"}[how]
         assert want in text, (front, how, text[-2000:])
         kept.append(failed)
         pids = ex.pids if executor == "processes" else []

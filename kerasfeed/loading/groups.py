@@ -98,7 +98,7 @@ class _PassGroups:
     """
 
     def __init__(self, begin: Callable, load_one: Callable, ready: Callable, open_leading: Sequence[bool], group: int,
-                 empty: list, end_pass: Optional[Callable[[], None]] = None):
+                 empty: list, end_pass: Optional[Callable[[int], None]] = None):
         self._begin = begin
         self._load_one = load_one
         self._end_pass = end_pass
@@ -164,7 +164,7 @@ class _PassGroups:
             return list(self._empty)
         stacked = self._stack(items)  # copies: no array of it views the source any more
         if ended and self._end_pass is not None:
-            self._end_pass()
+            self._end_pass(epoch)
         return stacked
 
 

@@ -303,13 +303,17 @@ class PassPipeline(FollowsFit):
                 self._short = (epoch, left) if left else None
         return arrays, last
 
-    def end_pass(self) -> None:
-        """Every item of the pass is loaded (in whatever order): the pass is over for the source,
+    def end_pass(self, epoch: int) -> None:
+        """Every item of pass ``epoch`` is loaded (in whatever order): the pass is over for the source,
         without waiting for a consumer that may never ask past the last element."""
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
-            with default_fp_env():  # as items (execution/fpenv.py)
-                hook()
+            try:
+                with default_fp_env():  # as items (execution/fpenv.py)
+                    hook()
+            except BaseException:  # as a failed load: the pool parks once the pass is left, even while
+                self.executor.pass_failed(epoch)  # a notebook or Keras keeps this error (and the pipeline)
+                raise
             now = _length(self._source) if self._length is not None else None
             if now is not None and now != self._length:  # said once: later passes read the first length
                 logger.warning(
@@ -326,7 +330,7 @@ class PassPipeline(FollowsFit):
             self._remaining.pop(int(epoch), None)
         if self.stats is not None:
             self.stats.picked_many(epoch, count, first, last)
-        self.end_pass()
+        self.end_pass(epoch)
 
     def load(self, i, epoch):
         """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
@@ -337,7 +341,7 @@ class PassPipeline(FollowsFit):
         if (last or self._copy_views) and arrays is not None:
             arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
         if last:
-            self.end_pass()
+            self.end_pass(epoch)
         return arrays
 
     def load_marked(self, i, epoch) -> list:
