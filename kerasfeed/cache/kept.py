@@ -154,15 +154,26 @@ class KeptDirectory:
 class _LockFd:
     """The lock file's fd, apart from its owner (finalizers must not hold the owner)."""
 
-    __slots__ = ("fd",)
+    __slots__ = ("fd", "pid")
 
     def __init__(self, fd: int):
         self.fd: Optional[int] = fd
+        self.pid = os.getpid()
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)  # drops the flock
+        if fd is None:
+            return
+        # A flock belongs to the open file description, which a child forked meanwhile (an evaluation pool,
+        # Keras' own workers) holds too: closing our fd alone would leave the directory locked while that
+        # child lives. The owner unlocks first; a forked child only closes its copy (its unlock would free
+        # the owner's lock).
+        if os.getpid() == self.pid:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+        os.close(fd)
 
 
 def _take(fd: int) -> bool:

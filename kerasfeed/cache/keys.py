@@ -17,12 +17,18 @@ holds:
   dicts and sets: shared state) (numbers, strings,
   small arrays, and lists, tuples and dicts of them, nested up to 4 levels,
   an object inside them by its type: what its constructor was given, such
-  as a batch size, a point count or a config dict) by value or digest. An
+  as a batch size, a point count or a config dict) by value or digest, and
+  functions they hold by their code (``_callable_value``). An
   attribute set in one run and not the other counts as changed. Left out:
   attributes whose name starts with ``_`` (a class's own state: open
   handles, pids), attributes that hold objects (open files, models), and
   those the source names in ``cache_ignores`` (a seed drawn per run that the
   stored stage does not read);
+- for a source that is itself the data (an array, a list or tuple of
+  items), a digest of all its values (``container_digest``);
+- ``settings``: what a kerasfeed reader's underscored state decides (its
+  keys, its files' order: ``kerasfeed_settings()``), the source's own and
+  those of readers its attributes hold;
 - ``files``: every file the source names, as ``size`` and ``mtime_ns``
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
@@ -38,7 +44,9 @@ entry of its own: it follows from the code, the attributes and the files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import os
 import types
 from typing import Any, Optional
@@ -143,19 +151,19 @@ def _value(value: Any) -> Optional[str]:
         if value.nbytes > _ARRAY_DIGEST_MAX:
             return f"array{value.shape}:{value.dtype}"
         return f"array{value.shape}:{value.dtype}:{_digest(np.ascontiguousarray(value).tobytes())}"
-    if isinstance(value, (tuple, list)) and len(value) <= _SEQUENCE_MAX and all(
-        v is None or isinstance(v, _ATOMIC) for v in value
-    ):  # flat: keyed as before nested values were, so that kept caches of such sources stay valid
+    if isinstance(value, (tuple, list)) and all(v is None or isinstance(v, _ATOMIC) for v in value):
+        # flat, of any length (one fold's 100,000 file names): keyed as before nested values were, so that
+        # kept caches of such sources stay valid
         return f"{type(value).__name__}:{_digest(repr(value).encode())}"
     if isinstance(value, (tuple, list, dict)):
-        text = _nested(value, _NESTED_DEPTH, [_SEQUENCE_MAX])
+        text = _nested(value, _NESTED_DEPTH, [float("inf")])  # every value, to 4 levels (past them: left out)
         return None if text is None else f"{type(value).__name__}:{_digest(text.encode())}"
     return None
 
 
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
     """A list, tuple or dict of plain values (nested: a config dict, a list of lists) as text for the key;
-    an object inside counts by its type. None past ``_NESTED_DEPTH`` levels or ``_SEQUENCE_MAX`` values."""
+    an object inside counts by its type. None past ``_NESTED_DEPTH`` levels or ``budget[0]`` values."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
@@ -233,13 +241,23 @@ def source_files(source: Any) -> dict:
         if name in ignored:  # a log the source appends to, say: not what the stored stage reads
             continue
         _files_in(value, found)
-        if isinstance(value, (list, tuple)) and len(value) <= _SEQUENCE_MAX:
-            for v in value:
-                _files_in(v, found)
-        elif isinstance(value, dict) and len(value) <= _SEQUENCE_MAX:
-            for v in value.values():
-                _files_in(v, found)
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        if len(values) > _SEQUENCE_MAX and not any(map(_names_a_file, itertools.islice(values, _PATHS_SAMPLE))):
+            continue  # a long list of labels or numbers, not of paths: not a stat per value every run
+        for v in values:
+            _files_in(v, found)
     return found
+
+
+_PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths
+
+
+def _names_a_file(value: Any) -> bool:
+    if isinstance(value, (str, os.PathLike)):  # a path of an existing file, not any string (a label)
+        found: dict = {}
+        _files_in(value, found)
+        return bool(found)
+    return type(value).__module__.startswith("h5py") or callable(getattr(value, "kerasfeed_identity", None))
 
 
 def _ignored(source: Any) -> frozenset:
@@ -267,13 +285,91 @@ def _attributes(source: Any) -> dict:
     return {k: v for k, v in found.items() if k not in _SKIPPED}
 
 
+def _feed(h: Any, value: Any, depth: int) -> bool:
+    """Feeds ``value`` (an array, a plain value, or lists, tuples and dicts of them) into the hash ``h``,
+    arrays whole; False for what it cannot key (an object, past ``_NESTED_DEPTH`` levels)."""
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        h.update(f"array{value.shape}:{value.dtype.str};".encode())
+        h.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+        return True
+    if value is None or isinstance(value, _ATOMIC):
+        h.update(repr(value).encode() + b";")
+        return True
+    if isinstance(value, (tuple, list, dict)) and depth > 0:
+        pairs = sorted(value.items(), key=lambda kv: repr(kv[0])) if isinstance(value, dict) else enumerate(value)
+        h.update(f"{type(value).__name__}[{len(value)}".encode())
+        for k, v in pairs:
+            h.update(repr(k).encode() + b":")
+            if not _feed(h, v, depth - 1):
+                return False
+        h.update(b"]")
+        return True
+    return False
+
+
+def container_digest(source: Any) -> Optional[str]:
+    """A digest of every item of a source that is itself the data (an array, a list or tuple of items):
+    such a source has no attributes or files to key, so its values are the key, all of them (its items
+    are in memory; a kept cache of it is rebuilt when any changes). None for other sources; raises
+    ``TypeError`` for a container holding what cannot be keyed (objects)."""
+    if not isinstance(source, (np.ndarray, list, tuple)):
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    if not _feed(h, source, _NESTED_DEPTH + 1):
+        raise TypeError(
+            "a kept `cache` directory keys a source that is a list, tuple or array by its items' values, and this "
+            "one holds objects whose values cannot be keyed (only arrays, numbers, strings and lists, tuples and "
+            f"dicts of them). Use cache='memory', or make it a class with a `version`. Received: "
+            f"{type(source).__name__} of {len(source)} items"
+        )
+    return h.hexdigest()
+
+
+def _own_settings(value: Any) -> Optional[str]:
+    """``value.kerasfeed_settings()`` as text (kerasfeed's HDF5 readers: the files' order, the keys)."""
+    own = getattr(value, "kerasfeed_settings", None)
+    if not callable(own) or isinstance(value, type):
+        return None
+    return repr(sorted(dict(own()).items()))
+
+
+def _callable_value(value: Any) -> Optional[str]:
+    """A function an attribute holds (``self.transform = fn``): its code, as the stage's is keyed."""
+    if isinstance(value, functools.partial):
+        inner = _callable_value(value.func)
+        args = repr((tuple(_bound_value(a) for a in value.args),
+                     sorted((k, _bound_value(v)) for k, v in value.keywords.items())))
+        return None if inner is None else f"partial:{_digest((inner + args).encode())}"
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        return "code:" + _code_digest(value)
+    return None
+
+
+def _settings(source: Any, public: dict) -> dict:
+    """The settings of the source and of the kerasfeed readers its attributes hold (see ``_own_settings``)."""
+    found = {}
+    for name, value in [("", source), *public.items()]:
+        text = _own_settings(value)
+        if text is not None:
+            found[name or "<the source>"] = text
+    return found
+
+
 def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
     cls = type(source)
     stage = stage_of(source)
     ignored = _ignored(source)
     public = {k: v for k, v in _attributes(source).items() if not k.startswith("_") and k not in ignored}
-    attributes = {k: v for k, v in ((k, _value(v)) for k, v in sorted(public.items())) if v is not None}
+    attributes = {}
+    for k, v in sorted(public.items()):
+        text = _value(v) if not callable(v) else _callable_value(v)
+        if text is not None:
+            attributes[k] = text
+    held = container_digest(source)
+    if held is not None:  # an array or a list is its own data: its values are what the items are
+        attributes["<the items>"] = held
+    settings = _settings(source, public)
     return {
         "layout": layout,
         "class": f"{cls.__module__}.{cls.__qualname__}",
@@ -283,6 +379,7 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
         "code": _code_digest(getattr(cls, stage, None)),
         "attributes": attributes,
         "files": source_files(source),
+        **({"settings": settings} if settings else {}),  # absent, not empty: other sources' keys stay as they were
     }
 
 
@@ -302,6 +399,11 @@ def key_change(old: Optional[dict], new: dict) -> Optional[str]:
             if name not in old_files:
                 return f"the source names a new file, {name}"
             return f"{name} changed ({old_files[name]} -> {new_files[name]})"
+    old_set, new_set = old.get("settings", {}), new.get("settings", {})
+    for name in sorted(old_set.keys() | new_set.keys()):  # a reader's keys or its files' order
+        if old_set.get(name) != new_set.get(name):
+            where = "the source's" if name == "<the source>" else f"the reader in `{name}`:"
+            return f"{where} settings changed ({old_set.get(name)} -> {new_set.get(name)})"
     old_attrs, new_attrs = old.get("attributes", {}), new.get("attributes", {})
     for name in sorted(old_attrs.keys() | new_attrs.keys()):  # one set only in one run changes items too
         if old_attrs.get(name) != new_attrs.get(name):
@@ -310,4 +412,4 @@ def key_change(old: Optional[dict], new: dict) -> Optional[str]:
     return None
 
 
-__all__ = ["file_identity", "key_change", "source_files", "source_key", "stage_of"]
+__all__ = ["container_digest", "file_identity", "key_change", "source_files", "source_key", "stage_of"]

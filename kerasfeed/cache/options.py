@@ -8,7 +8,10 @@ the store it describes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
+import errno
 import os
 import re
 import shutil
@@ -87,7 +90,9 @@ class Cache:
 
     def __post_init__(self):
         if self.directory is not None:
-            object.__setattr__(self, "directory", _v.path("directory", self.directory, owner="Cache"))
+            # '~/cache' is the home's: taken as written, it would make a folder named '~' here
+            object.__setattr__(self, "directory", os.path.expanduser(_v.path("directory", self.directory,
+                                                                              owner="Cache")))
         object.__setattr__(self, "max_bytes", _v.positive_int("max_bytes", self.max_bytes, allow_none=True,
                                                               owner="Cache"))
         if self.max_bytes is not None and self.max_bytes < MIN_BYTES:
@@ -101,6 +106,17 @@ class Cache:
 
 
 _MEMORY_LOOKALIKES = {"memory", "mem", "ram", "in-memory", "in_memory", "inmemory", "memory:"}
+
+
+def _looks_like_memory(value: str) -> bool:
+    """'Memory', 'mem', or 'memory' misspelt ('memroy', 'memmory'): not a directory to make and keep. A path
+    with a separator, or one that exists, is a directory."""
+    word = value.strip().lower()
+    if word in _MEMORY_LOOKALIKES:
+        return True
+    if os.sep in value or "/" in value or os.path.exists(value):
+        return False
+    return difflib.SequenceMatcher(None, word, "memory").ratio() >= 0.8
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -114,7 +130,7 @@ def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
         return value
     if isinstance(value, str) and value == "memory":
         return Cache()
-    if isinstance(value, str) and value.strip().lower() in _MEMORY_LOOKALIKES:
+    if isinstance(value, str) and _looks_like_memory(value):
         # Any other string is a directory: './Memory' would be made and kept, where RAM was meant.
         raise ValueError(f"{_v._where(owner)}`cache` is 'memory' (in RAM) or a directory path; {value!r} looks "
                          "like the former misspelt. Pass cache='memory', or a path such as './cache'. "
@@ -194,7 +210,9 @@ def open_store(
         ValueError: the directory's path is a file.
     """
     if cache.directory is None:
-        store = ItemStore.memory(n, _capacity(cache, None))
+        capacity = _capacity(cache, None)
+        with _sized(cache, capacity, "in RAM"):
+            store = ItemStore.memory(n, capacity)
         _IN_MEMORY.add(store)
 
         def close() -> None:
@@ -210,11 +228,34 @@ def open_store(
             f"`cache` names a directory to keep the items in, and '{directory}' is a file. Pass a directory "
             f"path (made if missing), or cache='memory'. Received: cache={cache.directory!r}"
         )
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:  # a file in the way further up, no permission
+        near = _v.nearest_existing(directory)
+        why = f"'{near}' is a file" if os.path.isfile(near) else f"{e.strerror}, under '{near}'"
+        raise type(e)(e.errno, f"`cache` names a directory to keep the items in, and '{directory}' cannot be "
+                               f"made ({why}). Pass a directory you may write, or cache='memory'. "
+                               f"Received: cache={cache.directory!r}") from None
     key = source_key(source, n, cache.version, LAYOUT)
+    capacity = _capacity(cache, directory)
     # Only a budget given trims what the directory holds: the default shrinks as the cache fills the disk.
-    store, kept = open_kept(directory, key, n, _capacity(cache, directory), trim=cache.max_bytes is not None)
+    with _sized(cache, capacity, f"in '{directory}'"):
+        store, kept = open_kept(directory, key, n, capacity, trim=cache.max_bytes is not None)
     return store, lambda: close_kept(store, kept)
+
+
+@contextlib.contextmanager
+def _sized(cache: Cache, capacity: int, where: str):
+    """A store the system cannot make at ``max_bytes`` is refused naming it (not a bare OSError)."""
+    try:
+        yield
+    except OSError as e:
+        if cache.max_bytes is None or e.errno not in (errno.EFBIG, errno.ENOMEM, errno.EINVAL, errno.EOVERFLOW):
+            raise
+        raise ValueError(
+            f"Cache: no store of max_bytes={capacity:,} bytes can be made {where} ({e.strerror}). Pass a "
+            f"max_bytes the memory or the file system can hold, or None (half of what is available). "
+            f"Received: max_bytes={cache.max_bytes}") from None
 
 
 __all__ = ["Cache", "open_store", "resolve_cache"]

@@ -109,12 +109,15 @@ def read_record(buf: Any, offset: int, index: int, length: int) -> Optional[Any]
     keeps ``buf`` alive (its ``base``): a mapping read this way must be left
     to the garbage collector, never closed, while views of it may live."""
     magic, spec_length, found, found_length, arrays_at = HEADER.unpack_from(buf, offset)
-    if magic != MAGIC or found != index or found_length != length:
+    if magic != MAGIC or found != index or found_length != length or HEADER_SIZE + spec_length > length:
         return None
     start = offset + HEADER_SIZE
-    spec = loads_spec(buf[start : start + spec_length])
     base = offset + arrays_at
-    return rebuild(spec, lambda dtype, shape, at: np.ndarray(shape, dtype, buffer=buf, offset=base + at))
+    try:
+        spec = loads_spec(buf[start : start + spec_length])
+        return rebuild(spec, lambda dtype, shape, at: np.ndarray(shape, dtype, buffer=buf, offset=base + at))
+    except Exception:  # noqa: BLE001 - damaged bytes past a sound header (a disk's, a copy's): made again
+        return None
 
 
 __all__ = ["Encoded", "HEADER_SIZE", "encode_record", "read_record", "write_record"]

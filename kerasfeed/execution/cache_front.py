@@ -164,7 +164,8 @@ class CacheFront(Executor):
         state = getattr(self._source, "__dict__", None)
         if state is None:
             return
-        now = {k: fingerprint(v) for k, v in state.items() if k not in self._ignored}
+        ignored = self._ignored | _unpickled(self._source, state)
+        now = {k: fingerprint(v) for k, v in state.items() if k not in ignored}
         before, self._state = self._state, now
         if before is None:
             return
@@ -192,6 +193,10 @@ class CacheFront(Executor):
                 self.hits += 1
                 return self.inner.load(index, epoch)
             self.misses += 1
+        elif self._serve:  # the probe, before any pass: a stored item needs no executor (Ray's actors read
+            item = self.store.get(index)  # the object store, not this one)
+            if item is not None:
+                return self._augmented(item, index, epoch) if self._augment_here else item
         item = self.inner.load(index, epoch)
         if self._remote:
             stored = self.store.get(index) if self.store.put(index, item) else None
@@ -293,6 +298,19 @@ class CacheFront(Executor):
 
     def __repr__(self) -> str:
         return f"<CacheFront over {self.inner!r}>"
+
+
+def _unpickled(source: Any, state: dict) -> frozenset:
+    """The attributes a source leaves out of its pickled state: this process's own (open handles, a lazy
+    cache of datasets that its threads fill as they open files), not what its items are made from."""
+    getstate = getattr(type(source), "__getstate__", None)
+    if getstate is None or getstate is getattr(object, "__getstate__", None):
+        return frozenset()
+    try:
+        pickled = source.__getstate__()
+    except Exception:  # noqa: BLE001 - a source that cannot be pickled here: every attribute counts
+        return frozenset()
+    return frozenset(state.keys() - pickled.keys()) if isinstance(pickled, dict) else frozenset()
 
 
 def _was_none(fp: Any) -> bool:

@@ -114,6 +114,10 @@ class H5Base(SceneSequence):
         at once ], ``execution/processes/worker_threads.py``); None (one) for local files, which h5py serialises."""
         return REMOTE_WORKER_THREADS if getattr(self, "_remote", None) else None
 
+    def kerasfeed_settings(self) -> dict:
+        """What decides the items besides the public attributes, for cache keys: the files' order, the keys."""
+        return {"paths": self._shown_paths(), "keys": repr(self._keys_structure)}
+
     def kerasfeed_identity(self) -> dict:
         """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.
 

@@ -1,0 +1,257 @@
+"""cache= with the sources a kept key or a pass check got wrong: an array or a list as the source, a long
+list attribute, a held function, an HDF5 reader's keys and file order, a multi-file reader on threads; and
+a kept directory's damaged spec, a fork's copy of its lock, and the arguments that name it."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.cache.keys import key_change, source_key
+from kerasfeed.cache.store import ItemStore
+from kerasfeed.datasets import make_synthetic_scenes
+from kerasfeed.execution.cache_front import CacheFront
+from kerasfeed.execution.cached_items import ItemCache
+from kerasfeed.execution.threads import ThreadExecutor
+
+
+def _copy(item):
+    if isinstance(item, dict):
+        return {k: _copy(v) for k, v in item.items()}
+    if isinstance(item, tuple):
+        return tuple(_copy(v) for v in item)
+    return np.array(item)
+
+
+def _items(source, cache, **kw) -> list:
+    with kerasfeed.to_loader(source, cache=cache, executor="threads", **kw) as loader:
+        return [_copy(b) for b in loader]
+
+
+# ---------------------------------------------------------------- what the key holds
+
+
+def test_an_array_or_a_list_given_as_the_source_is_keyed_by_its_values(tmp_path, caplog):
+    """They have no attributes or files: only their class and length were keyed, so the second run got the
+    first array's float32 (3, 2) items for an int64 (3, 4) array."""
+    directory = str(tmp_path / "c")
+    first = np.zeros((3, 2), np.float32)
+    assert np.array_equal(np.stack(_items(first, directory)), first)
+    caplog.set_level(logging.INFO, logger="kerasfeed")
+    other = np.ones((3, 4), np.int64)
+    got = np.stack(_items(other, directory))
+    assert got.dtype == np.int64 and np.array_equal(got, other)
+    assert "`<the items>` changed" in caplog.text
+    pairs = [(np.full(2, k, np.float32), k) for k in range(4)]
+    again = [(np.full(2, 10 + k, np.float32), k) for k in range(4)]
+    assert float(_items(pairs, directory)[0][0][0]) == 0.0
+    assert float(_items(again, directory)[0][0][0]) == 10.0  # the same length and class, other values
+    with pytest.raises(TypeError, match=r"holds objects whose values cannot be keyed .* Received: list of 3 items"):
+        kerasfeed.to_loader([object()] * 3, cache=directory)
+
+
+class _Names(kerasfeed.SceneSequence):
+    def __init__(self, names, files=()):
+        super().__init__()
+        self.names, self.files = names, list(files)
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return np.frombuffer(self.names[i].encode().ljust(24), np.uint8)
+
+
+def test_a_list_attribute_of_any_length_is_keyed_and_a_long_list_of_paths_is_checked(tmp_path):
+    """Past 10,000 values a list was left out of the key (a fold's names: the last fold's items served)."""
+    names = [f"fold0/img{i:06d}.png" for i in range(10_001)]
+    key = source_key(_Names(names), 2, None, 1)
+    renamed = source_key(_Names([n.replace("fold0", "fold1") for n in names]), 2, None, 1)
+    assert "`names` changed" in key_change(key, renamed)
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"f{k}.bin"))
+        with open(paths[-1], "wb") as f:
+            f.write(b"x")
+    long = paths + [str(tmp_path / f"absent{k}") for k in range(10_001)]
+    before = source_key(_Names(names, long), 2, None, 1)
+    assert set(paths) <= set(before["files"])  # a long list of paths: its files' sizes and times count
+    os.utime(paths[2], ns=(5, 5))
+    assert "f2.bin changed" in key_change(before, source_key(_Names(names, long), 2, None, 1))
+
+
+class _Held(kerasfeed.SceneSequence):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return self.fn(np.full(2, i, np.float32))
+
+
+def test_a_function_an_attribute_holds_is_keyed_by_its_code():
+    key = source_key(_Held(lambda x: x * 2), 2, None, 1)
+    assert key_change(key, source_key(_Held(lambda x: x * 2), 2, None, 1)) is None  # the same code
+    assert "`fn` changed" in key_change(key, source_key(_Held(lambda x: x * 3), 2, None, 1))
+
+
+@pytest.fixture
+def two_files(tmp_path):
+    return [str(make_synthetic_scenes(tmp_path / f"s{k}.h5", num_scenes=16, points_per_scene=8, chunk_scenes=4,
+                                      seed=k)) for k in range(2)]
+
+
+def test_a_reader_s_keys_and_file_order_are_in_the_key(tmp_path, two_files, caplog):
+    """Both were in underscored attributes or sorted away: other keys got the old fields, a reordered list
+    the old order's items."""
+    directory = str(tmp_path / "c")
+    a, b = two_files
+
+    def first(paths, keys, cache):
+        return _items(kerasfeed.H5SliceSequence(paths, keys, 4), cache)[0]
+
+    first(a, ("points", "labels"), directory)
+    caplog.set_level(logging.INFO, logger="kerasfeed")
+    got = first(a, ("points", "point_labels"), directory)
+    assert got[1].shape == (4, 8) and "settings changed" in caplog.text
+    first([a, b], ("points", "labels"), directory)
+    got, want = first([b, a], ("points", "labels"), directory), first([b, a], ("points", "labels"), None)
+    assert np.array_equal(got[0], want[0])
+
+    class Holder(kerasfeed.SceneSequence):  # a reader held by the user's source: its settings count too
+        def __init__(self, keys):
+            super().__init__()
+            self.reader = kerasfeed.H5SliceSequence(a, keys, 4)
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return self.reader[i]
+
+    held = source_key(Holder(("points", "labels")), 1, None, 1)
+    assert "reader in `reader`" in key_change(held, source_key(Holder(("points", "point_labels")), 1, None, 1))
+
+
+# ---------------------------------------------------------------- passes
+
+
+@pytest.mark.parametrize("reader", ["slices", "rows"])
+def test_a_reader_of_several_files_on_threads_reads_every_cached_pass(tmp_path, reader):
+    """Its threads fill its lazy dict of open datasets during pass 0 (the probe opened the first file only):
+    pass 1 failed, 'the source's attribute `_h5_datasets` changed'. What a source leaves out of its pickled
+    state is not what items are made from."""
+    paths = [str(make_synthetic_scenes(tmp_path / f"m{k}.h5", num_scenes=64, points_per_scene=8, seed=k))
+             for k in range(3)]
+    if reader == "slices":
+        seq = kerasfeed.H5SliceSequence(paths, ("points", "labels"), 4)
+    else:
+        seq = kerasfeed.H5RowSequence(paths, ("points", "labels"), 4, order=kerasfeed.IndexOrder(192))
+    with kerasfeed.to_loader(seq, shuffle=True, seed=0, cache="memory", executor="threads") as loader:
+        passes = [[b[0].copy() for b in loader] for _ in range(3)]
+        figures = kerasfeed.stats(loader)
+    assert figures["cache_misses"] <= len(seq) and figures["cache_hits"] >= 2 * len(seq)
+    sums = [sorted(float(b.sum()) for b in p) for p in passes]
+    assert len(passes[0]) == len(seq) and sums[0] == sums[1] == sums[2]  # every batch, each pass
+
+
+class _Counted:
+    """An inner executor's source that counts its calls (a Ray actor's, which cannot read the store)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return np.full(3, i, np.float32)
+
+
+def test_the_probe_of_a_stored_item_does_not_reach_the_executor():
+    """The probe runs before pass 0 has a cut, so it went to the executor: Ray's actors read the object
+    store again for a kept cache that held every item (and failed without their credentials)."""
+    source = _Counted()
+    store = ItemStore.memory(4, 1 << 16)
+    for i in range(4):
+        assert store.put(i, np.full(3, i, np.float32))
+    front = CacheFront(ThreadExecutor(source, parallelism=1), ItemCache.for_source(source, store), source,
+                       remote=True, on_close=store.close)
+    try:
+        assert [float(front.load(i, 0)[0]) for i in range(4)] == [0, 1, 2, 3]
+        assert source.calls == 0
+    finally:
+        front.close()
+
+
+# ---------------------------------------------------------------- a kept directory
+
+
+class _Spec(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 6
+
+    def load(self, i):
+        return {"x": np.full((100,), i, np.float32), "name": f"item{i}"}
+
+
+def test_a_record_whose_spec_is_damaged_is_made_again_with_a_warning(tmp_path, caplog):
+    """Past a sound header, a damaged pickled spec raised UnpicklingError out of the run (named no item)."""
+    directory = str(tmp_path / "c")
+    first = _items(_Spec(), directory)
+    index = np.fromfile(os.path.join(directory, "index.bin"), np.uint64)
+    entries = index[-3 * 6:].reshape(6, 3)  # (offset, length, cut) per item, after the header
+    with open(os.path.join(directory, "data.bin"), "r+b") as f:
+        f.seek(int(entries[3, 0]) + 64)  # the first byte of item 3's spec
+        f.write(b"\xff")
+    caplog.set_level(logging.WARNING, logger="kerasfeed")
+    again = _items(_Spec(), directory)
+    assert [float(b["x"][0]) for b in again] == [float(b["x"][0]) for b in first]
+    assert "item 3 failed its check" in caplog.text
+
+
+def _fork_holder(conn):
+    conn.recv()  # holds the parent's descriptors until told to end
+
+
+def test_a_child_forked_while_a_kept_cache_was_open_does_not_keep_its_directory_locked(tmp_path):
+    directory = str(tmp_path / "c")
+    loader = kerasfeed.to_loader(_Spec(), cache=directory, executor="threads")
+    list(loader)
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    proc = multiprocessing.get_context("fork").Process(target=_fork_holder, args=(child,))
+    proc.start()
+    try:
+        loader.close()
+        with kerasfeed.to_loader(_Spec(), cache=directory, executor="threads") as again:  # refused before
+            assert len(list(again)) == 6
+    finally:
+        parent.send(None)
+        proc.join(10)
+
+
+def test_cache_arguments_name_what_is_wrong(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"'memroy' looks like the former misspelt"):
+        kerasfeed.to_loader(_Spec(), cache="memroy")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(NotADirectoryError, match=r"cannot be made \('.*a_file' is a file\).*Received: cache="):
+        kerasfeed.to_loader(_Spec(), cache=str(blocker / "sub"))
+    with pytest.raises(ValueError, match=r"no store of max_bytes=1,125,899,906,842,624 bytes can be made in RAM"):
+        kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(max_bytes=2**50))
+    directory = str(tmp_path / "huge")
+    with pytest.raises(ValueError, match=r"can be made in '.*huge'"):
+        kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(directory, max_bytes=2**50))
+    with kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(directory, max_bytes=1 << 20)) as loader:
+        assert len(list(loader)) == 6  # the directory is not left locked
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert kerasfeed.Cache("~/items").directory == str(tmp_path / "home" / "items")
