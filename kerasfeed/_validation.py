@@ -160,8 +160,11 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
             f"{where}`{name}` are all zero: nothing could ever be drawn. Received: {name}={summarize(values)}"
         )
     with np.errstate(over="ignore"):
-        overflows = not np.isfinite(a.sum())
-    if overflows:  # finite weights whose sum does not fit: the same proportions, scaled down
+        total = a.sum()
+    # The same proportions, rescaled only where the sum leaves the normal range (so that other weights
+    # keep their exact draws): a sum that overflows, or a subnormal one, whose few steps made u * sum
+    # (inverse CDF) land past the last cumulative weight, on an item of weight 0.
+    if not np.finfo(np.float64).tiny <= total < np.inf:
         a = a / a.max()
     a.setflags(write=False)
     return a

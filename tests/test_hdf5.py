@@ -1,6 +1,8 @@
 """HDF5 sources: H5SliceSequence, H5WindowSequence, ScenePointSampler."""
 
 import gc
+import itertools
+import math
 import multiprocessing
 import os
 import pickle
@@ -292,6 +294,73 @@ def test_scene_point_sampler_far_from_the_origin_empty_and_non_finite_scenes():
     points[1, 3, 0] = np.inf
     with pytest.raises(ValueError, match=r"scene 1 of the batch has 2 x/y values that are NaN or infinite"):
         sampler((points, np.zeros((3, 4))), r)
+
+
+def _reference_blocks(xy, size, stride, min_points):
+    """ScenePointSampler.blocks the plain way: a mask per block along each axis, every grid cell."""
+    xy = np.asarray(xy, np.float64)
+    lo, hi = xy.min(axis=0), xy.max(axis=0)
+    per_axis = []
+    for axis in (0, 1):
+        extent, v = float(hi[axis] - lo[axis]), xy[:, axis]
+        count = 1 if extent <= size else math.ceil((extent - size) / stride) + 1
+        blocks = []
+        for k in range(count):
+            start = lo[axis] + k * stride
+            end = lo[axis] + (k + 1) * stride if stride == size else start + size
+            if stride < size:
+                end = max(end, lo[axis] + (k + 1) * stride)
+            inside = (v >= start) & ((v <= end) if k == count - 1 else (v < end))
+            blocks.append((inside, start + size / 2))
+        per_axis.append(blocks)
+    out = []
+    for mx, cx in per_axis[0]:
+        for my, cy in per_axis[1]:
+            idx = np.flatnonzero(mx & my)
+            if idx.size >= min_points:
+                out.append((idx, (cx, cy)))
+    return out
+
+
+def test_scene_blocks_match_a_walk_over_every_grid_cell():
+    rng = np.random.default_rng(0)
+    scenes = [
+        rng.random((300, 2)) * 3,
+        (1000 + rng.random((300, 2))).astype(np.float32),  # far from the origin, float32
+        np.round(rng.random((200, 2)) * 30) / 10,  # on a 0.1 grid: many points on bounds
+        rng.integers(0, 6, (100, 2)).astype(np.float64),  # on the bounds of 1.0 blocks, the last one too
+        np.c_[rng.random(50) * 4, np.full(50, 2.0)],  # no extent in y
+        np.array([[0.0, 0.0], [1.3, 0.0], [1.5, 0.0], [1.8, 0.0], [2.5, 0.0], [3.0, 0.0]]),
+        np.array([[5.0, 5.0]]),
+    ]
+    # Tiling, overlapping, and with gaps between blocks (stride > block_size).
+    grids = [(0.1, 0.1), (0.1, 0.03), (0.1, 0.25), (0.3, 0.2), (1.0, 1.0), (1.0, 0.5), (1.0, 1.5), (0.7, 0.7)]
+    for xy, (size, stride), min_points in itertools.product(scenes, grids, (1, 3)):
+        got = kerasfeed.ScenePointSampler(4, block_size=size, stride=stride, min_block_points=min_points).blocks(xy)
+        want = _reference_blocks(xy, size, stride, min_points)
+        assert len(got) == len(want), (size, stride, min_points)
+        for (idx, centre), (ref_idx, ref_centre) in zip(got, want):
+            assert idx.dtype == ref_idx.dtype and np.array_equal(idx, ref_idx) and centre == ref_centre
+
+
+@pytest.mark.timeout(60)
+def test_scene_blocks_of_a_grid_of_millions_of_cells():
+    # Before: a mask over all points per grid cell (64 million here) took minutes per scene, e.g. for
+    # coordinates in mm with the default block_size=1.0.
+    rng = np.random.default_rng(0)
+    xy = rng.integers(0, 8000, (4096, 2)) + 0.5
+    xy[0], xy[1] = 0.5, 7999.5  # 7999 blocks a side; the last one closed, so 7999.5 is in block 7998
+    blocks = kerasfeed.ScenePointSampler(16).blocks(xy)
+    cells = np.minimum(xy - 0.5, 7998).astype(np.int64)
+    expected = np.unique(cells, axis=0)  # by x block, then y block
+    assert len(blocks) == len(expected)
+    np.testing.assert_array_equal([centre for _, centre in blocks], expected + 1.0)  # lo + k + 0.5
+    for idx, cell in zip((idx for idx, _ in blocks), expected):
+        assert (cells[idx] == cell).all()
+    np.testing.assert_array_equal(np.sort(np.concatenate([idx for idx, _ in blocks])), np.arange(len(xy)))
+    points = np.concatenate([xy, rng.random((len(xy), 4))], axis=1)[None].astype(np.float32)
+    x, y = kerasfeed.ScenePointSampler(16, blocks_per_scene=8)((points, np.zeros((1, len(xy)))), rng)
+    assert x.shape == (8, 16, 6) and y.shape == (8, 16)
 
 
 # ---- handles, pickling, processes ----------------------------------------------

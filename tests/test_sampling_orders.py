@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import warnings
 
 import cloudpickle
 import keras
@@ -376,6 +377,41 @@ def test_weights_whose_sum_overflows_keep_their_proportions():
     balanced = kerasfeed.BalancedOrder(labels, class_weights=[1e308, 1e308], num_samples=2000, seed=0)
     counts = np.bincount(labels[balanced.indices(0)], minlength=2)
     assert 900 < counts[0] < 1100, counts
+
+
+def test_subnormal_weights_never_draw_items_of_weight_zero():
+    # Before: u * total rounded to the total's few subnormal steps and the clamp took the last item
+    # (weight 0) half the time; without replacement E / w overflowed to inf, tied with zero weights.
+    counts = np.bincount(kerasfeed.WeightedOrder([5e-324, 0.0, 0.0], num_samples=1000, seed=0).indices(0), minlength=3)
+    assert counts.tolist() == [1000, 0, 0]
+    counts = np.bincount(kerasfeed.WeightedOrder([1e-320, 0.0, 3e-320], num_samples=4000, seed=0).indices(0), minlength=3)
+    assert counts[1] == 0 and 850 < counts[0] < 1150, counts
+    # Proportions 1:2 of a total of 3 subnormal steps (u * total rounded to them gave item 0 only 1/6).
+    counts = np.bincount(kerasfeed.WeightedOrder([5e-324, 1e-323], num_samples=3000, seed=0).indices(0), minlength=2)
+    assert 900 < counts[0] < 1100, counts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # was: RuntimeWarning: overflow encountered in divide
+        for seed in range(20):
+            order = kerasfeed.WeightedOrder([1e-320, 0.0, 1e-320], num_samples=2, replacement=False, seed=seed)
+            assert sorted(order.indices(0).tolist()) == [0, 2]
+
+
+def test_weights_far_below_the_largest_are_drawn_before_weight_zero():
+    # Normal weights, but E / 1e-320 overflows even next to 1.0: item 2 tied with the zero weights.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seed in range(20):
+            order = kerasfeed.WeightedOrder([1.0, 0.0, 1e-320, 0.0], num_samples=2, replacement=False, seed=seed)
+            assert order.indices(0).tolist() == [0, 2]
+            order = kerasfeed.WeightedOrder([1.0, 0.0, 1e-320, 2.0, 1e-310], num_samples=4, replacement=False, seed=seed)
+            assert order.indices(0).tolist()[2:] == [4, 2]
+
+
+def test_weighted_passes_of_ordinary_weights_are_unchanged():
+    # Pinned: the fixes for extreme weights must not move the draws of seeded orders.
+    w = [0.3, 1.0, 2.5, 0.0, 4.0, 0.7, 1.5, 3.0]
+    assert kerasfeed.WeightedOrder(w, num_samples=12, seed=0).indices(1).tolist() == [7, 7, 7, 2, 6, 6, 2, 4, 7, 2, 4, 7]
+    assert kerasfeed.WeightedOrder(w, num_samples=6, replacement=False, seed=0).indices(1).tolist() == [4, 1, 6, 0, 7, 2]
 
 
 def test_index_order_refuses_an_epoch_that_is_not_a_non_negative_int():

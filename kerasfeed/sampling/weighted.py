@@ -144,11 +144,38 @@ def compact(indices: np.ndarray, length: int) -> np.ndarray:
 def sample_without_replacement(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
     """``k`` distinct positions drawn one after another with probability proportional to ``weights``
     among those not drawn yet, in draw order. Exponential keys ``E / w``: the ``k`` smallest, sorted,
-    have exactly that distribution (zero weights get infinite keys and are never drawn)."""
-    with np.errstate(divide="ignore"):
-        keys = rng.standard_exponential(len(weights)) / weights
-    part = np.argpartition(keys, k - 1)[:k] if k < len(weights) else np.arange(len(weights))
+    have exactly that distribution (zero weights get infinite keys and are drawn last)."""
+    e = rng.standard_exponential(len(weights))
+    try:
+        with np.errstate(divide="ignore", over="raise"):
+            keys = e / weights
+    except FloatingPointError:  # some weights so small (next to E) that E / w overflowed
+        return _with_overflowing_keys(e, weights, k)
+    del e
+    return _smallest(keys, k)
+
+
+def _smallest(keys: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the ``k`` smallest ``keys``, sorted by key."""
+    part = np.argpartition(keys, k - 1)[:k] if k < len(keys) else np.arange(len(keys))
     return part[np.argsort(keys[part], kind="stable")]
+
+
+def _with_overflowing_keys(e: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+    """``sample_without_replacement`` where some ``E / w`` overflowed: those keys became inf, tied with
+    the keys of zero weights, and a draw that reached them took items of weight 0. They rank after
+    every finite key, among themselves by ``log E - log w`` (the same order); zero weights come last."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        keys = e / weights
+    finite = np.isfinite(keys)
+    if k <= np.count_nonzero(finite):  # the overflowed keys are never reached: the usual draw
+        return _smallest(keys, k)
+    first = np.flatnonzero(finite)
+    first = first[np.argsort(keys[first], kind="stable")]
+    over = np.flatnonzero(~finite & (weights > 0))
+    over = over[np.argsort(np.log(e[over]) - np.log(weights[over]), kind="stable")]  # E > 0, w > 0 here
+    zero = np.flatnonzero(~finite & (weights == 0))
+    return np.concatenate([first, over, zero])[:k]
 
 
 class WeightedOrder(SampledOrder):
@@ -227,7 +254,10 @@ class WeightedOrder(SampledOrder):
         u *= self._cdf[-1]
         # side="right": an item of weight 0 spans no interval of u.
         idx = np.searchsorted(self._cdf, u, side="right")
-        return np.minimum(idx, self.length - 1).astype(np.int64)
+        # A u * total rounded up to the total (not seen since _validation.weights keeps the total normal)
+        # takes the last item of non-zero weight, the first whose cumulative weight is the total.
+        last = np.searchsorted(self._cdf, self._cdf[-1], side="left")
+        return np.minimum(idx, last).astype(np.int64)
 
     def _pass(self, epoch: int) -> np.ndarray:
         rng = self._rng(STREAM_WEIGHTED, epoch)
