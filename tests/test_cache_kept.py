@@ -48,6 +48,18 @@ def _loads(log) -> list[int]:
         return [int(line.split()[1]) for line in f if line.strip()]
 
 
+def _locked(path) -> bool:
+    """Whether a process holds the directory's flock (kerasfeed/cache/kept.py), read from /proc/locks:
+    trying the lock here could make the run that is taking it fail."""
+    try:
+        inode = os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+    with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:123456 0 EOF"
+        return any(len(p) > 5 and p[1] == "FLOCK" and p[5].split(":")[-1] == str(inode)
+                   for p in (line.split() for line in f))
+
+
 @pytest.fixture
 def scenes(tmp_path):
     return make_synthetic_scenes(tmp_path / "scenes.h5", num_scenes=SCENES, points_per_scene=64, chunk_scenes=4)
@@ -98,10 +110,12 @@ def test_a_run_killed_while_filling_leaves_no_half_written_entry(tmp_path, scene
 
 def test_two_runs_on_one_directory_at_once_refuse_the_second(tmp_path, scenes):
     cache, log = tmp_path / "cache", tmp_path / "loads"
-    slow = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(cache), str(log), "--slow", "2"],
+    # 20 s an item: the first run still holds the directory however long the second one takes to start (a
+    # loaded machine took longer than 2 s an item gave); it is killed once the second run is refused.
+    slow = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(cache), str(log), "--slow", "20"],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        assert wait_until(lambda: len(_loads(log)) >= 1, timeout=120)
+        assert wait_until(lambda: _locked(cache / "lock"), timeout=120)
         _, err = _run(scenes, cache, tmp_path / "other-loads", check=False)
         assert "is in use by another run (pid" in err and str(slow.pid) in err, err[-2000:]
     finally:
