@@ -40,6 +40,13 @@ class _Totals:
         self.threads_busy_s = snap.get("threads_busy_s")
         self.cache = (snap["cache_hits"], snap["cache_misses"]) if "cache_hits" in snap else None
 
+    def before(self, items: int, wait: float, skipped: int) -> "_Totals":
+        """These totals less what was picked before them that the epoch counts (a model build's batch)."""
+        self.items -= items
+        self.wait -= wait
+        self.skipped -= skipped
+        return self
+
 
 def _weak(obj: Any) -> Any:
     """A weak reference to ``obj``, or a callable giving None where it takes none."""
@@ -155,6 +162,16 @@ class InputStats(keras.callbacks.Callback):
         self._steps.epoch_begins()
         c = self._collector
         self._epoch_start = None if c is None else _Totals(c.snapshot(), time.perf_counter())
+        self._count_taken_over()
+
+    def _count_taken_over(self) -> None:
+        # Under JAX and torch, Keras builds the model from a batch of the fit's first pass before
+        # on_train_begin; the fit's iterator takes that pass over (with that batch) at the epoch's first
+        # step: the batch's pick-up is this epoch's. Counted where first seen in the epoch (the collector
+        # may be found later in it); one not counted by the epoch's end is dropped there.
+        taken = self._collector.take_taken_over() if self._collector is not None else None
+        if taken is not None and self._epoch_start is not None:
+            self._epoch_start.before(*taken)
 
     def on_train_batch_end(self, batch, logs=None):
         added = self._steps.batch_ends(self.model, batch, self.params)
@@ -165,6 +182,7 @@ class InputStats(keras.callbacks.Callback):
             # Without an entry, a dataset built after fit began: nothing before.
             empty = {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
             self._epoch_start = entry[1] if entry else _Totals(empty, time.perf_counter())
+        self._count_taken_over()  # a lock and None, but for one step of a fit's first epoch
         if self._writer is not None and self._steps.crossed(added, self.every_n_steps):
             self._write(self._collector.snapshot(), epoch_end=False)
 
@@ -175,6 +193,7 @@ class InputStats(keras.callbacks.Callback):
         self._stop_searching()
         if self._collector is None or self._epoch_start is None:
             return
+        self._count_taken_over()
         snap = self._collector.snapshot()
         now = _Totals(snap, time.perf_counter())
         waited = now.wait - self._epoch_start.wait

@@ -19,7 +19,7 @@ class FollowsFit:
     """``PassPipeline``'s passes under ``model.fit`` (a base class of it). Its attributes, set by the pipeline:
     ``_follow`` (no ``initial_state``: passes are the fit's epochs), ``_lock``, ``_pins`` (pass -> items of it
     already trained on), ``_expected`` (a kerasfeed callback's ``(epoch iterator ref, epoch)``),
-    ``batches_per_pass``, ``items_per_batch``, ``skips`` and ``_length``."""
+    ``batches_per_pass``, ``items_per_batch``, ``skips``, ``_length`` and ``stats``."""
 
     _follow: bool
     _lock: threading.Lock
@@ -29,6 +29,7 @@ class FollowsFit:
     batches_per_pass: Optional[int]
     items_per_batch: int
     skips: Any
+    stats: Any
 
     def fit_target(self) -> Optional[tuple[int, int]]:
         """``(pass, items skipped)`` a pass begun now reads because a running
@@ -85,6 +86,8 @@ class FollowsFit:
             return False
         with self._lock:
             self._pins.pop(epoch, None)
+        if self.stats is not None:  # the build's pick-ups are the fit's first epoch's (InputStats)
+            self.stats.taken_over(epoch)
         return True
 
     def expect(self, view: Optional[FitView], epoch: Optional[int]) -> None:

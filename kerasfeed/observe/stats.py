@@ -132,6 +132,9 @@ class StatsCollector:
         self._by_epoch: dict[int, _Pass] = {}
         self._last_pick: Optional[float] = None
         self._current: Optional[_Pass] = None  # the pass picked from last
+        # (items, wait_s, skipped) a pass had when a fit's iterator took it over from a model build (Keras'
+        # JAX and torch trainers read a batch before on_train_begin): InputStats counts them in its epoch.
+        self._taken_over: Optional[tuple] = None
         self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
         self.timeline: Optional[list] = None  # (lane, start, end) per item when enabled
         _LIVE.add(self)
@@ -149,6 +152,7 @@ class StatsCollector:
         now = time.perf_counter()
         with self._lock:
             record = _Pass(int(epoch), now, self._last_pick)
+            self._taken_over = None  # a take-over is of the pass begun last: no longer counted
             self._passes.append(record)
             self._by_epoch[int(epoch)] = record
             self._current = None
@@ -156,6 +160,18 @@ class StatsCollector:
                 old = self._passes.popleft()
                 if self._by_epoch.get(old.epoch) is old:
                     del self._by_epoch[old.epoch]
+
+    def taken_over(self, epoch: int) -> None:
+        """A fit's iterator took over pass ``epoch``, which a model build began and picked from."""
+        with self._lock:
+            p = self._by_epoch.get(int(epoch))
+            self._taken_over = None if p is None else (p.items, p.wait_s, p.skipped)
+
+    def take_taken_over(self) -> Optional[tuple]:
+        """What ``taken_over`` recorded, once: ``(items, wait_s, skipped)`` picked before the fit's iterator."""
+        with self._lock:
+            found, self._taken_over = self._taken_over, None
+        return found
 
     def picked(self, epoch: int, wait_s: float, now: Optional[float] = None) -> None:
         """The consumer got an item of pass ``epoch`` after blocking ``wait_s``
