@@ -255,3 +255,36 @@ def test_cache_arguments_name_what_is_wrong(tmp_path, monkeypatch):
         assert len(list(loader)) == 6  # the directory is not left locked
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert kerasfeed.Cache("~/items").directory == str(tmp_path / "home" / "items")
+
+
+def test_a_kept_cache_under_an_order_gets_this_process_s_subdirectory(tmp_path):
+    """With ``order=``, the plan's shard count is None (the order fixes the shards): to_dataset with a kept
+    directory raised TypeError ('>' between None and int). An unsharded order cut per process (hosts.py)
+    gave every process the bare directory, so the second one was refused as 'in use by another run'."""
+    from kerasfeed.loading.feed import _store_shard
+    from kerasfeed.loading.hosts import _ProcessShardOrder
+    from kerasfeed.loading.shards import ShardPlan
+
+    labels = np.arange(24) % 3
+    balanced = kerasfeed.BalancedOrder(labels, seed=0)
+    cut = [_store_shard(ShardPlan(1, 0, 1, _ProcessShardOrder(balanced, 2, k), None), balanced) for k in (0, 1)]
+    assert cut == [(0, 2), (1, 2)]
+    fixed = kerasfeed.IndexOrder(24, shuffle=True, seed=0, num_shards=2, shard_index=1, fixed_shards=True)
+    assert _store_shard(ShardPlan(None, None, 2, fixed, None), fixed) == (1, 2)
+    assert _store_shard(ShardPlan(None, None, 1, balanced, None), balanced) == (0, 1)
+
+    class Src:
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return np.array([i]), np.array([i % 3])
+
+    directory = tmp_path / "c"
+    for order in (balanced, fixed):
+        ds = kerasfeed.to_dataset(Src(), batch_size=4, order=order, cache=str(directory))
+        try:
+            assert sum(len(x) for x, _ in ds.as_numpy_iterator()) == order.shard_length
+        finally:
+            kerasfeed.executor_of(ds).close()
+    assert sorted(os.listdir(directory)) == ["data.bin", "index.bin", "key.json", "lock", "shard-1-of-2"]

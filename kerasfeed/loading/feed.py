@@ -243,13 +243,18 @@ def cached_executor(
 
 
 def _store_shard(plan: ShardPlan, order: Any) -> tuple:
-    """``(index, count)`` of this process's share of a kept cache: the pipeline's shard, else that of an
-    ``order`` sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k, fixed_shards=True)``
-    on n processes, which the pipeline sees as one shard): each process its own subdirectory."""
-    if plan.num_shards == 1 and order is not None:
+    """``(index, count)`` of this process's share of a kept cache: the pipeline's shard, else that of the
+    order it reads: one sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k,
+    fixed_shards=True)`` on n processes, which the pipeline sees as one shard) or this process's cut of an
+    unsharded one (``hosts.py``): each process its own subdirectory. With an order, the plan's own
+    shard count is None (the order fixes the shards)."""
+    order = plan.order if plan.order is not None else order
+    if plan.num_shards in (None, 1) and order is not None:
         count, index = getattr(order, "num_shards", 1), getattr(order, "shard_index", 0)
         if isinstance(count, int) and isinstance(index, int) and count > 1:
             return index, count
+    if plan.num_shards is None:
+        return 0, 1
     return plan.shard_index, plan.num_shards
 
 
