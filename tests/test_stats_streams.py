@@ -131,3 +131,23 @@ def test_queue_object_has_no_make_times():
     s = kerasfeed.stats(ds)
     assert s["items"] == 3 and s["items_made"] == 0 and s["make_ms"] is None
     assert s["threads_busy"] is None and s["threads_busy_s"] is None and s["workers"] == []
+
+
+def test_every_kind_of_dataset_has_every_count_key_none_where_it_does_not_apply():
+    """A stream had none of the retry and worker counts, threads no `replaced_workers`, worker processes no
+    `abandoned_threads`: code reading one of them worked on one kind and raised KeyError on another."""
+    def gen(shard):
+        yield from (np.array([j]) for j in range(3))
+
+    keys = ("retried_items", "failed_items", "replaced_workers", "recycled_workers", "requeued_items",
+            "abandoned_threads", "abandoned_threads_running", "ahead", "in_flight", "shm_bytes", "process")
+    stream = kerasfeed.from_generators(gen, 2)
+    list(stream)
+    threads = kerasfeed.to_dataset([np.zeros(2, np.float32)] * 4, executor="threads")
+    list(threads)
+    for ds in (stream, threads):
+        s = kerasfeed.stats(ds)
+        assert all(k in s for k in keys), [k for k in keys if k not in s]
+    assert kerasfeed.stats(stream)["replaced_workers"] is None
+    assert kerasfeed.stats(threads)["replaced_workers"] is None and kerasfeed.stats(threads)["retried_items"] == 0
+    kerasfeed.executor_of(threads).close()

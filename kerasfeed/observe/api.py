@@ -96,7 +96,16 @@ def stats(ds: Any) -> dict:
     print(s["wait_ms"]["p95"], s["make_ms"]["p50"], s["batches_per_s"])
     ```
     """
-    return collector_of(ds).snapshot()
+    out = collector_of(ds).snapshot()
+    for key in _EVERY_KIND:  # one schema for every kind of dataset: None where a count does not apply
+        out.setdefault(key, None)
+    return out
+
+
+# What each executor adds of its own (threads: no workers to replace; processes: no threads to abandon;
+# streams: neither), given to every kind so that code reading them works on any dataset.
+_EVERY_KIND = ("retried_items", "failed_items", "replaced_workers", "recycled_workers", "requeued_items",
+               "abandoned_threads", "abandoned_threads_running", "ahead", "in_flight", "shm_bytes", "process")
 
 
 __all__ = ["stats", "collector_of", "STATS_ATTR"]
