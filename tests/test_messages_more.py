@@ -137,6 +137,13 @@ def test_backup_dir_of_a_wrong_type_names_the_type(bad):
         kerasfeed.BackupAndRestore(bad)
 
 
+@pytest.mark.parametrize("empty", [None, ""])
+def test_an_empty_backup_dir_keeps_keras_own_value_error(empty):
+    # Keras' own BackupAndRestore tests check this text and type for None (tests/keras_upstream).
+    with pytest.raises(ValueError, match=r"Empty `backup_dir` argument passed"):
+        kerasfeed.BackupAndRestore(empty)
+
+
 @pytest.mark.parametrize("name", ["double_checkpoint", "delete_checkpoint"])
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_backup_flags_must_be_bools(name, bad):

@@ -64,8 +64,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         delete_checkpoint: bool = True,
     ):
         _check_keras(keras.version())
-        # Keras' own texts lead its messages (code that matches them keeps working).
-        if isinstance(backup_dir, str) and not backup_dir:
+        # Keras' own texts lead its messages (code that matches them keeps working): Keras refuses any
+        # falsy value (None, "") as "Empty" with a ValueError, and its own tests check that.
+        if not isinstance(backup_dir, os.PathLike) and not backup_dir:
             raise ValueError(
                 "BackupAndRestore: Empty `backup_dir` argument passed; it must be a non-empty path. "
                 f"Received: backup_dir={backup_dir!r}"
