@@ -32,7 +32,7 @@ def notf_python(what: str) -> str:
 
         pytest.fail(f"{what} runs in a virtualenv without TensorFlow: build it with `make .venv-notf/"
                     f".kerasfeed-installed` (or point KERASFEED_NOTF_PYTHON at one). Received: {path} does not exist")
-    return path
+    return os.path.abspath(path)  # make test gives it relative to the repository: a test may run it elsewhere
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:

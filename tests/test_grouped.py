@@ -293,7 +293,7 @@ def test_the_pass_ends_only_once_the_group_holding_its_last_item_is_stacked():
         view = table[index : index + 1]
         return [np.repeat(view, rows), np.array(epoch)], index == 7
 
-    def end_pass():
+    def end_pass(epoch):
         ended.append(True)
         table[:] = -1
 
