@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kerasfeed
-from kerasfeed.cache.keys import key_change, source_key
+from kerasfeed.cache.keys import container_digest, key_change, source_key
 from kerasfeed.cache.store import ItemStore
 from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.execution.cache_front import CacheFront
@@ -53,6 +53,8 @@ def test_an_array_or_a_list_given_as_the_source_is_keyed_by_its_values(tmp_path,
     assert float(_items(again, directory)[0][0][0]) == 10.0  # the same length and class, other values
     with pytest.raises(TypeError, match=r"holds objects whose values cannot be keyed .* Received: list of 3 items"):
         kerasfeed.to_loader([object()] * 3, cache=directory)
+    days = np.array(["2020-01-01", "2021-01-01"], "datetime64[D]")  # no buffer protocol: hashed from a copy
+    assert container_digest(days) != container_digest(days + 1)
 
 
 class _Names(kerasfeed.SceneSequence):

@@ -290,7 +290,11 @@ def _feed(h: Any, value: Any, depth: int) -> bool:
     arrays whole; False for what it cannot key (an object, past ``_NESTED_DEPTH`` levels)."""
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         h.update(f"array{value.shape}:{value.dtype.str};".encode())
-        h.update(memoryview(np.ascontiguousarray(value)).cast("B"))
+        data = np.ascontiguousarray(value)
+        try:
+            h.update(memoryview(data).cast("B"))  # no copy
+        except (TypeError, ValueError):  # a dtype the buffer protocol does not take (datetime64): a copy
+            h.update(data.tobytes())
         return True
     if value is None or isinstance(value, _ATOMIC):
         h.update(repr(value).encode() + b";")
