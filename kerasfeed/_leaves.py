@@ -37,10 +37,8 @@ def dtype_mismatch(want: Any, got: np.ndarray) -> str:
     want, dtype = np.dtype(want), got.dtype
     if want.name == dtype.name:
         return f"dtype {want.str}, received {dtype.str}"
-    if dtype.kind == "O" and got.size:  # a str or bytes leaf becomes an object array: say which
-        first = got.flat[0]
-        return f"dtype {want.name}, received {held_objects(first)}"
-    return f"dtype {want.name}, received {dtype.name}"
+    # A str or bytes leaf becomes an object array: say what it holds.
+    return f"dtype {want.name}, received {held_objects(got) or dtype.name}"
 
 
 def as_array(leaf: Any) -> np.ndarray:

@@ -193,12 +193,10 @@ def infer_fields(
         for k, a in enumerate(arrays(index, other_leaves, skeleton)):
             if dtype_of(a) != dtypes[k]:
                 field = field_name(other_leaves[k][0], skeleton)
-                held = ""
-                if getattr(getattr(a, "dtype", None), "kind", "") == "O" and a.size:  # a str leaf, say: which
-                    held = f" ({held_objects(a.flat[0])})"
+                held = held_objects(a)  # a str leaf, say: which
                 raise SignatureError(
                     f"Field {field} changes dtype: item {first_index} has {name(dtypes[k])}, "
-                    f"item {index} has {name(dtype_of(a))}{held}."
+                    f"item {index} has {name(dtype_of(a))}{f' ({held})' if held else ''}."
                 )
             if a.ndim != len(shapes[k]):
                 field = field_name(other_leaves[k][0], skeleton)

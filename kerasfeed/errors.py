@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 
 def _traceback_text(exc: BaseException) -> str:
@@ -32,9 +32,12 @@ def short_repr(obj: object, limit: int = 80) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def held_objects(first: object) -> str:
+def held_objects(array: Any) -> Optional[str]:
     """What an object array holds, by its first element: ``"strings (b'oops'...)"`` (a str or bytes leaf
-    becomes one), else ``"object: dict {...}"``."""
+    becomes one), else ``"object: dict {...}"``; None for any other array, or an empty one."""
+    if getattr(getattr(array, "dtype", None), "kind", "") != "O" or not array.size:
+        return None
+    first = array.flat[0]
     if isinstance(first, (str, bytes)):
         return f"strings ({short_repr(first)}...)"
     return f"object: {type(first).__name__} {short_repr(first)}"
