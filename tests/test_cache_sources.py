@@ -269,11 +269,11 @@ def test_a_kept_cache_under_an_order_gets_this_process_s_subdirectory(tmp_path):
 
     labels = np.arange(24) % 3
     balanced = kerasfeed.BalancedOrder(labels, seed=0)
-    cut = [_store_shard(ShardPlan(1, 0, 1, _ProcessShardOrder(balanced, 2, k), None), balanced) for k in (0, 1)]
+    cut = [_store_shard(ShardPlan(1, 0, 1, _ProcessShardOrder(balanced, 2, k), None)) for k in (0, 1)]
     assert cut == [(0, 2), (1, 2)]
     fixed = kerasfeed.IndexOrder(24, shuffle=True, seed=0, num_shards=2, shard_index=1, fixed_shards=True)
-    assert _store_shard(ShardPlan(None, None, 2, fixed, None), fixed) == (1, 2)
-    assert _store_shard(ShardPlan(None, None, 1, balanced, None), balanced) == (0, 1)
+    assert _store_shard(ShardPlan(None, None, 2, fixed, None)) == (1, 2)
+    assert _store_shard(ShardPlan(None, None, 1, balanced, None)) == (0, 1)
 
     class Src:
         def __len__(self):

@@ -228,7 +228,7 @@ def cached_executor(
             f"{options.api}: `cache` needs an executor kerasfeed makes (its item calls go through the store); pass "
             f"executor='threads', 'processes', 'auto' or 'ray'. Received: executor={options.executor!r}"
         )
-    store, close = open_store(options.cache, source, total, _store_shard(plan, options.order))
+    store, close = open_store(options.cache, source, total, _store_shard(plan))
     try:
         item_cache = ItemCache.for_source(source, store)
         if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
@@ -242,20 +242,16 @@ def cached_executor(
                       on_close=close)
 
 
-def _store_shard(plan: ShardPlan, order: Any) -> tuple:
+def _store_shard(plan: ShardPlan) -> tuple:
     """``(index, count)`` of this process's share of a kept cache: the pipeline's shard, else that of the
-    order it reads: one sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k,
+    order it reads (``plan.order``): one sharded by the user (``IndexOrder(..., num_shards=n, shard_index=k,
     fixed_shards=True)`` on n processes, which the pipeline sees as one shard) or this process's cut of an
     unsharded one (``hosts.py``): each process its own subdirectory. With an order, the plan's own
     shard count is None (the order fixes the shards)."""
-    order = plan.order if plan.order is not None else order
-    if plan.num_shards in (None, 1) and order is not None:
-        count, index = getattr(order, "num_shards", 1), getattr(order, "shard_index", 0)
-        if isinstance(count, int) and isinstance(index, int) and count > 1:
-            return index, count
-    if plan.num_shards is None:
-        return 0, 1
-    return plan.shard_index, plan.num_shards
+    count, index = getattr(plan.order, "num_shards", 1), getattr(plan.order, "shard_index", 0)
+    if plan.num_shards in (None, 1) and isinstance(count, int) and isinstance(index, int) and count > 1:
+        return index, count
+    return (0, 1) if plan.num_shards is None else (plan.shard_index, plan.num_shards)
 
 
 __all__ = ["ENDLESS", "Feed", "ShardResolver", "open_feed"]
