@@ -177,12 +177,14 @@ class InputStats(keras.callbacks.Callback):
         added = self._steps.batch_ends(self.model, batch, self.params)
         if self._collector is None and not (self._searching and self._find()):
             return
-        if self._epoch_start is None:  # found during this epoch's first step
+        found = self._epoch_start is None
+        if found:  # found during this epoch
             entry = self._baseline.get(id(self._collector))
             # Without an entry, a dataset built after fit began: nothing before.
             empty = {"items": 0, "skipped": 0, "wait_total_s": 0.0, "workers": [], "threads_busy_s": None}
             self._epoch_start = entry[1] if entry else _Totals(empty, time.perf_counter())
-        self._count_taken_over()  # a lock and None, but for one step of a fit's first epoch
+        if found or self._steps.epoch == added:  # not per step: a take-over comes before the first one ends
+            self._count_taken_over()
         if self._writer is not None and self._steps.crossed(added, self.every_n_steps):
             self._write(self._collector.snapshot(), epoch_end=False)
 
