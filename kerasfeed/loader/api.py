@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
-from kerasfeed.errors import short_repr
 from kerasfeed.execution.base import Executor
 from kerasfeed.loader.keras_adapter import loader_class
 from kerasfeed.loader.loader import Loader
@@ -206,16 +205,12 @@ def to_loader(
     processes = None if explicit else cluster
 
     def make() -> tuple[Loader, Optional[dict]]:
-        total = source_length(source, allow_infinite=True, owner="to_loader")
-        if total is None:
-            # Said here: source_length's generic "kerasfeed needs a finite source" read as if no front end
-            # took one, and to_dataset does.
-            raise ValueError(
-                "to_loader needs a finite source: a loader is a sequence of passes of known length (num_batches, "
-                f"len(loader)), but {type(source).__name__}.num_batches is None (an infinite source). Give the "
-                "source a length, or use kerasfeed.to_dataset (TensorFlow), which takes infinite sources (fit "
-                f"with steps_per_epoch). Received: {short_repr(source, 120)} of type {type(source).__name__}"
-            )
+        total = source_length(
+            source, owner="to_loader",
+            why_finite="a loader is a sequence of passes of known length (num_batches, len(loader))",
+            infinite_remedy="Give the source a length, or use kerasfeed.to_dataset (TensorFlow), which takes "
+                            "infinite sources (fit with steps_per_epoch).",
+        )
         options = LoaderOptions(**arguments)
         if processes is None:
             shards = functools.partial(given_shards, cluster=cluster)

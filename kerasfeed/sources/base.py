@@ -45,13 +45,16 @@ def _has_num_batches(source: Any) -> bool:
     return "num_batches" in getattr(source, "__dict__", {})
 
 
-def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "kerasfeed") -> Optional[int]:
+def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "kerasfeed", why_finite: str = "",
+                  infinite_remedy: str = "") -> Optional[int]:
     """Returns the number of items of ``source`` (module docstring); None for an infinite one.
 
     Args:
         source: the object to check.
         allow_infinite: accept ``num_batches`` None (returns None).
         owner: who asks, for error messages.
+        why_finite, infinite_remedy: why ``owner`` needs a finite source, and what to do instead, for
+            the message that refuses an infinite one.
 
     Raises:
         TypeError: ``source`` is text (``str``/``bytes``), lacks
@@ -88,7 +91,8 @@ def source_length(source: Any, *, allow_infinite: bool = False, owner: str = "ke
         if allow_infinite:
             return None
         raise ValueError(
-            f"{owner} needs a finite source, but {what} is None (an infinite source). Received: {_short(source)}"
+            f"{owner} needs a finite source{why_finite and ': ' + why_finite}, but {what} is None (an infinite "
+            f"source).{infinite_remedy and ' ' + infinite_remedy} Received: {_short(source)}"
         )
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"{owner}: {what} must return an int{' or None' if has_nb else ''}. Received: {n!r}")
