@@ -106,6 +106,7 @@ class Cache:
 
 
 _MEMORY_LOOKALIKES = {"memory", "mem", "ram", "in-memory", "in_memory", "inmemory", "memory:"}
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _looks_like_memory(value: str) -> bool:
@@ -117,7 +118,6 @@ def _looks_like_memory(value: str) -> bool:
     if os.sep in value or "/" in value or os.path.exists(value):
         return False
     return difflib.SequenceMatcher(None, word, "memory").ratio() >= 0.8
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def resolve_cache(value: Any, owner: Optional[str] = None) -> Optional[Cache]:
