@@ -124,3 +124,64 @@ def test_workers_stop_after_a_failed_fit_while_its_traceback_is_kept(executor):
     assert len(first) == 3
     ex.close()
     assert tf.executing_eagerly()
+
+
+class Numbered(kerasfeed.SceneSequence):
+    """32 items (or 4 batches of 8) whose features and label are their index; slow enough for a
+    prefetch to have items under way when a fit stops."""
+
+    def __init__(self, batched=False):
+        super().__init__()
+        self.batched = batched
+
+    def __len__(self):
+        return 4 if self.batched else 32
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        rows = np.arange(8 * i, 8 * i + 8) if self.batched else i
+        return np.stack([np.full(4, r, np.float32) for r in np.atleast_1d(rows)]).squeeze(), np.float32(rows)
+
+
+class _Stop(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise RuntimeError("stopped by a callback")
+
+
+@pytest.mark.parametrize("front", ["to_loader", "to_dataset", "to_dataset batches"])
+def test_a_fit_ended_by_an_exception_then_fit_again_reads_every_item_once(front):
+    """NOTE [ A pass begun again ]: the aborted fit's iterator, held by the kept traceback, goes on
+    prefetching pass 0 while the next fit begins pass 0 again. Before tickets its calls used up the new
+    begin's count and items: ``KeyError: 0`` (to_loader), a lost batch (to_dataset)."""
+    seen: list = []  # per training step, the indices the model was given
+
+    class Record(keras.layers.Layer):
+        def call(self, x):
+            if tf.executing_eagerly():  # not while Keras builds the model symbolically
+                seen.append(x.numpy()[:, 0].astype(int).tolist())
+            return x
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    model = keras.Sequential([keras.Input((4,)), Record(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    kw = {"shuffle": True, "seed": 0, "executor": "processes", "workers": 2}
+    if front == "to_loader":
+        data = kerasfeed.to_loader(Numbered(), batch_size=8, **kw)
+    elif front == "to_dataset":
+        data = kerasfeed.to_dataset(Numbered(), batch_size=8, **kw)
+    else:
+        data = kerasfeed.to_dataset(Numbered(batched=True), **kw)
+    with pytest.raises(RuntimeError, match="stopped by a callback") as kept:  # kept: as a notebook keeps it
+        model.fit(data, epochs=2, verbose=0, callbacks=[_Stop()])
+    aborted, seen[:] = list(seen), []
+    model.fit(data, epochs=2, verbose=0)
+    assert len(seen) == 8, (front, seen)
+    for epoch in (seen[:4], seen[4:]):
+        assert sorted(sum(epoch, [])) == list(range(32)), (front, seen)
+    assert seen[:2] == aborted[:2], (front, aborted, seen)  # pass 0 again, in its order
+    assert seen[:4] != seen[4:], front  # then pass 1
+    assert kept.value is not None
+    kerasfeed.executor_of(data).close()

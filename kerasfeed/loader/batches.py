@@ -61,14 +61,14 @@ class BatchReader:
         rows = p.indices[start : start + k]
         batch = BatchBuilder(self._signature, len(rows), self._padding)
         for i in rows:
-            arrays = load(i, p.epoch)
+            arrays = load(i, p.ticket)
             if arrays is not None:  # a batch keeps its positions: an item left out is a row less
                 batch.add(arrays)
         if p.position + 1 == p.batches:
             # The dropped remainder still passes through the pipeline (as in
             # to_dataset), so the pass ends for the source and the executor.
             for i in p.indices[start + k :]:
-                load(i, p.epoch)
+                load(i, p.ticket)
         return pack(self._signature.skeleton, batch.finish())
 
     def _next_item(self, p: Pass) -> Any:
@@ -79,7 +79,7 @@ class BatchReader:
             if at >= p.batches:
                 return END
             index = p.indices[at]
-            arrays = self._load(index, p.epoch)
+            arrays = self._load(index, p.ticket)
             if arrays is not None:
                 break
             p.skipped += 1

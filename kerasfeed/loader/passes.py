@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from kerasfeed.loading.begins import pass_of
+
 # What ``read`` returns when a pass ends on items left out (batch_size=None, max_skipped).
 END = object()
 
@@ -34,12 +36,13 @@ class Pass:
     under way in the one it replaces.
     """
 
-    __slots__ = ("epoch", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader", "lock",
-                 "first")
+    __slots__ = ("epoch", "ticket", "skip", "indices", "batches", "position", "skipped", "kept", "keep", "reader",
+                 "lock", "first")
 
-    def __init__(self, epoch: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0,
+    def __init__(self, ticket: int, indices: np.ndarray, batches: int, reader: int, keep: int = 1, skip: int = 0,
                  first: bool = False):
-        self.epoch = epoch
+        # The pipeline's begin of the pass, which its loads pass back (NOTE [ A pass begun again ]).
+        self.ticket, self.epoch = ticket, pass_of(ticket)
         self.skip = skip  # items of the pass before its first batch (a resumed pass)
         # The loader's first pass: one resumed by initial_state is shorter for Keras too; any other
         # (a model build's resumed pass: Keras' epoch iterator starts at its batch) counts whole.
@@ -59,7 +62,7 @@ class Passes:
 
     Args:
         begin: ``PassPipeline.begin``: starts the next pass, returns
-            ``(indices, epoch)``.
+            ``(indices, ticket)``.
         read: ``BatchReader.read``: batch ``p.position`` of pass ``p``.
         per_pass: batches in a whole pass.
         first_pass: batches in the first pass (fewer when resumed inside it).
@@ -102,11 +105,11 @@ class Passes:
         with self._lock:
             if self._open is not None and self._open is not self._peek:
                 self._open.kept = None  # no longer replayable: release it
-            indices, epoch = self._begin_pass()
+            indices, ticket = self._begin_pass()
             # A pass begun under fit may start anywhere (its epoch; a pinned resume): counted from its items.
             batches = self._count(len(indices))
             first, self._begun = not self._begun, True
-            self._open = Pass(int(epoch), indices, batches, reader, keep, self._items - len(indices), first)
+            self._open = Pass(int(ticket), indices, batches, reader, keep, self._items - len(indices), first)
             return self._open
 
     def current(self, p: Pass) -> bool:

@@ -106,18 +106,19 @@ class _PassGroups:
         self._open = list(open_leading)
         self._group = int(group)
         self._empty = empty
-        self._passes: dict[int, list] = {}  # epoch -> [order, next position, held (index, arrays or error)]
+        # ticket (NOTE [ A pass begun again ]) -> [order, next position, held (index, arrays or error)]
+        self._passes: dict[int, list] = {}
 
     def begin(self) -> np.int64:
-        indices, epoch = self._begin()
-        epoch = int(epoch)
+        indices, ticket = self._begin()
+        ticket = int(ticket)
         # The pass's order stays a lazy view: read a position at a time (from its cached chunk).
-        self._passes[epoch] = [as_view(indices), 0, None]
+        self._passes[ticket] = [as_view(indices), 0, None]
         # Passes may be read at once (``zip(ds, ds)``); one no longer read (an iterator deleted
-        # mid-pass) is forgotten once enough newer ones began.
+        # mid-pass) is forgotten once enough newer ones began (the oldest begun first).
         while len(self._passes) > MAX_OPEN_PASSES:
-            del self._passes[min(self._passes)]
-        return np.int64(epoch)
+            del self._passes[next(iter(self._passes))]
+        return np.int64(ticket)
 
     def _joins(self, items: list, value: list) -> bool:
         """Whether ``value`` may join the group ``items`` (not empty)."""
@@ -126,10 +127,10 @@ class _PassGroups:
     def _stack(self, items: list) -> list:
         raise NotImplementedError
 
-    def load(self, epoch: Any) -> list:
-        """The next group of pass ``epoch``, stacked per leaf; zero items at its end."""
-        epoch = int(epoch)
-        state = self._passes.get(epoch)
+    def load(self, ticket: Any) -> list:
+        """The next group of the pass begun as ``ticket``, stacked per leaf; zero items at its end."""
+        ticket = int(ticket)
+        state = self._passes.get(ticket)
         items: list = []
         ended = False  # the pass's last item to load is in this group
         while state is not None and len(items) < self._group:
@@ -140,11 +141,11 @@ class _PassGroups:
                 index, value, last = held
             elif position < len(order):
                 index = int(order[position])
-                if items and not self._ready(index, epoch):
+                if items and not self._ready(index, ticket):
                     break  # never wait for a later item with earlier ones in hand
                 state[1] = position + 1
                 try:
-                    value, last = self._load_one(index, epoch)
+                    value, last = self._load_one(index, ticket)
                 except Exception as e:  # noqa: BLE001 - raised by the call that reaches its position
                     value = e
             else:
@@ -160,11 +161,11 @@ class _PassGroups:
             items.append(value)
             ended = ended or last
         if not items:
-            self._passes.pop(epoch, None)
+            self._passes.pop(ticket, None)
             return list(self._empty)
         stacked = self._stack(items)  # copies: no array of it views the source any more
         if ended and self._end_pass is not None:
-            self._end_pass(epoch)
+            self._end_pass(ticket)
         return stacked
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kerasfeed.loading.begins import pass_of
 from kerasfeed.sampling.views import as_view
 
 # Passes of one dataset read at once, at most (older ones are iterators given up).
@@ -43,29 +44,30 @@ class PassInOrder:
     def __init__(self, begin: Callable[[], tuple], load: Callable[[int, int], Any]):
         self._begin = begin
         self._load = load
-        self._passes: dict[int, list] = {}  # epoch -> [order, next position]
+        self._passes: dict[int, list] = {}  # ticket (NOTE [ A pass begun again ]) -> [order, next position]
 
     def begin(self) -> tuple[np.int64, np.int64]:
-        """Starts the next pass: ``(items in it, epoch)``."""
-        indices, epoch = self._begin()
-        return self.start(indices, epoch)
+        """Starts the next pass: ``(items in it, ticket)``."""
+        indices, ticket = self._begin()
+        return self.start(indices, ticket)
 
-    def start(self, indices: Any, epoch: Any) -> tuple[np.int64, np.int64]:
-        """Records pass ``epoch`` (begun: ``PassPipeline.begin``'s ``indices``) for ``load``:
-        ``(items in it, epoch)``."""
-        epoch = int(epoch)
+    def start(self, indices: Any, ticket: Any) -> tuple[np.int64, np.int64]:
+        """Records the pass begun as ``ticket`` (``PassPipeline.begin``'s ``indices``) for ``load``:
+        ``(items in it, ticket)``."""
+        ticket = int(ticket)
         order = as_view(indices)
-        self._passes[epoch] = [order, 0]
-        while len(self._passes) > MAX_OPEN_PASSES:  # iterators given up mid-pass
-            del self._passes[min(self._passes)]
-        return np.int64(len(order)), np.int64(epoch)
+        self._passes[ticket] = [order, 0]
+        while len(self._passes) > MAX_OPEN_PASSES:  # iterators given up mid-pass, the oldest begun first
+            del self._passes[next(iter(self._passes))]
+        return np.int64(len(order)), np.int64(ticket)
 
-    def load(self, epoch: Any) -> Any:
-        """The next item of pass ``epoch``. The position moves on before the
+    def load(self, ticket: Any) -> Any:
+        """The next item of the pass begun as ``ticket``. The position moves on before the
         item loads: an item that raises fails alone, the next call goes on."""
-        epoch = int(epoch)
-        state = self._passes.get(epoch)
+        ticket = int(ticket)
+        state = self._passes.get(ticket)
         if state is None:
+            epoch = pass_of(ticket)
             raise RuntimeError(
                 f"kerasfeed: pass {epoch} is no longer read: an iterator of it went on after {MAX_OPEN_PASSES} "
                 f"newer passes began, or past its end. Iterate the newest iterator. Received: epoch={epoch}"
@@ -73,8 +75,8 @@ class PassInOrder:
         order, position = state
         state[1] = position + 1
         if position + 1 >= len(order):
-            del self._passes[epoch]  # its last item: tf.data asks no further
-        return self._load(int(order[position]), epoch)
+            del self._passes[ticket]  # its last item: tf.data asks no further
+        return self._load(int(order[position]), ticket)
 
 
 __all__ = ["MAX_OPEN_PASSES", "PassInOrder"]

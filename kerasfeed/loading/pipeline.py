@@ -22,6 +22,7 @@ from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.fpenv import default_fp_env
 from kerasfeed.execution.waits import WaitAbandoned
+from kerasfeed.loading.begins import Begins, pass_of
 from kerasfeed.loading.fit_follow import FollowsFit
 from kerasfeed.loading.skips import SkipBudget, find_position, skippable
 from kerasfeed.observe.stats import new_collector
@@ -71,8 +72,7 @@ class PassPipeline(FollowsFit):
         self._expected: Optional[tuple] = None
         self._resumed_pass = start_epoch if skip else None  # a first pass shorter than the others
         self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
-        self._remaining: dict[int, int] = {}  # epoch -> items of the pass not loaded yet
-        self._views: dict[int, IndexView] = {}  # epoch -> the order of a pass begun (the last few)
+        self._begins = Begins(KEPT_PASSES)  # each begin's ticket, order and count (NOTE [ A pass begun again ])
         # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep a numpy_function's
         # arrays without copying them, for as long as the consumer holds the element. A user's hook
         # that overwrites in place what earlier items viewed (``self.x[a:b]``, then an in-place
@@ -91,15 +91,12 @@ class PassPipeline(FollowsFit):
         self._length: Optional[int] = _length(source)  # what every pass's order was made for
 
     def begin(self) -> tuple[IndexView, np.int64]:
-        """Starts the next pass: ``(indices, epoch)``, its order as a lazy view
-        (``indices.window(start, stop)``; never the whole pass in memory)."""
+        """Starts the next pass: ``(indices, ticket)``, its order as a lazy view
+        (``indices.window(start, stop)``; never the whole pass in memory) and the begin's ticket, which
+        the calls for its items pass back (``pass_of(ticket)`` is the pass: NOTE [ A pass begun again ])."""
         epoch, skip = self._upcoming()
         indices = pass_view(self._order, epoch)[skip:]
-        with self._lock:
-            self._remaining[epoch] = len(indices)
-            self._views[epoch] = indices
-            for stale in [e for e in self._views if e <= epoch - KEPT_PASSES]:
-                del self._views[stale]  # a view is small: a window of indices
+        ticket = self._begins.issue(epoch, indices)
         if self.stats is not None:
             self.stats.pass_begin(epoch)
         if self.skips is not None:
@@ -111,7 +108,7 @@ class PassPipeline(FollowsFit):
         # also go on with the next pass's first items when this one is all requested (its order is seeded).
         upcoming = (epoch + 1, pass_view(self._order, epoch + 1)) if self.executor.plans_next_pass else None
         self.executor.plan(epoch, indices, upcoming)
-        return indices, np.int64(epoch)
+        return indices, np.int64(ticket)
 
     def _upcoming(self) -> tuple[int, int]:
         """``(pass, items skipped)`` of the pass that begins now, marked begun (the next one follows it)."""
@@ -125,19 +122,19 @@ class PassPipeline(FollowsFit):
         return epoch, skip
 
     def begin_count(self) -> tuple[np.int64, np.int64]:
-        """``begin`` for tf.data: ``(items in the pass, epoch)``; the indices
+        """``begin`` for tf.data: ``(items in the pass, ticket)``; the indices
         follow by ``window`` calls."""
-        indices, epoch = self.begin()
-        return np.int64(len(indices)), epoch
+        indices, ticket = self.begin()
+        return np.int64(len(indices)), ticket
 
-    def window(self, epoch: Any, start: Any) -> np.ndarray:
-        """Positions ``start`` to ``start + INDEX_WINDOW`` of pass ``epoch``'s order (int64)."""
-        with self._lock:
-            indices = self._views.get(int(epoch))
+    def window(self, ticket: Any, start: Any) -> np.ndarray:
+        """Positions ``start`` to ``start + INDEX_WINDOW`` of the order of begin ``ticket`` (int64)."""
+        ticket = int(ticket)
+        indices = self._begins.view(ticket)
         if indices is None:
             raise RuntimeError(
-                f"kerasfeed: pass {int(epoch)} is no longer read: an iterator of it went on after {KEPT_PASSES} "
-                f"newer passes began. Iterate the newest iterator. Received: epoch={int(epoch)}"
+                f"kerasfeed: pass {pass_of(ticket)} is no longer read: an iterator of it went on after {KEPT_PASSES} "
+                f"newer passes began. Iterate the newest iterator. Received: epoch={pass_of(ticket)}"
             )
         start = int(start)
         return indices.window(start, start + INDEX_WINDOW)
@@ -171,9 +168,9 @@ class PassPipeline(FollowsFit):
         stats.picked(epoch, t1 - t0, t1)
         return item
 
-    def _arrays(self, index: int, epoch: int) -> Optional[list]:
-        """Item ``index`` of pass ``epoch``, checked and flattened; None: it
-        failed and was left out (``max_skipped``). A failure that ends the
+    def _arrays(self, index: int, epoch: int, ticket: Optional[int] = None) -> Optional[list]:
+        """Item ``index`` of pass ``epoch`` (begun as ``ticket``; None: the pass's number), checked and
+        flattened; None: it failed and was left out (``max_skipped``). A failure that ends the
         pass is told to the executor (NOTE [ Parking after a failed pass ])."""
         picked = False
         try:
@@ -188,13 +185,13 @@ class PassPipeline(FollowsFit):
             # may keep it (a thread task's error), and through this frame it held the pipeline, its executor and
             # workers until the garbage collector ran.
             if self.skips is not None and skippable(e, index):
-                error = self._leave_out(index, epoch, e)
+                error = self._leave_out(index, epoch, epoch if ticket is None else ticket, e)
                 if error is None:
                     e.with_traceback(None)
                     return None
             elif self.skips is not None and isinstance(e, WorkerError) and e.index is not None:
                 e.with_traceback(None)
-                return self._after_death(index, epoch, e)
+                return self._after_death(index, epoch, ticket, e)
             else:
                 error = e
             self.executor.pass_failed(epoch)
@@ -206,14 +203,14 @@ class PassPipeline(FollowsFit):
                 raise error from e.__cause__
             raise
 
-    def _after_death(self, index: int, epoch: int, error: WorkerError) -> Optional[list]:
+    def _after_death(self, index: int, epoch: int, ticket: Optional[int], error: WorkerError) -> Optional[list]:
         """Item ``index`` failed only because its worker died making item ``error.index`` (no
         retries: the pool closed): the executor restarts without that item (``Executor.item_skipped``;
         its own load then fails at once, where it may be left out) and ``index`` is loaded again."""
         for _ in range(RESTARTS):
             self.executor.item_skipped(int(error.index), epoch)
             try:
-                arrays = self._arrays(index, epoch)
+                arrays = self._arrays(index, epoch, ticket)
             except WorkerError as again:
                 if again.index is None or int(again.index) == index:
                     raise
@@ -224,9 +221,9 @@ class PassPipeline(FollowsFit):
         self.executor.pass_failed(epoch)
         raise error
 
-    def _leave_out(self, index: int, epoch: int, error: BaseException) -> Optional[BaseException]:
+    def _leave_out(self, index: int, epoch: int, ticket: int, error: BaseException) -> Optional[BaseException]:
         """Leaves the failed item out if the budget allows (None), else the error to raise."""
-        refused = self.skips.skip(epoch, index, self.position_of(index, epoch), error)
+        refused = self.skips.skip(epoch, index, self.position_of(index, ticket), error)
         if refused is not None:
             return refused
         self.executor.item_skipped(index, epoch)
@@ -256,15 +253,14 @@ class PassPipeline(FollowsFit):
                 f"{'s' if left > 1 else ''} left out (max_skipped, batch_size=None) were whole batches; the epoch "
                 "ends after the batches it has, and the next starts with the next pass.")
 
-    def position_of(self, index: int, epoch: int) -> Optional[int]:
-        """The position in pass ``epoch`` of item ``index`` being loaded now (None: not known). Items
-        are loaded in pass order (a parallel map only a few apart): the search starts at the number
-        loaded so far."""
-        with self._lock:
-            view, left = self._views.get(epoch), self._remaining.get(epoch, 0)
+    def position_of(self, index: int, ticket: int) -> Optional[int]:
+        """The position in the pass begun as ``ticket`` of item ``index`` being loaded now (None: not
+        known). Items are loaded in pass order (a parallel map only a few apart): the search starts at
+        the number loaded so far."""
+        view, left = self._begins.progress(ticket)
         if view is None:
             return None
-        offset, taken = self.skips.taken(epoch)
+        offset, taken = self.skips.taken(pass_of(ticket))
         found = find_position(view, index, len(view) - left, taken)
         return None if found is None else offset + found
 
@@ -282,30 +278,33 @@ class PassPipeline(FollowsFit):
         self.skips.restore(epoch, indices)
         return len(indices) if self.skips.batch_size is None else 0
 
-    def ready(self, i, epoch) -> bool:
-        """Whether ``load(i, epoch)`` would not wait (see ``Executor.ready``)."""
-        return self.executor.ready(int(i), int(epoch))
+    def ready(self, i, ticket) -> bool:
+        """Whether ``load(i, ticket)`` would not wait (see ``Executor.ready``)."""
+        return self.executor.ready(int(i), pass_of(ticket))
 
-    def take(self, i, epoch) -> tuple:
-        """``(arrays, last)``: item ``i`` of pass ``epoch``, and whether it was the pass's last item to
-        load. After ``last`` the caller runs ``end_pass`` once nothing it hands out views the item any
-        more (the group loaders: after stacking the group)."""
-        index, epoch = int(i), int(epoch)
-        arrays = self._arrays(index, epoch)
-        with self._lock:
-            self._remaining[epoch] -= 1
-            last = self._remaining[epoch] == 0
-            if last:
-                del self._remaining[epoch]
+    def take(self, i, ticket) -> tuple:
+        """``(arrays, last)``: item ``i`` of the pass begun as ``ticket``, and whether it was the pass's
+        last item to load. After ``last`` the caller runs ``end_pass`` once nothing it hands out views
+        the item any more (the group loaders: after stacking the group)."""
+        index, ticket = int(i), int(ticket)
+        epoch = pass_of(ticket)
+        self._begins.enter(ticket)
+        try:
+            arrays = self._arrays(index, epoch, ticket)
+        except BaseException:
+            self._begins.leave(ticket, loaded=False)
+            raise
+        last = self._begins.leave(ticket, loaded=True)
         if last and self.skips is not None and self.skips.batch_size is None:
             left = self.skips.count(epoch)
             with self._lock:
                 self._short = (epoch, left) if left else None
         return arrays, last
 
-    def end_pass(self, epoch: int) -> None:
-        """Every item of pass ``epoch`` is loaded (in whatever order): the pass is over for the source,
-        without waiting for a consumer that may never ask past the last element."""
+    def end_pass(self, ticket: int) -> None:
+        """Every item of the pass begun as ``ticket`` is loaded (in whatever order): the pass is over
+        for the source, without waiting for a consumer that may never ask past the last element."""
+        epoch = pass_of(ticket)
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
             try:
@@ -322,37 +321,39 @@ class PassPipeline(FollowsFit):
                     type(self._source).__name__, self._length, now, self._length)
                 self._length = None
 
-    def read_whole(self, epoch: int, count: int, first: float, last: float) -> None:
-        """Pass ``epoch`` was read without ``load`` (its ``count`` items all stored, read in the
-        graph between ``first`` and ``last``: NOTE [ A stored pass runs in the graph ]): it is
-        over for the source, as after its last ``take``."""
-        with self._lock:
-            self._remaining.pop(int(epoch), None)
+    def read_whole(self, ticket: int, count: int, first: float, last: float) -> None:
+        """The pass begun as ``ticket`` was read without ``load`` (its ``count`` items all stored, read
+        in the graph between ``first`` and ``last``: NOTE [ A stored pass runs in the graph ]): it is
+        over for the source, as after its last ``take``. Nothing for an older begin of a pass begun again."""
+        ticket = int(ticket)
+        if not self._begins.read_whole(ticket):
+            return
         if self.stats is not None:
-            self.stats.picked_many(epoch, count, first, last)
-        self.end_pass(epoch)
+            self.stats.picked_many(pass_of(ticket), count, first, last)
+        self.end_pass(ticket)
 
-    def load(self, i, epoch):
-        """Item ``i`` of pass ``epoch``: its arrays, or None when it was left out (``max_skipped``)."""
-        arrays, last = self.take(i, epoch)
+    def load(self, i, ticket):
+        """Item ``i`` of the pass begun as ``ticket``: its arrays, or None when it was left out
+        (``max_skipped``)."""
+        arrays, last = self.take(i, ticket)
         # The hook may change in place what items view: hand over copies
         # (NOTE [ Epoch hooks and items that view the source ]); the last item's arrays always, as the
         # hook runs before this call returns.
         if (last or self._copy_views) and arrays is not None:
             arrays = [a.copy() if isinstance(a, np.ndarray) and (last or a.base is not None) else a for a in arrays]
         if last:
-            self.end_pass(epoch)
+            self.end_pass(ticket)
         return arrays
 
-    def load_marked(self, i, epoch) -> list:
+    def load_marked(self, i, ticket) -> list:
         """``load`` for tf.data with ``max_skipped``: the arrays and a True mark, or for an item left
         out ``placeholder`` and a False mark (the tail drops it: NOTE [ A skipped item and its batch ])."""
-        arrays = self.load(i, epoch)
+        arrays = self.load(i, ticket)
         return self.placeholder + [_LEFT_OUT] if arrays is None else arrays + [_KEPT]
 
-    def take_marked(self, i, epoch) -> tuple:
+    def take_marked(self, i, ticket) -> tuple:
         """``take`` with the mark of ``load_marked`` (for the group loaders)."""
-        arrays, last = self.take(i, epoch)
+        arrays, last = self.take(i, ticket)
         return (self.placeholder + [_LEFT_OUT] if arrays is None else arrays + [_KEPT]), last
 
 

@@ -44,6 +44,7 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import SignatureError
+from kerasfeed.loading.begins import pass_of
 
 logger = logging.getLogger("kerasfeed")
 
@@ -78,7 +79,7 @@ class StoredPasses:
         self._shapes: list = []  # per leaf: int64 [n, rank] (open leaves only)
         # No pass is read in the graph: a leaf the checker copied, or the store's file could not be mapped.
         self._never = False
-        self._open: dict[int, tuple[int, float]] = {}  # pass -> (items, when it began)
+        self._open: dict[int, tuple[int, float]] = {}  # ticket (NOTE [ A pass begun again ]) -> (items, began)
         self._data: Optional[np.ndarray] = None  # the store's file for TensorFlow (``_mapped``)
         # Dropped when the store closes: a dataset that outlives its pipeline keeps none of the store mapped.
         self._store.on_close(_Unmap(self))
@@ -95,27 +96,27 @@ class StoredPasses:
         TensorFlow without a copy: a ``numpy_function`` output that is an aligned array), empty
         for a pass through ``load``. The columns, per leaf: starts ``[m, 1]`` (in elements of
         its dtype), and for an open leaf sizes ``[m, 1]`` and shapes ``[m, rank]``."""
-        indices, epoch = self._pipeline.begin()
-        epoch = int(epoch)
-        order = self._readable(epoch, indices)
+        indices, ticket = self._pipeline.begin()
+        ticket = int(ticket)
+        order = self._readable(pass_of(ticket), indices)
         data = None if order is None else self._mapped()
         if data is None:
-            count, epoch_ = self.in_order.start(indices, epoch)
-            return [count, epoch_, np.int64(0), _NO_DATA] + self._none
+            count, ticket_ = self.in_order.start(indices, ticket)
+            return [count, ticket_, np.int64(0), _NO_DATA] + self._none
         with self._lock:
-            self._open[epoch] = (len(order), time.perf_counter())
-            while len(self._open) > _OPEN_PASSES:
-                del self._open[min(self._open)]
-        return [np.int64(0), np.int64(epoch), np.int64(len(order)), data] + self._columns(order)
+            self._open[ticket] = (len(order), time.perf_counter())
+            while len(self._open) > _OPEN_PASSES:  # the oldest begun first
+                del self._open[next(iter(self._open))]
+        return [np.int64(0), np.int64(ticket), np.int64(len(order)), data] + self._columns(order)
 
-    def end(self, epoch: Any) -> np.int64:
-        """Pass ``epoch``'s items were all read in the graph (after its last one)."""
+    def end(self, ticket: Any) -> np.int64:
+        """The items of the pass begun as ``ticket`` were all read in the graph (after its last one)."""
         with self._lock:
-            opened = self._open.pop(int(epoch), None)
+            opened = self._open.pop(int(ticket), None)
         if opened is not None:
             count, first = opened
             self._front.served(count)
-            self._pipeline.read_whole(int(epoch), count, first, time.perf_counter())
+            self._pipeline.read_whole(int(ticket), count, first, time.perf_counter())
         return np.int64(0)
 
     # ------------------------------------------------------------ where items lie
