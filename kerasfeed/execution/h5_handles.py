@@ -19,7 +19,8 @@ refused: docs/your_sequence.md, *HDF5 handles*. Beyond that page:
   ``FileChangedError`` (an ``OSError``, as the HDF5 readers raise);
 - a handle open for writing reads back as mode ``'r+'`` (``w``, ``a``, ``r+``
   alike); anonymous objects are refused too; a refusal is a ``TypeError``
-  that ``pickling`` turns into the message naming the attribute.
+  that ``pickling`` turns into the message naming the attribute (a file replaced on disk since the
+  handle opened it: ``FileChangedError``, which ``state_sync`` raises as such between passes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _stamp(fid: Any, filename: str, swmr: bool, driver: str) -> tuple:
         except (OSError, ValueError, TypeError):
             opened = st
         if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-            raise TypeError(
+            raise FileChangedError(
                 f"the HDF5 file '{filename}' was replaced on disk after this handle opened it: a worker would "
                 "open the new file at that path, not the one this process reads"
             )

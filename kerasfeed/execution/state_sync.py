@@ -32,7 +32,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from kerasfeed.errors import short_repr
+from kerasfeed.errors import FileChangedError, short_repr
 
 _OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})  # bookkeeping every process keeps for itself
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
@@ -236,6 +236,12 @@ class StateTracker:
                 found = find_unpicklable(fp.obj, where)
                 path, value, err = found if found is not None else (where, fp.obj, fp.error)
                 cls = type(value)
+                if isinstance(err, FileChangedError):  # the attribute is the same handle; its file is not
+                    raise FileChangedError(
+                        f"kerasfeed: `{path}` of {type(self.source).__name__} cannot reach the "
+                        f"{WORKERS[self.executor]} for the next pass: {err}. Build the source again to read the new "
+                        f"file. Received: {path}={short_repr(value, 120)}"
+                    )
                 raise TypeError(
                     f"kerasfeed: `{key if key != _WHOLE else 'the source'}` of {type(self.source).__name__} changed in "
                     "this process (in on_epoch_end, set_epoch or on_epoch_begin, or between passes) and must reach the "

@@ -324,3 +324,22 @@ def test_hdf5_file_replaced_on_disk_is_detected_in_the_worker(tmp_path):
     finally:
         ex.close()
         source.f.close()
+
+
+def test_hdf5_file_replaced_on_disk_between_passes_is_named_as_such(tmp_path):
+    """The state check at a pass's start pickles the handle again: a file replaced since is a
+    FileChangedError naming the attribute, not "changed in this process ... cannot be pickled"."""
+    path = _scene_file(tmp_path / "scenes.h5")
+    source = eager_h5.EagerH5(path)
+    loader = kerasfeed.to_loader(source, executor="processes", workers=1)
+    try:
+        assert len(list(loader)) == 6
+        os.replace(_scene_file(tmp_path / "other.h5"), path)
+        with pytest.raises(kerasfeed.FileChangedError) as e:
+            list(loader)
+        msg = str(e.value)
+        assert "`source.f`" in msg and f"'{path}' was replaced on disk after this handle opened it" in msg, msg
+        assert "changed in this process" not in msg
+    finally:
+        loader.close()
+        source.f.close()
