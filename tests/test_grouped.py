@@ -385,3 +385,29 @@ def test_items_holding_no_values_pass_through_grouping_and_streams(executor):
     assert out["zero_width"] == [[[4, 0]]] * 6
     assert out["no_points"] == [[[2], [2, 0, 3]]] * 2  # dict leaves in key order: id, points
     assert sorted(out["stream"]) == sorted([[[2, 3]], [[0, 3]], [[2, 3]]] * 2)
+
+
+class OneField(kerasfeed.SceneSequence):
+    """Items that are 1-tuples ``(x,)``; ``vary``: x's length varies (ragged groups)."""
+
+    def __init__(self, vary):
+        super().__init__()
+        self.vary = vary
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return (np.arange(i % 3 + 1 if self.vary else 3, dtype=np.float32) + i,)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_one_field_tuple_item_stays_a_tuple_through_ragged_groups(batch_size):
+    """A group whose leading lengths vary is unbatched then mapped again for its element spec; that
+    map kept ``(x,)`` as a bare ``x`` where to_loader and ungrouped items give ``(x,)``."""
+    source = OneField(vary=True)
+    ds = kerasfeed.to_dataset(source, batch_size=batch_size, **({"padding_values": 0.0} if batch_size else {}))
+    assert isinstance(ds.element_spec, tuple) and len(ds.element_spec) == 1, ds.element_spec
+    with kerasfeed.to_loader(source, batch_size=batch_size) as loader:
+        want = [b[0].tolist() for b in loader]
+    assert [b[0].numpy().tolist() for b in ds] == want

@@ -99,8 +99,8 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False,
 
     ds = flat_map(tf.data.Dataset.range(1), pass_groups)
     ds = unbatch_rows(take_while(inline_map(ds, load_group), has_items))
-    if ragged:  # unbatched ragged rows are dense tensors; say so in the element spec
-        ds = inline_map(ds, lambda *e: e if len(e) > 1 else e[0])
+    if ragged:  # unbatched ragged rows are dense tensors; say so in the element spec (a 1-tuple stays one)
+        ds = inline_map(ds, (lambda *e: e) if isinstance(ds.element_spec, tuple) else (lambda e: e))
     return ds
 
 
