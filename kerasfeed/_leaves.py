@@ -93,6 +93,18 @@ def as_array(leaf: Any) -> np.ndarray:
     return a
 
 
+def loader_dtype(a: np.ndarray) -> np.dtype:
+    """The dtype ``to_loader`` records for leaf ``a``: only those ``to_dataset`` has (under the TensorFlow
+    backend, Keras reads a loader through tf.data). ``SignatureError`` for dates, durations, records."""
+    if a.dtype.kind in "Mm" or a.dtype.type is np.void:
+        raise SignatureError(
+            f"Unsupported dtype {a.dtype}: to_loader takes the dtypes to_dataset takes (TensorFlow has no such "
+            "type, and Keras' TensorFlow backend reads a loader through tf.data). Convert it in the item: "
+            "a.astype('int64') for dates and durations, one field per leaf for a structured array."
+        )
+    return a.dtype
+
+
 def leaf_array(index: Any, name: str, leaf: Any) -> np.ndarray:
     """``as_array(leaf)`` for field ``name`` of item ``index``; a ``SignatureError`` naming both."""
     try:

@@ -158,3 +158,21 @@ def test_backup_arguments_that_were_accepted_still_are(tmp_path):
     assert cbk.delete_checkpoint is False
     with pytest.raises(ValueError, match=r"Empty `backup_dir` argument passed.*Received: backup_dir=''"):
         kerasfeed.BackupAndRestore("")  # Keras' own text and type
+
+
+@pytest.mark.parametrize("dtype", ["datetime64[D]", "timedelta64[s]", "V4", [("a", "f4"), ("b", "i4")]])
+def test_to_loader_refuses_the_dtypes_to_dataset_refuses(dtype):
+    """Under the TensorFlow backend Keras reads a loader through tf.data: a dtype it has no type for
+    passed to_loader (a JAX loop trained) and failed only in a TF fit."""
+
+    class Odd(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.zeros(2, dtype), np.float32(i)
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"Item 0, field x: Unsupported dtype .*to_loader takes"):
+        kerasfeed.to_loader(Odd(), batch_size=2)
+    with pytest.raises(kerasfeed.SignatureError, match=r"Item 0, field x: Unsupported dtype"):
+        kerasfeed.to_dataset(Odd(), batch_size=2)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kerasfeed._leaves import dtype_mismatch, leaf_array, leaf_arrays, padding_leaves
+from kerasfeed._leaves import dtype_mismatch, leaf_array, leaf_arrays, loader_dtype, padding_leaves
 from kerasfeed._nest import field_name, flatten, infer_fields, leaves_like, pack, shape_fits, shape_text
 from kerasfeed.errors import SignatureError
 
@@ -32,7 +32,7 @@ class Signature:
     @classmethod
     def infer(cls, probes: Sequence[tuple[int, Any]]) -> "Signature":
         """Raises ``SignatureError`` naming both items when probes disagree."""
-        skeleton, paths, dtypes, shapes = infer_fields(probes, leaf_arrays, lambda a: a.dtype)
+        skeleton, paths, dtypes, shapes = infer_fields(probes, leaf_arrays, loader_dtype)
         names = [field_name(path, skeleton) for path in paths]
         return cls(skeleton, names, dtypes, shapes)
 
