@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import weakref
 
@@ -634,3 +635,26 @@ def test_a_cache_path_that_is_a_file_is_refused_naming_cache(tmp_path):
     path.write_text("not a directory")
     with pytest.raises(ValueError, match=r"`cache` names a directory.*a-file.*is a file"):
         kerasfeed.to_loader(Ramp(), executor="threads", cache=str(path))
+
+
+class ImportsADrawingModule(Plain):
+    """A deterministic ``__getitem__`` whose first call imports a module that draws from numpy's global
+    generator at import (``import jax`` does)."""
+
+    def __getitem__(self, i):
+        import kf_draws_at_import  # noqa: F401 - on tmp_path; drawn once, at its import
+
+        return np.full((2,), i, "float32")
+
+
+def test_a_module_imported_by_a_stored_stage_that_draws_at_import_is_not_blamed_on_the_stage(
+        tmp_path, caplog, monkeypatch):
+    (tmp_path / "kf_draws_at_import.py").write_text("import numpy as np\nnp.random.random()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kf_draws_at_import", raising=False)
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        with kerasfeed.to_loader(ImportsADrawingModule(str(tmp_path / "l")), cache="memory") as ld:
+            _passes(ld, 2)
+    assert "kf_draws_at_import" in sys.modules
+    warned = [r for r in caplog.records if "global `random` or `numpy.random`" in r.getMessage()]
+    assert warned == [], warned[0].getMessage()

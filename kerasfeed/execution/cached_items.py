@@ -13,7 +13,8 @@ whole ``__getitem__`` is the stored stage and nothing runs per pass.
 2. else the stage, under ``sources/stage.enter_cached`` (``item_rng()`` and
    ``epoch`` refuse to run there: NOTE [ What a cached stage may not read ])
    and with the global generators watched (a draw from them is warned about
-   once: its numbers would be frozen), then stored (unless the store is full:
+   once: its numbers would be frozen; not in a call that imported a module,
+   which may draw at import), then stored (unless the store is full:
    NOTE [ A budget keeps a fixed subset ] in ``cache_front.py``);
 3. ``augment`` on it, when the source has one. ``augment`` always gets
    read-only arrays (stored or not), so one that writes in place fails on the
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 from typing import Any, Optional
 
@@ -95,7 +97,7 @@ _CALLS = _Calls()
 def run_stage(source: Any, name: str, index: int) -> Any:
     """The cached stage ``name`` of item ``index``, refusing what depends on the pass."""
     token = _CALLS.enter()
-    before = _global_states()
+    before, modules = _global_states(), len(sys.modules)
     previous = stage.enter_cached(name)
     try:
         item = getattr(source, name)(index) if name == "load" else source[index]
@@ -103,7 +105,8 @@ def run_stage(source: Any, name: str, index: int) -> Any:
         stage.leave(previous)
         changed = _global_states() != before
         alone = _CALLS.leave(token)
-    if changed and alone:
+    # A module imported in the call may draw at import (``import jax`` does): a later call decides.
+    if changed and alone and len(sys.modules) == modules:
         _warn_global_draw(name, index)
     return item
 
