@@ -12,8 +12,10 @@ makes it.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Iterator, Optional
 
+from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
 from kerasfeed.loader.batches import BatchReader
 from kerasfeed.loader.collate import Signature
 from kerasfeed.loader.convert import TorchBatches
@@ -215,9 +217,13 @@ class Loader:
             )
 
     def on_epoch_end(self) -> None:
-        """Keras' hook. After a model build took one batch, the next iterator
-        takes over that pass (the source's own hook runs when a pass ends)."""
-        self._passes.hand_over()
+        """Keras' hook (the source's own hook runs when a pass ends). Called by Keras' epoch iterator's
+        ``reset``, after a model build took one batch, the next iterator takes over that pass; called
+        at an epoch's end, the pass is over, however few batches the call read (``steps=1``)."""
+        if called_by_epoch_iterator_reset(sys._getframe(1)):
+            self._passes.hand_over()
+        else:
+            self._passes.release()
 
     # -- lifetime ------------------------------------------------------------
 

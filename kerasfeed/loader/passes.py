@@ -6,7 +6,8 @@ unbuilt model under JAX and PyTorch from one batch of a throwaway iterator,
 then resets its epoch iterator: the pass that iterator opened is then taken
 over by the next one, which yields the batches read so far again, so epoch
 ``k`` of ``fit`` reads pass ``k`` (``Passes.hand_over`` decides when, from
-the loader's ``on_epoch_end``).
+the loader's ``on_epoch_end`` called by Keras' ``EpochIterator.reset``; called
+at an epoch's end, ``Passes.release``: a call of 1-2 steps read its pass).
 
 An iterator may read ahead of what its consumer took: Keras' JAX trainer
 reads one batch ahead on an accelerator (a build then reads two), and a
@@ -138,6 +139,14 @@ class Passes:
             if p is not None:
                 return self._first_pass if p.first else self.per_pass
             return self.per_pass if self._begun else self._first_pass
+
+    def release(self) -> None:
+        """A Keras call's epoch ended (not a model build's reset): its pass is read, never taken over,
+        even when it read no more batches than a build (``fit``/``evaluate``/``predict`` of 1-2 steps)."""
+        with self._lock:
+            self._peek = None
+            if self._open is not None:
+                self._open.kept = None
 
     def hand_over(self) -> None:
         """After a model build took one batch (and its iterator read at most

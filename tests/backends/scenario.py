@@ -149,6 +149,12 @@ def main(reference_path, result_path):
     _close(np.float64(loss), np.mean((x3 @ w + b - y3) ** 2), "evaluate loss")
     assert seq.passes_begun == [0, 1, 2, 3], seq.passes_begun
     out["passes_begun"] = list(seq.passes_begun)
+    # Calls of one step read a pass each, as under TensorFlow: not taken for a model build's batch.
+    for e in (4, 5):
+        with kerasfeed.to_loader(Rows(), shuffle=True, seed=SEED, initial_state={"epoch": e, "batches": 0}) as ref_e:
+            first = next(iter(ref_e))[0]
+        _close(model.predict(loader, steps=1, verbose=0), first @ w + b, f"predict(steps=1) on pass {e}")
+    assert seq.passes_begun == [0, 1, 2, 3, 4, 5], seq.passes_begun
     loader.close()
 
     # Exact resume: epoch 1 from its batch 3, on a fresh (unbuilt) model.
