@@ -170,6 +170,14 @@ def check_epoch_length(view: FitView, per_pass: int) -> None:
                      "Finish the resumed epoch in a fit call of its own (docs/resume.md).")
 
 
+def epoch_steps(view: FitView) -> Optional[int]:
+    """The steps the fit's epoch iterator counts an epoch (its data's ``cardinality()``, or what
+    ``steps_per_epoch`` or ``keras.config.set_max_steps_per_epoch`` give); None where it does not know."""
+    iterator = view.epoch_iterator
+    steps = getattr(iterator, "num_batches", None) if iterator is not None else None
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
 def same_iterator(ref: Optional[Callable[[], Any]], view: FitView) -> bool:
     """Whether ``ref`` (a weak reference made by ``iterator_ref``) is ``view``'s epoch iterator."""
     return ref is not None and view.epoch_iterator is not None and ref() is view.epoch_iterator
@@ -189,6 +197,7 @@ __all__ = [
     "called_by_epoch_iterator_reset",
     "check_epoch_length",
     "epoch_iterator_arguments",
+    "epoch_steps",
     "explain_short_epochs",
     "iterator_ref",
     "same_iterator",

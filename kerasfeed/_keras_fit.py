@@ -179,8 +179,9 @@ class FitView:
             raise refuse(what, f"The data's passes could not follow the fit's epochs, so {why} would train "
                                "other passes than the run it continues: refused. Start the fit at epoch 0, "
                                "or use a Keras release listed in docs/keras_versions.md.")
-        report(what, "The data's passes are counted by the dataset or loader itself (right for a fit that "
-                     "starts at epoch 0 on new data); a fit that starts at a later epoch or resumes is refused.")
+        report(what, "The data's passes are counted by the dataset or loader itself: a fit that starts at epoch 0 "
+                     "on new data reads them in order (a to_dataset under JAX or PyTorch from pass 1: the model "
+                     "build's batch began pass 0); a fit that starts at a later epoch or resumes is refused.")
 
 
 def current_frames() -> dict:
@@ -353,7 +354,11 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
     # `self` and `x` are fit's first two parameters (public API: model.fit(data)), whatever their names.
     model = local.get("self", local.get(params[0]) if params else None)
     x = local.get("x", local.get(params[1]) if len(params) > 1 else None)
-    if (wanted is not None and model is not wanted) or not holds(x):
+    if wanted is not None and model is not wanted:
+        return None
+    if x is None:  # Keras let go of its data, or passes it on unnamed: this fit may read the pipeline
+        missing.append("`x` (None)")
+    elif not holds(x):
         return None
     epoch = _int_or_none(local, "epoch", missing)
     steps = _int_or_none(local, "steps_per_epoch", missing)
@@ -401,32 +406,6 @@ def restore_epoch(model: Any, epoch: Optional[int], *, owner: str) -> None:
     model._initial_epoch = epoch
 
 
-def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initial_epoch: int, *,
-               owner: str = "kerasfeed") -> Optional[int]:
-    """The pass Keras epoch ``epoch`` reads; a pure function.
-
-    One epoch is one pass (``steps_per_epoch`` None or a whole pass): pass
-    ``epoch``. Epochs of another length read the data on across epochs (Keras
-    keeps one iterator), so passes are counted on from the pipeline's own
-    first one (None), which is right for a call that starts at epoch 0.
-
-    Raises:
-        ValueError: a call starting at a later epoch with epochs that are not
-            passes: where the data stands is not the epoch.
-    """
-    if not steps_per_epoch or steps_per_epoch == per_pass:
-        return epoch
-    if not initial_epoch:
-        return None
-    raise ValueError(
-        f"{owner}: this fit starts at epoch {initial_epoch} with steps_per_epoch={steps_per_epoch}, and a pass has "
-        f"{per_pass} batches: Keras reads the passes across its epochs, so epoch {initial_epoch} does not say which "
-        "pass to read (nor where in it). Drop steps_per_epoch (an epoch is then a pass) or make it a whole pass; "
-        "or resume with initial_state={'epoch': ..., 'batches': ...} from kerasfeed.TrainingProgress. "
-        f"Received: initial_epoch={initial_epoch}, steps_per_epoch={steps_per_epoch}, batches per pass={per_pass}"
-    )
-
-
 __all__ = [
     "FIT_NAMES",
     "FitView",
@@ -435,7 +414,6 @@ __all__ = [
     "remember_fit",
     "batch_end_offset",
     "keras_minor",
-    "keras_pass",
     "keras_version",
     "refuse",
     "report",

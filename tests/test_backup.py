@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import kerasfeed
-from kerasfeed._keras_fit import find_fit, keras_pass
+from kerasfeed._keras_fit import find_fit
 from kerasfeed.integrations.backup_files import LATEST, BackupFiles
+from kerasfeed.loading.fit_follow import keras_pass
 
 BATCHES = 6
 

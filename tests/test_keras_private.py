@@ -88,6 +88,27 @@ def test_renamed_locals_refuse_a_fit_from_a_later_epoch_before_any_batch(monkeyp
         np.testing.assert_array_equal(a, b)
 
 
+X_LET_GO = (r"\n(\s+)callbacks\.on_train_begin\(\)", r"\n\1x = None\n\1callbacks.on_train_begin()")
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_a_fit_that_lets_go_of_x_is_reported_and_refused_from_a_later_epoch(monkeypatch, front):
+    """A Keras whose fit drops ``x`` once its epoch iterator holds the data: the fit was not taken for the
+    pipeline's (``x`` did not hold it), so passes were counted silently, epoch 2 reading pass 0."""
+    keras_fit_changed(monkeypatch, edits=[X_LET_GO])
+    make = kerasfeed.to_dataset if front == "dataset" else kerasfeed.to_loader
+    seq = Seq()
+    with pytest.raises(Exception, match=r"KerasStructureError|has no") as caught:
+        _model().fit(make(seq, shuffle=True, seed=1), epochs=4, initial_epoch=2, verbose=0, shuffle=False)
+    assert "`x` (None)" in str(caught.value) and "a fit that starts at epoch 2 would train other passes" in str(
+        caught.value)
+    assert seq.passes == []
+    seq = Seq()
+    with pytest.warns(KerasStructureWarning, match=r"its `fit` has no `x` \(None\).*counted by the dataset"):
+        _model().fit(make(seq, shuffle=True, seed=1), epochs=2, verbose=0, shuffle=False)
+    assert seq.passes == [0, 1]
+
+
 def test_renamed_locals_refuse_what_keras_own_backup_restored(monkeypatch, tmp_path):
     """keras.callbacks.BackupAndRestore sets model._initial_epoch; the data cannot follow it: refused."""
     backup = str(tmp_path / "backup")

@@ -10,9 +10,41 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from kerasfeed._keras_epoch_iterator import check_epoch_length, iterator_ref, same_iterator
-from kerasfeed._keras_fit import FitView, find_fit, keras_pass, refuse
+from kerasfeed._keras_epoch_iterator import check_epoch_length, epoch_steps, iterator_ref, same_iterator
+from kerasfeed._keras_fit import FitView, find_fit, refuse
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
+
+
+def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initial_epoch: int, *,
+               owner: str = "kerasfeed", derived: bool = False) -> Optional[int]:
+    """The pass Keras epoch ``epoch`` reads; a pure function.
+
+    One epoch is one pass (``steps_per_epoch`` None or a whole pass): pass
+    ``epoch``. Epochs of another length read the data on across epochs (Keras
+    keeps one iterator), so passes are counted on from the pipeline's own
+    first one (None), which is right for a call that starts at epoch 0.
+    ``derived``: the length is not ``steps_per_epoch`` but the count of a
+    dataset derived to read more than a pass an epoch (``repeat(k)``).
+
+    Raises:
+        ValueError: a call starting at a later epoch with epochs that are not
+            passes: where the data stands is not the epoch.
+    """
+    if not steps_per_epoch or steps_per_epoch == per_pass:
+        return epoch
+    if not initial_epoch:
+        return None
+    told, fix = ((f"epochs of {steps_per_epoch} steps (its dataset derived to read more than a pass an epoch, such "
+                  "as repeat())", "Give `fit` the kerasfeed dataset itself (an epoch is then a pass)") if derived else
+                 (f"steps_per_epoch={steps_per_epoch}", "Drop steps_per_epoch (an epoch is then a pass) or make it a "
+                  "whole pass"))
+    raise ValueError(
+        f"{owner}: this fit starts at epoch {initial_epoch} with {told}, and a pass has {per_pass} batches: Keras "
+        f"reads the passes across its epochs, so epoch {initial_epoch} does not say which pass to read (nor where in "
+        f"it). {fix}; or resume with initial_state={{'epoch': ..., 'batches': ...}} from kerasfeed.TrainingProgress. "
+        f"Received: initial_epoch={initial_epoch}, {'epoch length' if derived else 'steps_per_epoch'}="
+        f"{steps_per_epoch}, batches per pass={per_pass}"
+    )
 
 
 class FollowsFit:
@@ -51,8 +83,9 @@ class FollowsFit:
             fit.unreadable(resuming=resuming, said=said is not None)  # raises where counting would read others
             if said is None:
                 return None
-        epoch = said[1] if fit.missing else keras_pass(fit.current, fit.steps_per_epoch, self.batches_per_pass,
-                                                       fit.initial_epoch)
+        length = None if fit.missing else self._epoch_length(fit)
+        epoch = said[1] if fit.missing else keras_pass(fit.current, length, self.batches_per_pass, fit.initial_epoch,
+                                                       derived=bool(length) and not fit.steps_per_epoch)
         if said is not None and fit.epoch is not None and epoch is not None and epoch != said[1]:
             raise refuse(f"its `fit` frame says epoch {fit.epoch} where a kerasfeed callback's on_epoch_begin said "
                          f"{said[1]}", "The pass to read is not known: refused rather than train another one.")
@@ -63,6 +96,15 @@ class FollowsFit:
         with self._lock:
             skip = self._pins.get(epoch)
         return (epoch, skip or 0) if skip is not None or fit.epoch is not None else self._build_pass(fit, epoch)
+
+    def _epoch_length(self, fit: FitView) -> Optional[int]:
+        """The steps of the fit's epochs where they are not this pipeline's passes: ``steps_per_epoch``, or
+        the count of a dataset derived from it that reads more than a pass an epoch (``ds.repeat(k)``:
+        each epoch's ``k`` passes are then counted on, as under ``steps_per_epoch``), else None."""
+        if fit.steps_per_epoch or self._held_directly(fit):
+            return fit.steps_per_epoch
+        steps = epoch_steps(fit)
+        return steps if steps is not None and self.batches_per_pass and steps > self.batches_per_pass else None
 
     def _build_pass(self, fit: FitView, epoch: int) -> tuple[int, int]:
         """NOTE [ The model build's pass under a resume ]: Keras' JAX and torch trainers build the model
@@ -131,4 +173,4 @@ class FollowsFit:
         return False
 
 
-__all__ = ["FollowsFit"]
+__all__ = ["FollowsFit", "keras_pass"]
