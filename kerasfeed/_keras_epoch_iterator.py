@@ -113,10 +113,27 @@ _EPOCH_ITERATOR_MODULE = "keras.src.trainers.epoch_iterator"
 _DROPPED = ("y", "sample_weight", "class_weight")
 
 
+def _epoch_iterator_method(frame: Any) -> bool:
+    """Whether ``frame`` runs a method of Keras' ``EpochIterator`` itself (not of a subclass): told by its
+    module, or where that moved by the class that defines the running code (reported once)."""
+    module = frame.f_globals.get("__name__") or ""
+    if module == _EPOCH_ITERATOR_MODULE:
+        return True
+    if not module.startswith("keras.") or frame.f_code.co_name not in ("__init__", "reset"):
+        return False
+    owner = frame.f_locals.get("self")
+    for cls in type(owner).__mro__ if owner is not None else ():
+        method = cls.__dict__.get(frame.f_code.co_name) if cls.__name__ == "EpochIterator" else None
+        if getattr(method, "__code__", None) is frame.f_code:
+            report(f"its EpochIterator is in {module}, not {_EPOCH_ITERATOR_MODULE}", "kerasfeed reads it there.")
+            return True
+    return False
+
+
 def epoch_iterator_arguments(frame: Any) -> Optional[dict]:
     """``{"y": ..., "sample_weight": ..., "class_weight": ...}`` when ``frame`` is Keras'
     ``EpochIterator.__init__`` reading a data adapter's ``num_batches``, else None."""
-    if frame is None or frame.f_globals.get("__name__") != _EPOCH_ITERATOR_MODULE:
+    if frame is None or not _epoch_iterator_method(frame):
         return None
     code = frame.f_code
     if code.co_name != "__init__":
@@ -143,7 +160,7 @@ def called_by_epoch_iterator_reset(frame: Any) -> bool:
     for _ in range(8):
         if frame is None:
             return False
-        if frame.f_code.co_name == "reset" and frame.f_globals.get("__name__") == _EPOCH_ITERATOR_MODULE:
+        if frame.f_code.co_name == "reset" and _epoch_iterator_method(frame):
             return True
         frame = frame.f_back
     return False

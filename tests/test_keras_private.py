@@ -400,3 +400,18 @@ def test_a_fit_that_begins_no_batch_or_epoch_itself_is_reported_once_for_ctrl_c(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         assert _keras_fit.fit_calls(frame) == ("on_epoch_begin",)
+
+
+def test_an_epoch_iterator_module_that_moved_is_read_where_it_is_and_reported(monkeypatch):
+    """Keras' EpochIterator was recognised by its module's name only: moved, ``fit(loader, y=...)`` trained
+    without ``y`` and without kerasfeed's refusal, silently."""
+    import keras.src.trainers.epoch_iterator as module
+
+    old, new = module.__name__, "keras.src.trainers.epoch_iterators"
+    monkeypatch.setattr(module, "__name__", new)
+    monkeypatch.setitem(sys.modules, new, module)
+    monkeypatch.delitem(sys.modules, old)
+    rows = np.zeros((8, 3), "float32")
+    with pytest.warns(KerasStructureWarning, match=rf"its EpochIterator is in {re.escape(new)}, not {re.escape(old)}"):
+        with pytest.raises(ValueError, match=r"Keras does not pass `y` on to a data adapter"):
+            _model().fit(kerasfeed.to_loader(rows, batch_size=4), y=np.zeros((8, 1), "float32"), epochs=1, verbose=0)
