@@ -20,7 +20,12 @@ and what a Keras that differs gets:
    (``loader/device.py``), ``orbax_util`` (``integrations/orbax_callback.py``);
 5. that the trainer's ``fit`` calls its callbacks' ``on_epoch_begin`` and
    ``on_train_batch_begin`` itself (``fit_calls``, for
-   ``execution/interrupts.py``: NOTE [ A Ctrl-C taken inside fit ]).
+   ``execution/interrupts.py``: NOTE [ A Ctrl-C taken inside fit ]);
+6. names only, nothing read: the paths a pickled ``keras.utils.PyDataset``
+   subclass names (``execution/processes/light_modules.py``; moved, workers
+   import the real Keras: heavier, the same items, and the consumer's warning
+   that workers imported TensorFlow) and ``keras.src.backend.config`` for an
+   error's text (``_backend_errors.py``).
 
 A mismatch is a ``KerasStructureWarning`` once (``report``), naming the Keras
 version and what follows; where reading on would train other passes than the
