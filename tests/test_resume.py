@@ -122,6 +122,31 @@ def test_training_progress_in_a_custom_loop_without_a_model():
     assert progress.state() == {"epoch": 1, "batches": 0}
 
 
+def test_a_custom_loop_that_breaks_off_a_pass_keeps_its_position_where_the_pass_length_is_known():
+    """A loop stopped by a time limit (``break``, no model to set ``stop_training`` on) saved the pass as
+    complete: the resumed run began the next pass, and the pass's other batches were never trained."""
+    loader = kerasfeed.to_loader(Samples(), batch_size=2, shuffle=True, seed=0)  # 5 batches a pass
+    progress = kerasfeed.TrainingProgress(order=loader)
+    seen = []
+    progress.on_epoch_begin(0)
+    for step, batch in enumerate(loader):
+        seen += batch.tolist()
+        progress.on_train_batch_end(step)
+        if step == 2:
+            break
+    progress.on_epoch_end(0)
+    state = progress.state()
+    assert (state["epoch"], state["batches"]) == (0, 3), state
+    rest = [int(i) for b in kerasfeed.to_loader(Samples(), batch_size=2, shuffle=True, seed=0, initial_state=state)
+            for i in b]
+    assert sorted(seen + rest) == list(range(10)), (seen, rest)
+    progress.on_epoch_begin(1)  # a whole pass moves on at its last batch, as before
+    for step, _ in enumerate(loader):
+        progress.on_train_batch_end(step)
+    progress.on_epoch_end(1)
+    assert (progress.state()["epoch"], progress.state()["batches"]) == (2, 0)
+
+
 class Samples:
     def __len__(self):
         return 10

@@ -196,6 +196,8 @@ class TrainingProgress(keras.callbacks.Callback):
         # A custom loop may call the hooks without set_model: no model, nothing that stopped the epoch early.
         stopped = bool(getattr(self._model, "stop_training", False))
         complete = (steps is not None and self._batches - skip >= steps) or not stopped
+        if steps is None and self._per_pass:  # the pass's length is known: its last batch moved on already, and
+            complete = False  # a loop that broke off inside it (a time limit) stays where it stopped
         if complete:
             self._epoch, self._batches = epoch + 1, 0
         if self.path is not None:
