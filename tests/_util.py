@@ -59,3 +59,13 @@ def fit_step_counter():
             steps[-1] += 1
 
     return CountSteps(), steps
+
+
+def keras_reset(data) -> None:
+    """What Keras' ``EpochIterator.reset`` does to its data adapter after a model build: calls its
+    ``on_epoch_end`` from ``reset`` itself (a loader tells a build's reset from an epoch's end by that)."""
+    import types
+
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    EpochIterator.reset(types.SimpleNamespace(data_adapter=data))

@@ -44,11 +44,12 @@ def from_numpy(torch: Any, a: np.ndarray) -> Any:
 
 
 def cpu_tensor(torch: Any, a: np.ndarray) -> Any:
-    """``a`` as a CPU tensor sharing its memory (copied first if read-only); strings stay numpy."""
+    """``a`` as a CPU tensor sharing its memory (copied first if read-only or with a negative stride: a
+    ``np.flip`` the source returned); strings stay numpy."""
     if a.dtype == object:
         return a  # strings: torch has no such tensor
-    if not a.flags.writeable:
-        a = a.copy()  # torch.from_numpy needs writable memory
+    if not a.flags.writeable or any(s < 0 for s in a.strides):
+        a = a.copy()  # torch.from_numpy needs writable memory and strides it can hold
     return from_numpy(torch, a)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _util import keras_reset
 from test_backends import REPO, _notf_python
 
 import kerasfeed
@@ -135,7 +136,7 @@ def test_a_build_that_read_ahead_is_replayed_in_full():
         next(build), next(build)
         time.sleep(0.2)  # let the thread read ahead
         del build
-        loader.on_epoch_end()  # Keras' EpochIterator.reset()
+        keras_reset(loader)  # Keras' EpochIterator.reset()
         pass0 = [int(x[0]) for x, _ in loader.get_jax_iterator()]
         pass1 = [int(x[0]) for x, _ in loader.get_jax_iterator()]
     order = kerasfeed.IndexOrder(10, True, 0)
@@ -166,7 +167,7 @@ def test_a_prefetch_thread_reading_after_the_build_s_reset_does_not_cancel_the_h
     with kerasfeed.to_loader(Items(), shuffle=True, seed=0, device_prefetch=2) as loader:
         build = loader.get_jax_iterator()
         next(build), next(build)
-        loader.on_epoch_end()  # Keras' EpochIterator.reset(), the build's iterator still held
+        keras_reset(loader)  # Keras' EpochIterator.reset(), the build's iterator still held
         gate.set()
         deadline = time.monotonic() + 5
         while len(placed) < 4 and time.monotonic() < deadline:  # the thread calls next() again

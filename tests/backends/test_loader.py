@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _util import keras_reset
 
 import kerasfeed
 from kerasfeed.loader.keras_adapter import check_keras_version
@@ -81,7 +82,7 @@ def test_keras_reset_after_one_batch_replays_that_batch():
     loader = kerasfeed.to_loader(src, shuffle=True, seed=0)
     build = iter(loader)
     peeked = next(build)
-    loader.on_epoch_end()  # what Keras' EpochIterator.reset() calls after the build
+    keras_reset(loader)  # Keras' EpochIterator.reset() after the build
     epoch0 = list(loader)
     assert np.array_equal(epoch0[0][0], peeked[0]) and len(epoch0) == 10
     assert _firsts(epoch0) == kerasfeed.IndexOrder(10, True, 0).indices(0).tolist()
@@ -98,10 +99,20 @@ def test_one_batch_passes_replay_only_an_unfinished_read():
     pass read to its end (StopIteration) is not, even when on_epoch_end follows."""
     loader = kerasfeed.to_loader(Items(n=3), batch_size=3)
     peeked = next(iter(loader))
-    loader.on_epoch_end()
+    keras_reset(loader)
     assert [float(y[0]) for _, y in loader] == [float(peeked[1][0])] == [0.0]
-    loader.on_epoch_end()
+    keras_reset(loader)
     assert [float(y[0]) for _, y in loader] == [1.0]
+
+
+def test_an_epoch_s_end_after_one_batch_hands_nothing_over():
+    """A Keras call of one step (evaluate/predict(steps=1)) ends its epoch with on_epoch_end, not
+    reset: the next call reads the next pass, as under TensorFlow, not the same batch again."""
+    loader = kerasfeed.to_loader(Items(), shuffle=True, seed=0)
+    first = next(iter(loader))
+    loader.on_epoch_end()  # the epoch's own end
+    again = next(iter(loader))
+    assert float(first[1]) == 0.0 and float(again[1]) == 1.0
 
 
 def test_item_error_names_the_index():
@@ -246,3 +257,23 @@ def test_under_tensorflow_stats_follow_the_dataset_keras_drains():
         assert s["items"] == 16 and [(p["epoch"], p["items"]) for p in s["passes"]] == [(0, 8), (1, 8)], s
         assert callback._collector is kerasfeed.observe.api.collector_of(loader)
         assert len(history.history["input_wait_ms"]) == 2
+
+
+class Flipped(kerasfeed.SceneSequence):
+    """Items with negative strides (a flip augmentation); on threads the batch is the item itself."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return np.flip(np.arange(6, dtype="float32").reshape(2, 3) + i, axis=1), np.float32([i, i])
+
+
+def test_a_flipped_item_becomes_a_torch_tensor_on_threads():
+    # torch.from_numpy refuses negative strides: loader.torch() and a PyTorch fit failed on threads.
+    import torch
+
+    with kerasfeed.to_loader(Flipped()) as loader:
+        got = [x for x, _ in loader.torch()]
+    assert all(isinstance(x, torch.Tensor) for x in got)
+    assert [x.tolist() for x in got] == [np.flip(np.arange(6.0).reshape(2, 3) + i, 1).tolist() for i in range(2)]
