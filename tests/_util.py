@@ -69,3 +69,23 @@ def keras_reset(data) -> None:
     from keras.src.trainers.epoch_iterator import EpochIterator
 
     EpochIterator.reset(types.SimpleNamespace(data_adapter=data))
+
+
+def index_recorder(seen: list, width: int):
+    """A TensorFlow-backend model (run eagerly) that appends each training batch's first feature column,
+    as ints, to ``seen``: which items a ``fit`` step was given, in order."""
+    import keras
+    import tensorflow as tf
+
+    class Record(keras.layers.Layer):
+        def call(self, x):
+            if tf.executing_eagerly():  # not while Keras builds the model symbolically
+                seen.append(x.numpy()[:, 0].astype(int).tolist())
+            return x
+
+        def compute_output_shape(self, shape):
+            return shape
+
+    model = keras.Sequential([keras.Input((width,)), Record(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    return model

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from _util import index_recorder
 
 import kerasfeed
 
@@ -324,32 +325,17 @@ class Numbered(kerasfeed.SceneSequence):
         return np.full(3, i, np.float32), np.float32([i])
 
 
-def _recording_model(seen):
-    class Record(keras.layers.Layer):
-        def call(self, x):
-            if tf.executing_eagerly():
-                seen.append(x.numpy()[:, 0].astype(int).tolist())
-            return x
-
-        def compute_output_shape(self, shape):
-            return shape
-
-    model = keras.Sequential([keras.Input((3,)), Record(), keras.layers.Dense(1)])
-    model.compile("sgd", "mse", run_eagerly=True)
-    return model
-
-
 def test_a_repeated_dataset_under_fit_reads_a_new_pass_each_repetition():
     """``ds.repeat(2)`` makes epochs of two passes: the pass followed Keras' epoch, so each epoch read
     the same pass twice. Its epochs are now counted on, as under ``steps_per_epoch``; a fit starting at
     a later epoch, which cannot say the pass, is refused naming the repeat."""
     seen: list = []
     ds = kerasfeed.to_dataset(Numbered(), batch_size=4, shuffle=True, seed=0)
-    _recording_model(seen).fit(ds.repeat(2), epochs=2, verbose=0)
+    index_recorder(seen, 3).fit(ds.repeat(2), epochs=2, verbose=0)
     with kerasfeed.to_loader(Numbered(), batch_size=4, shuffle=True, seed=0) as loader:
         want = [b[1][:, 0].astype(int).tolist() for _ in range(4) for b in loader]
     assert seen == want, (seen, want)
     with pytest.raises(Exception, match=r"starts at epoch 1 with epochs of 4 steps \(its dataset derived to read more "
                                         r"than a pass an epoch, such as repeat\(\)\)"):
-        _recording_model([]).fit(kerasfeed.to_dataset(Numbered(), batch_size=4, shuffle=True, seed=0).repeat(2),
+        index_recorder([], 3).fit(kerasfeed.to_dataset(Numbered(), batch_size=4, shuffle=True, seed=0).repeat(2),
                                  epochs=2, initial_epoch=1, verbose=0)

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
+from _util import index_recorder
 
 import kerasfeed
 
@@ -155,18 +156,7 @@ def test_a_fit_ended_by_an_exception_then_fit_again_reads_every_item_once(front)
     prefetching pass 0 while the next fit begins pass 0 again. Before tickets its calls used up the new
     begin's count and items: ``KeyError: 0`` (to_loader), a lost batch (to_dataset)."""
     seen: list = []  # per training step, the indices the model was given
-
-    class Record(keras.layers.Layer):
-        def call(self, x):
-            if tf.executing_eagerly():  # not while Keras builds the model symbolically
-                seen.append(x.numpy()[:, 0].astype(int).tolist())
-            return x
-
-        def compute_output_shape(self, shape):
-            return shape
-
-    model = keras.Sequential([keras.Input((4,)), Record(), keras.layers.Dense(1)])
-    model.compile("sgd", "mse", run_eagerly=True)
+    model = index_recorder(seen, 4)
     kw = {"shuffle": True, "seed": 0, "executor": "processes", "workers": 2}
     if front == "to_loader":
         data = kerasfeed.to_loader(Numbered(), batch_size=8, **kw)
