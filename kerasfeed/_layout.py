@@ -86,13 +86,54 @@ def rebuild(spec: Any, array: Callable[[Any, tuple, int], np.ndarray]) -> Any:
 
 def dumps_spec(spec: Any) -> bytes:
     """Pickles a spec; falls back to cloudpickle for inline objects of classes
-    that only exist by value in this process (e.g. defined in a notebook)."""
+    that only exist by value in this process (e.g. defined in a notebook).
+
+    Raises:
+        TypeError: an inline leaf neither pickles, named (an object array by its
+            elements' type: h5py's object references, say).
+    """
     try:
         return pickle.dumps(spec, protocol=5)
     except Exception:  # noqa: BLE001 - whatever pickle refuses, cloudpickle tries
         import cloudpickle
 
-        return cloudpickle.dumps(spec, protocol=5)
+        try:
+            return cloudpickle.dumps(spec, protocol=5)
+        except Exception as e:  # said as what the item holds
+            raise TypeError(
+                f"kerasfeed: the item holds {_inline_kinds(spec)}, which cannot be pickled to leave a worker "
+                f"process or be stored ({type(e).__name__}: {e}). Return numeric arrays, numbers, str or bytes "
+                "(convert object arrays with np.asarray(v, dtype=...))."
+            ) from e
+
+
+def _inline_kinds(spec: Any) -> str:
+    """What a spec's inline leaves that do not pickle are, for a message: ``"an object array of
+    Reference"``, ``"a Lock"``."""
+    import cloudpickle
+
+    kinds: list = []
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        if node[0] == "o":
+            obj = node[1]
+            try:
+                cloudpickle.dumps(obj, protocol=5)
+                continue
+            except Exception:  # noqa: BLE001 - the one to name
+                pass
+            if isinstance(obj, np.ndarray) and obj.dtype.hasobject and obj.size:
+                kinds.append(f"an object array of {type(obj.flat[0]).__name__}")
+            else:
+                kinds.append(f"a {type(obj).__name__}")
+        elif node[0] in ("t", "l"):
+            stack.extend(node[1])
+        elif node[0] == "d":
+            stack.extend(c for _, c in node[1])
+        elif node[0] == "n":
+            stack.extend(node[2])
+    return ", ".join(dict.fromkeys(kinds)) or "an object"
 
 
 # Unpickled specs of items made of arrays only, by their bytes. Most sources

@@ -263,3 +263,34 @@ def test_class_defined_in_a_notebook_cell_reaches_workers():
     out = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     text = "".join(o.get("text", "") for o in out.cells[0].outputs)
     assert "ITEM [6, 6, 6] False" in text
+
+
+class References:
+    """Items holding an object array of h5py object references (an HDF5 reference dataset's rows)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import h5py
+
+        with h5py.File(self.path, "r") as f:
+            return f["x"][i : i + 2], np.float32(i)
+
+
+def test_an_item_that_cannot_leave_the_worker_names_what_it_holds(tmp_path):
+    """A bare ``no default __reduce__ due to non-trivial __cinit__`` named neither the dtype nor the remedy."""
+    import h5py
+
+    path = str(tmp_path / "refs.h5")
+    with h5py.File(path, "w") as f:
+        f["y"] = np.arange(4)
+        f.create_dataset("x", shape=(4,), dtype=h5py.ref_dtype)[...] = [f["y"].ref] * 4
+    with ProcessExecutor(References(path), workers=1) as ex:
+        with pytest.raises(ItemError, match=r"References\[0\] raised TypeError .*the item holds an object array of "
+                                            r"Reference, which cannot be pickled to leave a worker process .*"
+                                            r"Return numeric arrays"):
+            ex.load(0, 0)
