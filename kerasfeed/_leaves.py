@@ -95,12 +95,15 @@ def as_array(leaf: Any) -> np.ndarray:
 
 def loader_dtype(a: np.ndarray) -> np.dtype:
     """The dtype ``to_loader`` records for leaf ``a``: only those ``to_dataset`` has (under the TensorFlow
-    backend, Keras reads a loader through tf.data). ``SignatureError`` for dates, durations, records."""
-    if a.dtype.kind in "Mm" or a.dtype.type is np.void:
+    backend, Keras reads a loader through tf.data). ``SignatureError`` for dates, durations, records, and
+    extended precision (``np.longdouble`` where it is float128)."""
+    wide = a.dtype.kind in "fc" and a.dtype.itemsize > (8 if a.dtype.kind == "f" else 16)  # float128, complex256
+    if a.dtype.kind in "Mm" or a.dtype.type is np.void or wide:
         raise SignatureError(
             f"Unsupported dtype {a.dtype}: to_loader takes the dtypes to_dataset takes (TensorFlow has no such "
             "type, and Keras' TensorFlow backend reads a loader through tf.data). Convert it in the item: "
-            "a.astype('int64') for dates and durations, one field per leaf for a structured array."
+            "a.astype('int64') for dates and durations, one field per leaf for a structured array, float64 for "
+            "extended precision."
         )
     return a.dtype
 

@@ -160,7 +160,8 @@ def test_backup_arguments_that_were_accepted_still_are(tmp_path):
         kerasfeed.BackupAndRestore("")  # Keras' own text and type
 
 
-@pytest.mark.parametrize("dtype", ["datetime64[D]", "timedelta64[s]", "V4", [("a", "f4"), ("b", "i4")]])
+@pytest.mark.parametrize("dtype", ["datetime64[D]", "timedelta64[s]", "V4", [("a", "f4"), ("b", "i4")], "float128",
+                                   "complex256"])
 def test_to_loader_refuses_the_dtypes_to_dataset_refuses(dtype):
     """Under the TensorFlow backend Keras reads a loader through tf.data: a dtype it has no type for
     passed to_loader (a JAX loop trained) and failed only in a TF fit."""
