@@ -455,6 +455,23 @@ def test_missing_file_and_directory(files, tmp_path):
         kerasfeed.H5SliceSequence(tmp_path, "labels", 4)
 
 
+def test_a_file_that_cannot_be_read_is_a_permission_error_not_a_missing_signature(files, monkeypatch):
+    # h5py raises PermissionError for a file without read permission (root reads any file: h5py's own
+    # error stands in), and h5py.is_hdf5 cannot read it either: it was "not an HDF5 file (no HDF5 signature)".
+    import h5py
+
+    a, _, _ = files
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, f"Unable to synchronously open file (unable to open file: name = '{path}', "
+                                  "errno = 13, error message = 'Permission denied')")
+
+    monkeypatch.setattr(h5py, "File", refused)
+    monkeypatch.setattr(h5py, "is_hdf5", lambda path: refused(path))
+    with pytest.raises(PermissionError, match=rf"H5SliceSequence: file '{a}' cannot be read \(permission denied\)"):
+        kerasfeed.H5SliceSequence(a, "labels", 4)
+
+
 def test_non_hdf5_and_corrupt_files(files, tmp_path):
     a, _, _ = files
     text = tmp_path / "notes.h5"

@@ -69,12 +69,15 @@ def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
 
     Raises:
         TypeError, ValueError: h5py refused ``open_kwargs`` (the file opens without them).
+        PermissionError: the file cannot be read.
         OSError: the file is not HDF5, or could not be opened as HDF5.
     """
     import h5py  # lazily: `import kerasfeed` and light workers skip it
 
     try:
         return h5py.File(path, "r", swmr=swmr, **open_kwargs)
+    except PermissionError as e:  # h5py.is_hdf5 below could not read it either: not "no HDF5 signature"
+        raise PermissionError(e.errno, f"{owner}: file '{path}' cannot be read (permission denied): {e}") from e
     except Exception as e:
         try:
             is_hdf5 = h5py.is_hdf5(path)
