@@ -174,6 +174,19 @@ def test_transform_rng_seeded_per_epoch_and_index(files):
 # ---- windows -------------------------------------------------------------------
 
 
+def test_shuffle_windows_take_their_chunks_from_a_file_with_rows(files, tmp_path):
+    # An empty resizable placeholder first (h5py chunks it 64 rows a guess) made the windows 16 chunks.
+    a, b, _ = files
+    empty = tmp_path / "empty.h5"
+    with h5py.File(a) as full, h5py.File(empty, "w") as f:
+        for key in ("points", "labels"):
+            rows = full[key].shape[1:]
+            f.create_dataset(key, shape=(0, *rows), maxshape=(None, *rows), dtype=full[key].dtype)
+    seq = kerasfeed.H5SliceSequence([empty, a, b], ("points", "labels"), batch_size=4, shuffle=True, seed=3,
+                                    shuffle_window_chunks=2)
+    assert seq.window_rows == 8  # 2 of a.h5's chunks of 4 rows
+
+
 def test_time_windows(tmp_path):
     t1 = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
     t2 = 1000 + np.arange(12 * 2, dtype=np.float32).reshape(12, 2)

@@ -15,7 +15,8 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
         f: the open ``h5py.File``.
         dataset: ``dataset(key)``: the h5py dataset to check (the shared handle, for local files).
         specs, first_file: each key's ``(row shape, dtype)`` and the file it was first seen in; filled in.
-        chunk_rows: gets the first dataset's chunk rows (None if contiguous) if still empty.
+        chunk_rows: gets the first dataset's chunk rows (None if contiguous) if still empty and the
+            dataset has rows.
 
     Raises:
         ValueError: a key is missing, not a dataset, a scalar, differs from the other files, or the keys
@@ -49,7 +50,7 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
                 f"of shape {specs[key][0]} and dtype {specs[key][1]}, but '{path}' has "
                 f"rows of shape {spec[0]} and dtype {spec[1]}."
             )
-        if not chunk_rows:
+        if not chunk_rows and ds.shape[0]:  # an empty file's chunks (h5py's guess for a placeholder) say nothing
             chunk_rows.append(ds.chunks[0] if ds.chunks else None)
     lens = {key: s[0] for key, s in shapes.items()}
     if len(set(lens.values())) > 1:
