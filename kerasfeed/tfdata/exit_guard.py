@@ -25,7 +25,7 @@ import gc
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from kerasfeed.observe.lookup import find_tagged
 
@@ -50,10 +50,11 @@ def exiting() -> bool:
     return _exiting
 
 
-def quiet_at_exit(fn: Any, fallback: list) -> Any:
-    """``fn`` for a ``numpy_function``; once the exit hook stops the pipelines, an error gives ``fallback``
+def quiet_at_exit(fn: Any, fallback: Callable[[], list]) -> Any:
+    """``fn`` for a ``numpy_function``; once the exit hook stops the pipelines, an error gives ``fallback()``
     instead (an element dropped with its iterator): TensorFlow logged each load the stop failed as a
-    failure, after the KeyboardInterrupt that began the exit."""
+    failure, after the KeyboardInterrupt that began the exit. Made then, not kept: TensorFlow keeps the
+    function for the life of the process (an item-sized placeholder a dataset, before)."""
 
     def call(*args: Any) -> Any:
         try:
@@ -61,7 +62,7 @@ def quiet_at_exit(fn: Any, fallback: list) -> Any:
         except Exception:
             if not _exiting:
                 raise
-            return fallback
+            return fallback()
 
     return call
 

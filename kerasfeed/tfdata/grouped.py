@@ -68,7 +68,7 @@ def grouped_items(loader: Any, checker: Any, ragged: bool, marked: bool = False,
     out_types = [s.dtype for s in specs] + ([tf.bool] if marked else []) + ([tf.int64] if ragged else [])
     begin, load = loader
     if empty is not None:
-        load = quiet_at_exit(load, empty)
+        load = quiet_at_exit(load, lambda: empty)
 
     def pass_groups(_):
         epoch = tf.numpy_function(begin, [], tf.int64, stateful=True, name="kerasfeed_begin_pass")

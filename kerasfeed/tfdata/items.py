@@ -116,7 +116,8 @@ def placeholder(specs: list) -> list:
 def _load_item(load: Any, inputs: list, checker: ItemChecker, marked: bool) -> Any:
     """The element of one item's ``numpy_function`` call of ``load`` (``(item, kept)`` when marked)."""
     out_types = [s.dtype for s in checker.specs] + [tf.bool] * marked
-    load = quiet_at_exit(load, placeholder(checker.specs) + [np.bool_(False)] * marked)
+    specs = checker.specs
+    load = quiet_at_exit(load, lambda: placeholder(specs) + [np.bool_(False)] * marked)
     return checker.element(list(tf.numpy_function(load, inputs, out_types, stateful=True, name="kerasfeed_load")),
                            marked)
 
