@@ -485,6 +485,34 @@ def test_a_file_that_cannot_be_read_is_a_permission_error_not_a_missing_signatur
         kerasfeed.H5SliceSequence(a, "labels", 4)
 
 
+def test_links_without_targets_and_virtual_datasets_without_sources_are_named(tmp_path):
+    """A dangling link was "no dataset key" beside a list that lacked it; a virtual dataset whose source
+    file is gone read HDF5's fill value (zeros) for its rows, silently."""
+    path = tmp_path / "links.h5"
+    with h5py.File(path, "w") as f:
+        f["y"] = np.arange(6)
+        f["x"] = h5py.ExternalLink("missing_source.h5", "/data")
+        f["s"] = h5py.SoftLink("/nowhere")
+    with pytest.raises(ValueError, match=r"has a link whose target is missing \(an external link to "
+                                         r"'missing_source.h5':/data\) at key 'x'"):
+        kerasfeed.H5SliceSequence(path, "x", 2)
+    with pytest.raises(ValueError, match=r"a soft link to /nowhere\) at key 's'"):
+        kerasfeed.H5SliceSequence(path, "s", 2)
+    source = tmp_path / "source.h5"
+    with h5py.File(source, "w") as f:
+        f["data"] = np.arange(6, dtype="float32")
+    layout = h5py.VirtualLayout(shape=(6,), dtype="float32")
+    layout[:] = h5py.VirtualSource("source.h5", "data", shape=(6,))  # beside the virtual file
+    virtual = tmp_path / "virtual.h5"
+    with h5py.File(virtual, "w", libver="latest") as f:
+        f.create_virtual_dataset("x", layout, fillvalue=-1)
+    assert kerasfeed.H5SliceSequence(virtual, "x", 3)[1].tolist() == [3.0, 4.0, 5.0]
+    source.unlink()
+    with pytest.raises(ValueError, match=r"dataset 'x' in file '.*virtual.h5' is virtual and its source file "
+                                         r"'source.h5' is not there"):
+        kerasfeed.H5SliceSequence(virtual, "x", 3)
+
+
 def test_non_hdf5_and_corrupt_files(files, tmp_path):
     a, _, _ = files
     text = tmp_path / "notes.h5"

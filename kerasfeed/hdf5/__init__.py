@@ -47,7 +47,9 @@ Files replaced or shortened after construction:
   (``HDF5_USE_FILE_LOCKING=FALSE``, common on NFS and Lustre) a writer may change a file while a reader
   holds it open, and HDF5 then reads by the layout it cached when it opened the file: rows past a new,
   shorter end come back as the fill value (zeros), as with h5py itself. With locking on, HDF5 refuses
-  that writer.
+  that writer. Links and virtual datasets are followed as h5py follows them; a link whose target is
+  missing, or a virtual dataset whose source file is not there (HDF5 would read its fill value), is
+  refused at construction, naming it.
 
 Files in object stores (docs/remote.md):
   Any path may be an ``s3://``, ``gs://`` or ``http(s)://`` URL, with ``storage_options=`` for fsspec

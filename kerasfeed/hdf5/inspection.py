@@ -3,6 +3,9 @@ and URLs alike)."""
 
 from __future__ import annotations
 
+import os
+from typing import Optional
+
 from kerasfeed.hdf5.keys import list_datasets
 
 
@@ -28,6 +31,9 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
         ds = f.get(key)
         if ds is None or not hasattr(ds, "shape"):
             kind = "no dataset" if ds is None else "a group, not a dataset, at"
+            link = _dangling(f, key) if ds is None else None
+            if link is not None:
+                kind = f"a link whose target is missing ({link}) at"
             raise ValueError(
                 f"{cls}: file '{path}' has {kind} key '{key}'. "
                 f"Datasets in the file: {list_datasets(f)}. Received: keys={seq._keys_structure!r}"
@@ -35,6 +41,12 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
         ds = dataset(key)
         if seq.swmr:
             ds.refresh()
+        missing = _missing_sources(path, ds)
+        if missing:
+            raise ValueError(
+                f"{cls}: dataset '{key}' in file '{path}' is virtual and its source file {missing[0]!r} is not "
+                f"there: HDF5 would read its fill value in place of those rows. Received: sources missing={missing}"
+            )
         if ds.ndim == 0:
             raise ValueError(
                 f"{cls}: dataset '{key}' in file '{path}' is a scalar; rows need at least "
@@ -95,6 +107,29 @@ def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
             else "is not an HDF5 file (no HDF5 signature)"
         )
         raise OSError(f"{owner}: file '{path}' {what}: {type(e).__name__}: {e}") from e
+
+
+def _missing_sources(path: str, ds) -> list:
+    """A local virtual dataset's source files that exist neither as named nor beside ``path`` (HDF5's
+    ``HDF5_VDS_PREFIX`` aside); a URL's are checked by the remote reader."""
+    if not getattr(ds, "is_virtual", False) or not os.path.isfile(path):
+        return []
+    here = os.path.dirname(os.path.abspath(path))
+    names = {m.file_name for m in ds.virtual_sources()} - {"."}
+    prefix = os.environ.get("HDF5_VDS_PREFIX", "")
+    return sorted(n for n in names if not any(os.path.exists(os.path.join(d, n)) for d in ("", here, prefix)))
+
+
+def _dangling(f, key: str) -> Optional[str]:
+    """What the link at ``key`` points to when ``key`` is a link whose target is missing, else None."""
+    try:
+        link = f.get(key, getlink=True)
+    except Exception:  # noqa: BLE001 - a parent group missing: nothing to say
+        return None
+    kind = type(link).__name__
+    if kind == "ExternalLink":
+        return f"an external link to '{link.filename}':{link.path}"
+    return f"a soft link to {link.path}" if kind == "SoftLink" else None
 
 
 def _opens_without(h5py, path: str, swmr: bool) -> bool:
