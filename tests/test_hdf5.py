@@ -513,6 +513,18 @@ def test_links_without_targets_and_virtual_datasets_without_sources_are_named(tm
         kerasfeed.H5SliceSequence(virtual, "x", 3)
 
 
+def test_a_null_dataspace_key_is_named_as_such_and_a_long_key_list_stays_short_in_repr(tmp_path):
+    path = tmp_path / "many.h5"
+    with h5py.File(path, "w") as f:
+        for k in range(300):
+            f[f"k{k:03d}"] = np.arange(4)
+        f["null"] = h5py.Empty("f4")
+    with pytest.raises(ValueError, match=r"dataset 'null' .* is an empty \(null dataspace\) dataset"):  # "a scalar"
+        kerasfeed.H5SliceSequence(path, "null", 2)
+    text = repr(kerasfeed.H5SliceSequence(path, [f"k{k:03d}" for k in range(300)], 2))
+    assert len(text) < 300 + len(str(path)) and text.endswith("..., batch_size=2, batches=2>"), text  # 2,100 before
+
+
 def test_non_hdf5_and_corrupt_files(files, tmp_path):
     a, _, _ = files
     text = tmp_path / "notes.h5"

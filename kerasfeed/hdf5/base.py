@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.errors import FileChangedError
+from kerasfeed.errors import FileChangedError, short_repr
 from kerasfeed.hdf5.handles import REGISTRY
 from kerasfeed.hdf5.inspection import check_file, open_local
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
@@ -196,7 +196,7 @@ class H5Base(SceneSequence):
     def __repr__(self) -> str:
         files = self._shown(0) if len(self._paths) == 1 else f"{len(self._paths)} files"
         return (
-            f"<{type(self).__name__} {files!s}, keys={self._keys_structure!r}, "
+            f"<{type(self).__name__} {files!s}, keys={short_repr(self._keys_structure, 200)}, "
             f"batch_size={self.batch_size}, batches={len(self)}>"
         )
 

@@ -48,8 +48,9 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
                 f"there: HDF5 would read its fill value in place of those rows. Received: sources missing={missing}"
             )
         if ds.ndim == 0:
+            what = "an empty (null dataspace) dataset" if ds.shape is None else "a scalar"
             raise ValueError(
-                f"{cls}: dataset '{key}' in file '{path}' is a scalar; rows need at least "
+                f"{cls}: dataset '{key}' in file '{path}' is {what}; rows need at least "
                 f"one axis. Received: shape={ds.shape}"
             )
         shapes[key] = ds.shape
