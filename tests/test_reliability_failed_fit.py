@@ -175,3 +175,37 @@ def test_a_fit_ended_by_an_exception_then_fit_again_reads_every_item_once(front)
     assert seen[:4] != seen[4:], front  # then pass 1
     assert kept.value is not None
     kerasfeed.executor_of(data).close()
+
+
+class Hooked(kerasfeed.SceneSequence):
+    """200 items; records its epoch hooks."""
+
+    def __init__(self):
+        super().__init__()
+        self.hooks = []
+
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32), np.float32([i])
+
+    def on_epoch_begin(self):
+        self.hooks.append(("begin", self.epoch))
+
+    def on_epoch_end(self):
+        self.hooks.append(("end", self.epoch))
+
+
+def test_a_pass_begun_again_before_it_ended_runs_its_begin_hooks_once():
+    """The fit again begins pass 0 again while the aborted fit's begin of it had run the begin hooks and
+    not the end hook: the source is in pass 0 already. The hooks ran twice (and under JAX and PyTorch, for
+    every fit of to_dataset: the model build's iterator begins pass 0 first)."""
+    seq = Hooked()
+    data = kerasfeed.to_dataset(seq, batch_size=2, shuffle=True, seed=0)
+    model = index_recorder([], 4)
+    with pytest.raises(RuntimeError, match="stopped by a callback") as kept:
+        model.fit(data, epochs=1, verbose=0, callbacks=[_Stop()])
+    model.fit(data, epochs=2, verbose=0)
+    assert seq.hooks == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)], seq.hooks
+    assert kept.value is not None

@@ -73,6 +73,7 @@ class PassPipeline(FollowsFit):
         self._resumed_pass = start_epoch if skip else None  # a first pass shorter than the others
         self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
         self._begins = Begins(KEPT_PASSES)  # each begin's ticket, order and count (NOTE [ A pass begun again ])
+        self._hooked: Optional[int] = None  # the pass whose begin hooks ran and whose end hook has not
         # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep a numpy_function's
         # arrays without copying them, for as long as the consumer holds the element. A user's hook
         # that overwrites in place what earlier items viewed (``self.x[a:b]``, then an in-place
@@ -103,7 +104,11 @@ class PassPipeline(FollowsFit):
             self.skips.begin(epoch, skip)
         if self._resumed_pass is not None and epoch == self._resumed_pass + 1:
             self._check_keras_length()
-        self._run_begin_hooks(epoch)
+        # A pass begun again whose earlier begin ran the begin hooks, and not yet the end hook (a model build's
+        # iterator; a fit an exception ended): the source is in that pass already, its hooks run once.
+        if ticket == epoch or self._hooked != epoch:
+            self._run_begin_hooks(epoch)
+        self._hooked = epoch
         # After the hooks: an executor in this process makes items from now on. Worker processes may
         # also go on with the next pass's first items when this one is all requested (its order is seeded).
         upcoming = (epoch + 1, pass_view(self._order, epoch + 1)) if self.executor.plans_next_pass else None
@@ -305,6 +310,8 @@ class PassPipeline(FollowsFit):
         """Every item of the pass begun as ``ticket`` is loaded (in whatever order): the pass is over
         for the source, without waiting for a consumer that may never ask past the last element."""
         epoch = pass_of(ticket)
+        if self._hooked == epoch:
+            self._hooked = None
         hook = getattr(self._source, "on_epoch_end", None)
         if callable(hook):
             try:
