@@ -99,7 +99,7 @@ class Begins:
                 self._in_flight[ticket] = count
             else:
                 del self._in_flight[ticket]
-                if self._tickets.get(pass_of(ticket)) != ticket:
+                if not self._current(ticket):  # a begin again may be waiting for it
                     self._settled.notify_all()
             left = self._remaining.get(ticket) if loaded else None
             if left is None:
@@ -113,14 +113,18 @@ class Begins:
     def read_whole(self, ticket: int) -> bool:
         """Begin ``ticket``'s items were all read at once: whether it is the pass's newest begin."""
         with self._lock:
-            if self._tickets.get(pass_of(ticket), ticket) != ticket:
+            if not self._current(ticket):
                 return False
             self._remaining.pop(ticket, None)
             return True
 
+    def _current(self, ticket: int) -> bool:
+        """Under ``_lock``: whether ``ticket`` is its pass's newest begin (or one no longer kept)."""
+        return self._tickets.get(pass_of(ticket), ticket) == ticket
+
     def _check_current(self, ticket: int) -> None:
-        epoch = pass_of(ticket)
-        if self._tickets.get(epoch, ticket) != ticket:
+        if not self._current(ticket):
+            epoch = pass_of(ticket)
             raise RuntimeError(
                 f"kerasfeed: pass {epoch} began again for a newer iterator (a new `fit`'s epoch {epoch}, or the "
                 f"fit's first epoch after a model build), so this older iterator of it is no longer read; "

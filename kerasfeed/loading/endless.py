@@ -99,7 +99,7 @@ class EndlessPipeline(PassPipeline):
 
     def load(self, i, epoch):
         index, epoch = int(i), int(epoch)
-        arrays = self._arrays(index, epoch)  # None: left out (max_skipped)
+        arrays = self._arrays(index, epoch)  # an endless pass's ticket is its number; None: left out (max_skipped)
         position = self.position_of(index, epoch)
         if position % BLOCK == BLOCK - 1 and epoch == self._current:
             self._plan(epoch, position // BLOCK + 1)

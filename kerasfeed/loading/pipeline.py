@@ -173,11 +173,11 @@ class PassPipeline(FollowsFit):
         stats.picked(epoch, t1 - t0, t1)
         return item
 
-    def _arrays(self, index: int, epoch: int, ticket: Optional[int] = None) -> Optional[list]:
-        """Item ``index`` of pass ``epoch`` (begun as ``ticket``; None: the pass's number), checked and
+    def _arrays(self, index: int, ticket: int) -> Optional[list]:
+        """Item ``index`` of the pass begun as ``ticket`` (an endless pass's: its number), checked and
         flattened; None: it failed and was left out (``max_skipped``). A failure that ends the
         pass is told to the executor (NOTE [ Parking after a failed pass ])."""
-        picked = False
+        epoch, picked = pass_of(ticket), False
         try:
             item, picked = self._pick(index, epoch), True
             return self._checker.flat_arrays(index, item)
@@ -190,13 +190,13 @@ class PassPipeline(FollowsFit):
             # may keep it (a thread task's error), and through this frame it held the pipeline, its executor and
             # workers until the garbage collector ran.
             if self.skips is not None and skippable(e, index):
-                error = self._leave_out(index, epoch, epoch if ticket is None else ticket, e)
+                error = self._leave_out(index, ticket, e)
                 if error is None:
                     e.with_traceback(None)
                     return None
             elif self.skips is not None and isinstance(e, WorkerError) and e.index is not None:
                 e.with_traceback(None)
-                return self._after_death(index, epoch, ticket, e)
+                return self._after_death(index, ticket, e)
             else:
                 error = e
             self.executor.pass_failed(epoch)
@@ -208,14 +208,15 @@ class PassPipeline(FollowsFit):
                 raise error from e.__cause__
             raise
 
-    def _after_death(self, index: int, epoch: int, ticket: Optional[int], error: WorkerError) -> Optional[list]:
+    def _after_death(self, index: int, ticket: int, error: WorkerError) -> Optional[list]:
         """Item ``index`` failed only because its worker died making item ``error.index`` (no
         retries: the pool closed): the executor restarts without that item (``Executor.item_skipped``;
         its own load then fails at once, where it may be left out) and ``index`` is loaded again."""
+        epoch = pass_of(ticket)
         for _ in range(RESTARTS):
             self.executor.item_skipped(int(error.index), epoch)
             try:
-                arrays = self._arrays(index, epoch, ticket)
+                arrays = self._arrays(index, ticket)
             except WorkerError as again:
                 if again.index is None or int(again.index) == index:
                     raise
@@ -226,8 +227,9 @@ class PassPipeline(FollowsFit):
         self.executor.pass_failed(epoch)
         raise error
 
-    def _leave_out(self, index: int, epoch: int, ticket: int, error: BaseException) -> Optional[BaseException]:
+    def _leave_out(self, index: int, ticket: int, error: BaseException) -> Optional[BaseException]:
         """Leaves the failed item out if the budget allows (None), else the error to raise."""
+        epoch = pass_of(ticket)
         refused = self.skips.skip(epoch, index, self.position_of(index, ticket), error)
         if refused is not None:
             return refused
@@ -292,15 +294,15 @@ class PassPipeline(FollowsFit):
         last item to load. After ``last`` the caller runs ``end_pass`` once nothing it hands out views
         the item any more (the group loaders: after stacking the group)."""
         index, ticket = int(i), int(ticket)
-        epoch = pass_of(ticket)
         self._begins.enter(ticket)
         try:
-            arrays = self._arrays(index, epoch, ticket)
+            arrays = self._arrays(index, ticket)
         except BaseException:
             self._begins.leave(ticket, loaded=False)
             raise
         last = self._begins.leave(ticket, loaded=True)
         if last and self.skips is not None and self.skips.batch_size is None:
+            epoch = pass_of(ticket)
             left = self.skips.count(epoch)
             with self._lock:
                 self._short = (epoch, left) if left else None
