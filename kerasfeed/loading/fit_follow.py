@@ -83,9 +83,11 @@ class FollowsFit:
             fit.unreadable(resuming=resuming, said=said is not None)  # raises where counting would read others
             if said is None:
                 return None
-        length = None if fit.missing else self._epoch_length(fit)
-        epoch = said[1] if fit.missing else keras_pass(fit.current, length, self.batches_per_pass, fit.initial_epoch,
-                                                       derived=bool(length) and not fit.steps_per_epoch)
+            epoch = said[1]
+        else:
+            length = self._epoch_length(fit)
+            epoch = keras_pass(fit.current, length, self.batches_per_pass, fit.initial_epoch,
+                               derived=bool(length) and not fit.steps_per_epoch)
         if said is not None and fit.epoch is not None and epoch is not None and epoch != said[1]:
             raise refuse(f"its `fit` frame says epoch {fit.epoch} where a kerasfeed callback's on_epoch_begin said "
                          f"{said[1]}", "The pass to read is not known: refused rather than train another one.")
