@@ -203,6 +203,53 @@ def test_a_ctrl_c_the_main_thread_has_not_handled_ends_a_wait_begun_after_it():
     assert got == {"ended": [True, True, False], "caught": True}, got
 
 
+# A Ctrl-C handled in the TensorShape.__len__ that TensorFlow's C++ calls for `next(it)`'s op (which
+# clears what that call raises), on the 20th item of an endless dataset.
+_IN_OP_ATTRIBUTES = """
+import signal, sys
+import numpy as np
+import kerasfeed
+
+class Endless:
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        return np.full(4, i, "float32")
+
+class SigintOnLen(tuple):  # the dims of the iterator's output shape
+    armed = False
+
+    def __len__(self):
+        if SigintOnLen.armed:
+            SigintOnLen.armed = False
+            signal.raise_signal(signal.SIGINT)  # handled right after this call: inside TensorShape.__len__
+        return super().__len__()
+
+executor = sys.argv[1]
+ds = kerasfeed.to_dataset(Endless(), executor=executor, **({"workers": 2} if executor == "processes" else {}))
+it = iter(ds)
+shape = it._flat_output_shapes[0]
+shape._dims = SigintOnLen(shape._dims)
+for n in range(2000):
+    if n == 20:
+        SigintOnLen.armed = True
+    next(it)
+print("not interrupted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_ctrl_c_handled_inside_an_ops_attributes_is_not_cleared_by_tensorflow(executor):
+    """TensorFlow's C++ fast path for ``next(it)`` calls ``TensorShape.__len__`` and clears
+    what it raises: a Ctrl-C handled there was lost, and the loop read on (NOTE [ A Ctrl-C
+    inside an op's attributes ]). It is raised as the op returns."""
+    proc = _python(_IN_OP_ATTRIBUTES, executor)
+    assert "not interrupted" not in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, proc.stderr[-3000:])
+    assert "KeyboardInterrupt" in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_ctrl_c_dropped_in_a_gc_callback_during_fit_still_stops_fit():
     """The hang measured by ``benchmarks/ctrl_c.py``: a SIGINT handled inside a gc
     callback (JAX's) while ``fit`` runs over worker processes; before, fit trained on."""

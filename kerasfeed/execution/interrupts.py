@@ -117,16 +117,58 @@ def _on_sigint(signum, frame):
     and watches a ``fit`` it interrupts (NOTE [ A Ctrl-C taken inside fit ]).
     """
     global _held
-    sigints.handled = sigints.poll()  # the main thread runs Python: it handles what came so far
+    count = sigints.poll()
     if _holding and not _held:
+        sigints.handled = count
         _held = True  # raised when the block ends (interrupts_held)
         return
+    if _inside_op_attributes(frame):  # TensorFlow's C++ would clear it: NOTE [ A Ctrl-C inside an op's attributes ]
+        _interrupt_at_next_call(_inside_op_attributes)  # not handled yet: a wait that begins now still ends on it
+        return
+    sigints.handled = count  # the main thread runs Python: it handles what came so far
     sigints.raised += 1
     _FitWatch.start(frame)
     if _inside_tf_exception(frame):
         _interrupt_at_next_call(_inside_tf_exception)
         return
     signal.default_int_handler(signum, frame)
+
+
+# NOTE [ A Ctrl-C inside an op's attributes ]
+# ============================================
+#
+# An op's generated wrapper (``gen_*_ops.py``, e.g. ``iterator_get_next``
+# under ``next(it)`` of a tf.data iterator) hands its attributes to
+# TensorFlow's C++ fast path, which calls Python methods of them: the
+# ``TensorShape.__len__`` of ``output_shapes``, then clears any error that
+# call raised (``TensorShapeNumDims``: ``__len__`` raises for an unknown
+# rank). A Ctrl-C whose handler runs in that call (it checks for signals as
+# it starts) raised a KeyboardInterrupt that was cleared there: the loop went
+# on, and the script read an endless dataset until killed (CI, once; 1 in 26
+# SIGINTs to ``endless_streams.py`` beside a busy test run). So a Ctrl-C
+# handled in a TensorShape or DType method that an op wrapper's C++ called
+# (the Python frame below it is the wrapper's) is put off to the next Python
+# call outside such methods, which comes as soon as the op returns; it is
+# not counted as handled, so a wait for an item that never comes, begun after
+# it, still ends on it (NOTE [ A Ctrl-C between two waits ]).
+
+
+def _inside_op_attributes(frame) -> bool:
+    while frame is not None:
+        back = frame.f_back
+        if (
+            back is not None
+            and frame.f_code.co_filename.endswith(_OP_ATTRIBUTE_MODULES)
+            and os.path.basename(back.f_code.co_filename).startswith("gen_")
+        ):
+            return True
+        frame = back
+    return False
+
+
+_OP_ATTRIBUTE_MODULES = tuple(
+    os.path.join("tensorflow", "python", "framework", name) for name in ("tensor_shape.py", "dtypes.py")
+)
 
 
 def _inside_tf_exception(frame) -> bool:
