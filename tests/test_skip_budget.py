@@ -10,10 +10,13 @@ BackupAndRestore), so a resumed run is the same run.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import re
+import threading
+import time
 import warnings
 
 import keras
@@ -404,3 +407,42 @@ def test_a_pass_that_left_an_item_out_frees_its_pipeline_by_reference_counting(f
         assert executor() is None
     finally:
         gc.enable()
+
+
+class _SlowItem:
+    """Item ``slow`` runs past the timeout (None: none does); every call is counted per index."""
+
+    def __init__(self, slow=None):
+        self.slow = slow
+        self.calls = collections.Counter()
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        with self.lock:
+            self.calls[i] += 1
+        time.sleep(2.0 if i == self.slow else 0.02)
+        return np.full((2,), i, np.float32)
+
+
+def _read_counting(src, **kwargs):
+    loader = kerasfeed.to_loader(src, batch_size=4, executor="threads", **kwargs)
+    try:
+        return [int(v) for batch in loader for v in np.asarray(batch)[:, 0]]
+    finally:
+        kerasfeed.executor_of(loader).close()
+
+
+def test_a_timed_out_item_skipped_on_threads_keeps_the_items_made_ahead():
+    """timeout= and max_skipped= without retries on threads: the timeout closes the pool and the skip
+    opens it again for the rest of the pass. The items the closed pool had made (or was making) ahead
+    were dropped and made a second time; they are taken over: each is made as often as in a run
+    without the slow item (the probe's calls aside, once)."""
+    plain, slow = _SlowItem(), _SlowItem(slow=5)
+    assert _read_counting(plain) == list(range(40))
+    got = _read_counting(slow, timeout=0.5, max_skipped=1)
+    assert got == [i for i in range(40) if i != 5], got
+    again = sorted(i for i in range(40) if i != 5 and slow.calls[i] != plain.calls[i])
+    assert not again, (again, slow.calls, plain.calls)

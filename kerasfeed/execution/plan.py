@@ -106,6 +106,15 @@ class PassPlan:
                 return True
         return False
 
+    def adopt(self, index: int, handle: Any) -> bool:
+        """Takes over item ``index`` that an earlier plan of this pass started (made, or being made): a load
+        takes ``handle`` from here, and the plan does not start the item again. False: ``index`` is not
+        among the next ``LOOKAHEAD`` positions (the plan starts it when it gets there)."""
+        if not self._claim(index):
+            return False
+        self.started(index, handle)
+        return True
+
     def take(self, index: int, epoch: int) -> tuple[bool, Any]:
         """Hands item ``index`` of pass ``epoch`` to a load.
 

@@ -103,6 +103,7 @@ class ThreadExecutor(Executor):
         self._user_closed = False  # by ``close``, not by a timeout (see ``item_skipped``)
         self._failure: Optional[TimeoutError] = None
         self._failed_plan: Optional[PassPlan] = None  # the plan a timeout closed
+        self._failed_tasks: list = []  # its items started and not taken
         self._finalizer: Optional[weakref.finalize] = None
         self._loads = 0  # loads started (for parking)
         self._watch = ParkWatch(self)
@@ -201,6 +202,7 @@ class ThreadExecutor(Executor):
             )
             with self._lock:
                 self._failed_plan = self._plan  # the rest of the pass, should the item be skipped
+                self._failed_tasks = [] if self._plan is None else self._plan.pending_handles()
                 self._left_behind(task)
             self._shut()  # the pass cannot go on without this item
             raise self._failure
@@ -234,11 +236,15 @@ class ThreadExecutor(Executor):
             if self._failure is None or self._user_closed:
                 return
             plan, self._failed_plan = self._failed_plan, None
+            tasks, self._failed_tasks = self._failed_tasks, []
             self._failure, self._closed = None, False
             # The closed pool's threads were told to stop on its queue (a stuck one never reads it): a new queue.
             self._tasks = queue.SimpleQueue()
         if plan is not None and plan.epoch == int(epoch) and not plan.finished:
-            self.plan(plan.epoch, rest_of_pass(plan.indices, plan.taken, int(index)))
+            # The closed pool's threads finish what they started: those items are taken over, not made again.
+            made = [t for t in tasks if t.started is not None and not t.abandoned and t.index != int(index)]
+            self._watch.pass_started(plan.epoch)
+            self._new_plan(plan.epoch, rest_of_pass(plan.indices, plan.taken, int(index)), made)
 
     def ready(self, index: int, epoch: int) -> bool:
         if self._failure is not None:
@@ -253,6 +259,11 @@ class ThreadExecutor(Executor):
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started: the threads share the source, whose on_epoch_begin must run first.
         self._watch.pass_started(int(epoch))  # the consumer goes on
+        self._new_plan(epoch, indices, ())
+
+    def _new_plan(self, epoch: int, indices: Sequence[int], made: Sequence[Task]) -> None:
+        """Plans pass ``epoch`` in the order ``indices``, with the items ``made`` (started by a plan of it
+        that a timeout closed) taken over."""
         with self._lock:
             if self._closed:
                 return
@@ -260,6 +271,8 @@ class ThreadExecutor(Executor):
                 self._plan.drop()  # its tasks not taken yet are skipped by the threads
             self._start_threads()
             self._plan = PassPlan(epoch, indices, self._parallelism)
+            for task in made:
+                self._plan.adopt(task.index, task)
             self._fill(self._plan)
 
     def _start_threads(self) -> None:
