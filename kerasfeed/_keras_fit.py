@@ -8,7 +8,9 @@ and what a Keras that differs gets:
 
 1. the running ``fit``'s frame (``find_fit``): ``FIT_NAMES``, and
    ``model._initial_epoch`` (where Keras' ``BackupAndRestore`` sets the epoch
-   a ``fit`` starts at);
+   a ``fit`` starts at); its module, for the trainers that build the model
+   from a throwaway iterator (``_BUILDING_TRAINERS``: NOTE [ A model build's
+   pass ends later ], loading/pipeline.py);
 2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``): its
    ``_enumerate_iterator`` (``start_epoch_at``), ``_interrupted_warning``
    (``explain_short_epochs``), ``num_batches``, ``__init__``'s arguments
@@ -66,6 +68,8 @@ from kerasfeed.errors import KerasStructureError, KerasStructureWarning
 # elsewhere in Keras is looked at too, and reported if it holds the pipeline.
 _TRAINER = re.compile(r"^keras\.src\.backend\.[a-z_]+\.trainer$")
 FIT_NAMES = ("self", "x", "initial_epoch", "steps_per_epoch", "epoch", "epoch_iterator")
+# The trainers that build the model from a batch of a throwaway iterator before the loop (``_symbolic_build``).
+_BUILDING_TRAINERS = ("keras.src.backend.jax.trainer", "keras.src.backend.torch.trainer")
 _REPORTED: set = set()
 
 
@@ -149,6 +153,9 @@ class FitView:
             (None in it): a kerasfeed callback there can say before its
             ``on_train_begin`` which pass a restore will start at
             (NOTE [ The model build's pass under a resume ], loading/fit_follow.py).
+        builds: before the loop of a trainer that builds the model from a
+            throwaway iterator (Keras' JAX and torch trainers): a pass begun
+            now is begun again by the loop, or handed over to it.
     """
 
     epoch: Optional[int]
@@ -159,6 +166,7 @@ class FitView:
     missing: tuple = ()
     x: Any = None
     callbacks: Any = None
+    builds: bool = False
 
     @property
     def current(self) -> int:
@@ -377,7 +385,8 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
     callbacks = local.get("callbacks") if epoch is None else None
     return FitView(epoch=epoch, initial_epoch=initial, steps_per_epoch=steps, model=model,
                    epoch_iterator=iterator, missing=tuple(missing), x=x,
-                   callbacks=callbacks if isinstance(callbacks, (list, tuple)) else None)
+                   callbacks=callbacks if isinstance(callbacks, (list, tuple)) else None,
+                   builds=epoch is None and frame.f_globals.get("__name__") in _BUILDING_TRAINERS)
 
 
 def _int_or_none(local: dict, name: str, missing: list) -> Optional[int]:

@@ -8,7 +8,7 @@ callback's word on the epoch, and the model build's pass under a resume.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from kerasfeed._keras_epoch_iterator import check_epoch_length, epoch_steps, iterator_ref, same_iterator
 from kerasfeed._keras_fit import FitView, find_fit, refuse
@@ -47,6 +47,14 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
     )
 
 
+class FitTarget(NamedTuple):
+    """The pass a begin under a running ``fit`` reads (``FollowsFit.fit_target``)."""
+
+    epoch: int
+    skip: int  # items of it already trained on
+    build: bool = False  # begun by the model build of a trainer whose loop begins it again (``FitView.builds``)
+
+
 class FollowsFit:
     """``PassPipeline``'s passes under ``model.fit`` (a base class of it). Its attributes, set by the pipeline:
     ``_follow`` (no ``initial_state``: passes are the fit's epochs), ``_lock``, ``_pins`` (pass -> items of it
@@ -63,8 +71,8 @@ class FollowsFit:
     skips: Any
     stats: Any
 
-    def fit_target(self) -> Optional[tuple[int, int]]:
-        """``(pass, items skipped)`` a pass begun now reads because a running
+    def fit_target(self) -> Optional[FitTarget]:
+        """``(pass, items skipped, build)`` a pass begun now reads because a running
         ``model.fit`` reads this pipeline; None when none does (or its epochs
         are not passes, or an ``initial_state`` numbers the passes).
 
@@ -97,7 +105,9 @@ class FollowsFit:
             return None
         with self._lock:
             skip = self._pins.get(epoch)
-        return (epoch, skip or 0) if skip is not None or fit.epoch is not None else self._build_pass(fit, epoch)
+        if skip is not None or fit.epoch is not None:
+            return FitTarget(epoch, skip or 0, fit.builds)
+        return FitTarget(*self._build_pass(fit, epoch), fit.builds)
 
     def _epoch_length(self, fit: FitView) -> Optional[int]:
         """The steps of the fit's epochs where they are not this pipeline's passes: ``steps_per_epoch``, or
@@ -126,7 +136,7 @@ class FollowsFit:
         """Whether the pass begun as ``(epoch, skip)`` (by a model build) is the one a running ``fit``
         reads next (True outside ``fit``); the pin it reads by is then spent, as a ``begin`` spends it."""
         target = self.fit_target()
-        if target is not None and target != (epoch, skip):
+        if target is not None and target[:2] != (epoch, skip):
             return False
         with self._lock:
             self._pins.pop(epoch, None)
@@ -175,4 +185,4 @@ class FollowsFit:
         return False
 
 
-__all__ = ["FollowsFit", "keras_pass"]
+__all__ = ["FitTarget", "FollowsFit", "keras_pass"]

@@ -74,6 +74,8 @@ class PassPipeline(FollowsFit):
         self.items_per_batch, self.batches_per_pass = 1, None  # set by the feed
         self._begins = Begins(KEPT_PASSES)  # each begin's ticket, order and count (NOTE [ A pass begun again ])
         self._hooked: Optional[int] = None  # the pass whose begin hooks ran and whose end hook has not
+        self._build: Optional[int] = None  # the ticket a model build began (NOTE [ A model build's pass ends later ])
+        self._deferred_end: Optional[int] = None  # that ticket, once its pass ended: its end hook waits
         # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep a numpy_function's
         # arrays without copying them, for as long as the consumer holds the element. A user's hook
         # that overwrites in place what earlier items viewed (``self.x[a:b]``, then an in-place
@@ -95,9 +97,14 @@ class PassPipeline(FollowsFit):
         """Starts the next pass: ``(indices, ticket)``, its order as a lazy view
         (``indices.window(start, stop)``; never the whole pass in memory) and the begin's ticket, which
         the calls for its items pass back (``pass_of(ticket)`` is the pass: NOTE [ A pass begun again ])."""
-        epoch, skip = self._upcoming()
+        epoch, skip, build = self._upcoming()
         indices = pass_view(self._order, epoch)[skip:]
         ticket = self._begins.issue(epoch, indices)
+        with self._lock:
+            deferred, self._deferred_end = self._deferred_end, None
+            self._build = ticket if build else None
+        if deferred is not None and pass_of(deferred) != epoch:
+            self._run_end_hook(pass_of(deferred))  # the build's pass is not begun again: it ended
         if self.stats is not None:
             self.stats.pass_begin(epoch)
         if self.skips is not None:
@@ -115,16 +122,31 @@ class PassPipeline(FollowsFit):
         self.executor.plan(epoch, indices, upcoming)
         return indices, np.int64(ticket)
 
-    def _upcoming(self) -> tuple[int, int]:
-        """``(pass, items skipped)`` of the pass that begins now, marked begun (the next one follows it)."""
+    def _upcoming(self) -> tuple[int, int, bool]:
+        """``(pass, items skipped, begun by a model build)`` of the pass that begins now, marked begun (the
+        next one follows it)."""
         target = self.fit_target()
         with self._lock:
-            epoch, skip = self._next, self._skip
+            epoch, skip, build = self._next, self._skip, False
             if target is not None:
-                epoch, skip = target
+                epoch, skip, build = target
             self._next, self._skip = epoch + 1, 0
             self._pins.pop(epoch, None)
-        return epoch, skip
+        return epoch, skip, build
+
+    def takes_over(self, epoch: int, skip: int) -> bool:
+        taken = super().takes_over(epoch, skip)
+        if not taken:
+            return False
+        with self._lock:  # the fit reads the build's pass on: its end, come or to come, is the pass's own
+            ended = self._deferred_end is not None and pass_of(self._deferred_end) == epoch
+            if ended:
+                self._deferred_end = None
+            if self._build is not None and pass_of(self._build) == epoch:
+                self._build = None
+        if ended:
+            self._run_end_hook(epoch)
+        return True
 
     def begin_count(self) -> tuple[np.int64, np.int64]:
         """``begin`` for tf.data: ``(items in the pass, ticket)``; the indices
@@ -308,10 +330,24 @@ class PassPipeline(FollowsFit):
                 self._short = (epoch, left) if left else None
         return arrays, last
 
+    # NOTE [ A model build's pass ends later ]
+    # Keras' JAX and torch trainers build the model from a batch of a throwaway iterator before the
+    # loop (``FitView.builds``). Its read-ahead may load the pass whole (a pass of a few batches): its end
+    # hook then ran, and the loop's begin of the same pass ran the begin and end hooks again. So the end of
+    # a pass a model build began waits (``_deferred_end``): the loop's begin of that pass drops it (the hooks
+    # of the pass run once, the end at that begin's end), the loader's hand-over of it (``takes_over``) or
+    # the begin of another pass runs it then.
+
     def end_pass(self, ticket: int) -> None:
         """Every item of the pass begun as ``ticket`` is loaded (in whatever order): the pass is over
         for the source, without waiting for a consumer that may never ask past the last element."""
-        epoch = pass_of(ticket)
+        with self._lock:
+            if ticket == self._build:  # NOTE [ A model build's pass ends later ]
+                self._deferred_end = ticket
+                return
+        self._run_end_hook(pass_of(ticket))
+
+    def _run_end_hook(self, epoch: int) -> None:
         if self._hooked == epoch:
             self._hooked = None
         hook = getattr(self._source, "on_epoch_end", None)

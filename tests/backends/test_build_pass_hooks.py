@@ -1,0 +1,69 @@
+"""Keras' JAX and torch trainers build the model from a batch of a throwaway iterator; with passes
+the read-ahead loads whole during that build, the pass's end hook waits for the fit's own begin of it
+(NOTE [ A model build's pass ends later ], loading/pipeline.py). Each backend in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import json, sys
+import keras, numpy as np
+import kerasfeed
+
+class Hooked(kerasfeed.SceneSequence):
+    def __init__(self, batches):
+        super().__init__()
+        self.batches, self.hooks = batches, []
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, i):
+        return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
+
+    def on_epoch_begin(self):
+        self.hooks.append(["begin", self.epoch])
+
+    def on_epoch_end(self):
+        self.hooks.append(["end", self.epoch])
+
+got = {}
+for front, executor, batches, epochs in [("to_dataset", "threads", 4, 3), ("to_dataset", "processes", 4, 3),
+                                         ("to_loader", "processes", 4, 3), ("to_dataset", "threads", 200, 3),
+                                         ("to_dataset", "threads", 4, 1), ("to_loader", "threads", 200, 1)]:
+    if front == "to_dataset" and keras.backend.backend() == "torch" and executor == "processes":
+        continue  # one torch to_dataset run is enough for the time it takes
+    seq = Hooked(batches)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(getattr(kerasfeed, front)(seq, executor=executor), epochs=epochs, verbose=0)
+    got[f"{front}/{executor}/{batches} batches/{epochs} epochs"] = seq.hooks
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_model_build_s_pass_runs_each_epoch_hook_once(backend):
+    """Passes of 4 batches: the build's iterator read pass 0 whole, its end hook ran, and the fit's
+    epoch 0 ran the begin and end hooks of pass 0 again (``on_epoch_end`` twice for pass 0). Now each
+    hook runs once per epoch, in order, on both front ends, as with long passes and under TensorFlow; a
+    fit of one epoch runs its end hook too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got) == (6 if backend == "jax" else 5), got
+    for run, hooks in got.items():
+        epochs = int(run.split("/")[-1].split()[0])
+        assert hooks == [[hook, epoch] for epoch in range(epochs) for hook in ("begin", "end")], (run, hooks)
