@@ -259,6 +259,31 @@ def test_resume_exactly_mid_pass(make):
     assert _stream(resumed) == passes[2]
 
 
+def test_balanced_orders_of_the_same_labels_in_another_dtype_resume_each_other():
+    """int32 labels (an HDF5 label dataset) and int64 ones (a list), or strings of two widths, give the
+    same passes: a state saved with one resumes with the other. Before, their fingerprints differed and the
+    resume was refused. A state an earlier kerasfeed saved (its fingerprint hashed the dtype) resumes with
+    labels of that dtype."""
+    labels = np.asarray(LABELS)
+    for a, b in [(labels.astype(np.int32), labels.astype(np.int64)),
+                 (np.array([f"c{v}" for v in labels]), np.array([f"c{v}" for v in labels], dtype="<U12"))]:
+        saved_order, order = kerasfeed.BalancedOrder(a, num_samples=64, seed=3), kerasfeed.BalancedOrder(b, seed=3,
+                                                                                                            num_samples=64)
+        assert np.array_equal(saved_order.indices(1), order.indices(1))
+        ref = kerasfeed.to_dataset(Items(), batch_size=16, order=saved_order)
+        passes = [_stream(ref) for _ in range(2)]
+        state = kerasfeed.TrainingProgress({"epoch": 1, "batches": 2}, order=ref).state()
+        resumed = kerasfeed.to_dataset(Items(), batch_size=16, order=order, initial_state=state)
+        assert _stream(resumed) == passes[1][2 * 16:]
+        assert saved_order.fingerprint_aliases  # int32, and strings: the dtype was hashed before
+        for same in (saved_order, order):
+            for earlier in same.fingerprint_aliases:
+                kerasfeed.TrainingProgress({**state, "order": earlier}, order=same)
+    with pytest.raises(ValueError, match="saved with a different order"):  # other values: other passes
+        kerasfeed.TrainingProgress(state, order=kerasfeed.BalancedOrder(np.array([f"d{v}" for v in labels]), seed=3,
+                                                                        num_samples=64))
+
+
 def test_resume_with_a_different_order_is_refused_and_old_states_still_load():
     saved = kerasfeed.TrainingProgress({"epoch": 0, "batches": 2}, order=kerasfeed.BalancedOrder(LABELS, seed=1)).state()
     with pytest.raises(ValueError, match=r"`initial_state` was saved with a different order .*Received: initial_state=\{'epoch': 0, 'batches': 2, 'order': "):

@@ -279,6 +279,19 @@ class BalancedOrder(SampledOrder):
     def _fingerprint_parts(self) -> tuple:
         return (self.classes, self.class_counts, self._members, self.proportions, self.replacement, self.exact)
 
+    def _identity_parts(self) -> tuple:
+        # The labels' values, not their dtype: int32 or int64 labels (an HDF5 label dataset, a list), or
+        # strings of any width, give the same passes, and a run saved with one resumes with the other.
+        classes = self.classes
+        if classes.dtype.kind in "biu":
+            classes = classes.astype(np.uint64 if classes.dtype.kind == "u" and classes.max() > 2**63 - 1
+                                     else np.int64)
+        elif classes.dtype.kind == "f":
+            classes = classes.astype(np.float64)
+        elif classes.dtype.kind in "US":
+            classes = np.array(classes.tolist(), dtype=object)
+        return (classes, *self._fingerprint_parts()[1:])
+
     def __repr__(self) -> str:
         classes = self.classes.tolist()
         shown = classes if len(classes) <= 8 else classes[:8] + ["..."]

@@ -129,6 +129,10 @@ class _CheckedOrder:
     def legacy_fingerprints(self) -> Any:
         return getattr(self.order, "legacy_fingerprints", ())
 
+    @property
+    def fingerprint_aliases(self) -> Any:
+        return getattr(self.order, "fingerprint_aliases", ())
+
     def at(self, epoch: int, positions: Any) -> np.ndarray:
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         if not self._per_window:
@@ -216,6 +220,8 @@ def check_resume_order(state: Any, order: Any) -> None:
     if saved is None:
         return
     current = order_fingerprint(order)
+    if saved != current and saved in getattr(order, "fingerprint_aliases", ()):
+        return  # the same passes, as an earlier kerasfeed named them
     legacy = getattr(order, "legacy_fingerprints", ())
     if saved != current and saved in legacy:
         # A mapping names the algorithm of each old fingerprint; a plain sequence is kerasfeed 0.1's.

@@ -86,11 +86,24 @@ class SampledOrder:
     def fingerprint(self) -> str:
         """Identifies the pass sequence over all shards (kept in resume states)."""
         if self._fingerprint is None:
-            self._fingerprint = hash_parts(
-                type(self).__name__, *self._fingerprint_parts(), self.num_samples, self.seed, self.num_shards,
-                self._order_version,
-            )
+            self._fingerprint = self._hash(self._identity_parts())
         return self._fingerprint
+
+    def _hash(self, parts: tuple) -> str:
+        return hash_parts(type(self).__name__, *parts, self.num_samples, self.seed, self.num_shards,
+                          self._order_version)
+
+    def _identity_parts(self) -> tuple:
+        """What the fingerprint hashes besides the shared arguments: ``_fingerprint_parts()``, less what
+        does not change the passes (a subclass's choice)."""
+        return self._fingerprint_parts()
+
+    @property
+    def fingerprint_aliases(self) -> tuple:
+        """Other fingerprints of these very passes: what an earlier kerasfeed hashed (a state saved with
+        one resumes as with ``fingerprint``)."""
+        raw = self._hash(self._fingerprint_parts())
+        return () if raw == self.fingerprint else (raw,)
 
     @property
     def legacy_fingerprints(self) -> dict:
