@@ -373,6 +373,28 @@ def test_an_item_that_kills_its_worker_every_time_is_left_out_alone(caplog, retr
     assert len(logged) == 2 and all(attempts in m and "exit code 3" in m for m in logged), logged
 
 
+class DiesFirst(Corrupt):
+    """Item 1 kills its worker every time: the workers reach it while they make the next pass ahead."""
+
+    def __getitem__(self, i):
+        if i == 1:
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_an_item_that_kills_its_worker_while_the_next_pass_is_made_ahead_is_left_out_there_too(front):
+    """Without retries, the pool that made the rest of pass 0 died making pass 1's first items ahead.
+    Pass 1 failed as it began, with that death outside any budget (every time under to_dataset). It now
+    begins on a new pool, and item 1 is left out of every pass."""
+    data = _make(front, DiesFirst(bad=()), batch_size=B, max_skipped=1, executor="processes", workers=2)
+    try:
+        for epoch in range(3):
+            assert [_labels(b) for b in data] == _expected(list(range(N)), {1}), epoch
+    finally:
+        kerasfeed.executor_of(data).close()
+
+
 def test_export_retries_a_failing_item_and_writes_every_item(tmp_path):
     source = Corrupt(bad=(), marker_dir=str(tmp_path))
     kerasfeed.export(source, tmp_path / "e", num_shards=2, executor="threads", retries=1, progress=False)

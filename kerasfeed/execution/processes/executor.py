@@ -212,7 +212,20 @@ class ProcessExecutor(Executor):
         if next_pass is not None:
             next_pass = (int(next_pass[0]), next_pass[1])
         self._watch.pass_started(epoch)  # the consumer goes on
+        self._fresh_if_failed()
         self._on_live(lambda d: self._plan(d, epoch, indices, next_pass))
+
+    def _fresh_if_failed(self) -> None:
+        """A pass begins on a new pool if a worker's death failed this one (not parked yet). That death
+        came while it made the pass's first items ahead, none loaded yet (or it failed the last pass, whose
+        pool parks soon anyway): met again at its own item, the skip budget can leave that item out. It
+        failed the new pass as it began, outside any budget."""
+        d = self._dispatcher
+        if d.failure is None or d.parked:
+            return
+        with self._restart_lock:
+            if not self._closed and self._dispatcher is d:
+                self._relaunch()
 
     def _plan(self, d: Dispatcher, epoch: int, indices: Sequence[int], next_pass: Any) -> None:
         # ``indices`` may be a lazy IndexView (read a window at a time). What changed in the source
