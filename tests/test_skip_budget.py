@@ -395,6 +395,37 @@ def test_an_item_that_kills_its_worker_while_the_next_pass_is_made_ahead_is_left
         kerasfeed.executor_of(data).close()
 
 
+class SlowOnce(Corrupt):
+    """Item 0 runs past the timeout the first time it is made (the probe's call), then is quick."""
+
+    def __init__(self, slow_marker):
+        super().__init__(bad=())
+        self.slow_marker = slow_marker
+
+    def __getitem__(self, i):
+        if i == 0:
+            try:
+                os.close(os.open(self.slow_marker, os.O_CREAT | os.O_EXCL))
+                time.sleep(3.0)
+            except FileExistsError:
+                pass
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_a_probe_that_timed_out_does_not_leave_its_item_out_of_the_first_pass(tmp_path, front):
+    """The probe's call of item 0 ran past timeout= and killed its worker; the probe went on with item 1,
+    and pass 0 then left item 0 out with the probe's error, using the budget, though item 0 was fine by
+    then. The probe's failure only starts the pool again now: every pass has item 0."""
+    source = SlowOnce(str(tmp_path / "slow"))
+    data = _make(front, source, batch_size=B, timeout=1.0, max_skipped=1, executor="processes", workers=2)
+    try:
+        for epoch in range(2):
+            assert [_labels(b) for b in data] == _expected(list(range(N)), set()), epoch
+    finally:
+        kerasfeed.executor_of(data).close()
+
+
 def test_export_retries_a_failing_item_and_writes_every_item(tmp_path):
     source = Corrupt(bad=(), marker_dir=str(tmp_path))
     kerasfeed.export(source, tmp_path / "e", num_shards=2, executor="threads", retries=1, progress=False)

@@ -14,6 +14,9 @@ import abc
 import operator
 from typing import Any, Optional, Sequence
 
+# The ``epoch`` of ``Executor.item_skipped`` for a call outside the passes (a probe).
+OUTSIDE_PASSES = -1
+
 
 class Executor(abc.ABC):
     """Produces ``source[index]`` for the consumer.
@@ -90,7 +93,9 @@ class Executor(abc.ABC):
         ``ItemError`` or ``WorkerError`` (a skip budget): the pass goes on and
         nothing parks. An executor that closed on that failure (``retries=0``:
         a dead worker's pool, a timed-out thread pool) starts again and plans
-        the rest of the pass (the items of its plan not taken yet)."""
+        the rest of the pass (the items of its plan not taken yet). ``epoch``
+        ``OUTSIDE_PASSES``: a call outside the passes (a probe) failed; the
+        executor only starts again, and every pass still makes ``index``."""
 
     def activity(self) -> tuple[int, int]:
         """``(loads started so far, loads in progress)``; cheap, any thread."""

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
 from kerasfeed.cache.options import open_store
-from kerasfeed.execution.base import Executor
+from kerasfeed.execution.base import OUTSIDE_PASSES, Executor
 from kerasfeed.execution.cache_front import CacheFront
 from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.factory import make_executor
@@ -123,7 +123,7 @@ class Feed:
                 if not skippable(e, j):
                     raise
                 failed = failed or e
-                self.executor.item_skipped(j, 0)
+                self.executor.item_skipped(j, OUTSIDE_PASSES)  # the pool starts again; pass 0 makes j again
                 logger.warning("kerasfeed: probing item %d failed (%s); max_skipped is set, so item %d is probed "
                                "instead.", j, e, j - step if last else j + step)
         raise failed
