@@ -221,10 +221,12 @@ class Dispatcher:
     @staticmethod
     def send_requests(sends: list[Send]) -> None:
         for lane, req, epoch in sends:
-            try:
-                lane.process.send(protocol.Load(req.id, req.index, epoch, req.slot))
-            except OSError:
-                pass  # the worker died: its reader fails this request
+            with lane.send_lock:  # the order the worker makes them in (``WorkerLane.first_pending``)
+                req.order, lane.sends = lane.sends, lane.sends + 1
+                try:
+                    lane.process.send(protocol.Load(req.id, req.index, epoch, req.slot))
+                except OSError:
+                    pass  # the worker died: its reader fails this request
 
     # ------------------------------------------------------------ plans
     def start_plan(
@@ -344,7 +346,7 @@ class Dispatcher:
                     # A worker makes its requests in the order sent: the oldest one pending is what it is stuck
                     # on, this one may only wait behind it (blamed, it was left out in the stuck one's place).
                     with self.lock:
-                        stuck = next(iter(lane.pending.values()), req).index
+                        stuck = (lane.first_pending() or req).index
                     behind = "" if stuck == req.index else f" ({self.name}[{req.index}] waited behind it)"
                     err = WorkerError(
                         f"kerasfeed: worker {lane.id} (pid {proc.pid}) did not return {self.name}[{stuck}] within "

@@ -19,7 +19,7 @@ class Request:
     """One ``Load`` sent to a worker, and its answer: the reader thread fills ``spec`` and
     ``nbytes`` (or ``error``) and sets ``done``, then ``event``, which the caller waits on."""
 
-    __slots__ = ("id", "index", "slot", "event", "spec", "nbytes", "error", "done", "abandoned", "planned")
+    __slots__ = ("id", "index", "slot", "event", "spec", "nbytes", "error", "done", "abandoned", "planned", "order")
 
     def __init__(self, request_id: int, index: int, slot: int):
         self.id = request_id
@@ -32,6 +32,7 @@ class Request:
         self.done = False
         self.abandoned = False  # nobody will take the answer: its reader frees the slot
         self.planned = False  # sent by a plan and not taken by a load yet
+        self.order: Optional[int] = None  # its place among the loads sent to the worker, once sent
 
 
 class RequestCounts(NamedTuple):
@@ -84,6 +85,16 @@ class WorkerLane:
         self.exit_sent = False
         self.stopped_for: Optional[str] = None
         self.boot_failures = 0
+        self.send_lock = threading.Lock()  # the loads' order on the way to the worker (``Request.order``)
+        self.sends = 0
+
+    def first_pending(self) -> Optional[Request]:
+        """The pending request the worker reached first: the one it runs (or died on, or is stuck on).
+        A worker makes loads in the order they reach it; ids are given before they are sent, and two
+        threads may send in the other order (a death was blamed on an item already made). Those not
+        sent yet come last. (A worker with ``worker_threads`` runs several at once.)"""
+        return min(self.pending.values(), default=None,
+                   key=lambda r: (r.order is None, r.order if r.order is not None else 0, r.id))
 
     def usable(self) -> bool:
         return self.stream is None and self.death is None and self.retiring is None

@@ -108,9 +108,8 @@ def _worker_gone(d: Any, lane: WorkerLane) -> None:
     head, details = proc.explain_exit(code)
     early = not proc.ready.is_set()  # died while starting: it made no item
     with d.lock:
-        # A worker runs its requests in order: the oldest one pending is the item it died on.
-        mine = sorted(lane.pending.values(), key=lambda r: r.id)
-        index = mine[0].index if mine and not early else None
+        first = lane.first_pending()  # the item it died on
+        index = first.index if first is not None and not early else None
         during = f" while loading {d.name}[{index}]" if index is not None else (" before it was ready" if early else "")
         err = WorkerError(
             f"kerasfeed: worker {lane.id} (pid {proc.pid}) of {d.name} {head}{during}.\n{_not_replaced(d, lane)}"

@@ -173,8 +173,8 @@ class Replacements:
             return False
         head, details = proc.explain_exit(code)
         with d.lock:
-            mine = sorted(lane.pending.values(), key=lambda r: r.id)  # in order: the oldest is its item
-            index = mine[0].index if mine and not early else None
+            mine, first = list(lane.pending.values()), lane.first_pending()  # first: its item
+            index = first.index if first is not None and not early else None
             during = f" while loading {d.name}[{index}]" if index is not None else ""
             during += " before it was ready" if early else ""
             err = WorkerError(
@@ -189,7 +189,7 @@ class Replacements:
             lane.pending.clear()
             for req in mine:
                 req.error = fresh_error(err)
-                if req is not mine[0]:
+                if req is not first:
                     # Died with the worker, not of it: a requeue, not an attempt (retries.Attempts.counts). By
                     # index alone, a next pass's request for the same item would count as one.
                     req.error.index = None
