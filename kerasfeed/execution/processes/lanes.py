@@ -7,6 +7,7 @@ as requests go; the process itself is its ``WorkerProcess``.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -93,8 +94,7 @@ class WorkerLane:
         A worker makes loads in the order they reach it; ids are given before they are sent, and two
         threads may send in the other order (a death was blamed on an item already made). Those not
         sent yet come last. (A worker with ``worker_threads`` runs several at once.)"""
-        return min(self.pending.values(), default=None,
-                   key=lambda r: (r.order is None, r.order if r.order is not None else 0, r.id))
+        return min(self.pending.values(), default=None, key=lambda r: (math.inf if r.order is None else r.order, r.id))
 
     def usable(self) -> bool:
         return self.stream is None and self.death is None and self.retiring is None
