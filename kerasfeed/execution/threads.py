@@ -104,6 +104,7 @@ class ThreadExecutor(Executor):
         self._failure: Optional[TimeoutError] = None
         self._failed_plan: Optional[PassPlan] = None  # the plan a timeout closed
         self._failed_tasks: list = []  # its items started and not taken
+        self._hooked = False  # a source hook ran since the last plan (its items made before are stale)
         self._finalizer: Optional[weakref.finalize] = None
         self._loads = 0  # loads started (for parking)
         self._watch = ParkWatch(self)
@@ -259,11 +260,23 @@ class ThreadExecutor(Executor):
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started: the threads share the source, whose on_epoch_begin must run first.
         self._watch.pass_started(int(epoch))  # the consumer goes on
-        self._new_plan(epoch, indices, ())
+        self._new_plan(epoch, indices, self._made_of(epoch, indices))
+
+    def before_hook(self, name: str) -> None:
+        self._hooked = True  # the threads share the source: what the hook changes, items made before lack
+
+    def _made_of(self, epoch: int, indices: Sequence[int]) -> list[Task]:
+        """The items the current plan started and no load took, when it is the same pass in the same order
+        and no hook ran since: a pass begun again (NOTE [ A pass begun again keeps what was made ])."""
+        with self._lock:
+            plan, hooked, self._hooked = self._plan, self._hooked, False
+            if hooked or plan is None or plan.cancelled or not plan.is_pass(epoch, indices):
+                return []
+            return [t for t in plan.pending_handles() if t.started is not None and not t.abandoned]
 
     def _new_plan(self, epoch: int, indices: Sequence[int], made: Sequence[Task]) -> None:
-        """Plans pass ``epoch`` in the order ``indices``, with the items ``made`` (started by a plan of it
-        that a timeout closed) taken over."""
+        """Plans pass ``epoch`` in the order ``indices``, with the items ``made`` (started by an earlier plan
+        of it: one a timeout closed, or one begun again) taken over."""
         with self._lock:
             if self._closed:
                 return

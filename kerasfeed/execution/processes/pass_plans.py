@@ -97,12 +97,19 @@ class PassPlans:
     def start(self, epoch: int, indices: Any, next_pass: Optional[tuple[int, Any]]) -> None:
         """Pass ``epoch`` starts in the order ``indices``; ``next_pass``: ``(epoch, indices)`` of the
         pass expected after it, or None."""
-        started = self.next_pass_plan
+        started, current = self.next_pass_plan, self.plan
         if started is not None and started.is_pass(epoch, indices):
             # The workers already started this pass: keep what they made.
             self.next_pass_plan = None
             self._drop(self.plan)
             self.plan = started
+        elif current is not None and not current.cancelled and current.is_pass(epoch, indices):
+            # The same pass begun again, the workers' source unchanged (a change drops the plans first):
+            # what they made and no load took is kept (NOTE [ A pass begun again keeps what was made ]).
+            self.plan = None
+            self.drop_all()  # the next pass's, if any
+            self.plan = self._new_plan(epoch, indices)
+            self._release([h for h in current.drop() if not self.plan.adopt(h[1].index, h)])
         else:
             self.drop_all()
             self.plan = self._new_plan(epoch, indices)
@@ -133,7 +140,10 @@ class PassPlans:
         # Requests sent ahead and never taken give their slot back (now if answered, else when it comes).
         if plan is None:
             return
-        for lane, req in plan.drop():
+        self._release(plan.drop())
+
+    def _release(self, handles: list) -> None:
+        for lane, req in handles:
             req.planned = False
             if req.done:
                 lane.waiting -= 1
