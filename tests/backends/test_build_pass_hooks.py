@@ -67,3 +67,39 @@ def test_the_model_build_s_pass_runs_each_epoch_hook_once(backend):
     for run, hooks in got.items():
         epochs = int(run.split("/")[-1].split()[0])
         assert hooks == [[hook, epoch] for epoch in range(epochs) for hook in ("begin", "end")], (run, hooks)
+
+
+_TAKE_OVER = """
+import json
+import keras, numpy as np
+import kerasfeed
+
+class Counted(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        calls.append(i)
+        return np.full((100_000, 3), i, "float32"), np.zeros((100_000, 1), "float32")  # 1.6 MB: not grouped
+
+calls = []
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(kerasfeed.to_dataset(Counted(), executor="threads"), epochs=1, verbose=0)
+print(json.dumps(sorted(calls)))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_fit_takes_over_what_the_model_build_made(backend):
+    """The build's throwaway iterator begins pass 0 and the threads make a window of it ahead; the fit's
+    own iterator begins pass 0 again and takes those items over (NOTE [ A pass begun again keeps what was
+    made ]). 170 calls for 100 batches before (the window made twice); now each item once, but the probe's
+    (4) and what the build's iterator took."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", _TAKE_OVER], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(calls) == set(range(100)) and len(calls) <= 110, (len(calls), calls)
