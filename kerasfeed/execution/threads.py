@@ -260,26 +260,28 @@ class ThreadExecutor(Executor):
     def plan(self, epoch: int, indices: Sequence[int], next_pass: Optional[tuple[int, Sequence[int]]] = None) -> None:
         # ``next_pass`` is never started: the threads share the source, whose on_epoch_begin must run first.
         self._watch.pass_started(int(epoch))  # the consumer goes on
-        self._new_plan(epoch, indices, self._made_of(epoch, indices))
+        self._new_plan(epoch, indices, None)
 
     def before_hook(self, name: str) -> None:
         self._hooked = True  # the threads share the source: what the hook changes, items made before lack
 
-    def _made_of(self, epoch: int, indices: Sequence[int]) -> list[Task]:
-        """The items the current plan started and no load took, when it is the same pass in the same order
-        and no hook ran since: a pass begun again (NOTE [ A pass begun again keeps what was made ])."""
-        with self._lock:
-            plan, hooked, self._hooked = self._plan, self._hooked, False
-            if hooked or plan is None or plan.cancelled or not plan.is_pass(epoch, indices):
-                return []
-            return [t for t in plan.pending_handles() if t.started is not None and not t.abandoned]
+    def _made_again(self, epoch: int, indices: Sequence[int]) -> list[Task]:
+        """With the lock held: the items the current plan started and no load took, when it is the same pass
+        in the same order and no hook ran since: a pass begun again (NOTE [ A pass begun again keeps what was
+        made ])."""
+        plan, hooked, self._hooked = self._plan, self._hooked, False
+        if hooked or plan is None or plan.cancelled or not plan.is_pass(epoch, indices):
+            return []
+        return [t for t in plan.pending_handles() if t.started is not None and not t.abandoned]
 
-    def _new_plan(self, epoch: int, indices: Sequence[int], made: Sequence[Task]) -> None:
-        """Plans pass ``epoch`` in the order ``indices``, with the items ``made`` (started by an earlier plan
-        of it: one a timeout closed, or one begun again) taken over."""
+    def _new_plan(self, epoch: int, indices: Sequence[int], made: Optional[Sequence[Task]]) -> None:
+        """Plans pass ``epoch`` in the order ``indices``, with the items ``made`` (started by a plan of it that
+        a timeout closed; None: by the current plan, if this is its pass begun again) taken over."""
         with self._lock:
             if self._closed:
                 return
+            if made is None:
+                made = self._made_again(epoch, indices)
             if self._plan is not None:
                 self._plan.drop()  # its tasks not taken yet are skipped by the threads
             self._start_threads()
