@@ -10,7 +10,8 @@ and what a Keras that differs gets:
    ``model._initial_epoch`` (where Keras' ``BackupAndRestore`` sets the epoch
    a ``fit`` starts at); its module, for the trainers that build the model
    from a throwaway iterator (``_BUILDING_TRAINERS``: NOTE [ A model build's
-   pass ends later ], loading/pipeline.py);
+   pass ends later ], loading/pipeline.py), and their ``evaluate`` under
+   ``Trainer._symbolic_build`` (``kerasfeed/_keras_build.py``);
 2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``): its
    ``_enumerate_iterator`` (``start_epoch_at``), ``_interrupted_warning``
    (``explain_short_epochs``), ``num_batches``, ``__init__``'s arguments

@@ -415,3 +415,44 @@ def test_an_epoch_iterator_module_that_moved_is_read_where_it_is_and_reported(mo
     with pytest.warns(KerasStructureWarning, match=rf"its EpochIterator is in {re.escape(new)}, not {re.escape(old)}"):
         with pytest.raises(ValueError, match=r"Keras does not pass `y` on to a data adapter"):
             _model().fit(kerasfeed.to_loader(rows, batch_size=4), y=np.zeros((8, 1), "float32"), epochs=1, verbose=0)
+
+
+def _trainer_frames():
+    """``_symbolic_build`` in Keras' trainer module, called by functions of the JAX and TF trainers' modules."""
+    trainer = {"__name__": "keras.src.trainers.trainer"}
+    exec("def _symbolic_build(look):\n    return look()", trainer)
+    callers = {}
+    for module in ("keras.src.backend.jax.trainer", "keras.src.backend.tensorflow.trainer"):
+        namespace = {"__name__": module, "_symbolic_build": trainer["_symbolic_build"]}
+        for name in ("evaluate", "fit", "run_evaluation"):
+            exec(f"def {name}(look):\n    return _symbolic_build(look)", namespace)
+        callers[module.split(".")[3]] = namespace
+    return callers
+
+
+def test_an_evaluations_model_build_is_told_apart_by_its_frames():
+    """NOTE [ An evaluation's model build ] (kerasfeed/_keras_build.py): the JAX trainer's ``evaluate`` under
+    ``_symbolic_build`` is one; its ``fit`` (FitView.builds) and TensorFlow's trainer are not, silently; a JAX
+    trainer's build from a function of another name is reported once, as the pass it reads may be the next."""
+    from kerasfeed._keras_build import evaluation_builds
+
+    callers = _trainer_frames()
+    look = lambda: evaluation_builds(sys._getframe(1))  # noqa: E731 - the frame of _symbolic_build's callee
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert callers["jax"]["evaluate"](look) is True
+        assert callers["jax"]["fit"](look) is False
+        assert callers["tensorflow"]["evaluate"](look) is False
+        assert look() is False  # no build on the stack
+    with pytest.warns(KerasStructureWarning, match=r"keras\.src\.backend\.jax\.trainer\.run_evaluation builds"):
+        assert callers["jax"]["run_evaluation"](look) is False
+
+
+def test_a_trainer_without_symbolic_build_is_reported(monkeypatch):
+    from keras.src.trainers import trainer
+
+    from kerasfeed._keras_build import evaluation_builds
+
+    monkeypatch.delattr(trainer.Trainer, "_symbolic_build")
+    with pytest.warns(KerasStructureWarning, match="its Trainer has no `_symbolic_build`.*the next one"):
+        assert evaluation_builds(sys._getframe()) is False

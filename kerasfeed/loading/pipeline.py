@@ -76,6 +76,8 @@ class PassPipeline(FollowsFit):
         self._hooked: Optional[int] = None  # the pass whose begin hooks ran and whose end hook has not
         self._build: Optional[int] = None  # the ticket a model build began (NOTE [ A model build's pass ends later ])
         self._deferred_end: Optional[int] = None  # that ticket, once its pass ended: its end hook waits
+        # NOTE [ An evaluation's model build ] (kerasfeed/_keras_build.py): the next begin is its; then its pass
+        self._build_next, self._again = False, None  # (pass, skip), which the evaluation's loop begins again
         # NOTE [ Epoch hooks and items that view the source ]: TensorFlow may keep a numpy_function's
         # arrays without copying them, for as long as the consumer holds the element. A user's hook
         # that overwrites in place what earlier items viewed (``self.x[a:b]``, then an in-place
@@ -128,11 +130,22 @@ class PassPipeline(FollowsFit):
         target = self.fit_target()
         with self._lock:
             epoch, skip, build = self._next, self._skip, False
+            again, self._again = self._again, None
             if target is not None:
                 epoch, skip, build = target
+            elif self._build_next:
+                build, self._again = True, (epoch, skip)
+            elif again is not None:
+                epoch, skip = again
+            self._build_next = False
             self._next, self._skip = epoch + 1, 0
             self._pins.pop(epoch, None)
         return epoch, skip, build
+
+    def model_build_iterator(self) -> None:
+        """An iterator made now is an evaluation's model build's (NOTE [ An evaluation's model build ])."""
+        with self._lock:
+            self._build_next = True
 
     def takes_over(self, epoch: int, skip: int) -> bool:
         taken = super().takes_over(epoch, skip)

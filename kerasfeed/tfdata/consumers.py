@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import weakref
 from typing import Any
 
+from kerasfeed._keras_build import evaluation_builds
 from kerasfeed.execution.interrupts import install_interrupts
 from kerasfeed.observe.lookup import find_tagged
 
@@ -75,6 +77,9 @@ def _watch(iterator: Any, dataset: Any) -> None:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
+    pipeline = find_tagged(dataset, _TAGS[0])
+    if pipeline is not None and evaluation_builds(sys._getframe(2)):  # NOTE [ An evaluation's model build ]
+        pipeline.model_build_iterator()
     for scope in _scopes(owners):
         scope.consumer_started()
         # Holds the scope (small), never the executor or the iterator.

@@ -103,3 +103,60 @@ def test_the_fit_takes_over_what_the_model_build_made(backend):
     assert proc.returncode == 0, proc.stderr[-4000:]
     calls = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(calls) == set(range(100)) and len(calls) <= 110, (len(calls), calls)
+
+
+_EVALUATE = """
+import json
+import keras, numpy as np
+import kerasfeed
+
+class Hooked(kerasfeed.SceneSequence):
+    def __init__(self):
+        super().__init__()
+        self.hooks, self.calls = [], []
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        self.calls.append(self.epoch)  # on threads (worker processes count in their copy)
+        return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
+
+    def on_epoch_begin(self):
+        self.hooks.append(["begin", self.epoch])
+
+    def on_epoch_end(self):
+        self.hooks.append(["end", self.epoch])
+
+got = {}
+for executor, fit_first in [("threads", False), ("processes", False), ("threads", True)]:
+    seq = Hooked()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    data = kerasfeed.to_dataset(seq, executor=executor)
+    if fit_first:
+        model.fit(data, epochs=1, verbose=0)
+    model.evaluate(data, verbose=0)
+    model.evaluate(data, verbose=0)
+    got[f"{executor}{', fit first' if fit_first else ''}"] = [seq.hooks, sorted(set(seq.calls))]
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_an_evaluation_that_builds_the_model_reads_one_pass(backend):
+    """``evaluate`` of a model just compiled builds it from a throwaway iterator (NOTE [ An evaluation's model
+    build ], kerasfeed/_keras_build.py). Two evaluations read passes 0 and 1, each hook once, as under
+    TensorFlow; they read passes 0, 1 and 2 before (pass 0 for the build alone, its hooks run). After a
+    fit (the model built), the evaluations read the passes after the fit's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", _EVALUATE], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    passes = {"threads": [0, 1], "processes": [0, 1], "threads, fit first": [0, 1, 2]}
+    for run, (hooks, read) in got.items():
+        assert hooks == [[hook, p] for p in passes[run] for hook in ("begin", "end")], (run, hooks)
+        if run.startswith("threads"):
+            assert read == passes[run], (run, read)

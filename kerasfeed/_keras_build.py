@@ -1,0 +1,49 @@
+"""An evaluation's model build: what kerasfeed reads of it, with its check (TF-free, Keras-free). Part of
+NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit.py`` (item 1).
+
+NOTE [ An evaluation's model build ]: Keras' JAX and torch trainers build a model whose layers, metrics or
+loss are not built yet from a batch of a throwaway iterator (``Trainer._symbolic_build``), in ``evaluate``
+as in ``fit``. Under ``fit`` the fit's frame says so (``FitView.builds``); ``evaluate`` has no epoch to read,
+so the iterator is told apart where it is made: on the evaluation's own thread, under ``_symbolic_build``
+called by that ``evaluate``. The pass it begins is a model build's (its end waits: NOTE [ A model build's
+pass ends later ], loading/pipeline.py), and the evaluation's loop begins that pass again instead of the
+next one, as under TensorFlow, where no throwaway iterator is made.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from kerasfeed._keras_fit import _BUILDING_TRAINERS, report
+
+_TRAINER_MODULE = "keras.src.trainers.trainer"
+_BUILD = "_symbolic_build"
+_CALLERS = ("evaluate",)  # fit: FitView.builds; predict builds from its loop's first batch
+
+
+def evaluation_builds(frame: Any, depth: int = 16) -> bool:
+    """Whether ``frame`` (or one of the ``depth`` frames above it) runs Keras' model build for an
+    ``evaluate`` of a trainer that builds from a throwaway iterator (``_BUILDING_TRAINERS``)."""
+    module = sys.modules.get(_TRAINER_MODULE)
+    if module is not None and not callable(getattr(getattr(module, "Trainer", None), _BUILD, None)):
+        report(f"its Trainer has no `{_BUILD}`", "Under JAX and torch, `evaluate` of a model not built yet reads "
+               "one pass of a kerasfeed.to_dataset for the build and the next one for the evaluation.")
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == _BUILD and frame.f_globals.get("__name__") == _TRAINER_MODULE:
+            caller = frame.f_back
+            module = None if caller is None else caller.f_globals.get("__name__")
+            if module not in _BUILDING_TRAINERS:
+                return False
+            if caller.f_code.co_name not in _CALLERS + ("fit",):
+                report(f"{module}.{caller.f_code.co_name} builds the model from an iterator, not `fit` or `evaluate`",
+                       "An evaluation of a model not built yet may read one pass of a kerasfeed.to_dataset for the "
+                       "build and the next one for the evaluation.")
+            return caller.f_code.co_name in _CALLERS
+        frame = frame.f_back
+    return False
+
+
+__all__ = ["evaluation_builds"]
