@@ -4,6 +4,8 @@ files count.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import os
 import subprocess
@@ -354,3 +356,85 @@ def test_a_kept_cache_is_rebuilt_when_a_class_attribute_or_a_file_it_names_chang
     key = source_key(_ClassSet(), 4, None, 1)
     assert key["attributes"]["SCALE"] == "10.0" and str(path) in key["files"]
     assert set(key["attributes"]) == {"PATH", "SCALE"}  # no method, no class list
+
+
+class _Mode(enum.Enum):
+    RAW = 1
+    NORM = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    scale: float
+    values: str = ""
+
+
+class _Set(kerasfeed.SceneSequence):
+    def __init__(self, setting):
+        super().__init__()
+        self.setting = setting
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full(2, i)
+
+
+def test_settings_of_other_kinds_are_keyed_by_value():
+    """A dtype, a class, an enum member, a set, a slice, a range and a dataclass config were left out of the
+    key (a helper's runs: the second served the first run's items after one changed)."""
+    pairs = {
+        "dtype class": (np.float32, np.float16), "dtype": (np.dtype("float32"), np.dtype("float16")),
+        "class": (float, int), "enum": (_Mode.RAW, _Mode.NORM), "set": ({0, 1}, {0, 1, 2}),
+        "slice": (slice(0, 2), slice(0, 3)), "range": (range(2), range(3)), "dataclass": (_Cfg(1.0), _Cfg(2.0)),
+        "nested": ({"dtype": np.float32, "modes": [_Mode.RAW]}, {"dtype": np.float32, "modes": [_Mode.NORM]}),
+    }
+    for kind, (first, second) in pairs.items():
+        key = source_key(_Set(first), 4, None, 1)
+        assert "setting" in key["attributes"], kind
+        assert key_change(key, source_key(_Set(first), 4, None, 1)) is None, kind
+        assert "`setting` changed" in key_change(key, source_key(_Set(second), 4, None, 1)), kind
+    same = source_key(_Set({"b", "a", "c"}), 4, None, 1)
+    assert key_change(same, source_key(_Set({"c", "b", "a"}), 4, None, 1)) is None  # a set's order is no change
+
+
+class _Deep(kerasfeed.SceneSequence):
+    """``load`` reads a file named two levels down in a config, in a dataclass or in the class body's list."""
+
+    FILES: list = []
+
+    def __init__(self, how, path):
+        super().__init__()
+        self.how = how
+        if how == "config":
+            self.cfg = {"data": {"values": path}}
+        elif how == "dataclass":
+            self.cfg = _Cfg(1.0, path)
+        self.path = None if how == "class list" else path  # for load only, left out below
+        self.cache_ignores = ("path",)
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.load(self.path or self.FILES[0])[i:i + 1]
+
+
+def test_a_file_named_deep_in_a_config_a_dataclass_or_a_class_list_rebuilds_the_cache(tmp_path, monkeypatch,
+                                                                                       caplog):
+    """Only one level of lists and dicts was read for files, and no class-body list: rewriting the file served
+    the first run's items."""
+    path = str(tmp_path / "values.npy")
+    monkeypatch.setattr(_Deep, "FILES", [path])
+    for how in ("config", "dataclass", "class list"):
+        directory = str(tmp_path / how.replace(" ", "_"))
+        for value in (1.0, 2.0):
+            np.save(path, np.full(4, value))
+            os.utime(path, ns=(int(value), int(value)))  # another mtime whatever the clock's resolution
+            caplog.clear()
+            with kerasfeed.to_loader(_Deep(how, path), executor="threads", cache=directory) as loader:
+                assert [float(b[0]) for b in loader] == [value] * 4, (how, value)
+            assert source_key(_Deep(how, path), 4, None, 1)["files"] == {path: f"size={os.stat(path).st_size},"
+                                                                         f"mtime_ns={int(value)}"}, how
+        assert "rebuilt" in caplog.text and "values.npy changed" in caplog.text, (how, caplog.text)

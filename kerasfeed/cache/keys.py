@@ -15,9 +15,11 @@ holds:
 - ``attributes``: the source's public plain attributes, its instance's and
   its own classes' (``SCALE = 2.0`` in the class body; not a class's lists,
   dicts and sets: shared state) (numbers, strings,
-  small arrays, and lists, tuples and dicts of them, nested up to 4 levels,
-  an object inside them by its type: what its constructor was given, such
-  as a batch size, a point count or a config dict) by value or digest, and
+  small arrays, dtypes (``np.float16``, ``np.dtype("f2")``), classes by
+  name, enum members, slices and ranges, and lists, tuples, sets, dicts and
+  dataclass instances of them, nested up to 4 levels, another object inside
+  them by its type: what its constructor was given, such as a batch size,
+  a point count or a config) by value or digest, and
   functions they hold by their code (``_callable_value``). An
   attribute set in one run and not the other counts as changed. Left out:
   attributes whose name starts with ``_`` (a class's own state: open
@@ -34,8 +36,9 @@ holds:
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
   attributes that are existing paths, h5py objects, memory-mapped arrays
   and objects with their own ``kerasfeed_identity()`` (a kerasfeed HDF5
-  reader it holds), one level into lists, tuples and dicts (not those in
-  ``cache_ignores``: a log the source appends to).
+  reader it holds), 4 levels into lists, tuples, sets, dicts and dataclass
+  instances, a class body's lists and dicts too (not those in
+  ``cache_ignores``: a log the source appends to): ``key_sources.py``.
 
 Any difference rebuilds the cache and one log line says which part changed.
 The records themselves carry their items' specs, so the item spec needs no
@@ -44,22 +47,19 @@ entry of its own: it follows from the code, the attributes and the files.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import hashlib
-import itertools
-import os
 import types
 from typing import Any, Optional
 
 import numpy as np
 
-# Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change items.
-_SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch",
-                      "cache_ignores"})
+from kerasfeed.cache.key_sources import NESTED_DEPTH, attributes, ignored, members, source_files
+
 _ATOMIC = (bool, int, float, complex, str, bytes, np.generic)
 _ARRAY_DIGEST_MAX = 64 * 2**20  # larger arrays count by shape and dtype only
-_SEQUENCE_MAX = 10_000
-_NESTED_DEPTH = 4  # levels of lists, tuples and dicts an attribute's value is keyed through
 
 
 def _digest(data: bytes) -> str:
@@ -155,139 +155,63 @@ def _value(value: Any) -> Optional[str]:
         # flat, of any length (one fold's 100,000 file names): keyed as before nested values were, so that
         # kept caches of such sources stay valid
         return f"{type(value).__name__}:{_digest(repr(value).encode())}"
-    if isinstance(value, (tuple, list, dict)):
-        text = _nested(value, _NESTED_DEPTH, [float("inf")])  # every value, to 4 levels (past them: left out)
+    if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
+        text = _nested(value, NESTED_DEPTH, [float("inf")])  # every value, to 4 levels (past them: left out)
         return None if text is None else f"{type(value).__name__}:{_digest(text.encode())}"
+    return _setting(value)
+
+
+def _is_dataclass(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _setting(value: Any) -> Optional[str]:
+    """A value that names a setting by what it is: a dtype (``np.float16``, ``np.dtype("f2")``), an enum
+    member, a slice, a range; None for other objects."""
+    if isinstance(value, np.dtype):
+        return f"dtype:{value.str}"
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return f"dtype:{np.dtype(value).str}"
+    if isinstance(value, type):  # a class given as a setting (``dtype=float``, a layer class): by its name
+        return f"class:{value.__module__}.{value.__qualname__}"
+    if isinstance(value, enum.Enum):
+        return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (slice, range)) and all(v is None or isinstance(v, int)
+                                                 for v in (value.start, value.stop, value.step)):
+        return repr(value)
     return None
 
 
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
     """A list, tuple or dict of plain values (nested: a config dict, a list of lists) as text for the key;
-    an object inside counts by its type. None past ``_NESTED_DEPTH`` levels or ``budget[0]`` values."""
+    an object inside counts by its type. None past ``NESTED_DEPTH`` levels or ``budget[0]`` values."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    if isinstance(value, (tuple, list, dict)):
+    if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
         if depth == 0:
             return None
-        pairs = sorted(value.items(), key=lambda kv: repr(kv[0])) if isinstance(value, dict) else enumerate(value)
+        if isinstance(value, dict):
+            pairs = sorted(value.items(), key=lambda kv: repr(kv[0]))
+        elif _is_dataclass(value):  # a config object: its fields by name
+            pairs = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+        else:
+            pairs = list(enumerate(members(value)))
         parts = []
         for k, v in pairs:
             text = _nested(v, depth - 1, budget)
             if text is None:
                 return None
-            parts.append(f"{k!r}:{text}" if isinstance(value, dict) else text)
-        return f"{type(value).__name__}[{','.join(parts)}]"
+            parts.append(f"{k!r}:{text}" if isinstance(value, dict) or _is_dataclass(value) else text)
+        if isinstance(value, (set, frozenset)):  # in the run's hash order: sorted, the same in every run
+            parts.sort()
+        return f"{type(value).__qualname__}[{','.join(parts)}]"
     return _bound_value(value)
-
-
-def file_identity(path: str) -> Optional[str]:
-    """``size=...,mtime_ns=...`` of a local file; None when it is not one."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    if not os.path.isfile(path):
-        return None
-    return f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
-
-
-def _own_files(value: Any) -> Optional[dict]:
-    """``{path or URL: identity}`` from ``value.kerasfeed_identity()`` (kerasfeed's HDF5 readers); None
-    when it has none."""
-    own = getattr(value, "kerasfeed_identity", None)
-    if not callable(own) or isinstance(value, type):
-        return None
-    return {str(k): str(v) for k, v in dict(own()).items()}
-
-
-def _files_in(value: Any, found: dict) -> None:
-    try:
-        held = _own_files(value)  # a kerasfeed HDF5 reader the source holds: its files
-    except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
-        return
-    if held is not None:
-        found.update(held)
-        return
-    if isinstance(value, (str, os.PathLike)):
-        try:
-            path = os.fspath(value)
-        except TypeError:
-            return
-        if isinstance(path, str) and len(path) < 4096 and os.path.isfile(path):
-            found[os.path.abspath(path)] = file_identity(path)
-        return
-    if isinstance(value, np.memmap):  # np.load(mmap_mode=...): its file, whatever its size (the key's array
-        name = getattr(value, "filename", None)  # digest stops at _ARRAY_DIGEST_MAX)
-        identity = file_identity(name) if isinstance(name, str) else None
-        if identity is not None:
-            found[os.path.abspath(name)] = identity
-        return
-    if type(value).__module__.startswith("h5py") and hasattr(value, "file"):
-        try:
-            name = value.file.filename
-        except Exception:  # noqa: BLE001 - a closed h5py object has no file
-            return
-        identity = file_identity(name)
-        if identity is not None:
-            found[os.path.abspath(name)] = identity
-
-
-def source_files(source: Any) -> dict:
-    """``{path or URL: identity}`` of the files ``source`` names (see the NOTE)."""
-    found: dict = _own_files(source) or {}
-    ignored = _ignored(source)
-    for name, value in _attributes(source).items():
-        if name in ignored:  # a log the source appends to, say: not what the stored stage reads
-            continue
-        _files_in(value, found)
-        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-        if len(values) > _SEQUENCE_MAX and not any(map(_names_a_file, itertools.islice(values, _PATHS_SAMPLE))):
-            continue  # a long list of labels or numbers, not of paths: not a stat per value every run
-        for v in values:
-            _files_in(v, found)
-    return found
-
-
-_PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths
-
-
-def _names_a_file(value: Any) -> bool:
-    if isinstance(value, (str, os.PathLike)):  # a path of an existing file, not any string (a label)
-        found: dict = {}
-        _files_in(value, found)
-        return bool(found)
-    return type(value).__module__.startswith("h5py") or callable(getattr(value, "kerasfeed_identity", None))
-
-
-def _ignored(source: Any) -> frozenset:
-    return frozenset(getattr(source, "cache_ignores", ()) or ())
-
-
-# Classes whose attributes are not the user's: kerasfeed's, Keras' (a PyDataset's), Python's own.
-_FOREIGN = frozenset({"builtins", "abc", "typing", "keras", "kerasfeed"})
-
-
-def _attributes(source: Any) -> dict:
-    """The source's attributes: its instance's, over the plain values of its own classes' bodies (``PATH =
-    "..."``, ``SCALE = 2.0``, read as ``self.PATH``); not methods, properties or other descriptors, nor what
-    kerasfeed's and Keras' classes define, nor a class's lists, dicts and sets (state shared by its instances,
-    such as a registry or a count, more often than a setting)."""
-    found: dict = {}
-    for klass in reversed(type(source).__mro__):  # a subclass's value over its base's
-        if str(getattr(klass, "__module__", "")).split(".")[0] in _FOREIGN:
-            continue
-        for k, v in vars(klass).items():
-            if not (k.startswith("__") or callable(v) or hasattr(type(v), "__get__")
-                    or isinstance(v, (list, dict, set))):
-                found[k] = v
-    found.update(getattr(source, "__dict__", None) or {})
-    return {k: v for k, v in found.items() if k not in _SKIPPED}
 
 
 def _feed(h: Any, value: Any, depth: int) -> bool:
     """Feeds ``value`` (an array, a plain value, or lists, tuples and dicts of them) into the hash ``h``,
-    arrays whole; False for what it cannot key (an object, past ``_NESTED_DEPTH`` levels)."""
+    arrays whole; False for what it cannot key (an object, past ``NESTED_DEPTH`` levels)."""
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         h.update(f"array{value.shape}:{value.dtype.str};".encode())
         data = np.ascontiguousarray(value)
@@ -319,7 +243,7 @@ def container_digest(source: Any) -> Optional[str]:
     if not isinstance(source, (np.ndarray, list, tuple)):
         return None
     h = hashlib.blake2b(digest_size=16)
-    if not _feed(h, source, _NESTED_DEPTH + 1):
+    if not _feed(h, source, NESTED_DEPTH + 1):
         raise TypeError(
             "a kept `cache` directory keys a source that is a list, tuple or array by its items' values, and this "
             "one holds objects whose values cannot be keyed (only arrays, numbers, strings and lists, tuples and "
@@ -363,16 +287,16 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
     cls = type(source)
     stage = stage_of(source)
-    ignored = _ignored(source)
-    public = {k: v for k, v in _attributes(source).items() if not k.startswith("_") and k not in ignored}
-    attributes = {}
+    left_out = ignored(source)
+    public = {k: v for k, v in attributes(source).items() if not k.startswith("_") and k not in left_out}
+    keyed = {}
     for k, v in sorted(public.items()):
-        text = _value(v) if not callable(v) else _callable_value(v)
+        text = _callable_value(v) if callable(v) and not isinstance(v, type) else _value(v)
         if text is not None:
-            attributes[k] = text
+            keyed[k] = text
     held = container_digest(source)
     if held is not None:  # an array or a list is its own data: its values are what the items are
-        attributes["<the items>"] = held
+        keyed["<the items>"] = held
     settings = _settings(source, public)
     return {
         "layout": layout,
@@ -381,7 +305,7 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
         "version": None if version is None else repr(version),
         "stage": stage,
         "code": _code_digest(getattr(cls, stage, None)),
-        "attributes": attributes,
+        "attributes": keyed,
         "files": source_files(source),
         **({"settings": settings} if settings else {}),  # absent, not empty: other sources' keys stay as they were
     }
@@ -416,4 +340,4 @@ def key_change(old: Optional[dict], new: dict) -> Optional[str]:
     return None
 
 
-__all__ = ["container_digest", "file_identity", "key_change", "source_files", "source_key", "stage_of"]
+__all__ = ["container_digest", "key_change", "source_key", "stage_of"]

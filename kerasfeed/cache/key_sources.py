@@ -1,0 +1,144 @@
+"""What a kept cache's key reads of a source: its attributes, and the files they name (part of
+NOTE [ When a kept cache is stale ], ``keys.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+# Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change items.
+_SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch",
+                      "cache_ignores"})
+SEQUENCE_MAX = 10_000
+NESTED_DEPTH = 4  # levels of lists, tuples, sets, dicts and dataclasses an attribute's value is read through
+_PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths
+_SCAN_BUDGET = 1_000_000  # values looked at for files, over all attributes
+# Classes whose attributes are not the user's: kerasfeed's, Keras' (a PyDataset's), Python's own.
+_FOREIGN = frozenset({"builtins", "abc", "typing", "keras", "kerasfeed"})
+
+
+def attributes(source: Any, *, shared: bool = False) -> dict:
+    """The source's attributes: its instance's, over the plain values of its own classes' bodies (``PATH =
+    "..."``, ``SCALE = 2.0``, read as ``self.PATH``); not methods, properties or other descriptors, nor what
+    kerasfeed's and Keras' classes define. ``shared``: with a class's lists, dicts and sets, which the
+    attributes' key leaves out (state shared by its instances, such as a registry or a count, more often than
+    a setting) and the file check reads (``FILES = [...]``)."""
+    found: dict = {}
+    for klass in reversed(type(source).__mro__):  # a subclass's value over its base's
+        if str(getattr(klass, "__module__", "")).split(".")[0] in _FOREIGN:
+            continue
+        for k, v in vars(klass).items():
+            if not (k.startswith("__") or callable(v) or hasattr(type(v), "__get__")
+                    or (not shared and isinstance(v, (list, dict, set)))):
+                found[k] = v
+    found.update(getattr(source, "__dict__", None) or {})
+    return {k: v for k, v in found.items() if k not in _SKIPPED}
+
+
+def ignored(source: Any) -> frozenset:
+    return frozenset(getattr(source, "cache_ignores", ()) or ())
+
+
+def members(value: Any) -> Optional[list]:
+    """The values a list, tuple, set, dict or dataclass instance holds (None for anything else)."""
+    if isinstance(value, dict):
+        return list(value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    return None
+
+
+def file_identity(path: str) -> Optional[str]:
+    """``size=...,mtime_ns=...`` of a local file; None when it is not one."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not os.path.isfile(path):
+        return None
+    return f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+
+
+def own_files(value: Any) -> Optional[dict]:
+    """``{path or URL: identity}`` from ``value.kerasfeed_identity()`` (kerasfeed's HDF5 readers); None
+    when it has none."""
+    own = getattr(value, "kerasfeed_identity", None)
+    if not callable(own) or isinstance(value, type):
+        return None
+    return {str(k): str(v) for k, v in dict(own()).items()}
+
+
+def _files_in(value: Any, found: dict) -> None:
+    try:
+        held = own_files(value)  # a kerasfeed HDF5 reader the source holds: its files
+    except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
+        return
+    if held is not None:
+        found.update(held)
+        return
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            path = os.fspath(value)
+        except TypeError:
+            return
+        if isinstance(path, str) and len(path) < 4096 and os.path.isfile(path):
+            found[os.path.abspath(path)] = file_identity(path)
+        return
+    if isinstance(value, np.memmap):  # np.load(mmap_mode=...): its file, whatever its size (the key's array
+        name = getattr(value, "filename", None)  # digest stops at _ARRAY_DIGEST_MAX)
+        identity = file_identity(name) if isinstance(name, str) else None
+        if identity is not None:
+            found[os.path.abspath(name)] = identity
+        return
+    if type(value).__module__.startswith("h5py") and hasattr(value, "file"):
+        try:
+            name = value.file.filename
+        except Exception:  # noqa: BLE001 - a closed h5py object has no file
+            return
+        identity = file_identity(name)
+        if identity is not None:
+            found[os.path.abspath(name)] = identity
+
+
+def _scan(value: Any, found: dict, depth: int, budget: list) -> None:
+    """The files ``value`` names, and those of the values it holds, ``depth`` levels down (a config dict
+    of paths, a dataclass holding one)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return
+    _files_in(value, found)
+    values = members(value) if depth > 0 and not isinstance(value, np.ndarray) else None
+    if not values:
+        return
+    if len(values) > SEQUENCE_MAX and not any(map(_names_a_file, itertools.islice(values, _PATHS_SAMPLE))):
+        return  # a long list of labels or numbers, not of paths: not a stat per value every run
+    for v in values:
+        _scan(v, found, depth - 1, budget)
+
+
+def source_files(source: Any) -> dict:
+    """``{path or URL: identity}`` of the files ``source`` names (see the NOTE)."""
+    found: dict = own_files(source) or {}
+    skipped, budget = ignored(source), [_SCAN_BUDGET]
+    for name, value in attributes(source, shared=True).items():
+        if name not in skipped:  # a log the source appends to, say: not what the stored stage reads
+            _scan(value, found, NESTED_DEPTH, budget)
+    return found
+
+
+def _names_a_file(value: Any) -> bool:
+    if isinstance(value, (str, os.PathLike)):  # a path of an existing file, not any string (a label)
+        found: dict = {}
+        _files_in(value, found)
+        return bool(found)
+    return type(value).__module__.startswith("h5py") or callable(getattr(value, "kerasfeed_identity", None))
+
+
+__all__ = ["NESTED_DEPTH", "SEQUENCE_MAX", "attributes", "file_identity", "ignored", "members", "own_files",
+           "source_files"]
