@@ -290,3 +290,39 @@ def test_a_kept_cache_under_an_order_gets_this_process_s_subdirectory(tmp_path):
         finally:
             kerasfeed.executor_of(ds).close()
     assert sorted(os.listdir(directory)) == ["data.bin", "index.bin", "key.json", "lock", "shard-1-of-2"]
+
+
+class _Split(kerasfeed.SceneSequence):
+    """``load`` and ``augment``, and a ``__getitem__`` of its own (``how``): what the cache serves or not."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full((2,), i * 10, "float32")
+
+    def augment(self, x):
+        return x + kerasfeed.item_rng().normal(size=x.shape).astype("float32") + np.float32(np.random.rand())
+
+    def __getitem__(self, i):
+        item = self.augment(self.load(i))
+        return {"same": item, "label": (item, np.int64(i)), "scaled": item / 100}[self.how]
+
+
+def test_a_class_s_own_getitem_that_is_not_augment_of_load_is_refused_or_warned(caplog):
+    """With cache= items are augment(load(i)); a class whose own __getitem__ made other items (a label added,
+    a scale after augment) trained on those silently (a helper's report). Item 0 made both ways, from the same
+    random states: another structure is refused, other values are a warning, the same items pass."""
+    with pytest.raises(ValueError, match=r"own __getitem__ makes other items: item 0 by __getitem__ is tuple of 2 "
+                                         r"leaves .*by augment\(load\(0\)\) ndarray of 1 leaves"):
+        kerasfeed.to_loader(_Split("label"), cache="memory")
+    for how in ("scaled", "same"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+            with kerasfeed.to_loader(_Split(how), cache="memory") as loader:
+                assert len(list(loader)) == 4
+        assert ("item 0 by its own __getitem__ has other values" in caplog.text) == (how == "scaled"), caplog.text

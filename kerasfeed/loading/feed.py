@@ -16,6 +16,7 @@ from kerasfeed.cache.options import open_store
 from kerasfeed.execution.base import OUTSIDE_PASSES, Executor
 from kerasfeed.execution.cache_front import CacheFront
 from kerasfeed.execution.cached_items import ItemCache
+from kerasfeed.execution.cached_split import check_split
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.item_random import ItemSeeds
 from kerasfeed.loading.arguments import Passes, resolve_passes
@@ -231,6 +232,8 @@ def cached_executor(
     store, close = open_store(options.cache, source, total, _store_shard(plan))
     try:
         item_cache = ItemCache.for_source(source, store)
+        if item_cache.augment:
+            check_split(source, options.api)  # NOTE [ A class's own __getitem__ beside load and augment ]
         if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
             item_cache.first_pass_stored = store.holds_all(pass_view(passes.order, passes.resume.epoch))
         pool = dataclasses.replace(options.pool, item_cache=item_cache)
