@@ -294,6 +294,9 @@ def make_auto_executor(
     # With cache=, what the executor will run per item (NOTE [ Auto with cache= ] in auto_cached.py).
     work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
     probe = None if work is None else probe_source(work, calls=calls)
+    keep = getattr(work, "keep_made", None)
+    if callable(keep):
+        keep()  # with cache=: what the probe made is stored, not made again in pass 0
     name, reason = ("threads", note) if probe is None else decide(probe, n_workers, cpus, handover)
     reason += f"; {note}" if note and probe is not None else ""
     ex: Executor

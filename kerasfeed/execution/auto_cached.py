@@ -22,6 +22,9 @@ With ``cache=`` the executor does not run ``source[i]`` every pass
   usually stays on threads, where a worker process would add a copy of the
   result and the consumer's pick-up; a costly, GIL-bound one goes to
   processes (docs/performance.md, *auto with cache=*).
+
+What the probe loads (the stored stage's items) goes into the store, so pass 0 does not load those
+items again; not into a shard's store (``ItemCache.whole_source``), where they may be other shards'.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class _Stored:
         if item is None:
             with item_scope(i):  # as the executor's call: item_rng() refused in the stage by name
                 item = read_only(run_stage(self._source, self._cache.stage_name, i))
+            if store is not None and self._cache.whole_source:
+                store.put(i, item)  # loaded once: pass 0 serves it
         return item
 
     def __len__(self) -> int:
@@ -64,13 +69,22 @@ class _Made:
 
     def __init__(self, source: Any, cache: ItemCache, probed: int):
         self._source, self._cache = source, cache
+        self._made: dict = {}  # index -> its stage's item, stored once the probe is done (not while it times)
 
     def __len__(self) -> int:
         return source_length(self._source)
 
     def __getitem__(self, i: int) -> Any:
         item = run_stage(self._source, self._cache.stage_name, i)
+        self._made.setdefault(i, item)
         return run_augment(self._source, read_only(item)) if self._cache.augment else item
+
+    def keep_made(self) -> None:
+        """Stores the items the probe made: pass 0 does not make them again."""
+        store, made, self._made = self._cache.store, self._made, {}
+        if store is not None and self._cache.whole_source:  # a shard's: the probed items may be others'
+            for i, item in made.items():
+                store.put(i, item)
 
 
 def _named(kind: type, source: Any, cache: ItemCache, probed: int) -> Any:

@@ -155,6 +155,7 @@ class ItemCache:
         # Every item of the pipeline's first pass was stored when it was opened (a kept directory reused; a
         # shard's holds only the shard's): set by the pipeline, for executor="auto" (``auto_cached.py``).
         self.first_pass_stored = False
+        self.whole_source = True  # the store is for every item, not a shard's (set by the pipeline)
 
     @classmethod
     def for_source(cls, source: Any, store: Optional[ItemStore]) -> "ItemCache":

@@ -232,6 +232,7 @@ def cached_executor(
     store, close = open_store(options.cache, source, total, _store_shard(plan))
     try:
         item_cache = ItemCache.for_source(source, store)
+        item_cache.whole_source = _store_shard(plan) == (0, 1)  # a shard's store keeps no item of other shards
         if item_cache.augment:
             check_split(source, options.api)  # NOTE [ A class's own __getitem__ beside load and augment ]
         if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
