@@ -348,3 +348,19 @@ def test_a_child_forked_while_another_thread_holds_the_collector_off_gets_it_bac
                          timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True", "True", "True", "True"], out.stdout
+
+
+def test_a_short_timeout_counts_the_request_not_the_making_of_the_filesystem(scenes, srv):
+    """A process's first request made fsspec's HTTP filesystem (aiohttp's import, ~0.3 s) inside its timeout:
+    with `timeout=0.05, attempts=1` a healthy server got no request and the reader failed "no answer within
+    timeout" (a helper's report). A fresh process, so that nothing is imported yet."""
+    code = (
+        "import kerasfeed\n"
+        f"seq = kerasfeed.H5SliceSequence({srv.url + '/a.h5'!r}, 'labels', 4, "
+        "remote_options={'timeout': 0.05, 'attempts': 1})\n"
+        "print('batches', len(seq), seq[0].tolist())\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"batches 6 {scenes[1][0][1].tolist()}" in out.stdout, out.stdout

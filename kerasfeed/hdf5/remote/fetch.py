@@ -173,6 +173,10 @@ class Store:
 
     async def _tries(self, what: str, attempt: Callable[[], Awaitable]) -> Any:
         opts, causes = self.options, []
+        try:  # made before the first try's clock starts: a process's first (aiohttp's import: ~0.3 s) is no request
+            self.fs
+        except Exception:  # noqa: BLE001 - the try raises it again, sorted by _classify
+            pass
         for k in range(opts.attempts):
             try:
                 if _timeout is None:  # Python 3.10
