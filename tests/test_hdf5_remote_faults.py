@@ -233,6 +233,14 @@ def test_credentials_are_never_pickled_and_reach_worker_processes_in_memory(scen
     assert secret not in "".join(capfd.readouterr())
 
 
+def _fresh_process(code: str) -> str:
+    """What ``code`` prints in a process of its own, where nothing is imported yet."""
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def test_local_files_import_no_fsspec(tmp_path):
     code = (
         "import sys, kerasfeed\n"
@@ -241,10 +249,7 @@ def test_local_files_import_no_fsspec(tmp_path):
         "seq = kerasfeed.H5SliceSequence(p, 'labels', 4); seq[0]; seq.kerasfeed_identity()\n"
         "print('imported:', [m for m in ('fsspec', 's3fs', 'gcsfs', 'aiohttp') if m in sys.modules])\n"
     )
-    env = dict(os.environ, KERAS_BACKEND="numpy")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "imported: []" in out.stdout, out.stdout
+    assert "imported: []" in _fresh_process(code), code
 
 
 def test_the_collector_is_held_off_while_h5py_waits_on_the_network():
@@ -360,7 +365,4 @@ def test_a_short_timeout_counts_the_request_not_the_making_of_the_filesystem(sce
         "remote_options={'timeout': 0.05, 'attempts': 1})\n"
         "print('batches', len(seq), seq[0].tolist())\n"
     )
-    env = dict(os.environ, KERAS_BACKEND="numpy")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"batches 6 {scenes[1][0][1].tolist()}" in out.stdout, out.stdout
+    assert f"batches 6 {scenes[1][0][1].tolist()}" in _fresh_process(code), code

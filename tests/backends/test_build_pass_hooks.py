@@ -14,20 +14,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-_SCRIPT = """
-import json, sys
+_HOOKED = """
+import json
 import keras, numpy as np
 import kerasfeed
 
 class Hooked(kerasfeed.SceneSequence):
-    def __init__(self, batches):
+    def __init__(self, batches=4):
         super().__init__()
-        self.batches, self.hooks = batches, []
+        self.batches, self.hooks, self.calls = batches, [], []
 
     def __len__(self):
         return self.batches
 
     def __getitem__(self, i):
+        self.calls.append(self.epoch)  # on threads (worker processes count in their copy)
         return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
 
     def on_epoch_begin(self):
@@ -36,6 +37,20 @@ class Hooked(kerasfeed.SceneSequence):
     def on_epoch_end(self):
         self.hooks.append(["end", self.epoch])
 
+"""
+
+
+def _run(backend: str, script: str):
+    """What ``script``'s last line prints (JSON), run under ``backend`` in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_SCRIPT = _HOOKED + """
 got = {}
 for front, executor, batches, epochs in [("to_dataset", "threads", 4, 3), ("to_dataset", "processes", 4, 3),
                                          ("to_loader", "processes", 4, 3), ("to_dataset", "threads", 200, 3),
@@ -57,12 +72,7 @@ def test_the_model_build_s_pass_runs_each_epoch_hook_once(backend):
     epoch 0 ran the begin and end hooks of pass 0 again (``on_epoch_end`` twice for pass 0). Now each
     hook runs once per epoch, in order, on both front ends, as with long passes and under TensorFlow; a
     fit of one epoch runs its end hook too."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
-    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run(backend, _SCRIPT)
     assert len(got) == (6 if backend == "jax" else 5), got
     for run, hooks in got.items():
         epochs = int(run.split("/")[-1].split()[0])
@@ -96,41 +106,14 @@ def test_the_fit_takes_over_what_the_model_build_made(backend):
     own iterator begins pass 0 again and takes those items over (NOTE [ A pass begun again keeps what was
     made ]). 170 calls for 100 batches before (the window made twice); now each item once, but the probe's
     (4) and what the build's iterator took."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
-    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _TAKE_OVER], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    calls = _run(backend, _TAKE_OVER)
     assert set(calls) == set(range(100)) and len(calls) <= 110, (len(calls), calls)
 
 
-_EVALUATE = """
-import json
-import keras, numpy as np
-import kerasfeed
-
-class Hooked(kerasfeed.SceneSequence):
-    def __init__(self):
-        super().__init__()
-        self.hooks, self.calls = [], []
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        self.calls.append(self.epoch)  # on threads (worker processes count in their copy)
-        return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
-
-    def on_epoch_begin(self):
-        self.hooks.append(["begin", self.epoch])
-
-    def on_epoch_end(self):
-        self.hooks.append(["end", self.epoch])
-
+_EVALUATE = _HOOKED + """
 got = {}
 for executor, fit_first in [("threads", False), ("processes", False), ("threads", True)]:
-    seq = Hooked()
+    seq = Hooked(4)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     data = kerasfeed.to_dataset(seq, executor=executor)
@@ -149,12 +132,7 @@ def test_an_evaluation_that_builds_the_model_reads_one_pass(backend):
     build ], kerasfeed/_keras_build.py). Two evaluations read passes 0 and 1, each hook once, as under
     TensorFlow; they read passes 0, 1 and 2 before (pass 0 for the build alone, its hooks run). After a
     fit (the model built), the evaluations read the passes after the fit's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
-    env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _EVALUATE], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run(backend, _EVALUATE)
     passes = {"threads": [0, 1], "processes": [0, 1], "threads, fit first": [0, 1, 2]}
     for run, (hooks, read) in got.items():
         assert hooks == [[hook, p] for p in passes[run] for hook in ("begin", "end")], (run, hooks)
