@@ -145,6 +145,9 @@ def test_strings_short_passes_and_augment_do_not_read_in_the_graph():
         def augment(self, item):
             return item + kerasfeed.item_rng().random(2).astype(np.float32)
 
+        def __getitem__(self, i):  # Mixed's items are others: with cache= refused (cached_split.py)
+            return self.augment(self.load(i))
+
     from kerasfeed.tfdata.stored_items import MIN_PASS_ITEMS
 
     for source in (Text(), Mixed(n=MIN_PASS_ITEMS - 1), Augmented()):

@@ -557,6 +557,9 @@ def test_cache_on_ray_loads_each_item_once_and_augments_as_the_processes_executo
         want = _batches(plain, 3)
     _same(got, want)
     with open(log) as f:
-        loads = sorted(int(line.split()[1]) for line in f)
-    assert loads == list(range(12)), "each item loaded once, by an actor"
+        loads = [tuple(int(x) for x in line.split()) for line in f]
+    # Item 0 twice here, when the cache opened: its own __getitem__ against augment(load(0)), the load stored
+    # (NOTE [ A class's own __getitem__ beside load and augment ]); every other item once, by an actor.
+    assert [i for pid, i in loads if pid == os.getpid()] == [0, 0]
+    assert sorted(i for pid, i in loads if pid != os.getpid()) == list(range(1, 12)), "once each, by an actor"
     assert stats["cache_items"] == 12 and stats["cache_hits"] >= 24
