@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -438,3 +439,99 @@ def test_a_file_named_deep_in_a_config_a_dataclass_or_a_class_list_rebuilds_the_
             assert source_key(_Deep(how, path), 4, None, 1)["files"] == {path: f"size={os.stat(path).st_size},"
                                                                          f"mtime_ns={int(value)}"}, how
         assert "rebuilt" in caplog.text and "values.npy changed" in caplog.text, (how, caplog.text)
+
+
+# ------------------------------------------------------------------ a helper's second round (2026-11-27)
+_STABLE_SCRIPT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    from kerasfeed.cache.keys import source_key
+
+    def flip(x):
+        return x[::-1]
+
+    class Obj:
+        pass
+
+    class Src:
+        def __init__(self, folder):
+            self.weights = {frozenset({"car", "truck", "bus"}): 2.0, ("x", frozenset({"a", "b"})): 1.0}
+            self.augs = {flip: 0.5, Obj(): 0.1}
+            self.annotations = {f"{folder}/f{i}.npy" if i < 5 else f"{folder}/missing_{i}" for i in range(20000)}
+
+        def __len__(self):
+            return 4
+
+        def load(self, i, table={frozenset({"u", "v", "w"}): 2}):
+            return i
+
+    print(json.dumps(source_key(Src(sys.argv[1]), 4, None, 1), sort_keys=True))
+''')
+
+
+def test_keys_holding_frozensets_functions_objects_and_big_sets_are_the_same_in_every_run(tmp_path):
+    """A dict keyed by frozensets (ordered by a repr that follows the run's string hashing), a dict keyed by a
+    function or an object (a repr with an address) and a set of 20,000 paths (sampled in hash order) gave
+    another key in the next run: every run rebuilt the cache. Two processes, two hash seeds, one key."""
+    for i in range(5):
+        np.save(tmp_path / f"f{i}.npy", np.zeros(2))
+    keys = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed,
+               "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", _STABLE_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        keys.append(json.loads(proc.stdout))
+    assert keys[0] == keys[1]
+    assert len(keys[0]["files"]) == 5 and {"weights", "augs", "annotations"} <= set(keys[0]["attributes"])
+
+
+class _Kinds(kerasfeed.SceneSequence):
+    DTYPE = np.float16
+
+    def __init__(self, **settings):
+        super().__init__()
+        self.__dict__.update(settings)
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.full(2, i)
+
+
+def test_more_settings_and_files_are_in_the_key_and_none_raises(tmp_path, monkeypatch):
+    """Each was missed (the old items served), or raised while the key was made (a helper's report)."""
+    changed = {
+        "structured dtype": (np.dtype([("x", "f4"), ("y", "i4")]), np.dtype([("x", "i4"), ("y", "f4")])),
+        "subarray dtype": (np.dtype(("f4", (3,))), np.dtype(("i4", (3,)))),
+        "path to a folder": (tmp_path / "v1", tmp_path / "v2"),
+        "deep config": ({"scale": 1.0, "stages": [[["crop", 64]]]}, {"scale": 2.0, "stages": [[["crop", 64]]]}),
+        "numpy slice": (slice(np.int64(0), np.int64(5)), slice(np.int64(0), np.int64(6))),
+        "float slice": (slice(0.0, 0.5), slice(0.0, 0.7)),
+        "enum value": (_Mode.RAW, enum.Enum("_Mode", {"RAW": 255})["RAW"]),
+        "function in a list": ([lambda x: x], [lambda x: -x]),
+    }
+    for kind, (first, second) in changed.items():
+        key = source_key(_Kinds(setting=first), 4, None, 1)
+        assert "`setting` changed" in (key_change(key, source_key(_Kinds(setting=second), 4, None, 1)) or ""), kind
+    key = source_key(_Kinds(), 4, None, 1)
+    monkeypatch.setattr(_Kinds, "DTYPE", np.float32)  # a class body's dtype (a class: it was left out as a method)
+    assert "`DTYPE` changed" in key_change(key, source_key(_Kinds(), 4, None, 1))
+    from unittest import mock
+
+    for odd in (np.floating, np.integer, np.generic, mock.Mock()):  # raised TypeError
+        source_key(_Kinds(setting=odd, inside=[odd, {odd}]), 4, None, 1)
+
+
+def test_files_in_long_lists_of_pairs_and_in_dict_keys_are_in_the_key(tmp_path):
+    """A list of 12,000 ``(path, label)`` pairs was sampled for bare paths, found none and was not looked at;
+    a ``{path: label}`` dict's keys were never looked at."""
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"p{i}.npy"))
+        np.save(paths[-1], np.zeros(2))
+    pairs = [(paths[i % 3], i % 5) for i in range(12_000)]
+    for setting in (pairs, [{"path": p, "y": 1} for p, _ in pairs], {p: 1 for p in paths}):
+        assert set(source_key(_Kinds(setting=setting), 4, None, 1)["files"]) == set(paths)

@@ -16,7 +16,8 @@ _SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_k
 SEQUENCE_MAX = 10_000
 NESTED_DEPTH = 4  # levels of lists, tuples, sets, dicts and dataclasses an attribute's value is read through
 _PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths
-_SCAN_BUDGET = 1_000_000  # values looked at for files, over all attributes
+_SCAN_BUDGET = 1_000_000  # values looked at for files, per attribute
+_NUMBERS = (bool, int, float, complex, np.number, np.bool_)  # never a file: not looked at further
 # Classes whose attributes are not the user's: kerasfeed's, Keras' (a PyDataset's), Python's own.
 _FOREIGN = frozenset({"builtins", "abc", "typing", "keras", "kerasfeed"})
 
@@ -32,7 +33,8 @@ def attributes(source: Any, *, shared: bool = False) -> dict:
         if str(getattr(klass, "__module__", "")).split(".")[0] in _FOREIGN:
             continue
         for k, v in vars(klass).items():
-            if not (k.startswith("__") or callable(v) or hasattr(type(v), "__get__")
+            method = callable(v) and not isinstance(v, type)  # a class is a setting (``DTYPE = np.float16``)
+            if not (k.startswith("__") or method or hasattr(type(v), "__get__")
                     or (not shared and isinstance(v, (list, dict, set)))):
                 found[k] = v
     found.update(getattr(source, "__dict__", None) or {})
@@ -43,12 +45,15 @@ def ignored(source: Any) -> frozenset:
     return frozenset(getattr(source, "cache_ignores", ()) or ())
 
 
-def members(value: Any) -> Optional[list]:
-    """The values a list, tuple, set, dict or dataclass instance holds (None for anything else)."""
+def members(value: Any, keys: bool = False) -> Optional[list]:
+    """The values a list, tuple, set, dict or dataclass instance holds (None for anything else); a set's
+    in an order that is the same in every run (not its hash order); ``keys``: a dict's keys too."""
     if isinstance(value, dict):
-        return list(value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
+        return [*value.keys(), *value.values()] if keys else list(value.values())
+    if isinstance(value, (list, tuple)):
         return list(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda v: (type(v).__qualname__, repr(v)))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
     return None
@@ -110,10 +115,10 @@ def _scan(value: Any, found: dict, depth: int, budget: list) -> None:
     """The files ``value`` names, and those of the values it holds, ``depth`` levels down (a config dict
     of paths, a dataclass holding one)."""
     budget[0] -= 1
-    if budget[0] < 0:
+    if budget[0] < 0 or value is None or isinstance(value, _NUMBERS):
         return
     _files_in(value, found)
-    values = members(value) if depth > 0 and not isinstance(value, np.ndarray) else None
+    values = members(value, keys=True) if depth > 0 and not isinstance(value, np.ndarray) else None
     if not values:
         return
     if len(values) > SEQUENCE_MAX and not any(map(_names_a_file, itertools.islice(values, _PATHS_SAMPLE))):
@@ -125,19 +130,23 @@ def _scan(value: Any, found: dict, depth: int, budget: list) -> None:
 def source_files(source: Any) -> dict:
     """``{path or URL: identity}`` of the files ``source`` names (see the NOTE)."""
     found: dict = own_files(source) or {}
-    skipped, budget = ignored(source), [_SCAN_BUDGET]
+    skipped = ignored(source)
     for name, value in attributes(source, shared=True).items():
         if name not in skipped:  # a log the source appends to, say: not what the stored stage reads
-            _scan(value, found, NESTED_DEPTH, budget)
+            _scan(value, found, NESTED_DEPTH, [_SCAN_BUDGET])  # each its own: a big one leaves the next one's
     return found
 
 
-def _names_a_file(value: Any) -> bool:
+def _names_a_file(value: Any, depth: int = 2) -> bool:
+    """Whether ``value`` names a file, or holds one that does (``(path, label)`` pairs, ``{"path": ...}``)."""
     if isinstance(value, (str, os.PathLike)):  # a path of an existing file, not any string (a label)
         found: dict = {}
         _files_in(value, found)
         return bool(found)
-    return type(value).__module__.startswith("h5py") or callable(getattr(value, "kerasfeed_identity", None))
+    if type(value).__module__.startswith("h5py") or callable(getattr(value, "kerasfeed_identity", None)):
+        return True
+    held = members(value, keys=True) if depth > 0 and not isinstance(value, (str, bytes, np.ndarray)) else None
+    return bool(held) and any(_names_a_file(v, depth - 1) for v in held[:_PATHS_SAMPLE])
 
 
 __all__ = ["NESTED_DEPTH", "SEQUENCE_MAX", "attributes", "file_identity", "ignored", "members", "own_files",

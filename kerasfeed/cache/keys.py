@@ -15,11 +15,13 @@ holds:
 - ``attributes``: the source's public plain attributes, its instance's and
   its own classes' (``SCALE = 2.0`` in the class body; not a class's lists,
   dicts and sets: shared state) (numbers, strings,
-  small arrays, dtypes (``np.float16``, ``np.dtype("f2")``), classes by
-  name, enum members, slices and ranges, and lists, tuples, sets, dicts and
-  dataclass instances of them, nested up to 4 levels, another object inside
-  them by its type: what its constructor was given, such as a batch size,
-  a point count or a config) by value or digest, and
+  small arrays, dtypes (``np.float16``, ``np.dtype("f2")``, structured ones
+  by their fields), classes by name (a class body's too), enum members with
+  their values, slices, ranges, paths, and lists, tuples, sets, dicts (keys
+  by value: the same text in every run) and dataclass instances of them,
+  nested up to 4 levels (deeper: a marker), a function inside by its code,
+  another object by its type: what its constructor was given, such as a
+  batch size, a point count or a config) by value or digest, and
   functions they hold by their code (``_callable_value``). An
   attribute set in one run and not the other counts as changed. Left out:
   attributes whose name starts with ``_`` (a class's own state: open
@@ -51,6 +53,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import os
 import types
 from typing import Any, Optional
 
@@ -166,47 +169,76 @@ def _is_dataclass(value: Any) -> bool:
 
 
 def _setting(value: Any) -> Optional[str]:
-    """A value that names a setting by what it is: a dtype (``np.float16``, ``np.dtype("f2")``), an enum
-    member, a slice, a range; None for other objects."""
+    """A value that names a setting by what it is: a dtype (``np.float16``, ``np.dtype("f2")``, a structured
+    one by its fields), a class by its name, an enum member, a slice, a range, a path; None for other objects."""
     if isinstance(value, np.dtype):
-        return f"dtype:{value.str}"
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return f"dtype:{np.dtype(value).str}"
-    if isinstance(value, type):  # a class given as a setting (``dtype=float``, a layer class): by its name
-        return f"class:{value.__module__}.{value.__qualname__}"
+        return f"dtype:{value if value.fields is not None or value.subdtype is not None else value.str}"
+    if isinstance(value, type):
+        if issubclass(value, np.generic):
+            try:
+                return f"dtype:{np.dtype(value).str}"
+            except TypeError:  # an abstract one (np.floating): by its name below
+                pass
+        return f"class:{value.__module__}.{value.__qualname__}"  # ``dtype=float``, a layer class
     if isinstance(value, enum.Enum):
-        return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}"
-    if isinstance(value, (slice, range)) and all(v is None or isinstance(v, int)
-                                                 for v in (value.start, value.stop, value.step)):
-        return repr(value)
+        return f"enum:{type(value).__module__}.{type(value).__qualname__}.{value.name}={_bound_value(value.value)}"
+    if isinstance(value, (slice, range)):
+        parts = [_value(v) for v in (value.start, value.stop, value.step)]
+        return None if None in parts else f"{type(value).__name__}({','.join(parts)})"
+    if isinstance(value, os.PathLike):  # a folder, or a file not there yet: by its path (a file: also ``files``)
+        path = os.fspath(value)
+        return f"path:{path}" if isinstance(path, str) else None
     return None
 
 
+def _key_text(key: Any) -> str:
+    # A dict's key: its repr where that is stable (a string, a number), else as a value (a frozenset's elements
+    # sorted, an object by its type: a repr may follow the run's string hashing or hold an address).
+    if key is None or isinstance(key, (bool, int, float, str, bytes)):
+        return repr(key)
+    text = _nested(key, 1, [float("inf")])
+    return repr(key) if text is None else text
+
+
+def _leaf(value: Any) -> str:
+    # A value inside a list, tuple, set, dict or dataclass: by value where ``_value`` takes it, a function by
+    # its code, else by type.
+    if callable(value) and not isinstance(value, type):
+        text = _callable_value(value)
+        if text is not None:
+            return text
+    return _bound_value(value)
+
+
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
-    """A list, tuple or dict of plain values (nested: a config dict, a list of lists) as text for the key;
-    an object inside counts by its type. None past ``NESTED_DEPTH`` levels or ``budget[0]`` values."""
+    """A list, tuple, set, dict or dataclass of plain values (nested: a config, a list of lists) as text for
+    the key; an object inside counts by its type, what lies past ``NESTED_DEPTH`` levels as ``<deeper>``
+    (what is above it still counts). None past ``budget[0]`` values."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
+    if value is None or isinstance(value, _ATOMIC):  # most of a big list: first
+        text = repr(value)
+        return text if len(text) <= 200 else "digest:" + _digest(text.encode())
     if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
         if depth == 0:
-            return None
+            return "<deeper>"
         if isinstance(value, dict):
-            pairs = sorted(value.items(), key=lambda kv: repr(kv[0]))
+            pairs = sorted(((_key_text(k), v) for k, v in value.items()), key=lambda kv: kv[0])
         elif _is_dataclass(value):  # a config object: its fields by name
-            pairs = [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+            pairs = [(repr(f.name), getattr(value, f.name, None)) for f in dataclasses.fields(value)]
         else:
-            pairs = list(enumerate(members(value)))
+            pairs = [(None, v) for v in members(value)]
         parts = []
         for k, v in pairs:
             text = _nested(v, depth - 1, budget)
             if text is None:
                 return None
-            parts.append(f"{k!r}:{text}" if isinstance(value, dict) or _is_dataclass(value) else text)
+            parts.append(text if k is None else f"{k}:{text}")
         if isinstance(value, (set, frozenset)):  # in the run's hash order: sorted, the same in every run
             parts.sort()
         return f"{type(value).__qualname__}[{','.join(parts)}]"
-    return _bound_value(value)
+    return _leaf(value)
 
 
 def _feed(h: Any, value: Any, depth: int) -> bool:
@@ -258,7 +290,10 @@ def _own_settings(value: Any) -> Optional[str]:
     own = getattr(value, "kerasfeed_settings", None)
     if not callable(own) or isinstance(value, type):
         return None
-    return repr(sorted(dict(own()).items()))
+    try:
+        return repr(sorted(dict(own()).items()))
+    except Exception:  # noqa: BLE001 - not a kerasfeed reader's (a mock answers any name): no settings
+        return None
 
 
 def _callable_value(value: Any) -> Optional[str]:
