@@ -17,6 +17,7 @@ import numpy as np
 
 import kerasfeed
 from kerasfeed.cache.keys import key_change, source_key, stage_of
+from kerasfeed.datasets import make_synthetic_scenes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -535,3 +536,19 @@ def test_files_in_long_lists_of_pairs_and_in_dict_keys_are_in_the_key(tmp_path):
     pairs = [(paths[i % 3], i % 5) for i in range(12_000)]
     for setting in (pairs, [{"path": p, "y": 1} for p, _ in pairs], {p: 1 for p in paths}):
         assert set(source_key(_Kinds(setting=setting), 4, None, 1)["files"]) == set(paths)
+
+
+def test_a_subclass_s_cache_ignores_adds_to_its_bases(tmp_path):
+    """A subclass of a kerasfeed reader naming its log in ``cache_ignores`` replaced the reader's ``("seed",)``:
+    the drawn seed entered the key, and every run rebuilt the cache (a helper's report, a test script's)."""
+    from kerasfeed.cache.key_sources import ignored
+
+    path = make_synthetic_scenes(str(tmp_path / "s.h5"), num_scenes=8, points_per_scene=8)
+
+    class Logged(kerasfeed.H5SliceSequence):
+        cache_ignores = ("log",)
+
+    seq = Logged(path, "labels", 4, shuffle=True)
+    seq.cache_ignores = ("note",)
+    assert ignored(seq) == {"seed", "log", "note"}
+    assert "seed" not in source_key(seq, len(seq), None, 1)["attributes"]

@@ -42,7 +42,13 @@ def attributes(source: Any, *, shared: bool = False) -> dict:
 
 
 def ignored(source: Any) -> frozenset:
-    return frozenset(getattr(source, "cache_ignores", ()) or ())
+    """The names in ``cache_ignores``: the instance's and every class's, a subclass's adding to its bases'
+    (a subclass of a kerasfeed reader naming its log keeps the reader's ``seed``)."""
+    names: set = set()
+    for owner in (*type(source).__mro__, source):
+        own = vars(owner).get("cache_ignores") if hasattr(owner, "__dict__") else None
+        names.update(own or ())
+    return frozenset(names)
 
 
 def members(value: Any, keys: bool = False) -> Optional[list]:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from kerasfeed.cache.key_sources import ignored
 from kerasfeed.cache.store import EVER, index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
@@ -86,7 +87,7 @@ class CacheFront(Executor):
         self._globals_lock = threading.Lock()
         self.hits = self.misses = 0
         self._state: Optional[dict] = None
-        self._ignored = frozenset(getattr(source, "cache_ignores", ()) or ()) | _OWN
+        self._ignored = ignored(source) | _OWN
         self._closed = False
         self._read: Optional[np.ndarray] = None  # the indices the passes planned so far (cache_fill's whole)
         self._reads = 0

@@ -22,9 +22,11 @@ import kerasfeed
 
 
 class Logged(kerasfeed.H5SliceSequence):
+    cache_ignores = ("log",)  # the file it appends to: not what its items are made from (docs/cache.md)
+
     def __init__(self, path, log, slow):
         super().__init__(path, ("points", "labels"), 4)
-        self.log, self._slow = log, slow  # private: not part of a kept cache key
+        self.log, self._slow = log, slow  # _slow is private: not part of a kept cache key
 
     def __getitem__(self, i):
         if self._slow:
