@@ -7,7 +7,9 @@ as in ``fit``. Under ``fit`` the fit's frame says so (``FitView.builds``); ``eva
 so the iterator is told apart where it is made: on the evaluation's own thread, under ``_symbolic_build``
 called by that ``evaluate``. The pass it begins is a model build's (its end waits: NOTE [ A model build's
 pass ends later ], loading/pipeline.py), and the evaluation's loop begins that pass again instead of the
-next one, as under TensorFlow, where no throwaway iterator is made.
+next one, as under TensorFlow, where no throwaway iterator is made. So is ``fit``'s for a pipeline made with
+``initial_state`` (whose passes do not follow the fit's frame): the resumed pass is the loop's first. A
+build that failed leaves its pass to the next one.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ _BUILD = "_symbolic_build"
 _CALLERS = ("evaluate",)  # fit: FitView.builds; predict builds from its loop's first batch
 
 
-def evaluation_builds(frame: Any, depth: int = 16) -> bool:
+def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool:
     """Whether ``frame`` (or one of the ``depth`` frames above it) runs Keras' model build for an
-    ``evaluate`` of a trainer that builds from a throwaway iterator (``_BUILDING_TRAINERS``)."""
+    ``evaluate`` of a trainer that builds from a throwaway iterator (``_BUILDING_TRAINERS``); ``fit``: or
+    for its ``fit`` (a pipeline that does not follow the fit's frame: made with ``initial_state``)."""
     module = sys.modules.get(_TRAINER_MODULE)
     if module is not None and not callable(getattr(getattr(module, "Trainer", None), _BUILD, None)):
         report(f"its Trainer has no `{_BUILD}`", "Under JAX and torch, `evaluate` of a model not built yet reads "
@@ -41,7 +44,7 @@ def evaluation_builds(frame: Any, depth: int = 16) -> bool:
                 report(f"{module}.{caller.f_code.co_name} builds the model from an iterator, not `fit` or `evaluate`",
                        "An evaluation of a model not built yet may read one pass of a kerasfeed.to_dataset for the "
                        "build and the next one for the evaluation.")
-            return caller.f_code.co_name in _CALLERS
+            return caller.f_code.co_name in _CALLERS + (("fit",) if fit else ())
         frame = frame.f_back
     return False
 

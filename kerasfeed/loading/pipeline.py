@@ -133,7 +133,8 @@ class PassPipeline(FollowsFit):
             again, self._again = self._again, None
             if target is not None:
                 epoch, skip, build = target
-            elif self._build_next:
+            elif self._build_next:  # a build that failed before its loop began its pass leaves it to this one
+                epoch, skip = again or (epoch, skip)
                 build, self._again = True, (epoch, skip)
             elif again is not None:
                 epoch, skip = again

@@ -77,8 +77,8 @@ def _watch(iterator: Any, dataset: Any) -> None:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
-    pipeline = find_tagged(dataset, _TAGS[0])
-    if pipeline is not None and evaluation_builds(sys._getframe(2)):  # NOTE [ An evaluation's model build ]
+    pipeline = find_tagged(dataset, _TAGS[0])  # NOTE [ An evaluation's model build ]
+    if pipeline is not None and evaluation_builds(sys._getframe(2), fit=not pipeline.follows_keras):
         pipeline.model_build_iterator()
     for scope in _scopes(owners):
         scope.consumer_started()
