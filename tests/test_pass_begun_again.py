@@ -14,6 +14,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
+import kerasfeed
 from kerasfeed import ProcessExecutor
 from kerasfeed.execution.threads import ThreadExecutor
 
@@ -107,3 +108,51 @@ def test_another_order_of_the_pass_keeps_nothing(tmp_path, make_executor):
     ex.plan(0, ORDER[1:])
     assert [int(ex.load(int(i), 0)[0]) for i in ORDER[1:]] == ORDER[1:].tolist()
     assert len(_calls(path)) >= N - 1 + 8 - 1
+
+
+class _Tagged(kerasfeed.SceneSequence):
+    """Item = ``(self.epoch, self.tag)`` where it is made; ``on_epoch_begin`` sets the tag, ``on_epoch_end``
+    changes the state too (so the pass begun again sends it to the workers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tag, self.ends = -1, 0
+
+    def __len__(self):
+        return 3
+
+    def on_epoch_begin(self):
+        self.tag = self.epoch
+
+    def on_epoch_end(self):
+        self.ends += 1
+
+    def __getitem__(self, i):
+        return np.array([[self.epoch, self.tag]], "float32"), np.zeros((1, 1), "float32")
+
+
+def test_a_pass_begun_again_on_worker_processes_reads_its_own_epoch():
+    """An evaluation reads pass 0, and the fit's epoch 0 reads pass 0 again. The workers had made pass 1's
+    first items ahead (their copy's epoch 1), and the state sent for pass 0 did not carry the epoch
+    (each process keeps its own): the fit trained on items with ``epoch`` 1 and pass 0's tag (a helper's
+    report, on every backend)."""
+    import keras
+
+    seen = []
+
+    class Rec(keras.layers.Layer):
+        def call(self, x):
+            seen.append(tuple(int(v) for v in keras.ops.convert_to_numpy(x)[0]))
+            return x
+
+    ds = kerasfeed.to_dataset(_Tagged(), executor="processes", workers=2)
+    model = keras.Sequential([keras.Input((2,)), Rec(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    try:
+        model.evaluate(ds, verbose=0)
+        assert seen == [(0, 0)] * 3, seen
+        seen.clear()
+        model.fit(ds, epochs=2, verbose=0)
+        assert seen == [(0, 0)] * 3 + [(1, 1)] * 3, seen
+    finally:
+        kerasfeed.executor_of(ds).close()

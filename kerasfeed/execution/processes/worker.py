@@ -251,6 +251,10 @@ class WorkerLoop:
         except BaseException as e:  # noqa: BLE001 - every later item fails with it (SystemExit too)
             self.state_error = e
         self.epoch = msg.epoch  # the state carries the consumer's set_epoch(epoch)
+        if "_kf_epoch" in getattr(self.source, "__dict__", ()):
+            # Not in the state (each process keeps it: state_sync._OWN_KEYS), and this copy's may be a pass
+            # made ahead: a pass begun again read it (NOTE [ A pass begun again keeps what was made ]).
+            self.source._kf_epoch = int(msg.epoch)
 
     def load(self, request: protocol.Load) -> None:
         index, epoch, slot = request.index, request.epoch, request.slot
