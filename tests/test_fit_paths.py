@@ -339,3 +339,38 @@ def test_a_repeated_dataset_under_fit_reads_a_new_pass_each_repetition():
                                         r"than a pass an epoch, such as repeat\(\)\)"):
         index_recorder([], 3).fit(kerasfeed.to_dataset(Numbered(), batch_size=4, shuffle=True, seed=0).repeat(2),
                                  epochs=2, initial_epoch=1, verbose=0)
+
+
+class _Passes(kerasfeed.SceneSequence):
+    """Items hold the pass they were made in; the hooks are recorded per source."""
+
+    def __init__(self, name, hooks):
+        super().__init__()
+        self.name, self.hooks = name, hooks
+
+    def __len__(self):
+        return 3
+
+    def on_epoch_begin(self):
+        self.hooks.append(f"{self.name}:begin{self.epoch}")
+
+    def __getitem__(self, i):
+        return np.full((4, 1), self.epoch, "float32")
+
+
+def test_a_zip_of_two_kerasfeed_datasets_follows_the_fit_s_epochs_in_both():
+    """Only the nearest pipeline of a ``tf.data.Dataset.zip`` followed the fit's epoch (``find_tagged``); the
+    other counted its own passes: a second fit read passes 2 and 3 there, 0 and 1 in the first (a helper's
+    report). Each epoch's passes, read through an identity model's outputs."""
+    hooks = []
+    a, b = kerasfeed.to_dataset(_Passes("A", hooks)), kerasfeed.to_dataset(_Passes("B", hooks))
+    ds = tf.data.Dataset.zip(a, b).map(lambda p, q: (tf.concat([p, q], 1), tf.zeros((4, 1))))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, kernel_initializer="identity",
+                                                                   use_bias=False)])
+    model.compile(keras.optimizers.SGD(0.0), "mse", metrics=[
+        keras.metrics.MeanMetricWrapper(lambda y, p: p[:, 0], name="passA"),
+        keras.metrics.MeanMetricWrapper(lambda y, p: p[:, 1], name="passB")])
+    for _ in range(2):
+        history = model.fit(ds, epochs=2, verbose=0).history
+        assert (history["passA"], history["passB"]) == ([0.0, 1.0], [0.0, 1.0]), history
+    assert sorted(hooks) == sorted(f"{s}:begin{k}" for s in "AB" for k in (0, 1) for _ in range(2)), hooks

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Optional
 
 from kerasfeed._keras_epoch_iterator import check_epoch_length, epoch_steps, iterator_ref, same_iterator
 from kerasfeed._keras_fit import FitView, find_fit, refuse
-from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_all_tagged
 
 
 def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initial_epoch: int, *,
@@ -179,8 +179,8 @@ class FollowsFit:
         TensorFlow dataset (under that backend) is."""
         if x is None:
             return False
-        for candidate in (x, getattr(x, "_tf_dataset", None)):
-            if candidate is not None and find_tagged(candidate, PIPELINE_ATTR) is self:
+        for candidate in (x, getattr(x, "_tf_dataset", None)):  # a zip of several kerasfeed datasets: each
+            if candidate is not None and any(p is self for p in find_all_tagged(candidate, PIPELINE_ATTR)):
                 return True
         return False
 

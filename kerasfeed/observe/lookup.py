@@ -18,7 +18,20 @@ EXECUTOR_ATTR = "_kerasfeed_executor"
 def find_tagged(ds: Any, attr: str) -> Optional[Any]:
     """Returns ``getattr(d, attr)`` for the nearest ``d`` among ``ds`` and the
     datasets it was derived from, or None."""
+    found = _tagged(ds, attr, every=False)
+    return found[0] if found else None
+
+
+def find_all_tagged(ds: Any, attr: str) -> list:
+    """``getattr(d, attr)`` of every tagged ``d`` among ``ds`` and the datasets it was derived from, nearest
+    first: the pipelines of a ``tf.data.Dataset.zip`` of several kerasfeed datasets. A tagged dataset's own
+    inputs are not looked into."""
+    return _tagged(ds, attr, every=True)
+
+
+def _tagged(ds: Any, attr: str, every: bool) -> list:
     seen: set[int] = set()
+    found: list = []
     todo = [ds]
     while todo:
         d = todo.pop()
@@ -27,14 +40,18 @@ def find_tagged(ds: Any, attr: str) -> Optional[Any]:
         seen.add(id(d))
         value = getattr(d, attr, None)
         if value is not None:
-            return value
+            if all(value is not f for f in found):
+                found.append(value)
+            if not every:
+                break
+            continue
         inputs = getattr(d, "_inputs", None)
         if callable(inputs):
             try:
                 todo.extend(inputs())
             except Exception:  # noqa: BLE001 - a dataset kind without inputs
                 pass
-    return None
+    return found
 
 
 def executor_of(ds: Any):
@@ -71,4 +88,4 @@ def executor_of(ds: Any):
     return ex
 
 
-__all__ = ["executor_of", "find_tagged"]
+__all__ = ["executor_of", "find_all_tagged", "find_tagged"]

@@ -34,7 +34,7 @@ from typing import Any
 
 from kerasfeed._keras_build import evaluation_builds
 from kerasfeed.execution.interrupts import install_interrupts
-from kerasfeed.observe.lookup import find_tagged
+from kerasfeed.observe.lookup import find_all_tagged
 
 logger = logging.getLogger("kerasfeed")
 
@@ -72,14 +72,14 @@ def install() -> None:
 
 
 def _watch(iterator: Any, dataset: Any) -> None:
-    owners = [owner for owner in (find_tagged(dataset, tag) for tag in _TAGS) if owner is not None]
+    owners = [owner for tag in _TAGS for owner in find_all_tagged(dataset, tag)]  # each of a zip's
     if not owners:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
-    pipeline = find_tagged(dataset, _TAGS[0])  # NOTE [ An evaluation's model build ]
-    if pipeline is not None and evaluation_builds(sys._getframe(2), fit=not pipeline.follows_keras):
-        pipeline.model_build_iterator()
+    for pipeline in find_all_tagged(dataset, _TAGS[0]):  # NOTE [ An evaluation's model build ] (each of a zip)
+        if evaluation_builds(sys._getframe(2), fit=not pipeline.follows_keras):
+            pipeline.model_build_iterator()
     for scope in _scopes(owners):
         scope.consumer_started()
         # Holds the scope (small), never the executor or the iterator.
