@@ -37,11 +37,11 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
             return False
         if frame.f_code.co_name == _BUILD and frame.f_globals.get("__name__") == _TRAINER_MODULE:
             caller = frame.f_back
-            module = None if caller is None else caller.f_globals.get("__name__")
-            if module not in _BUILDING_TRAINERS:
+            trainer = None if caller is None else caller.f_globals.get("__name__")
+            if trainer not in _BUILDING_TRAINERS:
                 return False
             if caller.f_code.co_name not in _CALLERS + ("fit",):
-                report(f"{module}.{caller.f_code.co_name} builds the model from an iterator, not `fit` or `evaluate`",
+                report(f"{trainer}.{caller.f_code.co_name} builds the model from an iterator, not `fit` or `evaluate`",
                        "An evaluation of a model not built yet may read one pass of a kerasfeed.to_dataset for the "
                        "build and the next one for the evaluation.")
             return caller.f_code.co_name in _CALLERS + (("fit",) if fit else ())

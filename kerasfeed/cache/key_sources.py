@@ -41,6 +41,11 @@ def attributes(source: Any, *, shared: bool = False) -> dict:
     return {k: v for k, v in found.items() if k not in _SKIPPED}
 
 
+def defining_class(source: Any, name: str) -> Optional[type]:
+    """The class of ``source``'s MRO whose body defines ``name`` (None: none does)."""
+    return next((k for k in type(source).__mro__ if name in vars(k)), None)
+
+
 def ignored(source: Any) -> frozenset:
     """The names in ``cache_ignores``: the instance's and every class's, a subclass's adding to its bases'
     (a subclass of a kerasfeed reader naming its log keeps the reader's ``seed``)."""
@@ -155,5 +160,5 @@ def _names_a_file(value: Any, depth: int = 2) -> bool:
     return bool(held) and any(_names_a_file(v, depth - 1) for v in held[:_PATHS_SAMPLE])
 
 
-__all__ = ["NESTED_DEPTH", "SEQUENCE_MAX", "attributes", "file_identity", "ignored", "members", "own_files",
-           "source_files"]
+__all__ = ["NESTED_DEPTH", "SEQUENCE_MAX", "attributes", "defining_class", "file_identity", "ignored", "members",
+           "own_files", "source_files"]

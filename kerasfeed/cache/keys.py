@@ -59,7 +59,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kerasfeed.cache.key_sources import NESTED_DEPTH, attributes, ignored, members, source_files
+from kerasfeed.cache.key_sources import NESTED_DEPTH, attributes, defining_class, ignored, members, source_files
 
 _ATOMIC = (bool, int, float, complex, str, bytes, np.generic)
 _ARRAY_DIGEST_MAX = 64 * 2**20  # larger arrays count by shape and dtype only
@@ -77,7 +77,7 @@ def stage_of(source: Any) -> str:
         return "__getitem__"
     if callable(getattr(source, "augment", None)):
         return "load"
-    owner = next((k for k in type(source).__mro__ if "__getitem__" in vars(k)), None)
+    owner = defining_class(source, "__getitem__")
     # By name: this layer does not import kerasfeed.sources (nor Keras with it).
     inherited = owner is None or (owner.__module__, owner.__qualname__) == ("kerasfeed.sources.sequence",
                                                                             "SceneSequence")
@@ -145,11 +145,16 @@ def _code_digest(fn: Any) -> str:
     return h.hexdigest()
 
 
+def _atomic(value: Any) -> str:
+    # None, a number, a string: its repr, or a digest of a long one.
+    text = repr(value)
+    return text if len(text) <= 200 else "digest:" + _digest(text.encode())
+
+
 def _value(value: Any) -> Optional[str]:
     """A plain attribute's value (or digest); None for what the key leaves out."""
     if value is None or isinstance(value, _ATOMIC):
-        text = repr(value)
-        return text if len(text) <= 200 else "digest:" + _digest(text.encode())
+        return _atomic(value)
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         if value.nbytes > _ARRAY_DIGEST_MAX:
             return f"array{value.shape}:{value.dtype}"
@@ -159,7 +164,7 @@ def _value(value: Any) -> Optional[str]:
         # kept caches of such sources stay valid
         return f"{type(value).__name__}:{_digest(repr(value).encode())}"
     if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
-        text = _nested(value, NESTED_DEPTH, [float("inf")])  # every value, to 4 levels (past them: left out)
+        text = _nested(value, NESTED_DEPTH, [float("inf")])  # every value, to 4 levels (past them: a marker)
         return None if text is None else f"{type(value).__name__}:{_digest(text.encode())}"
     return _setting(value)
 
@@ -200,14 +205,17 @@ def _key_text(key: Any) -> str:
     return repr(key) if text is None else text
 
 
-def _leaf(value: Any) -> str:
-    # A value inside a list, tuple, set, dict or dataclass: by value where ``_value`` takes it, a function by
-    # its code, else by type.
+def _keyed(value: Any) -> Optional[str]:
+    """A value by ``_value``, a function (not a class) by its code (``_callable_value``); None for what the
+    key leaves out."""
     if callable(value) and not isinstance(value, type):
-        text = _callable_value(value)
-        if text is not None:
-            return text
-    return _bound_value(value)
+        return _callable_value(value)
+    return _value(value)
+
+
+def _leaf(value: Any) -> str:
+    # A value inside a list, tuple, set, dict or dataclass: as an attribute's (``_keyed``), else by type.
+    return _keyed(value) or _bound_value(value)
 
 
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
@@ -218,8 +226,7 @@ def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
     if budget[0] < 0:
         return None
     if value is None or isinstance(value, _ATOMIC):  # most of a big list: first
-        text = repr(value)
-        return text if len(text) <= 200 else "digest:" + _digest(text.encode())
+        return _atomic(value)
     if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
         if depth == 0:
             return "<deeper>"
@@ -326,7 +333,7 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     public = {k: v for k, v in attributes(source).items() if not k.startswith("_") and k not in left_out}
     keyed = {}
     for k, v in sorted(public.items()):
-        text = _callable_value(v) if callable(v) and not isinstance(v, type) else _value(v)
+        text = _keyed(v)
         if text is not None:
             keyed[k] = text
     held = container_digest(source)

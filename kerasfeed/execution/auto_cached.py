@@ -51,8 +51,7 @@ class _Stored:
         if item is None:
             with item_scope(i):  # as the executor's call: item_rng() refused in the stage by name
                 item = read_only(run_stage(self._source, self._cache.stage_name, i))
-            if store is not None and self._cache.whole_source:
-                store.put(i, item)  # loaded once: pass 0 serves it
+            self._cache.keep(i, item)  # loaded once: pass 0 serves it
         return item
 
     def __len__(self) -> int:
@@ -81,10 +80,9 @@ class _Made:
 
     def keep_made(self) -> None:
         """Stores the items the probe made: pass 0 does not make them again."""
-        store, made, self._made = self._cache.store, self._made, {}
-        if store is not None and self._cache.whole_source:  # a shard's: the probed items may be others'
-            for i, item in made.items():
-                store.put(i, item)
+        made, self._made = self._made, {}
+        for i, item in made.items():
+            self._cache.keep(i, item)
 
 
 def _named(kind: type, source: Any, cache: ItemCache, probed: int) -> Any:

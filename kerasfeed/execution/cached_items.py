@@ -162,6 +162,12 @@ class ItemCache:
         name = stage_of(source)
         return cls(store, name, name == "load" and callable(getattr(source, "augment", None)))
 
+    def keep(self, index: int, item: Any) -> None:
+        """Stores item ``index`` that a check or a probe made outside the executor (its stored stage's
+        result), so that no pass makes it again; not in a shard's store, which may not be its."""
+        if self.store is not None and self.whole_source:
+            self.store.put(index, item)
+
     def make(self, source: Any, index: int) -> Any:
         """Item ``index`` (see NOTE [ An item with cache= ])."""
         store = self.store

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from kerasfeed import _nest
+from kerasfeed.cache.key_sources import defining_class
 from kerasfeed.execution import item_random
 from kerasfeed.execution.cached_items import read_only, run_augment, run_stage
 
@@ -27,37 +28,38 @@ logger = logging.getLogger("kerasfeed")
 
 
 def _own_getitem(source: Any) -> bool:
-    owner = next((k for k in type(source).__mro__ if "__getitem__" in vars(k)), None)
+    owner = defining_class(source, "__getitem__")
     return owner is not None and owner.__module__.split(".")[0] not in ("kerasfeed", "keras")
 
 
-def _both_ways(source: Any, seeds: item_random.ItemSeeds) -> tuple[Any, Any, Any]:
-    """Item 0 by ``__getitem__`` and by ``augment(load(0))``, each from the same random states, and what
+def _from(states: tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` as item 0 of pass 0, from the global random ``states``."""
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    with item_random.item_scope(0):
+        return make()
+
+
+def _both_ways(source: Any) -> tuple[Any, Any, Any]:
+    """Item 0 by ``__getitem__``, by ``augment(load(0))``, each from the same random states, and what
     ``load(0)`` returned."""
     states = random.getstate(), np.random.get_state()
-    made = []
+
+    def split() -> tuple[Any, Any]:
+        loaded = run_stage(source, "load", 0)
+        return loaded, run_augment(source, read_only(loaded))
+
     try:
-        for way in ("__getitem__", "load"):
-            random.setstate(states[0])
-            np.random.set_state(states[1])
-            previous = item_random.enter(seeds, 0, 0)
-            try:
-                if way == "__getitem__":
-                    made.append(source[0])
-                else:
-                    made.append(run_stage(source, way, 0))
-                    made.append(run_augment(source, read_only(made[-1])))
-            finally:
-                item_random.leave(previous)
+        own = _from(states, lambda: source[0])
+        loaded, augmented = _from(states, split)
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
-    return made[0], made[2], made[1]
+    return own, augmented, loaded
 
 
-def _layout(item: Any) -> tuple:
-    skeleton, leaves = _nest.flatten(item, index=0)
-    return skeleton, [(np.shape(v), np.asarray(v).dtype.str) for _, v in leaves]
+def _layout(leaves: list) -> list:
+    return [(np.shape(v), np.asarray(v).dtype.str) for _, v in leaves]
 
 
 def check_split(source: Any, api: str) -> Any:
@@ -72,16 +74,16 @@ def check_split(source: Any, api: str) -> Any:
     """
     if len(source) == 0 or not _own_getitem(source):
         return None
-    own, split, loaded = _both_ways(source, item_random.probe_seeds())
+    own, split, loaded = _both_ways(source)
+    (own_skeleton, own_leaves), (split_skeleton, split_leaves) = (_nest.flatten(x, index=0) for x in (own, split))
     name = type(source).__name__
-    if _layout(own) != _layout(split):
+    if (own_skeleton, _layout(own_leaves)) != (split_skeleton, _layout(split_leaves)):
         raise ValueError(
             f"{api}: with `cache`, {name}'s items are augment(load(i)) (load is stored), and its own __getitem__ "
-            f"makes other items: item 0 by __getitem__ is {_describe(own)}, by augment(load(0)) {_describe(split)}. "
-            f"Make __getitem__ return self.augment(self.load(i)), or move what it adds into augment. Received: "
-            f"{name} with its own __getitem__, load and augment"
+            f"makes other items: item 0 by __getitem__ is {_describe(own, own_leaves)}, by augment(load(0)) "
+            f"{_describe(split, split_leaves)}. Make __getitem__ return self.augment(self.load(i)), or move what it "
+            f"adds into augment. Received: {name} with its own __getitem__, load and augment"
         )
-    own_leaves, split_leaves = (_nest.flatten(x, index=0)[1] for x in (own, split))
     if not all(np.array_equal(np.asarray(a), np.asarray(b)) for (_, a), (_, b) in zip(own_leaves, split_leaves)):
         logger.warning(
             "kerasfeed: with `cache`, %s's items are augment(load(i)), and item 0 by its own __getitem__ has other "
@@ -90,9 +92,8 @@ def check_split(source: Any, api: str) -> Any:
     return loaded
 
 
-def _describe(item: Any) -> str:
-    skeleton, leaves = _layout(item)
-    return f"{type(item).__name__} of {len(leaves)} leaves " + ", ".join(f"{s}:{d}" for s, d in leaves)
+def _describe(item: Any, leaves: list) -> str:
+    return f"{type(item).__name__} of {len(leaves)} leaves " + ", ".join(f"{s}:{d}" for s, d in _layout(leaves))
 
 
 __all__ = ["check_split"]

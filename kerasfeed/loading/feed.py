@@ -229,14 +229,15 @@ def cached_executor(
             f"{options.api}: `cache` needs an executor kerasfeed makes (its item calls go through the store); pass "
             f"executor='threads', 'processes', 'auto' or 'ray'. Received: executor={options.executor!r}"
         )
-    store, close = open_store(options.cache, source, total, _store_shard(plan))
+    shard = _store_shard(plan)
+    store, close = open_store(options.cache, source, total, shard)
     try:
         item_cache = ItemCache.for_source(source, store)
-        item_cache.whole_source = _store_shard(plan) == (0, 1)  # a shard's store keeps no item of other shards
+        item_cache.whole_source = shard == (0, 1)  # a shard's store keeps no item of other shards
         # NOTE [ A class's own __getitem__ beside load and augment ]: its load(0), stored (loaded once)
         loaded = check_split(source, options.api) if item_cache.augment else None
-        if loaded is not None and item_cache.whole_source:
-            store.put(0, loaded)
+        if loaded is not None:
+            item_cache.keep(0, loaded)
         if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
             item_cache.first_pass_stored = store.holds_all(pass_view(passes.order, passes.resume.epoch))
         pool = dataclasses.replace(options.pool, item_cache=item_cache)

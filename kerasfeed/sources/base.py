@@ -117,9 +117,13 @@ def set_epoch(source: Any, epoch: int) -> None:
     hook = getattr(source, "set_epoch", None)
     if callable(hook):
         hook(epoch)
+    keep_epoch(source, epoch)  # a SceneSequence whose set_epoch override skipped super(): still the pass
+
+
+def keep_epoch(source: Any, epoch: int) -> None:
+    """Sets a ``SceneSequence``'s own ``epoch`` bookkeeping (``_kf_epoch``) to ``epoch``, without its
+    ``set_epoch``; nothing for other sources. Each process keeps it for itself (``state_sync._OWN_KEYS``)."""
     if "_kf_epoch" in getattr(source, "__dict__", ()):
-        # A SceneSequence whose set_epoch override skipped super(): its
-        # ``epoch`` is still the pass in every process.
         source._kf_epoch = int(epoch)
 
 

@@ -72,12 +72,13 @@ def install() -> None:
 
 
 def _watch(iterator: Any, dataset: Any) -> None:
-    owners = [owner for tag in _TAGS for owner in find_all_tagged(dataset, tag)]  # each of a zip's
+    pipelines = find_all_tagged(dataset, _TAGS[0])  # each of a zip's
+    owners = pipelines + [owner for tag in _TAGS[1:] for owner in find_all_tagged(dataset, tag)]
     if not owners:
         return
     live_iterators.add(iterator)
     install_interrupts()  # a no-op off the main thread, or once done
-    for pipeline in find_all_tagged(dataset, _TAGS[0]):  # NOTE [ An evaluation's model build ] (each of a zip)
+    for pipeline in pipelines:  # NOTE [ An evaluation's model build ]
         if evaluation_builds(sys._getframe(2), fit=not pipeline.follows_keras):
             pipeline.model_build_iterator()
     for scope in _scopes(owners):

@@ -39,7 +39,7 @@ from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.processes.worker_threads import ThreadedLoads, worker_threads  # noqa: E402
 from kerasfeed.execution.source_calls import call_source  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
-from kerasfeed.sources.base import GeneratorsSeen, close_quietly, source_name  # noqa: E402
+from kerasfeed.sources.base import GeneratorsSeen, close_quietly, keep_epoch, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5
 
@@ -251,10 +251,9 @@ class WorkerLoop:
         except BaseException as e:  # noqa: BLE001 - every later item fails with it (SystemExit too)
             self.state_error = e
         self.epoch = msg.epoch  # the state carries the consumer's set_epoch(epoch)
-        if "_kf_epoch" in getattr(self.source, "__dict__", ()):
-            # Not in the state (each process keeps it: state_sync._OWN_KEYS), and this copy's may be a pass
-            # made ahead: a pass begun again read it (NOTE [ A pass begun again keeps what was made ]).
-            self.source._kf_epoch = int(msg.epoch)
+        # But not a SceneSequence's epoch (each process keeps its own), and this copy's may be a pass made
+        # ahead: a pass begun again read it (NOTE [ A pass begun again keeps what was made ]).
+        keep_epoch(self.source, msg.epoch)
 
     def load(self, request: protocol.Load) -> None:
         index, epoch, slot = request.index, request.epoch, request.slot
