@@ -282,6 +282,20 @@ def test_one_fit_call_over_a_resumed_dataset_trains_every_later_epoch_whole():
     assert progress.state() == {"epoch": 4, "batches": 0}
 
 
+def test_a_resumed_loader_reads_whole_passes_in_the_calls_after_its_resumed_one():
+    # Under TensorFlow the loader's dataset reads the passes; the loader's num_batches stayed at the resumed
+    # pass's length (2 of 3), so an evaluate and a second fit on the same loader read 2 batches of each pass.
+    seq = NumberedBatches(3)
+    passes = first_passes(seq)
+    loader = kerasfeed.to_loader(seq, shuffle=True, seed=0, initial_state={"epoch": 1, "batches": 1})
+    model, seen = recording_model(6)
+    model.fit(loader, initial_epoch=1, epochs=2, shuffle=False, verbose=0)
+    model.evaluate(loader, verbose=0)
+    model.fit(loader, initial_epoch=3, epochs=4, shuffle=False, verbose=0)
+    assert [batch[0] for batch in seen] == passes[1][1:] + passes[2] + passes[3]
+    loader.close()
+
+
 def test_every_documented_fit_on_a_dataset_passes_shuffle_false():
     """README.md, docs/, examples/ and the notebooks: `fit(dataset)` always says `shuffle=False`."""
     import ast

@@ -23,6 +23,7 @@ from kerasfeed._keras_fit import refuse, remember_fit
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
 from kerasfeed.observe.api import STATS_ATTR, collector_of
+from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
 MIN_KERAS = (3, 7)
@@ -111,6 +112,8 @@ def get_tf_dataset(loader: Any) -> Any:
     """The adapter's ``get_tf_dataset``: ``tf_dataset(loader)``, made once per loader."""
     if loader._tf_dataset is None:
         loader._tf_dataset = tf_dataset(loader)
+        # Its passes are the ones Keras reads: after a resumed first pass, num_batches is a whole pass.
+        loader._tf_pipeline = find_tagged(loader._tf_dataset, PIPELINE_ATTR)
         # Its pipeline reads the items now (and the shared executor reports to
         # it): stats(loader) and InputStats(dataset=loader) follow it, not the
         # loader's own, idle under this backend.

@@ -90,6 +90,7 @@ class Loader:
         # What kerasfeed.stats(loader) / kerasfeed.executor_of(loader) look up.
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
+        self._tf_pipeline = None  # that dataset's pipeline: under TensorFlow it reads the passes, not this one
         self._device = DeviceFeed(options.device_prefetch, self._passes, self._pipeline.stats)  # device.py
         # What Keras was told by num_batches, and its epochs since (on_epoch_begin).
         self._keras_told: tuple[Optional[int], int] = (None, 0)
@@ -166,7 +167,8 @@ class Loader:
     @property
     def num_batches(self) -> int:
         """Batches in the pass read next (Keras reads it when an epoch iterator starts or resets)."""
-        n = self._passes.next_batches
+        tf_pipeline = self._tf_pipeline
+        n = self._passes.next_batches if tf_pipeline is None else self._passes.next_batches_of(tf_pipeline.next_skip())
         self._keras_told = (n, 0)
         return n
 

@@ -140,6 +140,11 @@ class Passes:
                 return self._first_pass if p.first else self.per_pass
             return self.per_pass if self._begun else self._first_pass
 
+    def next_batches_of(self, skip: int) -> int:
+        """Batches in the pass read next by another pipeline (a loader's dataset under TensorFlow), which
+        says how many of its items were read already (``PassPipeline.next_skip``)."""
+        return self._first_pass if skip else self.per_pass
+
     def release(self) -> None:
         """A Keras call's epoch ended (not a model build's reset): its pass is read, never taken over,
         even when it read no more batches than a build (``fit``/``evaluate``/``predict`` of 1-2 steps)."""

@@ -143,6 +143,12 @@ class PassPipeline(FollowsFit):
             self._pins.pop(epoch, None)
         return epoch, skip, build
 
+    def next_skip(self) -> int:
+        """Items already read of the pass begun next, a fit's frame aside: a resumed first pass's skip until
+        it begins (a loader under TensorFlow tells Keras that pass's length from it)."""
+        with self._lock:
+            return (self._again or (self._next, self._skip))[1]
+
     def model_build_iterator(self) -> None:
         """An iterator made now is an evaluation's model build's (NOTE [ An evaluation's model build ])."""
         with self._lock:
