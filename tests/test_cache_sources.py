@@ -143,6 +143,41 @@ def test_a_reader_s_keys_and_file_order_are_in_the_key(tmp_path, two_files, capl
     assert "reader in `reader`" in key_change(held, source_key(Holder(("points", "point_labels")), 1, None, 1))
 
 
+def test_readers_held_in_a_list_or_with_other_arguments_are_keyed_by_what_makes_their_items(tmp_path, two_files,
+                                                                                             caplog):
+    """A reader in a list counted by its type and its files only, and a reader held as an attribute by its keys
+    and files only: other keys, another window or transform read the last run's items from a kept directory."""
+    a, b = two_files
+
+    class Readers(kerasfeed.SceneSequence):
+        def __init__(self, keys=("points", "labels"), transform=None, window=None):
+            super().__init__()
+            self.readers = [kerasfeed.H5SliceSequence(a, keys, 4, transform=transform)]
+            self.windows = None if window is None else kerasfeed.H5WindowSequence(b, ("points",), window=window,
+                                                                                 batch_size=2)
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            item = self.readers[0][i]
+            return item if self.windows is None else (self.windows[i], item[1])
+
+    def key(**kwargs):
+        return source_key(Readers(**kwargs), 2, None, 1)
+
+    assert key_change(key(), key()) is None  # the same readers: the same key, whatever seed each drew
+    assert "`readers` changed" in key_change(key(), key(keys=("points", "point_labels")))
+    assert "`readers` changed" in key_change(key(), key(transform=lambda x: x))
+    assert "reader in `windows`" in key_change(key(window=2), key(window=3))
+    # end to end: a kept directory serves the new keys' items, not the last run's
+    directory = str(tmp_path / "c")
+    _items(Readers(), directory)
+    caplog.set_level(logging.INFO, logger="kerasfeed")
+    got = _items(Readers(("points", "point_labels")), directory)[0]
+    assert got[1].shape == (4, 8) and "`readers` changed" in caplog.text
+
+
 # ---------------------------------------------------------------- passes
 
 

@@ -32,7 +32,9 @@ holds:
   items), a digest of all its values (``container_digest``);
 - ``settings``: what a kerasfeed reader's underscored state decides (its
   keys, its files' order: ``kerasfeed_settings()``), the source's own and
-  those of readers its attributes hold;
+  those of readers its attributes hold, with such a reader's public
+  attributes (its window, its transform's code); a reader inside a list,
+  dict or dataclass counts the same way, in ``attributes``;
 - ``files``: every file the source names, as ``size`` and ``mtime_ns``
   (remote objects as their store's ETag): the source's own
   ``kerasfeed_identity()`` (kerasfeed's HDF5 readers have it), plus its
@@ -214,8 +216,9 @@ def _keyed(value: Any) -> Optional[str]:
 
 
 def _leaf(value: Any) -> str:
-    # A value inside a list, tuple, set, dict or dataclass: as an attribute's (``_keyed``), else by type.
-    return _keyed(value) or _bound_value(value)
+    # A value inside a list, tuple, set, dict or dataclass: as an attribute's (``_keyed``), a kerasfeed reader by
+    # what makes its items (``_held_reader``), else by type.
+    return _keyed(value) or _held_reader(value) or _bound_value(value)
 
 
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
@@ -303,6 +306,19 @@ def _own_settings(value: Any) -> Optional[str]:
         return None
 
 
+def _held_reader(value: Any) -> Optional[str]:
+    """A kerasfeed reader that the source holds (as an attribute, or in a list, dict or dataclass): its
+    settings and its public attributes keyed as a source's (a window, a transform's code), not in its
+    ``cache_ignores`` (a seed drawn per run): all that makes its items. None for anything else."""
+    own = _own_settings(value)
+    if own is None:
+        return None
+    left_out = ignored(value)
+    public = [(k, _keyed(v)) for k, v in sorted(attributes(value).items())
+              if not k.startswith("_") and k not in left_out]
+    return own + repr([(k, text) for k, text in public if text is not None])
+
+
 def _callable_value(value: Any) -> Optional[str]:
     """A function an attribute holds (``self.transform = fn``): its code, as the stage's is keyed."""
     if isinstance(value, functools.partial):
@@ -316,10 +332,11 @@ def _callable_value(value: Any) -> Optional[str]:
 
 
 def _settings(source: Any, public: dict) -> dict:
-    """The settings of the source and of the kerasfeed readers its attributes hold (see ``_own_settings``)."""
+    """The settings of the source (``_own_settings``; its public attributes are keyed as any source's) and of the
+    kerasfeed readers its attributes hold (``_held_reader``)."""
     found = {}
     for name, value in [("", source), *public.items()]:
-        text = _own_settings(value)
+        text = _own_settings(value) if value is source else _held_reader(value)
         if text is not None:
             found[name or "<the source>"] = text
     return found
