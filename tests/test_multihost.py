@@ -171,6 +171,25 @@ def test_processes_that_disagree_or_fail_raise_on_every_process(monkeypatch):
     assert [int(row[0]) for row in sent] == [1, 1]
 
 
+def test_a_sharded_order_must_give_each_data_shard_its_own_order_shard(monkeypatch):
+    """A sharded ``order=`` is taken as it is; left at ``shard_index=0`` on every process, every process read
+    shard 0, silently. The processes now check that data shards and order shards pair one to one."""
+    order = IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)
+    _peer(monkeypatch, _processes(index=1), change={"data shard": 0, "order shard_index": 0})
+    with pytest.raises(ValueError, match=r"^to_loader: the processes read the shards of the `order` as order "
+                                         r"shard_index \(process 0: 0, process 1: 0\), but their data shards are 0, 1: "
+                                         r".*shard_index=<this process's data shard> \(here 1\)\. Received: order "
+                                         r"shard_index=0 on process 1$"):
+        kerasfeed.to_loader(Items(16), order=order)
+    own = IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=1)
+    with kerasfeed.to_loader(Items(16), order=own) as loader:  # each process its own order shard: as before
+        assert [int(b[0]) for b in loader] == own.indices(0).tolist()
+    # Processes that share a data shard (their devices hold the same slices of the batch) share the order's.
+    _peer(monkeypatch, _processes(index=1, shards=1), change={"order shard_index": 0})
+    with pytest.raises(ValueError, match=r"process 0: 0, process 1: 1\), but their data shards are 0, 0"):
+        kerasfeed.to_loader(Items(16), order=own)
+
+
 def test_a_per_process_batch_must_divide_among_the_local_devices(monkeypatch):
     _peer(monkeypatch, _processes(index=0, local=2))
     with pytest.raises(ValueError, match=r"3 samples do not divide among 2 devices.*Received: batch_size=3"):
@@ -423,6 +442,8 @@ def _cluster_rules(out):
     case("num_shards_only", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2))
     case("num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=4))
     case("explicit_indivisible", lambda: kerasfeed.to_loader(Items(14), batch_size=2, num_shards=2, shard_index=k))
+    case("order_shard_zero", lambda: kerasfeed.to_loader(  # left at shard_index=0 on both: the same items
+        Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)))
     # cache= with an order whose shards keep their items: each process stores and reads only its own.
     loads = []
 
@@ -479,6 +500,10 @@ def test_the_sharding_rules_on_two_jax_processes(tmp_path):
         assert r["explicit_indivisible"].startswith(f"ValueError: to_loader: the last batch of every pass has 1 "
                                                     f"samples, which do not divide among the 2 devices of process {k}")
     assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
+    for k, r in enumerate(got):
+        assert r["order_shard_zero"].startswith("ValueError: to_loader: the processes read the shards of the `order` "
+                                                "as order shard_index (process 0: 0, process 1: 0), but their data "
+                                                "shards are 0, 1"), r["order_shard_zero"]
     assert "item 8 is a batch of 2 samples" in got[0]["short_mid"]  # as process 0 reads it
     assert isinstance(got[1]["short_mid"], list) and len(got[1]["short_mid"]) == 8  # its items are all full
 

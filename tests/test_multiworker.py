@@ -308,6 +308,11 @@ def _worker_rules(out):
     case("num_shards_only", lambda: kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2))
     case("num_shards_other", lambda: kerasfeed.to_dataset(Items(16), num_shards=3))
     case("too_few_for_distribute", lambda: kerasfeed.distribute(strategy, Items(1), batch_size=2))
+    # A sharded order left at shard_index=0 on every worker: both would read shard 0.
+    case("order_shard_zero", lambda: kerasfeed.to_dataset(
+        Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)))
+    case("order_shard_own", lambda: kerasfeed.to_dataset(
+        Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k)))
     with open(os.path.join(out, f"rules_worker_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -324,6 +329,12 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
         assert "the `input_context` has 2 input pipelines but the source has only 1 items" in r[
             "too_few_for_distribute"], r["too_few_for_distribute"]
         assert r["too_few_for_distribute"].endswith("Received: input_context.num_input_pipelines=2, len(source)=1")
+        assert r["order_shard_zero"].startswith("ValueError: to_dataset: the workers read the shards of the `order` "
+                                                "as order shard_index (worker 0: 0, worker 1: 0), but their data "
+                                                "shards are 0, 1"), r["order_shard_zero"]
+        assert r["order_shard_zero"].endswith(f"(here {k}). Received: order shard_index=0 on worker {k}")
+        assert r["order_shard_own"] == IndexOrder(16, shuffle=True, seed=0, num_shards=2,
+                                                  shard_index=k).indices(0).tolist(), r["order_shard_own"]
     assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
 
 

@@ -43,13 +43,16 @@ def _text(code: int) -> str:
 
 def check_agreement(
     names: Sequence[str], facts: Optional[dict], exchange: Callable[[np.ndarray], np.ndarray], *, owner: str,
-    me: int, count: int, member: str = "process", group: str = "",
+    me: int, count: int, member: str = "process", group: str = "", shards: Optional[tuple[str, str]] = None,
 ) -> None:
     """Exchanges this member's ``facts`` (``{name: value}`` over ``names``, in the same order on
     every member; None: its pipeline failed) through ``exchange`` (one int64 row per member into a
     ``(count, len(row))`` table) and compares them. Every member calls it once per pipeline, in the
     same order. ``me``: this member's index; ``member``, ``group``
-    (``"of the keras.distribution.DataParallel"``) and ``owner`` are for messages.
+    (``"of the keras.distribution.DataParallel"``) and ``owner`` are for messages. ``shards``: the names of
+    two facts that pair up one to one instead, the data shard a member reads and the shard of a sharded
+    ``order=`` it was given (None where it has none): members given the same order shard for other data
+    shards would read the same items (``shard_index=0`` left on every process).
 
     Raises:
         RuntimeError: another member failed to create its pipeline, or the
@@ -74,7 +77,8 @@ def check_agreement(
             f"output), so {member} {me} stops here too instead of waiting for it at the first training step. "
             f"Received: failed {plural}={failed}"
         )
-    differ = [j for j in range(len(names)) if len(set(table[:, 1 + j].tolist())) > 1]
+    paired = [names.index(name) for name in shards or ()]
+    differ = [j for j in range(len(names)) if j not in paired and len(set(table[:, 1 + j].tolist())) > 1]
     if differ:
         per = "; ".join(
             f"{names[j]} (" + ", ".join(f"{member} {k}: {_text(int(v))}" for k, v in enumerate(table[:, 1 + j])) + ")"
@@ -87,12 +91,32 @@ def check_agreement(
             "source (same length), with the same shuffle, seed, order, shards, batching and resume state, or the "
             f"shards overlap and the step counts differ. Received: {name}={facts[name]!r} on {member} {me}"
         )
+    if shards:
+        _check_order_shards(table, paired, shards, facts, owner=owner, me=me, member=member, plural=plural)
 
 
-def check_workers(worker: Any, facts: dict, owner: str) -> None:
+def _check_order_shards(table: np.ndarray, paired: list, shards: tuple, facts: dict, *, owner: str, me: int,
+                        member: str, plural: str) -> None:
+    """ValueError unless the members' data shards and order shards pair one to one (see ``check_agreement``)."""
+    data, given = (table[:, 1 + j].tolist() for j in paired)
+    if -1 in given:  # no sharded order (the same on every member: checked with the order's fingerprint)
+        return
+    if len(set(zip(data, given))) == len(set(data)) == len(set(given)):
+        return
+    per = ", ".join(f"{member} {k}: {_text(s)}" for k, s in enumerate(given))
+    raise ValueError(
+        f"{owner}: the {plural} read the shards of the `order` as {shards[1]} ({per}), but their data shards are "
+        f"{', '.join(_text(d) for d in data)}: {plural} reading other data shards must be given other shards of the "
+        f"order (or they read the same items), and those reading the same one the same shard. Build the order with "
+        f"shard_index=<this {member}'s data shard> (here {_text(data[me])}). "
+        f"Received: {shards[1]}={facts[shards[1]]!r} on {member} {me}"
+    )
+
+
+def check_workers(worker: Any, facts: dict, owner: str, shards: Optional[tuple[str, str]] = None) -> None:
     """``check_agreement`` of this worker (a ``shards.WorkerIdentity``) over its ``tf.distribute``
-    cluster; RuntimeError also when the other workers did not create a matching pipeline within
-    ``AGREEMENT_TIMEOUT_S`` seconds."""
+    cluster (``shards``: as there); RuntimeError also when the other workers did not create a matching
+    pipeline within ``AGREEMENT_TIMEOUT_S`` seconds."""
     with _instance_lock:
         instance = next(_instance_keys)
 
@@ -114,7 +138,8 @@ def check_workers(worker: Any, facts: dict, owner: str) -> None:
             ) from None
 
     check_agreement(
-        tuple(facts), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers, member="worker"
+        tuple(facts), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers, member="worker",
+        shards=shards,
     )
 
 

@@ -33,7 +33,7 @@ from kerasfeed.loading.agreement import check_agreement
 from kerasfeed.loading.arguments import Passes
 from kerasfeed.loading.shards import ShardPlan, joined_shards, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
-from kerasfeed.sampling.protocol import order_fingerprint, pass_fingerprint
+from kerasfeed.sampling.protocol import order_fingerprint, order_shard, pass_fingerprint
 
 T = TypeVar("T")
 
@@ -41,7 +41,9 @@ T = TypeVar("T")
 FACTS = (
     "len(source)", "shuffle", "seed", "order fingerprint", "num_shards", "batch_size", "drop_remainder",
     "batches per pass", "batches in the first pass", "initial_state epoch", "initial_state batches", "item batch size",
+    "data shard", "order shard_index",
 )
+SHARDS = ("data shard", "order shard_index")  # paired one to one, not equal (agreement.check_agreement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +265,8 @@ def pass_facts(total: int, passes: Passes, *, shuffle: bool, seed: Optional[int]
         "initial_state epoch": passes.resume.epoch,
         "initial_state batches": passes.resume.batches,
         "item batch size": item_batch_size,
+        # The order's own shard where one was given sharded (an unsharded one is cut per process: its own)
+        "order shard_index": order_shard(passes.order),
     }
 
 
@@ -288,8 +292,9 @@ def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]
 
     def check(facts: Optional[dict]) -> None:
         check_agreement(
-            FACTS, facts, lambda row: exchange(processes, row), owner=owner, me=processes.process_index,
-            count=processes.num_processes, group=f"of the {processes.source}",
+            FACTS, None if facts is None else {**facts, "data shard": processes.shard_index},
+            lambda row: exchange(processes, row), owner=owner, me=processes.process_index,
+            count=processes.num_processes, group=f"of the {processes.source}", shards=SHARDS,
         )
 
     try:

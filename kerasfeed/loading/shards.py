@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.loading.agreement import check_workers
-from kerasfeed.sampling.protocol import order_fingerprint, order_shards
+from kerasfeed.sampling.protocol import order_fingerprint, order_shard, order_shards
 from kerasfeed.sampling.views import pass_view
 
 
@@ -330,8 +330,9 @@ def _plan_order(api, length, num_shards, shard_index, input_context, order, fiel
             api, worker.worker_id, worker.num_workers, worker.num_workers, worker.worker_id,
         )
     if worker is not None and shards > 1:
-        facts = {"length": length, "num_shards": shards, **fields, "order": order_fingerprint(order)}
-        check_workers(worker, facts, api)
+        facts = {"length": length, "num_shards": shards, **fields, "order": order_fingerprint(order),
+                 "worker": worker.worker_id, "order shard_index": order_shard(order)}
+        check_workers(worker, facts, api, shards=("worker", "order shard_index"))
     return ShardPlan(num_shards, shard_index, shards, order)
 
 

@@ -184,6 +184,14 @@ def order_shards(order: Any) -> int:
     return shards if isinstance(shards, int) and shards > 0 else 1
 
 
+def order_shard(order: Any) -> Optional[int]:
+    """The ``shard_index`` of an order object built sharded (``num_shards > 1``; the user's, as given or
+    checked), else None."""
+    inner = order.order if isinstance(order, _CheckedOrder) else order
+    shard = getattr(inner, "shard_index", None) if order_shards(inner) > 1 else None
+    return int(shard) if isinstance(shard, (int, np.integer)) else None
+
+
 def order_fingerprint(order: Any) -> str:
     """A short string identifying ``order``'s pass sequence over all shards.
 
@@ -252,4 +260,7 @@ def check_resume_order(state: Any, order: Any) -> None:
         )
 
 
-__all__ = ["Order", "check_resume_order", "order_fingerprint", "order_shards", "pass_fingerprint", "resolve_order"]
+__all__ = [
+    "Order", "check_resume_order", "order_fingerprint", "order_shard", "order_shards", "pass_fingerprint",
+    "resolve_order",
+]
