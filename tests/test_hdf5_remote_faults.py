@@ -107,6 +107,25 @@ def test_a_request_that_stalls_times_out_and_is_tried_again(scenes, srv):
         seq[1]
 
 
+def test_balanced_order_from_hdf5_reads_through_the_readers_retries_and_timeouts(scenes, srv):
+    """It read URLs through a plain fsspec file: two 503s in a row were "not found", and a stalled request
+    waited as long as the store did (aiohttp's 5-minute default; a helper's report)."""
+    url = f"{srv.url}/a.h5"
+    want = kerasfeed.BalancedOrder.from_hdf5(scenes[0], "labels", seed=0).indices(0)
+    srv.inject("503", 2)
+    srv.inject("429")
+    got = kerasfeed.BalancedOrder.from_hdf5(url, "labels", seed=0, remote_options=FAST_RETRY)
+    assert srv.faults_left() == 0 and np.array_equal(got.indices(0), want)
+    srv.stall_s = 2.0
+    srv.inject("stall")
+    got = kerasfeed.BalancedOrder.from_hdf5(url, "labels", seed=0, remote_options={"timeout": 0.3, **FAST_RETRY})
+    assert srv.faults_left() == 0 and np.array_equal(got.indices(0), want)
+    srv.inject("stall", 2)
+    with pytest.raises(TimeoutError, match=r"^BalancedOrder.from_hdf5: .*failed 2 times .*no answer within "
+                                           r"timeout=0.3 s"):
+        kerasfeed.BalancedOrder.from_hdf5(url, "labels", remote_options={"timeout": 0.3, "attempts": 2, **FAST_RETRY})
+
+
 @pytest.mark.parametrize("server_checks_if_match", [True, False])
 def test_an_object_replaced_during_the_run_is_a_file_changed_error(scenes, srv, tmp_path, server_checks_if_match):
     srv.if_match = server_checks_if_match  # else the reader compares the ETag of each answer

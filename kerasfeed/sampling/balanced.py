@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed._urls import is_url, options_per_scheme, protocol, redact, redact_text
+from kerasfeed._urls import is_url, options_per_scheme, protocol, redact
 from kerasfeed.sampling.bijection import (
     SMALL_N,
     TABLE_BUDGET,
@@ -146,36 +145,27 @@ class BalancedOrder(SampledOrder):
 
     @classmethod
     def from_hdf5(cls, paths: Any, key: str, storage_options: Optional[Mapping] = None,
-                  **kwargs: Any) -> "BalancedOrder":
+                  remote_options: Any = None, **kwargs: Any) -> "BalancedOrder":
         """Reads the labels, of shape ``(N,)`` or ``(N, 1)``, once from HDF5 dataset ``key`` (files
         concatenated in order); only the label dataset is read, never the items.
 
         Args:
             paths: one HDF5 file or a sequence of files (as given to ``H5SliceSequence``/``H5RowSequence``):
-                local paths or ``s3://``, ``gs://``, ``http(s)://`` URLs (read once through fsspec, the
-                ``remote`` extra).
+                local paths or ``s3://``, ``gs://``, ``http(s)://`` URLs (read once as the readers read them:
+                the ``remote`` extra, with their retries and timeouts).
             key: the label dataset in every file.
             storage_options: fsspec's options for URLs (credentials, endpoint), as the readers take them.
+            remote_options: a ``kerasfeed.RemoteOptions`` or a dict of its fields for URLs (timeout, attempts),
+                as the readers take it.
             **kwargs: ``BalancedOrder`` arguments.
 
         Raises:
             ValueError: a file lacks ``key`` or its labels are not one per row.
+            FileNotFoundError, PermissionError, TimeoutError, OSError: a URL's object is missing, refused, or
+                did not answer within ``remote_options``' tries (named, as the readers name them).
         """
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-        parts = []
-        for path in paths:
-            with _open_hdf5(path, storage_options) as f:
-                ds = f.get(key)
-                if ds is None or not hasattr(ds, "shape"):
-                    raise ValueError(
-                        f"{OWNER}.from_hdf5: file '{_shown(path)}' has no dataset {key!r}. Received: key={key!r}"
-                    )
-                if not (ds.ndim == 1 or (ds.ndim == 2 and ds.shape[1] == 1)):
-                    raise ValueError(
-                        f"{OWNER}.from_hdf5: dataset {key!r} in '{_shown(path)}' must hold one label per row, "
-                        f"shape (N,) or (N, 1). Received: shape={ds.shape}"
-                    )
-                parts.append(ds[()].reshape(-1))
+        parts = [_read_labels(path, key, storage_options, remote_options) for path in paths]
         return cls(parts[0] if len(parts) == 1 else np.concatenate(parts), **kwargs)
 
     def _check_replacement(self) -> None:
@@ -395,52 +385,38 @@ def _encoded(labels: np.ndarray) -> tuple:
 
 
 
-@contextlib.contextmanager
-def _open_hdf5(path: Any, storage_options: Optional[Mapping]):
-    """An h5py file of a local path, or of a URL through fsspec (the labels are read once, whole)."""
+def _read_labels(path: Any, key: str, storage_options: Optional[Mapping], remote_options: Any) -> np.ndarray:
+    """The labels of one file, a local path or a URL (through the readers' own requests: hdf5/remote)."""
     import h5py  # lazily: `import kerasfeed` stays light
 
     if not is_url(path):
         with h5py.File(path, "r") as f:
-            yield f
-        return
+            return _labels_in(f, path, key)
+    from kerasfeed.hdf5.remote.files import RemoteFile
+    from kerasfeed.hdf5.remote.options import RemoteOptions
+    from kerasfeed.hdf5.remote.urls import Credentials, check_url
+
+    owner, kind = f"{OWNER}.from_hdf5", protocol(path)  # storage_options as the readers take them
+    options = options_per_scheme(storage_options, {kind}, owner)[kind]
+    remote_options = RemoteOptions() if remote_options is None else RemoteOptions.build(remote_options, owner)
+    remote = RemoteFile(check_url(path, owner), Credentials(options), remote_options, owner, {})
     try:
-        import fsspec
-    except ImportError:
-        raise ImportError(
-            f"{OWNER}.from_hdf5: reading labels from a URL needs fsspec: pip install 'kerasfeed[remote]'. "
-            f"Received: {path.split('?', 1)[0]}"
-        ) from None
-    kind = protocol(path)  # storage_options as the readers take them: one dict, or one per scheme
-    options = options_per_scheme(storage_options, {kind}, f"{OWNER}.from_hdf5")[kind]
-    with contextlib.ExitStack() as stack:
-        try:
-            raw = stack.enter_context(fsspec.open(path, "rb", **options))
-            f = stack.enter_context(h5py.File(raw, "r"))
-        except Exception as e:  # noqa: BLE001 - fsspec's and its clients' own errors: named, redacted
-            raise _remote_failure(path, e) from None
-        try:
-            yield f
-        except (OSError, RuntimeError) as e:  # a read of the labels failed (the store, the network)
-            raise _remote_failure(path, e) from None
+        return remote.inspect(lambda f: ((), _labels_in(f, path, key)))
+    finally:
+        remote.close()
 
 
-def _shown(path: Any) -> str:
-    return redact(path) if is_url(path) else os.fspath(path)
+def _labels_in(f: Any, path: Any, key: str) -> np.ndarray:
+    ds = f.get(key)
+    shown = redact(path) if is_url(path) else os.fspath(path)
+    if ds is None or not hasattr(ds, "shape"):
+        raise ValueError(f"{OWNER}.from_hdf5: file '{shown}' has no dataset {key!r}. Received: key={key!r}")
+    if not (ds.ndim == 1 or (ds.ndim == 2 and ds.shape[1] == 1)):
+        raise ValueError(
+            f"{OWNER}.from_hdf5: dataset {key!r} in '{shown}' must hold one label per row, "
+            f"shape (N,) or (N, 1). Received: shape={ds.shape}"
+        )
+    return ds[()].reshape(-1)
 
-
-def _remote_failure(path: str, e: BaseException) -> BaseException:
-    """fsspec's error for a URL as this class's: naming the URL with no query string (a presigned URL's
-    signature) and no credentials in the text, of the kind a reader's would be."""
-    shown, text = redact(path), redact_text(f"{type(e).__name__}: {e}")
-    where = f"{OWNER}.from_hdf5: '{shown}'"
-    if isinstance(e, FileNotFoundError):
-        over_http = protocol(path).startswith("http")
-        refused = " (or access to it refused: over http(s) fsspec reports both so)" if over_http else ""
-        return FileNotFoundError(f"{where} was not found{refused}: {text}. Received: path='{shown}'")
-    if isinstance(e, PermissionError):
-        return PermissionError(f"{where}: access was refused (wrong or missing credentials in `storage_options` or "
-                               f"the environment): {text}. Received: path='{shown}'")
-    return OSError(f"{where} could not be read as HDF5: {text}. Received: path='{shown}'")
 
 __all__ = ["BalancedOrder"]
