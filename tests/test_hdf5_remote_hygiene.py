@@ -73,6 +73,11 @@ def test_s3fs_username_and_password_are_never_pickled(scenes, monkeypatch):
                "secret_access_key": "s", "creds": "c", "sas": "s", "headers": [["Authorization", "Bearer t"]]}
     public, secret = split_options({**aliases, "anon": False, "endpoint_url": "http://h"})
     assert set(secret) == set(aliases) and public == {"anon": False, "endpoint_url": "http://h"}
+    # An API key under a header name of the server's own, a passphrase, a user and password in the endpoint.
+    public, secret = split_options({"headers": {"X-JFrog-Art-Api": "k"}, "client_kwargs": {"passphrase": "p"},
+                                    "endpoint_url": "http://u:p@h", "region_name": "r"})
+    assert secret == {"headers": {"X-JFrog-Art-Api": "k"}, "client_kwargs": {"passphrase": "p"},
+                      "endpoint_url": "http://u:p@h"} and public == {"client_kwargs": {}, "region_name": "r"}
 
 
 def test_readers_given_the_same_secrets_share_a_filesystem_and_leave_no_hand_off_entry(scenes):
@@ -247,11 +252,10 @@ def test_balanced_order_from_a_url_names_the_url_without_its_signature(scenes):
         good = {"headers": {"Authorization": "Bearer balanced-token"}}
         order = kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/a.h5", "labels", storage_options=good, seed=0)
         assert order.num_samples == 24  # the labels read: one per scene
-        with pytest.raises(FileNotFoundError, match=r"BalancedOrder.from_hdf5: 'http://127.0.0.1:\d+/nope.h5\?…' was "
-                           r"not found") as missing:
+        with pytest.raises(FileNotFoundError, match=r"^BalancedOrder.from_hdf5: HDF5 object not found: "
+                           r"'http://127.0.0.1:\d+/nope.h5\?…' \(HTTP 404\)") as missing:
             kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/nope.h5{SIGNED}", "labels", storage_options=good)
-        with pytest.raises(FileNotFoundError, match=r"'http://127.0.0.1:\d+/a.h5' was not found \(or access to it "
-                           r"refused") as refused:
+        with pytest.raises(PermissionError, match=r"^BalancedOrder.from_hdf5: .*'http://127.0.0.1:\d+/a.h5'") as refused:
             kerasfeed.BalancedOrder.from_hdf5(f"{srv.url}/a.h5", "labels",
                                               storage_options={"headers": {"Authorization": "Bearer wrong"}})
         with pytest.raises(ValueError, match=r"file 'http://127.0.0.1:\d+/a.h5\?…' has no dataset 'lables'") as key:
@@ -267,3 +271,12 @@ def test_an_object_store_key_keeps_its_question_marks_and_hashes_in_messages():
     assert redact("s3://bkt/runs#8/part-0.h5") == "s3://bkt/runs#8/part-0.h5"
     assert redact("gs://bkt/a?b/c.h5") == "gs://bkt/a?b/c.h5"
     assert redact("https://u:p@h:9/a.h5?X-Amz-Signature=s#f") == "https://h:9/a.h5?…"  # http(s) as before
+
+
+def test_another_store_s_options_on_an_http_url_say_to_key_them_by_scheme(scenes):
+    # S3's options given flat to an http:// URL failed with aiohttp's "unexpected keyword argument 'key'" alone.
+    with http_server({"a.h5": scenes}) as srv:
+        with pytest.raises(OSError, match=r"unexpected keyword argument 'key'.*key those of another store by its "
+                                          r"scheme, storage_options=\{'s3'") as info:
+            kerasfeed.H5SliceSequence(f"{srv.url}/a.h5", "labels", 4, storage_options={"key": "AKIAX", "secret": "s"})
+    assert "AKIAX" not in str(info.value)

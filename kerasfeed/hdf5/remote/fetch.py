@@ -188,7 +188,11 @@ class Store:
             except Exception as e:  # noqa: BLE001 - sorted by _classify; anything else is raised
                 fail = _classify(e)
             if fail.kind == "other":
-                raise OSError(f"{self.owner}: {what} of '{redact(self.url)}' failed: {fail}") from None
+                hint = ""
+                if "unexpected keyword argument" in str(fail):  # another store's options, as one flat dict
+                    hint = (f" (`storage_options` reach fsspec's {self.protocol} filesystem as given: key those "
+                            f"of another store by its scheme, storage_options={{'s3': {{...}}, 'http': {{...}}}})")
+                raise OSError(f"{self.owner}: {what} of '{redact(self.url)}' failed: {fail}{hint}") from None
             if fail.kind != "retry":
                 raise self._error(fail, what) from None
             causes.append(str(fail))

@@ -4,7 +4,7 @@ NOTE [ Credentials stay in the process that was given them ]
 ============================================================
 
 ``storage_options`` may hold credentials (``key``/``secret``/``token`` for
-s3fs, a token dict for gcsfs, an ``Authorization`` header for HTTP). A
+s3fs, a token dict for gcsfs, HTTP headers: any may be an API key). A
 source travels to worker processes and Ray actors by pickling, and a pickle
 can end up in a log, a crash dump or Ray's object store. So ``Credentials``
 splits the options once, at construction: the public part (endpoint, region,
@@ -41,8 +41,8 @@ from kerasfeed import _handoff
 from kerasfeed._urls import PROTOCOLS, is_url, options_per_scheme, protocol, redact, redact_text
 
 # Parts of an option's name that make it a credential (compared lower-case).
-_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "cookie", "signature",
-                 "session")
+_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "passphrase", "auth", "credential", "cookie",
+                 "signature", "session")
 # Option names that are credentials without such a word (s3fs' aliases of `key`: `username`, `user`).
 _SECRET_NAMES = {"user", "username", "login", "creds", "sas"}
 # Option names that contain such a word but name no secret.
@@ -94,12 +94,14 @@ def folder_message(owner: str, url: str) -> str:
 
 def _is_secret(name: Any, value: Any) -> bool:
     low = str(name).lower()
+    if low == "headers":  # any header may be a credential, under a name of the server's own (X-JFrog-Art-Api)
+        return True
+    if low == "endpoint_url":  # public, unless it carries a user and password
+        return isinstance(value, str) and "@" in urlsplit(value).netloc
     if low in _PUBLIC_NAMES:
         return False
     if low == "token" and isinstance(value, str) and value in _PUBLIC_TOKENS:
         return False
-    if low == "headers" and not isinstance(value, Mapping):  # [(name, value), ...]: an Authorization among them
-        return True
     return low in _SECRET_NAMES or any(word in low for word in _SECRET_WORDS)
 
 
