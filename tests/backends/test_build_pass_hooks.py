@@ -1,6 +1,6 @@
 """Keras' JAX and torch trainers build the model from a batch of a throwaway iterator; with passes
 the read-ahead loads whole during that build, the pass's end hook waits for the fit's own begin of it
-(NOTE [ A model build's pass ends later ], loading/pipeline.py). Each backend in its own process."""
+(NOTE [ A model build's pass ends later ], loading/pipeline.py). The checks run in one process per backend."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -40,17 +41,23 @@ class Hooked(kerasfeed.SceneSequence):
 """
 
 
-def _run(backend: str, script: str):
-    """What ``script``'s last line prints (JSON), run under ``backend`` in a process of its own."""
+def _run(backend: str, parts: dict[str, str]):
+    """Each part's ``got`` (JSON), or its traceback; the parts run one after the other under ``backend`` in one
+    process of its own (a backend's import costs seconds; each part's classes stay in ``__main__`` for the
+    worker processes)."""
+    script = _HOOKED + "_out = {}\n" + "".join(
+        f"try:\n{textwrap.indent(source, '    ')}\n    _out[{name!r}] = got\n"
+        f"except Exception:\n    import traceback\n    _out[{name!r}] = {{'error': traceback.format_exc()}}\n"
+        for name, source in parts.items()) + "print(json.dumps(_out))\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
     env.update(KERAS_BACKEND=backend, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_SCRIPT = _HOOKED + """
+_SCRIPT = """
 got = {}
 for front, executor, batches, epochs in [("to_dataset", "threads", 4, 3), ("to_dataset", "processes", 4, 3),
                                          ("to_loader", "processes", 4, 3), ("to_dataset", "threads", 200, 3),
@@ -62,17 +69,14 @@ for front, executor, batches, epochs in [("to_dataset", "threads", 4, 3), ("to_d
     model.compile("sgd", "mse")
     model.fit(getattr(kerasfeed, front)(seq, executor=executor), epochs=epochs, verbose=0)
     got[f"{front}/{executor}/{batches} batches/{epochs} epochs"] = seq.hooks
-print(json.dumps(got))
 """
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_the_model_build_s_pass_runs_each_epoch_hook_once(backend):
+def _the_model_build_s_pass_runs_each_epoch_hook_once(got, backend):
     """Passes of 4 batches: the build's iterator read pass 0 whole, its end hook ran, and the fit's
     epoch 0 ran the begin and end hooks of pass 0 again (``on_epoch_end`` twice for pass 0). Now each
     hook runs once per epoch, in order, on both front ends, as with long passes and under TensorFlow; a
     fit of one epoch runs its end hook too."""
-    got = _run(backend, _SCRIPT)
     assert len(got) == (6 if backend == "jax" else 5), got
     for run, hooks in got.items():
         epochs = int(run.split("/")[-1].split()[0])
@@ -96,21 +100,19 @@ calls = []
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
 model.fit(kerasfeed.to_dataset(Counted(), executor="threads"), epochs=1, verbose=0)
-print(json.dumps(sorted(calls)))
+got = sorted(calls)
 """
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_the_fit_takes_over_what_the_model_build_made(backend):
+def _the_fit_takes_over_what_the_model_build_made(got, backend):
     """The build's throwaway iterator begins pass 0 and the threads make a window of it ahead; the fit's
     own iterator begins pass 0 again and takes those items over (NOTE [ A pass begun again keeps what was
     made ]). 170 calls for 100 batches before (the window made twice); now each item once, but the probe's
     (4) and what the build's iterator took."""
-    calls = _run(backend, _TAKE_OVER)
-    assert set(calls) == set(range(100)) and len(calls) <= 110, (len(calls), calls)
+    assert set(got) == set(range(100)) and len(got) <= 110, (len(got), got)
 
 
-_EVALUATE = _HOOKED + """
+_EVALUATE = """
 got = {}
 for executor, fit_first in [("threads", False), ("processes", False), ("threads", True)]:
     seq = Hooked(4)
@@ -122,17 +124,14 @@ for executor, fit_first in [("threads", False), ("processes", False), ("threads"
     model.evaluate(data, verbose=0)
     model.evaluate(data, verbose=0)
     got[f"{executor}{', fit first' if fit_first else ''}"] = [seq.hooks, sorted(set(seq.calls))]
-print(json.dumps(got))
 """
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_an_evaluation_that_builds_the_model_reads_one_pass(backend):
+def _an_evaluation_that_builds_the_model_reads_one_pass(got, backend):
     """``evaluate`` of a model just compiled builds it from a throwaway iterator (NOTE [ An evaluation's model
     build ], kerasfeed/_keras_build.py). Two evaluations read passes 0 and 1, each hook once, as under
     TensorFlow; they read passes 0, 1 and 2 before (pass 0 for the build alone, its hooks run). After a
     fit (the model built), the evaluations read the passes after the fit's."""
-    got = _run(backend, _EVALUATE)
     passes = {"threads": [0, 1], "processes": [0, 1], "threads, fit first": [0, 1, 2]}
     for run, (hooks, read) in got.items():
         assert hooks == [[hook, p] for p in passes[run] for hook in ("begin", "end")], (run, hooks)
@@ -179,15 +178,34 @@ except Exception:
 seen.clear()
 model().evaluate(ds, verbose=0)
 got["evaluate after a failed one"] = list(seen)
-print(json.dumps(got))
 """
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass(backend):
+def _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass(got, backend):
     """A dataset made with ``initial_state`` does not follow the fit's frame, and its fit's model build read the
     resumed pass: the loop trained on the next one ([20, 21, 22], where TensorFlow trains on [11, 12]). An
     evaluation whose build failed left its pass begun: the next evaluation read pass 1. Items are
     ``10 * pass + index``; the same as under TensorFlow now (a helper's report)."""
-    got = _run(backend, _RESUMED)
     assert got == {"resumed fit": [11, 12, 20, 21, 22], "evaluate after a failed one": [0, 1, 2]}, got
+
+
+_CHECKS = {"hooks": (_SCRIPT, _the_model_build_s_pass_runs_each_epoch_hook_once),
+           "take over": (_TAKE_OVER, _the_fit_takes_over_what_the_model_build_made),
+           "evaluate": (_EVALUATE, _an_evaluation_that_builds_the_model_reads_one_pass),
+           "resumed": (_RESUMED, _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass)}
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_model_build_s_pass_under_jax_and_torch(backend):
+    """The four checks above, in one process per backend; each check's failure is reported by name."""
+    got = _run(backend, {name: script for name, (script, _) in _CHECKS.items()})
+    failed = []
+    for name, (_, check) in _CHECKS.items():
+        if isinstance(got[name], dict) and "error" in got[name]:
+            failed.append(f"{name} raised:\n{got[name]['error']}")
+            continue
+        try:
+            check(got[name], backend)
+        except AssertionError as e:
+            failed.append(f"{name} ({check.__name__}): {e}")
+    assert not failed, "\n\n".join(failed)
