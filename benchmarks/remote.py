@@ -144,7 +144,7 @@ def _drain(loader) -> int:
 
 def _first_batch(make: Callable[[], Any]) -> Dict[str, Any]:
     """Round trips to build the source (the file's metadata) and then to get batch 0."""
-    from kerasfeed.hdf5.remote.fetch import STATS
+    from kerasfeed.remote.fetch import STATS
 
     STATS.reset()
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 NOTE [ Secrets travel to workers in memory, never with the source ]
 A source is pickled to reach worker processes and Ray actors, and a pickle
 can end up in a log, a crash dump or Ray's object store (which spills to
-disk). What must not (a remote store's credentials: ``hdf5/remote/urls.py``)
+disk). What must not (a remote store's credentials: ``remote/urls.py``)
 is put in this process's table instead, under a random token that the
 source keeps. A kerasfeed worker process gets the table's entries with its
 first message, over its private socket (``protocol.Init``'s ``handoff``),

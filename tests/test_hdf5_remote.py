@@ -19,7 +19,7 @@ from remote_servers import AWS_ISOLATION, GCS_ENV, MotoS3, http_server
 
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.hdf5.remote.fetch import STATS
+from kerasfeed.remote.fetch import STATS
 
 ROWS = 30
 
@@ -223,7 +223,7 @@ def test_gzip_chunks_are_inflated_by_zlib_ng_to_the_same_bytes(stores, monkeypat
 
     from zlib_ng import zlib_ng
 
-    from kerasfeed.hdf5.remote import chunks
+    from kerasfeed.remote import chunks
 
     assert chunks._inflate is zlib_ng.decompress
     monkeypatch.setenv("KERASFEED_INFLATE", "zlib")
@@ -467,7 +467,7 @@ def test_a_large_chunk_index_is_read_a_level_at_a_time(tmp_path, libver):
     """NOTE [ A chunk index read one level at a time ]: 5,000 chunks put ~90 leaf nodes of a three-level
     B-tree in the default file (``earliest``); read node by node they cost 96 round trips (measured), here 7,
     and the layouts are h5py's own. A ``latest`` file's index (a fixed array) takes a few reads as before."""
-    from kerasfeed.hdf5.remote.h5file import BlockFile
+    from kerasfeed.remote.h5file import BlockFile
 
     path = tmp_path / "many.h5"
     # 4 KB chunks that do not compress: the leaves lie ~200 KB apart, each in a block of its own (64 KiB).
@@ -507,7 +507,7 @@ def test_a_large_chunk_index_is_read_a_level_at_a_time(tmp_path, libver):
 
 def test_a_node_that_is_not_a_chunk_index_node_fetches_nothing_ahead():
     """``tree_children`` parses a version-1 B-tree node of raw-data chunks only; anything else gives no address."""
-    from kerasfeed.hdf5.remote.h5file import tree_children
+    from kerasfeed.remote.h5file import tree_children
 
     rank, key = 2, 8 + 8 * 3
     two_k = 4

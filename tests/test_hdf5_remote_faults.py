@@ -23,8 +23,8 @@ from remote_servers import AWS_ISOLATION, GCS_ENV, MotoS3, http_server
 import kerasfeed
 from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.fetch import STATS
-from kerasfeed.hdf5.remote.h5file import collector_held
+from kerasfeed.remote.fetch import STATS
+from kerasfeed.remote.h5file import collector_held
 
 # The tests' waits between tries stay short, and every batch sends requests (the scene files are small enough
 # to be kept whole in memory after the first read otherwise: RemoteOptions.small_dataset).
@@ -331,7 +331,7 @@ def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scen
 
 _FORK_BESIDE_A_HELD_COLLECTOR = """
 import gc, os, threading
-from kerasfeed.hdf5.remote.h5file import collector_held
+from kerasfeed.remote.h5file import collector_held
 
 inside, leave = threading.Event(), threading.Event()
 

@@ -19,10 +19,10 @@ from remote_servers import AWS_ISOLATION, MotoS3, RangeServer, _Handler, http_se
 import kerasfeed
 from kerasfeed import _handoff
 from kerasfeed.datasets import make_synthetic_scenes
-from kerasfeed.hdf5.remote import files
-from kerasfeed.hdf5.remote.chunks import pieces
-from kerasfeed.hdf5.remote.fetch import STORES
-from kerasfeed.hdf5.remote.urls import redact, redact_text, split_options
+from kerasfeed.remote import files
+from kerasfeed.remote.chunks import pieces
+from kerasfeed.remote.fetch import STORES
+from kerasfeed.remote.urls import redact, redact_text, split_options
 
 SIGNED = "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=deadbeefSIGNATURE"
 
@@ -194,7 +194,7 @@ def _stream_secrets(arg):
 
 
 def test_a_worker_process_gets_only_the_secrets_its_source_or_task_names():
-    from kerasfeed.hdf5.remote.urls import Credentials
+    from kerasfeed.remote.urls import Credentials
 
     mine, other = Credentials({"password": "mine-secret"}), Credentials({"password": "other-secret"})
     seq = _SecretsSeen(mine, other.token)

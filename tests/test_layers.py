@@ -20,7 +20,7 @@ LAYERS = [
     ["_version", "_validation", "_layout", "_handoff", "_urls", "_leaves", "_quiet", "_records", "_keras_fit",
      "_keras_epoch_iterator", "_keras_build", "errors", "_nest", "transforms", "datasets", "_demo_args",
      "_backend_errors"],
-    ["sources"],
+    ["sources", "remote"],
     ["sampling"],
     ["cache"],
     ["hdf5", "execution"],

@@ -66,10 +66,10 @@ registry), ``keys.py`` (paths and keys), ``options.py`` (the shared keyword argu
 """
 
 from kerasfeed.hdf5.base import FileChangedError
-from kerasfeed.hdf5.remote.options import RemoteOptions
 from kerasfeed.hdf5.rows import H5RowSequence
 from kerasfeed.hdf5.slices import H5SliceSequence
 from kerasfeed.hdf5.windows import H5WindowSequence
+from kerasfeed.remote.options import RemoteOptions
 from kerasfeed.transforms import ScenePointSampler
 
 __all__ = ["H5SliceSequence", "H5WindowSequence", "H5RowSequence", "ScenePointSampler", "FileChangedError",

@@ -20,9 +20,9 @@ from kerasfeed.hdf5.handles import REGISTRY
 from kerasfeed.hdf5.inspection import check_file, open_local
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
-from kerasfeed.hdf5.remote.chunks import concat
-from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, check_url, has_scheme, options_per_scheme, protocol, redact
+from kerasfeed.remote.chunks import concat
+from kerasfeed.remote.options import RemoteOptions
+from kerasfeed.remote.urls import Credentials, check_url, has_scheme, options_per_scheme, protocol, redact
 from kerasfeed.sources import stage
 from kerasfeed.sources.sequence import SceneSequence
 
@@ -223,7 +223,7 @@ class H5Base(SceneSequence):
         if opts.swmr:
             raise ValueError(f"{cls}: `swmr=True` reads files being appended to on this machine; a URL cannot be "
                              f"one. Received: swmr=True, path='{redact(self._paths[min(urls)])}'")
-        from kerasfeed.hdf5.remote.files import RemoteFile, pin_all
+        from kerasfeed.remote.files import RemoteFile, pin_all
 
         per_scheme = options_per_scheme(opts.storage_options, {protocol(u) for u in urls.values()}, cls)
         credentials = {scheme: Credentials(o) for scheme, o in per_scheme.items()}
@@ -240,7 +240,7 @@ class H5Base(SceneSequence):
         remote = [j for j, (f, _, _) in enumerate(parts) if f in self._remote]
         got = {}
         if remote:
-            from kerasfeed.hdf5.remote.files import read_parts
+            from kerasfeed.remote.files import read_parts
 
             got = dict(zip(remote, read_parts([(self._remote[parts[j][0]], *parts[j][1:]) for j in remote])))
         read = local or (lambda f, key, runs: concat([self._read_rows(f, key, a, b) for a, b in runs]))

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, TypedDict
 import numpy as np
 
 from kerasfeed import _validation as _v
-from kerasfeed.hdf5.remote.options import RemoteOptions, check_storage_options
+from kerasfeed.remote.options import RemoteOptions, check_storage_options
 
 Transform = Callable[[Any, np.random.Generator], Any]
 

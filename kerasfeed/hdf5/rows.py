@@ -10,7 +10,7 @@ import numpy as np
 from kerasfeed.hdf5.base import FileChangedError, H5Base
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
-from kerasfeed.hdf5.remote.chunks import concat
+from kerasfeed.remote.chunks import concat
 from kerasfeed.sampling.order import IndexOrder
 from kerasfeed.sampling.protocol import order_shards, resolve_order
 from kerasfeed.sampling.views import pass_view

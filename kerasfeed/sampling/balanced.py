@@ -155,7 +155,7 @@ class BalancedOrder(SampledOrder):
                 the ``remote`` extra, with their retries and timeouts).
             key: the label dataset in every file.
             storage_options: fsspec's options for URLs (credentials, endpoint), as the readers take them.
-            remote_options: a ``kerasfeed.RemoteOptions`` or a dict of its fields for URLs (timeout, attempts),
+            remote_options: a ``kerasfeed.hdf5.RemoteOptions`` or a dict of its fields for URLs (timeout, attempts),
                 as the readers take it.
             **kwargs: ``BalancedOrder`` arguments.
 
@@ -386,15 +386,15 @@ def _encoded(labels: np.ndarray) -> tuple:
 
 
 def _read_labels(path: Any, key: str, storage_options: Optional[Mapping], remote_options: Any) -> np.ndarray:
-    """The labels of one file, a local path or a URL (through the readers' own requests: hdf5/remote)."""
+    """The labels of one file, a local path or a URL (through the readers' own requests: remote)."""
     import h5py  # lazily: `import kerasfeed` stays light
 
     if not is_url(path):
         with h5py.File(path, "r") as f:
             return _labels_in(f, path, key)
-    from kerasfeed.hdf5.remote.files import RemoteFile
-    from kerasfeed.hdf5.remote.options import RemoteOptions
-    from kerasfeed.hdf5.remote.urls import Credentials, check_url
+    from kerasfeed.remote.files import RemoteFile
+    from kerasfeed.remote.options import RemoteOptions
+    from kerasfeed.remote.urls import Credentials, check_url
 
     owner, kind = f"{OWNER}.from_hdf5", protocol(path)  # storage_options as the readers take them
     options = options_per_scheme(storage_options, {kind}, owner)[kind]

@@ -49,7 +49,7 @@ import threading
 from collections import OrderedDict
 from typing import Optional
 
-from kerasfeed.hdf5.remote.fetch import ObjectStat, Store, gather_ranges, run
+from kerasfeed.remote.fetch import ObjectStat, Store, gather_ranges, run
 
 _GC_LOCK = threading.Lock()
 # A version-1 B-tree node (NOTE [ A chunk index read one level at a time ]): "TREE", node type (1: raw-data

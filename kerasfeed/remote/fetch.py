@@ -31,9 +31,9 @@ import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, folder_message, protocol, redact, redact_text
-from kerasfeed.hdf5.remote.versions import ObjectStat, answer_changed, http_precondition, total_size
+from kerasfeed.remote.options import RemoteOptions
+from kerasfeed.remote.urls import Credentials, folder_message, protocol, redact, redact_text
+from kerasfeed.remote.versions import ObjectStat, answer_changed, http_precondition, total_size
 
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 logger = logging.getLogger("kerasfeed")

@@ -19,11 +19,11 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import FileChangedError
-from kerasfeed.hdf5.remote.chunks import Layout, concat, merge, pieces, unreachable
-from kerasfeed.hdf5.remote.fetch import STORES, ObjectStat, Store, gather_ranges, gather_settled, run
-from kerasfeed.hdf5.remote.h5file import collector_held, fetch_error, open_h5
-from kerasfeed.hdf5.remote.options import RemoteOptions
-from kerasfeed.hdf5.remote.urls import Credentials, redact
+from kerasfeed.remote.chunks import Layout, concat, merge, pieces, unreachable
+from kerasfeed.remote.fetch import STORES, ObjectStat, Store, gather_ranges, gather_settled, run
+from kerasfeed.remote.h5file import collector_held, fetch_error, open_h5
+from kerasfeed.remote.options import RemoteOptions
+from kerasfeed.remote.urls import Credentials, redact
 
 
 class RemoteFile:
