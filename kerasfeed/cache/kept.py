@@ -186,14 +186,16 @@ def _take(fd: int) -> bool:
 
 def _take_from_own(fd: int) -> bool:
     """The lock of a pipeline of this process dropped without close(): its store lets it go once
-    collected (after its pool threads stop; a reference cycle needs the collector)."""
-    gc.collect()
+    collected (after its pool threads stop; a reference cycle needs the collector, and one that an
+    item error's traceback closes took three collections: the finalizers of each ring free the next)."""
     deadline = time.monotonic() + _OWN_WAIT_S
-    while not _take(fd):
+    while True:
+        gc.collect()
+        if _take(fd):
+            return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.02)
-    return True
+        time.sleep(0.05)
 
 
 def _stale_reason(store: ItemStore, n: int, boot: int) -> Optional[str]:
