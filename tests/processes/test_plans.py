@@ -8,6 +8,7 @@ import sys
 import threading
 
 import cloudpickle
+import numpy as np
 from _kit import count_up, dataset_kinds, drive, slots_in_use
 from _util import wait_until
 from tensorflow.core.framework import graph_pb2
@@ -145,3 +146,35 @@ def test_a_load_far_ahead_of_the_plan_is_requested_directly_and_not_twice(kit):
     assert [int(kit.load(i, 4)[0][0, 0]) for i in rest] == rest
     assert pool.plan_status().current is None  # complete: 130 was skipped, not requested again
     assert wait_until(lambda: pool.request_counts()[:2] == (0, 0))
+
+
+class _Reshuffled(kerasfeed.SceneSequence):
+    """Its hook changes it as every pass begins (an index list reshuffled); each call is logged to a file."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log, self.shift = log, 0
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        with open(self.log, "a") as f:
+            f.write(f"{i}\n")
+        return np.full((2,), i + self.shift, np.float32)
+
+    def on_epoch_begin(self):
+        self.shift += 100
+
+
+def test_no_next_pass_is_made_ahead_for_a_source_its_hooks_change_at_every_begin(tmp_path):
+    """Such a source's next begin sends the workers its new state and drops what they made of that pass ahead:
+    20 calls thrown away over 4 passes of 24 items (what the window held at each begin). A pass that begins with a change
+    now makes no next pass ahead; the batches are the same."""
+    log = str(tmp_path / "calls")
+    with kerasfeed.to_loader(_Reshuffled(log), batch_size=4, executor="processes", workers=2) as loader:
+        passes = [np.concatenate(list(loader))[:, 0].tolist() for _ in range(4)]
+        calls = len(open(log).read().split())
+    assert passes == [[i + 100 * (p + 1) for i in range(24)] for p in range(4)]
+    probes = len(loader._feed.probe_indices())
+    assert calls == 4 * 24 + probes, calls

@@ -246,7 +246,9 @@ class Dispatcher:
             self.replacements.send_state(epoch, state)  # successors get it too
         with self.cv:
             self.check_usable()
-            self.plans.start(epoch, indices, next_pass)
+            # A source whose hooks changed it as this pass began will likely change again at the next begin,
+            # which would drop what the workers made of that pass ahead: none is made for it then.
+            self.plans.start(epoch, indices, next_pass if state is None else None)
             self.cv.notify_all()  # dropped requests may have freed slots
             sends = self.fill_plans()
         self.send_requests(sends)
