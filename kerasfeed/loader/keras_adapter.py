@@ -86,14 +86,18 @@ _DROPPED = {
 
 
 def _num_batches(loader: Any) -> int:
-    refuse_arguments_keras_drops(sys._getframe(1))
+    if refuse_arguments_keras_drops(sys._getframe(1)):
+        # A Keras call begins (its epoch iterator is made): a pass an earlier call left after a batch or two (a
+        # fit stopped early) is not its model build's, which its reset would hand over to its loop.
+        loader._passes.release()
     remember_fit()  # read on the fit's own thread (NOTE [ Another thread's frames ])
     return Loader.num_batches.fget(loader)
 
 
-def refuse_arguments_keras_drops(frame: Any) -> None:
+def refuse_arguments_keras_drops(frame: Any) -> bool:
     """Raises ValueError when ``frame`` is Keras' epoch iterator being made
-    with ``y``, ``sample_weight`` or ``class_weight`` for a loader (see NOTE above)."""
+    with ``y``, ``sample_weight`` or ``class_weight`` for a loader (see NOTE above); returns whether it is
+    that iterator being made (a Keras call beginning)."""
     given = epoch_iterator_arguments(frame)
     for name, value in (given or {}).items():
         if value is not None:
@@ -101,6 +105,7 @@ def refuse_arguments_keras_drops(frame: Any) -> None:
                 f"kerasfeed: Keras does not pass `{name}` on to a data adapter such as a kerasfeed.to_loader "
                 f"loader, so it would be ignored; {_DROPPED[name]}. Received: {name}={_short(value)}"
             )
+    return given is not None
 
 
 def _short(value: Any) -> str:

@@ -189,15 +189,68 @@ def _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass(go
     assert got == {"resumed fit": [11, 12, 20, 21, 22], "evaluate after a failed one": [0, 1, 2]}, got
 
 
+_STOPPED = """
+import json
+import keras, numpy as np
+import kerasfeed
+
+class Numbered(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.full((2, 1), 100 * self.epoch + i, "float32"), np.zeros((2, 1), "float32")
+
+read = []
+
+class Recorded(keras.layers.Layer):
+    def call(self, x):
+        try:
+            read.append(int(keras.ops.convert_to_numpy(x)[0, 0]))
+        except Exception:
+            pass  # symbolic: the model build's call
+        return x
+
+class Stop(keras.callbacks.Callback):
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.at:
+            self.model.stop_training = True
+
+got = {}
+for at in (0, 1):
+    loader = kerasfeed.to_loader(Numbered(), executor="threads")
+    model = keras.Sequential([keras.Input((1,)), Recorded(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    model.fit(loader, epochs=2, verbose=0, callbacks=[Stop(at)])
+    read.clear()
+    model.evaluate(loader, verbose=0)
+    got[f"stopped after batch {at}"] = list(read)
+    loader.close()
+"""
+
+
+def _an_evaluation_after_a_fit_stopped_early_reads_the_next_pass(got, backend):
+    """A fit stopped after a batch or two left its pass as a model build leaves one: the evaluation's epoch
+    iterator reset (after its build, the model built already) handed it over, and the evaluation read pass 0
+    again (its first batches replayed), where TensorFlow reads pass 1 (a helper's report)."""
+    want = [100 + i for i in range(6)]
+    assert got == {"stopped after batch 0": want, "stopped after batch 1": want}, got
+
+
 _CHECKS = {"hooks": (_SCRIPT, _the_model_build_s_pass_runs_each_epoch_hook_once),
            "take over": (_TAKE_OVER, _the_fit_takes_over_what_the_model_build_made),
            "evaluate": (_EVALUATE, _an_evaluation_that_builds_the_model_reads_one_pass),
-           "resumed": (_RESUMED, _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass)}
+           "resumed": (_RESUMED, _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass),
+           "stopped": (_STOPPED, _an_evaluation_after_a_fit_stopped_early_reads_the_next_pass)}
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_model_build_s_pass_under_jax_and_torch(backend):
-    """The four checks above, in one process per backend; each check's failure is reported by name."""
+    """The checks above, in one process per backend; each check's failure is reported by name."""
     got = _run(backend, {name: script for name, (script, _) in _CHECKS.items()})
     failed = []
     for name, (_, check) in _CHECKS.items():
