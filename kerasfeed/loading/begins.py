@@ -126,9 +126,12 @@ class Begins:
         if not self._current(ticket):
             epoch = pass_of(ticket)
             raise RuntimeError(
-                f"kerasfeed: pass {epoch} began again for a newer iterator (a new `fit`'s epoch {epoch}, or the "
-                f"fit's first epoch after a model build), so this older iterator of it is no longer read; "
-                f"iterate the newest iterator. Received: a call for pass {epoch} from the older iterator"
+                f"kerasfeed: pass {epoch} began again for a newer iterator (a new `fit`'s epoch {epoch}, the "
+                f"fit's first epoch after a model build, or a read of this same dataset or loader from inside the "
+                f"fit that reads it: a callback's predict, evaluate or iter() of the data fit trains on), so this "
+                f"older iterator of it is no longer read; iterate the newest iterator, and give a callback that "
+                f"reads the training data a dataset or loader of its own (made once, beside the fit's). "
+                f"Received: a call for pass {epoch} from the older iterator"
             )
 
 
