@@ -167,3 +167,31 @@ def test_a_death_is_blamed_on_the_load_that_reached_the_worker_first():
     assert lane.first_pending() is made_first
     lane.pending[10] = Request(10, 3, 2)  # not sent yet: after every one sent
     assert lane.first_pending() is made_first
+
+
+class _DiesAt13:
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        import kerasfeed
+
+        if i == 13 and kerasfeed.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.full((10,), i, np.int64)
+
+
+def test_a_close_while_a_reader_closes_after_a_death_returns_once_the_workers_exited(tmp_path):
+    """A worker's death makes its reader close the pool; the owner's close then returned at once, and the other
+    worker outlived ``export`` by ~50 ms, its fds still held (a helper's report, 3 of 3)."""
+    import psutil
+
+    import kerasfeed
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for k in range(3):
+        with pytest.raises(WorkerError):
+            kerasfeed.export(_DiesAt13(), str(tmp_path / f"e{k}"), num_shards=4, executor="processes", workers=2,
+                             progress=False)
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        assert left == [], [(p.pid, p.status()) for p in left]

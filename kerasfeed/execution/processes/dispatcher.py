@@ -74,6 +74,8 @@ class Dispatcher:
         self.lock = threading.RLock()  # re-entrant: close() may run from GC anywhere
         self.cv = threading.Condition(self.lock)
         self.closed = False
+        self.shut_down = threading.Event()  # set once a close's workers exited (shutdown.py)
+        self.closer: Optional[threading.Thread] = None  # the thread that closes it
         self.parked = False  # closed by ``park``: the executor starts a new pool on its next use
         self.failure: Optional[WorkerError] = None
         # The iterator deleted or Ctrl-C ends a wait (execution/waits.py); an

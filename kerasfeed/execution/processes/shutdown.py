@@ -6,6 +6,7 @@ Part of the ``Dispatcher``, which each function takes as ``d`` and whose lock th
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -39,15 +40,20 @@ def close(d: Any) -> None:
         # parent's; touching them (shutdown() acts on the shared socket) would break its pool.
         return
     with d.lock:
-        if d.closed:
-            return
-        pending, streams, lanes = _mark_closed(d)
-    _shut_down(d, pending, streams, lanes)
+        marked = None if d.closed else _mark_closed(d)
+        # A close under way in another thread: its closer, and the readers it joins, do not wait for it.
+        busy = set() if marked is not None else {d.closer, *(lane.process.reader for lane in d.lanes.every())}
+    if marked is not None:
+        _shut_down(d, *marked)
+    elif threading.current_thread() not in busy:
+        # Another thread closes it (a worker's reader, on that worker's death): its workers exit before this
+        # returns too, as when this call closes it.
+        d.shut_down.wait(2 * GRACE_S + 3)
 
 
 def _mark_closed(d: Any) -> tuple[list, list, list]:
     # With the lock held: from here on every call raises (check_usable).
-    d.closed = True
+    d.closed, d.closer = True, threading.current_thread()
     d.unfinished = d.plans.unfinished()  # for a pool started after a skipped item (ProcessExecutor.item_skipped)
     d.plans.forget()
     lanes = d.lanes.every()  # retired lanes still running too
@@ -61,6 +67,13 @@ def _mark_closed(d: Any) -> tuple[list, list, list]:
 
 
 def _shut_down(d: Any, pending: list, streams: list, lanes: list) -> None:
+    try:
+        _stop(d, pending, streams, lanes)
+    finally:
+        d.shut_down.set()
+
+
+def _stop(d: Any, pending: list, streams: list, lanes: list) -> None:
     for req in pending:
         if req.error is None:  # a worker's failure may have told it why already
             req.error = WorkerError(
