@@ -10,7 +10,7 @@ from typing import Any, Optional
 from kerasfeed._keras_epoch_iterator import start_epoch_at
 from kerasfeed._keras_fit import FitView, find_fit, refuse, restore_epoch
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
-from kerasfeed.sampling.protocol import pass_fingerprint
+from kerasfeed.sampling.protocol import order_summary, pass_fingerprint
 
 
 @dataclasses.dataclass
@@ -114,6 +114,7 @@ class FitData:
             "batches": batch,
             "items": batch * p.items_per_batch,
             "order": self._fingerprint,
+            "order_summary": order_summary(self.main._order),  # to name what changed (not compared itself)
             "items_per_batch": p.items_per_batch,
             "batches_per_pass": p.batches_per_pass,
             # A step's items over every process reading its own shard (each
@@ -137,14 +138,15 @@ class FitData:
         names = {
             "order": "the order of the items (seed, shuffle, order=, or the number of items)",
             "global_batch": "the items per step (batch_size x processes reading their own shards)",
-            "batches_per_pass": "the batches per pass",
+            "batches_per_pass": "the batches per pass (the number of items, batch_size or drop_remainder)",
         }
         if "global_batch" not in saved:  # written before processes were counted
             saved = dict(saved, global_batch=saved.get("items_per_batch"))
         changed = [k for k in names if saved.get(k) != now[k]]
         self.accepted = None if changed else saved
         if changed:
-            what = "; ".join(f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
+            what = "; ".join(_changed_order(saved, now) if k == "order" else
+                             f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
             raise ValueError(
                 f"{owner}: the backup in {where!r} was taken with other data than this run's, so "
                 f"its position (pass {saved['pass']}, batch {saved['batches']}) would point at other items. Changed: "
@@ -212,6 +214,18 @@ class FitData:
         for pipeline in self.pipelines:
             extra = pipeline.resume_skipped(epoch, left_out) if hasattr(pipeline, "resume_skipped") else 0
             pipeline.pin(epoch, batch * pipeline.items_per_batch + extra)
+
+
+def _changed_order(saved: dict, now: dict) -> str:
+    """The order's change in words: which of its kind and arguments differ where the backup kept them (written
+    since 2026-11-28), else its fingerprints."""
+    was, new = saved.get("order_summary"), now["order_summary"]
+    keys = sorted(was.keys() | new.keys()) if isinstance(was, dict) else []
+    differ = [k for k in keys if was.get(k) != new.get(k)]
+    if not differ:
+        return (f"the order of the items (seed, shuffle, order=, or the number of items): saved "
+                f"{saved.get('order')!r}, now {now['order']!r}")
+    return "the order of the items: " + ", ".join(f"{k} saved {was.get(k)!r}, now {new.get(k)!r}" for k in differ)
 
 
 __all__ = ["FitData"]

@@ -192,6 +192,24 @@ def order_shard(order: Any) -> Optional[int]:
     return int(shard) if isinstance(shard, (int, np.integer)) else None
 
 
+def order_summary(order: Any) -> dict:
+    """An order as a person reads it, for messages: its kind and its plain arguments (``length``, ``shuffle``,
+    ``seed``, ``replacement``, ``num_samples``), looked at through the wrappers kerasfeed puts around it."""
+    for _ in range(4):  # a checked user's order, a process's shard of it
+        inner = getattr(order, "order", None)
+        if inner is None or callable(inner):
+            break
+        order = inner
+    out: dict = {"kind": type(order).__name__}
+    for name in ("length", "shuffle", "seed", "replacement", "num_samples"):
+        value = getattr(order, name, None)
+        if isinstance(value, (bool, int, float, str, np.integer, np.bool_, np.floating)):
+            out[name] = value.item() if isinstance(value, np.generic) else value
+    if out.get("shuffle") is False:
+        out.pop("seed", None)  # drawn, never used
+    return out
+
+
 def order_fingerprint(order: Any) -> str:
     """A short string identifying ``order``'s pass sequence over all shards.
 
@@ -261,6 +279,6 @@ def check_resume_order(state: Any, order: Any) -> None:
 
 
 __all__ = [
-    "Order", "check_resume_order", "order_fingerprint", "order_shard", "order_shards", "pass_fingerprint",
-    "resolve_order",
+    "Order", "check_resume_order", "order_fingerprint", "order_shard", "order_shards", "order_summary",
+    "pass_fingerprint", "resolve_order",
 ]
