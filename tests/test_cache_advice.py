@@ -48,6 +48,47 @@ def test_profile_sizes_the_store_by_what_load_returns():
     assert "0.98 GB" in report.cache or "1.0 GB" in report.cache, report.cache
 
 
+class PassLoad(kerasfeed.SceneSequence):
+    """A costly ``load`` that reads what depends on the pass (``how``): cache= refuses it."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
+    def __len__(self):
+        return 16
+
+    def load(self, i):
+        time.sleep(0.01)
+        value = self.epoch if self.how == "epoch" else kerasfeed.item_rng().random()
+        return np.full((4,), value, "float32")
+
+    def augment(self, item):
+        return item + 1
+
+
+class PassItem(kerasfeed.SceneSequence):
+    """A costly ``__getitem__`` (no ``load``) that draws from ``item_rng()``: the stage cache= would store."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return np.full((4,), kerasfeed.item_rng().random(), "float32")
+
+
+@pytest.mark.parametrize("how", ["rng", "epoch", "getitem"])
+def test_profile_says_a_stage_that_reads_the_pass_cannot_be_cached_as_it_stands(how):
+    """item_rng() inside load: profile raised the item_rng error (load was called outside an item); self.epoch
+    inside load, or item_rng() in a plain __getitem__: it advised cache='memory', which then refused to run
+    (a helper's report)."""
+    report = kerasfeed.profile(PassItem() if how == "getitem" else PassLoad(how), items=4, workers=[], threads=[1])
+    stage = "__getitem__" if how == "getitem" else "load"
+    used = "PassLoad.epoch" if how == "epoch" else "kerasfeed.item_rng()"
+    assert report.cache.startswith(f"not as it stands: {stage} uses {used}, which depends on the pass"), report.cache
+
+
 def test_cache_advice_budgets_memory_as_the_cache_does(monkeypatch):
     from types import SimpleNamespace as Probe
 

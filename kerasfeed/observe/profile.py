@@ -233,22 +233,34 @@ CACHE_GAIN = 5.0
 
 
 def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
-    """``load(i)`` timed alone (after ``probe_source``'s warm-up), and its output sized: what ``cache=``
-    stores and skips on a source whose items are ``augment(load(i))``."""
+    """The stage ``cache=`` stores, run as the cache runs it (``run_stage``: ``load(i)``, or ``__getitem__``
+    without one): on a source whose items are ``augment(load(i))``, ``load`` timed alone (after
+    ``probe_source``'s warm-up) and its output sized; None for ``__getitem__`` (the item's own probe serves).
+    ``refused``: the cache's error when the stage reads what depends on the pass (``item_rng()``, ``epoch``)."""
     import statistics
     from types import SimpleNamespace
 
     from kerasfeed.execution.auto_probe import copy_time, item_arrays
+    from kerasfeed.execution.cached_items import run_stage
+    from kerasfeed.execution.item_random import item_scope
 
-    walls = []
-    for i in range(1, calls + 1):
-        t0 = time.perf_counter()
-        stored = source.load(i % n)
-        walls.append(time.perf_counter() - t0)
+    name, walls = stage_of(source), []
+    try:
+        for i in range(1, calls + 1):
+            with item_scope(i % n):
+                t0 = time.perf_counter()
+                stored = run_stage(source, name, i % n)
+                walls.append(time.perf_counter() - t0)
+    except RuntimeError as e:
+        if "the stage that cache= stores" not in str(e):
+            raise
+        return SimpleNamespace(refused=str(e).split(" was used inside ")[0], stage=name)
+    if name != "load":
+        return None
     arrays = item_arrays(stored)
     # The faster of two copies: the first one's page faults are not a store's read.
     return SimpleNamespace(wall_s=statistics.median(walls), copy_s=copy_time(arrays, tries=2),
-                           nbytes=int(sum(a.nbytes for a in arrays)))
+                           nbytes=int(sum(a.nbytes for a in arrays)), refused=None)
 
 
 def cache_advice(probe: Any, n: int, source: Any, memory: Optional[int] = None,
@@ -257,7 +269,8 @@ def cache_advice(probe: Any, n: int, source: Any, memory: Optional[int] = None,
 
     Args:
         stored: where the cache stores ``load(i)`` (not the item), that stage's probe
-            (``wall_s``, ``copy_s``, ``nbytes``): a cache skips only its time and holds its output.
+            (``wall_s``, ``copy_s``, ``nbytes``): a cache skips only its time and holds its output;
+            with ``refused``, the stored stage reads what depends on the pass (the cache would refuse it).
         memory, disk: bytes a store could take in RAM / on local disk (None:
             ``Cache``'s defaults: half the available memory, half the free disk
             of the working directory).
@@ -266,6 +279,10 @@ def cache_advice(probe: Any, n: int, source: Any, memory: Optional[int] = None,
 
     from kerasfeed.cache.options import DISK_SHARE, MEMORY_SHARE, available_memory
 
+    if stored is not None and getattr(stored, "refused", None):
+        return (f"not as it stands: {stored.stage} uses {stored.refused}, which depends on the pass, and cache= "
+                f"stores {stored.stage}: move that into augment(item) (run every pass after the cache)"
+                + ("" if stored.stage == "load" else ", after a load(i) that is stored"))
     if stored is not None:
         if stored.wall_s < LOAD_SHARE * probe.wall_s:
             return (f"not worth it: load(i) takes {stored.wall_s * 1e3:.2f} ms of an item's "
@@ -396,7 +413,7 @@ def profile(
         count = min(n, 64, max(4, int(DEFAULT_PASS_S / max(probe.wall_s, 1e-9))))
     indices = [i % n for i in range(count)]
     # What cache= stores: load(i) on an augment(load(i)) source, timed and sized alone.
-    stored = _probe_load(source, n) if stage_of(source) == "load" else None
+    stored = _probe_load(source, n)
     t0 = time.perf_counter()
     for i in indices:
         item_at(source, i)
