@@ -238,6 +238,10 @@ class CacheFront(Executor):
     def attach_stats(self, collector: Any) -> None:
         self.inner.attach_stats(collector)
         collector.add_gauges(self.cache_gauges)
+        collector.add_cache_counts(self.cache_counts)
+
+    def cache_counts(self) -> tuple:
+        return self.hits, self.misses
 
     def cache_gauges(self) -> dict:
         figures = self.store.figures()

@@ -40,11 +40,14 @@ class _Totals:
         self.threads_busy_s = snap.get("threads_busy_s")
         self.cache = (snap["cache_hits"], snap["cache_misses"]) if "cache_hits" in snap else None
 
-    def before(self, items: int, wait: float, skipped: int) -> "_Totals":
-        """These totals less what was picked before them that the epoch counts (a model build's batch)."""
+    def before(self, items: int, wait: float, skipped: int, cache: Optional[tuple] = None) -> "_Totals":
+        """These totals less what was picked before them that the epoch counts (a model build's batch); the
+        store's counts from where the pass began (``cache``), with its hits and misses."""
         self.items -= items
         self.wait -= wait
         self.skipped -= skipped
+        if cache is not None and self.cache is not None:
+            self.cache = cache
         return self
 
 

@@ -71,10 +71,11 @@ def _summary_ms(ring: _Ring) -> Optional[dict]:
 
 
 class _Pass:
-    __slots__ = ("epoch", "begin", "first", "last", "items", "wait_s", "gap_s", "skipped")
+    __slots__ = ("epoch", "begin", "first", "last", "items", "wait_s", "gap_s", "skipped", "cache_at_begin")
 
-    def __init__(self, epoch: int, begin: float, gap_from: Optional[float]):
+    def __init__(self, epoch: int, begin: float, gap_from: Optional[float], cache_at_begin: Optional[tuple] = None):
         self.epoch, self.begin = epoch, begin
+        self.cache_at_begin = cache_at_begin  # the store's (hits, misses) when the pass began (with cache=)
         self.first: Optional[float] = None
         self.last: Optional[float] = None
         self.items = 0
@@ -136,6 +137,7 @@ class StatsCollector:
         # JAX and torch trainers read a batch before on_train_begin): InputStats counts them in its epoch.
         self._taken_over: Optional[tuple] = None
         self._gauges: list[Callable[[], Optional[Callable[[], dict]]]] = []
+        self._cache_counts: Callable[[], Optional[Callable[[], tuple]]] = lambda: None  # add_cache_counts
         self.timeline: Optional[list] = None  # (lane, start, end) per item when enabled
         _LIVE.add(self)
 
@@ -150,8 +152,9 @@ class StatsCollector:
     def pass_begin(self, epoch: int) -> None:
         """A pass starts (its order was handed to the executor)."""
         now = time.perf_counter()
+        counts = self._cache_counts()
         with self._lock:
-            record = _Pass(int(epoch), now, self._last_pick)
+            record = _Pass(int(epoch), now, self._last_pick, None if counts is None else counts())
             self._taken_over = None  # a take-over is of the pass begun last: no longer counted
             self._passes.append(record)
             self._by_epoch[int(epoch)] = record
@@ -165,10 +168,11 @@ class StatsCollector:
         """A fit's iterator took over pass ``epoch``, which a model build began and picked from."""
         with self._lock:
             p = self._by_epoch.get(int(epoch))
-            self._taken_over = None if p is None else (p.items, p.wait_s, p.skipped)
+            self._taken_over = None if p is None else (p.items, p.wait_s, p.skipped, p.cache_at_begin)
 
     def take_taken_over(self) -> Optional[tuple]:
-        """What ``taken_over`` recorded, once: ``(items, wait_s, skipped)`` picked before the fit's iterator."""
+        """What ``taken_over`` recorded, once: ``(items, wait_s, skipped)`` picked before the fit's iterator, and
+        the store's ``(hits, misses)`` when the pass began (None without ``cache=``)."""
         with self._lock:
             found, self._taken_over = self._taken_over, None
         return found
@@ -257,6 +261,11 @@ class StatsCollector:
                 self._first_made = end - busy
             if self.timeline is not None and len(self.timeline) < _TIMELINE_MAX:
                 self.timeline.append((worker if lane is None else lane, end - busy, end))
+
+    def add_cache_counts(self, fn: Callable[[], tuple]) -> None:
+        """Registers a bound method returning the store's ``(hits, misses)`` (held weakly), read as each pass
+        begins: what a model build's pick-ups of a pass count there belongs to the epoch that takes it over."""
+        self._cache_counts = weakref.WeakMethod(fn)
 
     def add_gauges(self, fn: Callable[[], dict]) -> None:
         """Registers a bound method returning instant figures (held weakly)."""
