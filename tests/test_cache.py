@@ -325,6 +325,9 @@ def test_bad_cache_arguments_are_named(tmp_path):
         kerasfeed.Cache(max_bytes=0)
     with pytest.raises(ValueError, match=r"`max_bytes` must be at least 128 .* Received: max_bytes=100"):
         kerasfeed.Cache(max_bytes=100)
+    assert kerasfeed.Cache(max_bytes=1e6).max_bytes == 1_000_000  # written as a float, whole: taken (was refused)
+    with pytest.raises((TypeError, ValueError), match="max_bytes"):
+        kerasfeed.Cache(max_bytes=1.5e3 + 0.5)
     # Any other string is a directory: these made './Memory' and kept it, where RAM was meant.
     for lookalike in ("Memory", "RAM", " mem"):
         with pytest.raises(ValueError, match=rf"looks like the former misspelt.*Received: cache='{lookalike}'"):

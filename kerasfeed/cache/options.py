@@ -93,8 +93,10 @@ class Cache:
             # '~/cache' is the home's: taken as written, it would make a folder named '~' here
             object.__setattr__(self, "directory", os.path.expanduser(_v.path("directory", self.directory,
                                                                               owner="Cache")))
-        object.__setattr__(self, "max_bytes", _v.positive_int("max_bytes", self.max_bytes, allow_none=True,
-                                                              owner="Cache"))
+        size = self.max_bytes
+        if isinstance(size, float) and size.is_integer():  # written as 8e9: a whole number of bytes
+            size = int(size)
+        object.__setattr__(self, "max_bytes", _v.positive_int("max_bytes", size, allow_none=True, owner="Cache"))
         if self.max_bytes is not None and self.max_bytes < MIN_BYTES:
             raise ValueError(f"Cache: `max_bytes` must be at least {MIN_BYTES} (the store's header takes 64 bytes, "
                              f"and a smaller store holds no item). Received: max_bytes={self.max_bytes}")
