@@ -38,6 +38,16 @@ class Hooked(kerasfeed.SceneSequence):
     def on_epoch_end(self):
         self.hooks.append(["end", self.epoch])
 
+seen = []  # what Rec saw: the first value of each batch a model ran eagerly on
+
+class Rec(keras.layers.Layer):
+    def call(self, x):
+        try:
+            seen.append(int(keras.ops.convert_to_numpy(x)[0, 0]))
+        except Exception:
+            pass  # symbolic: the model build's call
+        return x
+
 """
 
 
@@ -151,16 +161,6 @@ class Passes(kerasfeed.SceneSequence):
     def __getitem__(self, i):
         return np.full((4, 1), 10 * self.epoch + i, "float32"), np.zeros((4, 1), "float32")
 
-seen = []
-
-class Rec(keras.layers.Layer):
-    def call(self, x):
-        try:
-            seen.append(int(keras.ops.convert_to_numpy(x)[0, 0]))
-        except Exception:
-            pass  # symbolic: the model build's call
-        return x
-
 def model(width=1):
     m = keras.Sequential([keras.Input((width,)), Rec(), keras.layers.Dense(1)])
     m.compile("sgd", "mse", run_eagerly=True)
@@ -201,16 +201,6 @@ class Numbered(kerasfeed.SceneSequence):
     def __getitem__(self, i):
         return np.full((2, 1), 100 * self.epoch + i, "float32"), np.zeros((2, 1), "float32")
 
-read = []
-
-class Recorded(keras.layers.Layer):
-    def call(self, x):
-        try:
-            read.append(int(keras.ops.convert_to_numpy(x)[0, 0]))
-        except Exception:
-            pass  # symbolic: the model build's call
-        return x
-
 class Stop(keras.callbacks.Callback):
     def __init__(self, at):
         super().__init__()
@@ -223,12 +213,12 @@ class Stop(keras.callbacks.Callback):
 got = {}
 for at in (0, 1):
     loader = kerasfeed.to_loader(Numbered(), executor="threads")
-    model = keras.Sequential([keras.Input((1,)), Recorded(), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((1,)), Rec(), keras.layers.Dense(1)])
     model.compile("sgd", "mse", run_eagerly=True)
     model.fit(loader, epochs=2, verbose=0, callbacks=[Stop(at)])
-    read.clear()
+    seen.clear()
     model.evaluate(loader, verbose=0)
-    got[f"stopped after batch {at}"] = list(read)
+    got[f"stopped after batch {at}"] = list(seen)
     loader.close()
 """
 
