@@ -313,10 +313,23 @@ def _held_reader(value: Any) -> Optional[str]:
     own = _own_settings(value)
     if own is None:
         return None
-    left_out = ignored(value)
-    public = [(k, _keyed(v)) for k, v in sorted(attributes(value).items())
-              if not k.startswith("_") and k not in left_out]
-    return own + repr([(k, text) for k, text in public if text is not None])
+    return own + repr(list(_keyed_all(_public(value)).items()))
+
+
+def _public(obj: Any) -> dict:
+    """``obj``'s attributes the key reads: not underscored, not in its ``cache_ignores``."""
+    left_out = ignored(obj)
+    return {k: v for k, v in attributes(obj).items() if not k.startswith("_") and k not in left_out}
+
+
+def _keyed_all(public: dict) -> dict:
+    """``{name: text}`` of the attributes ``_keyed`` takes, by name."""
+    keyed = {}
+    for k, v in sorted(public.items()):
+        text = _keyed(v)
+        if text is not None:
+            keyed[k] = text
+    return keyed
 
 
 def _callable_value(value: Any) -> Optional[str]:
@@ -346,13 +359,8 @@ def source_key(source: Any, length: int, version: Any, layout: int) -> dict:
     """The key of a cache of ``source`` (see NOTE [ When a kept cache is stale ])."""
     cls = type(source)
     stage = stage_of(source)
-    left_out = ignored(source)
-    public = {k: v for k, v in attributes(source).items() if not k.startswith("_") and k not in left_out}
-    keyed = {}
-    for k, v in sorted(public.items()):
-        text = _keyed(v)
-        if text is not None:
-            keyed[k] = text
+    public = _public(source)
+    keyed = _keyed_all(public)
     held = container_digest(source)
     if held is not None:  # an array or a list is its own data: its values are what the items are
         keyed["<the items>"] = held
