@@ -184,22 +184,28 @@ def order_shards(order: Any) -> int:
     return shards if isinstance(shards, int) and shards > 0 else 1
 
 
+def _given(order: Any) -> Any:
+    """The order object as given, through the wrappers kerasfeed puts around it (``_CheckedOrder``, a process's
+    shard of an unsharded one: each keeps it as ``order``)."""
+    for _ in range(4):
+        inner = getattr(order, "order", None)
+        if inner is None or callable(inner):
+            break
+        order = inner
+    return order
+
+
 def order_shard(order: Any) -> Optional[int]:
-    """The ``shard_index`` of an order object built sharded (``num_shards > 1``; the user's, as given or
-    checked), else None."""
-    inner = order.order if isinstance(order, _CheckedOrder) else order
-    shard = getattr(inner, "shard_index", None) if order_shards(inner) > 1 else None
+    """The ``shard_index`` of an order object given sharded (``num_shards > 1``), else None."""
+    given = _given(order)
+    shard = getattr(given, "shard_index", None) if order_shards(given) > 1 else None
     return int(shard) if isinstance(shard, (int, np.integer)) else None
 
 
 def order_summary(order: Any) -> dict:
     """An order as a person reads it, for messages: its kind and its plain arguments (``length``, ``shuffle``,
-    ``seed``, ``replacement``, ``num_samples``), looked at through the wrappers kerasfeed puts around it."""
-    for _ in range(4):  # a checked user's order, a process's shard of it
-        inner = getattr(order, "order", None)
-        if inner is None or callable(inner):
-            break
-        order = inner
+    ``seed``, ``replacement``, ``num_samples``), of the order as given (``_given``)."""
+    order = _given(order)
     out: dict = {"kind": type(order).__name__}
     for name in ("length", "shuffle", "seed", "replacement", "num_samples"):
         value = getattr(order, name, None)
