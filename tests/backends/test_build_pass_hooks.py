@@ -38,6 +38,18 @@ class Hooked(kerasfeed.SceneSequence):
     def on_epoch_end(self):
         self.hooks.append(["end", self.epoch])
 
+class Numbered(kerasfeed.SceneSequence):  # batch i of pass p holds scale * p + i: Rec shows which were read
+
+    def __init__(self, length, rows, scale):
+        super().__init__()
+        self.length, self.rows, self.scale = length, rows, scale
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return np.full((self.rows, 1), self.scale * self.epoch + i, "float32"), np.zeros((self.rows, 1), "float32")
+
 seen = []  # what Rec saw: the first value of each batch a model ran eagerly on
 
 class Rec(keras.layers.Layer):
@@ -154,23 +166,16 @@ import json
 import keras, numpy as np
 import kerasfeed
 
-class Passes(kerasfeed.SceneSequence):
-    def __len__(self):
-        return 3
-
-    def __getitem__(self, i):
-        return np.full((4, 1), 10 * self.epoch + i, "float32"), np.zeros((4, 1), "float32")
-
 def model(width=1):
     m = keras.Sequential([keras.Input((width,)), Rec(), keras.layers.Dense(1)])
     m.compile("sgd", "mse", run_eagerly=True)
     return m
 
 got = {}
-model().fit(kerasfeed.to_dataset(Passes(), initial_state={"epoch": 1, "batches": 1}), initial_epoch=1, epochs=3,
-            verbose=0)
+model().fit(kerasfeed.to_dataset(Numbered(3, 4, 10), initial_state={"epoch": 1, "batches": 1}), initial_epoch=1,
+            epochs=3, verbose=0)
 got["resumed fit"], seen[:] = list(seen), []
-ds = kerasfeed.to_dataset(Passes())
+ds = kerasfeed.to_dataset(Numbered(3, 4, 10))
 try:
     model(5).evaluate(ds, verbose=0)  # fails in its build, after the build's iterator began a pass
 except Exception:
@@ -194,13 +199,6 @@ import json
 import keras, numpy as np
 import kerasfeed
 
-class Numbered(kerasfeed.SceneSequence):
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, i):
-        return np.full((2, 1), 100 * self.epoch + i, "float32"), np.zeros((2, 1), "float32")
-
 class Stop(keras.callbacks.Callback):
     def __init__(self, at):
         super().__init__()
@@ -212,7 +210,7 @@ class Stop(keras.callbacks.Callback):
 
 got = {}
 for at in (0, 1):
-    loader = kerasfeed.to_loader(Numbered(), executor="threads")
+    loader = kerasfeed.to_loader(Numbered(6, 2, 100), executor="threads")
     model = keras.Sequential([keras.Input((1,)), Rec(), keras.layers.Dense(1)])
     model.compile("sgd", "mse", run_eagerly=True)
     model.fit(loader, epochs=2, verbose=0, callbacks=[Stop(at)])
