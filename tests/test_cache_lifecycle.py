@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -168,7 +169,7 @@ def test_a_closed_pipeline_s_dataset_keeps_none_of_the_store_mapped():
 
 
 # ---------------------------------------------------------------- a reused directory's budget
-def test_a_reused_directory_stores_up_to_this_run_s_max_bytes_and_reports_it(tmp_path):
+def test_a_reused_directory_stores_up_to_this_run_s_max_bytes_and_reports_it(tmp_path, caplog):
     directory = str(tmp_path / "kept")
     item = np.zeros(KIB8, np.float32)
     store, kept = open_kept(directory, {"k": 1}, 16, 2**20)
@@ -196,10 +197,14 @@ def test_a_reused_directory_stores_up_to_this_run_s_max_bytes_and_reports_it(tmp
         figures = _cache_figures(b)
     assert figures["cache_items"] == 16 and figures["cache_capacity"] == 2**20 and not figures["cache_full"]
     # A smaller budget than the directory holds: trimmed to the records that fit (as many as above: 2 + 1).
-    with kerasfeed.to_loader(source, executor="threads", cache=kerasfeed.Cache(directory, max_bytes=32 * 1024)) as c:
-        list(c)
-        figures = _cache_figures(c)
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        with kerasfeed.to_loader(source, executor="threads", cache=kerasfeed.Cache(directory, max_bytes=32 * 1024)) as c:
+            list(c)
+            figures = _cache_figures(c)
     fits = 2 + len(stored)
+    trimmed = [r.getMessage() for r in caplog.records if "trimmed" in r.getMessage()]
+    # Sizes under a MB in KB (the records' headers included): not "(0.0 of 0.1 MB)".
+    assert len(trimmed) == 1 and re.search(rf"{fits} of its 16 items kept \(2\d\.\d KB of 1\d\d\.\d KB\)", trimmed[0]), trimmed
     assert figures["cache_items"] == fits and figures["cache_hits"] == fits, figures
     assert figures["cache_capacity"] == 32 * 1024 and figures["cache_full"]
 

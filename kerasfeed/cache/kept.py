@@ -235,8 +235,8 @@ def open_kept(directory: str, key: dict, n: int, capacity: int,
     store.kept_by(kept.hand_over())
     figures = store.figures()
     if reused and figures["items"]:
-        logger.info("kerasfeed: cache %s reused: %d of %d items held (%.1f MB).", directory, figures["items"], n,
-                    figures["bytes"] / 2**20)
+        logger.info("kerasfeed: cache %s reused: %d of %d items held (%s).", directory, figures["items"], n,
+                    _size(figures["bytes"]))
     return store, kept
 
 
@@ -336,8 +336,16 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
         logger.warning("kerasfeed: cache %s: its data file could not be shrunk (%s); the entries past this run's "
                        "max_bytes were dropped all the same.", kept.directory, e)
     logger.warning("kerasfeed: cache %s trimmed to this run's max_bytes (%d bytes): %d of its %d items kept "
-                   "(%.1f of %.1f MB), the items stored first; the rest are made every pass.", kept.directory,
-                   capacity, int(keep.sum()), before[0], int(q[H_HELD_BYTES]) / 2**20, before[1] / 2**20)
+                   "(%s of %s), the items stored first; the rest are made every pass.", kept.directory,
+                   capacity, int(keep.sum()), before[0], _size(int(q[H_HELD_BYTES])), _size(before[1]))
+
+
+def _size(nbytes: int) -> str:
+    """``nbytes`` in the unit that shows it: a small store's "0.0 MB" said nothing."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def _replace_with(kept: KeptDirectory, name: str, fill: Callable[[int], None]) -> None:
