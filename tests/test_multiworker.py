@@ -313,6 +313,10 @@ def _worker_rules(out):
         Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)))
     case("order_shard_own", lambda: kerasfeed.to_dataset(
         Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k)))
+    # to_loader in a custom loop: this worker's shard too (it read the whole source on every worker).
+    case("loader_default", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0))
+    case("loader_num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=3))
+    case("loader_whole", lambda: kerasfeed.to_loader(Items(16), num_shards=1))
     with open(os.path.join(out, f"rules_worker_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -335,6 +339,10 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
         assert r["order_shard_zero"].endswith(f"(here {k}). Received: order shard_index=0 on worker {k}")
         assert r["order_shard_own"] == IndexOrder(16, shuffle=True, seed=0, num_shards=2,
                                                   shard_index=k).indices(0).tolist(), r["order_shard_own"]
+        assert r["loader_default"] == r["num_shards_only"], r["loader_default"]
+        assert r["loader_num_shards_other"].startswith("ValueError: to_loader: `num_shards=3` without `shard_index` "
+                                                       "in a cluster of 2 workers"), r["loader_num_shards_other"]
+        assert r["loader_whole"] == list(range(16)), r["loader_whole"]
     assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
 
 

@@ -353,8 +353,9 @@ def cluster_shards(options: Any, length: int) -> ShardPlan:
 
 
 def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
-    """``to_loader``'s shards: only those given (``num_shards``/``shard_index``
-    or ``input_context``), the whole source otherwise; no TensorFlow.
+    """``to_loader``'s shards: those given (``num_shards``/``shard_index``
+    or ``input_context``), else this process's among JAX processes (``cluster``) or
+    ``tf.distribute`` workers (``cluster_shards``, when TensorFlow is imported), else the whole source.
 
     Args:
         options: the front end's ``LoadOptions``.
@@ -366,6 +367,9 @@ def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
             reads one of several shards needs items of one batch size
             (``ShardPlan.equal_batches``).
     """
+    if cluster is None and current_worker() is not None:
+        # A tf.distribute worker (a custom loop): its shard, as ``to_dataset``'s, not the whole source everywhere.
+        return cluster_shards(options, length)
     order, context = options.order, options.input_context
     num_shards, shard_index = shards_from(options.num_shards, options.shard_index, context, owner=options.owner)
     if cluster is not None and num_shards is not None and shard_index is None and order is None and context is None:
