@@ -6,9 +6,11 @@ import math
 import multiprocessing
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import cloudpickle
 import h5py
@@ -615,14 +617,45 @@ def test_a_dataset_shortened_in_place_raises_naming_the_rows(tmp_path):
         kerasfeed.H5WindowSequence(path, ("x", "y"), 4, window=3),
         kerasfeed.H5RowSequence(path, ("x", "y"), 4, order=kerasfeed.IndexOrder(10)),
     ]
+    time.sleep(0.05)  # past the file system's timestamp tick: the write below is seen as one
     with h5py.File(path, "a") as f:  # same file, fewer rows (h5py would clip reads in silence)
         f["x"].resize((6,))
         f["y"].resize((6,))
     asked = ["rows 8:10", "rows 4:10", r"2 rows \(8..9\)"]
     for seq, rows in zip(seqs, asked):
-        seq[0]  # rows the file still has read as before
         with pytest.raises(OSError, match=rf"dataset 'x' in file '{path}' has 6 rows now, 10 when the sequence was built, so {rows} cannot be read: the file changed since"):
             seq[-1]
+        # Rows the file still has: refused too, the file having been written since (not only shortened).
+        with pytest.raises(kerasfeed.FileChangedError, match=rf"file '{path}' was written in place after the sequence was built"):
+            seq[0]
+        seq.close()
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_file_overwritten_in_place_is_refused_not_read_as_zeros(tmp_path, executor):
+    """Before: ``shutil.copyfile`` (or ``cp``, ``rsync --inplace``) over a file open for reading kept its inode,
+    so no check saw it, and the workers' handles read zeros and the other file's bytes: 17,500 of 20,000
+    labels wrong, no error."""
+    path, other = tmp_path / "cp.h5", tmp_path / "other.h5"
+    for name, base in ((path, 0), (other, 10**6)):  # the same layout and size: only the values differ
+        with h5py.File(name, "w") as f:
+            f.create_dataset("x", data=np.arange(base, base + 4000, dtype=np.float32).reshape(1000, 4), chunks=(50, 4))
+            f.create_dataset("y", data=np.arange(base, base + 1000), chunks=(50,))
+    assert path.stat().st_size == other.stat().st_size
+    seqs = [kerasfeed.H5SliceSequence(path, ("x", "y"), 50),
+            kerasfeed.H5RowSequence(path, ("x", "y"), 50, order=kerasfeed.IndexOrder(1000))]
+    for seq in seqs:
+        seq.close()
+    with kerasfeed.to_loader(seqs[0], executor=executor, **({"workers": 2} if executor == "processes" else {})) as ld:
+        time.sleep(0.05)  # past the file system's timestamp tick
+        shutil.copyfile(other, path)  # same inode, other bytes; the probe left the file open where it reads
+        with pytest.raises(kerasfeed.ItemError) as info:
+            list(ld)
+    assert info.value.exc_type == "FileChangedError", info.value
+    assert f"file '{path}' was written in place after the sequence was built" in str(info.value)
+    for seq in (*seqs, pickle.loads(pickle.dumps(seqs[1]))):  # a worker's copy too
+        with pytest.raises(kerasfeed.FileChangedError, match=r"mtime_ns \d+ -> \d+\), so (rows \d+:\d+|50 rows) "):
+            seq[3]
         seq.close()
 
 

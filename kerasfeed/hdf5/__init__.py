@@ -42,12 +42,12 @@ Files replaced or shortened after construction:
   inspected while its process has that file open; where it would have to reopen the path (after
   ``close()``, in a worker process) it raises ``FileChangedError`` (an ``OSError``) rather than read
   another file as if it had the old length. A read that finds fewer rows than the sequence saw (a
-  dataset resized or the file rewritten in place) raises the same error, naming the file, key and rows.
-  After changing a file, build a new sequence. One case is not caught: with HDF5's file locking off
-  (``HDF5_USE_FILE_LOCKING=FALSE``, common on NFS and Lustre) a writer may change a file while a reader
-  holds it open, and HDF5 then reads by the layout it cached when it opened the file: rows past a new,
-  shorter end come back as the fill value (zeros), as with h5py itself. With locking on, HDF5 refuses
-  that writer. Links and virtual datasets are followed as h5py follows them; a link whose target is
+  dataset resized or the file rewritten in place) raises the same error, naming the file, key and rows;
+  so does any read after the file was written in place (its size or modification time changed, with
+  the same inode: ``cp`` or ``shutil.copyfile`` over it, ``rsync --inplace``, an HDF5 writer with
+  locking off), checked after each read without ``swmr``: HDF5 reads an open file by the layout it
+  cached, and such a file reads back zeros or other bytes, silently, through h5py itself. After
+  changing a file, build a new sequence. Links and virtual datasets are followed as h5py follows them; a link whose target is
   missing, or a virtual dataset whose source file is not there (HDF5 would read its fill value), is
   refused at construction, naming it.
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError, short_repr
-from kerasfeed.hdf5.handles import REGISTRY
+from kerasfeed.hdf5.handles import REGISTRY, check_not_written, written_stamp
 from kerasfeed.hdf5.inspection import check_file, open_local
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
@@ -74,8 +74,8 @@ class H5Base(SceneSequence):
         self._remote = self._remote_files(opts, cls)  # file index -> RemoteFile (filled by _inspect)
         self._reset_handles()
         # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype);
-        # stamps[f] = (st_dev, st_ino) of the file inspected at that path.
-        self._lengths, self._specs, self._chunk_rows, self._stamps = self._inspect()
+        # stamps[f] = (st_dev, st_ino) of the file inspected at that path; written[f] = its (size, mtime_ns).
+        self._lengths, self._specs, self._chunk_rows, self._stamps, self._written = self._inspect()
         self._row_offsets = [0, *np.cumsum(self._lengths).tolist()]
 
     # ---- public ------------------------------------------------------------
@@ -148,13 +148,8 @@ class H5Base(SceneSequence):
                 shown = shown_as[j]
                 out[shown if twins[shown] == 1 else f"{shown} (file {j})"] = rf.pin.identity()
                 continue
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                raise FileNotFoundError(
-                    f"{type(self).__name__}: HDF5 file not found. Received: path='{path}'"
-                ) from None
-            out[path] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+            self._identity(path)  # FileNotFoundError naming the file
+            out[path] = "size={},mtime_ns={}".format(*written_stamp(path))
         return out
 
     def close(self) -> None:
@@ -191,6 +186,7 @@ class H5Base(SceneSequence):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_remote", {})  # pickled before URLs were read
+        self.__dict__.setdefault("_written", [None] * len(self._paths))  # or before writes were checked
         self._reset_handles()
 
     def __repr__(self) -> str:
@@ -336,7 +332,7 @@ class H5Base(SceneSequence):
 
     def _inspect(self):
         """Opens each file briefly: checks keys and shapes, returns the layout."""
-        lengths, specs, first_file, stamps = [], {}, {}, []
+        lengths, specs, first_file, stamps, written = [], {}, {}, [], []
         chunk_rows: list = []
         for j, path in enumerate(self._paths):
             if j in self._remote:
@@ -345,15 +341,17 @@ class H5Base(SceneSequence):
                     self, rf.name, f, lambda key: f[key], specs, first_file, chunk_rows)))
                 lengths.append(length)
                 stamps.append(("remote", rf.pin.identity()))
+                written.append(None)
                 continue
             ident, f = self._acquire(path)
             stamps.append(ident[1:3])
+            written.append(None if self.swmr else written_stamp(path))  # SWMR: appended to while read
             try:
                 lengths.append(check_file(
                     self, path, f, lambda key: REGISTRY.dataset(ident, key), specs, first_file, chunk_rows))
             finally:
                 REGISTRY.release(ident)
-        return np.asarray(lengths, dtype=np.int64), specs, (chunk_rows or [None])[0], stamps
+        return np.asarray(lengths, dtype=np.int64), specs, (chunk_rows or [None])[0], stamps, written
 
     # ---- reading -----------------------------------------------------------
 
@@ -377,7 +375,13 @@ class H5Base(SceneSequence):
             ) from e
         if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
             raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
+        self._check_written(file_index, f"rows {start}:{stop} of '{key}'")
         return rows
+
+    def _check_written(self, file_index: int, rows: str) -> None:
+        """After a read: the file was not written in place since construction (``handles.check_not_written``)."""
+        check_not_written(self._paths[file_index], self._stamps[file_index], self._written[file_index],
+                          type(self).__name__, rows)
 
     def _rows_missing(self, file_index: int, key: str, asked: str, ds) -> FileChangedError:
         """The error for a read that got fewer rows than asked: the dataset shrank since construction."""
@@ -391,9 +395,7 @@ class H5Base(SceneSequence):
         """Rows [start, stop) of the concatenated index space, for every key."""
         offsets = self._row_offsets
         # (file, its rows) of every file the range touches.
-        parts = []
-        f = bisect.bisect_right(offsets, start) - 1
-        pos = start
+        parts, f, pos = [], bisect.bisect_right(offsets, start) - 1, start
         while pos < stop:
             f_stop = min(stop, offsets[f + 1])
             if f_stop > pos:
@@ -423,9 +425,8 @@ class H5Base(SceneSequence):
 
     def _check_index(self, index: Any) -> int:
         n, cls = len(self), type(self).__name__
-        return _v.sequence_index(
-            index, n, cls, lambda: f"{cls}: batch index {int(index)} is out of range for {n} batches."
-        )
+        return _v.sequence_index(index, n, cls,
+                                 lambda: f"{cls}: batch index {int(index)} is out of range for {n} batches.")
 
     def _batch_span(self, i: int, total: int) -> tuple:
         """Items ``[start, stop)`` (of ``total``) of batch ``i`` this epoch; with ``shuffle``, of the batch

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Optional
+
+from kerasfeed.errors import FileChangedError
 
 
 class FileRegistry:
@@ -82,8 +85,39 @@ class FileRegistry:
             return len(self._entries)
 
 
+def written_stamp(path: str) -> tuple:
+    """``(st_size, st_mtime_ns)`` of the file at ``path``: what a write in place changes."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def check_not_written(path: str, stamp: tuple, written: Optional[tuple], owner: str, rows: str) -> None:
+    """Raises ``FileChangedError`` when the file at ``path`` is the one inspected (inode ``stamp``) but was
+    written in place since (``written``: its size and mtime then; None: not checked, SWMR).
+
+    Why after each read: HDF5 reads an open file by the layout it cached, and a file rewritten in place
+    (``cp``, ``shutil.copyfile``, ``rsync --inplace``: no HDF5 writer, so no HDF5 lock refuses it) reads
+    back zeros past its new end, or another file's bytes, silently. A stat costs ~1 us a read. A file
+    renamed over the path, or removed, is another inode: the open handle still reads the inspected one.
+    """
+    if written is None:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    now = (st.st_size, st.st_mtime_ns)
+    if (st.st_dev, st.st_ino) == tuple(stamp) and now != tuple(written):
+        raise FileChangedError(
+            f"{owner}: file '{path}' was written in place after the sequence was built (size {written[0]} -> "
+            f"{now[0]} bytes, mtime_ns {written[1]} -> {now[1]}), so {rows} may not be the rows it had (HDF5 "
+            "reads an open file by the layout it cached). Build a new sequence to read the file as it is now, "
+            "or write a new file and rename it over the old one (a sequence built before keeps reading the old)."
+        )
+
+
 _INHERITED: list = []
 REGISTRY = FileRegistry()
 
 
-__all__ = ["FileRegistry", "REGISTRY"]
+__all__ = ["FileRegistry", "REGISTRY", "check_not_written", "written_stamp"]
