@@ -18,7 +18,9 @@ whole ``__getitem__`` is the stored stage and nothing runs per pass.
    NOTE [ A budget keeps a fixed subset ] in ``cache_front.py``);
 3. ``augment`` on it, when the source has one. ``augment`` always gets
    read-only arrays (stored or not), so one that writes in place fails on the
-   first item rather than on the first hit.
+   first item rather than on the first hit. A stored item is handed on as the
+   store's views from the pass that stores it: a source that reuses its
+   buffers overwrites its own arrays, not what the pass reads.
 
 A worker process sends an item without ``augment`` that the store holds as
 ``IN_STORE`` (``handed_over_stored``): nothing is written to its slot and the
@@ -176,9 +178,13 @@ class ItemCache:
             item = run_stage(source, self.stage_name, index)
             if store is None:
                 return item  # the consumer stores and augments it
-            stored = store.get(index) if store.put(index, item) and self.augment else None
-            if self.augment:
-                item = read_only(item) if stored is None else stored
+            # The stored copy from here on, as every later pass gets: not the source's arrays, which a source
+            # that reuses its buffers would overwrite before they are read.
+            stored = store.get(index) if store.put(index, item) else None
+            if stored is not None:
+                item = stored
+            elif self.augment:
+                item = read_only(item)
         return run_augment(source, item) if self.augment else item
 
     def handed_over_stored(self, index: int) -> bool:

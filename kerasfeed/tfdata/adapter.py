@@ -54,6 +54,7 @@ def to_dataset(
     worker_max_items: Optional[int] = None,
     worker_max_rss: Optional[int] = None,
     cache: Any = None,
+    copy: bool = False,
 ) -> tf.data.Dataset:
     """Turns an indexable source into a ``tf.data.Dataset``.
 
@@ -166,6 +167,14 @@ def to_dataset(
             source that defines ``load(i)`` and ``augment(item)``, only
             ``load`` is stored and ``augment`` runs every pass. Items are
             bit-identical to an uncached run's. See ``docs/cache.md``.
+        copy: False (the default): an item's arrays reach tf.data as
+            ``source[i]`` returned them (threads; TensorFlow may use their
+            memory without a copy), or from the worker's shared memory
+            (processes). True: each item's arrays are copied by the thread
+            that made it, as it is made: for a source that reuses its
+            buffers (one per thread, say), which would otherwise hold a
+            later item by the time tf.data reads them (the threads run up
+            to 64 items ahead). As ``to_loader``'s ``copy``.
 
     Returns:
         A ``tf.data.Dataset`` with known cardinality (resumed:

@@ -25,6 +25,7 @@ class DatasetOptions(LoadOptions):
     output_signature: Any = None
     ragged: bool = False
     group_items: Optional[int] = None
+    copy: bool = False
     tail: TailOptions = dataclasses.field(init=False, repr=False, compare=False)
 
     def _check_own(self) -> None:
@@ -34,6 +35,8 @@ class DatasetOptions(LoadOptions):
         calls = _v.positive_int("num_parallel_calls", self.num_parallel_calls, allow_none=True, allow_autotune=True)
         self._put("num_parallel_calls", calls)
         self._put("group_items", _v.positive_int("group_items", self.group_items, allow_none=True))
+        self._put("copy", _v.flag("copy", self.copy, owner=self.owner))
+        self._put("pool", dataclasses.replace(self.pool, copy_items=self.copy))  # as to_loader's
 
 
 __all__ = ["DatasetOptions"]
