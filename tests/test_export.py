@@ -219,3 +219,5 @@ def test_export_auto_executor_chooses_like_to_dataset(tmp_path, caplog, work, lo
     assert in_here == (chosen == "threads"), (chosen, {int(pid) for _, pid in items})
     with pytest.raises(ValueError, match=r"`executor` must be one of \('threads', 'processes', 'auto'\). Received: executor='fork'"):
         kerasfeed.export(Work(4, "wait"), tmp_path / "x", num_shards=2, executor="fork")
+    with pytest.raises(ValueError, match=r"must be one of \(None, 'GZIP', 'ZLIB'\). Received: compression='zip'$"):
+        kerasfeed.export(Work(4, "wait"), tmp_path / "x", num_shards=2, compression="zip")  # as given, not 'ZIP'

@@ -158,11 +158,11 @@ def export(
         )
     if format not in mf.FORMATS:
         raise ValueError(f"export: `format` must be one of {tuple(mf.FORMATS)}. Received: format={format!r}")
-    compression = compression.upper() if isinstance(compression, str) else compression
+    given, compression = compression, compression.upper() if isinstance(compression, str) else compression
     if compression not in mf.COMPRESSIONS[format]:
         raise ValueError(
             f"export: `compression` for format={format!r} must be one of {mf.COMPRESSIONS[format]}. "
-            f"Received: compression={compression!r}"
+            f"Received: compression={given!r}"
         )
     require_crc32c()
     name = source_name(source)

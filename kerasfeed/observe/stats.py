@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-# Stats are on unless KERASFEED_STATS=0; set before a dataset is built.
+# Stats are on unless KERASFEED_STATS=0, read once: set before kerasfeed.observe.stats is imported (by kerasfeed's
+# front ends).
 ENABLED = os.environ.get("KERASFEED_STATS", "1") not in ("0", "false", "False", "")
 DEFAULT_WINDOW = 4096  # recent samples kept for percentiles
 PASSES_KEPT = 32  # per-pass records kept
