@@ -71,12 +71,15 @@ def test_deleting_an_iterator_does_not_wait_for_a_stuck_item(executor, mode):
 
 
 @pytest.mark.parametrize(
-    "executor, mode", [("threads", "sigint-next"), ("processes", "sigint-next"), ("processes", "sigint-take")]
+    "executor, mode", [("threads", "sigint-next"), ("processes", "sigint-next"), ("processes", "sigint-take"),
+                       ("threads", "sigint-fit")]
 )
 def test_ctrl_c_interrupts_a_main_thread_waiting_inside_tensorflow(executor, mode):
     """SIGINT while the main thread waits inside TensorFlow for a stuck item
     (``next(it)``; the end of ``take(3)``, where TensorFlow itself destroys
-    the prefetching iterator) raises KeyboardInterrupt; no worker is left."""
+    the prefetching iterator; a ``fit`` step) raises KeyboardInterrupt; no worker is left.
+    Before, under ``fit`` it came out as pybind11's ``RuntimeError: ... MISMATCH of original and
+    normalized active exception types`` (the Ctrl-C handled in TensorFlow's error class's ``__init__``)."""
     proc = _start(executor, mode)
     first = json.loads(proc.stdout.readline())
     time.sleep(2.0)  # the main thread is blocked in TensorFlow by now
@@ -84,7 +87,7 @@ def test_ctrl_c_interrupts_a_main_thread_waiting_inside_tensorflow(executor, mod
     out, err = _finish(proc)
     assert "not interrupted" not in out, out
     assert proc.returncode != 0
-    assert "KeyboardInterrupt" in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("KeyboardInterrupt") and "MISMATCH" not in err, err[-3000:]
     assert _gone(first["pids"]), first
 
 

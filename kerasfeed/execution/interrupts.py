@@ -102,7 +102,10 @@ class _Interrupts:
 
 
 sigints = _Interrupts()
-_TF_EXCEPTION_MODULE = os.path.join("tensorflow", "python", "eager", "core.py")
+# Where TensorFlow makes the exception its C++ raises: eager/core.py (``next(it)``), or the error class's own
+# ``__init__`` in framework/errors_impl.py, which pybind11 calls under a ``fit`` step (``execute.quick_execute``).
+_TF_EXCEPTION_MODULES = (os.path.join("tensorflow", "python", "eager", "core.py"),
+                         os.path.join("tensorflow", "python", "framework", "errors_impl.py"))
 
 
 def _on_sigint(signum, frame):
@@ -173,7 +176,7 @@ _OP_ATTRIBUTE_MODULES = tuple(
 
 def _inside_tf_exception(frame) -> bool:
     while frame is not None:
-        if frame.f_code.co_filename.endswith(_TF_EXCEPTION_MODULE):
+        if frame.f_code.co_filename.endswith(_TF_EXCEPTION_MODULES):
             return True
         frame = frame.f_back
     return False

@@ -9,6 +9,8 @@ argv[1] = "threads" | "processes"; argv[2] = the mode:
   for a stuck item (the test sends SIGINT then).
 - "sigint-take": print a line, then iterate ``ds.take(3)``, whose end waits
   inside TensorFlow for the stuck item (the test sends SIGINT then).
+- "sigint-fit": print a line, then ``model.fit`` on (x, y) batches, whose
+  step waits inside TensorFlow for the stuck item (the test sends SIGINT then).
 
 Every line printed is JSON; the worker pids are in it (processes).
 """
@@ -68,7 +70,16 @@ def main():
         del it
         say(got=got, del_s=round(time.monotonic() - t0, 2), pids=pids)
         return
-    if mode == "sigint-take":
+    if mode == "sigint-fit":
+        import keras
+
+        pairs = ds.map(lambda x: (x[None], x[None, :1]))  # item i: a batch of one (x, y)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        say(pids=pids)
+        model.fit(pairs, epochs=2, verbose=0)  # never returns: the test sends SIGINT
+        got = []
+    elif mode == "sigint-take":
         # take(3) destroys its input inside TensorFlow after the 3rd element:
         # the 4th next() joins the prefetch thread that waits for item 3.
         say(pids=pids)
