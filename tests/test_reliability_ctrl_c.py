@@ -76,6 +76,31 @@ def test_a_ctrl_c_python_would_drop_is_raised_again(where):
     assert "KeyboardInterrupt" in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
 
 
+_AT_EXIT = """
+import atexit, signal, time
+import kerasfeed
+kerasfeed.IndexOrder  # the first use of the API: kerasfeed's unraisable hook and SIGINT handler in place
+
+def late():
+    signal.raise_signal(signal.SIGINT)  # a Ctrl-C as the script exits
+    time.sleep(0.05)
+
+atexit.register(late)
+print("exiting", flush=True)
+"""
+
+
+def test_a_ctrl_c_while_the_script_exits_is_dropped_as_python_drops_it():
+    """Before: kerasfeed raised the dropped KeyboardInterrupt again after the interpreter's exit began, where
+    no handler was left, and the exit printed its own traceback ending in "OSError: Signal 2 ignored due to
+    race condition"."""
+    proc = _python(_AT_EXIT)
+    assert proc.returncode == 0 and proc.stdout == "exiting\n", (proc.returncode, proc.stderr[-3000:])
+    assert "Exception ignored in atexit callback" in proc.stderr, proc.stderr[-3000:]
+    assert "race condition" not in proc.stderr and "interrupts.py" not in proc.stderr.split("in late")[0], \
+        proc.stderr[-3000:]
+
+
 _IMPORTED_MODULE = """
 import signal, sys
 signal.raise_signal(signal.SIGINT)  # a Ctrl-C while this module is imported

@@ -308,6 +308,9 @@ def _redeliver_dropped_interrupts(unraisable: Any, previous: Callable[[Any], Non
         and threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint)
         and not sys.is_finalizing()  # nothing left to interrupt
+        # Nor once the interpreter's exit began (threading's shutdown stopped the main thread; atexit callbacks
+        # run): raised again, it would reach no handler ("Signal 2 ignored due to race condition").
+        and threading.main_thread().is_alive()
     ):
         logger.debug("kerasfeed: a KeyboardInterrupt raised where Python ignores it (%r) is raised again",
                      unraisable.object)
