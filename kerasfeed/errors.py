@@ -146,11 +146,12 @@ class WorkerError(RuntimeError):
     """A worker process died, failed to start, or stopped answering.
 
     Raised by the process executor for the items that were pending on the
-    worker and, without ``retries``, for every later item: such a pool does
-    not restart workers (a crash in native code usually repeats), so the
-    pass stops with this error instead of hanging. With ``retries`` the
-    worker is replaced and the item tried again; this error then comes only
-    when the item's last attempt failed so.
+    worker and, without ``retries``, for every later item of that pass: such
+    a pool does not replace workers within a pass (a crash in native code
+    usually repeats), so the pass stops with this error instead of hanging;
+    the next pass starts new workers. With ``retries`` the worker is
+    replaced and the item tried again; this error then comes only when the
+    item's last attempt failed so.
 
     Attributes:
         worker_id: id of the worker (0 .. workers-1).

@@ -185,7 +185,7 @@ def test_killed_workers_then_resume_writes_every_item_once(tmp_path):
     # Told as the export's: the shard file, the user's source, the export's remedies (not the pool's internals).
     text = str(died.value)
     assert re.match(r"kerasfeed.export: shard file 'shard-0000\d-of-00008.tfrecord' was not written: ", text), text
-    assert "Slow" in text and "ShardTask" not in text and "does not restart" not in text, text
+    assert "Slow" in text and "ShardTask" not in text and "does not replace" not in text, text
     assert "retries=N" in text and "resume=True" in text and died.value.pid is not None, text
     killer.join()
     done = [s for s in _manifest(tmp_path)["shards"] if s]

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.item_random import item_scope
+from kerasfeed.execution.processes.process import NO_RESTART
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
 from kerasfeed.exporting.spec import ExportSpec
@@ -374,7 +375,7 @@ def _worker_died(error: WorkerError, task: ShardTask, k: int) -> WorkerError:
     """``error`` told as the export's: the shard and the source, and the export's remedies (a pool of
     shard tasks is internal, and export can replace workers: ``retries``)."""
     name = mf.shard_name(k, task.num_shards, task.file_format)
-    cause = str(error).split("kerasfeed does not restart workers")[0].strip().removeprefix("kerasfeed: ")
+    cause = str(error).split(NO_RESTART)[0].strip().removeprefix("kerasfeed: ")
     # "of ShardTask ... while loading ShardTask[k]": the pool's item is a shard, named above
     cause = re.sub(rf" while loading {type(task).__name__}\[\d+\]", "", cause).rstrip(".")
     cause = cause.replace(type(task).__name__, task.source_name)

@@ -47,9 +47,9 @@ Files replaced or shortened after construction:
   the same inode: ``cp`` or ``shutil.copyfile`` over it, ``rsync --inplace``, an HDF5 writer with
   locking off), checked after each read without ``swmr``: HDF5 reads an open file by the layout it
   cached, and such a file reads back zeros or other bytes, silently, through h5py itself. After
-  changing a file, build a new sequence. Links and virtual datasets are followed as h5py follows them; a link whose target is
-  missing, or a virtual dataset whose source file is not there (HDF5 would read its fill value), is
-  refused at construction, naming it.
+  changing a file, build a new sequence. Links and virtual datasets are followed as h5py follows
+  them; a link whose target is missing, or a virtual dataset whose source file is not there (HDF5
+  would read its fill value), is refused at construction, naming it.
 
 Files in object stores (docs/remote.md):
   Any path may be an ``s3://``, ``gs://`` or ``http(s)://`` URL, with ``storage_options=`` for fsspec

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from _kit import Kit
 
+import kerasfeed
 from kerasfeed import ProcessExecutor
 from kerasfeed.errors import WorkerError
 
@@ -45,6 +46,34 @@ class Crashy:
         return np.full(2, i)
 
 
+class ExitsOnce:
+    """Item 5's first make ends its worker (``os._exit``); a marker file says it happened."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        return np.full(2, i)
+
+
+def test_the_pass_after_a_worker_died_starts_new_workers(tmp_path):
+    """Without retries= a dead worker fails its pass; the next pass runs on new workers (as the message says;
+    it said "create the dataset (or executor) again to retry", and docs/reliability.md "every later pass
+    raises that WorkerError")."""
+    with kerasfeed.to_loader(ExitsOnce(tmp_path / "died"), executor="processes", workers=2) as loader:
+        before = set(kerasfeed.executor_of(loader).pids)
+        with pytest.raises(WorkerError, match=r"this pass fails, and the next pass starts new workers"):
+            list(loader)
+        assert [int(b[0]) for b in loader] == list(range(8))
+        assert not before & set(kerasfeed.executor_of(loader).pids)
+
+
 @pytest.mark.parametrize(
     "how, expect",
     [("segv", r"was killed by signal SIGSEGV \(11\)"), ("exit", r"exited unexpectedly with exit code 3")],
@@ -59,7 +88,7 @@ def test_crashing_worker_fails_fast_with_pid_and_cause(how, expect):
         assert time.monotonic() - t0 < 10
         err = e.value
         assert err.pid in ex.pids and f"(pid {err.pid})" in str(err)
-        assert "while loading Crashy[5]" in str(err) and "does not restart workers" in str(err)
+        assert "while loading Crashy[5]" in str(err) and "does not replace a dead or stopped worker within a pass" in str(err)
         if how == "segv":  # the worker's Python stack at the crash is in the message
             assert "in __getitem__" in str(err) and "Segmentation fault" in str(err)
             assert err.exitcode == -signal.SIGSEGV

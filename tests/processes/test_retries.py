@@ -171,7 +171,7 @@ def test_without_retries_a_death_still_fails_fast_and_a_skipped_item_starts_a_ne
         assert got == [i for i in range(N) if i != 3]
         first = errors[0]
         assert first.index == 3 and first.attempts == 1 and "exit code 3 while loading Flaky[3]" in str(first)
-        assert "does not restart workers" in str(first)  # fail-fast as always: the pool closed
+        assert "does not replace a dead or stopped worker" in str(first)  # fail-fast as always: the pool closed
         assert pools[0].closed and ex._dispatcher is not pools[0]
         assert tries(tmp_path, 3) == 1  # never made again
     finally:
@@ -375,7 +375,7 @@ def test_workers_that_die_while_starting_are_named_so_and_the_message_fits_retri
                                  worker_init=_exit_at_start))
     text = str(info.value)
     assert "exit code 7 before it was ready." in text and "while loading" not in text, text
-    assert "not replaced once 2 in a row have (retries=2)" in text and "does not restart" not in text, text
+    assert "not replaced once 2 in a row have (retries=2)" in text and "does not replace" not in text, text
     with pytest.raises(WorkerError) as info:  # without retries: as before
         list(kerasfeed.to_loader(Flaky(tmp_path, n=8), executor="processes", workers=1, worker_init=_exit_at_start))
-    assert "before it was ready" in str(info.value) and "does not restart workers" in str(info.value)
+    assert "before it was ready" in str(info.value) and "does not replace a dead or stopped worker" in str(info.value)

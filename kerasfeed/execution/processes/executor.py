@@ -38,8 +38,8 @@ class ProcessExecutor(Executor):
     epochs, and stop on ``close()`` (or at the end of a ``with`` block),
     when the executor (or the dataset that holds it) is garbage collected,
     or at interpreter exit. Without ``retries``, a worker that dies fails the
-    pass with ``kerasfeed.WorkerError`` and stops the other workers; workers
-    are not restarted. With ``retries``, a worker that died or hung is
+    pass with ``kerasfeed.WorkerError`` and stops the other workers; the next
+    pass starts new ones. With ``retries``, a worker that died or hung is
     replaced and its item made again (NOTE [ Replacing a worker ]). After a
     pass fails on an item and is left, the idle workers stop too, and the
     next pass starts fresh ones (NOTE [ Parking after a failed pass ]).

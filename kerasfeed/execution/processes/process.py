@@ -67,8 +67,9 @@ logger = logging.getLogger("kerasfeed")
 _BOOT = "from kerasfeed.execution.processes.worker import main; main()"
 GRACE_S = 1.0
 NO_RESTART = (
-    "kerasfeed does not restart workers: create the dataset (or executor) again to retry, "
-    "or use executor='threads' to debug the source in the main process."
+    "Without retries=, kerasfeed does not replace a dead or stopped worker within a pass (a crash in native code "
+    "usually repeats): this pass fails, and the next pass starts new workers. Pass retries=1 (or more) to make the "
+    "item again on a new worker, or use executor='threads' to debug the source in the main process."
 )
 
 
