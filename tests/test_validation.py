@@ -109,6 +109,21 @@ def test_a_device_name_tensorflow_cannot_parse_is_refused_with_what_was_passed(e
     assert str(e.value).endswith("Received: device='/bogus:0'")
 
 
+def test_a_device_this_process_lacks_is_warned_about_or_refused_in_kerasfeed_s_words(caplog):
+    """Before: ``device="/gpu:7"`` on a machine without it ran on the CPU without a word, and a device of a job
+    this process is not raised TensorFlow's bare ``InvalidArgumentError`` from deep in tf.data."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+        ds = kerasfeed.to_dataset(np.zeros((4, 2), np.float32), device="/gpu:7")
+    assert len(list(ds)) == 4  # still runs: a script written for a GPU runs on this CPU
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("device='/gpu:7' names no device of this process (its GPU devices: none)" in m for m in warned), warned
+    with pytest.raises(ValueError, match=r"^`device` names a device the prefetch cannot be placed on: Could not "
+                                         r"satisfy device specification .*Received: device='/job:worker/task:0/cpu:0'$"):
+        kerasfeed.to_dataset(np.zeros((4, 2), np.float32), device="/job:worker/task:0/cpu:0")
+
+
 @pytest.mark.parametrize("text", ["scenes.h5", b"scenes.h5", bytearray(b"ab")])
 def test_text_is_refused_as_a_source_by_every_front_end(text, tmp_path):
     # A path passed where a source belongs is indexable: without the check its characters were the items.

@@ -7,10 +7,13 @@ and build one ``TailOptions`` from them, checked before anything starts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed._validation import AUTOTUNE
+
+logger = logging.getLogger("kerasfeed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +140,28 @@ def prefetch_tail(ds: Any, prefetch: Optional[int], device: Optional[str], *, au
         ds = ds.prefetch(prefetch)
     if device is not None:
         try:
-            tf.DeviceSpec.from_string(device)
+            spec = tf.DeviceSpec.from_string(device)
         except ValueError as e:  # TensorFlow's own words, without what was passed
             message = f"`device` must be a device name such as '/gpu:0': {e} Received: device={device!r}"
             raise ValueError(message) from None
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+        _warn_if_absent(tf, spec, device)
+        try:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+        except tf.errors.InvalidArgumentError as e:  # a job or task this process is not: TensorFlow's stack
+            raise ValueError(f"`device` names a device the prefetch cannot be placed on: {e.message.split(' [Op:')[0]} "
+                             f"Received: device={device!r}") from None
     return ds
+
+
+def _warn_if_absent(tf: Any, spec: Any, device: str) -> None:
+    """Warns when ``device`` names no device of this process: TensorFlow then prefetches onto the CPU without
+    a word (a script written for a GPU still runs on a CPU-only machine, so this is no error)."""
+    if spec.device_type is None or spec.job is not None:  # a remote task's device is not listed here
+        return
+    present = [d.name for d in tf.config.list_logical_devices(spec.device_type.upper())]
+    if len(present) <= (spec.device_index or 0):
+        logger.warning("kerasfeed: device=%r names no device of this process (its %s devices: %s); TensorFlow "
+                       "prefetches onto the CPU instead.", device, spec.device_type.upper(), present or "none")
 
 
 def own_sharding(ds: Any, parts: int) -> Any:
