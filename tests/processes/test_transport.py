@@ -82,6 +82,30 @@ def test_in_flight_items_and_shared_memory_are_bounded():
         ex.close()
 
 
+def test_shared_memory_follows_the_items_in_flight_not_the_largest_one_ever_carried():
+    """Before: a slot grown by one outlier item kept its size, so every slot ended up as large as the
+    largest item (2 workers, 40 MB items among 300 KB ones: 541 MB mapped after 3 passes that held no
+    batch; with a shrink, 94 MB). A segment far larger than its next item is made anew at that item's size."""
+
+    class Outliers:
+        def __len__(self):
+            return 52
+
+        def __getitem__(self, i):  # every 13th item 24 MB, the rest 300 KB
+            return np.full(6 * 2**20 if i % 13 == 0 else 75_000, i, np.float32)
+
+    large = shm.grown_size(24 * 2**20)
+    with kerasfeed.to_loader(Outliers(), shuffle=True, seed=0, executor="processes", workers=2) as loader:
+        for _ in range(3):
+            for b in loader:
+                assert (b == b[0]).all()  # each batch dropped: nothing is held between items
+        mapped = kerasfeed.stats(loader)["shm_bytes"]
+        slots = sum(kerasfeed.executor_of(loader)._dispatcher.slots.allocated(w) for w in range(2))
+    assert slots >= 4, slots
+    # At most the slots that carry an outlier last are large (4 of 52 items are), not every slot.
+    assert mapped <= 2 * large + slots * shm.grown_size(300_000), (mapped / 2**20, slots)
+
+
 def test_lent_items_reach_tensorflow_without_a_copy_and_their_slots_come_back():
     class Batches:
         def __len__(self):

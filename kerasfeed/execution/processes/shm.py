@@ -115,6 +115,18 @@ def new_segment(size: int, tag: str = "") -> tuple[Segment, int]:
     return Segment(fd, size), send_fd
 
 
+# A segment this much (and 4x) larger than the item it is to carry is made anew at the item's size.
+SHRINK_BYTES = 16 * 2**20
+
+
+def oversized(size: int, nbytes: int) -> bool:
+    """Whether a segment of ``size`` bytes is far too large for an item of ``nbytes``: one outlier item grew
+    it. Kept, every slot would end up the size of the largest item ever carried, and a small item lent from
+    it would pin all of it (2 workers, 40 MB items among 300 KB ones: 520 MB mapped for nothing held).
+    Made anew, the next large item on that slot writes to fresh pages (~0.5 ms a MB): paid for outliers only."""
+    return size - nbytes >= SHRINK_BYTES and size > 4 * nbytes
+
+
 def grown_size(nbytes: int) -> int:
     """Capacity of a new segment for an item of ``nbytes``: a little headroom
     so that items of slightly varying size do not re-create it every time."""

@@ -13,7 +13,8 @@ workers: items under ``LEND_MIN_BYTES`` are copied (malloc reuses small
 blocks: lending would save little and multiply slots), and so is the rest past
 ``MAX_LENT_PER_WORKER`` items per worker or ``MAX_LENT_BYTES`` in all. Shared
 memory is thus bounded by ``in_flight_per_worker + MAX_LENT_PER_WORKER``
-segments per worker.
+segments per worker, each about the size of the item it carries last (a
+segment far larger than its next item is made anew: ``shm.oversized``).
 """
 
 from __future__ import annotations

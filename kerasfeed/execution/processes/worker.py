@@ -223,7 +223,8 @@ class WorkerLoop:
         return msg
 
     def _write(self, slot: int, item: Any) -> tuple[bytes, tuple, Any, int]:
-        """Writes the item's arrays into the slot's segment, growing it if needed. Returns the
+        """Writes the item's arrays into the slot's segment, growing it if needed (or making it anew, smaller,
+        after an outlier item grew it: ``shm.oversized``). Returns the
         pickled spec, the fds and size of a new segment (or ``()``, None), and the bytes used."""
         spec, arrays, nbytes = shm.encode(item)
         spec_bytes = shm.dumps_spec(spec)
@@ -231,7 +232,7 @@ class WorkerLoop:
         size = None
         if nbytes:
             seg = self.slots.get(slot)
-            if seg is None or seg.size < nbytes:
+            if seg is None or seg.size < nbytes or shm.oversized(seg.size, nbytes):
                 if seg is not None:
                     seg.close()
                     del self.slots[slot]
