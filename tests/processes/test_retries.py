@@ -216,6 +216,30 @@ def test_a_leaking_source_is_recycled_at_worker_max_rss_and_its_memory_stays_bou
         ex.close()
 
 
+class Large:
+    """24 MB items, nothing kept: a worker's own memory does not grow."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.full(6 * 2**20, i, np.float32)
+
+
+def test_worker_max_rss_counts_a_worker_s_own_memory_not_the_shared_memory_it_writes_items_into():
+    """Before: the check read the whole resident set, which holds the worker's shared-memory slots (each as
+    large as an item) and its libraries' pages: a source that leaks nothing, 24 MB items, a 96 MB limit,
+    had 5 then 9 workers recycled in two passes."""
+    ex = ProcessExecutor(Large(), workers=2, worker_max_rss=96 * 2**20, seed=0)
+    try:
+        for epoch in range(2):
+            ex.plan(epoch, list(range(16)))
+            assert [int(ex.load(i, epoch)[0]) for i in range(16)] == list(range(16))
+        assert ex.stats()["recycled_workers"] == 0
+    finally:
+        ex.close()
+
+
 class Staged:
     """Item ``i``: ``(i, stage, pid)``; ``on_epoch_end`` moves to the next stage."""
 

@@ -118,7 +118,8 @@ class PoolOptions:
         worker_max_items: a worker sent this many items finishes them and is
             replaced by a fresh one (None: never). Worker processes only.
         worker_max_rss: resident bytes past which a worker (checking after
-            each item) finishes the items sent to it and is replaced (None:
+            each item; its own pages, not the shared memory it writes items
+            into) finishes the items sent to it and is replaced (None:
             never; at least ``MIN_WORKER_MAX_RSS``, 64 MB). Processes only.
         seed_given: whether ``seed`` is the user's; None until ``resolved``
             sets it (and keeps it resolving its own result: a parked pool's successor).

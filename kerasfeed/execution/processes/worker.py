@@ -48,10 +48,18 @@ class _Exit(Exception):
     """The parent asked us to leave, or went away."""
 
 
+def _own_resident(statm: bytes) -> int:
+    """Pages resident and not shared (``/proc/self/statm``'s resident minus shared: anonymous memory, what a
+    leaking source grows), not the shared memory this worker writes items into, nor mapped files and libraries:
+    with those counted, a worker carrying 50 MB items passed a 256 MB limit without any leak."""
+    fields = statm.split()
+    return int(fields[1]) - int(fields[2])
+
+
 def _rss_bytes() -> int:
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm", "rb") as f:
+            return _own_resident(f.read()) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         import resource
 
@@ -59,7 +67,7 @@ def _rss_bytes() -> int:
 
 
 class _RssProbe:
-    """This process's resident bytes, read after every item (``worker_max_rss``): ``/proc/self/statm``
+    """This process's own resident bytes (``_own_resident``), read after every item (``worker_max_rss``): ``/proc/self/statm``
     opened once and re-read with ``pread`` (~2 us; opening it each time costs ~20 us), else ``_rss_bytes``."""
 
     def __init__(self):
@@ -72,7 +80,7 @@ class _RssProbe:
     def __call__(self) -> int:
         if self._fd is None:
             return _rss_bytes()
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+        return _own_resident(os.pread(self._fd, 128, 0)) * self._page
 
 
 def _die_with_parent(parent_pid: int) -> None:
