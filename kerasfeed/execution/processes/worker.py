@@ -67,8 +67,9 @@ def _rss_bytes() -> int:
 
 
 class _RssProbe:
-    """This process's own resident bytes (``_own_resident``), read after every item (``worker_max_rss``): ``/proc/self/statm``
-    opened once and re-read with ``pread`` (~2 us; opening it each time costs ~20 us), else ``_rss_bytes``."""
+    """This process's own resident bytes (``_own_resident``), read after every item (``worker_max_rss``):
+    ``/proc/self/statm`` opened once and re-read with ``pread`` (~2 us; opening it each time costs ~20 us), else
+    ``_rss_bytes``."""
 
     def __init__(self):
         self._page = os.sysconf("SC_PAGE_SIZE")
