@@ -10,7 +10,8 @@ what travels and what stays: NOTE there), ``options.py``
 (``RemoteOptions``: timeouts, retries, request sizes), ``fetch.py`` (byte
 ranges pinned to the object's version, with retries: NOTE there),
 ``chunks.py`` (the fast path: chunk layouts and decoding, which layouts
-and filters take it: NOTE there), ``h5file.py`` (the file object h5py reads
+and filters take it: NOTE there), ``hdf5lib.py`` (HDF5 calls h5py does
+not wrap, through ctypes), ``h5file.py`` (the file object h5py reads
 through, and the collector held off meanwhile: NOTE there), ``files.py``
 (``RemoteFile``, ``read_parts``: one wave of requests per batch).
 """

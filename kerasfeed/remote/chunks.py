@@ -15,8 +15,13 @@ a numpy transpose).
 Fast path (``Layout.fast``):
   - **chunked** datasets whose filters are only **gzip/deflate** and
     **shuffle** (h5py's ``compression="gzip"``, ``shuffle=True``), or none;
-    chunks never written read as the fill value, as h5py does;
-  - **contiguous** datasets (one byte range per run of rows);
+    chunks never written read as the fill value, as h5py does; partial
+    edge chunks stored unfiltered (``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS``,
+    which their filter mask does not show) are read as stored, the chunk
+    options read through ctypes (``hdf5lib.py``); where they cannot be read,
+    a filtered dataset with partial edge chunks goes to the fallback;
+  - **contiguous** datasets (one byte range per run of rows; never written,
+    that is without storage, the fill value);
   - dtypes of fixed size: bool, integers, floats, complex, either byte order.
 
 Fallback (h5py reads the dataset through a file object that fetches
@@ -27,7 +32,7 @@ the filters **szip**, **lzf**, **scale-offset**, **n-bit**, **fletcher32**
 and any plugin (blosc, zstd, ...), and **variable-length**, string,
 compound, opaque and reference dtypes. Refused at construction
 (``unreachable``): data in other files (external storage, a virtual
-dataset's sources elsewhere).
+dataset's sources elsewhere; an external link, ``files.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
+
+from kerasfeed.remote.hdf5lib import DONT_FILTER_PARTIAL_CHUNKS, chunk_opts
 
 FILTER_DEFLATE, FILTER_SHUFFLE = 1, 2
 _FILTER_NAMES = {3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf", 32001: "blosc",
@@ -64,6 +71,7 @@ class Layout:
     size: Optional[np.ndarray] = None
     mask: Optional[np.ndarray] = None
     offset: Optional[int] = None  # contiguous: the data's first byte (None: never written)
+    raw_edges: bool = False  # partial edge chunks stored unfiltered (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)
 
     @property
     def fast(self) -> bool:
@@ -102,12 +110,21 @@ class Layout:
                    if code not in (FILTER_DEFLATE, FILTER_SHUFFLE)]
         if not why and refused:
             why = f"the {', '.join(refused)} filter"
+        chunks = tuple(ds.chunks) if layout == LAYOUT_CHUNKED else ()
+        raw_edges = False
+        if not why and filters and any(n % c for n, c in zip(shape, chunks)):  # partial edge chunks: filtered?
+            opts = chunk_opts(dcpl)
+            if opts is None:
+                why = "partial edge chunks that may be stored unfiltered (HDF5's chunk options could not be read)"
+            raw_edges = bool(opts and opts & DONT_FILTER_PARTIAL_CHUNKS)
         if why:
             return cls(**base, kind="fallback", why=why)
         if layout == LAYOUT_CONTIGUOUS:
-            return cls(**base, kind="contiguous", offset=ds.id.get_offset())
+            # Never written: no storage. Not get_offset(), which in a file with a userblock gives the userblock's
+            # last byte for an unallocated dataset, not None.
+            offset = ds.id.get_offset() if ds.id.get_storage_size() else None
+            return cls(**base, kind="contiguous", offset=offset)
         steps = tuple((code, int(values[0]) if values else dtype.itemsize) for code, _, values in filters)
-        chunks = tuple(ds.chunks)
         grid_shape = tuple(math.ceil(n / c) for n, c in zip(shape, chunks))
         found: list = []
         if math.prod(shape):
@@ -119,7 +136,8 @@ class Layout:
         for j, info in enumerate(found):
             cell = np.ravel_multi_index(tuple(o // c for o, c in zip(info.chunk_offset, chunks)), grid_shape)
             grid[cell], addr[j], size[j], mask[j] = j, info.byte_offset, info.size, info.filter_mask
-        return cls(**base, kind="chunked", chunks=chunks, filters=steps, grid=grid, addr=addr, size=size, mask=mask)
+        return cls(**base, kind="chunked", chunks=chunks, filters=steps, grid=grid, addr=addr, size=size, mask=mask,
+                   raw_edges=raw_edges)
 
     # ---- planning: which byte ranges a set of row runs needs ---------------
 
@@ -184,15 +202,17 @@ class Layout:
                 continue
             chunk = decoded.get(entry)
             if chunk is None:
-                chunk = decoded[entry] = self._decode(entry, fetched)
+                raw = self.raw_edges and any(o + c > n for o, c, n in zip(origin, chunks, shape))
+                chunk = decoded[entry] = self._decode(entry, fetched, raw)
             src = (slice(lo - origin[0], hi - origin[0]),) + tuple(slice(0, s.stop - s.start) for s in where[1:])
             dst[where] = chunk[src]
 
-    def _decode(self, entry: int, fetched: dict) -> np.ndarray:
+    def _decode(self, entry: int, fetched: dict, raw: bool = False) -> np.ndarray:
+        """Chunk ``entry``, its filters undone (``raw``: a partial edge chunk stored unfiltered)."""
         start = int(self.addr[entry])
         data: Any = fetched[(start, start + int(self.size[entry]))]
         nbytes = math.prod(self.chunks) * self.dtype.itemsize
-        skip = int(self.mask[entry])
+        skip = -1 if raw else int(self.mask[entry])  # the mask says 0 for those: every filter skipped
         for j in reversed(range(len(self.filters))):
             if skip & (1 << j):
                 continue  # this filter was not applied to this chunk

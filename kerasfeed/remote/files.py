@@ -12,6 +12,7 @@ fast path open the file through h5py again, once per process.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
 from typing import Any, Optional
@@ -110,7 +111,22 @@ class RemoteFile:
                     f"truncated): {type(e).__name__}: {e}"
                 ) from e
             try:
-                keys, result = check(f)
+                try:
+                    keys, result = check(f)
+                except ValueError as e:  # a key missing: an external link, which HDF5 cannot follow here?
+                    try:
+                        link = _external_link(f, str(e))
+                    except Exception:  # noqa: BLE001 - only refines the message of the error raised here
+                        link = None
+                    if link is None:
+                        raise
+                    key, target = link
+                    raise ValueError(
+                        f"{self.owner}: key '{key}' of '{self.name}' is {target}: HDF5 cannot follow external "
+                        "links through a URL (the file a link names is a path on this machine, not an object of "
+                        "the store). Read it from a local copy of both files, or store the data in this file. "
+                        f"Received: key='{key}', path='{self.name}'"
+                    ) from None
                 for key in keys:
                     why = unreachable(f[key])
                     if why:
@@ -162,6 +178,29 @@ class RemoteFile:
                     h5[0].close()
                 except Exception:  # noqa: BLE001 - closing during interpreter shutdown, say
                     pass
+
+
+def _external_link(f, message: str) -> Optional[tuple]:
+    """``(key, what it is)`` when the key ``message`` names (quoted) is, or lies under, an external link of ``f``;
+    else None. Only looked for once a key failed: it walks every link of the file."""
+    import h5py
+
+    links: list = []
+
+    def visit(name: bytes, info) -> None:
+        if info.type == h5py.h5l.TYPE_EXTERNAL:
+            links.append(name.decode())
+
+    f.id.links.visit(visit, info=True)
+    for name in links:
+        found = re.search(r"'(/?%s(?:/[^']*)?)'" % re.escape(name), message)
+        if found:
+            key, link = found.group(1), f.get(name, getlink=True)
+            target = f"'{link.filename}':{link.path}"
+            if key.strip("/") == name:
+                return key, f"an external link to {target}"
+            return key, f"under the external link '{name}' (to {target})"
+    return None
 
 
 # Bytes of small datasets this process keeps whole (``read_parts``), all its files together: past it a small

@@ -24,7 +24,8 @@ chunks, level >= 1) has its children parsed and fetched at once, exact
 spans of the node's size, the next level's from those, one wave per level;
 h5py's reads of them are then served from memory. Whatever is fetched is
 the pinned object's bytes at that address, so a misparsed node costs
-requests, never wrong data. Indexes of files written with
+requests, never wrong data. A node's addresses count from the end of the
+file's userblock (``BlockFile.base``), as all of HDF5's do. Indexes of files written with
 ``libver="latest"`` (version-2 B-trees, extensible and fixed arrays) are
 read as before, node by node.
 
@@ -110,6 +111,7 @@ class BlockFile(io.RawIOBase):
         self.error = None  # the last fetch error: h5py reports its own error in its place
         self._rank: Optional[int] = None  # set while a chunk index is read: its nodes' children are fetched ahead
         self._nodes: dict = {}  # address -> a node fetched ahead, until h5py reads it
+        self.base = 0  # where the HDF5 file starts in the object (its userblock's size): addresses count from it
 
     @contextlib.contextmanager
     def chunk_index(self, rank: int):
@@ -178,7 +180,8 @@ class BlockFile(io.RawIOBase):
         level = [node]
         while level and self._rank is not None:
             held = sum(len(v) for v in self._nodes.values())
-            want = [a for nd in level for a in tree_children(nd, self._rank, self._pin.size) if a not in self._nodes]
+            want = [a for nd in level for a in tree_children(nd, self._rank, self._pin.size, self.base)
+                    if a not in self._nodes]
             want = list(dict.fromkeys(want))[: max(0, (MAX_NODES_AHEAD_BYTES - held) // len(node))]
             if not want:
                 return
@@ -191,10 +194,11 @@ class BlockFile(io.RawIOBase):
             level = got
 
 
-def tree_children(node: bytes, rank: int, size: int) -> list:
-    """The child addresses of a version-1 B-tree node of raw-data chunks (a dataset of ``rank``
+def tree_children(node: bytes, rank: int, size: int, base: int = 0) -> list:
+    """The child offsets in the object of a version-1 B-tree node of raw-data chunks (a dataset of ``rank``
     dimensions) whose level is >= 1, each holding a whole node of ``len(node)`` bytes within ``size``;
-    ``[]`` for a leaf, another kind of node, or bytes that do not parse as one."""
+    ``[]`` for a leaf, another kind of node, or bytes that do not parse as one. ``base``: the userblock's
+    size, which the node's addresses do not count."""
     n = len(node)
     if n < _NODE_HEADER or node[:4] != _TREE or node[4] != _RAW_DATA_NODES or node[5] == 0:
         return []
@@ -204,7 +208,7 @@ def tree_children(node: bytes, rank: int, size: int) -> list:
     if rest or not 0 < entries <= two_k:
         return []
     at = [_NODE_HEADER + key * (i + 1) + _ADDRESS * i for i in range(entries)]
-    children = [int.from_bytes(node[p : p + _ADDRESS], "little") for p in at]
+    children = [base + int.from_bytes(node[p : p + _ADDRESS], "little") for p in at]
     return children if all(c + n <= size for c in children) else []
 
 
@@ -215,7 +219,9 @@ def open_h5(store: Store, pin: ObjectStat, block_size: int, open_kwargs: dict, h
 
     raw = BlockFile(store, pin, block_size, head=head)
     try:
-        return h5py.File(raw, "r", **open_kwargs), raw
+        f = h5py.File(raw, "r", **open_kwargs)
+        raw.base = f.userblock_size  # HDF5's addresses start after the userblock (the superblock's place)
+        return f, raw
     except Exception:
         if raw.error is not None:  # h5py's "unable to open" hides why the read failed
             raise raw.error from None
