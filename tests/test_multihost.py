@@ -461,6 +461,13 @@ def _cluster_rules(out):
     with kerasfeed.to_loader(Logged(16), batch_size=2, cache=os.path.join(out, "items"), order=order) as loader:
         kept = [[int(v) for b in loader for v in np.ravel(b[..., 0])] for _ in range(2)]
     got["kept_fixed_shards"] = {"passes": kept, "loads": sorted(loads)}
+    # A mesh whose processes each read the whole pass, over one kept directory: each process its own
+    # subdirectory (one was refused, "in use by another run", and the other failed in the exchange).
+    mesh = keras.distribution.DeviceMesh((2, 2), ["model", "batch"],
+                                         np.array(keras.distribution.list_devices()).reshape(2, 2))
+    whole = keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
+    with whole.scope():
+        case("kept_whole", lambda: kerasfeed.to_loader(Items(16), batch_size=2, cache=os.path.join(out, "whole")))
     with open(os.path.join(out, f"rules_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -479,6 +486,9 @@ def test_the_sharding_rules_on_two_jax_processes(tmp_path):
         assert c["passes"] == cached[k]["passes"][:2]
         assert all(n == 1 for i, n in Counter(c["loads"]).items() if i in set(c["passes"][0]))
     assert sorted(os.listdir(tmp_path / "items")) == ["shard-0-of-2", "shard-1-of-2"]
+    assert all(isinstance(r["kept_whole"], list) for r in got), [r["kept_whole"] for r in got]
+    assert [sorted(sum(r["kept_whole"], [])) for r in got] == [list(range(16))] * 2
+    assert sorted(os.listdir(tmp_path / "whole")) == ["process-0-of-2", "process-1-of-2"]
     for sub in ("shard-0-of-2", "shard-1-of-2"):
         assert {"key.json", "data.bin", "index.bin"} <= set(os.listdir(tmp_path / "items" / sub))
     for k, r in enumerate(got):

@@ -317,6 +317,9 @@ def _worker_rules(out):
     case("loader_default", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0))
     case("loader_num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=3))
     case("loader_whole", lambda: kerasfeed.to_loader(Items(16), num_shards=1))
+    # Both workers read the whole source into a kept directory on one host: each its own (one was refused,
+    # "in use by another run", and the other failed in the exchange).
+    case("cache_whole", lambda: kerasfeed.to_dataset(Items(16), num_shards=1, cache=os.path.join(out, "kept")))
     with open(os.path.join(out, f"rules_worker_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -343,6 +346,8 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
         assert r["loader_num_shards_other"].startswith("ValueError: to_loader: `num_shards=3` without `shard_index` "
                                                        "in a cluster of 2 workers"), r["loader_num_shards_other"]
         assert r["loader_whole"] == list(range(16)), r["loader_whole"]
+        assert r["cache_whole"] == list(range(16)), r["cache_whole"]
+    assert sorted(os.listdir(tmp_path / "kept")) == ["process-0-of-2", "process-1-of-2"]
     assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
 
 

@@ -194,7 +194,7 @@ def _capacity(cache: Cache, directory: Optional[str]) -> int:
 
 
 def open_store(
-    cache: Cache, source: Any, n: int, shard: tuple[int, int] = (0, 1)
+    cache: Cache, source: Any, n: int, shard: tuple[int, int] = (0, 1), process: Optional[tuple[int, int]] = None
 ) -> tuple[ItemStore, Callable[[], None]]:
     """Opens the store ``cache`` describes for ``source`` (``n`` items).
 
@@ -202,6 +202,9 @@ def open_store(
         shard: ``(index, count)`` of this process's shard when several
             processes read one source (multi-host): a kept cache then uses
             ``directory/shard-{index}-of-{count}``, each process its own.
+        process: ``(index, count)`` of this process when processes share a
+            shard: ``.../process-{index}-of-{count}`` (one process per
+            kept directory).
 
     Returns:
         The store and the function that closes it (a kept directory's is
@@ -225,6 +228,8 @@ def open_store(
     directory = cache.directory
     if shard[1] > 1:
         directory = os.path.join(directory, f"shard-{shard[0]}-of-{shard[1]}")
+    if process is not None:
+        directory = os.path.join(directory, f"process-{process[0]}-of-{process[1]}")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(
             f"`cache` names a directory to keep the items in, and '{directory}' is a file. Pass a directory "
