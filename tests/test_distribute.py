@@ -74,3 +74,19 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-4000:]
+
+
+def test_a_distributed_dataset_s_pipeline_is_found_by_stats_and_executor_of(tmp_path):
+    """Before: kerasfeed.stats and executor_of refused the DistributedDataset distribute returns, so nothing
+    could close its pipeline, and a notebook cell run again over a kept cache was refused "in use by another
+    pipeline of this process" with advice (executor_of(ds).close()) that raised in turn."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    for attempt in range(2):
+        dist = kerasfeed.distribute(strategy, Idx(), batch_size=4, shuffle=True, seed=0, cache=str(tmp_path / "kept"))
+        assert sum(1 for _ in dist) == 6  # 23 items in batches of 4
+        stats = kerasfeed.stats(dist)
+        # The first attempt made and stored every item; the second read them from the kept directory.
+        assert stats["cache_items"] == 23 and stats["cache_misses"] == (23 - 4 if attempt == 0 else 0), stats
+        kerasfeed.executor_of(dist).close()  # the directory is free again: the next attempt opens it

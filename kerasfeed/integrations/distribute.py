@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kerasfeed import _validation as _v
+from kerasfeed.observe.api import STATS_ATTR
+from kerasfeed.observe.lookup import EXECUTOR_ATTR, PIPELINE_ATTR
 from kerasfeed.tfdata.adapter import to_dataset
 
 
@@ -39,7 +41,8 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
         A ``tf.distribute.DistributedDataset`` to iterate in a custom loop
         (``strategy.run(step, args=(batch,))``). Every worker takes the same
         number of steps per pass (shards are cut to ``len(source) //
-        num_workers`` items).
+        num_workers`` items). ``kerasfeed.stats`` and ``kerasfeed.executor_of``
+        take it as they take a dataset (this process's pipeline).
 
     Raises:
         TypeError: ``strategy`` is not a ``tf.distribute.Strategy``.
@@ -89,11 +92,21 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
             f"{replicas} replicas in sync. Received: batch_size={batch_size}"
         )
 
+    made: list = []
+
     def dataset_fn(ctx):
         per_replica = None if batch_size is None else ctx.get_per_replica_batch_size(batch_size)
-        return to_dataset(source, batch_size=per_replica, input_context=ctx, **to_dataset_kwargs)
+        made.append(to_dataset(source, batch_size=per_replica, input_context=ctx, **to_dataset_kwargs))
+        return made[-1]
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+    # This process's pipeline, as on a dataset: for kerasfeed.stats(dist) and executor_of(dist) (its close()
+    # releases a kept cache's directory: a notebook cell run again), which refused a DistributedDataset.
+    if len(made) == 1:
+        for attr in (PIPELINE_ATTR, EXECUTOR_ATTR, STATS_ATTR):
+            if getattr(made[0], attr, None) is not None:
+                setattr(dist, attr, getattr(made[0], attr))
+    return dist
 
 
 __all__ = ["distribute"]
