@@ -141,8 +141,8 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
     """
     where = _where(owner)
     try:
-        if np.asarray(values).dtype.kind in "SU":  # numpy would read "2" as 2.0
-            raise TypeError("strings")
+        if np.asarray(values).dtype.kind in "SUc":  # numpy would read "2" as 2.0, and drop 1j with a warning
+            raise TypeError("strings or complex numbers")
         a = np.array(values, dtype=np.float64)  # a copy, also of a float64 array
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}`{name}` must be numbers. Received: {name}={summarize(values)}") from e

@@ -342,6 +342,7 @@ def test_balanced_order_bad_input(kwargs, message):
     ([1.0, 0.0, 1.0], dict(replacement=False, num_samples=3), r"num_samples=3 is more than the 2 items of non-zero weight.*Received: num_samples=3, replacement=False"),
     ([[1.0, 2.0]], {}, r"`weights` must be a non-empty 1-D sequence"),
     (["1", "2"], {}, r"WeightedOrder: `weights` must be numbers. Received: weights=\['1', '2'\]"),  # not read as 1, 2
+    (np.array([1 + 1j, 1.0]), {}, r"WeightedOrder: `weights` must be numbers. Received: weights="),  # not 1, 1
 ])
 def test_weighted_order_bad_input(weights, kwargs, message):
     with pytest.raises(ValueError, match=message):
