@@ -54,6 +54,7 @@ blocked for a placed batch (the step waiting on input); the pipeline's own
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 import time
@@ -240,11 +241,25 @@ def _jax_place(device: Any, keras: bool) -> tuple[Optional[Callable[[Any], Any]]
             return _leafwise(put_sharded), f"{type(dist).__name__} data layout"
     if device is None:
         device = jax.config.jax_default_device  # None: the uncommitted default, as Keras puts it
+    elif not keras:
+        _check_jax_device(jax, device)
 
     def put(a: np.ndarray) -> Any:
         return jax.device_put(a, device) if device is not None else jax.device_put(a)
 
-    return _leafwise(put), str(device) if device is not None else f"default device ({jax.devices()[0]})"
+    place = _leafwise(put) if keras else functools.partial(map_arrays, lambda a: a if a.dtype == object else put(a))
+    return place, str(device) if device is not None else f"default device ({jax.devices()[0]})"
+
+
+def _check_jax_device(jax: Any, device: Any) -> None:
+    """Refuses a ``loader.jax(device)`` JAX cannot place on (a string such as ``"cpu"``): its batches came out
+    as numpy arrays, silently (the placing caught JAX's ValueError, meant for a Keras batch a mesh cannot split)."""
+    try:
+        jax.device_put(np.zeros((), np.float32), device)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ValueError(f"loader.jax: `device` must be a jax.Device or a jax.sharding.Sharding (e.g. "
+                         f"jax.devices('cpu')[0]), one JAX can place arrays on: {type(e).__name__}: {e} "
+                         f"Received: device={device!r}") from None
 
 
 def _leafwise(put: Callable[[np.ndarray], Any]) -> Callable[[Any], Any]:
@@ -381,11 +396,25 @@ class DeviceFeed:
         import torch
 
         explicit = device is not None
-        device = torch.device(torch_device(keras_backend) if device is None else device)
+        device = _torch_device(torch, torch_device(keras_backend) if device is None else device)
         depth = self._resolve(device.type != "cpu")
         if depth == 0 and (device.type == "cpu" or not explicit):
             return TorchBatches(loader)  # tensors sharing the numpy memory; Keras moves them itself
         return TorchDeviceBatches(loader, self, device, depth)
+
+
+def _torch_device(torch: Any, device: Any) -> Any:
+    """``torch.device(device)``, refused in kerasfeed's words when torch cannot use it (no such device type,
+    a CUDA device on a torch without CUDA: torch's own errors named neither the argument nor the call)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"loader.torch: `device` must be a torch device such as 'cpu' or 'cuda:0': {e} "
+                         f"Received: device={device!r}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("loader.torch: `device` is a CUDA device, and this torch has none (a CPU-only build, or no "
+                         f"GPU visible). Pass device='cpu' or None. Received: device={device!r}")
+    return parsed
 
 
 __all__ = [

@@ -109,6 +109,29 @@ def test_device_prefetch_is_checked_up_front():
             kerasfeed.to_loader(Items(), device_prefetch=bad)
 
 
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_device_jax_or_torch_cannot_use_is_refused_naming_it(depth):
+    """Before: loader.jax("cpu") yielded numpy arrays without a word (JAX's ValueError was taken for a Keras batch
+    a mesh cannot split), and loader.torch("cuda") on a CPU-only torch raised torch's "torch.cuda.Stream requires
+    CUDA support" from the prefetch's set-up."""
+    import jax
+
+    with kerasfeed.to_loader(Items(), device_prefetch=depth) as loader:
+        for bad in ("cpu", 3):
+            with pytest.raises(ValueError, match=r"^loader.jax: `device` must be a jax.Device or a jax.sharding."
+                                                 rf"Sharding .*Received: device={bad!r}$"):
+                next(iter(loader.jax(bad)))
+        assert all(isinstance(x, jax.Array) for x, _ in loader.jax(jax.devices("cpu")[0]))
+        import torch
+
+        if not torch.cuda.is_available():  # the suite's machines (CI: no GPU)
+            with pytest.raises(ValueError, match=r"^loader.torch: `device` is a CUDA device, and this torch has none"):
+                next(iter(loader.torch("cuda")))
+        with pytest.raises(ValueError, match=r"^loader.torch: `device` must be a torch device .*Received: "
+                                             r"device='bogus'$"):
+            next(iter(loader.torch("bogus")))
+
+
 def test_jax_prefetch_yields_the_numpy_batches_in_order_and_stops_its_thread():
     import jax
 
