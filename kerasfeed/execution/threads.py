@@ -149,8 +149,8 @@ class ThreadExecutor(Executor):
                 return self._runner.call(index, epoch)  # Ctrl-C reaches the main thread in Python code
             if self._closed:  # at exit, or the front end stopped: start no more calls into the source
                 raise RuntimeError(
-                    f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset (or loader) again. "
-                    f"Received: index={index}"
+                    f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset (or loader) "
+                    f"again. Received: index={index}"
                 )
             task = self._run_aside(index, epoch)
         self._wait(task)

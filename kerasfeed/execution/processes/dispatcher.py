@@ -155,7 +155,8 @@ class Dispatcher:
             raise fresh_error(self.failure)
         if self.closed:
             why = " (parked after a failed pass)" if self.parked else ""
-            raise WorkerError(f"kerasfeed: the worker pool of {self.name} is closed{why}; create the dataset (or loader) again.")
+            raise WorkerError(f"kerasfeed: the worker pool of {self.name} is closed{why}; create the dataset "
+                              "(or loader) again.")
 
     def record_failure(self, err: WorkerError) -> None:
         with self.lock:

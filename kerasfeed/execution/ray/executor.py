@@ -231,7 +231,8 @@ class RayExecutor(LoadsMixin, Executor):
     def _live_pool(self) -> ActorPool:
         # With the lock held: the pool, started again if it was parked.
         if self._closed:
-            raise WorkerError(f"kerasfeed: the Ray executor of {self._name} is closed; create the dataset (or loader) again.")
+            raise WorkerError(f"kerasfeed: the Ray executor of {self._name} is closed; create the dataset (or loader) "
+                              "again.")
         self._check_ray()
         pool = self._held.pool
         if self._parked or pool is None or pool.closed:
