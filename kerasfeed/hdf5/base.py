@@ -240,7 +240,14 @@ class H5Base(SceneSequence):
 
             got = dict(zip(remote, read_parts([(self._remote[parts[j][0]], *parts[j][1:]) for j in remote])))
         read = local or (lambda f, key, runs: concat([self._read_rows(f, key, a, b) for a, b in runs]))
-        return [got[j] if j in got else read(*part) for j, part in enumerate(parts)]
+        out = [got[j] if j in got else read(*part) for j, part in enumerate(parts)]
+        # Once per local file, after all its reads: not written in place since construction (handles.py).
+        for f, key, runs in {p[0]: p for p in parts if p[0] not in self._remote}.values():
+            n, (a, b) = sum(y - x for x, y in runs), runs[0]
+            rows = f"rows {a}:{b}" if len(runs) == 1 else f"{n} rows ({a}..{runs[-1][1] - 1})"
+            check_not_written(self._paths[f], self._stamps[f], self._written[f], type(self).__name__,
+                              f"{rows} of '{key}'")
+        return out
 
     def _read_keys(self, parts: list, local=None) -> dict:
         """``[(file index, runs), ...]`` -> ``{key: [each part's rows]}``: every (key, part) read at once, so
@@ -375,13 +382,7 @@ class H5Base(SceneSequence):
             ) from e
         if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
             raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
-        self._check_written(file_index, f"rows {start}:{stop} of '{key}'")
         return rows
-
-    def _check_written(self, file_index: int, rows: str) -> None:
-        """After a read: the file was not written in place since construction (``handles.check_not_written``)."""
-        check_not_written(self._paths[file_index], self._stamps[file_index], self._written[file_index],
-                          type(self).__name__, rows)
 
     def _rows_missing(self, file_index: int, key: str, asked: str, ds) -> FileChangedError:
         """The error for a read that got fewer rows than asked: the dataset shrank since construction."""

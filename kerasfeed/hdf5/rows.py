@@ -158,7 +158,6 @@ class H5RowSequence(H5Base):
             ) from e
         if len(out) != n:  # h5py clips slices at the end: the dataset shrank
             raise self._rows_missing(file_index, key, f"{n} rows ({first}..{last})", ds)
-        self._check_written(file_index, f"{n} rows ({first}..{last}) of '{key}'")
         return out
 
     def __getstate__(self) -> dict:
