@@ -14,7 +14,7 @@ from kerasfeed import _validation as _v
 from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
 from kerasfeed.integrations.steps import StepCount
 from kerasfeed.loading import hosts
-from kerasfeed.loading.shards import current_worker, tf_config_worker
+from kerasfeed.loading.shards import tf_config_worker
 
 
 def worker_run_dir(log_dir: "str | os.PathLike") -> str:
@@ -33,10 +33,10 @@ def worker_run_dir(log_dir: "str | os.PathLike") -> str:
     ```
     """
     log_dir = _v.path("log_dir", log_dir, owner="worker_run_dir")
-    processes = hosts.current_processes()  # Keras' distribution API on JAX
-    if processes is not None:
-        return os.path.join(log_dir, f"worker_{processes.process_index}")
-    worker = current_worker() or tf_config_worker()
+    member = hosts.job_member()  # Keras' distribution API on JAX, else a tf.distribute strategy's workers
+    if member is not None:
+        return os.path.join(log_dir, f"worker_{member[0]}")
+    worker = tf_config_worker()  # TF_CONFIG set, no strategy made yet
     return os.path.join(log_dir, f"worker_{0 if worker is None else worker.worker_id}")
 
 

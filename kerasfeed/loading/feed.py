@@ -22,10 +22,10 @@ from kerasfeed.execution.item_random import ItemSeeds
 from kerasfeed.loading.arguments import Passes, resolve_passes
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batches
-from kerasfeed.loading.hosts import current_processes
+from kerasfeed.loading.hosts import job_member
 from kerasfeed.loading.options import LoadOptions
 from kerasfeed.loading.pipeline import PassPipeline, probe_indices
-from kerasfeed.loading.shards import ShardPlan, current_worker, order_shards, shard_probe_indices
+from kerasfeed.loading.shards import ShardPlan, order_shards, shard_probe_indices
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
 from kerasfeed.sampling.views import pass_view
 from kerasfeed.sources.base import check_shardable
@@ -267,15 +267,8 @@ def _sharing_process(shard: tuple) -> Optional[tuple]:
     of them than shards read the source, so that some read the same shard (a ``ModelParallel`` mesh whose
     processes each read the whole pass, ``num_shards=1`` on every one): a kept directory then needs the
     process in its name too, as only one process may hold it. None when each process's shard is its own."""
-    processes = current_processes()
-    if processes is not None:
-        count, index = processes.num_processes, processes.process_index
-    else:
-        worker = current_worker()
-        if worker is None:
-            return None
-        count, index = worker.num_workers, worker.worker_id
-    return (index, count) if count > shard[1] else None
+    member = job_member()
+    return member if member is not None and member[1] > shard[1] else None
 
 
 __all__ = ["ENDLESS", "Feed", "ShardResolver", "open_feed"]

@@ -31,7 +31,7 @@ import numpy as np
 
 from kerasfeed.loading.agreement import check_agreement
 from kerasfeed.loading.arguments import Passes
-from kerasfeed.loading.shards import ShardPlan, joined_shards, order_shards
+from kerasfeed.loading.shards import ShardPlan, current_worker, joined_shards, order_shards
 from kerasfeed.sampling.fingerprints import hash_parts
 from kerasfeed.sampling.protocol import order_fingerprint, order_shard, pass_fingerprint
 
@@ -155,6 +155,17 @@ def current_processes() -> Optional[ProcessShards]:
         index = int(jax.process_index())
         return ProcessShards(int(jax.process_count()), index, int(jax.process_count()), index)
     return None
+
+
+def job_member() -> Optional[tuple[int, int]]:
+    """``(index, count)`` of this process among its job's: JAX processes under a multi-process Keras
+    distribution (``current_processes``), else the workers of a ``tf.distribute`` multi-worker strategy
+    (``shards.current_worker``); None when it is alone."""
+    processes = current_processes()
+    if processes is not None:
+        return processes.process_index, processes.num_processes
+    worker = current_worker()
+    return None if worker is None else (worker.worker_id, worker.num_workers)
 
 
 def _jax_cluster(jax: Any) -> bool:
@@ -316,5 +327,6 @@ def agreed(processes: Optional[ProcessShards], make: Callable[[], tuple[T, dict]
 
 
 __all__ = [
-    "FACTS", "ProcessShards", "agreed", "current_processes", "exchange", "pass_facts", "process_shard_plan",
+    "FACTS", "ProcessShards", "agreed", "current_processes", "exchange", "job_member", "pass_facts",
+    "process_shard_plan",
 ]
