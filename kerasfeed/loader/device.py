@@ -54,7 +54,6 @@ blocked for a placed batch (the step waiting on input); the pipeline's own
 from __future__ import annotations
 
 import collections
-import functools
 import queue
 import threading
 import time
@@ -247,8 +246,8 @@ def _jax_place(device: Any, keras: bool) -> tuple[Optional[Callable[[Any], Any]]
     def put(a: np.ndarray) -> Any:
         return jax.device_put(a, device) if device is not None else jax.device_put(a)
 
-    place = _leafwise(put) if keras else functools.partial(map_arrays, lambda a: a if a.dtype == object else put(a))
-    return place, str(device) if device is not None else f"default device ({jax.devices()[0]})"
+    # A device the user named is placed on or fails; only Keras' own placing is lenient (see _leafwise).
+    return _leafwise(put, lenient=keras), str(device) if device is not None else f"default device ({jax.devices()[0]})"
 
 
 def _check_jax_device(jax: Any, device: Any) -> None:
@@ -262,11 +261,13 @@ def _check_jax_device(jax: Any, device: Any) -> None:
                          f"Received: device={device!r}") from None
 
 
-def _leafwise(put: Callable[[np.ndarray], Any]) -> Callable[[Any], Any]:
+def _leafwise(put: Callable[[np.ndarray], Any], lenient: bool = True) -> Callable[[Any], Any]:
     def place(batch: Any) -> Any:
         try:
             return map_arrays(lambda a: a if a.dtype == object else put(a), batch)
         except ValueError:  # e.g. a last batch the mesh cannot split: Keras reports it itself
+            if not lenient:
+                raise
             return batch
 
     return place
