@@ -5,6 +5,7 @@ import gc
 import os
 import pickle
 import random
+import re
 import signal
 import threading
 import time
@@ -480,3 +481,48 @@ def test_processes_stop_when_the_dataset_is_dropped():
             return True
 
     assert wait_until(lambda: all(gone(p) for p in pids))
+
+
+def test_processes_a_first_pass_waiting_for_the_probe_s_workers_does_not_time_out(closing):
+    """The signature probe's generators run on in the workers after it (each finishing its item): pass 0
+    waited up to 1 s for a free worker, then 1 s for its item, and failed "no item for timeout=1.2 s
+    after 0 items" although no item took 1.2 s (pass 1 passed)."""
+    def slow_items(i):
+        for k in range(2):
+            time.sleep(1.0)
+            yield np.float32(10 * i + k)
+
+    ds = kerasfeed.from_generators(slow_items, 3, executor="processes", workers=3, timeout=1.2, probe=3)
+    closing(ds)
+    for _ in range(2):
+        assert sorted(ds.as_numpy_iterator()) == [10 * i + k for i in range(3) for k in range(2)]
+
+
+def test_processes_a_worker_stuck_in_a_stopped_stream_is_stopped_and_the_next_pass_runs(closing, tmp_path):
+    """A worker still making an item of the probe's run, which nobody reads any more, is stopped
+    ``timeout`` s after that run was stopped (a pass waiting for it never hangs); the next pass starts
+    new workers (a stream dataset's pool kept a dead worker's failure for every later pass)."""
+    marks = str(tmp_path)
+
+    def stuck_after_the_probe(i):
+        first = not os.path.exists(f"{marks}/{i}")  # the probe's run
+        open(f"{marks}/{i}", "a").close()
+        for k in range(4):
+            if k == 1 and first:  # made while the probe reads item 0: its worker is still in it after
+                open(f"{marks}/stuck-{i}", "a").close()
+                time.sleep(600)
+            time.sleep(0 if first else 0.3)  # a shard of a pass holds its worker over 1 s
+            yield np.float32(10 * i + k)
+
+    ds = kerasfeed.from_generators(stuck_after_the_probe, 3, executor="processes", workers=3, timeout=1, probe=3)
+    closing(ds)
+    # One at least (a worker may see the probe's stop before it begins item 1).
+    assert wait_until(lambda: any(os.path.exists(f"{marks}/stuck-{i}") for i in range(3)), timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(tf.errors.OpError, match=r"\(pid (\d+)\) still made an item of stuck_after_the_probe\(\d\) .*"
+                       r"stopped earlier, 1.0 s later \(timeout=1.0 s\)") as e:
+        list(ds.as_numpy_iterator())
+    assert time.monotonic() - t0 < 15
+    stopped = int(re.search(r"\(pid (\d+)\) still made", str(e.value)).group(1))
+    assert sorted(ds.as_numpy_iterator()) == [10 * i + k for i in range(3) for k in range(4)]
+    assert wait_until(lambda: not os.path.exists(f"/proc/{stopped}"), timeout=5)

@@ -31,7 +31,8 @@ _CAUSE_WAIT_S = 5.0
 
 
 class _Shard:
-    __slots__ = ("pos", "id", "buf", "count", "taken", "done", "error", "space", "started", "open", "pid", "it")
+    __slots__ = ("pos", "id", "buf", "count", "taken", "done", "error", "space", "started", "open", "opening", "pid",
+                 "it")
 
     def __init__(self, pos: int, shard_id: int, lock: threading.Lock):
         self.pos = pos
@@ -44,6 +45,7 @@ class _Shard:
         self.space = threading.Condition(lock)  # the producer waits here when full
         self.started = False
         self.open = False  # holds a running slot
+        self.opening = False  # waiting for a worker process to take it (ordered_start)
         self.pid: Optional[int] = None  # the worker process running it, if any
         self.it: Any = None  # its iterator, when it can be stopped from outside (a worker's stream)
 
@@ -131,11 +133,13 @@ class ShardPass:
                 try:
                     if not self._stopped:
                         t0 = time.perf_counter()
+                        sh.opening = True
                         it = iter(self._open_shard(sh.id))
                         sh.pid = getattr(it, "worker_pid", None)
                         if hasattr(it, "stop"):
                             sh.it = it
                 finally:
+                    sh.opening = False
                     with self._lock:
                         self._next_turn += 1
                         self._turn.notify_all()
@@ -337,10 +341,13 @@ class ShardPass:
                 return NOT_READY
 
     def starting(self) -> bool:
-        """Whether a running shard's worker is still unpickling its task (importing its module): start-up,
-        which the pass's timeout does not count (``tfdata/chunks.py``)."""
+        """Whether a shard waits for a free worker process, or its worker is still unpickling its task
+        (importing its module): start-up, which the pass's timeout does not count (``tfdata/chunks.py``).
+
+        A free worker: one may still finish the item it was making for a stream stopped before this
+        pass (the probe's, an abandoned pass's); the pool stops it if that takes over ``timeout``."""
         with self._lock:
-            return any(sh.open and not sh.done and getattr(sh.it, "task_started", True) is False
+            return any(sh.open and not sh.done and (sh.opening or getattr(sh.it, "task_started", True) is False)
                        for sh in self._shards.values())
 
     def pending(self) -> str:

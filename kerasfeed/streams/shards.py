@@ -161,6 +161,8 @@ class ShardedStream:
         with self._lock:
             epoch = self._passes
             self._passes += 1
+        if self.pool is not None:
+            self.pool.fresh_if_failed()  # after a dead worker failed the last pass: new workers
         n = len(self.args)
         order = range(n) if self.order is None else pass_view(self.order, epoch)
         return ShardPass(

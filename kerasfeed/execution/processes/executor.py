@@ -212,11 +212,12 @@ class ProcessExecutor(Executor):
         if next_pass is not None:
             next_pass = (int(next_pass[0]), next_pass[1])
         self._watch.pass_started(epoch)  # the consumer goes on
-        self._fresh_if_failed()
+        self.fresh_if_failed()
         self._on_live(lambda d: self._plan(d, epoch, indices, next_pass))
 
-    def _fresh_if_failed(self) -> None:
-        """A pass begins on a new pool if a worker's death failed this one (not parked yet). That death
+    def fresh_if_failed(self) -> None:
+        """A pass (planned, or of streams: ``streams/shards.py``) begins on a new pool if a worker's death
+        failed this one (not parked yet). That death
         came while it made the pass's first items ahead, none loaded yet (or it failed the last pass, whose
         pool parks soon anyway): met again at its own item, the skip budget can leave that item out. It
         failed the new pass as it began, outside any budget."""
@@ -298,7 +299,7 @@ class ProcessExecutor(Executor):
             kerasfeed.WorkerError: the worker died.
         """
         label = name or f"{getattr(fn, '__qualname__', type(fn).__name__)}({short_repr(arg, 40)})"
-        d = self._dispatcher
+        d = self._live()
         payload = _pickled_for(d, dumps_task, fn, arg, label)
         lane, session = d.streams.start(payload, label)
         return StreamIterator(self, d.streams, lane, session)

@@ -44,6 +44,7 @@ class StreamSession:
         self.ended = False
         self.cancelled = False
         self.started_at: Optional[float] = None  # when the worker had unpickled the task (StreamStarted)
+        self.cancelled_at: Optional[float] = None
 
 
 class StreamSessions:
@@ -77,6 +78,7 @@ class StreamSessions:
                 # The consumer deleted: give the producer thread up (see next()).
                 wait = wait or owner.waits.begin(interrupts=False, notice=False)
                 owner.cv.wait(_POLL_S)
+                self._stop_stuck_cancelled()
                 wait.check(f"a free worker for {name}")
         try:
             handoff = _handoff.entries(owner.handoff)  # what the task names (executor._pickled_for) among them
@@ -84,6 +86,27 @@ class StreamSessions:
         except OSError:
             pass  # the worker died: its reader reports it to the session
         return lane, st
+
+    def _stop_stuck_cancelled(self) -> None:
+        # With the lock held. A stream cancelled while its worker made an item (the probe's, an
+        # abandoned pass's) holds that worker until the item is made; nobody reads it any more, so
+        # its item timeout is kept here: an item not made ``timeout`` s after the cancel stops it.
+        owner = self._owner
+        for lane in owner.lanes.all:
+            st = lane.stream
+            if st is None or not st.cancelled or st.ended or st.cancelled_at is None or lane.death is not None:
+                continue
+            deadline = lane.process.deadline(st.cancelled_at, owner.options.timeout)
+            if deadline is not None and time.monotonic() > deadline:
+                proc = lane.process
+                owner.record_failure(WorkerError(
+                    f"kerasfeed: worker {proc.id} (pid {proc.pid}) still made an item of {st.name}, stopped "
+                    f"earlier, {owner.options.timeout} s later (timeout={owner.options.timeout} s); the worker "
+                    f"was stopped.\n{NO_RESTART}",
+                    worker_id=proc.id,
+                    pid=proc.pid,
+                ))
+                proc.kill()
 
     def on_message(self, lane: Any, msg: Any, fds: list[int]) -> None:
         """A stream message from ``lane``'s worker (its reader thread)."""
@@ -195,6 +218,7 @@ class StreamSessions:
             if st.cancelled:
                 return
             st.cancelled = True
+            st.cancelled_at = time.monotonic()
             st.held.clear()
             ended = st.ended
             self.release_if_done(lane, st)
