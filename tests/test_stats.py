@@ -193,6 +193,18 @@ def test_errors_are_counted():
     assert s["errors"] == s["skipped"] == 1, s
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_an_item_error_without_retries_is_a_failed_item(executor):
+    """Its only attempt failed: ``failed_items`` counts it, as Ray's executor did (threads and worker
+    processes counted only items whose retries ran out)."""
+    kw = {"workers": 2} if executor == "processes" else {}
+    with kerasfeed.to_loader(Sleepy(n=8, delay=0.0, fail_at=5), executor=executor, **kw) as loader:
+        with pytest.raises(kerasfeed.ItemError, match="no item 5"):
+            list(loader)
+        s = kerasfeed.stats(loader)
+    assert s["failed_items"] == s["errors"] == 1 and s["retried_items"] == 0, s
+
+
 def test_stream_datasets_have_stats():
     def gen(k):
         for j in range(5):

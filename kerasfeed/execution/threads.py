@@ -130,7 +130,11 @@ class ThreadExecutor(Executor):
             raise TimeoutError(str(self._failure))
         task = self._take(index, epoch)
         if not self._retries:
-            return self._attempt(task, index, epoch)
+            try:
+                return self._attempt(task, index, epoch)
+            except ItemError:
+                self.counts.add("failed_items")  # its only attempt
+                raise
         attempts = Attempts(index, self._retries)
         while True:
             try:

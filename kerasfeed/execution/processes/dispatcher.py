@@ -382,8 +382,11 @@ class Dispatcher:
             lane, req = taken
         cpu = time.thread_time() - t0
         self._wait(lane, req)
-        if req.error is not None and self.retries:
-            lane, req = self._retry(index, epoch, lane, req)
+        if req.error is not None:
+            if self.retries:
+                lane, req = self._retry(index, epoch, lane, req)
+            else:
+                self.counts.add("failed_items")  # its only attempt
         t1 = time.thread_time()
         item, lent = None, False
         try:
