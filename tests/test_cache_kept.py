@@ -372,3 +372,66 @@ def test_a_data_file_cut_short_drops_the_records_past_its_end(tmp_path, caplog):
     for i, a in enumerate(got):
         assert np.array_equal(a, np.full((64, 32), 1000.0 + i, np.float32)), (i, a[-1, -4:])  # zeros: the cut tail
     assert "its data file is shorter" in caplog.text and "8 of its records" in caplog.text
+
+
+def test_a_damaged_length_in_the_index_is_dropped_without_upsetting_the_counts(tmp_path, caplog):
+    """An index entry whose length reads 2**60 (a damaged index): its item is made again, and the bytes
+    held are counted from the entries kept (they were decremented by the damaged length: 1.7e19)."""
+    import kerasfeed
+
+    directory = str(tmp_path / "kept")
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        list(loader)
+        held = kerasfeed.stats(loader)["cache_bytes"]
+    with open(os.path.join(directory, "index.bin"), "r+b") as f:
+        f.seek(4096 + 24 * 5 + 8)
+        f.write((1 << 60).to_bytes(8, "little"))
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        got = [np.asarray(x) for x in loader]
+        stats = kerasfeed.stats(loader)
+    assert all(np.array_equal(a, np.full((64, 32), 1000.0 + i, np.float32)) for i, a in enumerate(got))
+    assert stats["cache_bytes"] == held and stats["cache_items"] == 8 and stats["cache_misses"] == 1, stats
+
+
+def test_a_read_only_directory_is_named(tmp_path, monkeypatch):
+    """A kept cache needs a writable directory: a read-only one (a file system mounted read-only, injected
+    here: this suite may run as root) failed with a bare ``OSError`` from the lock's ``os.open``."""
+    import errno
+
+    import kerasfeed
+    from kerasfeed.cache import kept
+
+    real_open = kept.os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(directory)) and flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real_open(path, flags, *args)
+
+    directory = tmp_path / "kept"
+    directory.mkdir()
+    monkeypatch.setattr(kept.os, "open", read_only)
+    with pytest.raises(OSError, match=r"kerasfeed cache: cannot use .*kept as a kept cache \(Read-only file system\): "
+                                      r"a kept cache needs a writable directory.*cache='memory'.*Received: cache "
+                                      r"directory") as e:
+        kerasfeed.to_loader(_Numbered(0.0).source, executor="threads", cache=str(directory))
+    assert e.value.errno == errno.EROFS
+
+
+@pytest.mark.parametrize("removed", ["index.bin", "data.bin"])
+def test_a_file_removed_from_the_directory_is_a_rebuild_that_says_so(tmp_path, caplog, removed):
+    """A directory whose index or data file was removed by hand is rebuilt, with the log line other
+    rebuilds give (it was rebuilt without a word)."""
+    import logging
+
+    import kerasfeed
+
+    directory = str(tmp_path / "kept")
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        list(loader)
+    os.remove(os.path.join(directory, removed))
+    caplog.set_level(logging.WARNING, logger="kerasfeed")
+    with kerasfeed.to_loader(_Numbered(1000.0).source, executor="threads", cache=directory) as loader:
+        got = [np.asarray(x) for x in loader]
+    assert all(np.array_equal(a, np.full((64, 32), 1000.0 + i, np.float32)) for i, a in enumerate(got))
+    assert f"rebuilt: its {removed} is missing" in caplog.text

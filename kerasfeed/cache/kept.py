@@ -101,8 +101,14 @@ class KeptDirectory:
 
     def __init__(self, directory: str):
         self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:  # read-only, or not a directory: the same class, in kerasfeed's words
+            raise type(e)(e.errno, (
+                f"kerasfeed cache: cannot use {directory} as a kept cache ({e.strerror}): a kept cache needs a "
+                f"writable directory (its lock, and the items a run stores). Copy it somewhere writable, or pass "
+                f"cache='memory'. Received: cache directory {directory!r}")) from e
         self._lock = _LockFd(fd)
         # Dropped without ``release`` the lock goes too, unless a store took it over (``hand_over``).
         self._finalizer = weakref.finalize(self, self._lock.close)
@@ -244,8 +250,11 @@ def open_kept(directory: str, key: dict, n: int, capacity: int,
 def _open_store(kept: KeptDirectory, key: dict, n: int, capacity: int, trim: bool) -> tuple[ItemStore, bool]:
     boot = boot_id()
     _remove_new_files(kept)  # a run killed while renaming new files over the old (a rebuild, a trim)
-    existed = os.path.exists(kept.path(INDEX)) and os.path.exists(kept.path(DATA))
+    missing = [name for name in (INDEX, DATA) if not os.path.exists(kept.path(name))]
+    existed = not missing
     reason = key_change(kept.read_key(), key) if existed else None
+    if missing and (len(missing) == 1 or kept.read_key() is not None):  # removed by hand since
+        logger.warning("kerasfeed: cache %s rebuilt: its %s is missing.", kept.directory, " and ".join(missing))
     if existed and reason is None:
         store, reason = _reuse(kept, n, capacity, boot, trim)
         if store is not None:

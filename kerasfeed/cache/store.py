@@ -280,12 +280,15 @@ class ItemStore:
         would read as zeros); returns how many. Before any reader or writer (``kept._reuse``)."""
         q = np.frombuffer(self._index, np.uint64)
         entries = q[_Q:_Q + 3 * self.n].reshape(self.n, 3)
-        lost = (entries[:, 0] != 0) & (entries[:, 0] + entries[:, 1] > end)
+        offset, length = entries[:, 0], entries[:, 1]
+        # Each part checked alone first: a damaged length could wrap the uint64 sum.
+        lost = (offset != 0) & ((offset > end) | (length > end) | (offset + length > end))
         count = int(lost.sum())
         if count:
-            q[H_HELD] -= count
-            q[H_HELD_BYTES] -= int(entries[lost, 1].sum())
             entries[lost] = 0
+            # Counted again from the entries kept, not decremented by a damaged entry's length.
+            held = offset != 0
+            q[H_HELD], q[H_HELD_BYTES] = int(held.sum()), int(length[held].sum())
         return count
 
     def has(self, index: int, before: Optional[int] = None) -> bool:
