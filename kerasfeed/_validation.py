@@ -165,8 +165,12 @@ def weights(name: str, values: Any, *, owner: Optional[str] = None) -> np.ndarra
         total = a.sum()
     # The same proportions, rescaled only where the sum leaves the normal range (so that other weights
     # keep their exact draws): a sum that overflows, or a subnormal one, whose few steps made u * sum
-    # (inverse CDF) land past the last cumulative weight, on an item of weight 0.
-    if not np.finfo(np.float64).tiny <= total < np.inf:
+    # (inverse CDF) land past the last cumulative weight, on an item of weight 0. An overflow is divided
+    # by a power of two >= the count (exact; the sum then fits): dividing by the largest weight turned
+    # a positive weight under 2**-1074 of it into 0.
+    if total == np.inf:
+        a = a / 2.0 ** int(a.size - 1).bit_length()
+    elif total < np.finfo(np.float64).tiny:
         a = a / a.max()
     a.setflags(write=False)
     return a

@@ -85,6 +85,15 @@ def test_rounded_weights_that_move_a_share_are_warned_about():
     assert huge.slots.tolist() == [10000, 1]
     with pytest.warns(UserWarning, match=r"part 0 a share .* Received: weights=\[1e-06, 1.0\]"):
         kerasfeed.mix([np.arange(10)] * 2, [1e-6, 1], check=False)
+    # A positive weight whose share float64 cannot hold (it said "ask for 0"; 1e-308 also gave numpy's
+    # "divide by zero" RuntimeWarning).
+    for tiny in (1e-300, 1e-308):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert kerasfeed.mix([np.arange(10)] * 2, [1e308, tiny], check=False).slots.tolist() == [10000, 1]
+        assert [str(w.message).split(". Whole")[0] for w in seen] == [
+            "mix: the weights are rounded to whole slots of a block of 10000, which gives part 1 a share of "
+            "9.999e-05 where the weights ask for a share under float64's smallest number"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kerasfeed.mix([np.arange(10)] * 2, [6000, 4000], check=False).slots.tolist() == [3, 2]
@@ -218,6 +227,26 @@ def test_h5_rows_bad_input(scenes):
         kerasfeed.BalancedOrder.from_hdf5(scenes, "nope")
     with pytest.raises(ValueError, match=r"must hold one label per row, shape \(N,\) or \(N, 1\). Received: shape=\(96, 16\)"):
         kerasfeed.BalancedOrder.from_hdf5(scenes, "point_labels")
+    # Named, not numpy's "need at least one array to concatenate" or an open file read as a list of names.
+    with pytest.raises(ValueError, match=r"from_hdf5: `paths` is empty: no file to read labels from. Received: paths=\[\]"):
+        kerasfeed.BalancedOrder.from_hdf5([], "labels")
+    with h5py.File(scenes[0], "r") as f, pytest.raises(TypeError, match=r"`paths` must be .* Received: an open h5py file"):
+        kerasfeed.BalancedOrder.from_hdf5(f, "labels")
+
+
+def test_balanced_order_from_hdf5_reads_string_labels_as_str(tmp_path):
+    """HDF5 strings read back as bytes: class_weights={"cat": ...} was refused, and the fingerprint differed
+    from the same labels held in memory (a resume between the two was refused)."""
+    names = np.array(["cat", "dog", "dog", "cat", "bird", "dog"] * 10)
+    path = str(tmp_path / "labels.h5")
+    with h5py.File(path, "w") as f:
+        f["vlen"] = names.astype(h5py.string_dtype())
+        f["fixed"] = names.astype("S4")
+    in_memory = kerasfeed.BalancedOrder(names, seed=0, class_weights={"cat": 1, "dog": 1, "bird": 2})
+    for key in ("vlen", "fixed"):
+        read = kerasfeed.BalancedOrder.from_hdf5(path, key, seed=0, class_weights={"cat": 1, "dog": 1, "bird": 2})
+        assert read.classes.tolist() == ["bird", "cat", "dog"] and read.fingerprint == in_memory.fingerprint
+        assert np.array_equal(read.indices(1), in_memory.indices(1))
 
 
 def test_balanced_order_from_hdf5_reads_a_url_s_labels_as_the_local_file_s(tmp_path):

@@ -406,6 +406,13 @@ def test_weights_whose_sum_overflows_keep_their_proportions():
     assert 900 < counts[0] < 1100, counts
 
 
+def test_a_tiny_weight_beside_weights_whose_sum_overflows_stays_positive():
+    """The overflowing sum was rescaled by the largest weight, under which 1e-300 became 0: a pass without
+    replacement of every item was refused ("more than the 2 items of non-zero weight")."""
+    order = kerasfeed.WeightedOrder([1e308, 1e308, 1e-300], num_samples=3, replacement=False, seed=0)
+    assert sorted(order.indices(0).tolist()) == [0, 1, 2]
+
+
 def test_subnormal_weights_never_draw_items_of_weight_zero():
     # Before: u * total rounded to the total's few subnormal steps and the clamp took the last item
     # (weight 0) half the time; without replacement E / w overflowed to inf, tied with zero weights.

@@ -164,7 +164,10 @@ class BalancedOrder(SampledOrder):
             FileNotFoundError, PermissionError, TimeoutError, OSError: a URL's object is missing, refused, or
                 did not answer within ``remote_options``' tries (named, as the readers name them).
         """
-        paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        given = paths
+        paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(_paths(paths))
+        if not paths:
+            raise ValueError(f"{OWNER}.from_hdf5: `paths` is empty: no file to read labels from. Received: paths={given!r}")
         parts = [_read_labels(path, key, storage_options, remote_options) for path in paths]
         return cls(parts[0] if len(parts) == 1 else np.concatenate(parts), **kwargs)
 
@@ -385,6 +388,20 @@ def _encoded(labels: np.ndarray) -> tuple:
 
 
 
+def _paths(paths: Any) -> list:
+    bad = "an open h5py file" if hasattr(paths, "filename") else None
+    if bad is None:
+        try:
+            paths = list(paths)
+        except TypeError:
+            bad = type(paths).__name__
+    bad = bad or next((type(p).__name__ for p in paths if not isinstance(p, (str, os.PathLike))), None)
+    if bad is not None:
+        raise TypeError(f"{OWNER}.from_hdf5: `paths` must be a file's path or URL, or a sequence of them (for an "
+                        f"open h5py.File, its .filename). Received: {bad}")
+    return paths
+
+
 def _read_labels(path: Any, key: str, storage_options: Optional[Mapping], remote_options: Any) -> np.ndarray:
     """The labels of one file, a local path or a URL (through the readers' own requests: remote)."""
     import h5py  # lazily: `import kerasfeed` stays light
@@ -416,7 +433,12 @@ def _labels_in(f: Any, path: Any, key: str) -> np.ndarray:
             f"{OWNER}.from_hdf5: dataset {key!r} in '{shown}' must hold one label per row, "
             f"shape (N,) or (N, 1). Received: shape={ds.shape}"
         )
-    return ds[()].reshape(-1)
+    import h5py
+
+    string = h5py.check_string_dtype(ds.dtype)
+    # HDF5 strings read back as bytes: as str they are the labels written (class_weights={"cat": ...}, and
+    # the fingerprint of the same labels held in memory).
+    return (ds.asstr(string.encoding)[()] if string is not None else ds[()]).reshape(-1)
 
 
 __all__ = ["BalancedOrder"]

@@ -146,12 +146,13 @@ def _whole_slots(w: np.ndarray) -> np.ndarray:
         slots[np.argsort(slots - quota, kind="stable")[:short]] += 1  # largest remainders
         slots[(slots == 0) & (w > 0)] = 1  # a positive weight keeps at least one slot
         asked, given = w / w.sum(), slots / slots.sum()
-        moved = np.abs(given - asked) / np.where(w > 0, asked, 1)
+        moved = np.where(asked > 0, np.abs(given - asked) / np.where(asked > 0, asked, 1), given > 0)
         k = int(np.argmax(moved))
         if moved[k] > 0.01:
+            want = f"{asked[k]:.6g}" if asked[k] > 0 or w[k] == 0 else "a share under float64's smallest number"
             warnings.warn(
                 f"mix: the weights are rounded to whole slots of a block of {MAX_PERIOD}, which gives part {k} a "
-                f"share of {given[k]:.6g} where the weights ask for {asked[k]:.6g}. Whole-number weights summing to "
+                f"share of {given[k]:.6g} where the weights ask for {want}. Whole-number weights summing to "
                 f"at most {MAX_PERIOD} are used exactly. Received: weights={w.tolist()!r}",
                 UserWarning,
                 stacklevel=v.caller_stacklevel(),
