@@ -167,7 +167,9 @@ class BalancedOrder(SampledOrder):
         given = paths
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(_paths(paths))
         if not paths:
-            raise ValueError(f"{OWNER}.from_hdf5: `paths` is empty: no file to read labels from. Received: paths={given!r}")
+            raise ValueError(
+                f"{OWNER}.from_hdf5: `paths` is empty: no file to read labels from. Received: paths={given!r}"
+            )
         parts = [_read_labels(path, key, storage_options, remote_options) for path in paths]
         return cls(parts[0] if len(parts) == 1 else np.concatenate(parts), **kwargs)
 
