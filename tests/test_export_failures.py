@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 from _export_sources import Slow
@@ -169,6 +170,29 @@ def test_full_disk_and_read_only_directory(tmp_path):
             kerasfeed.export(Slow(4), ro, num_shards=2, executor="threads", progress=False)
 
 
+def test_a_worker_that_dies_is_told_by_the_shard_it_was_writing(tmp_path):
+    """Item 7 is in shard 3 of 4: the message named the shard this process waited for first (1 or 2)."""
+    with pytest.raises(kerasfeed.WorkerError, match=r"shard file 'shard-00003-of-00004.tfrecord' was not written: "
+                                                      r".*Received: shard 3 of 4$") as died:
+        kerasfeed.export(Slow(40, bad={7: "exit"}), tmp_path, num_shards=4, executor="processes", workers=2,
+                         progress=False)
+    assert died.value.index == 3
+
+
+def test_overwrite_replaces_no_manifest_an_export_did_not_write(tmp_path):
+    """``overwrite=True`` deletes only what an export wrote: a user's own ``manifest.json`` (told by its
+    name alone) was replaced without a word."""
+    for mine in ({"my": "dataset index"}, [1, 2]):
+        (tmp_path / "manifest.json").write_text(json.dumps(mine))
+        with pytest.raises(ValueError, match=r"files that no export wrote \(\['manifest.json'\]\)"):
+            kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, overwrite=True)
+        assert json.loads((tmp_path / "manifest.json").read_text()) == mine
+    (tmp_path / "manifest.json").unlink()
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    kerasfeed.export(Slow(6), tmp_path, num_shards=2, executor="threads", progress=False, overwrite=True)
+    assert _ids(tmp_path) == list(range(6))
+
+
 def test_killed_workers_then_resume_writes_every_item_once(tmp_path):
     me = psutil.Process()
 
@@ -297,6 +321,14 @@ def test_a_foreign_or_hand_edited_manifest_is_named(tmp_path, edit, problem):
             read(tmp_path)
     with pytest.raises(kerasfeed.ExportError, match=prefix + problem):
         kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, resume=True)
+
+
+def test_output_signature_of_numpy_arrays_is_named(tmp_path):
+    """Arrays have a dtype and a shape, as a TensorSpec: AttributeError "'tuple' object has no attribute 'as_list'"."""
+    for given, at in ((np.zeros(3, np.float32), r"\[\]"), ((np.zeros(3, np.float32),), r"\[0\]")):
+        with pytest.raises(TypeError, match=rf"`output_signature` must be a nest of tf.TensorSpec; the entry at {at} is "
+                                            r"not. Received: array\("):
+            kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", output_signature=given)
 
 
 def test_output_signature_of_unknown_rank_is_refused(tmp_path):

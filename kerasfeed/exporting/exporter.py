@@ -279,6 +279,8 @@ def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: i
             f"Received: directory='{directory}'"
         )
     foreign = [e for e in entries if not mf.is_own_file(e)]
+    if overwrite and mf.MANIFEST in entries and not mf.is_export_manifest(directory):  # (resume names its fault)
+        foreign.append(mf.MANIFEST)
     if foreign:
         raise ValueError(
             f"export: the target directory holds files that no export wrote ({foreign[:5]}); they are not deleted: "
@@ -373,7 +375,9 @@ def _run(task: ShardTask, directory: pathlib.Path, manifest: dict, todo: list, *
 
 def _worker_died(error: WorkerError, task: ShardTask, k: int) -> WorkerError:
     """``error`` told as the export's: the shard and the source, and the export's remedies (a pool of
-    shard tasks is internal, and export can replace workers: ``retries``)."""
+    shard tasks is internal, and export can replace workers: ``retries``). The shard is the one the
+    worker died making (``error.index``), not ``k``, the one this process waits for first."""
+    k = error.index if error.index is not None else k
     name = mf.shard_name(k, task.num_shards, task.file_format)
     cause = str(error).split(NO_RESTART)[0].strip().removeprefix("kerasfeed: ")
     # "of ShardTask ... while loading ShardTask[k]": the pool's item is a shard, named above

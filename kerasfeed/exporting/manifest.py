@@ -58,6 +58,15 @@ def is_own_file(name: str) -> bool:
     return name in (MANIFEST, MANIFEST + TMP, PROGRESS) or _SHARD_FILE.fullmatch(name) is not None
 
 
+def is_export_manifest(directory: pathlib.Path) -> bool:
+    """Whether ``directory``'s ``manifest.json`` is an export's (``overwrite`` replaces no other)."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "kerasfeed-export"
+
+
 def new_manifest(
     spec: ExportSpec, *, num_items: int, num_shards: int, file_format: str, compression: Optional[str], source: str
 ) -> dict:

@@ -95,7 +95,7 @@ class ExportSpec:
         skeleton, leaves = _nest.flatten(signature, _check_keys)
         dtypes, shapes = [], []
         for path, s in leaves:
-            if not (hasattr(s, "dtype") and hasattr(s, "shape")):
+            if not (hasattr(s, "dtype") and hasattr(getattr(s, "shape", None), "as_list")):  # a numpy array too
                 raise TypeError(
                     f"`output_signature` must be a nest of tf.TensorSpec; the entry at {list(path)} is not. "
                     f"Received: {s!r}"
