@@ -215,7 +215,11 @@ def test_close_and_garbage_collection_stop_the_pool_threads():
     assert len(mine) == 3 and all(t.is_alive() and t.name.startswith("kerasfeed-thread-") for t in mine)
     ex.close()
     assert wait_until(lambda: not any(t.is_alive() for t in mine))
-    assert int(ex.load(2, 0)[0]) == 2  # still usable, in the main thread
+    # Refused, as worker processes refuse (it made every item inline, one at a time: a closed threads loader
+    # ran its next pass at one item at a time without a word).
+    with pytest.raises(RuntimeError, match=r"the thread executor of Recorder is closed; create the dataset \(or loader\) "
+                                           r"again. Received: index=2"):
+        ex.load(2, 0)
     t, out = _load_in_a_thread(ex, 3)  # other threads (tf.data's, at exit) start no more calls
     t.join(10)
     assert isinstance(out.get("error"), RuntimeError) and "is closed" in str(out["error"]), out
@@ -321,3 +325,15 @@ def test_other_system_errors_and_a_race_that_never_ends_still_fail_the_item(monk
         with pytest.raises(ItemError, match="recursion depth mismatch"), pytest.warns(RuntimeWarning):
             ex.load(1, 0)
     assert endless.calls[1] == interpreter_races.AST_RACE_RETRIES + 1
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_closed_loader_refuses_its_next_pass_on_every_executor(executor):
+    """A closed threads loader made its next pass one item at a time on the main thread, without a word;
+    a closed processes loader refused. Both refuse now."""
+    kw = {"workers": 2} if executor == "processes" else {}
+    loader = kerasfeed.to_loader(np.arange(6.0)[:, None], executor=executor, **kw)
+    assert [int(x[0]) for x in loader] == list(range(6))
+    loader.close()
+    with pytest.raises((RuntimeError, kerasfeed.WorkerError), match=r"is closed; create the dataset \(or loader\) again"):
+        list(loader)

@@ -128,6 +128,8 @@ class ThreadExecutor(Executor):
         # The consumer's source already saw set_epoch for this pass.
         if self._failure is not None:  # a timed-out item stopped the executor
             raise TimeoutError(str(self._failure))
+        if self._user_closed:  # as worker processes refuse (it made every item inline, one at a time)
+            raise self._closed_error(index)
         task = self._take(index, epoch)
         if not self._retries:
             try:
@@ -152,10 +154,7 @@ class ThreadExecutor(Executor):
             if self._timeout is None and threading.current_thread() is threading.main_thread():
                 return self._runner.call(index, epoch)  # Ctrl-C reaches the main thread in Python code
             if self._closed:  # at exit, or the front end stopped: start no more calls into the source
-                raise RuntimeError(
-                    f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset (or loader) "
-                    f"again. Received: index={index}"
-                )
+                raise self._closed_error(index)
             task = self._run_aside(index, epoch)
         self._wait(task)
         if task.error is not None:
@@ -383,6 +382,10 @@ class ThreadExecutor(Executor):
         done = sum(1 for t in tasks if t.event.is_set())
         counts = self.counts.as_dict(("retried_items", "failed_items", "abandoned_threads"))
         return {"ahead": done, "in_flight": len(tasks) - done, **counts, "abandoned_threads_running": running}
+
+    def _closed_error(self, index: int) -> RuntimeError:
+        return RuntimeError(f"kerasfeed: the thread executor of {self._runner.name} is closed; create the dataset (or "
+                            f"loader) again. Received: index={index}")
 
     def close(self) -> None:
         self._user_closed = True
