@@ -358,6 +358,39 @@ def test_a_retried_item_times_from_when_its_actor_runs_it(ray_cluster, tmp_path)
     assert _no_kerasfeed_actors()
 
 
+class Stalls:
+    """16 items; item 3 raises on its first call, item 11 hangs on its first call (marker files)."""
+
+    def __init__(self, marks: str):
+        self.marks = marks
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        first = not os.path.exists(f"{self.marks}/{i}")
+        open(f"{self.marks}/{i}", "a").close()
+        if first and i == 3:
+            raise OSError("a flaky read")
+        if first and i == 11:
+            time.sleep(600)
+        return np.full(2, i, np.int64)
+
+
+def test_a_retry_behind_an_item_made_ahead_that_hangs_is_not_stuck_with_it(ray_cluster, tmp_path):
+    """Item 3's retry went to the actor running item 11 (made ahead, hung): only the call waited for was
+    timed, so the pass waited for ever (the processes executor completes it)."""
+    order = kerasfeed.IndexOrder(16, shuffle=True, seed=1)  # item 3 first, 11 fifth
+    with kerasfeed.to_loader(Stalls(str(tmp_path)), order=order, executor="ray", workers=2, retries=2,
+                             timeout=3) as loader:
+        t0 = time.monotonic()
+        assert [int(b[0]) for b in loader] == order.indices(0).tolist()
+        assert time.monotonic() - t0 < 30
+        stats = kerasfeed.stats(loader)
+    assert stats["replaced_workers"] >= 1 and stats["failed_items"] == 0, stats
+    assert _no_kerasfeed_actors()
+
+
 class Locked(Blobs):
     def __init__(self, n: int):
         super().__init__(n)

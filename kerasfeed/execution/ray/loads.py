@@ -186,7 +186,10 @@ class LoadsMixin:
                 return
             # From when its actor is ready to run it, as the processes executor counts.
             running = pool.running_since(call)
-            if running is None or time.monotonic() - max(since, running) <= timeout:
+            if running is None:
+                self._stop_stuck_ahead(pool, call, lane, generation, timeout)
+                return
+            if time.monotonic() - max(since, running) <= timeout:
                 return
             pid = lane.info.get("pid") if lane is not None else None
             if lane is not None:
@@ -200,6 +203,14 @@ class LoadsMixin:
             pid=pid,
             index=call.index,
         )
+
+    def _stop_stuck_ahead(self, pool: ActorPool, call: Call, lane: Any, generation: int, timeout: float) -> None:
+        # With the lock held. ``call`` waits behind an item made ahead on its actor (a retry sent after it)
+        # that nobody waits for yet: past the timeout that actor is stuck; replaced, ``call`` moves on.
+        ahead = pool.running_ahead(call)
+        started = pool.running_since(ahead) if ahead is not None else None
+        if started is not None and time.monotonic() - started > timeout and lane is not None:
+            pool.lost(lane, generation, f"{self._name}[{ahead.index}], made ahead, ran past timeout={timeout:g} s")
 
     def _unpack(self, value: Any, lane: Any, t0: float) -> Any:
         if isinstance(value, Failed):

@@ -279,6 +279,15 @@ class ActorPool:
                 call.run_from = time.monotonic()
         return call.run_from
 
+    def running_ahead(self, call: Call) -> Optional[Call]:
+        """The call ``call``'s actor runs now, sent before it (None: none, or ``call`` runs)."""
+        for other in list(call.lane.calls) if call.lane is not None else ():
+            if other is call:
+                return None
+            if other.ref is not None and not self.ray.wait([other.ref], timeout=0, fetch_local=False)[0]:
+                return other
+        return None
+
     def done(self, call: Call) -> None:
         """``call`` is finished with (its result taken, or dropped)."""
         lane = call.lane
