@@ -85,6 +85,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault in ("503", "429"):
             self._reply(int(fault), _SLOW_DOWN if srv.forward else b"slow down", {"Retry-After": "0"})
             return
+        self._shift = 64 if fault == "shift" else 0  # an honest Content-Range of another part of that length
         if srv.forward:
             self._forward()
             return
@@ -163,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
             a, _, b = rng[6:].partition("-")
             start, end = int(a), min(int(b) + 1 if b else size, size)
             status = 206
+            move = min(getattr(self, "_shift", 0), size - end)
+            start, end = start + move, end + move
         headers = {"Accept-Ranges": "bytes"}
         if srv.etag:
             headers["ETag"] = "W/" + etag if srv.etag == "weak" else etag
@@ -250,7 +253,8 @@ class RangeServer(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
     def inject(self, fault: str, count: int = 1) -> None:
-        """The next ``count`` requests fail with ``fault``: ``"503"``, ``"429"``, ``"drop"`` or ``"stall"``."""
+        """The next ``count`` requests fail with ``fault``: ``"503"``, ``"429"``, ``"drop"``, ``"stall"`` or
+        ``"shift"`` (a range answered 64 bytes later than asked, as its ``Content-Range`` says)."""
         with self._lock:
             self._faults.extend([fault] * count)
 

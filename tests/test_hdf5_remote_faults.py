@@ -25,6 +25,7 @@ from kerasfeed.datasets import make_synthetic_scenes
 from kerasfeed.errors import FileChangedError
 from kerasfeed.remote.fetch import STATS
 from kerasfeed.remote.h5file import collector_held
+from kerasfeed.remote.urls import split_options
 
 # The tests' waits between tries stay short, and every batch sends requests (the scene files are small enough
 # to be kept whole in memory after the first read otherwise: RemoteOptions.small_dataset).
@@ -91,6 +92,40 @@ def test_a_store_failing_past_the_budget_names_the_url_and_retries_go_on_top(sce
     got = list(kerasfeed.to_loader(seq, executor="threads", retries=1))
     assert srv.faults_left() == 0
     np.testing.assert_array_equal(np.concatenate(got), np.concatenate([y for _, y in scenes[1]]))
+
+
+def test_an_answer_of_another_range_is_tried_again_never_decoded(tmp_path):
+    """A proxy or CDN answering 206 with another part of the asked length (its Content-Range honest):
+    only the length and the total were checked, so an unfiltered dataset read another chunk's bytes."""
+    path = make_synthetic_scenes(tmp_path / "plain.h5", num_scenes=24, points_per_scene=16, chunk_scenes=4, seed=1,
+                                 compression=None)
+    local = kerasfeed.H5SliceSequence(str(path), "points", 4)
+    with http_server({"plain.h5": str(path)}) as server:
+        seq = kerasfeed.H5SliceSequence(f"{server.url}/plain.h5", "points", 4,
+                                        remote_options={"small_dataset": 0, "attempts": 2, **FAST_RETRY})
+        server.inject("shift")
+        assert np.asarray(seq[0]).tobytes() == np.asarray(local[0]).tobytes() and server.faults_left() == 0
+        server.inject("shift", 2)
+        with pytest.raises(OSError, match=r"reading bytes (\d+)-\d+ of '.*/plain.h5' failed 2 times .*the answer "
+                                          r"holds another part \(Content-Range: bytes \d+-\d+; asked: bytes=\1-"):
+            seq[1]
+
+
+def test_a_size_the_server_does_not_give_is_named(tmp_path, monkeypatch):
+    """``Content-Range: bytes 0-0/*`` (the total unknown, as HTTP allows) failed with int()'s own error."""
+    import remote_servers
+
+    path = make_synthetic_scenes(tmp_path / "a.h5", num_scenes=8, points_per_scene=16, chunk_scenes=4, seed=1)
+    real = remote_servers._Handler.send_header
+
+    def unknown_total(self, key, value):
+        real(self, key, value.rpartition("/")[0] + "/*" if key == "Content-Range" else value)
+
+    monkeypatch.setattr(remote_servers._Handler, "send_header", unknown_total)
+    with http_server({"a.h5": str(path)}) as server:
+        with pytest.raises(OSError, match=r"the server gave no size \(Content-Range 'bytes 0-0/\*', Content-Length "
+                                          r"'1'; status 206\)"):
+            kerasfeed.H5SliceSequence(f"{server.url}/a.h5", "points", 4, remote_options={"attempts": 1})
 
 
 def test_a_request_that_stalls_times_out_and_is_tried_again(scenes, srv):
@@ -225,6 +260,14 @@ def test_credentials_are_never_pickled_and_reach_worker_processes_in_memory(scen
             assert secret.encode() not in blob
             assert b"trust_env" in blob  # public options travel
         assert secret not in repr(seq) and secret not in repr(seq._remote[0].credentials)
+        # A proxy's user and password, under any name (they travelled with the source: only endpoint_url's did not).
+        proxy = f"http://user:{secret}@127.0.0.1:{guarded.server_address[1]}"  # it answers proxy requests too
+        proxied = {**options, "client_kwargs": {"trust_env": False, "proxy": proxy}}
+        split = kerasfeed.H5SliceSequence(f"{guarded.url}/a.h5", "labels", 4, storage_options=proxied)
+        assert secret.encode() not in pickle.dumps(split) and secret.encode() not in cloudpickle.dumps(split)
+        s3_proxies = {"config_kwargs": {"proxies": {"https": f"http://user:{secret}@proxy:3128", "http": "http://p:1"}}}
+        assert split_options(s3_proxies) == ({"config_kwargs": {"proxies": {"http": "http://p:1"}}},
+                                             {"config_kwargs": {"proxies": {"https": f"http://user:{secret}@proxy:3128"}}})
         _same([pickle.loads(pickle.dumps(seq))[0]], scenes[1][:1])  # a copy in this process finds them again
         # Worker processes get them with their first message (not with the pickled source): the batches come.
         with kerasfeed.to_loader(seq, executor="processes", workers=2) as loader:
@@ -332,6 +375,7 @@ def test_gcs_missing_objects_refused_access_throttling_and_a_new_generation(scen
 _FORK_BESIDE_A_HELD_COLLECTOR = """
 import gc, os, threading
 from kerasfeed.remote.h5file import collector_held
+from kerasfeed.remote.urls import split_options
 
 inside, leave = threading.Event(), threading.Event()
 

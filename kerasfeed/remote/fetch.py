@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Optional
 from kerasfeed.errors import FileChangedError
 from kerasfeed.remote.options import RemoteOptions
 from kerasfeed.remote.urls import Credentials, folder_message, protocol, redact, redact_text
-from kerasfeed.remote.versions import ObjectStat, answer_changed, http_precondition, total_size
+from kerasfeed.remote.versions import ObjectStat, answer_changed, http_precondition, range_moved, total_size
 
 _timeout = getattr(asyncio, "timeout", None)  # Python >= 3.11
 logger = logging.getLogger("kerasfeed")
@@ -267,11 +267,14 @@ class Store:
         async with await self._http_get({"Range": "bytes=0-0"}) as r:
             self._http_status(r, {})
             if r.status == 206:
-                size = int(r.headers.get("Content-Range", "/-1").rpartition("/")[2])
+                found = total_size(r.headers.get("Content-Range"))
             else:
-                size = int(r.headers.get("Content-Length", -1))
-            if size < 0:
-                raise OSError(f"the server gave no size (no Content-Range or Content-Length; status {r.status})")
+                length = r.headers.get("Content-Length", "")
+                found = int(length) if length.isdigit() else None
+            if found is None:
+                raise OSError(f"the server gave no size (Content-Range {r.headers.get('Content-Range')!r}, "
+                              f"Content-Length {r.headers.get('Content-Length')!r}; status {r.status})")
+            size = found
             stat = ObjectStat(size, etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"))
         if not (stat.etag or stat.last_modified) and not self._warned:
             self._warned = True  # once per object and process: at creation, or a later identity check
@@ -295,6 +298,9 @@ class Store:
                 changed = answer_changed(pin, resp.get("ETag"), None, total_size(resp.get("ContentRange")))
                 if changed:
                     raise _Fail("changed", changed)
+                moved = range_moved(resp.get("ContentRange"), start, end)
+                if moved:
+                    raise _Fail("retry", moved)
                 data = await resp["Body"].read()
             finally:
                 resp["Body"].close()
@@ -314,6 +320,9 @@ class Store:
                 changed = answer_changed(pin, h.get("ETag"), h.get("Last-Modified"), total)
                 if changed:  # a server that ignores the precondition
                     raise _Fail("changed", changed)
+                moved = range_moved(h.get("Content-Range"), start, end) if r.status == 206 else None
+                if moved:  # the right length of another part: decoded, it would be another chunk's bytes
+                    raise _Fail("retry", moved)
                 data = await r.read()
                 if r.status == 200 and len(data) == pin.size:  # the server ignored Range
                     self._whole_object(end - start, pin.size)

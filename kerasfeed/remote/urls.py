@@ -96,13 +96,22 @@ def _is_secret(name: Any, value: Any) -> bool:
     low = str(name).lower()
     if low == "headers":  # any header may be a credential, under a name of the server's own (X-JFrog-Art-Api)
         return True
-    if low == "endpoint_url":  # public, unless it carries a user and password
-        return isinstance(value, str) and "@" in urlsplit(value).netloc
+    if isinstance(value, str) and "://" in value and "@" in _netloc(value):
+        return True  # a URL with a user and password, whatever its name: endpoint_url, proxy, proxies.https
+    if low == "endpoint_url":
+        return False
     if low in _PUBLIC_NAMES:
         return False
     if low == "token" and isinstance(value, str) and value in _PUBLIC_TOKENS:
         return False
     return low in _SECRET_NAMES or any(word in low for word in _SECRET_WORDS)
+
+
+def _netloc(url: str) -> str:
+    try:
+        return urlsplit(url).netloc
+    except ValueError:
+        return url  # unparsable: judged by its text
 
 
 def split_options(options: Mapping, where: str = "") -> tuple:

@@ -63,6 +63,17 @@ def total_size(content_range: Optional[str]) -> Optional[int]:
     return int(total) if total.isdigit() else None
 
 
+def range_moved(content_range: Optional[str], start: int, end: int) -> Optional[str]:
+    """Why an answer's ``Content-Range`` (``bytes a-b/size``) is not the range ``[start, end)`` asked
+    for (a proxy or CDN serving another part of the right length); None if it is, or says nothing."""
+    first, _, last = (content_range or "").removeprefix("bytes ").partition("/")[0].partition("-")
+    if not (first.strip().isdigit() and last.strip().isdigit()):
+        return None
+    if (int(first), int(last) + 1) != (start, end):
+        return f"the answer holds another part (Content-Range: bytes {int(first)}-{int(last)}; asked: bytes={start}-{end - 1})"
+    return None
+
+
 def answer_changed(pin: ObjectStat, etag: Optional[str], last_modified: Optional[str],
                    total: Optional[int]) -> Optional[str]:
     """Why an answer (its ETag, Last-Modified and the object size it states) is not of ``pin``; None if it is."""
