@@ -70,7 +70,8 @@ def range_moved(content_range: Optional[str], start: int, end: int) -> Optional[
     if not (first.strip().isdigit() and last.strip().isdigit()):
         return None
     if (int(first), int(last) + 1) != (start, end):
-        return f"the answer holds another part (Content-Range: bytes {int(first)}-{int(last)}; asked: bytes={start}-{end - 1})"
+        return (f"the answer holds another part (Content-Range: bytes {int(first)}-{int(last)}; "
+                f"asked: bytes={start}-{end - 1})")
     return None
 
 
