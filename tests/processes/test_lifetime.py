@@ -173,6 +173,38 @@ time.sleep(30)
 """
 
 
+_SLOW_SITE = """
+import os, time
+if os.environ.get("KERASFEED_LIGHT_WORKER"):  # a worker's interpreter, still importing `site`
+    open(os.path.join(os.path.dirname(__file__), f"started-{os.getpid()}"), "w").close()
+    time.sleep(1.5)
+"""
+
+
+def test_a_ctrl_c_while_a_worker_s_interpreter_starts_does_not_end_it(tmp_path, monkeypatch):
+    """A Ctrl-C to the process group reaches the workers too; before ``main`` ignores it, one that was still
+    starting died ("Fatal Python error: init_import_site", or the pool's WorkerError: exited before it was
+    ready). Workers are born with SIGINT blocked."""
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+
+    def interrupt():
+        assert wait_until(lambda: any(p.name.startswith("started-") for p in tmp_path.iterdir()), timeout=30)
+        for p in tmp_path.glob("started-*"):
+            os.kill(int(p.name.split("-")[1]), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    with ProcessExecutor(Kit(), workers=1) as ex:
+        t.join()
+        assert ex.load(2, 0)[0][0, 0] == 2
+        pid = ex.pids[0]
+        with open(f"/proc/{pid}/status") as f:  # after start-up: ignored, no longer blocked
+            masks = dict(line.split(":\t") for line in f.read().splitlines() if line.startswith("Sig"))
+        bit = 1 << (signal.SIGINT - 1)
+        assert int(masks["SigIgn"], 16) & bit and not int(masks["SigBlk"], 16) & bit, masks
+
+
 def test_the_first_loader_is_freed_by_del(tmp_path):
     # The first `import keras` (under TensorFlow) kept the frames on the stack then in a reference
     # cycle: made inside to_loader's make(), it held the first loader and its workers until the cyclic GC.

@@ -113,6 +113,17 @@ def _launcher_loop(jobs: "queue.SimpleQueue") -> None:
         del fn, box, done
 
 
+def _without_sigint(fn: Callable[[], Any]) -> Any:
+    """``fn`` (a launch) with SIGINT blocked on this thread: the worker is born with it blocked, so a
+    Ctrl-C sent to the process group while its interpreter starts (before ``main`` ignores it) does
+    not end it with "Fatal Python error: init_import_site". Here, a Ctrl-C meanwhile waits until after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return fn()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _from_a_lasting_thread(fn: Callable[[], Any]) -> Any:
     """Runs ``fn`` (a process launch) on a thread that lives as long as the process: a worker
     started from a short-lived thread (tf.data's, a user's) would get the parent-death signal
@@ -179,13 +190,13 @@ class WorkerProcess:
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         try:
             proc = _from_a_lasting_thread(
-                lambda: subprocess.Popen(
+                lambda: _without_sigint(lambda: subprocess.Popen(
                     [sys.executable, "-c", _BOOT, str(child_sock.fileno()), str(crash_w), str(os.getpid())],
                     pass_fds=(child_sock.fileno(), crash_w),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     close_fds=True,
-                )
+                ))
             )
         except BaseException:
             parent_sock.close()

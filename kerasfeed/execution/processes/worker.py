@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C reaches the whole process group (terminal, Jupyter); the parent
     # decides what stops, so a worker never dies half-way through an item.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked from launch (process._without_sigint)
     # A native crash dumps the Python stacks into a pipe the parent reads to
     # explain the death; non-blocking so a full pipe cannot hang a dying worker.
     os.set_blocking(crash_fd, False)
