@@ -230,6 +230,24 @@ def test_time_windows(tmp_path):
         kerasfeed.H5WindowSequence(paths, "signal", batch_size=2, window=4, stride=0)
 
 
+def test_windows_far_apart_read_their_rows_not_the_rows_between(tmp_path, monkeypatch):
+    """A batch of consecutive windows was one slice from its first window to its last: stride 1e5 and
+    window 4 read 22,000 times the rows it kept."""
+    data = np.arange(200_000, dtype="f4")
+    with h5py.File(tmp_path / "long.h5", "w") as f:
+        f.create_dataset("x", data=data, chunks=(10_000,))
+    read = []
+    real = kerasfeed.H5WindowSequence._read_rows
+    monkeypatch.setattr(kerasfeed.H5WindowSequence, "_read_rows",
+                        lambda self, f, key, a, b: read.append(b - a) or real(self, f, key, a, b))
+    for stride, most in ((20_000, 8 * 4), (3, 7 * 3 + 4)):  # apart: a run each; overlapping or close: one slice
+        seq = kerasfeed.H5WindowSequence(tmp_path / "long.h5", "x", 8, window=4, stride=stride)
+        read.clear()
+        batch = seq[0]
+        assert np.array_equal(batch, np.stack([data[s:s + 4] for _, s in seq.window_starts(0)]))
+        assert sum(read) == most, (stride, read)
+
+
 def test_windows_of_a_compound_with_a_string_field(tmp_path):
     """h5py tags the string field's dtype with metadata, which numpy's strided windows cannot rebuild."""
     dt = np.dtype([("a", "<i4"), ("c", "S3")])
@@ -513,6 +531,53 @@ def test_links_without_targets_and_virtual_datasets_without_sources_are_named(tm
     with pytest.raises(ValueError, match=r"dataset 'x' in file '.*virtual.h5' is virtual and its source file "
                                          r"'source.h5' is not there"):
         kerasfeed.H5SliceSequence(virtual, "x", 3)
+    # The source file there, its dataset not (a typo): fill values too, read without a word.
+    with h5py.File(source, "w") as f:
+        f["data"] = np.arange(3, dtype="float32")
+    half = h5py.VirtualLayout(shape=(6,), dtype="float32")
+    half[0:3] = h5py.VirtualSource("source.h5", "data", shape=(3,))
+    half[3:6] = h5py.VirtualSource("source.h5", "typo", shape=(3,))
+    with h5py.File(virtual, "w", libver="latest") as f:
+        f.create_virtual_dataset("x", half, fillvalue=-1)
+    with pytest.raises(ValueError, match=r"is virtual and its source dataset 'typo' in file 'source.h5' is not there"):
+        kerasfeed.H5SliceSequence(virtual, "x", 3)
+
+
+def test_enums_coded_differently_in_two_files_and_a_path_that_is_a_pipe_are_refused(tmp_path):
+    """numpy's dtype equality leaves h5py's enum metadata out: "dog" coded 1 in one file and 0 in the other
+    was mixed silently. A named pipe blocked h5py's open for ever."""
+    codes = ({"cat": 0, "dog": 1}, {"dog": 0, "cat": 1})
+    for k, mapping in enumerate(codes):
+        with h5py.File(tmp_path / f"e{k}.h5", "w") as f:
+            f.create_dataset("label", data=np.zeros(2, "i1"), dtype=h5py.enum_dtype(mapping, basetype="i1"))
+    with pytest.raises(ValueError, match=r"dataset 'label' differs between files: .*e0.h5' has rows of shape \(\) and "
+                                         r"dtype int8 and enum \{'cat': 0, 'dog': 1\}, but .*e1.h5' has .* and enum "
+                                         r"\{'cat': 1, 'dog': 0\}"):
+        kerasfeed.H5SliceSequence([tmp_path / "e0.h5", tmp_path / "e1.h5"], "label", 4)
+    assert kerasfeed.H5SliceSequence([tmp_path / "e0.h5"] * 2, "label", 4)[0].tolist() == [0, 0, 0, 0]
+    os.mkfifo(tmp_path / "pipe.h5")
+    with pytest.raises(OSError, match=r"expected an HDF5 file but got a path that is not a regular file \(a pipe, "
+                                      r"device\). Received: path='.*pipe.h5'"):
+        kerasfeed.H5SliceSequence(tmp_path / "pipe.h5", "x", 2)
+
+
+def test_running_out_of_file_descriptors_is_named_as_such(tmp_path):
+    """Each file read stays open: past RLIMIT_NOFILE the open failed, and so did h5py.is_hdf5, so the
+    error said "is not an HDF5 file (no HDF5 signature)"."""
+    for j in range(40):
+        with h5py.File(tmp_path / f"m{j}.h5", "w") as f:
+            f["x"] = np.full(1, j, "i4")
+    code = (
+        "import resource, sys, kerasfeed\n"
+        "seq = kerasfeed.H5SliceSequence([f'{sys.argv[1]}/m{j}.h5' for j in range(40)], 'x', 1)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "try:\n    [seq[i] for i in range(40)]\nexcept OSError as e:\n    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, KERAS_BACKEND="numpy"))
+    assert "no file descriptor left (RLIMIT_NOFILE 30; each file read stays open until close())" in out.stdout, (
+        out.stdout + out.stderr[-2000:])
+    assert "no HDF5 signature" not in out.stdout
 
 
 def test_a_null_dataspace_key_is_named_as_such_and_a_long_key_list_stays_short_in_repr(tmp_path):
@@ -734,6 +799,21 @@ _WRITER = textwrap.dedent(
     sys.stdin.readline(); f.close()
     """
 )
+
+
+def test_swmr_keys_a_writer_appends_one_after_the_other_take_the_rows_all_have(tmp_path):
+    """A writer appending to 'x' then 'y' is seen between the two (x one row ahead): building a sequence
+    then was refused ("different lengths") in about 1 of 20 builds. Under swmr the rows every key has are
+    the snapshot."""
+    path = tmp_path / "between.h5"
+    with h5py.File(path, "w", libver="latest") as f:
+        f.create_dataset("x", data=np.arange(10, dtype="f4"), maxshape=(None,), chunks=(4,))
+        f.create_dataset("y", data=np.arange(9), maxshape=(None,), chunks=(4,))
+    seq = kerasfeed.H5SliceSequence(path, ("x", "y"), 3, swmr=True)
+    assert seq.file_lengths == (9,) and [y.tolist() for _, y in (seq[i] for i in range(3))] == [[0, 1, 2], [3, 4, 5],
+                                                                                                 [6, 7, 8]]
+    with pytest.raises(ValueError, match=r"different lengths along axis 0.*Received: 'x': 10, 'y': 9"):
+        kerasfeed.H5SliceSequence(path, ("x", "y"), 3)
 
 
 def test_swmr_reads_while_a_writer_appends(tmp_path):

@@ -29,7 +29,8 @@ Files that grow while training (SWMR):
   process appends to, the writer must use HDF5's single-writer/multiple-reader mode
   (``h5py.File(..., "a", libver="latest")``, then ``f.swmr_mode = True``, and ``flush()`` after
   appending) and the reader must pass ``swmr=True`` (files opened with ``swmr=True``): the snapshot's
-  rows then read correctly while the writer appends. Without SWMR, HDF5 guarantees nothing: opening
+  rows then read correctly while the writer appends (with several keys, the rows every key has: a
+  writer appending to one after the other is seen a row apart). Without SWMR, HDF5 guarantees nothing: opening
   fails while a writer holds the file ("file is already open for write" or "unable to lock file"), and
   a file changed under an open reader may read inconsistent metadata. To train on the new rows, build a
   new sequence (cheap: it only reads shapes), e.g. once per epoch; in one process both share handles,

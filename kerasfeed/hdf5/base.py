@@ -278,10 +278,10 @@ class H5Base(SceneSequence):
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f"{cls}: HDF5 file not found. Received: path='{path}'") from None
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(
-                f"{cls}: expected an HDF5 file but got a directory. Received: path='{path}'"
-            )
+        if not stat.S_ISREG(st.st_mode):  # a pipe or a device: h5py's open would wait on it for ever
+            got = "a directory" if stat.S_ISDIR(st.st_mode) else "a path that is not a regular file (a pipe, device)"
+            raise (IsADirectoryError if stat.S_ISDIR(st.st_mode) else OSError)(
+                f"{cls}: expected an HDF5 file but got {got}. Received: path='{path}'")
         kwargs = repr(sorted(self._open_kwargs.items()))
         return (os.path.realpath(path), st.st_dev, st.st_ino, self.swmr, kwargs)
 

@@ -3,6 +3,7 @@ and URLs alike)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Optional
 
@@ -44,7 +45,7 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
         missing = _missing_sources(path, ds)
         if missing:
             raise ValueError(
-                f"{cls}: dataset '{key}' in file '{path}' is virtual and its source file {missing[0]!r} is not "
+                f"{cls}: dataset '{key}' in file '{path}' is virtual and its source {missing[0]} is not "
                 f"there: HDF5 would read its fill value in place of those rows. Received: sources missing={missing}"
             )
         if ds.ndim == 0:
@@ -54,18 +55,24 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
                 f"one axis. Received: shape={ds.shape}"
             )
         shapes[key] = ds.shape
+        # An enum's names and codes too: numpy's dtype equality leaves out h5py's metadata, so files coding
+        # "dog" as 0 and as 1 were mixed.
         spec = (tuple(ds.shape[1:]), ds.dtype)
         if key not in specs:
             specs[key], first_file[key] = spec, path
-        elif specs[key] != spec:
+        elif specs[key] != spec or _enum(specs[key][1]) != _enum(ds.dtype):
+            was, enum = _enum(specs[key][1]), _enum(ds.dtype)
+            codes = (f" and enum {was}", f" and enum {enum}") if was != enum else ("", "")
             raise ValueError(
                 f"{cls}: dataset '{key}' differs between files: '{first_file[key]}' has rows "
-                f"of shape {specs[key][0]} and dtype {specs[key][1]}, but '{path}' has "
-                f"rows of shape {spec[0]} and dtype {spec[1]}."
+                f"of shape {specs[key][0]} and dtype {specs[key][1]}{codes[0]}, but '{path}' has "
+                f"rows of shape {spec[0]} and dtype {spec[1]}{codes[1]}."
             )
         if not chunk_rows and ds.shape[0]:  # an empty file's chunks (h5py's guess for a placeholder) say nothing
             chunk_rows.append(ds.chunks[0] if ds.chunks else None)
     lens = {key: s[0] for key, s in shapes.items()}
+    if seq.swmr:  # keys a writer appends to one after the other are seen a row apart: the rows all have
+        return min(lens.values())
     if len(set(lens.values())) > 1:
         detail = ", ".join(f"'{k}': {n}" for k, n in lens.items())
         raise ValueError(
@@ -93,6 +100,14 @@ def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
     except PermissionError as e:  # h5py.is_hdf5 below could not read it either: not "no HDF5 signature"
         raise PermissionError(e.errno, f"{owner}: file '{path}' cannot be read (permission denied): {e}") from e
     except Exception as e:
+        if getattr(e, "errno", None) in (errno.EMFILE, errno.ENFILE):  # is_hdf5 would fail for the same reason
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise OSError(e.errno, (
+                f"{owner}: file '{path}' could not be opened: no file descriptor left (RLIMIT_NOFILE {limit}; each "
+                f"file read stays open until close()). Raise it (`ulimit -n`, resource.setrlimit(resource."
+                f"RLIMIT_NOFILE, ...)), or read fewer files per process: {e}")) from e
         try:
             is_hdf5 = h5py.is_hdf5(path)
         except Exception:  # noqa: BLE001 - only refines the message of the error raised below
@@ -116,9 +131,30 @@ def _missing_sources(path: str, ds) -> list:
     if not getattr(ds, "is_virtual", False) or not os.path.isfile(path):
         return []
     here = os.path.dirname(os.path.abspath(path))
-    names = {m.file_name for m in ds.virtual_sources()} - {"."}
     prefix = os.environ.get("HDF5_VDS_PREFIX", "")
-    return sorted(n for n in names if not any(os.path.exists(os.path.join(d, n)) for d in ("", here, prefix)))
+    missing = set()
+    for name, dset in {(m.file_name, m.dset_name) for m in ds.virtual_sources()}:
+        found = path if name == "." else next(
+            (os.path.join(d, name) for d in ("", here, prefix) if os.path.exists(os.path.join(d, name))), None)
+        if found is None:
+            missing.add(f"file {name!r}")
+        elif not _has_dataset(found, dset):
+            missing.add(f"dataset {dset!r} in file {name!r}")
+    return sorted(missing)
+
+
+def _enum(dtype) -> Optional[dict]:
+    return (dtype.metadata or {}).get("enum")
+
+
+def _has_dataset(path: str, dset: str) -> bool:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return hasattr(f.get(dset), "shape")
+    except Exception:  # noqa: BLE001 - unreadable: HDF5 reads fill values for it too
+        return False
 
 
 def _dangling(f, key: str) -> Optional[str]:

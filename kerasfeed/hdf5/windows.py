@@ -23,7 +23,8 @@ class H5WindowSequence(H5Base):
     ``0, stride, 2 * stride, ...`` in each file; windows never cross a file boundary (each file is one
     recording), and a file shorter than ``window`` contributes none. All keys are windowed the same way:
     a batch of a key shaped ``(T, *f)`` is ``(batch_size, window, *f)``. A batch of consecutive windows
-    is read as one contiguous slice and cut in memory. To derive per-window targets (the next value, the
+    is read as one contiguous slice and cut in memory (windows over twice their length apart: one read
+    each, not the rows between them). To derive per-window targets (the next value, the
     last label), use ``transform``.
 
     ``shuffle=True`` permutes the batch order per epoch (seeded by ``(seed, epoch)``); samples within a
@@ -103,15 +104,21 @@ class H5WindowSequence(H5Base):
                 spans.append((f, s, f_stop, first, last + self.window))
             s = f_stop
             f += 1
+        # Windows far apart (stride > 2 * window) are read one run each: the span between them would read
+        # up to stride / window times the rows kept (stride 1e5: 22,000 times).
+        apart = self.stride > 2 * self.window
+        step = self.window if apart else self.stride  # between window starts in the rows read
+        parts = [(f, [(a + j * self.stride, a + j * self.stride + self.window) for j in range(w1 - w0)] if apart
+                  else [(a, b)]) for f, w0, w1, a, b in spans]
         out = {}
-        for key, reads in self._read_keys([(f, [(a, b)]) for f, _, _, a, b in spans]).items():
+        for key, reads in self._read_keys(parts).items():
             trailing, dtype = self._specs[key]
             arr = np.empty((s1 - s0, self.window, *trailing), dtype=dtype)
             for (f, w0, w1, _, _), rows in zip(spans, reads):
-                # Row k of window j is rows[j * stride + k], gathered straight into the batch. Not a
+                # Row k of window j is rows[j * step + k], gathered straight into the batch. Not a
                 # sliding_window_view: its as_strided cannot rebuild a dtype carrying h5py's metadata
                 # (a compound with a fixed-length string field).
-                picks = np.arange(w1 - w0)[:, None] * self.stride + np.arange(self.window)
+                picks = np.arange(w1 - w0)[:, None] * step + np.arange(self.window)
                 np.take(rows, picks, axis=0, out=arr[w0 - s0 : w1 - s0], mode="clip")  # in range: unbuffered
             out[key] = arr
         return self._finish(i, out)
