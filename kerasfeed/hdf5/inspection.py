@@ -60,9 +60,9 @@ def check_file(seq, path: str, f, dataset, specs: dict, first_file: dict, chunk_
         spec = (tuple(ds.shape[1:]), ds.dtype)
         if key not in specs:
             specs[key], first_file[key] = spec, path
-        elif specs[key] != spec or _enum(specs[key][1]) != _enum(ds.dtype):
-            was, enum = _enum(specs[key][1]), _enum(ds.dtype)
-            codes = (f" and enum {was}", f" and enum {enum}") if was != enum else ("", "")
+        elif specs[key] != spec or _enum(specs[key][1]) != _enum(spec[1]):
+            enums = (_enum(specs[key][1]), _enum(spec[1]))
+            codes = [f" and enum {e}" if enums[0] != enums[1] else "" for e in enums]
             raise ValueError(
                 f"{cls}: dataset '{key}' differs between files: '{first_file[key]}' has rows "
                 f"of shape {specs[key][0]} and dtype {specs[key][1]}{codes[0]}, but '{path}' has "
@@ -135,7 +135,7 @@ def _missing_sources(path: str, ds) -> list:
     missing = set()
     for name, dset in {(m.file_name, m.dset_name) for m in ds.virtual_sources()}:
         found = path if name == "." else next(
-            (os.path.join(d, name) for d in ("", here, prefix) if os.path.exists(os.path.join(d, name))), None)
+            (p for p in (os.path.join(d, name) for d in ("", here, prefix)) if os.path.exists(p)), None)
         if found is None:
             missing.add(f"file {name!r}")
         elif not _has_dataset(found, dset):

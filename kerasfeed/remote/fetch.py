@@ -267,14 +267,13 @@ class Store:
         async with await self._http_get({"Range": "bytes=0-0"}) as r:
             self._http_status(r, {})
             if r.status == 206:
-                found = total_size(r.headers.get("Content-Range"))
+                size = total_size(r.headers.get("Content-Range"))
             else:
                 length = r.headers.get("Content-Length", "")
-                found = int(length) if length.isdigit() else None
-            if found is None:
+                size = int(length) if length.isdigit() else None
+            if size is None:
                 raise OSError(f"the server gave no size (Content-Range {r.headers.get('Content-Range')!r}, "
                               f"Content-Length {r.headers.get('Content-Length')!r}; status {r.status})")
-            size = found
             stat = ObjectStat(size, etag=r.headers.get("ETag"), last_modified=r.headers.get("Last-Modified"))
         if not (stat.etag or stat.last_modified) and not self._warned:
             self._warned = True  # once per object and process: at creation, or a later identity check

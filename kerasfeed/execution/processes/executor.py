@@ -217,10 +217,9 @@ class ProcessExecutor(Executor):
 
     def fresh_if_failed(self) -> None:
         """A pass (planned, or of streams: ``streams/shards.py``) begins on a new pool if a worker's death
-        failed this one (not parked yet). That death
-        came while it made the pass's first items ahead, none loaded yet (or it failed the last pass, whose
-        pool parks soon anyway): met again at its own item, the skip budget can leave that item out. It
-        failed the new pass as it began, outside any budget."""
+        failed this one (not parked yet). That death came while it made the pass's first items ahead, none
+        loaded yet (or it failed the last pass, whose pool parks soon anyway): met again at its own item,
+        the skip budget can leave that item out. It failed the new pass as it began, outside any budget."""
         d = self._dispatcher
         if d.failure is None or d.parked:
             return

@@ -96,17 +96,19 @@ class StreamSessions:
             st = lane.stream
             if st is None or not st.cancelled or st.ended or st.cancelled_at is None or lane.death is not None:
                 continue
-            deadline = lane.process.deadline(st.cancelled_at, owner.options.timeout)
+            timeout = owner.options.timeout
+            deadline = lane.process.deadline(st.cancelled_at, timeout)
             if deadline is not None and time.monotonic() > deadline:
-                proc = lane.process
-                owner.record_failure(WorkerError(
-                    f"kerasfeed: worker {proc.id} (pid {proc.pid}) still made an item of {st.name}, stopped "
-                    f"earlier, {owner.options.timeout} s later (timeout={owner.options.timeout} s); the worker "
-                    f"was stopped.\n{NO_RESTART}",
-                    worker_id=proc.id,
-                    pid=proc.pid,
-                ))
-                proc.kill()
+                self._stop_worker(lane.process, f"still made an item of {st.name}, stopped earlier, {timeout} s "
+                                                f"later (timeout={timeout} s)")
+
+    def _stop_worker(self, proc: Any, what: str) -> WorkerError:
+        """Kills ``proc`` for ``what`` it did; returns the ``WorkerError`` the pool now fails with."""
+        err = WorkerError(f"kerasfeed: worker {proc.id} (pid {proc.pid}) {what}; the worker was stopped.\n{NO_RESTART}",
+                          worker_id=proc.id, pid=proc.pid)
+        self._owner.record_failure(err)
+        proc.kill()
+        return err
 
     def on_message(self, lane: Any, msg: Any, fds: list[int]) -> None:
         """A stream message from ``lane``'s worker (its reader thread)."""
@@ -170,15 +172,7 @@ class StreamSessions:
                 started = st.started_at
                 deadline = None if started is None else proc.deadline(max(since, started), timeout)
                 if deadline is not None and time.monotonic() > deadline:
-                    err = WorkerError(
-                        f"kerasfeed: worker {proc.id} (pid {proc.pid}) produced no item of {st.name} within "
-                        f"timeout={timeout} s; the worker was stopped.\n{NO_RESTART}",
-                        worker_id=proc.id,
-                        pid=proc.pid,
-                    )
-                    owner.record_failure(err)
-                    proc.kill()
-                    raise err from None
+                    raise self._stop_worker(proc, f"produced no item of {st.name} within timeout={timeout} s") from None
         if isinstance(msg, protocol.StreamItem):
             t1 = time.thread_time()
             try:
