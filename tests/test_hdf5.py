@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import cloudpickle
@@ -561,23 +562,71 @@ def test_enums_coded_differently_in_two_files_and_a_path_that_is_a_pipe_are_refu
         kerasfeed.H5SliceSequence(tmp_path / "pipe.h5", "x", 2)
 
 
-def test_running_out_of_file_descriptors_is_named_as_such(tmp_path):
-    """Each file read stays open: past RLIMIT_NOFILE the open failed, and so did h5py.is_hdf5, so the
-    error said "is not an HDF5 file (no HDF5 signature)"."""
-    for j in range(40):
+def test_many_files_stay_within_the_descriptor_limit_and_running_out_is_named_as_such(tmp_path):
+    """Each file read stayed open until close(): a sequence of one file per scene failed past RLIMIT_NOFILE
+    (1024 on many machines), in every worker. It now keeps max_open_files open (a quarter of the limit by
+    default) and closes the least recently read one. Past the limit itself the open failed, and so did
+    h5py.is_hdf5, so the error said "is not an HDF5 file (no HDF5 signature)"."""
+    for j in range(60):
         with h5py.File(tmp_path / f"m{j}.h5", "w") as f:
             f["x"] = np.full(1, j, "i4")
     code = (
         "import resource, sys, kerasfeed\n"
-        "seq = kerasfeed.H5SliceSequence([f'{sys.argv[1]}/m{j}.h5' for j in range(40)], 'x', 1)\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
-        "try:\n    [seq[i] for i in range(40)]\nexcept OSError as e:\n    print(type(e).__name__, e)\n"
+        "from kerasfeed.hdf5.handles import REGISTRY\n"
+        "paths = [f'{sys.argv[1]}/m{j}.h5' for j in range(60)]\n"
+        "seq = kerasfeed.H5SliceSequence(paths, 'x', 1)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "print('read', [int(seq[i][0]) for i in range(60)] == list(range(60)), REGISTRY.open_count())\n"
+        "seq.close()\n"
+        "seq = kerasfeed.H5SliceSequence(paths, 'x', 1, max_open_files=100)\n"
+        "try:\n    [seq[i] for i in range(60)]\nexcept OSError as e:\n    print(type(e).__name__, e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, KERAS_BACKEND="numpy"))
-    assert "no file descriptor left (RLIMIT_NOFILE 30; each file read stays open until close())" in out.stdout, (
-        out.stdout + out.stderr[-2000:])
-    assert "no HDF5 signature" not in out.stdout
+    assert "read True 16\n" in out.stdout, out.stdout + out.stderr[-2000:]  # 16: max(16, 40 // 4)
+    assert "no file descriptor left (RLIMIT_NOFILE 40; a sequence keeps up to max_open_files= files open" in (
+        out.stdout), out.stdout + out.stderr[-2000:]
+    assert "Pass a smaller max_open_files=" in out.stdout and "no HDF5 signature" not in out.stdout
+
+
+def test_files_closed_past_max_open_files_reopen_with_the_same_rows_and_never_under_a_read(tmp_path):
+    """Eight threads read 30 files at random through a sequence that may keep 3 open: a file closed while
+    another thread read it would raise or read garbage."""
+    paths = []
+    for j in range(30):
+        paths.append(str(tmp_path / f"m{j}.h5"))
+        with h5py.File(paths[-1], "w") as f:
+            f["x"] = np.full((4, 64), j, "i4")
+    seq = kerasfeed.H5SliceSequence(paths, "x", 2, max_open_files=3)
+    wrong, failed = [], []
+
+    def read(k):
+        rng = np.random.default_rng(k)
+        for i in rng.integers(0, len(seq), 200):
+            try:
+                if not (seq[int(i)] == i // 2).all():
+                    wrong.append(int(i))
+            except Exception as e:  # noqa: BLE001 - counted and shown
+                failed.append(repr(e))
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not wrong and not failed[:3] and seq._h5.open_files() <= 3
+    with kerasfeed.H5RowSequence(paths, "x", 4, order=kerasfeed.IndexOrder(120, shuffle=True, seed=0),
+                                 max_open_files=2) as rows:
+        got = np.concatenate([rows[i] for i in range(len(rows))])
+        assert sorted(got[:, 0].tolist()) == sorted(np.repeat(np.arange(30), 4).tolist())
+        assert rows._h5.open_files() <= 2
+    # A file closed past the bound and replaced since reads as a replaced file: refused, never the new rows.
+    [seq[i] for i in (20, 40, 58)]  # three other files: file 0 is closed now
+    with h5py.File(tmp_path / "new.h5", "w") as f:
+        f["x"] = np.full((4, 64), 99, "i4")
+    os.replace(tmp_path / "new.h5", paths[0])
+    with pytest.raises(kerasfeed.FileChangedError, match="was replaced after the sequence was built"):
+        seq[0]
+    with pytest.raises(ValueError, match="max_open_files"):
+        kerasfeed.H5SliceSequence(paths, "x", 2, max_open_files=0)
 
 
 def test_a_null_dataspace_key_is_named_as_such_and_a_long_key_list_stays_short_in_repr(tmp_path):

@@ -19,7 +19,9 @@ How files are opened (why it matters: docs/field_notes.md, *h5py lock*):
   constructor opens each file briefly to check keys and shapes, and closes it. Within a process,
   sequences reading the same file share one handle per file and dataset (``handles.FileRegistry``
   says why); ``close()``, a ``with`` block or garbage collection releases it, the file closes when no
-  sequence of the process uses it, and a later read reopens it. As h5py's lock serialises threads,
+  sequence of the process uses it, and a later read reopens it. A sequence keeps at most ``max_open_files``
+  files open (a quarter of ``RLIMIT_NOFILE`` by default) and closes the least recently read past it
+  (``held.py``). As h5py's lock serialises threads,
   parallel reads come from worker processes (``to_dataset(seq, executor="processes")`` or
   ``model.fit`` with ``use_multiprocessing=True``), not threads.
 

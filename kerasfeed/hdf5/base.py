@@ -9,7 +9,6 @@ import bisect
 import collections
 import os
 import stat
-import threading
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
@@ -17,6 +16,7 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError, short_repr
 from kerasfeed.hdf5.handles import REGISTRY, check_not_written, written_stamp
+from kerasfeed.hdf5.held import HeldFiles
 from kerasfeed.hdf5.inspection import check_file, open_local
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
 from kerasfeed.hdf5.options import H5Keywords, H5Options
@@ -72,6 +72,7 @@ class H5Base(SceneSequence):
         self.transform = opts.transform
         self._open_kwargs = dict(opts.open_kwargs or {})
         self._remote = self._remote_files(opts, cls)  # file index -> RemoteFile (filled by _inspect)
+        self._max_open_files = opts.max_open_files  # not public: no part of a kept cache's key
         self._reset_handles()
         # lengths[f] = rows of file f; specs[key] = (trailing shape, dtype);
         # stamps[f] = (st_dev, st_ino) of the file inspected at that path; written[f] = its (size, mtime_ns).
@@ -159,10 +160,8 @@ class H5Base(SceneSequence):
             return  # state inherited through fork belongs to the parent
         for rf in getattr(self, "_remote", {}).values():
             rf.close()
-        with self._h5_lock:
-            held, self._h5_held, self._h5_datasets = self._h5_held, {}, {}
-            self._window_cache = {}
-        for ident in held.values():
+        self._window_cache = {}
+        for ident in self._h5.release_all():
             REGISTRY.release(ident)
 
     def __enter__(self):
@@ -179,7 +178,7 @@ class H5Base(SceneSequence):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_h5_held", "_h5_datasets", "_h5_lock", "_h5_pid", "_window_cache"):
+        for name in ("_h5", "_h5_pid", "_window_cache"):
             state.pop(name, None)
         return state
 
@@ -258,9 +257,7 @@ class H5Base(SceneSequence):
     # ---- handles -----------------------------------------------------------
 
     def _reset_handles(self) -> None:
-        self._h5_held = {}  # file index -> registry identity
-        self._h5_datasets = {}  # (file index, key) -> h5py.Dataset
-        self._h5_lock = threading.Lock()
+        self._h5 = HeldFiles(getattr(self, "_max_open_files", None))  # held.py's NOTE
         self._h5_pid = os.getpid()
         self._window_cache = {}
 
@@ -322,17 +319,10 @@ class H5Base(SceneSequence):
             return self._hold(file_index)
         return ident
 
-    def _dataset(self, file_index: int, key: str):
+    def _begin_read(self, file_index: int, key: str):
+        """The dataset ``key`` of a local file, kept open until ``self._h5.end(file_index)``."""
         self._check_process()
-        ds = self._h5_datasets.get((file_index, key))
-        if ds is not None:
-            return ds
-        with self._h5_lock:
-            ident = self._h5_held.get(file_index)
-            if ident is None:
-                ident = self._h5_held[file_index] = self._hold(file_index)
-            ds = self._h5_datasets[(file_index, key)] = REGISTRY.dataset(ident, key)
-            return ds
+        return self._h5.begin(file_index, key, self._hold)
 
     def _open(self, path: str):
         return open_local(path, self.swmr, self._open_kwargs, type(self).__name__)
@@ -367,22 +357,30 @@ class H5Base(SceneSequence):
         if file_index in self._remote:
             return self._read_many([(file_index, key, [(start, stop)])])[0]
         try:
-            ds = self._dataset(file_index, key)
+            ds = self._begin_read(file_index, key)
+        except (FileNotFoundError, IsADirectoryError, FileChangedError):
+            raise
+        except Exception as e:
+            raise self._read_failed(file_index, key, f"rows {start}:{stop}", e) from e
+        try:
             if self.swmr and stop > ds.shape[0]:
                 ds.refresh()  # rows appended since this process last looked
             # Plain slicing takes h5py's fast path (read_direct costs ~10x more
             # per call on small datasets).
             rows = ds[start:stop]
-        except (FileNotFoundError, IsADirectoryError, FileChangedError):
+            if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
+                raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
+        except FileChangedError:
             raise
         except Exception as e:
-            raise OSError(
-                f"{type(self).__name__}: reading rows {start}:{stop} of dataset '{key}' in file "
-                f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
-            ) from e
-        if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
-            raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
+            raise self._read_failed(file_index, key, f"rows {start}:{stop}", e) from e
+        finally:
+            self._h5.end(file_index)
         return rows
+
+    def _read_failed(self, file_index: int, key: str, rows: str, e: BaseException) -> OSError:
+        return OSError(f"{type(self).__name__}: reading {rows} of dataset '{key}' in file "
+                       f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}")
 
     def _rows_missing(self, file_index: int, key: str, asked: str, ds) -> FileChangedError:
         """The error for a read that got fewer rows than asked: the dataset shrank since construction."""

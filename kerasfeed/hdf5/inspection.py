@@ -105,9 +105,10 @@ def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
 
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             raise OSError(e.errno, (
-                f"{owner}: file '{path}' could not be opened: no file descriptor left (RLIMIT_NOFILE {limit}; each "
-                f"file read stays open until close()). Raise it (`ulimit -n`, resource.setrlimit(resource."
-                f"RLIMIT_NOFILE, ...)), or read fewer files per process: {e}")) from e
+                f"{owner}: file '{path}' could not be opened: no file descriptor left (RLIMIT_NOFILE {limit}; a "
+                f"sequence keeps up to max_open_files= files open, a quarter of it by default, and other files, "
+                f"sockets and sequences use the rest). Pass a smaller max_open_files=, or raise the limit (`ulimit "
+                f"-n`, resource.setrlimit(resource.RLIMIT_NOFILE, ...)): {e}")) from e
         try:
             is_hdf5 = h5py.is_hdf5(path)
         except Exception:  # noqa: BLE001 - only refines the message of the error raised below

@@ -30,6 +30,9 @@ class H5Options:
             credentials, ``anon``); secret ones never leave this process (docs/remote.md).
         remote_options: timeouts, retries and request sizes for those paths: a dict of ``RemoteOptions``
             fields, or one.
+        max_open_files: the most local files the sequence keeps open in one process; past it the least
+            recently read one closes (and reopens when read again, ~1 ms). None: a quarter of the soft
+            ``RLIMIT_NOFILE``, at least 16 (NOTE [ How many HDF5 files a sequence keeps open ], ``held.py``).
     """
 
     shuffle: bool = False
@@ -43,6 +46,7 @@ class H5Options:
     workers: int = 1
     use_multiprocessing: bool = False
     max_queue_size: int = 10
+    max_open_files: Optional[int] = None
 
     @classmethod
     def build(cls, owner: str, keywords: Mapping[str, Any], refused: Optional[Mapping[str, str]] = None) -> "H5Options":
@@ -74,6 +78,8 @@ class H5Options:
                 kw[name] = _v.flag(name, kw[name], owner=owner)
         if "seed" in kw:
             kw["seed"] = _v.seed("seed", kw["seed"], owner=owner)
+        if kw.get("max_open_files") is not None:
+            kw["max_open_files"] = _v.positive_int("max_open_files", kw["max_open_files"], owner=owner)
         transform = kw.get("transform")
         if transform is not None and not callable(transform):
             raise TypeError(
@@ -112,6 +118,7 @@ class H5Keywords(TypedDict, total=False):
     workers: int
     use_multiprocessing: bool
     max_queue_size: int
+    max_open_files: Optional[int]
 
 
 __all__ = ["H5Options", "H5Keywords"]

@@ -143,21 +143,26 @@ class H5RowSequence(H5Base):
 
     def _read_runs(self, file_index: int, key: str, runs: list) -> np.ndarray:
         n, first, last = sum(b - a for a, b in runs), runs[0][0], runs[-1][1] - 1
+        asked = f"{n} rows ({first}..{last})"
         try:
-            ds = self._dataset(file_index, key)
+            ds = self._begin_read(file_index, key)
+        except FileChangedError:
+            raise
+        except Exception as e:
+            raise self._read_failed(file_index, key, asked, e) from e
+        try:
             if self.swmr and last >= ds.shape[0]:
                 ds.refresh()
             # One slice per run: h5py's fast path (a point selection of scattered rows measured slower).
             out = concat([ds[a:b] for a, b in runs])
+            if len(out) != n:  # h5py clips slices at the end: the dataset shrank
+                raise self._rows_missing(file_index, key, asked, ds)
         except FileChangedError:
             raise
         except Exception as e:
-            raise OSError(
-                f"{type(self).__name__}: reading {n} rows ({first}..{last}) of dataset '{key}' in "
-                f"file '{self._paths[file_index]}' failed: {type(e).__name__}: {e}"
-            ) from e
-        if len(out) != n:  # h5py clips slices at the end: the dataset shrank
-            raise self._rows_missing(file_index, key, f"{n} rows ({first}..{last})", ds)
+            raise self._read_failed(file_index, key, asked, e) from e
+        finally:
+            self._h5.end(file_index)
         return out
 
     def __getstate__(self) -> dict:

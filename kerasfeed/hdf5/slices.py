@@ -151,12 +151,12 @@ class H5SliceSequence(H5Base):
     def _windowed_batch(self, i: int) -> dict:
         w, rows = self._window_plan(i)
         self._check_process()  # a forked child starts with an empty cache
-        with self._h5_lock:
+        with self._h5.lock:
             cached = self._window_cache.get(w)
         if cached is None:
             start = w * self.window_rows
             cached = self._read_global_rows(start, min(start + self.window_rows, self.num_rows))
-            with self._h5_lock:
+            with self._h5.lock:
                 self._window_cache[w] = cached
                 while len(self._window_cache) > 2:  # keep the two most recent
                     self._window_cache.pop(next(iter(self._window_cache)))
