@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import logging
 import pathlib
 import re
 import signal
@@ -177,6 +178,16 @@ def test_a_worker_that_dies_is_told_by_the_shard_it_was_writing(tmp_path):
         kerasfeed.export(Slow(40, bad={7: "exit"}), tmp_path, num_shards=4, executor="processes", workers=2,
                          progress=False)
     assert died.value.index == 3
+
+
+def test_a_replaced_worker_is_logged_by_the_export_s_shard_not_an_internal_class(tmp_path, caplog):
+    """With retries=, the log line of a replaced worker said "of ShardTask ... while loading ShardTask[3]"."""
+    caplog.set_level(logging.WARNING, logger="kerasfeed")
+    with pytest.raises(kerasfeed.WorkerError):
+        kerasfeed.export(Slow(40, bad={7: "exit"}), tmp_path, num_shards=4, executor="processes", workers=2,
+                         progress=False, retries=1)
+    assert "of export(Slow) shard exited unexpectedly with exit code 3 while loading export(Slow) shard[3]; a new " \
+        "worker took its place" in caplog.text and "ShardTask" not in caplog.text, caplog.text
 
 
 def test_overwrite_replaces_no_manifest_an_export_did_not_write(tmp_path):

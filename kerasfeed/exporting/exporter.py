@@ -380,9 +380,9 @@ def _worker_died(error: WorkerError, task: ShardTask, k: int) -> WorkerError:
     k = error.index if error.index is not None else k
     name = mf.shard_name(k, task.num_shards, task.file_format)
     cause = str(error).split(NO_RESTART)[0].strip().removeprefix("kerasfeed: ")
-    # "of ShardTask ... while loading ShardTask[k]": the pool's item is a shard, named above
-    cause = re.sub(rf" while loading {type(task).__name__}\[\d+\]", "", cause).rstrip(".")
-    cause = cause.replace(type(task).__name__, task.source_name)
+    # "of export(S) shard ... while loading export(S) shard[k]": the pool's item is a shard, named above
+    cause = re.sub(rf" while loading {re.escape(task.kerasfeed_name)}\[\d+\]", "", cause).rstrip(".")
+    cause = cause.replace(task.kerasfeed_name, task.source_name)
     return WorkerError(
         f"kerasfeed.export: shard file '{name}' was not written: {cause}. Pass retries=N to replace a worker that "
         "dies and write its shard again, or run the same export with resume=True: the shards already written are "

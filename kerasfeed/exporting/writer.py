@@ -136,6 +136,7 @@ class ShardTask:
         self.file_format = file_format
         self.compression = compression
         self.source_name = source_name
+        self.kerasfeed_name = f"export({source_name}) shard"  # in the executors' messages: "... shard[3]"
         self.hint = hint
         self.item_seeds = ItemSeeds(None)  # kerasfeed.item_rng(): drawn once per export, the same in every worker
         self._local: Optional[tuple] = None  # (pid, Progress), per process

@@ -109,7 +109,10 @@ def _short(obj: Any) -> str:
 
 
 def source_name(source: Any) -> str:
-    return type(source).__name__
+    """The source as messages name it: its ``kerasfeed_name`` if it has one (an internal task names what it
+    runs for: export's shards), else its class."""
+    name = getattr(source, "kerasfeed_name", None)
+    return name if isinstance(name, str) else type(source).__name__
 
 
 def set_epoch(source: Any, epoch: int) -> None:

@@ -24,7 +24,7 @@ from kerasfeed.execution.processes.stream_sessions import StreamIterator
 from kerasfeed.execution.processes.worker_threads import worker_threads
 from kerasfeed.execution.retries import RetryCounts
 from kerasfeed.execution.state_sync import StateTracker
-from kerasfeed.sources.base import source_length
+from kerasfeed.sources.base import source_length, source_name
 
 
 class ProcessExecutor(Executor):
@@ -123,7 +123,7 @@ class ProcessExecutor(Executor):
                                                                                 threads + 1))
         self.options = options.resolved()  # workers and seed made concrete: every restart starts the same workers
         self.item_seed = self.options.seed if self.options.seed_given else None
-        self._label = name or type(source).__name__  # in messages
+        self._label = name or source_name(source)  # in messages
         self._source = source  # a parked pool's successor gets it as it is then
         self._restart_lock = threading.Lock()
         self._closed = False
