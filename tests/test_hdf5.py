@@ -681,7 +681,8 @@ def test_file_removed_after_construction(files, tmp_path):
     copy.write_bytes(a.read_bytes())
     seq = kerasfeed.H5SliceSequence(copy, "labels", 4)
     copy.unlink()
-    with pytest.raises(FileNotFoundError, match=rf"HDF5 file not found. Received: path='{copy}'"):
+    with pytest.raises(FileNotFoundError, match=rf"HDF5 file not found. Received: path='{copy}' \(it had 20 rows "
+                                                 r"when the sequence was built: removed since\)"):
         seq[0]
 
 

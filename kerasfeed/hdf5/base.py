@@ -299,7 +299,11 @@ class H5Base(SceneSequence):
     def _hold(self, file_index: int) -> tuple:
         """Acquires, in this process, the file that construction inspected; returns its identity."""
         path, stamp = self._paths[file_index], self._stamps[file_index]
-        ident = self._identity(path)
+        try:
+            ident = self._identity(path)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} (it had {self._lengths[file_index]} rows when the sequence was built: "
+                                    "removed since)") from None
         if ident[1:3] != stamp:
             # Replaced since construction: keep reading the inspected file
             # while this process has it open, else refuse (a fresh process
