@@ -340,6 +340,13 @@ def test_output_signature_of_numpy_arrays_is_named(tmp_path):
         with pytest.raises(TypeError, match=rf"`output_signature` must be a nest of tf.TensorSpec; the entry at {at} is "
                                             r"not. Received: array\("):
             kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", output_signature=given)
+    import tensorflow as tf
+
+    # A RaggedTensorSpec has a dtype and a shape too: it was taken as a dense spec, read back dense.
+    ragged = (tf.TensorSpec([], tf.int64), tf.RaggedTensorSpec([None, None], tf.uint8))
+    with pytest.raises(TypeError, match=r"`output_signature` at \[1\] is a RaggedTensorSpec: export writes each leaf "
+                                        r".*tf.TensorSpec\(\[None, None\], 'uint8'\). Received: RaggedTensorSpec"):
+        kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", output_signature=ragged)
 
 
 def test_output_signature_of_unknown_rank_is_refused(tmp_path):

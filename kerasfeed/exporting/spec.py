@@ -100,7 +100,13 @@ class ExportSpec:
                     f"`output_signature` must be a nest of tf.TensorSpec; the entry at {list(path)} is not. "
                     f"Received: {s!r}"
                 )
-            name = s.dtype.name
+            name, kind = s.dtype.name, type(s).__name__
+            if kind in ("RaggedTensorSpec", "SparseTensorSpec"):  # else taken as a dense spec of that shape
+                raise TypeError(
+                    f"`output_signature` at {list(path)} is a {kind}: export writes each leaf of an item as one dense "
+                    f"array, whose dimensions may vary between items, and load_export reads it back dense. Give a "
+                    f"tf.TensorSpec with None for the dimensions that vary, e.g. tf.TensorSpec("
+                    f"{s.shape.as_list()}, {name!r}). Received: {s!r}")
             if name != STRING and name not in NUMERIC:
                 raise SignatureError(f"Unsupported dtype in `output_signature` at {list(path)}. Received: {s!r}")
             if getattr(s.shape, "rank", 0) is None:  # the reader parses "<key>:shape" with a fixed length
