@@ -61,6 +61,13 @@ def _encode(obj: Any, arrays: list) -> Any:
         return ("d", [(k, _encode(v, arrays)) for k, v in obj.items()])
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return ("n", t, [_encode(x, arrays) for x in obj])
+    if t is np.memmap or t is memoryview:
+        # Arrays to every consumer (threads batch them as such): a slice of np.load(mmap_mode="r") went through
+        # the socket pickled, and a memoryview as its bytes (cloudpickle), a 0-d object array at the other end.
+        try:
+            return _encode(np.asarray(obj), arrays)
+        except (TypeError, ValueError):  # a buffer numpy cannot read (a format of its own): as before
+            pass
     return ("o", obj)
 
 

@@ -78,7 +78,7 @@ def leaves_like(skeleton: Any, index: Any, item: Any, owner: str, hint: str = ""
     if other != skeleton:
         raise SignatureError(
             f"Item {index} does not match {owner}'s structure: expected {describe(skeleton)}, "
-            f"received {'None' if item is None else describe(other)}.{hint}"
+            f"received {_received(item, other)}.{hint}"
         )
     return leaves
 
@@ -119,6 +119,16 @@ def feature_key(path: tuple, skeleton: Any) -> str:
         return "item"
     first = KERAS_NAMES[path[0]] if _keras_position(path, skeleton) else str(path[0])
     return "/".join([first] + [str(p) for p in path[1:]])
+
+
+def _received(item: Any, structure: Any) -> str:
+    """``describe`` of an item's structure; a leaf that is no array or number is named by its type (a generator
+    returned by mistake was "received array")."""
+    if item is None:
+        return "None"
+    if structure is None and not hasattr(item, "__array__") and not isinstance(item, (int, float, complex, str, bytes)):
+        return f"an object of type {type(item).__name__}"
+    return describe(structure)
 
 
 def describe(skeleton: Any) -> str:

@@ -341,6 +341,19 @@ def test_signature_break_names_index_field_expected_and_received():
     with pytest.raises(kerasfeed.SignatureError, match=r"item 0 is \(array, array\) but item 2 is None\."):
         kerasfeed.to_loader(NoneAt(2), batch_size=2)
 
+    class GeneratorAt(NoneAt):  # a generator returned by mistake after the probes was "received array"
+        def __getitem__(self, i):
+            item = (np.zeros(3), np.zeros(1))
+            return (x for x in item) if i == self.at else item
+
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 7 does not match the loader's structure: expected "
+                       r"\(array, array\), received an object of type generator\."):
+        list(kerasfeed.to_loader(GeneratorAt(7), batch_size=2))
+    # A dtype that changes is no shape: its message said "(None in a shape means any size; ...)"
+    with pytest.raises(kerasfeed.SignatureError, match=r"^Item 3, field x: expected dtype float32, received "
+                       r"float64\. \(every item must give a field the dtype the probed items gave it\.\)$"):
+        list(kerasfeed.to_loader(DtypeBreak(), batch_size=2))
+
 
 def test_probe_detects_inconsistent_dtypes():
     class Drift:

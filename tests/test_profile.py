@@ -85,6 +85,18 @@ def test_the_recommendation_is_auto_s_choice_for_large_items_too():
     assert reason == decide(probe, 2, 2)[1]
 
 
+def test_the_reason_predicts_the_worker_count_recommended():
+    """2 and 4 workers timed alike on 2 CPUs: "workers=2" was recommended, "because 4 workers predicted at ..."."""
+    from kerasfeed.observe.profile import _recommend
+
+    probe = Probe(wall_s=0.01, cpu_s=0.01, runqueue_s=0.0, nbytes=100, copy_s=1e-6, parallelism_2_threads=1.0,
+                  calls=10)
+    runs = [dict(executor="threads", count=4, items_per_s=100.0), dict(executor="processes", count=2, items_per_s=195.0),
+            dict(executor="processes", count=4, items_per_s=200.0)]
+    name, count, rate, reason = _recommend(probe, runs, 2)
+    assert (name, count) == ("processes", 2) and reason == decide(probe, 2, 2)[1] and "2 workers predicted" in reason
+
+
 def test_a_recommendation_auto_s_choice_was_not_measured_for_says_so():
     """Auto would choose processes (GIL-bound items), but only threads were measured (threads=[] asked for,
     or the source cannot be pickled): the measured one is named as such, not as auto's choice."""

@@ -50,18 +50,17 @@ class Signature:
         for k, (_, leaf) in enumerate(leaves):
             a = leaf_array(index, self.names[k], leaf)
             if a.dtype != self.dtypes[k]:
-                self._fail(index, k, dtype_mismatch(self.dtypes[k], a))
+                self._fail(index, k, dtype_mismatch(self.dtypes[k], a), "every item must give a field the dtype "
+                                                                       "the probed items gave it")
             shape = self.shapes[k]
             if not shape_fits(shape, a.shape):
                 self._fail(index, k, f"shape {shape_text(shape)}, received shape {a.shape}")
             out.append(a)
         return out
 
-    def _fail(self, index: int, k: int, what: str) -> None:
-        raise SignatureError(
-            f"Item {index}, field {self.names[k]}: expected {what}. (None in a shape means any size; "
-            "probe more items with `probe=` to widen the signature.)"
-        )
+    def _fail(self, index: int, k: int, what: str, why: str = "None in a shape means any size; probe more "
+                                                                "items with `probe=` to widen the signature") -> None:
+        raise SignatureError(f"Item {index}, field {self.names[k]}: expected {what}. ({why}.)")
 
     def padding(self, padding_values: Any) -> list:
         """One padding value per leaf (``_leaves.padding_leaves``)."""

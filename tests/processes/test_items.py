@@ -116,6 +116,46 @@ def test_nested_structures_dtypes_and_fresh_aligned_arrays():
         ex.close()
 
 
+class Buffers:
+    """Slices of np.load(mmap_mode="r") (np.memmap) and memoryviews: arrays to every consumer."""
+
+    def __init__(self, path):
+        self.path, self.a = path, None
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if self.a is None:
+            self.a = np.load(self.path, mmap_mode="r")
+        return memoryview(np.full((4, 3), i, np.float32)), self.a[4 * i : 4 * i + 4]
+
+    def __getstate__(self):
+        return {**self.__dict__, "a": None}
+
+
+def test_memmap_slices_and_memoryviews_arrive_as_the_arrays_they_are_on_every_executor(tmp_path):
+    """A memoryview came out of worker processes (and of cache=, on any executor) as a 0-d object array of its
+    bytes, where threads gave float32 (4, 3); memmap slices were pickled through the socket, not lent."""
+    np.save(tmp_path / "a.npy", np.arange(24 * 8192, dtype=np.float64).reshape(24, 8192))  # 256 KB items: lent
+    want = [(np.full((4, 3), i, np.float32), np.load(tmp_path / "a.npy")[4 * i : 4 * i + 4]) for i in range(6)]
+    for executor, cache in (("threads", None), ("processes", None), ("threads", "memory"), ("processes", "memory")):
+        kw = {"workers": 2} if executor == "processes" else {}
+        with kerasfeed.to_loader(Buffers(str(tmp_path / "a.npy")), batch_size=None, executor=executor, cache=cache,
+                                 **kw) as loader:
+            for _ in range(2):  # with cache=, the second pass is read from the cache
+                got = list(loader)
+            lent = kerasfeed.executor_of(loader).stats().get("lent_items") if executor == "processes" else None
+        for (x, y), (wx, wy) in zip(got, want):
+            assert x.dtype == wx.dtype and x.shape == wx.shape and y.dtype == wy.dtype and y.shape == wy.shape, (
+                executor, cache, x.dtype, x.shape)
+            np.testing.assert_array_equal(x, wx)
+            np.testing.assert_array_equal(y, wy)
+        assert len(got) == 6
+        if executor == "processes" and cache is None:
+            assert lent >= 6, lent  # through shared memory
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_order_equals_threads_executor_for_any_worker_count(workers, kit):
     order = np.random.default_rng(5).permutation(40)
