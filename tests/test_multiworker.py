@@ -226,10 +226,10 @@ def test_num_shards_alone_reads_this_worker_s_shard(monkeypatch):
 
     checked = []
     monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
-    monkeypatch.setattr(shards, "check_workers", lambda worker, facts, api: checked.append(facts))
+    monkeypatch.setattr(shards, "check_workers", lambda worker, facts, api, shards=None: checked.append(facts))
     ds = kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0, num_shards=2)
     assert _items(ds) == IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=1).indices(0).tolist()
-    assert len(checked) == 1 and checked[0]["num_shards"] == 2  # the workers still check that they agree
+    assert len(checked) == 1 and checked[0]["num_shards"] == 2 and checked[0]["shard_index"] == 1  # and their shards
     with pytest.raises(ValueError, match=r"^to_dataset: `num_shards=3` without `shard_index` in a cluster of 2 "
                        r"workers: .*Pass `shard_index` \(this worker is 1\), or num_shards=2\. "
                        r"Received: num_shards=3, shard_index=None, workers=2$"):
@@ -313,6 +313,9 @@ def _worker_rules(out):
         Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)))
     case("order_shard_own", lambda: kerasfeed.to_dataset(
         Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k)))
+    # The same left as num_shards=2, shard_index=0 by hand: every item of shard 0 twice, shard 1's never.
+    case("shard_index_zero", lambda: kerasfeed.to_dataset(Items(16), num_shards=2, shard_index=0, shuffle=True, seed=1))
+    case("shard_index_own", lambda: kerasfeed.to_dataset(Items(16), num_shards=2, shard_index=k, shuffle=True, seed=1))
     # to_loader in a custom loop: this worker's shard too (it read the whole source on every worker).
     case("loader_default", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0))
     case("loader_num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=3))
@@ -342,6 +345,13 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
         assert r["order_shard_zero"].endswith(f"(here {k}). Received: order shard_index=0 on worker {k}")
         assert r["order_shard_own"] == IndexOrder(16, shuffle=True, seed=0, num_shards=2,
                                                   shard_index=k).indices(0).tolist(), r["order_shard_own"]
+        assert r["shard_index_zero"] == (
+            "ValueError: to_dataset: the workers were given shard_index (worker 0: 0, worker 1: 0): workers given the "
+            f"same shard read the same items and the other shards are never read. Pass each worker its own "
+            f"shard_index (here {k}), or num_shards alone: each worker then reads its own. Received: shard_index=0 "
+            f"on worker {k}"), r["shard_index_zero"]
+        assert r["shard_index_own"] == IndexOrder(16, shuffle=True, seed=1, num_shards=2,
+                                                  shard_index=k).indices(0).tolist(), r["shard_index_own"]
         assert r["loader_default"] == r["num_shards_only"], r["loader_default"]
         assert r["loader_num_shards_other"].startswith("ValueError: to_loader: `num_shards=3` without `shard_index` "
                                                        "in a cluster of 2 workers"), r["loader_num_shards_other"]

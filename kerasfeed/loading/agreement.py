@@ -104,6 +104,13 @@ def _check_order_shards(table: np.ndarray, paired: list, shards: tuple, facts: d
     if len(set(zip(data, given))) == len(set(data)) == len(set(given)):
         return
     per = ", ".join(f"{member} {k}: {_text(s)}" for k, s in enumerate(given))
+    if shards[1] == "shard_index":  # the source's shards, given by hand to each worker
+        raise ValueError(
+            f"{owner}: the {plural} were given shard_index ({per}): {plural} given the same shard read the same items "
+            f"and the other shards are never read. Pass each {member} its own shard_index (here {_text(data[me])}), "
+            f"or num_shards alone: each {member} then reads its own. Received: shard_index={facts['shard_index']!r} "
+            f"on {member} {me}"
+        )
     raise ValueError(
         f"{owner}: the {plural} read the shards of the `order` as {shards[1]} ({per}), but their data shards are "
         f"{', '.join(_text(d) for d in data)}: {plural} reading other data shards must be given other shards of the "

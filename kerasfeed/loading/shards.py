@@ -312,7 +312,12 @@ def plan_shards(
     # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
     # does not involve the other workers.
     if worker is not None and num_shards > 1:
-        check_workers(worker, {"length": length, "num_shards": num_shards, **fields}, api)
+        # Each worker's shard, so that two given the same shard_index by hand are refused (their items twice,
+        # another shard's never); a context's pairs are tf.distribute's, and fewer shards than workers are shared.
+        one_each = input_context is None and num_shards == worker.num_workers
+        pair = {"worker": worker.worker_id, "shard_index": shard_index} if one_each else {}
+        check_workers(worker, {"length": length, "num_shards": num_shards, **fields, **pair}, api,
+                      shards=("worker", "shard_index") if pair else None)
     return ShardPlan(num_shards, shard_index, num_shards)
 
 
