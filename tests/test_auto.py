@@ -14,6 +14,7 @@ import pytest
 import kerasfeed
 from kerasfeed.execution import auto
 from kerasfeed.execution.auto import Probe, decide, make_auto_executor, predict, probe_source
+from kerasfeed.execution.auto_probe import PROBE_BUDGET_S
 from kerasfeed.execution.factory import make_executor
 from kerasfeed.execution.processes.options import PoolOptions, default_workers
 
@@ -289,3 +290,75 @@ def test_to_dataset_with_auto_executor():
         assert xs == list(range(6))
     finally:
         ex.close()
+
+
+def test_one_slow_item_among_fast_ones_keeps_the_probe_within_its_budget():
+    """Item 1 takes 50 ms, the others nothing: the two-thread probe repeated every index as often as a fast
+    one allows (~290 times), so to_loader(executor="auto") took 13-15 s and called item 1 about 500 times."""
+    calls = {1: 0}
+
+    class OneSlowItem:
+        def __len__(self):
+            return 100
+
+        def __getitem__(self, i):
+            if i == 1:
+                calls[1] += 1
+                time.sleep(0.05)
+            return np.full(4, i, np.float32)
+
+    probe = probe_source(OneSlowItem())
+    assert calls[1] <= 2 + 2 * (PROBE_BUDGET_S / 2 / 0.05 + 1), calls  # each thread stops at its deadline
+    assert probe.concurrent_error is None
+
+
+def test_a_two_thread_probe_that_raised_is_named_in_the_reason():
+    """It said "the two-thread probe was skipped: items are slow" for items of about 1 ms."""
+
+    class MainThreadOnly:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if threading.current_thread() is not threading.main_thread():
+                raise RuntimeError("only on the main thread")
+            return np.full(4, sum(range(20000)) + i, np.float32)
+
+    probe = probe_source(MainThreadOnly())
+    assert probe.parallelism_2_threads is None and probe.concurrent_error == "RuntimeError: only on the main thread"
+    _, reason = decide(probe, workers=2, cpus=2)
+    assert "the two-thread probe failed, an item made on a second thread raised RuntimeError: only on the main " \
+        "thread" in reason, reason
+
+
+class PerThreadBuffer:
+    """Waits as a remote read does and writes each item into its calling thread's own buffer."""
+
+    def __init__(self, n=12):
+        self.n, self._local = n, threading.local()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = np.zeros(4, np.float32)
+        buf[:] = i
+        return buf
+
+    def __getstate__(self):
+        return {"n": self.n}
+
+    def __setstate__(self, state):
+        self.__init__(state["n"])
+
+
+def test_auto_with_cache_stores_the_probed_items_of_a_source_that_reuses_its_buffers(tmp_path):
+    """The probe kept its items to store them once it was done; by then the buffers held item 3: items 0-2 were
+    served as item 3 in every pass, and kept so in a directory for the next run."""
+    for cache in ("memory", str(tmp_path / "kept")):
+        with kerasfeed.to_loader(PerThreadBuffer(), batch_size=None, executor="auto", cache=cache, copy=True) as loader:
+            passes = [[float(b[0]) for b in loader] for _ in range(2)]
+        assert passes == [[float(i) for i in range(12)]] * 2, (cache, passes)

@@ -181,6 +181,9 @@ def predict(probe: Probe, workers: int, cpus: int, handover: str = "tensorflow")
 
 def _gil_text(probe: Probe, pred: Prediction) -> str:
     par = probe.parallelism_2_threads
+    if par is None and probe.concurrent_error:
+        return ("it keeps the CPU busy (taken as GIL-bound: the two-thread probe failed, an item made on a second "
+                f"thread raised {probe.concurrent_error})")
     if par is None:
         return "it keeps the CPU busy (GIL-bound; the two-thread probe was skipped: items are slow)"
     share = pred.gil_s / max(pred.gil_s + pred.parallel_s, 1e-12)

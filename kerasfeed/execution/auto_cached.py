@@ -68,21 +68,23 @@ class _Made:
 
     def __init__(self, source: Any, cache: ItemCache, probed: int):
         self._source, self._cache = source, cache
-        self._made: dict = {}  # index -> its stage's item, stored once the probe is done (not while it times)
+        self._made: set = set()  # the indices stored
 
     def __len__(self) -> int:
         return source_length(self._source)
 
     def __getitem__(self, i: int) -> Any:
         item = run_stage(self._source, self._cache.stage_name, i)
-        self._made.setdefault(i, item)
+        if i not in self._made:
+            # Stored at once (the first call of an index is the probe's warm-up, not timed): a source that reuses
+            # its buffers overwrote the items kept for later, and items 0-2 were stored holding item 3's data.
+            self._made.add(i)
+            self._cache.keep(i, item)
         return run_augment(self._source, read_only(item)) if self._cache.augment else item
 
     def keep_made(self) -> None:
-        """Stores the items the probe made: pass 0 does not make them again."""
-        made, self._made = self._made, {}
-        for i, item in made.items():
-            self._cache.keep(i, item)
+        """The probe is done: what it made is stored, so pass 0 does not make it again."""
+        self._made = set()
 
 
 def _named(kind: type, source: Any, cache: ItemCache, probed: int) -> Any:

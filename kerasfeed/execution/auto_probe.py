@@ -42,6 +42,7 @@ class Probe:
             lock) serialises them, up to 2 when they run in parallel; None
             when not measured.
         calls: number of ``__getitem__`` calls the probe made.
+        concurrent_error: why the two-thread run failed (an item raised on a second thread), or None.
     """
 
     wall_s: float
@@ -51,6 +52,7 @@ class Probe:
     copy_s: float
     parallelism_2_threads: Optional[float]
     calls: int
+    concurrent_error: Optional[str] = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,8 +116,8 @@ def probe_source(source: Any, calls: int = 3) -> Probe:
     arrays = item_arrays(item)
     nbytes = int(sum(a.nbytes for a in arrays))
     copy_s = copy_time(arrays)
-    parallelism, concurrent = _two_threads(source, indices, wall * len(indices))
-    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, 1 + len(indices) + concurrent)
+    parallelism, concurrent, error = _two_threads(source, indices, wall * len(indices))
+    return Probe(wall, cpu, runq, nbytes, copy_s, parallelism, 1 + len(indices) + concurrent, error)
 
 
 def copy_time(arrays: list, tries: int = 1) -> float:
@@ -130,8 +132,8 @@ def copy_time(arrays: list, tries: int = 1) -> float:
     return best
 
 
-def _two_threads(source: Any, indices: list, walls: float) -> tuple[Optional[float], int]:
-    """``(CPUs two threads used at once, calls made)``, None when not measured.
+def _two_threads(source: Any, indices: list, walls: float) -> tuple[Optional[float], int, Optional[str]]:
+    """``(CPUs two threads used at once, calls made, why it failed)``; the CPUs None when not measured.
 
     Both threads run ``indices`` repeated until each runs ~``CONCURRENT_S``
     (within ``PROBE_BUDGET_S``; ``walls``: ``indices`` one after another at
@@ -142,36 +144,41 @@ def _two_threads(source: Any, indices: list, walls: float) -> tuple[Optional[flo
     tried and read a pure-Python source as running on 1.8 CPUs when the load
     came in bursts (threads at half the rate); reading a free source as
     GIL-bound costs less (processes, or threads where moving items would
-    cost what it saves).
+    cost what it saves). Each thread stops at ``PROBE_BUDGET_S / 2`` whatever the repeats: one slow item
+    among fast ones (repeated as a fast one) made a start-up of minutes.
     """
     if walls * 2 > PROBE_BUDGET_S:
-        return None, 0
+        return None, 0, None
     reps = max(1, min(int(CONCURRENT_S / max(walls, 1e-9)), int(PROBE_BUDGET_S / (2 * max(walls, 1e-9)))))
     calls = indices * reps
     errors: list[BaseException] = []
     spans: list[tuple[float, float, float]] = []  # (start, end, cpu) per thread
-    start = threading.Barrier(2)
+    start, made = threading.Barrier(2), [0, 0]  # calls made per thread
 
-    def run():
+    def run(k):
         try:
             start.wait()
             t0, c0 = time.perf_counter(), time.thread_time()
+            deadline = t0 + PROBE_BUDGET_S / 2
             for i in calls:
                 with item_scope(i):
                     source[i]
+                made[k] += 1
+                if time.perf_counter() > deadline:
+                    break
             spans.append((t0, time.perf_counter(), time.thread_time() - c0))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors or len(spans) != 2:
-        return None, 2 * len(calls)
+        return None, sum(made), (f"{type(errors[0]).__name__}: {str(errors[0])[:200]}" if errors else None)
     both = max(max(end for _, end, _ in spans) - min(begin for begin, _, _ in spans), 1e-9)
-    return sum(c for _, _, c in spans) / both, 2 * len(calls)
+    return sum(c for _, _, c in spans) / both, sum(made), None
 
 
 __all__ = ["CONCURRENT_S", "PROBE_BUDGET_S", "Probe", "copy_time", "item_arrays", "item_at", "probe_source"]
