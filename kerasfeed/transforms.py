@@ -168,11 +168,14 @@ class ScenePointSampler:
                 blocks = [blocks[k] for k in pick]
             for idx, (cx, cy) in blocks:
                 take = idx[rng.choice(idx.size, self.num_points, replace=idx.size < self.num_points)]
-                x = points[s, take].astype(np.float32, copy=True)
+                x = points[s, take]
+                # float64 (or int) coordinates are centred before the cast: far from 0 (UTM, 5e6 m) float32
+                # steps are 0.5 m, and a 1 m block came out as 3 distinct y values.
+                x = x.astype(np.float32 if x.dtype.itemsize <= 4 and x.dtype.kind == "f" else np.float64, copy=True)
                 if self.center:
                     x[:, 0] -= cx
                     x[:, 1] -= cy
-                xs.append(x)
+                xs.append(x.astype(np.float32, copy=False))
                 ys.append(labels[s, take])
         return np.stack(xs), np.stack(ys)
 

@@ -1012,3 +1012,15 @@ def test_big_endian_datasets_keep_their_dtype_and_feed_every_front_end_natively(
         assert len(got) == len(rows)
         for (x, y), picked in zip(got, rows):
             assert x.dtype == np.float32 and np.array_equal(x, x_all[picked]) and np.array_equal(y, y_all[picked])
+
+
+def test_point_sampler_centres_float64_coordinates_far_from_the_origin_before_the_cast():
+    """UTM-like coordinates (5e6 m) were cast to float32 first, whose steps there are 0.5 m: a 1 m block's
+    centred y came out as 3 distinct values, off by up to 0.25 m and outside the block."""
+    pts = np.random.default_rng(2).uniform(0, 1, (1, 200, 3)) + np.array([500_000.0, 5_000_000.0, 0.0])
+    sampler = kerasfeed.ScenePointSampler(num_points=200, block_size=1.0, blocks_per_scene=1)
+    x, _ = sampler((pts, np.zeros((1, 200), "int32")), np.random.default_rng(0))
+    (_, (cx, cy)), = sampler.blocks(pts[0, :, :2])
+    assert x.dtype == np.float32 and len(np.unique(x[0, :, 1])) > 150
+    np.testing.assert_allclose(np.sort(x[0, :, 1]), np.sort(pts[0, :, 1] - cy).astype(np.float32), atol=1e-6)
+    assert np.abs(x[0, :, :2]).max() <= 0.5 + 1e-6
