@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from _util import wait_until
 
 import kerasfeed
 from kerasfeed.execution.threads import ThreadExecutor
@@ -134,6 +135,17 @@ def test_worker_processes_report_their_own_make_times_and_gauges():
     assert w["rss_mb"] > 5 and 0 < w["busy"] <= 1.0 and w["busy_s"] >= 12 * 0.007
     assert s["shm_bytes"] > 0 and s["in_flight"] >= 0 and s["ahead"] >= 0
     assert s["threads_busy"] is None and s["threads_busy_s"] is None  # a documented key: None, not missing
+
+
+def test_a_closed_pool_has_nothing_ahead():
+    """The workers go on with the next pass's first items; after close() those were still "ahead" (6)."""
+    loader = kerasfeed.to_loader(Sleepy(n=7, delay=0.0), executor="processes", workers=2)
+    for _ in range(2):
+        drain(loader)
+    wait_until(lambda: kerasfeed.stats(loader)["ahead"] > 0, timeout=30)
+    loader.close()
+    s = kerasfeed.stats(loader)
+    assert s["ahead"] == 0 and s["shm_bytes"] == 0 and not any(w["alive"] for w in s["workers"]), s
 
 
 def test_stats_of_a_derived_dataset_and_per_pass_records():

@@ -418,7 +418,8 @@ def figures(d: Dispatcher, *, full: bool) -> dict:
         shm_bytes, lent_bytes, lent_items = d.slots.shm_bytes(), d.slots.lent_bytes, d.slots.lent_items
     if not full:
         counts = d.request_counts()
-        return {"ahead": counts.waiting, "in_flight": counts.pending, "shm_bytes": shm_bytes, "workers": workers}
+        ahead = 0 if d.closed else counts.waiting  # a closed pool's made-ahead items are gone with it
+        return {"ahead": ahead, "in_flight": counts.pending, "shm_bytes": shm_bytes, "workers": workers}
     startups = [e["startup_s"] for e in workers if e["startup_s"] is not None]
     rss = [e["rss_mb"] for e in workers if e["rss_mb"] is not None]
     uss = [e["uss_mb"] for e in workers if e["uss_mb"] is not None]
