@@ -465,3 +465,27 @@ def test_input_stats_counts_the_model_build_s_batch_in_the_first_epoch(backend, 
         # the stored items' share of the first epoch: its build's batch counted (0.333 logged where 4 of 10)
         assert out["cache"]["logged"] == pytest.approx(out["cache"]["truth"]), out["cache"]
         assert 0 < out["cache"]["truth"][0] < 1, out["cache"]
+
+
+def test_a_loader_counts_the_passes_fit_reads_and_those_read_by_hand_after_it():
+    """Under TensorFlow, fit reads a loader through a tf.data dataset of its own, whose collector stats(loader)
+    followed from then on: the 7 items read by hand before the fit were lost, the passes read by hand after
+    it never counted, and the `device` key was gone."""
+    import keras
+
+    class S(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 7
+
+        def __getitem__(self, i):
+            return np.full((8, 4), i, "float32"), np.zeros((8, 1), "float32")
+
+    with kerasfeed.to_loader(S()) as loader:
+        counts = [drain(loader)]
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        model.fit(loader, epochs=1, verbose=0)
+        counts.append(kerasfeed.stats(loader)["items"])
+        drain(loader)
+        s = kerasfeed.stats(loader)
+    assert counts == [7, 14] and s["items"] == 21 and len(s["passes"]) == 3 and "device" in s, (counts, s["items"])

@@ -22,7 +22,6 @@ from kerasfeed._keras_epoch_iterator import epoch_iterator_arguments
 from kerasfeed._keras_fit import refuse, remember_fit
 from kerasfeed._leaves import short_repr
 from kerasfeed.loader.loader import Loader
-from kerasfeed.observe.api import STATS_ATTR, collector_of
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 
 # The first Keras release whose get_data_adapter returns DataAdapter instances unchanged.
@@ -119,13 +118,13 @@ def get_tf_dataset(loader: Any) -> Any:
         loader._tf_dataset = tf_dataset(loader)
         # Its passes are the ones Keras reads: after a resumed first pass, num_batches is a whole pass.
         loader._tf_pipeline = find_tagged(loader._tf_dataset, PIPELINE_ATTR)
-        # Its pipeline reads the items now (and the shared executor reports to
-        # it): stats(loader) and InputStats(dataset=loader) follow it, not the
-        # loader's own, idle under this backend.
-        try:
-            setattr(loader, STATS_ATTR, collector_of(loader._tf_dataset))
-        except ValueError:
-            pass  # stats switched off (KERASFEED_STATS=0): nothing to follow
+        # Its pipeline reads the passes Keras asks for, the loader's own those iterated by hand: both count in the
+        # loader's collector (stats(loader), InputStats(dataset=loader)), and so does the shared executor. With
+        # the dataset's own, the loader's counts before a fit were lost and its passes after it not counted.
+        own = loader._pipeline.stats
+        if own is not None and loader._tf_pipeline is not None:
+            loader._tf_pipeline.stats = own
+            loader.executor.attach_stats(own)
     return loader._tf_dataset
 
 

@@ -269,10 +269,12 @@ class StatsCollector:
         self._cache_counts = weakref.WeakMethod(fn)
 
     def add_gauges(self, fn: Callable[[], dict]) -> None:
-        """Registers a bound method returning instant figures (held weakly)."""
+        """Registers a bound method returning instant figures (held weakly); once, however often it is given
+        (a loader's executor reports to the loader's collector again after its TensorFlow dataset's)."""
         ref = weakref.WeakMethod(fn) if hasattr(fn, "__self__") else (lambda: fn)
         with self._lock:
-            self._gauges.append(ref)
+            if not any(r() == fn for r in self._gauges):
+                self._gauges.append(ref)
 
     # ------------------------------------------------------------ reading
     @property
