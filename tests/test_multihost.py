@@ -49,6 +49,13 @@ class Items:
         return np.full(2, i, np.float32)
 
 
+class Pairs(Items):
+    """Item ``i`` is ``([i], [2 i])``: an (x, y) sample."""
+
+    def __getitem__(self, i):
+        return np.full(1, i, np.float32), np.full(1, 2 * i, np.float32)
+
+
 class Batches:
     """Items that are whole batches (``batch_size=None``): ``size(i)`` rows of ``[i, i]``."""
 
@@ -468,6 +475,20 @@ def _cluster_rules(out):
     whole = keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="batch")
     with whole.scope():
         case("kept_whole", lambda: kerasfeed.to_loader(Items(16), batch_size=2, cache=os.path.join(out, "whole")))
+    # A backup directory of each process's own (a local disk per host): process 0 keeps its backup, process 1's
+    # is deleted at the fit's end. Resumed, process 0 restored a backup and process 1 none: their steps differed,
+    # gloo aborted process 1 and process 0 waited for ever.
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    backup_dir = os.path.join(out, f"backup_{k}")
+    for run in range(2):
+        with kerasfeed.to_loader(Pairs(16), batch_size=2) as loader:
+            try:
+                model.fit(loader, epochs=1, verbose=0, callbacks=[
+                    kerasfeed.BackupAndRestore(backup_dir, save_freq=2, delete_checkpoint=k == 1)])
+                got[f"backup_run_{run}"] = "done"
+            except Exception as e:  # noqa: BLE001 - the error is the result
+                got[f"backup_run_{run}"] = f"{type(e).__name__}: {e}"
     with open(os.path.join(out, f"rules_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -514,6 +535,14 @@ def test_the_sharding_rules_on_two_jax_processes(tmp_path):
         assert r["order_shard_zero"].startswith("ValueError: to_loader: the processes read the shards of the `order` "
                                                 "as order shard_index (process 0: 0, process 1: 0), but their data "
                                                 "shards are 0, 1"), r["order_shard_zero"]
+    for k, r in enumerate(got):
+        assert r["backup_run_0"] == "done", r["backup_run_0"]
+        assert r["backup_run_1"] == (
+            "ValueError: BackupAndRestore: the processes found different backups (process 0: epoch 1 batch 0, process "
+            "1: no backup): every process must restore the same one, or they run other steps and the first "
+            "collective fails (a crash on one, a hang on the others). Give every process the same backup_dir on "
+            f"storage all of them see (process 0 writes it). Received: backup_dir='{tmp_path}/backup_{k}' on "
+            f"process {k}"), r["backup_run_1"]
     assert "item 8 is a batch of 2 samples" in got[0]["short_mid"]  # as process 0 reads it
     assert isinstance(got[1]["short_mid"], list) and len(got[1]["short_mid"]) == 8  # its items are all full
 

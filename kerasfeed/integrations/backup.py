@@ -116,6 +116,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._batches_seen_since_last_saving = 0
         self._writer = _writes_backups()
         record = self._files.latest()
+        _same_backup_everywhere(record, self.backup_dir)
         if record is None:
             return
         if not model.built:
@@ -261,6 +262,29 @@ def _check_keras(version: str) -> None:
             "an epoch's steps where a resumed epoch cannot start inside it (pip install -U keras). "
             f"Received: keras {version}"
         )
+
+
+def _same_backup_everywhere(record: Any, backup_dir: str) -> None:
+    """Refuses, on every process of a multi-process Keras distribution (JAX), backups that differ between them:
+    one resuming at epoch 0 batch 3 and the other from the start ran other steps, and the first collective
+    crashed one (gloo: "Received data size doesn't match") and left the others waiting for ever."""
+    processes = hosts.current_processes()
+    if processes is None or processes.num_processes < 2:
+        return
+    import numpy as np
+
+    row = np.array([-1, -1] if record is None else [int(record["epoch"]), int(record["batch"])], np.int64)
+    table = hosts.exchange(processes, row).tolist()
+    if all(r == table[0] for r in table):
+        return
+    found = ", ".join(f"process {k}: " + ("no backup" if e < 0 else f"epoch {e} batch {b}")
+                      for k, (e, b) in enumerate(table))
+    raise ValueError(
+        f"BackupAndRestore: the processes found different backups ({found}): every process must restore the same "
+        "one, or they run other steps and the first collective fails (a crash on one, a hang on the others). Give "
+        "every process the same backup_dir on storage all of them see (process 0 writes it). "
+        f"Received: backup_dir={os.fspath(backup_dir)!r} on process {processes.process_index}"
+    )
 
 
 def _writes_backups() -> bool:
