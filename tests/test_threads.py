@@ -5,6 +5,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import os
+import re
+import signal
 import threading
 import time
 
@@ -337,3 +340,34 @@ def test_a_closed_loader_refuses_its_next_pass_on_every_executor(executor):
     loader.close()
     with pytest.raises((RuntimeError, kerasfeed.WorkerError), match=r"is closed; create the dataset \(or loader\) again"):
         list(loader)
+
+
+def test_a_forked_child_is_refused_the_parent_s_threads_not_left_waiting(tmp_path):
+    """A fork after the loader was read (a fork-based multiprocessing.Pool): the child queued its items for the
+    parent's threads, which it does not have, and waited for ever (6 of 6)."""
+    loader = kerasfeed.to_loader(Recorder(40), batch_size=4, executor="threads")
+    it = iter(loader)
+    next(it)
+    out = tmp_path / "child.txt"
+    pid = os.fork()
+    if pid == 0:  # the child: its answer in a file, killed by SIGALRM should it wait
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler: the default ends it
+        signal.alarm(20)
+        try:
+            sum(1 for _ in loader)
+            out.write_text("read")
+        except Exception as e:  # noqa: BLE001 - the answer
+            out.write_text(f"{type(e).__name__}: {e}")
+        os._exit(0)
+    deadline, status = time.monotonic() + 60, None
+    while status is None and time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        status = code if done else time.sleep(0.1)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        status = os.waitpid(pid, 0)[1]
+    loader.close()
+    assert os.WIFEXITED(status), f"the child was killed by signal {os.WTERMSIG(status)} (it waited)"
+    assert re.fullmatch(rf"WorkerError: kerasfeed: the threads of the executor of Recorder belong to process "
+                        rf"{os.getpid()}; it cannot be used from the forked process \d+\. Create the dataset in that "
+                        r"process instead\.", out.read_text()), out.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -9,7 +10,7 @@ import weakref
 from typing import Any, Optional, Sequence
 
 from kerasfeed import _validation as _v
-from kerasfeed.errors import ItemError, ItemTimeout
+from kerasfeed.errors import ItemError, ItemTimeout, WorkerError
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
@@ -130,6 +131,8 @@ class ThreadExecutor(Executor):
             raise TimeoutError(str(self._failure))
         if self._user_closed:  # as worker processes refuse (it made every item inline, one at a time)
             raise self._closed_error(index)
+        if self._threads and os.getpid() != self._threads_pid:
+            raise self._forked_error()
         task = self._take(index, epoch)
         if not self._retries:
             try:
@@ -297,8 +300,16 @@ class ThreadExecutor(Executor):
         # With the lock held; started on the first plan only.
         if self._threads:
             return
+        self._threads_pid = os.getpid()
         self._threads = [self._new_thread(k) for k in range(self._parallelism)]
         self._finalizer = weakref.finalize(self, stop_threads, self._tasks, len(self._threads))
+
+    def _forked_error(self) -> WorkerError:
+        # A forked child has none of its parent's threads: the items it queued were made by none, and
+        # the pass waited for ever (a fork-based multiprocessing.Pool after a loader was read).
+        return WorkerError(
+            f"kerasfeed: the threads of the executor of {self._runner.name} belong to process {self._threads_pid}; it "
+            f"cannot be used from the forked process {os.getpid()}. Create the dataset in that process instead.")
 
     def _new_thread(self, k: int) -> threading.Thread:
         t = threading.Thread(
