@@ -7,6 +7,7 @@ inside each worker), twice: an uninterrupted run plus a run stopped after
 """
 
 import json
+import logging
 import os
 import sys
 from collections import Counter
@@ -237,6 +238,23 @@ def test_num_shards_alone_reads_this_worker_s_shard(monkeypatch):
     assert len(_items(kerasfeed.to_dataset(Items(16), num_shards=1))) == 16  # the whole source, unchecked
     assert _items(kerasfeed.to_dataset(Items(16), num_shards=4, shard_index=3)) == [3, 7, 11, 15]
     assert len(checked) == 2
+
+
+def test_a_resumed_auto_sharded_to_dataset_warns_that_its_batches_are_not_distributed_steps(monkeypatch, caplog):
+    """Under experimental_distribute_dataset a TrainingProgress state (steps) passed to to_dataset resumed W times
+    too far: after 1 of 4 steps every worker lost step 1's items, in silence."""
+    from kerasfeed.loading import shards
+
+    monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
+    monkeypatch.setattr(shards, "check_workers", lambda worker, facts, api, shards=None: None)
+    caplog.set_level(logging.WARNING, logger="kerasfeed")
+    kerasfeed.to_dataset(Items(16), batch_size=4, shuffle=True, seed=3)
+    assert "initial_state" not in caplog.text
+    ds = kerasfeed.to_dataset(Items(16), batch_size=4, shuffle=True, seed=3, initial_state={"epoch": 0, "batches": 1})
+    assert "to_dataset: initial_state resumes after 1 of this dataset's batches of batch_size=4. Under " \
+        "strategy.experimental_distribute_dataset a step takes 1/2 of such a batch from each worker" in caplog.text
+    assert "Pass it to kerasfeed.distribute instead" in caplog.text
+    assert len(_items(ds)) == 4  # the dataset itself resumes after its own batch, as documented
 
 
 def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():

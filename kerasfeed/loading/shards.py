@@ -350,11 +350,23 @@ def cluster_shards(options: Any, length: int) -> ShardPlan:
         length: items in the source (``feed.ENDLESS`` for an endless one).
     """
     resume = options.resume
-    return plan_shards(
+    plan = plan_shards(
         options.api, length, options.num_shards, options.shard_index, options.input_context, order=options.order,
         seed=options.seed, shuffle=options.shuffle, batch_size=options.batch_size,
         drop_remainder=options.drop_remainder, epoch=resume.epoch, batches=resume.batches,
     )
+    worker = current_worker() if options.input_context is None and resume.batches else None
+    if worker is not None and plan.num_shards > 1 and options.api == "to_dataset":
+        # Wrapped in strategy.experimental_distribute_dataset, each of these batches is split over the replicas:
+        # W steps a batch. A TrainingProgress state counts steps, so passed here it resumed W times too far,
+        # skipping data in silence (or was refused as past the pass).
+        logging.getLogger("kerasfeed").warning(
+            "to_dataset: initial_state resumes after %d of this dataset's batches of batch_size=%s. Under "
+            "strategy.experimental_distribute_dataset a step takes 1/%d of such a batch from each worker, and a "
+            "TrainingProgress state counts steps: passed here it resumes %d times too far. Pass it to "
+            "kerasfeed.distribute instead, whose batches are steps (docs/multiworker.md, Exact resume across workers).",
+            resume.batches, options.batch_size, worker.num_workers, worker.num_workers)
+    return plan
 
 
 def given_shards(options: Any, length: int, cluster: Any = None) -> ShardPlan:
