@@ -438,6 +438,22 @@ model.compile("sgd", "mse")
 history = model.fit(stored, epochs=2, verbose=0, callbacks=[kerasfeed.InputStats(), Counts()])
 (h0, m0), (h1, m1) = counts
 out["cache"] = {"logged": history.history["input_cache_hits"], "truth": [h0 / (h0 + m0), (h1 - h0) / (h1 + m1 - h0 - m0)]}
+
+class One(kerasfeed.SceneSequence):  # one batch an epoch: the build's batch is all the first epoch reads
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return np.ones((8, 4), "float32"), np.zeros((8,), "float32")
+
+import warnings
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    history = model.fit(kerasfeed.to_loader(One()), epochs=2, verbose=0, callbacks=[kerasfeed.InputStats()])
+out["one_batch"] = {"logged": history.history.get("input_wait_ms"),
+                    "warned": [str(w.message)[:100] for w in caught if "InputStats" in str(w.message)]}
 print(json.dumps(out))
 """
 
@@ -465,6 +481,9 @@ def test_input_stats_counts_the_model_build_s_batch_in_the_first_epoch(backend, 
         # the stored items' share of the first epoch: its build's batch counted (0.333 logged where 4 of 10)
         assert out["cache"]["logged"] == pytest.approx(out["cache"]["truth"]), out["cache"]
         assert 0 < out["cache"]["truth"][0] < 1, out["cache"]
+        # One batch an epoch: nothing but the build's batch grew, and InputStats() warned that "no kerasfeed
+        # dataset delivered items to this fit".
+        assert out["one_batch"]["warned"] == [] and len(out["one_batch"]["logged"]) == 2, out["one_batch"]
 
 
 def test_a_loader_counts_the_passes_fit_reads_and_those_read_by_hand_after_it():

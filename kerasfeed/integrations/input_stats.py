@@ -237,9 +237,11 @@ class InputStats(keras.callbacks.Callback):
         best, grown = None, 0
         for c in live_collectors():
             entry = self._baseline.get(id(c))
-            before = entry[1].items if entry else 0
-            if c.items - before > grown:
-                best, grown = c, c.items - before
+            # A model build's batch, picked before the baseline, is the fit's once its iterator takes the pass
+            # over: with one batch an epoch nothing else grows (JAX, torch: "no kerasfeed dataset delivered").
+            added = c.items - (entry[1].items if entry else 0) + c.taken_over_items
+            if added > grown:
+                best, grown = c, added
         if best is None:
             return False
         self._collector = best

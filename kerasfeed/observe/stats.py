@@ -171,6 +171,12 @@ class StatsCollector:
             p = self._by_epoch.get(int(epoch))
             self._taken_over = None if p is None else (p.items, p.wait_s, p.skipped, p.cache_at_begin)
 
+    @property
+    def taken_over_items(self) -> int:
+        """Items of a take-over ``take_taken_over`` has not read yet (0: none)."""
+        found = self._taken_over
+        return 0 if found is None else found[0]
+
     def take_taken_over(self) -> Optional[tuple]:
         """What ``taken_over`` recorded, once: ``(items, wait_s, skipped)`` picked before the fit's iterator, and
         the store's ``(hits, misses)`` when the pass began (None without ``cache=``)."""
