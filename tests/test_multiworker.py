@@ -257,6 +257,23 @@ def test_a_resumed_auto_sharded_to_dataset_warns_that_its_batches_are_not_distri
     assert len(_items(ds)) == 4  # the dataset itself resumes after its own batch, as documented
 
 
+def test_fewer_generators_or_items_than_workers_are_named_as_such(monkeypatch):
+    """from_generators(gen, 1) under 2 workers said "the source has only 1 items" of a generator of 5."""
+    from kerasfeed.loading import shards
+
+    monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
+
+    def gen(k):
+        yield from (np.int64(10 * k + j) for j in range(5))
+
+    with pytest.raises(ValueError, match=r"^from_generators: the multi-worker strategy has 2 workers but the source "
+                                         r"has only 1 generators: .* Received: generators=1, workers=2$"):
+        kerasfeed.from_generators(gen, 1)
+    with pytest.raises(ValueError, match=r"^to_dataset: the multi-worker strategy has 2 workers but the source has "
+                                         r"only 1 items: .* Received: items=1, workers=2$"):
+        kerasfeed.to_dataset(Items(1))
+
+
 def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
     import tensorflow as tf
 

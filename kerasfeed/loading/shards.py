@@ -258,10 +258,12 @@ def resolve_shards(
     if worker is None:
         return 1, 0, None
     if worker.num_workers > length:
+        # A stream's shards are its generators or files (from_generators(gen, 1) said "only 1 items").
+        unit = {"from_generators": "generators", "from_files": "files"}.get(owner, "items")
         raise ValueError(
-            f"The multi-worker strategy has {worker.num_workers} workers but the source has only {length} "
-            "items: every worker needs at least one item of its own. Use fewer workers or a longer source. "
-            f"Received: len(source)={length}, workers={worker.num_workers}"
+            f"{owner}: the multi-worker strategy has {worker.num_workers} workers but the source has only {length} "
+            f"{unit}: every worker needs at least one of its own. Use fewer workers or more {unit}. "
+            f"Received: {unit}={length}, workers={worker.num_workers}"
         )
     return worker.num_workers, worker.worker_id, worker
 
