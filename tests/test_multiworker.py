@@ -351,6 +351,9 @@ def _worker_rules(out):
     # The same left as num_shards=2, shard_index=0 by hand: every item of shard 0 twice, shard 1's never.
     case("shard_index_zero", lambda: kerasfeed.to_dataset(Items(16), num_shards=2, shard_index=0, shuffle=True, seed=1))
     case("shard_index_own", lambda: kerasfeed.to_dataset(Items(16), num_shards=2, shard_index=k, shuffle=True, seed=1))
+    # One distribute call would hand both pipelines this worker's order (docs/multiworker.md: refused).
+    case("distribute_order", lambda: kerasfeed.distribute(
+        strategy, Items(16), batch_size=2, order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=k)))
     # to_loader in a custom loop: this worker's shard too (it read the whole source on every worker).
     case("loader_default", lambda: kerasfeed.to_loader(Items(16), batch_size=2, shuffle=True, seed=0))
     case("loader_num_shards_other", lambda: kerasfeed.to_loader(Items(16), num_shards=3))
@@ -385,6 +388,8 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
             f"same shard read the same items and the other shards are never read. Pass each worker its own "
             f"shard_index (here {k}), or num_shards alone: each worker then reads its own. Received: shard_index=0 "
             f"on worker {k}"), r["shard_index_zero"]
+        assert r["distribute_order"].startswith("ValueError: kerasfeed.distribute: `order` with 2 input pipelines "
+                                                "would hand every pipeline the same order"), r["distribute_order"]
         assert r["shard_index_own"] == IndexOrder(16, shuffle=True, seed=1, num_shards=2,
                                                   shard_index=k).indices(0).tolist(), r["shard_index_own"]
         assert r["loader_default"] == r["num_shards_only"], r["loader_default"]

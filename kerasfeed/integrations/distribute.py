@@ -95,6 +95,14 @@ def distribute(strategy: Any, source: Any, *, batch_size: Optional[int] = None, 
     made: list = []
 
     def dataset_fn(ctx):
+        if to_dataset_kwargs.get("order") is not None and ctx.num_input_pipelines > 1:
+            # to_dataset's own refusal named shuffle/seed/num_shards the user never passed, and advised the
+            # sharded order they had built.
+            raise ValueError(
+                f"kerasfeed.distribute: `order` with {ctx.num_input_pipelines} input pipelines would hand every "
+                "pipeline the same order, which fixes its own shard. Call kerasfeed.to_dataset on each worker with "
+                "that worker's sharded order instead (num_shards=<workers>, shard_index=<this worker>), and "
+                f"strategy.experimental_distribute_dataset. Received: order={to_dataset_kwargs['order']!r}")
         per_replica = None if batch_size is None else ctx.get_per_replica_batch_size(batch_size)
         made.append(to_dataset(source, batch_size=per_replica, input_context=ctx, **to_dataset_kwargs))
         return made[-1]
