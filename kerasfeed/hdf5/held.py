@@ -47,8 +47,9 @@ class HeldFiles:
         self._limit = limit
         self.lock = threading.Lock()
         self._held: collections.OrderedDict = collections.OrderedDict()  # file index -> identity
-        self._datasets: dict = {}  # file index -> {key: h5py.Dataset}
-        self._reading: collections.Counter = collections.Counter()  # file index -> reads in progress
+        self._datasets: dict = {}  # (file index, key) -> h5py.Dataset
+        self._keys: dict = {}  # file index -> its keys in _datasets
+        self._reading: dict = {}  # file index -> reads in progress
 
     def begin(self, file_index: int, key: str, hold: Callable[[int], tuple]):
         """The dataset ``key`` of file ``file_index``, opened if needed and kept open until ``end``.
@@ -57,6 +58,15 @@ class HeldFiles:
         bound method kept here would make a cycle, and a dropped sequence would close its files only at the
         next garbage collection).
         """
+        with self.lock:  # the path of every read but a file's first: a few dict operations
+            ds = self._datasets.get((file_index, key))
+            if ds is not None:
+                self._held.move_to_end(file_index)
+                self._reading[file_index] = self._reading.get(file_index, 0) + 1
+                return ds
+        return self._begin_first(file_index, key, hold)
+
+    def _begin_first(self, file_index: int, key: str, hold: Callable[[int], tuple]):
         with self.lock:
             ident = self._held.get(file_index)
             opened = ident is None
@@ -64,12 +74,12 @@ class HeldFiles:
                 ident = self._held[file_index] = hold(file_index)
             else:
                 self._held.move_to_end(file_index)
-            self._reading[file_index] += 1
+            self._reading[file_index] = self._reading.get(file_index, 0) + 1
             try:
-                datasets = self._datasets.setdefault(file_index, {})
-                ds = datasets.get(key)
+                ds = self._datasets.get((file_index, key))
                 if ds is None:
-                    ds = datasets[key] = REGISTRY.dataset(ident, key)
+                    ds = self._datasets[(file_index, key)] = REGISTRY.dataset(ident, key)
+                    self._keys.setdefault(file_index, []).append(key)
             except BaseException:
                 self._done(file_index)
                 raise
@@ -86,7 +96,8 @@ class HeldFiles:
     def release_all(self) -> list:
         """Forgets every file; returns their identities, for the caller to release."""
         with self.lock:
-            held, self._held, self._datasets = list(self._held.values()), collections.OrderedDict(), {}
+            held = list(self._held.values())
+            self._held, self._datasets, self._keys = collections.OrderedDict(), {}, {}
         return held
 
     @property
@@ -98,8 +109,10 @@ class HeldFiles:
         return len(self._held)
 
     def _done(self, file_index: int) -> None:
-        self._reading[file_index] -= 1
-        if self._reading[file_index] <= 0:
+        left = self._reading[file_index] - 1
+        if left:
+            self._reading[file_index] = left
+        else:
             del self._reading[file_index]
 
     def _over_limit(self) -> list:
@@ -111,7 +124,8 @@ class HeldFiles:
             if self._reading.get(f):
                 continue
             closing.append(self._held.pop(f))
-            self._datasets.pop(f, None)
+            for key in self._keys.pop(f, ()):
+                del self._datasets[(f, key)]
         return closing
 
 
