@@ -284,6 +284,11 @@ def test_bad_arguments():
         kerasfeed.from_queue(42)
     with pytest.raises(ValueError, match=r"bounded queue.*Received: a queue with maxsize=0"):
         kerasfeed.from_queue(queue.Queue())
+    import multiprocessing
+
+    unbounded = multiprocessing.get_context("spawn").Queue()  # its maxsize is CPython's "no limit": it was taken
+    with pytest.raises(ValueError, match=r"bounded queue.*Received: a queue with maxsize=2147483647"):
+        kerasfeed.from_queue(unbounded)
     with pytest.raises(ValueError, match="Received: maxsize=0"):
         kerasfeed.from_queue(epochs_producer(), maxsize=0)
     with pytest.raises(ValueError, match="Received: timeout=-1"):

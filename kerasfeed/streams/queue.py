@@ -118,7 +118,8 @@ class QueueFeed:
         self.waits = WaitScope()
         if hasattr(producer, "get") and callable(producer.get):
             bound = getattr(producer, "maxsize", getattr(producer, "_maxsize", None))
-            if not isinstance(bound, int) or bound <= 0:
+            # multiprocessing.Queue() holds _maxsize 2**31 - 1 (SEM_VALUE_MAX), CPython's "no limit".
+            if not isinstance(bound, int) or bound <= 0 or bound >= 2**31 - 1:
                 raise ValueError(
                     "from_queue needs a bounded queue so that memory stays bounded: create it with a "
                     f"positive maxsize, e.g. queue.Queue(maxsize=64). Received: a queue with maxsize={bound!r}"
