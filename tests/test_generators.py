@@ -399,6 +399,25 @@ def test_processes_run_generators_in_workers_in_the_same_order(closing):
     assert not any(s["tensorflow_imported"] for s in procs._kerasfeed_stream.pool.stats()["per_worker"])
 
 
+def test_processes_a_new_pass_supersedes_an_open_one_instead_of_waiting_for_its_workers(closing):
+    """An iterator kept after a peek held both workers: the next pass waited for one for ever (8 of 8), its
+    timeout not counting, and fit with validation_data on the same dataset hung."""
+
+    def values(i):
+        yield from (np.int64(1000 * i + k) for k in range(100))
+
+    ds = kerasfeed.from_generators(values, 4, executor="processes", workers=2, timeout=5)
+    closing(ds)
+    kept = iter(ds)
+    assert int(next(kept)) == 0
+    assert sorted(int(v) for v in ds) == [1000 * i + k for i in range(4) for k in range(100)]
+    with pytest.raises(tf.errors.OpError, match=r"generator shards of values: pass 0 was closed when pass 1 of the "
+                                                r"same dataset began: on worker processes a stream reads one pass"):
+        for _ in kept:  # what it had buffered, then the refusal: never a silent short pass
+            pass
+    assert sorted(int(v) for v in ds) == [1000 * i + k for i in range(4) for k in range(100)]  # and the next
+
+
 def test_processes_with_a_closure_and_cpu_bound_generators(closing):
     scale = 3.0  # captured by value: the closure travels with cloudpickle
 

@@ -89,6 +89,7 @@ class ShardPass:
         self._n = len(self._order)
         self._stopped = False
         self._failed: Optional[BaseException] = None  # raised again by every later take()
+        self._superseded: Optional[str] = None  # why a newer pass closed this one (``supersede``)
         self._fatal: Optional[BaseException] = None  # a dead worker: fails the pass at once
         self._open = 0
         self._next_start = 0
@@ -238,11 +239,24 @@ class ShardPass:
         with self._lock:
             if self._failed is not None:
                 raise self._failed
+            if self._superseded is not None:
+                raise RuntimeError(self._superseded)
             try:
-                return self._take_det(deadline) if self._det else self._take_any(deadline)
+                got = self._take_det(deadline) if self._det else self._take_any(deadline)
             except BaseException as e:
                 self._failed = e
                 raise
+            if self._superseded is not None and (got is END or got is NOT_READY):  # woken by the close
+                raise RuntimeError(self._superseded)
+            return got
+
+    def supersede(self, why: str) -> None:
+        """Closes the pass for a newer one that needs its workers; every later ``take`` raises ``why``."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._superseded = why
+        self.close()
 
     def _wait(self, deadline: Optional[float]) -> bool:
         if deadline is None:

@@ -8,6 +8,7 @@ dataset is one ``ShardPass`` (``interleave.py``) with new generators.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from kerasfeed import _validation as _v
@@ -163,12 +164,30 @@ class ShardedStream:
             self._passes += 1
         if self.pool is not None:
             self.pool.fresh_if_failed()  # after a dead worker failed the last pass: new workers
+            self._supersede_open_pass(epoch)
         n = len(self.args)
         order = range(n) if self.order is None else pass_view(self.order, epoch)
-        return ShardPass(
+        p = ShardPass(
             order, self._open_shard, self.options, self.describe, name=self.kind.replace(" ", "-"),
             stats=self._stats if self.pool is None else None,  # a worker process times its own items
         )
+        if self.pool is not None:
+            self._open_pass = (epoch, weakref.ref(p))
+        return p
+
+    def _supersede_open_pass(self, epoch: int) -> None:
+        """On worker processes a pass's shards hold the workers until they end: a pass still open (an
+        iterator kept after a peek; fit's training iterator while validation reads the same dataset)
+        left the new one waiting for a worker for ever, its timeout not counting. The newer pass wins,
+        as from_queue's does, and the older one says why if it is read again."""
+        older, self._open_pass = getattr(self, "_open_pass", None), None
+        p = older[1]() if older is not None else None
+        if p is not None:
+            p.supersede(
+                f"{self.kind}s of {_task_name(self.task)}: pass {older[0]} was closed when pass {epoch} of the same "
+                "dataset began: on worker processes a stream reads one pass at a time (its shards hold the workers). "
+                "Read one iterator to its end (or delete it) before the next, or use executor='threads', which reads "
+                "several at once. Received: a read of pass " + str(older[0]))
 
     def attach_stats(self, collector: Any) -> None:
         """Reports each item's make time to ``collector`` (a ``StatsCollector``): timed by the producer
