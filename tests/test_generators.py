@@ -416,6 +416,11 @@ def test_processes_a_new_pass_supersedes_an_open_one_instead_of_waiting_for_its_
         for _ in kept:  # what it had buffered, then the refusal: never a silent short pass
             pass
     assert sorted(int(v) for v in ds) == [1000 * i + k for i in range(4) for k in range(100)]  # and the next
+    # Fewer shards than workers: an open pass leaves a worker free, and two passes read side by side as before.
+    few = kerasfeed.from_generators(values, 2, executor="processes", workers=4, timeout=5)
+    closing(few)
+    pairs = [(int(a), int(b)) for a, b in zip(few, few)]
+    assert len(pairs) == 200 and all(a == b for a, b in pairs)
 
 
 def test_processes_with_a_closure_and_cpu_bound_generators(closing):

@@ -182,7 +182,8 @@ class ShardedStream:
         as from_queue's does, and the older one says why if it is read again."""
         older, self._open_pass = getattr(self, "_open_pass", None), None
         p = older[1]() if older is not None else None
-        if p is not None:
+        shards = len(self.args) if self.order is None else self.order.shard_length
+        if p is not None and min(shards, self.options.max_open) >= self.workers:  # else a worker stays free
             p.supersede(
                 f"{self.kind}s of {_task_name(self.task)}: pass {older[0]} was closed when pass {epoch} of the same "
                 "dataset began: on worker processes a stream reads one pass at a time (its shards hold the workers). "
