@@ -43,15 +43,6 @@ logger = logging.getLogger("kerasfeed")
 _POLL_S = 0.5
 
 
-
-def _outlive_at_exit() -> None:
-    """A thread whose pool the interpreter's exit closed (its ``weakref.finalize``) waits here until the process
-    ends, as it would on a thread pool: it printed "Exception in thread ...: WorkerError: the worker pool ... was
-    closed" after the script's last line. The exit began once ``threading``'s shutdown stopped the main thread;
-    every thread left then is a daemon (the others were joined), so this holds the exit up for none."""
-    if not threading.main_thread().is_alive():
-        threading.Event().wait()
-
 class Dispatcher:
     """The pool's state and its one lock; shared by the ``ProcessExecutor`` handle
     and the reader threads (which must not keep the handle alive).
@@ -391,8 +382,6 @@ class Dispatcher:
             lane, req = taken
         cpu = time.thread_time() - t0
         self._wait(lane, req)
-        if req.error is not None and self.closed:
-            _outlive_at_exit()
         if req.error is not None:
             if self.retries:
                 lane, req = self._retry(index, epoch, lane, req)
