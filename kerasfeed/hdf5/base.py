@@ -360,39 +360,41 @@ class H5Base(SceneSequence):
         """Rows [start, stop) of ``key`` in one file."""
         if file_index in self._remote:
             return self._read_many([(file_index, key, [(start, stop)])])[0]
+        # Plain slicing takes h5py's fast path (read_direct costs ~10x more per call on small datasets).
+        return self._read_local(file_index, key, f"rows {start}:{stop}", stop, stop - start,
+                                lambda ds: ds[start:stop], raised=(FileNotFoundError, IsADirectoryError))
+
+    def _read_local(self, file_index: int, key: str, asked: str, stop: int, n: int, read, raised: tuple = ()):
+        """``read(dataset)``: ``n`` rows of a local file's ``key``, the last before ``stop`` (refreshed under SWMR),
+        the file held open meanwhile; errors but ``FileChangedError`` (and ``raised`` at the open) named."""
         try:
             ds = self._begin_read(file_index, key)
-        except (FileNotFoundError, IsADirectoryError, FileChangedError):
+        except (FileChangedError, *raised):
             raise
         except Exception as e:
-            raise self._read_failed(file_index, key, f"rows {start}:{stop}", e) from e
+            raise self._read_failed(file_index, key, asked, e) from e
         try:
             if self.swmr and stop > ds.shape[0]:
                 ds.refresh()  # rows appended since this process last looked
-            # Plain slicing takes h5py's fast path (read_direct costs ~10x more
-            # per call on small datasets).
-            rows = ds[start:stop]
-            if len(rows) != stop - start:  # h5py clips a slice at the end, as numpy does
-                raise self._rows_missing(file_index, key, f"rows {start}:{stop}", ds)
+            out = read(ds)
+            if len(out) != n:  # h5py clips a slice at the end, as numpy does: the dataset shrank
+                raise FileChangedError(
+                    f"{type(self).__name__}: dataset '{key}' in file '{self._paths[file_index]}' has {ds.shape[0]} "
+                    f"rows now, {self._lengths[file_index]} when the sequence was built, so {asked} cannot be read: "
+                    "the file changed since (rewritten or truncated in place). Build a new sequence to read it as it "
+                    "is now.")
         except FileChangedError:
             raise
         except Exception as e:
-            raise self._read_failed(file_index, key, f"rows {start}:{stop}", e) from e
+            raise self._read_failed(file_index, key, asked, e) from e
         finally:
             self._h5.end(file_index)
-        return rows
+        return out
 
     def _read_failed(self, file_index: int, key: str, rows: str, e: BaseException) -> OSError:
         return OSError(f"{type(self).__name__}: reading {rows} of dataset '{key}' in file "
                        f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}")
 
-    def _rows_missing(self, file_index: int, key: str, asked: str, ds) -> FileChangedError:
-        """The error for a read that got fewer rows than asked: the dataset shrank since construction."""
-        return FileChangedError(
-            f"{type(self).__name__}: dataset '{key}' in file '{self._paths[file_index]}' has {ds.shape[0]} "
-            f"rows now, {self._lengths[file_index]} when the sequence was built, so {asked} cannot be read: "
-            "the file changed since (rewritten or truncated in place). Build a new sequence to read it as it is now."
-        )
 
     def _read_global_rows(self, start: int, stop: int) -> dict:
         """Rows [start, stop) of the concatenated index space, for every key."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from kerasfeed.hdf5.base import FileChangedError, H5Base
+from kerasfeed.hdf5.base import H5Base
 from kerasfeed.hdf5.keys import KeysLike, PathsLike
 from kerasfeed.hdf5.options import H5Keywords
 from kerasfeed.remote.chunks import concat
@@ -142,28 +142,10 @@ class H5RowSequence(H5Base):
         return self._finish(self._check_index(index), arrays)
 
     def _read_runs(self, file_index: int, key: str, runs: list) -> np.ndarray:
-        n, first, last = sum(b - a for a, b in runs), runs[0][0], runs[-1][1] - 1
-        asked = f"{n} rows ({first}..{last})"
-        try:
-            ds = self._begin_read(file_index, key)
-        except FileChangedError:
-            raise
-        except Exception as e:
-            raise self._read_failed(file_index, key, asked, e) from e
-        try:
-            if self.swmr and last >= ds.shape[0]:
-                ds.refresh()
-            # One slice per run: h5py's fast path (a point selection of scattered rows measured slower).
-            out = concat([ds[a:b] for a, b in runs])
-            if len(out) != n:  # h5py clips slices at the end: the dataset shrank
-                raise self._rows_missing(file_index, key, asked, ds)
-        except FileChangedError:
-            raise
-        except Exception as e:
-            raise self._read_failed(file_index, key, asked, e) from e
-        finally:
-            self._h5.end(file_index)
-        return out
+        n, first, stop = sum(b - a for a, b in runs), runs[0][0], runs[-1][1]
+        # One slice per run: h5py's fast path (a point selection of scattered rows measured slower).
+        return self._read_local(file_index, key, f"{n} rows ({first}..{stop - 1})", stop, n,
+                                lambda ds: concat([ds[a:b] for a, b in runs]))
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()

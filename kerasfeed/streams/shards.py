@@ -128,6 +128,7 @@ class ShardedStream:
         self._lock = threading.Lock()
         self._generators = GeneratorsSeen()
         self._passes = 0
+        self._open_pass: Optional[tuple] = None  # (pass, weak ref) of the last pass opened on worker processes
         self._stats: Any = None
         if executor == "processes":
             from kerasfeed.execution.pickling import dumps_task
@@ -180,7 +181,7 @@ class ShardedStream:
         iterator kept after a peek; fit's training iterator while validation reads the same dataset)
         left the new one waiting for a worker for ever, its timeout not counting. The newer pass wins,
         as from_queue's does, and the older one says why if it is read again."""
-        older, self._open_pass = getattr(self, "_open_pass", None), None
+        older, self._open_pass = self._open_pass, None
         p = older[1]() if older is not None else None
         shards = len(self.args) if self.order is None else self.order.shard_length
         if p is not None and min(shards, self.options.max_open) >= self.workers:  # else a worker stays free
