@@ -116,6 +116,34 @@ def test_a_stuck_item_logs_one_notice_naming_it(monkeypatch, caplog):
     assert "_Late[3]" in notes[0] and "timeout=" in notes[0] and "Ctrl-C" in notes[0], notes[0]
 
 
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_the_stuck_item_notice_names_the_timeout_given(monkeypatch, caplog, executor):
+    # A timeout longer than the notice interval: the notice must not say none was given.
+    monkeypatch.setenv(NOTICE_ENV, "0.5")
+    src = _Slow()
+    workers = {"workers": 1} if executor == "processes" else {}
+    loader = kerasfeed.to_loader(src, batch_size=None, executor=executor, timeout=30, **workers)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kerasfeed"):
+            got = [int(x[0]) for x in loader]
+    finally:
+        loader.close()
+    assert got == list(range(8))
+    notes = _notices(caplog)
+    assert len(notes) == 1, notes
+    assert "timeout=30 s" in notes[0] and "no `timeout=`" not in notes[0], notes[0]
+
+
+class _Slow:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 4:  # not one of the items probed for the signature (0-2 and the last)
+            time.sleep(1.5)  # three notice intervals; picklable for worker processes
+        return np.full((2,), i, np.float32)
+
+
 def test_a_stuck_stream_item_logs_one_notice_naming_shard_and_worker(monkeypatch, caplog):
     monkeypatch.setenv(NOTICE_ENV, "0.5")
 

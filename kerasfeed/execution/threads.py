@@ -109,7 +109,7 @@ class ThreadExecutor(Executor):
         self._finalizer: Optional[weakref.finalize] = None
         self._loads = 0  # loads started (for parking)
         self._watch = ParkWatch(self)
-        self.waits = WaitScope()
+        self.waits = WaitScope(self._timeout)
 
     @classmethod
     def from_options(cls, source: Any, options: Any) -> "ThreadExecutor":

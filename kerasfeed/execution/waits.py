@@ -24,7 +24,7 @@ import math
 import os
 import threading
 import time
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from kerasfeed.execution.interrupts import sigints
 
@@ -62,11 +62,12 @@ class WaitAbandoned(RuntimeError):
 class WaitScope:
     """The waits of one executor, and the live consumers (iterators) over it."""
 
-    def __init__(self):
+    def __init__(self, timeout: Optional[float] = None):
         self._lock = threading.Lock()
         self._gen = 0
         self._consumers = 0
         self.notice_s = stuck_notice_s()  # a bad value fails where the dataset is made
+        self.timeout = timeout  # the executor's ``timeout=``, named by the notice
 
     def consumer_started(self) -> None:
         with self._lock:
@@ -120,12 +121,19 @@ class Wait:
         now = time.monotonic()
         if now >= self._notice_at:
             self._notice_at = math.inf
+            timeout = getattr(self._scope, "timeout", None)
+            remedy = (
+                " (no `timeout=` was given); it looks stuck. Pass `timeout=` (seconds) to fail with an error "
+                "instead of waiting"
+                if timeout is None
+                else f"; it looks stuck. It fails with an error once an item takes timeout={timeout:g} s"
+            )
             logger.warning(
-                "kerasfeed: waiting for %s for %.0f s (no `timeout=` was given); it looks stuck. Pass "
-                "`timeout=` (seconds) to fail with an error instead of waiting; Ctrl-C stops the wait. "
+                "kerasfeed: waiting for %s for %.0f s%s; Ctrl-C stops the wait. "
                 "(This notice comes once per wait, after %s=%g s.)",
                 _name(what),
                 now - self._t0,
+                remedy,
                 NOTICE_ENV,
                 self._scope.notice_s,
             )

@@ -144,7 +144,7 @@ class ShardedStream:
             self.pool = ProcessExecutor.from_options(None, options, name=f"{kind}s of {_task_name(task)}")
         # Deleting the last iterator over the stream, or Ctrl-C, ends its waits (``execution/waits.py``;
         # counted by ``tfdata/consumers.py``): the pool's with worker processes.
-        self.waits: Any = self.pool.waits if self.pool is not None else WaitScope()
+        self.waits: Any = self.pool.waits if self.pool is not None else WaitScope(timeout)
 
     def __len__(self) -> int:
         return len(self.args)

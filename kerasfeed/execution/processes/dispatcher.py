@@ -80,7 +80,7 @@ class Dispatcher:
         self.failure: Optional[WorkerError] = None
         # The iterator deleted or Ctrl-C ends a wait (execution/waits.py); an
         # executor that restarts its pool after parking hands the same scope on.
-        self.waits = waits if waits is not None else WaitScope()
+        self.waits = waits if waits is not None else WaitScope(options.timeout)
         self.loads = 0  # loads started, and in progress (for parking: NOTE [ Parking after a failed pass ])
         self.loading = 0
         self.acquiring = 0  # direct loads waiting for a slot (the plans wait for them)

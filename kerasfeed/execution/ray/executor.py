@@ -179,7 +179,7 @@ class RayExecutor(LoadsMixin, Executor):
         self._parked = False
         self._collector: Any = None
         self._watch = ParkWatch(self)
-        self.waits = WaitScope()
+        self.waits = WaitScope(options.timeout)
         self.counts = RetryCounts()
         self._loads = self._loading = 0
         self._items, self._consumer_cpu_s = 0, 0.0
