@@ -172,6 +172,38 @@ def test_producer_error_names_the_producer_and_keeps_earlier_items():
     assert "Original traceback" in msg and "raise ConnectionError" in msg
 
 
+def test_a_put_after_the_producer_returned_is_refused_not_lost():
+    # The producer hands `put` to a thread and returns before it is done: its items would follow the
+    # end and never be read (and the thread would block for ever once the queue filled).
+    late = {}
+    go = threading.Event()
+
+    def straggler(put):
+        go.wait(30)
+        try:
+            for k in range(100):
+                put(np.float32(100 + k))
+        except RuntimeError as e:
+            late["error"] = e
+
+    def producer(put):
+        for k in range(3):
+            put(np.float32(k))
+        put(kerasfeed.END_OF_EPOCH)
+        late["thread"] = threading.Thread(target=straggler, args=(put,), daemon=True)
+        late["thread"].start()
+
+    ds = kerasfeed.from_queue(producer, maxsize=4)
+    assert [float(v) for v in ds] == [0, 1, 2]
+    producing = [t for t in threading.enumerate() if t.name == "kerasfeed-queue-producer"]
+    assert wait_until(lambda: not any(t.is_alive() for t in producing), 30), "the producer did not return"
+    go.set()
+    late["thread"].join(30)
+    assert not late["thread"].is_alive(), "the thread putting after the producer returned blocked"
+    assert "put() was called after the from_queue producer producer returned" in str(late["error"])
+    assert "Received: a put after 3 items" in str(late["error"])
+
+
 def test_producer_error_before_any_item_fails_at_creation():
     def broken(put):
         raise PermissionError("no access to /data/stream")

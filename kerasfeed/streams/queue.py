@@ -111,6 +111,7 @@ class QueueFeed:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.produced = 0  # items put by a callable producer (for tests and stats)
+        self._returned = False  # the callable producer returned or raised
         self._stats: Any = None  # a StatsCollector: each put item's make time (callable producers)
         self._free_since = 0.0  # when the producer began making its next item
         # Deleting the last iterator over the feed, or Ctrl-C, ends the consumer's wait
@@ -154,6 +155,7 @@ class QueueFeed:
             return
         except Exception as e:  # noqa: BLE001 - handed to the consumer, in order
             error = StreamError.from_exception(self.name, e, items_before=self.produced)
+        self._returned = True  # a later put would land after the end: refused (``put``)
         try:
             self._put_blocking(_ProducerDone(error))
         except QueueClosed:
@@ -175,7 +177,14 @@ class QueueFeed:
 
         Raises:
             QueueClosed: the feed was closed; let it propagate to stop.
+            RuntimeError: the producer had returned (a thread it handed ``put`` to outlived it).
         """
+        if self._returned:
+            raise RuntimeError(
+                f"kerasfeed: put() was called after {self.name} returned; the stream "
+                "had ended there, so this item would never be read. Return from the producer only after every "
+                f"thread it hands `put` to is done. Received: a put after {self.produced} items"
+            )
         stats = self._stats
         if stats is not None and item is not END_OF_EPOCH:
             # The producer's time since its previous put (or its start):
