@@ -169,6 +169,25 @@ def test_a_closed_pipeline_s_dataset_keeps_none_of_the_store_mapped():
 
 
 # ---------------------------------------------------------------- a reused directory's budget
+@pytest.mark.parametrize("where", ["memory", "directory"])
+def test_max_bytes_of_k_items_stores_k_items(tmp_path, where):
+    # A budget of exactly what a full run reports for k items (cache_bytes / items) holds k, not k - 1.
+    source = Numbered(16, KIB8)
+    with kerasfeed.to_loader(source, executor="threads", cache="memory") as full:
+        list(full)
+        figures = _cache_figures(full)
+    assert figures["cache_items"] == 16
+    record = figures["cache_bytes"] // 16
+    directory = str(tmp_path / "kept") if where == "directory" else None
+    budget = kerasfeed.Cache(directory, max_bytes=5 * record)
+    with kerasfeed.to_loader(source, executor="threads", cache=budget) as five:
+        list(five)
+        list(five)
+        figures = _cache_figures(five)
+    assert figures["cache_items"] == 5 and figures["cache_bytes"] == 5 * record, figures
+    assert figures["cache_capacity"] == 5 * record and figures["cache_full"], figures
+
+
 def test_a_reused_directory_stores_up_to_this_run_s_max_bytes_and_reports_it(tmp_path, caplog):
     directory = str(tmp_path / "kept")
     item = np.zeros(KIB8, np.float32)

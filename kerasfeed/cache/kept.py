@@ -340,14 +340,14 @@ def _trim(kept: KeptDirectory, n: int, capacity: int, boot: int) -> None:
         if not renamed:
             logger.warning("kerasfeed: cache %s holds more than this run's max_bytes (%d bytes) and could not be "
                            "trimmed (%s); it is served as it is, and stores nothing more.", kept.directory,
-                           capacity, e)
+                           capacity - FIRST_OFFSET, e)
             return
         # The new index is in place; it points only at records the old data file holds too: served so.
         logger.warning("kerasfeed: cache %s: its data file could not be shrunk (%s); the entries past this run's "
                        "max_bytes were dropped all the same.", kept.directory, e)
     logger.warning("kerasfeed: cache %s trimmed to this run's max_bytes (%d bytes): %d of its %d items kept "
                    "(%s of %s), the items stored first; the rest are made every pass.", kept.directory,
-                   capacity, int(keep.sum()), before[0], _size(int(q[H_HELD_BYTES])), _size(before[1]))
+                   capacity - FIRST_OFFSET, int(keep.sum()), before[0], _size(int(q[H_HELD_BYTES])), _size(before[1]))
 
 
 def _size(nbytes: int) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.cache.kept import close_kept, open_kept
 from kerasfeed.cache.keys import source_key
-from kerasfeed.cache.store import LAYOUT, ItemStore
+from kerasfeed.cache.store import FIRST_OFFSET, LAYOUT, ItemStore
 
 MIN_BYTES = 128  # the smallest store: a 64-byte header, then room for a record
 # What a store may hold when max_bytes is not given: this share of the memory
@@ -190,7 +190,9 @@ def _capacity(cache: Cache, directory: Optional[str]) -> int:
         size = int(max(available_memory() - _unfilled(), 0) * MEMORY_SHARE)
     else:
         size = int(shutil.disk_usage(directory).free * DISK_SHARE)
-    return max(size, MIN_BYTES)  # the first record starts at 64
+    # The data file's first 64 bytes hold no record: the file is that much longer than the budget, so
+    # that ``max_bytes`` of records fit (the sum a full run's ``cache_bytes`` reports).
+    return max(size, MIN_BYTES) + FIRST_OFFSET
 
 
 def open_store(
@@ -260,8 +262,8 @@ def _sized(cache: Cache, capacity: int, where: str):
         if cache.max_bytes is None or e.errno not in (errno.EFBIG, errno.ENOMEM, errno.EINVAL, errno.EOVERFLOW):
             raise
         raise ValueError(
-            f"Cache: no store of max_bytes={capacity:,} bytes can be made {where} ({e.strerror}). Pass a "
-            f"max_bytes the memory or the file system can hold, or None (half of what is available). "
+            f"Cache: no store of max_bytes={capacity - FIRST_OFFSET:,} bytes can be made {where} ({e.strerror}). "
+            f"Pass a max_bytes the memory or the file system can hold, or None (half of what is available). "
             f"Received: max_bytes={cache.max_bytes}") from None
 
 

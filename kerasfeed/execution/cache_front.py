@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from kerasfeed.cache.key_sources import ignored
-from kerasfeed.cache.store import EVER, index_chunks
+from kerasfeed.cache.store import EVER, FIRST_OFFSET, index_chunks
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache, run_augment
@@ -250,7 +250,7 @@ class CacheFront(Executor):
             "cache_misses": self.misses,
             "cache_items": figures["items"],
             "cache_bytes": figures["bytes"],
-            "cache_capacity": figures["capacity"],
+            "cache_capacity": figures["capacity"] - FIRST_OFFSET,  # the budget: the file's first 64 bytes hold none
             "cache_full": figures["full"],
             "cache_fill": self._fill(figures),
         }
