@@ -552,3 +552,58 @@ def test_a_subclass_s_cache_ignores_adds_to_its_bases(tmp_path):
     seq.cache_ignores = ("note",)
     assert ignored(seq) == {"seed", "log", "note"}
     assert "seed" not in source_key(seq, len(seq), None, 1)["attributes"]
+
+
+_SWMR_WRITER = textwrap.dedent('''
+    import sys, h5py, numpy as np
+    f = h5py.File(sys.argv[1], "w", libver="latest")
+    rows = f.create_dataset("labels", (0,), maxshape=(None,), dtype="i8", chunks=(16,))
+    f.swmr_mode = True
+    n = 0
+    print("ok", flush=True)
+    for line in sys.stdin:
+        k = int(line)
+        if k == 0:
+            break
+        rows.resize((n + k,))
+        rows[n:n + k] = np.arange(n, n + k) + 1
+        f.flush()
+        n += k
+        print("ok", flush=True)
+    f.close()
+''')
+
+
+def test_a_kept_cache_over_a_file_a_swmr_writer_grew_is_rebuilt(tmp_path):
+    # Run 1's sequence saw 95 rows of a live file; the writer then appended 5 and closed it (its size
+    # and mtime are of 100 rows when the key is made). Run 2's sequence sees 100 rows: the same number
+    # of batches, but its last one has 50 rows, not run 1's 45.
+    path, directory = str(tmp_path / "growing.h5"), str(tmp_path / "kept")
+    writer = subprocess.Popen([sys.executable, "-c", _SWMR_WRITER, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ok"
+
+        def append(k):
+            writer.stdin.write(f"{k}\n")
+            writer.stdin.flush()
+            if k:
+                assert writer.stdout.readline().strip() == "ok"
+
+        append(95)
+        first = kerasfeed.H5SliceSequence(path, "labels", batch_size=50, swmr=True)
+        append(5)
+        append(0)
+        assert writer.wait(60) == 0
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    with kerasfeed.to_loader(first, cache=directory) as loader:
+        assert [len(b) for b in loader] == [50, 45]
+    first.close()
+    second = kerasfeed.H5SliceSequence(path, "labels", batch_size=50, swmr=True)
+    with kerasfeed.to_loader(second, cache=directory) as loader:
+        got = list(loader)
+    second.close()
+    assert [len(b) for b in got] == [50, 50]
+    np.testing.assert_array_equal(np.concatenate(got), np.arange(100) + 1)

@@ -116,8 +116,10 @@ class H5Base(SceneSequence):
         return REMOTE_WORKER_THREADS if getattr(self, "_remote", None) else None
 
     def kerasfeed_settings(self) -> dict:
-        """What decides the items besides the public attributes, for cache keys: the files' order, the keys."""
-        return {"paths": self._shown_paths(), "keys": repr(self._keys_structure)}
+        """What decides the items besides the public attributes, for cache keys: the files' order, the keys,
+        and the rows each file had at construction (a file a SWMR writer grew since keeps its size and mtime
+        of now in ``kerasfeed_identity``, while the sequence reads the rows it saw)."""
+        return {"paths": self._shown_paths(), "keys": repr(self._keys_structure), "rows": repr(self.file_lengths)}
 
     def kerasfeed_identity(self) -> dict:
         """What each file is now: ``{path or URL: identity}``, for caches keyed by the data they hold.
