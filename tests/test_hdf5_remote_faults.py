@@ -429,3 +429,33 @@ def test_a_short_timeout_counts_the_request_not_the_making_of_the_filesystem(sce
         "print('batches', len(seq), seq[0].tolist())\n"
     )
     assert f"batches 6 {scenes[1][0][1].tolist()}" in _fresh_process(code), code
+
+
+class _Holding(kerasfeed.SceneSequence):
+    """A user's source holding a kerasfeed reader as an attribute (its files are in the cache's key)."""
+
+    def __init__(self, reader):
+        super().__init__()
+        self.reader = reader
+
+    def __len__(self):
+        return len(self.reader)
+
+    def __getitem__(self, i):
+        return self.reader[i]
+
+
+def test_a_held_reader_whose_version_check_fails_is_refused_not_left_out_of_the_key(scenes, srv, tmp_path):
+    # The check's error was swallowed: the key had no file, a full kept cache was emptied ("no longer names"),
+    # and a later run whose object had been replaced matched that key and served the old object's items.
+    url, cache = f"{srv.url}/a.h5", str(tmp_path / "items")
+    reader = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4, remote_options={"attempts": 2, **FAST_RETRY})
+    with kerasfeed.to_loader(_Holding(reader), executor="threads", cache=cache) as loader:
+        _same(list(loader), scenes[1])
+    srv.inject("503", 2)  # both tries of the version check
+    with pytest.raises(OSError, match=r"a.h5.*failed 2 times \(attempts=2.*HTTP 503"):
+        kerasfeed.to_loader(_Holding(reader), executor="threads", cache=cache)
+    assert srv.faults_left() == 0
+    with kerasfeed.to_loader(_Holding(reader), executor="threads", cache=cache) as loader:
+        _same(list(loader), scenes[1])
+        assert kerasfeed.stats(loader)["cache_misses"] == 0  # the store answers again: the cache was kept

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -87,14 +87,17 @@ def own_files(value: Any) -> Optional[dict]:
     own = getattr(value, "kerasfeed_identity", None)
     if not callable(own) or isinstance(value, type):
         return None
-    return {str(k): str(v) for k, v in dict(own()).items()}
+    files = own()
+    if not isinstance(files, Mapping):  # a mock, say, answering every attribute: not a reader
+        return None
+    return {str(k): str(v) for k, v in files.items()}
 
 
 def _files_in(value: Any, found: dict) -> None:
-    try:
-        held = own_files(value)  # a kerasfeed HDF5 reader the source holds: its files
-    except Exception:  # noqa: BLE001 - its files are named where it reads them (a missing one, say)
-        return
+    # A kerasfeed HDF5 reader the source holds: its files. Its errors (a file gone, an object replaced, a
+    # store that does not answer) propagate as for a reader given itself: a key without its files would
+    # be matched by a later run whose objects changed.
+    held = own_files(value)
     if held is not None:
         found.update(held)
         return
