@@ -128,7 +128,8 @@ class H5Base(SceneSequence):
         version and size the sequence reads (``"etag=...,size=..."``; ``generation=`` on GCS), checked against
         the store's now, one request per object. A changed file has another identity. A URL is keyed without
         its query string (a presigned URL's signature is no name to keep in a cache's index); URLs that differ
-        only there (``/get?f=a.h5``, ``/get?f=b.h5``) are keyed with their place in the list as well.
+        only there (``/get?f=a.h5``, ``/get?f=b.h5``) are keyed with their place in the list as well, and an
+        object without an ETag or generation has a digest of its query in its identity.
 
         Raises:
             FileNotFoundError, PermissionError, OSError: a file is gone or cannot be read; the message names it.
@@ -149,7 +150,7 @@ class H5Base(SceneSequence):
                         f"Received: {now.identity()} now, {rf.pin.identity()} at construction"
                     )
                 shown = shown_as[j]
-                out[shown if twins[shown] == 1 else f"{shown} (file {j})"] = rf.pin.identity()
+                out[shown if twins[shown] == 1 else f"{shown} (file {j})"] = rf.pin.keyed_identity(path)
                 continue
             self._identity(path)  # FileNotFoundError naming the file
             out[path] = "size={},mtime_ns={}".format(*written_stamp(path))

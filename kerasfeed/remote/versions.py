@@ -12,7 +12,9 @@ only the size (``fetch.Store`` warns once).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Optional
+from urllib.parse import urlsplit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,17 @@ class ObjectStat:
             ("last_modified", None if self.etag or self.generation else self.last_modified),
         ) if value]
         return ",".join([*parts, f"size={self.size}"])
+
+    def keyed_identity(self, url: str) -> str:
+        """``identity()`` for a cache's key, with ``,query=<digest>`` for an http(s) URL with a query whose
+        store gives no strong version (no ETag or generation): keyed without its query, two objects of one
+        download endpoint (``?f=a.h5``, ``?f=b.h5``) of one size and second would have one identity across
+        runs. A digest, never the query (a presigned URL's signature); with an ETag the query stays out, so
+        a signature renewed every run keeps the cache."""
+        query = urlsplit(url).query if url.lower().startswith(("http://", "https://")) else ""
+        if not query or self.etag or self.generation or self.version:
+            return self.identity()
+        return f"{self.identity()},query={hashlib.sha256(query.encode()).hexdigest()[:16]}"
 
     def same_version(self, other: ObjectStat) -> bool:
         """Whether ``other`` (a later stat) is this version: GCS' etag changes with metadata alone, so a
