@@ -8,6 +8,7 @@ objects: ``test_hdf5_remote_faults.py``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import pickle
@@ -319,6 +320,27 @@ def test_a_small_dataset_is_fetched_whole_once_per_process(stores):
     # Afterwards only points' chunks are fetched: the labels are kept in this process (not pickled).
     assert rest["bytes"] == points.stored_bytes - points.ranges([(0, 4)])[0][1] + points.ranges([(0, 4)])[0][0]
     assert "labels" in seq._remote[0].kept and pickle.loads(pickle.dumps(seq))._remote[0].kept == {}
+
+
+def test_a_small_dataset_wanted_by_many_threads_at_once_is_fetched_whole_once(stores):
+    # A run over a partly filled kept cache starts every missing item at once, none finding the labels
+    # kept yet: each fetched them whole (43 fetches for 43 items, a helper measured).
+    srv = stores["srv"]
+    url, local = stores["urls"]["http"][0], stores["local"][0]
+    seq = kerasfeed.H5SliceSequence(url, ("points", "labels"), 4)
+    labels = seq._remote[0].layouts["labels"]
+    whole = labels.ranges([(0, labels.shape[0])])
+    plain = kerasfeed.H5SliceSequence(local, ("points", "labels"), 4)
+    srv.delay, before = 0.05, len(srv.log)  # every request takes a while: the threads' reads overlap
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(seq)) as pool:
+            got = list(pool.map(seq.__getitem__, range(len(seq))))
+    finally:
+        srv.delay = 0.0
+    for i, batch in enumerate(got):
+        _same(batch, plain[i])
+    spans = [(start, end) for _, start, end in srv.log[before:]]
+    assert sum(start <= whole[0][0] and whole[-1][1] <= end for start, end in spans) == 1, spans
 
 
 def test_threads_processes_and_export_give_the_local_batches(stores, tmp_path):

@@ -56,6 +56,9 @@ class RemoteFile:
         self._datasets: dict = {}
         self._store: Optional[Store] = None  # this process's, held here: ``STORES`` keeps it only while held
         self._pid = os.getpid()
+        # key -> Event: a small dataset being fetched whole by a thread of this process (``_KeptBytes.claim``);
+        # a forked child starts without its parent's (their threads are not in it).
+        self.fetching: dict = {}
 
     def _check_process(self) -> None:
         """In a forked child, drops (never closes) the parent's h5py file: it reads through the parent's event
@@ -65,7 +68,7 @@ class RemoteFile:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_lock", "_h5", "_datasets", "_store", "kept", "_pid", "_head"):
+        for name in ("_lock", "_h5", "_datasets", "_store", "kept", "_pid", "_head", "fetching"):
             state.pop(name, None)
         return state
 
@@ -219,6 +222,24 @@ class _KeptBytes:
     def room(self, nbytes: int) -> bool:
         return self.used + nbytes <= KEPT_BUDGET
 
+    def claim(self, rf: RemoteFile, key: str) -> tuple:
+        """``(event, True)``: the caller fetches ``key`` whole, then ``release``s it; ``(event, False)``: another
+        thread of this process is fetching it: wait on the event, then look in ``rf.kept``. Without it, the
+        items of a run over a partly filled cache, started at once, each fetched the whole dataset."""
+        rf._check_process()
+        with self._lock:
+            event = rf.fetching.get(key)
+            if event is not None:
+                return event, False
+            event = rf.fetching[key] = threading.Event()
+            return event, True
+
+    def release(self, rf: RemoteFile, key: str) -> None:
+        with self._lock:
+            event = rf.fetching.pop(key, None)
+        if event is not None:
+            event.set()
+
     def keep(self, rf: RemoteFile, key: str, data: dict) -> None:
         """``rf`` keeps ``data`` for ``key`` if the budget has room (else its rows are fetched per batch)."""
         nbytes = sum(len(v) for v in data.values())
@@ -278,21 +299,52 @@ def read_parts(parts: list) -> list:
     """
     wanted: dict = {}  # id(file) -> (file, set of byte ranges)
     plans, keep = [], []
-    for rf, key, runs in parts:
-        layout = rf.layouts[key]
-        if not layout.fast:
-            plans.append(None)
-            continue
-        if key in rf.kept:
-            plans.append(())
-            continue
-        if layout.stored_bytes <= rf.options.small_dataset and _KEPT.room(layout.stored_bytes):  # fetched whole, kept
-            ranges = layout.ranges([(0, layout.shape[0])])
-            keep.append((rf, key, ranges))
-        else:
-            ranges = layout.ranges(runs)
-        wanted.setdefault(id(rf), (rf, set()))[1].update(ranges)
-        plans.append(ranges)
+    try:
+        for rf, key, runs in parts:
+            layout = rf.layouts[key]
+            if not layout.fast:
+                plans.append(None)
+                continue
+            ranges = _whole_once(rf, key, layout, keep)
+            if ranges == ():
+                plans.append(())
+                continue
+            ranges = ranges or layout.ranges(runs)
+            wanted.setdefault(id(rf), (rf, set()))[1].update(ranges)
+            plans.append(ranges)
+        fetched = _fetch(wanted)
+        for rf, key, ranges in keep:
+            table = fetched.get(id(rf), {})
+            _KEPT.keep(rf, key, {r: bytes(table[r]) for r in ranges})  # a copy: the response it came in can go
+    finally:
+        for rf, key, _ in keep:  # fetched or failed: the threads waiting for it go on
+            _KEPT.release(rf, key)
+    return _assemble(parts, plans, fetched)
+
+
+def _whole_once(rf: RemoteFile, key: str, layout: Any, keep: list) -> Any:
+    """A small dataset (``RemoteOptions.small_dataset``) is fetched whole once per process and kept: ``()``
+    when it is kept (after waiting for the thread fetching it, if one is), its whole ranges when this call
+    fetches it (``keep`` says so), None when its rows are fetched as asked."""
+    if key in rf.kept:
+        return ()
+    if layout.stored_bytes > rf.options.small_dataset or not _KEPT.room(layout.stored_bytes):
+        return None
+    whole = layout.ranges([(0, layout.shape[0])])
+    if any(k == key and f is rf for f, k, _ in keep):
+        return whole  # this call fetches it already (a second part of the same dataset)
+    event, mine = _KEPT.claim(rf, key)
+    if mine:
+        keep.append((rf, key, whole))
+        return whole
+    if keep:
+        return None  # a call fetching a dataset whole never waits for another's: no two wait on each other
+    event.wait()  # its fetcher releases it whatever happens (``read_parts``' finally)
+    return () if key in rf.kept else None  # its fetch failed or found no room: this part's rows
+
+
+def _fetch(wanted: dict) -> dict:
+    """``{id(file): {(start, end): bytes view}}`` for the byte ranges ``wanted`` names, in one wave."""
     requests, members = [], []  # members: (file, first byte, member ranges, requests it was cut into)
     for rf, ranges in wanted.values():
         store, limit = rf.store(), rf.options.max_request
@@ -313,9 +365,11 @@ def read_parts(parts: list) -> list:
         table = fetched.setdefault(id(rf), {})
         for s, e in inside:
             table[(s, e)] = view[s - start : e - start]
-    for rf, key, ranges in keep:
-        table = fetched.get(id(rf), {})
-        _KEPT.keep(rf, key, {r: bytes(table[r]) for r in ranges})  # a copy: the response it came in can go
+    return fetched
+
+
+def _assemble(parts: list, plans: list, fetched: dict) -> list:
+    """Each part's rows: decoded from ``fetched`` or the kept bytes, or read through h5py (off the fast path)."""
     out = []
     for (rf, key, runs), plan in zip(parts, plans):
         if plan is None:
