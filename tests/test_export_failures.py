@@ -380,6 +380,39 @@ _GONE = textwrap.dedent("""
 """)
 
 
+def test_a_second_export_into_a_directory_being_written_is_refused(tmp_path):
+    # Two at once each deleted the other's shards and temporary files and stopped its workers; both failed,
+    # naming neither ("shard 2 was stopped", "cannot write in the target directory").
+    first: dict = {}
+
+    def run_first():
+        try:
+            first["manifest"] = kerasfeed.export(Slow(8, delay=0.15), tmp_path, num_shards=4, executor="threads",
+                                                 progress=False)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            first["error"] = e
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    try:
+        assert wait_until(lambda: (tmp_path / "manifest.json").exists(), 30)
+        with pytest.raises(kerasfeed.ExportError, match=r"another export is writing in '.*' now"):
+            kerasfeed.export(Slow(8), tmp_path, num_shards=4, executor="threads", overwrite=True, progress=False)
+    finally:
+        thread.join(60)
+    assert "error" not in first, first
+    assert first["manifest"]["complete"] and _ids(tmp_path) == list(range(8))
+    # Once it is done the directory is free again.
+    kerasfeed.export(Slow(8), tmp_path, num_shards=4, executor="threads", overwrite=True, progress=False)
+
+
+def test_an_export_under_a_path_with_glob_and_escape_characters_reads_back(tmp_path):
+    # TensorFlow's file matcher takes a backslash as an escape: the healthy shards were read as damaged.
+    d = tmp_path / "back\\slash [1] *?"
+    kerasfeed.export(Slow(6), d, num_shards=2, executor="threads", progress=False)
+    assert _ids(d) == list(range(6))
+
+
 @pytest.mark.parametrize("verify", ["size", "none"])
 def test_a_shard_gone_after_load_export_is_named_while_reading(tmp_path, verify):
     # Its reader failed at every call without moving on, and ignore_errors() called it again for ever: the
@@ -400,6 +433,27 @@ def test_overwrite_deletes_only_the_exports_own_files(tmp_path):
         with pytest.raises(ValueError, match="shard-00000-of-00002.tfrecord.bak"):
             kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False, **again)
         assert all((tmp_path / name).read_text() == "my notes" for name in mine)
+
+
+class _Locked(Slow):
+    def __init__(self, n):
+        super().__init__(n)
+        self.lock = threading.Lock()  # cannot be pickled for worker processes
+
+
+@pytest.mark.parametrize("source, kwargs, error", [
+    (Slow(4), {"executor": "threads", "workers": 2}, r"^export: `workers` and `worker_init` apply to worker"),
+    (Slow(4), {"executor": "threads", "worker_init": print}, r"^export: `workers` and `worker_init` apply"),
+    (Slow(4), {"executor": "processes", "worker_init": "setup"}, r"worker_init"),
+    (_Locked(4), {"executor": "processes"}, r"`source.lock` \(_thread.lock\) cannot be pickled"),
+])
+def test_bad_executor_arguments_are_refused_before_an_earlier_export_is_deleted(tmp_path, source, kwargs, error):
+    kerasfeed.export(Slow(4), tmp_path, num_shards=2, executor="threads", progress=False)
+    before = {name: (tmp_path / name).read_bytes() for name in _files(tmp_path)}
+    with pytest.raises((ValueError, TypeError), match=error):
+        kerasfeed.export(source, tmp_path, num_shards=2, overwrite=True, progress=False, **kwargs)
+    assert {name: (tmp_path / name).read_bytes() for name in _files(tmp_path)} == before
+    assert kerasfeed.verify_export(tmp_path)["items"] == 4
 
 
 @pytest.mark.parametrize("field, value, problem", [

@@ -195,15 +195,7 @@ def _export(source: Any, directory: pathlib.Path, name: str, *, n: int, num_shar
             file_format: str, output_signature: Any, worker_init: Any, limits: dict) -> dict:  # fmt: skip
     """``export`` once its arguments are checked and ``source`` is at epoch 0; ``limits``: the
     ``PoolOptions`` of retries and recycled workers."""
-    from kerasfeed.execution.processes.options import PoolOptions
-
-    pool = PoolOptions(**limits)  # checked before any file is touched
-    if executor == "threads" and pool.recycles:
-        raise ValueError(
-            "export: `worker_max_items` and `worker_max_rss` recycle worker processes; threads cannot be replaced "
-            f"that way (use executor='processes'). Received: worker_max_items={pool.worker_max_items!r}, "
-            f"worker_max_rss={pool.worker_max_rss!r}"
-        )
+    _check_pool(source, executor, workers, worker_init, limits)  # before any file is touched
     spec, probed = _spec(source, n, output_signature)
     hint = (
         f" (the export's spec was inferred from items {probed}; pass `output_signature=` to export to widen it)"
@@ -216,23 +208,46 @@ def _export(source: Any, directory: pathlib.Path, name: str, *, n: int, num_shar
             workers = worker_init = None
             limits = dict(limits, worker_max_items=None, worker_max_rss=None)
     try:
-        manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=file_format,
-                            compression=compression, source=name, overwrite=overwrite, resume=resume)  # fmt: skip
-        todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
-        if todo:
-            task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards, file_format=file_format,
-                             compression=compression, source_name=name, hint=hint,
-                             retries=limits["retries"])  # fmt: skip
-            _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
-                 progress=progress, auto=auto, limits=limits)
-        manifest["complete"] = True
-        mf.write_manifest(directory, manifest)
+        with mf.exclusive(directory):
+            manifest = _prepare(directory, spec, n=n, num_shards=num_shards, file_format=file_format,
+                                compression=compression, source=name, overwrite=overwrite, resume=resume)  # fmt: skip
+            todo = [k for k, s in enumerate(manifest["shards"]) if s is None]
+            if todo:
+                task = ShardTask(source, directory, spec, num_items=n, num_shards=num_shards,
+                                 file_format=file_format, compression=compression, source_name=name, hint=hint,
+                                 retries=limits["retries"])  # fmt: skip
+                _run(task, directory, manifest, todo, executor=executor, workers=workers, worker_init=worker_init,
+                     progress=progress, auto=auto, limits=limits)
+            manifest["complete"] = True
+            mf.write_manifest(directory, manifest)
     except OSError as e:  # the main process's own writes: directory, manifest, renames
         raise mf.ExportError(
             f"kerasfeed.export: cannot write in the target directory: {type(e).__name__}: {e}. No shard is left "
             f"looking complete; finished shards stay in the manifest. Received: directory='{directory}'"
         ) from e
     return manifest
+
+
+def _check_pool(source: Any, executor: str, workers: Optional[int], worker_init: Any, limits: dict) -> None:
+    """The executor's options, and for worker processes the source's pickling: refused before ``_prepare``
+    deletes an earlier export (``overwrite=True``), not after."""
+    from kerasfeed.execution.pickling import dumps_for_workers
+    from kerasfeed.execution.processes.options import PoolOptions
+
+    pool = PoolOptions(workers=workers, worker_init=worker_init, **limits)
+    if executor == "threads" and pool.given:
+        raise ValueError(
+            "export: `workers` and `worker_init` apply to worker processes; executor='threads' received "
+            f"workers={workers!r}, worker_init={worker_init!r}"
+        )
+    if executor == "threads" and pool.recycles:
+        raise ValueError(
+            "export: `worker_max_items` and `worker_max_rss` recycle worker processes; threads cannot be replaced "
+            f"that way (use executor='processes'). Received: worker_max_items={pool.worker_max_items!r}, "
+            f"worker_max_rss={pool.worker_max_rss!r}"
+        )
+    if executor in ("processes", "ray"):  # "auto" falls back to threads instead (``_run``)
+        dumps_for_workers(source, worker_init, executor)
 
 
 def _auto_executor(source: Any, workers: Optional[int]) -> str:
@@ -268,10 +283,7 @@ def _spec(source: Any, n: int, output_signature: Any) -> tuple[ExportSpec, list]
 def _prepare(directory: pathlib.Path, spec: ExportSpec, *, n: int, num_shards: int, file_format: str,
              compression: Optional[str], source: str, overwrite: bool, resume: bool) -> dict:  # fmt: skip
     """Checks the target directory; returns the manifest to complete (finished shards kept on resume)."""
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"export: `directory` is a file, not a directory. Received: directory='{directory}'")
-    directory.mkdir(parents=True, exist_ok=True)
-    entries = sorted(os.listdir(directory))
+    entries = sorted(os.listdir(directory))  # made, and checked to be a directory, by ``mf.exclusive``
     if entries and not (overwrite or resume):
         raise ValueError(
             f"export: the target directory is not empty ({len(entries)} entries, e.g. {entries[:3]}); pass "

@@ -12,7 +12,9 @@ rename): docs/export.md, *manifest.json*.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import pathlib
@@ -50,6 +52,33 @@ def shard_count(k: int, num_shards: int, num_items: int) -> int:
 
 # A shard's name as ``shard_name`` writes it, or its temporary file: nothing else is an export's.
 _SHARD_FILE = re.compile(rf"shard-\d{{5,}}-of-\d{{5,}}\.(?:{'|'.join(FORMATS)})(?:{re.escape(TMP)})?")
+
+
+@contextlib.contextmanager
+def exclusive(directory: pathlib.Path):
+    """Holds the target directory's lock (``flock`` of the directory itself: no file to leave behind) while
+    an export writes in it; a second export into it at once is refused. Two at once had each deleted the
+    other's shards and temporary files and stopped its workers, and both failed, naming neither.
+
+    Raises:
+        ValueError: ``directory`` is a file.
+        ExportError: another export holds the directory.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"export: `directory` is a file, not a directory. Received: directory='{directory}'")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(
+                f"export: another export is writing in '{directory}' now (it holds the directory's lock); wait "
+                f"for it to finish, or export to another directory. Received: directory='{directory}'"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def is_own_file(name: str) -> bool:

@@ -192,7 +192,9 @@ def load_export(
         filler = tf.data.Dataset.from_tensors(note).repeat()
         return records.ignore_errors().concatenate(filler).take(count)
 
-    patterns = [glob.escape(f) for f in files]  # each file's path as a glob pattern that matches only itself
+    # Each file's path as a glob pattern that matches only itself: TensorFlow's matcher also takes a backslash
+    # as an escape, which glob.escape leaves alone on POSIX (a healthy export read as damaged).
+    patterns = [glob.escape(f).replace("\\", "\\\\") for f in files]
     ds = tf.data.Dataset.from_tensor_slices((files, patterns, tf.constant(counts, tf.int64), notes))
     cycle = len(files)
     if shuffle_files:
