@@ -221,3 +221,24 @@ def test_export_auto_executor_chooses_like_to_dataset(tmp_path, caplog, work, lo
         kerasfeed.export(Work(4, "wait"), tmp_path / "x", num_shards=2, executor="fork")
     with pytest.raises(ValueError, match=r"must be one of \(None, 'GZIP', 'ZLIB'\). Received: compression='zip'$"):
         kerasfeed.export(Work(4, "wait"), tmp_path / "x", num_shards=2, compression="zip")  # as given, not 'ZIP'
+
+
+class _OneTuple(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return (np.array([i], "int64"),)
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_1_tuple_item_stays_one_in_to_dataset_and_load_export(tmp_path, executor):
+    # to_dataset's unbatched path gave the bare tensor (its rows split by from_tensor_slices), while its
+    # batched path, tf.data's from_generator and load_export keep the 1-tuple.
+    kerasfeed.export(_OneTuple(), tmp_path, num_shards=2, executor="threads", progress=False)
+    ds = kerasfeed.to_dataset(_OneTuple(), executor=executor)
+    spec = (tf.TensorSpec((None,), tf.int64),)
+    assert ds.element_spec == spec == kerasfeed.load_export(tmp_path).element_spec
+    got = list(ds.as_numpy_iterator())
+    assert [type(x) for x in got] == [tuple] * 5
+    _assert_same(got, list(kerasfeed.load_export(tmp_path).as_numpy_iterator()))

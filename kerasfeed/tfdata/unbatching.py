@@ -41,8 +41,11 @@ def unbatch_rows(ds: tf.data.Dataset) -> tf.data.Dataset:
     if not any(may_hold_no_values(s) for s in tf.nest.flatten(ds.element_spec)):
         return ds.unbatch()
 
+    # flat_map passes a tuple element's parts as arguments, a bare tensor as one: a 1-tuple stays one.
+    keep_tuple = isinstance(ds.element_spec, tuple)
+
     def rows(*group):
-        return tf.data.Dataset.from_tensor_slices(group if len(group) > 1 else group[0])
+        return tf.data.Dataset.from_tensor_slices(group if keep_tuple else group[0])
 
     return flat_map(ds, rows)
 
