@@ -598,3 +598,44 @@ def test_cache_on_ray_loads_each_item_once_and_augments_as_the_processes_executo
     assert [i for pid, i in loads if pid == os.getpid()] == [0, 0]
     assert sorted(i for pid, i in loads if pid != os.getpid()) == list(range(1, 12)), "once each, by an actor"
     assert stats["cache_items"] == 12 and stats["cache_hits"] >= 24
+
+
+class FlakyAugment:
+    """cache=: item 3's ``augment`` fails while the marker file is missing (then writes it when ``once``)."""
+
+    def __init__(self, marker: str, once: bool):
+        self.marker, self.once = marker, once
+
+    def __len__(self):
+        return 6
+
+    def load(self, i):
+        return np.full((2,), i, np.float32)
+
+    def augment(self, x):
+        if int(x[0]) == 3 and not os.path.exists(self.marker):
+            if self.once:
+                open(self.marker, "w").close()
+            raise ValueError("bad augment")
+        return x + 1
+
+    def __getitem__(self, i):
+        return self.augment(self.load(i))
+
+
+def test_cache_on_ray_an_augment_error_is_named_and_retried_as_on_other_executors(ray_cluster, tmp_path):
+    # Under Ray with cache= the consumer runs augment (the actors make load only): its error came out bare
+    # (ValueError: bad augment), and retries= and max_skipped= did not apply to it.
+    marker = str(tmp_path / "failed-once")
+    with kerasfeed.to_loader(FlakyAugment(marker, once=False), executor="ray", cache="memory", workers=2,
+                             batch_size=None) as loader:
+        with pytest.raises(kerasfeed.ItemError, match=r"FlakyAugment\[3\] raised ValueError: bad augment"):
+            list(loader)
+    with kerasfeed.to_loader(FlakyAugment(marker, once=True), executor="ray", cache="memory", workers=2,
+                             batch_size=None, retries=1) as loader:
+        assert [int(x[0]) for x in loader] == [1, 2, 3, 4, 5, 6]
+        assert kerasfeed.stats(loader)["retried_items"] == 1
+    os.remove(marker)
+    with kerasfeed.to_loader(FlakyAugment(marker, once=False), executor="ray", cache="memory", workers=2,
+                             batch_size=None, max_skipped=1) as loader:
+        assert [int(x[0]) for x in loader] == [1, 2, 3, 5, 6]

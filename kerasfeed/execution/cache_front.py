@@ -42,10 +42,13 @@ import numpy as np
 
 from kerasfeed.cache.key_sources import ignored
 from kerasfeed.cache.store import EVER, FIRST_OFFSET, index_chunks
+from kerasfeed.errors import ItemError
 from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache, run_augment
+from kerasfeed.execution.retries import Attempts
 from kerasfeed.execution.state_sync import fingerprint, fingerprints_once
+from kerasfeed.sources.base import source_name
 
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
@@ -67,11 +70,13 @@ class CacheFront(Executor):
         remote: the executor runs away from the store (Ray): it makes
             misses only, stored and augmented here.
         seeds: the items' seeds, for ``augment`` run here.
+        retries: the pipeline's ``retries=``, for ``augment`` run here.
         on_close: releases the store (and a kept directory's lock).
     """
 
     def __init__(self, inner: Executor, cache: ItemCache, source: Any, *, remote: bool = False,
-                 seeds: Optional[item_random.ItemSeeds] = None, on_close: Optional[Callable[[], None]] = None):
+                 seeds: Optional[item_random.ItemSeeds] = None, on_close: Optional[Callable[[], None]] = None,
+                 retries: int = 0):
         self.inner = inner
         self.cache = cache
         self.store = cache.store
@@ -80,6 +85,8 @@ class CacheFront(Executor):
         self._serve = remote or not cache.augment  # hits served here, misses only planned
         self._augment_here = remote and cache.augment
         self._seeds = seeds if seeds is not None else item_random.ItemSeeds(None)
+        self._retries = retries  # for ``augment`` run here (``_augmented``)
+        self._name = source_name(source)
         self._on_close = on_close
         self._cuts: dict[int, int] = {}
         self._whole: dict[int, int] = {}  # pass -> its cut, for a pass whose items were all stored before it
@@ -207,6 +214,23 @@ class CacheFront(Executor):
         return item
 
     def _augmented(self, item: Any, index: int, epoch: int) -> Any:
+        """``augment`` run here (Ray: the actors make ``load`` only), as an executor runs an item: its error an
+        ``ItemError`` naming the index, made again while ``retries=`` allow, counted in ``stats()``."""
+        attempts = Attempts(index, self._retries)
+        while True:
+            try:
+                return self._augmented_once(item, index, epoch)
+            except Exception as e:  # named, as the executors name an item's error
+                error = e if isinstance(e, ItemError) else ItemError.from_exception(index, e, source_name=self._name)
+                counts = getattr(self.inner, "counts", None)
+                if not attempts.again(error):
+                    if counts is not None:
+                        counts.add("failed_items")
+                    raise attempts.final(error) from e
+                if counts is not None:
+                    counts.add("retried_items")
+
+    def _augmented_once(self, item: Any, index: int, epoch: int) -> Any:
         if not self._seeds.given:
             return self._augment(item, index, epoch)
         # As an actor would (NOTE [ Random augmentation is a function of (seed, pass, index) ]): a seeded

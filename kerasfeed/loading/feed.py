@@ -247,7 +247,7 @@ def cached_executor(
         close()
         raise
     return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.pool.seed),
-                      on_close=close)
+                      on_close=close, retries=options.pool.retries)
 
 
 def _store_shard(plan: ShardPlan) -> tuple:
