@@ -8,6 +8,7 @@ checked: passes, batch numbers, refusals, messages.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 
@@ -213,6 +214,20 @@ def test_what_a_backup_cannot_resume_is_refused(tmp_path):
     resumed = kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2, initial_state={"epoch": 0, "batches": 0})
     with pytest.raises(ValueError, match=r"made with `initial_state=`.*Received: "):
         _model().fit(resumed, epochs=2, verbose=0, shuffle=False, callbacks=[kerasfeed.BackupAndRestore(backup)])
+
+
+def test_a_backup_of_keras_own_callback_is_refused_not_trained_over_and_deleted(tmp_path):
+    # It trained from epoch 0 as if the directory were empty, then deleted Keras' backup at the fit's end.
+    backup = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        _model().fit(kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2), epochs=3, verbose=0,
+                     shuffle=False, callbacks=[keras.callbacks.BackupAndRestore(backup), Cut(1, 2)])
+    left = sorted(os.listdir(backup))
+    assert "training_metadata.json" in left, left
+    with pytest.raises(ValueError, match=r"holds a backup of Keras' own BackupAndRestore \(training_metadata.json"):
+        _model().fit(kerasfeed.to_loader(Samples(), batch_size=4, shuffle=True, seed=2), epochs=3, verbose=0,
+                     shuffle=False, callbacks=[kerasfeed.BackupAndRestore(backup)])
+    assert sorted(os.listdir(backup)) == left
 
 
 @pytest.mark.parametrize("bad", [{"save_freq": 0}, {"save_freq": "batch"}, {"save_freq": True}, {"backup_dir": ""}])

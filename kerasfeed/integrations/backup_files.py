@@ -50,6 +50,7 @@ class BackupFiles:
         """
         path = os.path.join(self.directory, LATEST)
         if not os.path.exists(path):
+            _refuse_keras_backup(self.directory)
             return None
         with open(path) as f:
             text = f.read()
@@ -150,6 +151,24 @@ class BackupFiles:
         first, so that a crash half-way leaves no record pointing at removed files."""
         _remove(os.path.join(self.directory, LATEST))
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# What keras.callbacks.BackupAndRestore leaves in its directory (Keras 3.12-3.15.1).
+_KERAS_FILES = ("training_metadata.json", "latest.weights.h5")
+
+
+def _refuse_keras_backup(directory: str) -> None:
+    """A directory holding Keras' own backup and no record of ours: training from epoch 0 would go on, and
+    the end of the ``fit`` would delete that backup with the directory. Refused, naming the files."""
+    found = [name for name in _KERAS_FILES if os.path.exists(os.path.join(directory, name))]
+    if found:
+        raise ValueError(
+            f"kerasfeed.BackupAndRestore: {directory!r} holds a backup of Keras' own BackupAndRestore "
+            f"({', '.join(found)}) and none of this callback's (latest.json): it would train from the first epoch, "
+            "and delete that backup "
+            "when the fit ends. Finish that run with keras.callbacks.BackupAndRestore, or give this callback another "
+            f"directory (or delete it to start over). Received: backup_dir={directory!r}"
+        )
 
 
 def _write_json(path: str, record: dict) -> None:
