@@ -12,9 +12,9 @@ part of the global batch. Two processes on one host (CPU, gloo collectives):
 On several hosts, the same three variables on every host (the coordinator is
 process 0's `host:port`), each host with its own process id. The run trains a
 linear model with `model.fit`, process 0 keeps the input position in
-`--out/data_state.json`; `--stop-after K` interrupts it after K steps and a
-second run with `--resume` continues on exactly the batches an uninterrupted
-run would have read. Results go to `--out/result_<k>_<phase>.json`; the
+`--out/data_state.json`; `--phases stop --stop-after K` interrupts it after K
+steps and a second run with `--phases resume` continues on exactly the batches
+an uninterrupted run would have read. Results go to `--out/result_<k>_<phase>.json`; the
 `--phases` and `--check-errors` flags are used by tests/test_multihost.py.
 """
 

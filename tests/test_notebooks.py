@@ -31,3 +31,5 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     assert not errors
     left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("kerasfeed-"))
     assert not left, f"{path.name} left {left} in its temporary folder"
+    here = sorted(p.name for p in tmp_path.iterdir() if p != scratch)  # the folder it was opened in
+    assert not here, f"{path.name} left {here} where it ran"
