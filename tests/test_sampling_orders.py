@@ -596,3 +596,32 @@ def test_class_tables_past_the_budget_give_the_same_passes(monkeypatch):
     for e in range(2):
         np.testing.assert_array_equal(again.indices(e), passes[e])
     assert np.bincount(labels[passes[0]]).tolist() == [16_000] * 5
+
+
+_HELD_BY_A_SWMR_WRITER = """
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "w", libver="latest")
+f.create_dataset("labels", data=np.arange(40) % 2, maxshape=(None,), chunks=(16,))
+f.swmr_mode = True
+f.flush()
+print("ok", flush=True)
+sys.stdin.readline()
+f.close()
+"""
+
+
+def test_balanced_order_from_hdf5_reads_a_file_a_swmr_writer_holds_with_swmr(tmp_path):
+    # Without swmr its open failed with h5py's bare error, naming neither the file nor the remedy.
+    import subprocess
+
+    path = str(tmp_path / "live.h5")
+    writer = subprocess.Popen([sys.executable, "-c", _HELD_BY_A_SWMR_WRITER, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ok"
+        with pytest.raises(OSError, match=rf"from_hdf5: file '{path}' could not be opened .*pass swmr=True"):
+            kerasfeed.BalancedOrder.from_hdf5(path, "labels", seed=0)
+        order = kerasfeed.BalancedOrder.from_hdf5(path, "labels", seed=0, swmr=True)
+        assert len(order.indices(0)) == 40
+    finally:
+        writer.communicate("\n", timeout=60)

@@ -118,8 +118,9 @@ def open_local(path: str, swmr: bool, open_kwargs: dict, owner: str):
             raise kind(f"{owner}: h5py.File refused `open_kwargs` for '{path}' (the file opens without them): "
                        f"{type(e).__name__}: {e}. Received: open_kwargs={open_kwargs!r}") from e
         what = (
-            "could not be opened as HDF5 (corrupt or truncated, held open for writing "
-            "by another process without SWMR, or not written for SWMR while swmr=True)"
+            "could not be opened as HDF5 (corrupt or truncated; held open for writing by another process: "
+            "without SWMR, or by a SWMR writer while swmr=False, where swmr=True reads it; or not written for "
+            "SWMR while swmr=True)"
             if is_hdf5
             else "is not an HDF5 file (no HDF5 signature)"
         )

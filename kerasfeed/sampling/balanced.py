@@ -145,7 +145,7 @@ class BalancedOrder(SampledOrder):
 
     @classmethod
     def from_hdf5(cls, paths: Any, key: str, storage_options: Optional[Mapping] = None,
-                  remote_options: Any = None, **kwargs: Any) -> "BalancedOrder":
+                  remote_options: Any = None, *, swmr: bool = False, **kwargs: Any) -> "BalancedOrder":
         """Reads the labels, of shape ``(N,)`` or ``(N, 1)``, once from HDF5 dataset ``key`` (files
         concatenated in order); only the label dataset is read, never the items.
 
@@ -157,6 +157,7 @@ class BalancedOrder(SampledOrder):
             storage_options: fsspec's options for URLs (credentials, endpoint), as the readers take them.
             remote_options: a ``kerasfeed.hdf5.RemoteOptions`` or a dict of its fields for URLs (timeout, attempts),
                 as the readers take it.
+            swmr: open local files in SWMR read mode, for files a SWMR writer holds (as the readers' ``swmr``).
             **kwargs: ``BalancedOrder`` arguments.
 
         Raises:
@@ -170,7 +171,7 @@ class BalancedOrder(SampledOrder):
             raise ValueError(
                 f"{OWNER}.from_hdf5: `paths` is empty: no file to read labels from. Received: paths={given!r}"
             )
-        parts = [_read_labels(path, key, storage_options, remote_options) for path in paths]
+        parts = [_read_labels(path, key, storage_options, remote_options, swmr) for path in paths]
         return cls(parts[0] if len(parts) == 1 else np.concatenate(parts), **kwargs)
 
     def _check_replacement(self) -> None:
@@ -404,12 +405,21 @@ def _paths(paths: Any) -> list:
     return paths
 
 
-def _read_labels(path: Any, key: str, storage_options: Optional[Mapping], remote_options: Any) -> np.ndarray:
+def _read_labels(path: Any, key: str, storage_options: Optional[Mapping], remote_options: Any,
+                 swmr: bool = False) -> np.ndarray:
     """The labels of one file, a local path or a URL (through the readers' own requests: remote)."""
     import h5py  # lazily: `import kerasfeed` stays light
 
     if not is_url(path):
-        with h5py.File(path, "r") as f:
+        try:
+            f = h5py.File(path, "r", **({"swmr": True} if swmr else {}))
+        except OSError as e:  # h5py's own names no file
+            raise type(e)(
+                f"{OWNER}.from_hdf5: file '{os.fspath(path)}' could not be opened as HDF5 (missing, corrupt or "
+                "truncated; held open for writing by another process: by a SWMR writer, pass swmr=True): "
+                f"{type(e).__name__}: {e}. Received: paths item '{os.fspath(path)}'"
+            ) from e
+        with f:
             return _labels_in(f, path, key)
     from kerasfeed.remote.files import RemoteFile
     from kerasfeed.remote.options import RemoteOptions
