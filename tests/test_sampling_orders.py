@@ -625,3 +625,30 @@ def test_balanced_order_from_hdf5_reads_a_file_a_swmr_writer_holds_with_swmr(tmp
         assert len(order.indices(0)) == 40
     finally:
         writer.communicate("\n", timeout=60)
+
+
+def test_a_state_of_another_shard_count_is_refused_naming_the_counts():
+    # Saved by 2 JAX processes (each cutting the order), resumed on 1 (or 4): the refusal named only two
+    # fingerprints of "a different order" the user had built the same way (helper).
+    from kerasfeed.loading.hosts import _ProcessShardOrder
+    from kerasfeed.sampling.protocol import check_resume_order
+    from kerasfeed.sampling.state import ResumeState
+
+    labels = np.array([0] * 50 + [1] * 10 + [2] * 4)
+    balanced = kerasfeed.BalancedOrder(labels, seed=0)
+    index = kerasfeed.IndexOrder(64, shuffle=True, seed=0)
+    cases = [
+        (_ProcessShardOrder(balanced, 2, 0), balanced, 2, 1),
+        (balanced, _ProcessShardOrder(balanced, 2, 1), 1, 2),
+        (_ProcessShardOrder(balanced, 2, 0), _ProcessShardOrder(balanced, 4, 3), 2, 4),
+        (kerasfeed.IndexOrder(64, shuffle=True, seed=0, num_shards=2, shard_index=1), index, 2, 1),
+        (index, kerasfeed.IndexOrder(64, shuffle=True, seed=0, num_shards=4, shard_index=0), 1, 4),
+    ]
+    for saved_on, now, then, count in cases:
+        state = ResumeState(1, 3, order_fingerprint(saved_on))
+        with pytest.raises(ValueError, match=rf"saved by a run reading this order in {then} shard\(s\) .*this run "
+                                             rf"reads it in {count}: .*Resume with {then} shard\(s\)"):
+            check_resume_order(state, now)
+    # Another seed is another order, whatever the shards.
+    with pytest.raises(ValueError, match=r"saved with a different order \(fingerprint"):
+        check_resume_order(ResumeState(1, 3, order_fingerprint(kerasfeed.BalancedOrder(labels, seed=1))), balanced)

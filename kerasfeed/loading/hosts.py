@@ -200,6 +200,11 @@ class _ProcessShardOrder:
     def pass_fingerprint(self) -> str:
         return pass_fingerprint(self.order)  # the whole passes, whatever the number of processes
 
+    @property
+    def process_shards(self) -> tuple:
+        """``(the order cut, into how many shards)``: a resume refusal names another count (``protocol``)."""
+        return self.order, self.num_shards
+
     def indices(self, epoch: int) -> np.ndarray:
         idx = np.asarray(self.order.indices(epoch))
         return idx[self.shard_index :: self.num_shards][: self.shard_length]

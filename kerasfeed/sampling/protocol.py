@@ -24,12 +24,14 @@ order; ``order_fingerprint`` and ``check_resume_order`` tie resume states to it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
 from kerasfeed import _validation as v
+from kerasfeed.sampling.fingerprints import hash_parts
 from kerasfeed.sampling.order import IndexOrder
 
 
@@ -276,12 +278,66 @@ def check_resume_order(state: Any, order: Any) -> None:
             f"fit(..., initial_epoch={state.epoch + 1}). Received: initial_state={state.to_dict()}, order={order!r}"
         )
     if saved != current:
+        _refuse_other_process_count(state, order, saved)
         raise ValueError(
             f"`initial_state` was saved with a different order (fingerprint {saved!r}; this pipeline's order "
             f"has {current!r}): resuming would not continue the saved run's passes. Build the order with the "
             "same labels or weights, seed, num_samples, replacement and num_shards as the saved run "
             f"(or the same shuffle and seed). Received: initial_state={state.to_dict()}, order={order!r}"
         )
+
+
+def _refuse_other_process_count(state: Any, order: Any, saved: str) -> None:
+    """Raises naming the number of shards when ``saved`` is this order's fingerprint as read in another
+    number of shards (one per training process, by automatic sharding: ``loading/hosts.py``; or
+    ``num_shards=``); the fingerprints alone said "a different order" of an order built the same way."""
+    now, base = _shards_and_base(order)
+    if base is None:
+        return
+    then = next((k for k in range(1, _MAX_SHARDS + 1) if saved in _fingerprints_in(base, k)), None)
+    if then is None or then == now:
+        return
+    raise ValueError(
+        f"`initial_state` was saved by a run reading this order in {then} shard(s) (one per training process: "
+        f"JAX processes or tf.distribute workers; or num_shards=), and this run reads it in {now}: batch counts "
+        f"are per shard, so the saved position would point at other items. Resume with {then} shard(s), or from "
+        f"a pass boundary with a state without the fingerprint, e.g. initial_state={{'epoch': {state.epoch + 1}, "
+        f"'batches': 0}}. Received: initial_state={state.to_dict()}, order={order!r}"
+    )
+
+
+def _shards_and_base(order: Any) -> tuple:
+    """``(shards this order is read in, the order unsharded)``, or ``(1, None)`` when that is not known."""
+    inner = order
+    for _ in range(4):  # through the wrappers a front end adds (a checked user order, say)
+        if inner is None:
+            break
+        if hasattr(inner, "process_shards"):  # an unsharded order cut per process (automatic sharding)
+            base, now = inner.process_shards
+            return now, base
+        if dataclasses.is_dataclass(inner) and hasattr(inner, "num_shards") and hasattr(inner, "shard_index"):
+            try:
+                return int(inner.num_shards), dataclasses.replace(inner, num_shards=1, shard_index=0)
+            except (TypeError, ValueError):
+                return 1, None
+        inner = getattr(inner, "order", None)
+    unsharded = int(getattr(order, "num_shards", 1) or 1) == 1
+    return (1, order) if unsharded else (1, None)  # an order of one shard is its own base
+
+
+def _fingerprints_in(base: Any, k: int) -> set:
+    """The fingerprints of ``base`` read in ``k`` shards: cut per process, or built with ``num_shards=k``."""
+    fp = order_fingerprint(base)
+    found = {fp if k == 1 else hash_parts("ProcessShards", fp, k)}
+    if k > 1 and dataclasses.is_dataclass(base):
+        try:
+            found.add(order_fingerprint(dataclasses.replace(base, num_shards=k, shard_index=0)))
+        except (TypeError, ValueError):  # more shards than the order has entries
+            pass
+    return found
+
+
+_MAX_SHARDS = 256  # shard counts a refusal looks through (only on the refusal's path)
 
 
 __all__ = [
