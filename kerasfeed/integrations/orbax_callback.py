@@ -8,6 +8,7 @@ Orbax commits with the step, and ``restore=True`` restores the latest step (``do
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -144,7 +145,7 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
                 f"Received: the checkpointables {sorted(saved)}"
             )
         loaded = self.checkpointer.load_checkpointables(step, {"pytree": _abstract(where, model), ITEM: None})
-        record = loaded[ITEM]
+        record = _record_of(loaded[ITEM])
         if not isinstance(record, dict) or record.get("format") != FORMAT:
             raise ValueError(
                 f"{OWNER}: the {ITEM!r} item of {where!r} is not a record written by {OWNER} (format "
@@ -214,10 +215,22 @@ class _WithRecord:
         return self._checkpointer.save_checkpointables_async(step, self._with(checkpointables), *args, **kwargs)
 
     def _with(self, checkpointables: dict) -> dict:
-        return {**checkpointables, ITEM: self._add()}
+        # As one JSON text: Orbax's metadata reader refuses bool leaves (the order's `shuffle`), and every
+        # restore logged "Failed to get metadata for checkpointable: kerasfeed ... Unsupported dtype: bool".
+        return {**checkpointables, ITEM: {"json": json.dumps(self._add())}}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._checkpointer, name)
+
+
+def _record_of(item: Any) -> Any:
+    """The record a step's ``kerasfeed`` item holds: one JSON text, or (kerasfeed before 2026-11-28) the dict."""
+    if isinstance(item, dict) and set(item) == {"json"} and isinstance(item["json"], str):
+        try:
+            return json.loads(item["json"])
+        except ValueError:
+            return item
+    return item
 
 
 def _check_paths(model: Any, tree: dict, where: str) -> None:
