@@ -333,6 +333,19 @@ def test_input_stats_follows_the_given_dataset_and_validates(tmp_path):
     assert found._collector is given._collector is kerasfeed.observe.api.collector_of(train)
 
 
+def test_input_stats_with_stats_switched_off_says_so(monkeypatch):
+    # It said Keras' own input path was used (fit(seq), arrays) while it trained on a kerasfeed dataset.
+    import keras
+
+    monkeypatch.setattr(stats_module, "ENABLED", False)
+    ds = kerasfeed.to_dataset(Sleepy(n=8, delay=0.0), batch_size=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.warns(UserWarning, match=r"stats are switched off \(KERASFEED_STATS=0") as caught:
+        model.fit(ds, epochs=1, callbacks=[kerasfeed.InputStats()], verbose=0)
+    assert not any("Keras' own input path" in str(w.message) for w in caught)
+
+
 def test_input_stats_never_reports_the_validation_data_and_follows_each_fit_s_data():
     import keras
 

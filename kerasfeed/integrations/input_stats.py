@@ -15,6 +15,7 @@ from kerasfeed.integrations.scalars import check_log_dir, scalar_writer
 from kerasfeed.integrations.steps import StepCount
 from kerasfeed.integrations.summaries import worker_run_dir
 from kerasfeed.loading import hosts
+from kerasfeed.observe import stats
 from kerasfeed.observe.api import collector_of
 from kerasfeed.observe.stats import StatsCollector, live_collectors
 
@@ -224,7 +225,13 @@ class InputStats(keras.callbacks.Callback):
 
     # ------------------------------------------------------------ internals
     def _stop_searching(self) -> None:
-        if self._searching and self._collector is None:
+        if self._searching and self._collector is None and not stats.ENABLED:
+            warnings.warn(
+                "InputStats: kerasfeed's stats are switched off (KERASFEED_STATS=0 when kerasfeed was imported), "
+                "so the logs get no input figures. Unset it to count them.",
+                stacklevel=2,
+            )
+        elif self._searching and self._collector is None:
             warnings.warn(
                 "InputStats: no kerasfeed dataset delivered items to this fit's training steps, so the logs get "
                 "no input figures. fit(seq) and numpy arrays go through Keras' own input path: train on "
