@@ -97,6 +97,19 @@ def test_the_reason_predicts_the_worker_count_recommended():
     assert (name, count) == ("processes", 2) and reason == decide(probe, 2, 2)[1] and "2 workers predicted" in reason
 
 
+def test_a_recommendation_of_one_worker_says_why_beside_auto_s_prediction_for_two():
+    """1 and 2 workers timed alike: "workers=1" came with "2 workers predicted at ..." and nothing more."""
+    from kerasfeed.observe.profile import _recommend
+
+    probe = Probe(wall_s=0.01, cpu_s=0.01, runqueue_s=0.0, nbytes=100, copy_s=1e-6, parallelism_2_threads=1.0,
+                  calls=10)
+    runs = [dict(executor="threads", count=4, items_per_s=100.0), dict(executor="processes", count=1, items_per_s=190.0),
+            dict(executor="processes", count=2, items_per_s=200.0)]
+    name, count, rate, reason = _recommend(probe, runs, 2)
+    assert (name, count) == ("processes", 1)
+    assert reason.startswith(decide(probe, 2, 2)[1]) and "1 worker made 190 items/s, within 0.9 of the best (200 with 2)" in reason
+
+
 def test_a_recommendation_auto_s_choice_was_not_measured_for_says_so():
     """Auto would choose processes (GIL-bound items), but only threads were measured (threads=[] asked for,
     or the source cannot be pickled): the measured one is named as such, not as auto's choice."""

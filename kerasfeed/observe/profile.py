@@ -218,18 +218,17 @@ def _recommend(probe: Any, runs: list, cpus: int) -> tuple[str, int, float, str]
     best = max(r["items_per_s"] for r in candidates)
     pick = next(r for r in candidates if r["items_per_s"] >= NEAR_BEST * best)
     if name == "processes" and not reason.startswith("the faster") and pick["count"] != max(2, max_workers):
-        # The reason's prediction at the count recommended (it named the largest count timed: "4 workers
-        # predicted at ..." beside "workers=2").
+        # The reason's prediction at the count recommended (not the largest timed), for 2 at least.
         again, why = decide(probe, max(2, pick["count"]), cpus)
         reason = why if again == name else reason
-    other = [r for r in runs if r["executor"] != name]
-    if other:
-        rival = max(other, key=lambda r: r["items_per_s"])
-        if rival["items_per_s"] > 1.2 * pick["items_per_s"]:
-            reason += (
-                f". Note: {rival['executor']} x{rival['count']} measured faster here "
-                f"({rival['items_per_s']:,.0f} items/s); timings on a busy machine vary, the probe decides"
-            )
+        if pick["count"] < 2:
+            top = max(candidates, key=lambda r: r["items_per_s"])
+            reason += (f"; measured, 1 worker made {pick['items_per_s']:,.0f} items/s, within {NEAR_BEST:g} of the "
+                       f"best ({top['items_per_s']:,.0f} with {top['count']}), so 1 is recommended")
+    rival = max((r for r in runs if r["executor"] != name), key=lambda r: r["items_per_s"], default=None)
+    if rival is not None and rival["items_per_s"] > 1.2 * pick["items_per_s"]:
+        reason += (f". Note: {rival['executor']} x{rival['count']} measured faster here ({rival['items_per_s']:,.0f} "
+                   "items/s); timings on a busy machine vary, the probe decides")
     return name, pick["count"], pick["items_per_s"], reason
 
 
