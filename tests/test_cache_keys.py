@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import kerasfeed
 from kerasfeed.cache.keys import key_change, source_key, stage_of
@@ -607,3 +608,53 @@ def test_a_kept_cache_over_a_file_a_swmr_writer_grew_is_rebuilt(tmp_path):
     second.close()
     assert [len(b) for b in got] == [50, 50]
     np.testing.assert_array_equal(np.concatenate(got), np.arange(100) + 1)
+
+
+def test_a_kept_cache_of_rows_read_in_another_order_is_rebuilt(tmp_path):
+    # The reader's order (wrapped by resolve_order: no dataclass) was left out of the key: shard 1 of an
+    # IndexOrder was served shard 0's stored batches (helper, 3 of 3).
+    import h5py
+
+    path, directory = str(tmp_path / "rows.h5"), str(tmp_path / "kept")
+    with h5py.File(path, "w") as f:
+        f["y"] = np.arange(64, dtype="i8")
+    for shard in (0, 1):
+        order = kerasfeed.IndexOrder(64, shuffle=False, num_shards=2, shard_index=shard)
+        seq = kerasfeed.H5RowSequence(path, "y", 8, order=order)
+        with kerasfeed.to_loader(seq, cache=directory) as loader:
+            got = np.concatenate(list(loader))
+        np.testing.assert_array_equal(got, np.arange(shard, 64, 2))
+
+
+class _Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+    def __call__(self, x):
+        return x * self.k
+
+
+class _Holds(kerasfeed.SceneSequence):
+    def __init__(self, pre):
+        super().__init__()
+        self.pre = pre
+
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return self.pre(np.full((2,), i + 1, "f4"))
+
+
+@pytest.mark.parametrize("make", [
+    lambda k: functools.partial(np.multiply, k),  # a partial of a ufunc: left out, arguments and all
+    lambda k: _Scale(k).apply,  # a bound method: its object's settings were not keyed
+    lambda k: _Scale(k),  # a callable object (a transform such as ScenePointSampler(...)): not keyed at all
+], ids=["partial-of-ufunc", "bound-method", "callable-object"])
+def test_a_held_callable_s_settings_are_in_the_key(make):
+    two, three = (source_key(_Holds(make(k)), 4, None, 1) for k in (2.0, 3.0))
+    assert "`pre` changed" in (key_change(two, three) or "")
+    assert key_change(three, source_key(_Holds(make(3.0)), 4, None, 1)) is None  # stable while nothing changes

@@ -333,15 +333,35 @@ def _keyed_all(public: dict) -> dict:
 
 
 def _callable_value(value: Any) -> Optional[str]:
-    """A function an attribute holds (``self.transform = fn``): its code, as the stage's is keyed."""
+    """A function an attribute holds (``self.transform = fn``): its code, as the stage's is keyed; a bound
+    method's with its object's settings, a builtin or ufunc by name (``partial(np.multiply, k)`` was left out,
+    arguments and all), a callable object (``ScenePointSampler(...)``) by its ``__call__`` and settings."""
     if isinstance(value, functools.partial):
         inner = _callable_value(value.func)
         args = repr((tuple(_bound_value(a) for a in value.args),
                      sorted((k, _bound_value(v)) for k, v in value.keywords.items())))
         return None if inner is None else f"partial:{_digest((inner + args).encode())}"
     if isinstance(value, (types.FunctionType, types.MethodType)):
-        return "code:" + _code_digest(value)
+        owner = getattr(value, "__self__", None)
+        own = "" if owner is None or isinstance(owner, type) else ":" + _object_settings(owner)
+        return "code:" + _code_digest(value) + own
+    if isinstance(value, (types.BuiltinFunctionType, np.ufunc)):
+        module = getattr(value, "__module__", None) or type(getattr(value, "__self__", None)).__qualname__
+        return f"builtin:{module}.{getattr(value, '__qualname__', getattr(value, '__name__', '?'))}"
+    call = getattr(type(value), "__call__", None)
+    if isinstance(call, types.FunctionType):  # an object whose class defines __call__ in Python
+        return f"object:{type(value).__qualname__}:{_code_digest(call)}:{_object_settings(value)}"
     return None
+
+
+def _object_settings(obj: Any) -> str:
+    """The public plain settings of an object a callable belongs to (its numbers, strings, arrays, dtypes):
+    a digest; what ``_value`` leaves out (other objects) is left out here too."""
+    attrs = getattr(obj, "__dict__", None)
+    if not isinstance(attrs, dict):
+        return f"<{type(obj).__qualname__}>"
+    kept = sorted((k, _value(v)) for k, v in attrs.items() if not k.startswith("_"))
+    return _digest(repr([(k, v) for k, v in kept if v is not None]).encode())
 
 
 def _settings(source: Any, public: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -119,6 +120,14 @@ class H5RowSequence(H5Base):
                     "another: their batches would hold overlapping rows. Pass the same seed= to the order on every "
                     f"worker. Received: order={order!r}")
         return None
+
+    def kerasfeed_settings(self) -> dict:
+        """The base's, plus which rows the order puts in each batch (cache keys): an order is no dataclass
+        once ``resolve_order`` wraps it, so it was left out, and shard 1 of an ``IndexOrder`` was served
+        shard 0's stored batches. Its pass 0 as a digest (a per-pass order is refused by ``cache=`` anyway)."""
+        rows = np.ascontiguousarray(np.asarray(pass_view(self.order, 0).window(0, self.order.shard_length)),
+                                    dtype=np.int64)
+        return {**super().kerasfeed_settings(), "order_rows": hashlib.sha256(rows.tobytes()).hexdigest()[:32]}
 
     def batch_rows(self, index: int) -> np.ndarray:
         """The global row numbers that batch ``index`` of this pass holds, in order."""
