@@ -50,6 +50,7 @@ class HeldFiles:
         self._datasets: dict = {}  # (file index, key) -> h5py.Dataset
         self._keys: dict = {}  # file index -> its keys in _datasets
         self._reading: dict = {}  # file index -> reads in progress
+        self._closing: dict = {}  # file index -> identities released while read: let go when its reads end
 
     def begin(self, file_index: int, key: str, hold: Callable[[int], tuple]):
         """The dataset ``key`` of file ``file_index``, opened if needed and kept open until ``end``.
@@ -92,13 +93,23 @@ class HeldFiles:
         """Ends a read that ``begin`` started."""
         with self.lock:
             self._done(file_index)
+            closing = self._closing.pop(file_index, ()) if file_index not in self._reading else ()
+        for ident in closing:
+            REGISTRY.release(ident)
 
     def release_all(self) -> list:
-        """Forgets every file; returns their identities, for the caller to release."""
+        """Forgets every file; returns the identities of those no read is using, for the caller to release.
+        A file being read is let go when its reads end (``end``): ``close()`` while a threads pipeline reads
+        closed it under those reads ("identifier is not of specified type"). A later read reopens it."""
         with self.lock:
-            held = list(self._held.values())
+            now = []
+            for f, ident in self._held.items():
+                if self._reading.get(f):
+                    self._closing.setdefault(f, []).append(ident)
+                else:
+                    now.append(ident)
             self._held, self._datasets, self._keys = collections.OrderedDict(), {}, {}
-        return held
+        return now
 
     @property
     def limit(self) -> int:
