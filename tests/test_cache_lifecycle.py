@@ -302,3 +302,14 @@ def test_stats_after_close_report_the_store_as_it_was():
     after = _cache_figures(loader)
     assert before["cache_items"] == N and before["cache_fill"] == 1.0
     assert after == before
+
+
+def test_a_closed_cached_dataset_s_next_pass_says_to_create_it_again():
+    # "kerasfeed cache: the item store is closed (its pipeline was closed)" named no remedy (helper).
+    import tensorflow as tf
+
+    ds = kerasfeed.to_dataset(Numbered(8), executor="threads", cache="memory")
+    assert len(list(ds)) == 8
+    kerasfeed.executor_of(ds).close()
+    with pytest.raises(tf.errors.OpError, match=r"item store \(memory\) is closed.*create the dataset \(or loader\) again"):
+        list(ds)

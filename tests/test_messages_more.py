@@ -177,3 +177,44 @@ def test_to_loader_refuses_the_dtypes_to_dataset_refuses(dtype):
         kerasfeed.to_loader(Odd(), batch_size=2)
     with pytest.raises(kerasfeed.SignatureError, match=r"Item 0, field x: Unsupported dtype"):
         kerasfeed.to_dataset(Odd(), batch_size=2)
+
+
+CLOSED_LOADER_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import keras
+    import kerasfeed
+
+    class Src(kerasfeed.SceneSequence):
+        def __len__(self):
+            return 4
+
+        def load(self, i):
+            return np.full((4, 3), i, "float32"), np.full((4, 1), i, "float32")
+
+    out = {}
+    for cache in (None, "memory"):
+        loader = kerasfeed.to_loader(Src(), shuffle=True, seed=0, executor="threads", cache=cache)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        model.fit(loader, epochs=1, verbose=0)
+        trained = [w.tolist() for w in model.get_weights()]
+        loader.close()
+        try:
+            model.fit(loader, epochs=1, verbose=0)
+            error = None
+        except Exception as e:
+            error = [type(e).__name__, str(e)]
+        out[str(cache)] = {"error": error, "kept": [w.tolist() for w in model.get_weights()] == trained}
+    print(json.dumps(out))
+""")
+
+
+def test_fit_on_a_closed_loader_under_jax_is_refused_before_the_model_loses_its_weights(tmp_path):
+    # Keras' JAX trainer moves the model's variables into its step state at the first step: the closed
+    # loader's error came at that first batch, and the model was left without its weights (helper, 3 of 3).
+    out = _run_without_tensorflow(CLOSED_LOADER_SCRIPT, tmp_path, KERAS_BACKEND="jax")
+    for cache, got in out.items():
+        assert got["error"] and got["error"][0] == "RuntimeError", (cache, got)
+        assert "this loader was closed" in got["error"][1] and "make the loader again" in got["error"][1], got
+        assert got["kept"], (cache, "the model lost its trained weights")

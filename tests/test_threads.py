@@ -338,8 +338,12 @@ def test_a_closed_loader_refuses_its_next_pass_on_every_executor(executor):
     loader = kerasfeed.to_loader(np.arange(6.0)[:, None], executor=executor, **kw)
     assert [int(x[0]) for x in loader] == list(range(6))
     loader.close()
-    with pytest.raises((RuntimeError, kerasfeed.WorkerError), match=r"is closed; create the dataset \(or loader\) again"):
+    with pytest.raises(RuntimeError, match=r"this loader was closed .*make the loader again"):
         list(loader)
+    # The executor itself refuses too (a pass started without the loader's check).
+    with pytest.raises((RuntimeError, kerasfeed.WorkerError), match=r"is closed; create the dataset \(or loader\) again"):
+        loader.executor.plan(1, [0, 1])
+        loader.executor.load(0, 1)
 
 
 def test_a_forked_child_is_refused_the_parent_s_threads_not_left_waiting(tmp_path):

@@ -58,6 +58,8 @@ from kerasfeed.cache.store_fds import Owned, WriteFd
 
 logger = logging.getLogger("kerasfeed")
 
+_CLOSED = ("kerasfeed cache: the item store ({where}) is closed: its dataset or loader was closed, so its next pass "
+           "is refused; create the dataset (or loader) again")
 HEADER_BYTES = 4096
 _Q = HEADER_BYTES // 8  # index entries start at this u64
 # Header u64 slots.
@@ -315,14 +317,14 @@ class ItemStore:
                 against memory: one larger than RAM is refused under the default overcommit).
         """
         if self._owned.closed:
-            raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
+            raise RuntimeError(_CLOSED.format(where=self.where))
         view = mmap.mmap(self._data_fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         return np.frombuffer(view, np.uint8)
 
     def new_cut(self) -> int:
         """A new stamp: entries published before this call are below it, later ones are not."""
         if not self._acquire():
-            raise RuntimeError("kerasfeed cache: the item store is closed (its pipeline was closed)")
+            raise RuntimeError(_CLOSED.format(where=self.where))
         try:
             self._q[H_STAMP] += 1
             return self._q[H_STAMP]

@@ -67,6 +67,7 @@ class Loader:
     def __init__(self, feed: Feed, options: LoaderOptions):
         self._feed = feed
         self._options = options
+        self._closed = False  # by close(): a next pass is refused before it starts (``_check_open``)
         self.executor = feed.executor
         with feed.closing_on_error():
             # A shard probes its own first items, as to_dataset's do: none of another process's.
@@ -123,6 +124,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         """One pass of numpy batches (nests of ``np.ndarray``)."""
+        self._check_open()
         return self._passes.iterator()
 
     def __len__(self) -> int:
@@ -204,6 +206,7 @@ class Loader:
             ValueError: an epoch after a resumed one in the same Keras call;
                 batches the active distribution cannot split.
         """
+        self._check_open()
         self.check_batches(hosts.local_distribution())
         told, epochs = self._keras_told
         self._keras_told = (told, epochs + 1)
@@ -230,9 +233,20 @@ class Loader:
     # -- lifetime ------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the executor's threads or worker processes (if this loader made it)."""
+        """Stops the executor's threads or worker processes (if this loader made it); its next pass is
+        refused."""
         if self._feed.owns_executor:
+            self._closed = True
             self.executor.close()
+
+    def _check_open(self) -> None:
+        # Before a pass, and in Keras' on_epoch_begin: before the JAX trainer's first step purges the model's
+        # variables into its state, where an error at the first batch left the model without its weights.
+        if self._closed:
+            raise RuntimeError(
+                "kerasfeed: this loader was closed (close(), or the end of its `with` block), so its next pass "
+                f"is refused: make the loader again with to_loader(...). Received: {self!r}"
+            )
 
     def __enter__(self) -> "Loader":
         return self
