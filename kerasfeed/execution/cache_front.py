@@ -55,6 +55,22 @@ _KEPT_CUTS = 8
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
 
 
+def _without_epochs(value: Any) -> Any:
+    """``value`` as the between-pass check compares it: the kerasfeed epoch counters of the sources it holds
+    (a mix's parts) left out, as the source's own are. They move every pass; a stored stage that read them
+    is refused anyway (``epoch`` inside the stored stage), and the parts' other settings still count."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_held_without_epochs, value)) if type(value) in (list, tuple) else value
+    return _held_without_epochs(value)
+
+
+def _held_without_epochs(value: Any) -> Any:
+    state = getattr(value, "__dict__", None)
+    if not isinstance(state, dict) or not _OWN & state.keys():
+        return value
+    return (type(value), {k: v for k, v in state.items() if k not in _OWN})
+
+
 def _read_through(name: str) -> property:
     return property(lambda self: getattr(self.inner, name))
 
@@ -173,7 +189,7 @@ class CacheFront(Executor):
         if state is None:
             return
         ignored = self._ignored | _unpickled(self._source, state)
-        now = {k: fingerprint(v) for k, v in state.items() if k not in ignored}
+        now = {k: fingerprint(_without_epochs(v)) for k, v in state.items() if k not in ignored}
         before, self._state = self._state, now
         if before is None:
             return

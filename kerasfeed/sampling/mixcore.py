@@ -23,6 +23,8 @@ MAX_PERIOD = 10_000
 
 
 class MixCore:
+    # A memo of block permutations, filled as items are read: no setting (the cache's between-pass check).
+    cache_ignores = ("_blocks",)
     """The arithmetic of a mix; ``Mix`` and ``MixedSequence`` share it."""
 
     def _init_mix(self, parts: list, weights: Any, seed: Any, check: Any) -> None:
