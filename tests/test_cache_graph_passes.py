@@ -157,6 +157,20 @@ def test_strings_short_passes_and_augment_do_not_read_in_the_graph():
             assert sum(1 for _ in ds) == len(source)
         finally:
             kerasfeed.executor_of(ds).close()
+    # Batched, a pass of MIN_PASS_ITEMS - 1 items in 2 batches: its items counted as 2 full batches (it was read
+    # in the graph, 98 items counted for 49).
+    class Rows(kerasfeed.SceneSequence):
+        def __len__(self):
+            return MIN_PASS_ITEMS - 1
+
+        def __getitem__(self, i):
+            return np.full((3,), i, np.float32)
+
+    ds = kerasfeed.to_dataset(Rows(), executor="threads", cache="memory", batch_size=MIN_PASS_ITEMS // 2, group_items=1)
+    try:
+        assert not isinstance(ds._kerasfeed_groups, StoredPasses)
+    finally:
+        kerasfeed.executor_of(ds).close()
 
 
 def test_items_left_out_in_pass_0_are_made_again_and_later_passes_read_in_the_graph(monkeypatch):

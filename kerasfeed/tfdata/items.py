@@ -97,7 +97,9 @@ def item_dataset(
         return Items(ds, groups, group)
     if sequential and not endless:
         in_order = PassInOrder(pipeline.begin, pipeline.load_marked if marked else pipeline.load)
-        pass_items = (feed.passes.per_pass or 0) * (feed.options.batch_size or 1)
+        # Items a pass reads: its batches times their size, the last one short (it counted full).
+        per_pass, size = feed.passes.per_pass or 0, feed.options.batch_size
+        pass_items = min(per_pass * size, feed.passes.items or 0) if size else per_pass
         stored = stored_passes(pipeline, in_order, checker, pass_items)  # owns in_order
         return Items(_in_order(in_order, checker, marked, stored), stored or in_order, 1)
     return Items(_one_by_one(feed, pipeline, checker, sequential, parallel), None, 1)
