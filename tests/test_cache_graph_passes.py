@@ -299,3 +299,20 @@ def test_an_int32_leaf_needs_longer_passes_to_be_read_in_the_graph(monkeypatch):
     finally:
         kerasfeed.executor_of(ds).close()
         kerasfeed.executor_of(reference).close()
+
+
+def test_passes_read_in_the_graph_side_by_side_each_end_with_their_hook_and_counts():
+    # With more than 8 passes open (zip or interleave of 9 iterators), the oldest were forgotten: read whole,
+    # they lost their on_epoch_end and their counts in stats() (helper, 3 of 3).
+    source = Mixed()
+    ds = kerasfeed.to_dataset(source, executor="threads", cache="memory", group_items=1)
+    try:
+        assert sum(1 for _ in ds) == N  # pass 0 stores every item
+        assert isinstance(ds._kerasfeed_groups, StoredPasses)
+        iterators = [iter(ds) for _ in range(12)]
+        for it in iterators:
+            next(it)
+        assert [1 + sum(1 for _ in it) for it in iterators] == [N] * 12
+        assert source.ends == 13 and kerasfeed.stats(ds)["items"] == 13 * N
+    finally:
+        kerasfeed.executor_of(ds).close()

@@ -48,8 +48,9 @@ from kerasfeed.loading.begins import pass_of
 
 logger = logging.getLogger("kerasfeed")
 
-# Passes begun and not yet ended, at most (older ones are iterators given up).
-_OPEN_PASSES = 8
+# Passes begun and not yet ended, at most (older ones are iterators given up). An entry is two numbers: with
+# 8, a pass read whole after 8 newer ones began (zip of 9 iterators) lost its on_epoch_end and its counts.
+_OPEN_PASSES = 4096
 _NO_DATA = np.zeros(0, np.uint8)
 
 
