@@ -1035,7 +1035,7 @@ def test_close_while_threads_read_lets_the_files_go_after_those_reads(tmp_path):
     with h5py.File(path, "w") as f:
         f["x"] = np.zeros((64, 16), "f4")
         f["y"] = np.arange(64)
-    before = len(REGISTRY._entries)
+    before = set(REGISTRY._entries)  # other tests' sequences may hold files here, and be collected meanwhile
     seq = kerasfeed.H5SliceSequence(path, ("x", "y"), batch_size=2)
     stop = threading.Event()
 
@@ -1058,4 +1058,29 @@ def test_close_while_threads_read_lets_the_files_go_after_those_reads(tmp_path):
         stop.set()
         thread.join()
     seq.close()
-    assert passes > 5 and len(REGISTRY._entries) == before  # the file let go once its reads ended
+    assert passes > 5 and set(REGISTRY._entries) <= before  # the file let go once its reads ended
+
+
+def test_a_sequence_collected_while_a_file_opens_does_not_wait_for_itself(tmp_path):
+    # Opening a file allocates; a garbage collection then may run a dropped sequence's __del__ on the same thread,
+    # whose close() released its files through the registry's lock that thread held: a test hung 300 s there.
+    from kerasfeed.hdf5.handles import REGISTRY
+
+    first, second = tmp_path / "a.h5", tmp_path / "b.h5"
+    for path in (first, second):
+        with h5py.File(path, "w") as f:
+            f["x"] = np.zeros((8, 2), "f4")
+    seq = kerasfeed.H5SliceSequence(first, "x", batch_size=2)
+    seq[0]  # holds the file in this process
+    seq.itself = seq  # a cycle: only the collector frees it
+    del seq
+    done = threading.Event()
+    ident = ("test", str(second))
+
+    def open_second():
+        REGISTRY.acquire(ident, lambda: (gc.collect(), h5py.File(second, "r"))[1])
+        done.set()
+
+    threading.Thread(target=open_second, daemon=True).start()
+    assert done.wait(30), "the thread opening a file waited for itself"
+    REGISTRY.release(ident)

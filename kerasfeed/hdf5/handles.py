@@ -27,7 +27,10 @@ class FileRegistry:
         self._reset()
 
     def _reset(self):
-        self._lock = threading.Lock()
+        # Re-entrant: opening a file (``acquire``) allocates, a garbage collection then may run a dropped
+        # sequence's ``__del__`` on this thread, whose ``close`` releases its files here (with a plain Lock
+        # that thread waited for itself: a test hung 300 s in ``H5Base.__del__``).
+        self._lock = threading.RLock()
         self._pid = os.getpid()
         self._entries: dict = {}  # identity -> [h5py.File, refcount, {key: Dataset}]
 
