@@ -313,3 +313,17 @@ def test_a_closed_cached_dataset_s_next_pass_says_to_create_it_again():
     kerasfeed.executor_of(ds).close()
     with pytest.raises(tf.errors.OpError, match=r"item store \(memory\) is closed.*create the dataset \(or loader\) again"):
         list(ds)
+
+
+def test_cache_fill_before_the_first_pass_counts_the_items_that_pass_reads(tmp_path):
+    # A warm kept shard (every item this process reads stored) read 20/41 = 0.49 until its first pass ended:
+    # before any pass, the fill divided by the source's length (helper, 2 of 2).
+    directory = str(tmp_path / "kept")
+    for run in range(2):
+        order = kerasfeed.IndexOrder(41, shuffle=True, seed=0, num_shards=2, shard_index=1, fixed_shards=True)
+        with kerasfeed.to_loader(Numbered(41), batch_size=4, order=order, executor="threads",
+                                 cache=directory) as loader:
+            before = kerasfeed.stats(loader)["cache_fill"]
+            list(loader)
+            assert kerasfeed.stats(loader)["cache_fill"] == 1.0
+    assert before == 1.0

@@ -246,8 +246,10 @@ def cached_executor(
     except BaseException:
         close()
         raise
+    first = None if passes is None or passes.order is None else (
+        lambda: pass_view(passes.order, passes.resume.epoch))
     return CacheFront(inner, item_cache, source, remote=inner.name == "ray", seeds=ItemSeeds(options.pool.seed),
-                      on_close=close, retries=options.pool.retries)
+                      on_close=close, retries=options.pool.retries, first_pass=first)
 
 
 def _store_shard(plan: ShardPlan) -> tuple:
