@@ -114,22 +114,26 @@ def train(args, k: int, phase: str) -> dict:
         state = kerasfeed.TrainingProgress.load(state_path)  # written by process 0
         saved = np.load(weights_path)
         model.set_weights([saved[f"w{j}"] for j in range(len(saved.files))])
-    # Process 0 writes the state; every process resumes from it.
-    progress = kerasfeed.TrainingProgress(state, path=state_path if k == 0 and phase != "full" else None)
     log = StepLog(args.stop_after if phase == "stop" else None)
-    history, epoch, stats = {"loss": []}, state["epoch"], None
+    history, epoch, stats, progress_state = {"loss": []}, state["epoch"], None, state
 
     def fit(initial_state, epochs):
-        nonlocal stats
+        nonlocal stats, progress_state
         # batch_size is this process's batch; to_loader reads this process's shard by itself.
         with kerasfeed.to_loader(LinearSamples(args.items, calls), batch_size=args.batch_size, shuffle=True,
                                  seed=args.seed, executor="processes", workers=args.workers,
                                  initial_state=initial_state) as loader:
+            # Process 0 writes the state; every process resumes from it. order=loader: the state holds the
+            # order as this run splits it (a shard per process), so a resume on another number of processes
+            # is refused instead of skipping or repeating items.
+            progress = kerasfeed.TrainingProgress(progress_state, order=loader,
+                                                  path=state_path if k == 0 and phase != "full" else None)
             with open(calls, "a") as f:
                 f.write("--\n")  # the signature probes come before
             h = model.fit(loader, initial_epoch=epoch, epochs=epochs, verbose=0,
                           callbacks=[progress, log.callback])
             stats = kerasfeed.stats(loader)
+            progress_state = progress.state()
         history["loss"] += h.history.get("loss", [])
 
     if state["batches"]:  # finish the interrupted epoch in a fit call of its own
@@ -140,7 +144,7 @@ def train(args, k: int, phase: str) -> dict:
     weights = model.get_weights()
     if phase == "stop":
         np.savez(weights_path, **{f"w{j}": w for j, w in enumerate(weights)})
-    return dict(loss=history["loss"], steps=log.steps, state=progress.state(),
+    return dict(loss=history["loss"], steps=log.steps, state=progress_state,
                 weights=[w.ravel().tolist() for w in weights], stats_process=stats["process"],
                 input_run_dir=input_run_dir("logs"), worker_run_dir=kerasfeed.worker_run_dir("logs"))
 

@@ -647,8 +647,12 @@ def test_a_state_of_another_shard_count_is_refused_naming_the_counts():
     for saved_on, now, then, count in cases:
         state = ResumeState(1, 3, order_fingerprint(saved_on))
         with pytest.raises(ValueError, match=rf"saved by a run reading this order in {then} shard\(s\) .*this run "
-                                             rf"reads it in {count}: .*Resume with {then} shard\(s\)"):
+                                             rf"reads it in {count}: .*Resume with {then} shard\(s\), or from a "
+                                             r"pass boundary: initial_state=\{'epoch': 2, 'batches': 0\}"):
             check_resume_order(state, now)
+        # At a pass boundary (what TrainingProgress writes at every epoch's end) the position is the same
+        # whatever the shards: resumed, not refused (its suggestion skipped a whole pass).
+        check_resume_order(ResumeState(1, 0, order_fingerprint(saved_on)), now)
     # Another seed is another order, whatever the shards.
     with pytest.raises(ValueError, match=r"saved with a different order \(fingerprint"):
         check_resume_order(ResumeState(1, 3, order_fingerprint(kerasfeed.BalancedOrder(labels, seed=1))), balanced)

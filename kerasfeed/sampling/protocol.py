@@ -278,7 +278,8 @@ def check_resume_order(state: Any, order: Any) -> None:
             f"fit(..., initial_epoch={state.epoch + 1}). Received: initial_state={state.to_dict()}, order={order!r}"
         )
     if saved != current:
-        _refuse_other_process_count(state, order, saved)
+        if _other_shard_count(state, order, saved):
+            return  # a pass boundary: the same position whatever the number of shards
         raise ValueError(
             f"`initial_state` was saved with a different order (fingerprint {saved!r}; this pipeline's order "
             f"has {current!r}): resuming would not continue the saved run's passes. Build the order with the "
@@ -287,22 +288,26 @@ def check_resume_order(state: Any, order: Any) -> None:
         )
 
 
-def _refuse_other_process_count(state: Any, order: Any, saved: str) -> None:
-    """Raises naming the number of shards when ``saved`` is this order's fingerprint as read in another
-    number of shards (one per training process, by automatic sharding: ``loading/hosts.py``; or
-    ``num_shards=``); the fingerprints alone said "a different order" of an order built the same way."""
+def _other_shard_count(state: Any, order: Any, saved: str) -> bool:
+    """Whether ``saved`` is this order's fingerprint as read in another number of shards (one per training
+    process, by automatic sharding: ``loading/hosts.py``; or ``num_shards=``) at a pass boundary, which is
+    the same position whatever the shards: True, resumed. Inside a pass, raises naming both counts (the
+    fingerprints alone said "a different order" of an order built the same way). False: another order."""
     now, base = _shards_and_base(order)
     if base is None:
-        return
+        return False
     then = next((k for k in range(1, _MAX_SHARDS + 1) if saved in _fingerprints_in(base, k)), None)
     if then is None or then == now:
-        return
+        return False
+    if not state.batches and not state.skipped_in(state.epoch):
+        return True
     raise ValueError(
         f"`initial_state` was saved by a run reading this order in {then} shard(s) (one per training process: "
         f"JAX processes or tf.distribute workers; or num_shards=), and this run reads it in {now}: batch counts "
-        f"are per shard, so the saved position would point at other items. Resume with {then} shard(s), or from "
-        f"a pass boundary with a state without the fingerprint, e.g. initial_state={{'epoch': {state.epoch + 1}, "
-        f"'batches': 0}}. Received: initial_state={state.to_dict()}, order={order!r}"
+        f"are per shard, so the saved position ({state.batches} batches into pass {state.epoch}) would point at "
+        f"other items. Resume with {then} shard(s), or from a pass boundary: initial_state={{'epoch': "
+        f"{state.epoch + 1}, 'batches': 0}} (the rest of pass {state.epoch} is not read). "
+        f"Received: initial_state={state.to_dict()}, order={order!r}"
     )
 
 
