@@ -658,3 +658,54 @@ def test_a_held_callable_s_settings_are_in_the_key(make):
     two, three = (source_key(_Holds(make(k)), 4, None, 1) for k in (2.0, 3.0))
     assert "`pre` changed" in (key_change(two, three) or "")
     assert key_change(three, source_key(_Holds(make(3.0)), 4, None, 1)) is None  # stable while nothing changes
+
+
+class _Steps:
+    """Holds its own bound methods (``self.steps = [self.double]``) and a callable with a bookkeeping field."""
+
+    def __init__(self, started):
+        self.steps = [self.double]
+        self.aug = _Stamped(2.0, started)
+
+    def double(self, x):
+        return x * 2
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.aug(self.steps[0](np.full((2,), i, "f4")))
+
+
+class _Stamped:
+    cache_ignores = ("started",)
+
+    def __init__(self, k, started):
+        self.k, self.started = k, started
+
+    def __call__(self, x):
+        return x * self.k
+
+
+class _Layer:
+    def __call__(self, x):
+        return self.call(x)
+
+
+def _call_2(self, x):
+    return x * 2
+
+
+def _call_5(self, x):
+    return x * 5
+
+
+def test_held_callables_of_the_source_itself_and_their_ignored_fields_key_as_before():
+    # The source's own bound methods in a list made the key recurse (RecursionError: no kept cache opened),
+    # and a held callable's cache_ignores were keyed, rebuilding the cache every run (helper, 6 of 6, 3 of 3).
+    first, again = source_key(_Steps(1.0), 4, None, 1), source_key(_Steps(2.0), 4, None, 1)
+    assert key_change(first, again) is None
+    # A class whose __call__ is its base's (a Keras layer, a torch module): its own call/forward is keyed.
+    two, five = (type("Aug", (_Layer,), {"call": fn})() for fn in (_call_2, _call_5))
+    assert "`pre` changed" in (key_change(source_key(_Holds(two), 4, None, 1), source_key(_Holds(five), 4, None, 1))
+                               or "")

@@ -334,8 +334,9 @@ def _keyed_all(public: dict) -> dict:
 
 def _callable_value(value: Any) -> Optional[str]:
     """A function an attribute holds (``self.transform = fn``): its code, as the stage's is keyed; a bound
-    method's with its object's settings, a builtin or ufunc by name (``partial(np.multiply, k)`` was left out,
-    arguments and all), a callable object (``ScenePointSampler(...)``) by its ``__call__`` and settings."""
+    method's with its object's plain settings, a builtin or ufunc by name (``partial(np.multiply, k)`` was
+    left out, arguments and all), a callable object (``ScenePointSampler(...)``) by the code of its class's
+    ``__call__`` (and ``call``/``forward``: a Keras layer, a torch module) and its plain settings."""
     if isinstance(value, functools.partial):
         inner = _callable_value(value.func)
         args = repr((tuple(_bound_value(a) for a in value.args),
@@ -348,20 +349,32 @@ def _callable_value(value: Any) -> Optional[str]:
     if isinstance(value, (types.BuiltinFunctionType, np.ufunc)):
         module = getattr(value, "__module__", None) or type(getattr(value, "__self__", None)).__qualname__
         return f"builtin:{module}.{getattr(value, '__qualname__', getattr(value, '__name__', '?'))}"
-    call = getattr(type(value), "__call__", None)
-    if isinstance(call, types.FunctionType):  # an object whose class defines __call__ in Python
-        return f"object:{type(value).__qualname__}:{_code_digest(call)}:{_object_settings(value)}"
+    cls = type(value)
+    code = [getattr(cls, name, None) for name in ("__call__", "call", "forward")]
+    code = [fn for fn in code if isinstance(fn, types.FunctionType)]
+    if code:  # an object whose class defines __call__ (or call, forward) in Python
+        digests = ":".join(_code_digest(fn) for fn in code)
+        return f"object:{cls.__qualname__}:{digests}:{_object_settings(value)}"
     return None
 
 
 def _object_settings(obj: Any) -> str:
-    """The public plain settings of an object a callable belongs to (its numbers, strings, arrays, dtypes):
-    a digest; what ``_value`` leaves out (other objects) is left out here too."""
+    """A digest of the plain public settings of an object a held callable belongs to: numbers, strings,
+    arrays, flat lists of them, dtypes, classes, enum members, paths; not its ``cache_ignores``, and not the
+    objects or functions it holds (keyed by value, they could lead back to the source: a recursion)."""
     attrs = getattr(obj, "__dict__", None)
     if not isinstance(attrs, dict):
         return f"<{type(obj).__qualname__}>"
-    kept = sorted((k, _value(v)) for k, v in attrs.items() if not k.startswith("_"))
-    return _digest(repr([(k, v) for k, v in kept if v is not None]).encode())
+    skipped, kept = ignored(obj), []
+    for k, v in attrs.items():
+        if not isinstance(k, str) or k.startswith("_") or k in skipped:
+            continue
+        flat = isinstance(v, (tuple, list)) and all(x is None or isinstance(x, _ATOMIC) for x in v)
+        plain = v is None or isinstance(v, _ATOMIC) or flat or (isinstance(v, np.ndarray) and not v.dtype.hasobject)
+        text = _value(v) if plain else _setting(v)
+        if text is not None:
+            kept.append((k, text))
+    return _digest(repr(sorted(kept)).encode())
 
 
 def _settings(source: Any, public: dict) -> dict:
