@@ -56,7 +56,7 @@ class RemoteFile:
         self._datasets: dict = {}
         self._store: Optional[Store] = None  # this process's, held here: ``STORES`` keeps it only while held
         self._pid = os.getpid()
-        # key -> Event: a small dataset being fetched whole by a thread of this process (``_KeptBytes.claim``);
+        # key -> True: a small dataset being fetched whole by a thread of this process (``_KeptBytes.claim``);
         # a forked child starts without its parent's (their threads are not in it).
         self.fetching: dict = {}
 
@@ -222,23 +222,23 @@ class _KeptBytes:
     def room(self, nbytes: int) -> bool:
         return self.used + nbytes <= KEPT_BUDGET
 
-    def claim(self, rf: RemoteFile, key: str) -> tuple:
-        """``(event, True)``: the caller fetches ``key`` whole, then ``release``s it; ``(event, False)``: another
-        thread of this process is fetching it: wait on the event, then look in ``rf.kept``. Without it, the
-        items of a run over a partly filled cache, started at once, each fetched the whole dataset."""
+    def claim(self, rf: RemoteFile, key: str) -> str:
+        """``"mine"``: the caller fetches ``key`` whole, then ``release``s it; ``"kept"``: it is kept now;
+        ``"busy"``: another thread of this process is fetching it (the caller fetches its own rows: waiting
+        would make it wait for that thread's whole batch, a slow request for another key included). Without
+        it, the items of a run over a partly filled cache, started at once, each fetched the whole dataset."""
         rf._check_process()
         with self._lock:
-            event = rf.fetching.get(key)
-            if event is not None:
-                return event, False
-            event = rf.fetching[key] = threading.Event()
-            return event, True
+            if key in rf.kept:  # kept since the caller looked (outside the lock): not fetched twice
+                return "kept"
+            if key in rf.fetching:
+                return "busy"
+            rf.fetching[key] = True
+            return "mine"
 
     def release(self, rf: RemoteFile, key: str) -> None:
         with self._lock:
-            event = rf.fetching.pop(key, None)
-        if event is not None:
-            event.set()
+            rf.fetching.pop(key, None)
 
     def keep(self, rf: RemoteFile, key: str, data: dict) -> None:
         """``rf`` keeps ``data`` for ``key`` if the budget has room (else its rows are fetched per batch)."""
@@ -317,15 +317,15 @@ def read_parts(parts: list) -> list:
             table = fetched.get(id(rf), {})
             _KEPT.keep(rf, key, {r: bytes(table[r]) for r in ranges})  # a copy: the response it came in can go
     finally:
-        for rf, key, _ in keep:  # fetched or failed: the threads waiting for it go on
+        for rf, key, _ in keep:  # fetched (kept) or failed: another call may fetch it whole
             _KEPT.release(rf, key)
     return _assemble(parts, plans, fetched)
 
 
 def _whole_once(rf: RemoteFile, key: str, layout: Any, keep: list) -> Any:
     """A small dataset (``RemoteOptions.small_dataset``) is fetched whole once per process and kept: ``()``
-    when it is kept (after waiting for the thread fetching it, if one is), its whole ranges when this call
-    fetches it (``keep`` says so), None when its rows are fetched as asked."""
+    when it is kept, its whole ranges when this call fetches it (``keep`` says so), None when its rows are
+    fetched as asked (while another thread fetches it whole, say)."""
     if key in rf.kept:
         return ()
     if layout.stored_bytes > rf.options.small_dataset or not _KEPT.room(layout.stored_bytes):
@@ -333,14 +333,11 @@ def _whole_once(rf: RemoteFile, key: str, layout: Any, keep: list) -> Any:
     whole = layout.ranges([(0, layout.shape[0])])
     if any(k == key and f is rf for f, k, _ in keep):
         return whole  # this call fetches it already (a second part of the same dataset)
-    event, mine = _KEPT.claim(rf, key)
-    if mine:
+    claimed = _KEPT.claim(rf, key)
+    if claimed == "mine":
         keep.append((rf, key, whole))
         return whole
-    if keep:
-        return None  # a call fetching a dataset whole never waits for another's: no two wait on each other
-    event.wait()  # its fetcher releases it whatever happens (``read_parts``' finally)
-    return () if key in rf.kept else None  # its fetch failed or found no room: this part's rows
+    return () if claimed == "kept" else None
 
 
 def _fetch(wanted: dict) -> dict:
