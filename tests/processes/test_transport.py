@@ -102,8 +102,9 @@ def test_shared_memory_follows_the_items_in_flight_not_the_largest_one_ever_carr
         mapped = kerasfeed.stats(loader)["shm_bytes"]
         slots = sum(kerasfeed.executor_of(loader)._dispatcher.slots.allocated(w) for w in range(2))
     assert slots >= 4, slots
-    # At most the slots that carry an outlier last are large (4 of 52 items are), not every slot.
-    assert mapped <= 2 * large + slots * shm.grown_size(300_000), (mapped / 2**20, slots)
+    # At most the slots that carry an outlier last are large (4 of 52 items are: which slots, and how many
+    # of them, follows the workers' timing; 2 was assumed, 3 came on a busy CI machine), not every slot.
+    assert mapped <= 4 * large + slots * shm.grown_size(300_000), (mapped / 2**20, slots)
 
 
 def test_lent_items_reach_tensorflow_without_a_copy_and_their_slots_come_back():
