@@ -387,8 +387,8 @@ def test_a_second_export_into_a_directory_being_written_is_refused(tmp_path):
 
     def run_first():
         try:
-            first["manifest"] = kerasfeed.export(Slow(8, delay=0.15), tmp_path, num_shards=4, executor="threads",
-                                                 progress=False)
+            first["manifest"] = kerasfeed.export(Slow(16, delay=0.4), tmp_path, num_shards=4, executor="threads",
+                                                 progress=False)  # ~1.6 s: the second comes well within it
         except Exception as e:  # noqa: BLE001 - asserted below
             first["error"] = e
 
@@ -401,7 +401,7 @@ def test_a_second_export_into_a_directory_being_written_is_refused(tmp_path):
     finally:
         thread.join(60)
     assert "error" not in first, first
-    assert first["manifest"]["complete"] and _ids(tmp_path) == list(range(8))
+    assert first["manifest"]["complete"] and _ids(tmp_path) == list(range(16))
     # Once it is done the directory is free again.
     kerasfeed.export(Slow(8), tmp_path, num_shards=4, executor="threads", overwrite=True, progress=False)
 

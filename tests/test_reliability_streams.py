@@ -129,9 +129,9 @@ def test_the_stuck_item_notice_names_the_timeout_given(monkeypatch, caplog, exec
     finally:
         loader.close()
     assert got == list(range(8))
-    notes = _notices(caplog)
-    assert len(notes) == 1, notes
-    assert "timeout=30 s" in notes[0] and "no `timeout=`" not in notes[0], notes[0]
+    notes = _notices(caplog)  # a busy machine may start a worker slower than the interval: a notice for item 0
+    assert len([n for n in notes if "_Slow[4]" in n]) == 1, notes
+    assert all("timeout=30 s" in n and "no `timeout=`" not in n for n in notes), notes
 
 
 class _Slow:
