@@ -32,7 +32,7 @@ import numpy as np
 from kerasfeed.loading.agreement import check_agreement
 from kerasfeed.loading.arguments import Passes
 from kerasfeed.loading.shards import ShardPlan, current_worker, joined_shards, order_shards
-from kerasfeed.sampling.fingerprints import hash_parts
+from kerasfeed.sampling.fingerprints import process_shards_fingerprint
 from kerasfeed.sampling.protocol import order_fingerprint, order_shard, pass_fingerprint
 
 T = TypeVar("T")
@@ -194,7 +194,7 @@ class _ProcessShardOrder:
     @property
     def fingerprint(self) -> str:
         # Without the shard index: every process resumes from one saved state.
-        return hash_parts("ProcessShards", order_fingerprint(self.order), self.num_shards)
+        return process_shards_fingerprint(order_fingerprint(self.order), self.num_shards)
 
     @property
     def pass_fingerprint(self) -> str:

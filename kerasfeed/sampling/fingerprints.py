@@ -35,4 +35,10 @@ def hash_parts(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["ORDER_VERSION", "ORDER_VERSION_1", "hash_parts"]
+def process_shards_fingerprint(order_fp: str, num_shards: int) -> str:
+    """The fingerprint of an order (``order_fp``) cut into ``num_shards`` per-process shards
+    (``loading/hosts.py``); ``protocol`` computes it too, to name a resume's other shard count."""
+    return hash_parts("ProcessShards", order_fp, num_shards)
+
+
+__all__ = ["ORDER_VERSION", "ORDER_VERSION_1", "hash_parts", "process_shards_fingerprint"]

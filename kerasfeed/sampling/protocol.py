@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional, Protocol, runtime_checkable
 import numpy as np
 
 from kerasfeed import _validation as v
-from kerasfeed.sampling.fingerprints import hash_parts
+from kerasfeed.sampling.fingerprints import process_shards_fingerprint
 from kerasfeed.sampling.order import IndexOrder
 
 
@@ -333,7 +333,7 @@ def _shards_and_base(order: Any) -> tuple:
 def _fingerprints_in(base: Any, k: int) -> set:
     """The fingerprints of ``base`` read in ``k`` shards: cut per process, or built with ``num_shards=k``."""
     fp = order_fingerprint(base)
-    found = {fp if k == 1 else hash_parts("ProcessShards", fp, k)}
+    found = {fp if k == 1 else process_shards_fingerprint(fp, k)}
     if k > 1 and dataclasses.is_dataclass(base):
         try:
             found.add(order_fingerprint(dataclasses.replace(base, num_shards=k, shard_index=0)))
