@@ -322,6 +322,24 @@ def test_nested_values_are_keyed_by_content_and_objects_inside_by_type():
     assert key_change(plain, source_key(Holder("x.log", {"model": object(), "k": 2}), 4, None, 1)) is not None
 
 
+def test_dict_keys_of_nested_tuples_and_values_past_four_levels_are_keyed_by_content():
+    def key(extra):
+        return source_key(Holder("x.log", extra), 4, None, 1)
+
+    class Holder(_Numbered):
+        def __init__(self, log_path, extra):
+            super().__init__(log_path)
+            self.extra = extra
+
+    # Two dict keys that differ two levels down (a nested tuple) were one key: a kept cache served stale items.
+    assert key_change(key({((1, 2), "a"): 1.0}), key({((4, 5), "a"): 1.0})) is not None
+    assert key_change(key({((1, 2), "a"): 1.0}), key({((1, 2), "a"): 1.0})) is None
+    deep = [[[[[[1.0, 2.0]]]]]]  # six levels: the last two past NESTED_DEPTH
+    other = [[[[[[1.0, 3.0]]]]]]
+    assert key_change(key(deep), key(other)) is not None
+    assert key_change(key(deep), key([[[[[[1.0, 2.0]]]]]])) is None
+
+
 class _ClassSet(kerasfeed.SceneSequence):
     """``load`` reads a constant and a file named in the class body (``self.SCALE``, ``self.PATH``)."""
 

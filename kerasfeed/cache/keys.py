@@ -19,7 +19,8 @@ holds:
   by their fields), classes by name (a class body's too), enum members with
   their values, slices, ranges, paths, and lists, tuples, sets, dicts (keys
   by value: the same text in every run) and dataclass instances of them,
-  nested up to 4 levels (deeper: a marker), a function inside by its code,
+  nested up to 4 levels (deeper: a digest of plain values, else a marker),
+  a function inside by its code,
   another object by its type: what its constructor was given, such as a
   batch size, a point count or a config) by value or digest, and
   functions they hold by their code (``_callable_value``). An
@@ -203,7 +204,7 @@ def _key_text(key: Any) -> str:
     # sorted, an object by its type: a repr may follow the run's string hashing or hold an address).
     if key is None or isinstance(key, (bool, int, float, str, bytes)):
         return repr(key)
-    text = _nested(key, 1, [float("inf")])
+    text = _nested(key, NESTED_DEPTH, [float("inf")])  # a nested tuple's every level: keys must not collide
     return repr(key) if text is None else text
 
 
@@ -223,16 +224,18 @@ def _leaf(value: Any) -> str:
 
 def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
     """A list, tuple, set, dict or dataclass of plain values (nested: a config, a list of lists) as text for
-    the key; an object inside counts by its type, what lies past ``NESTED_DEPTH`` levels as ``<deeper>``
-    (what is above it still counts). None past ``budget[0]`` values."""
+    the key; an object inside counts by its type, what lies past ``NESTED_DEPTH`` levels by a digest of its
+    values (``<deeper>`` where it holds an object or a set: what is above it still counts). None past
+    ``budget[0]`` values."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
     if value is None or isinstance(value, _ATOMIC):  # most of a big list: first
         return _atomic(value)
     if isinstance(value, (tuple, list, dict, set, frozenset)) or _is_dataclass(value):
-        if depth == 0:
-            return "<deeper>"
+        if depth == 0:  # past the levels read by name: the values below by digest where they have one
+            h = hashlib.blake2b(digest_size=8)
+            return f"<deeper:{h.hexdigest()}>" if _feed(h, value, 4 * NESTED_DEPTH) else "<deeper>"
         if isinstance(value, dict):
             pairs = sorted(((_key_text(k), v) for k, v in value.items()), key=lambda kv: kv[0])
         elif _is_dataclass(value):  # a config object: its fields by name
