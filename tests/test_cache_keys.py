@@ -340,6 +340,17 @@ def test_dict_keys_of_nested_tuples_and_values_past_four_levels_are_keyed_by_con
     assert key_change(key(deep), key([[[[[[1.0, 2.0]]]]]])) is None
 
 
+def test_an_unshuffled_order_s_drawn_seed_is_not_in_the_key_a_shuffled_one_s_is():
+    class Holder(_Numbered):
+        def __init__(self, log_path, shuffle):
+            super().__init__(log_path)
+            self.order = kerasfeed.IndexOrder(8, shuffle=shuffle)  # seed drawn: another in every run
+
+    # Unshuffled, the seed decides nothing: a kept cache was rebuilt in every run.
+    assert key_change(source_key(Holder("x.log", False), 4, None, 1), source_key(Holder("x.log", False), 4, None, 1)) is None
+    assert key_change(source_key(Holder("x.log", True), 4, None, 1), source_key(Holder("x.log", True), 4, None, 1))
+
+
 class _ClassSet(kerasfeed.SceneSequence):
     """``load`` reads a constant and a file named in the class body (``self.SCALE``, ``self.PATH``)."""
 

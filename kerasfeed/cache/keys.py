@@ -238,8 +238,10 @@ def _nested(value: Any, depth: int, budget: list) -> Optional[str]:
             return f"<deeper:{h.hexdigest()}>" if _feed(h, value, 4 * NESTED_DEPTH) else "<deeper>"
         if isinstance(value, dict):
             pairs = sorted(((_key_text(k), v) for k, v in value.items()), key=lambda kv: kv[0])
-        elif _is_dataclass(value):  # a config object: its fields by name
-            pairs = [(repr(f.name), getattr(value, f.name, None)) for f in dataclasses.fields(value)]
+        elif _is_dataclass(value):  # a config object: its fields by name, not those in its ``cache_ignores``
+            left_out = ignored(value)
+            pairs = [(repr(f.name), getattr(value, f.name, None)) for f in dataclasses.fields(value)
+                     if f.name not in left_out]
         else:
             pairs = [(None, v) for v in members(value)]
         parts = []

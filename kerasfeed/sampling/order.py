@@ -104,6 +104,8 @@ class IndexOrder:
             # Fixed once per order object: passes still differ from each other.
             object.__setattr__(self, "seed", int(np.random.SeedSequence().entropy % (2**63)))
             object.__setattr__(self, "seed_drawn", True)
+        if not self.shuffle:  # the seed decides nothing: a kept cache's key leaves it out (a drawn one differs per run)
+            object.__setattr__(self, "cache_ignores", ("seed", "seed_drawn"))
 
     def __repr__(self) -> str:
         # fixed_shards shows only when set: the repr names the order in messages, as it always did.
