@@ -418,6 +418,47 @@ def test_a_child_forked_while_another_thread_holds_the_collector_off_gets_it_bac
     assert out.stdout.split() == ["True", "True", "True", "True", "True"], out.stdout
 
 
+_FORK_BESIDE_A_HELD_KEPT_LOCK = """
+import os, threading
+from kerasfeed.remote import files
+
+inside, leave = threading.Event(), threading.Event()
+
+def other():
+    with files._KEPT._lock:
+        inside.set()
+        leave.wait(10)
+
+t = threading.Thread(target=other)
+t.start()
+assert inside.wait(5)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child: the parent's thread is not in it, so its hold on the lock must not be either
+    try:
+        got = files._KEPT._lock.acquire(timeout=2)
+        os.write(write, str(got).encode())
+    finally:
+        os._exit(0)
+os.close(write)
+with os.fdopen(read) as f:
+    report = f.read()
+os.waitpid(pid, 0)
+leave.set()
+t.join(10)
+print(report)
+"""
+
+
+def test_a_child_forked_while_another_thread_holds_the_kept_bytes_lock_can_take_it():
+    """The lock of the small datasets kept whole (``_KEPT``) is made anew in a forked child: one held by a
+    parent's thread at the fork would have hung the child's first read of a small dataset."""
+    out = subprocess.run([sys.executable, "-c", _FORK_BESIDE_A_HELD_KEPT_LOCK], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True"], out.stdout
+
+
 def test_a_short_timeout_counts_the_request_not_the_making_of_the_filesystem(scenes, srv):
     """A process's first request made fsspec's HTTP filesystem (aiohttp's import, ~0.3 s) inside its timeout:
     with `timeout=0.05, attempts=1` a healthy server got no request and the reader failed "no answer within

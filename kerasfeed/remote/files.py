@@ -261,6 +261,14 @@ class _KeptBytes:
 _KEPT = _KeptBytes()
 
 
+def _after_fork() -> None:
+    _KEPT._lock = threading.RLock()  # a parent thread gone with the fork may have held it: the child's would hang
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def pin_all(files: dict) -> dict:
     """Pins the version of every file of ``{index: RemoteFile}`` and fetches its first block, one wave for
     all the files each, so that ``inspect`` opens each with a request fewer per file: for many files the
