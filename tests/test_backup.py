@@ -202,7 +202,7 @@ def test_what_a_backup_cannot_resume_is_refused(tmp_path):
         (dict(batch_size=4, order=kerasfeed.WeightedOrder(np.ones(24), seed=2)),
          r"the order of the items: kind saved 'IndexOrder', now 'WeightedOrder', num_samples saved None, now 24, "
          r"replacement saved None, now True, shuffle saved True, now None\. Make"),
-        (dict(batch_size=3, shuffle=True, seed=2), r"the items per step \(batch_size x processes .*\): saved 4, now 3"),
+        (dict(batch_size=3, shuffle=True, seed=2), r"the items per step \(batch_size x processes .*\): saved 4 \(4 x 1 process\), now 3 \(3 x 1 process\)"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=r"other data than this run's.*" + message + r".*Received: "):

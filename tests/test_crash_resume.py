@@ -185,6 +185,10 @@ def test_two_jax_processes_killed_resume_as_one_with_the_same_global_batch(tmp_p
                     cwd=str(tmp_path), env_for=keras_jax_env)
     record = json.loads((tmp_path / "backup" / "latest.json").read_text())
     assert (record["epoch"], record["batch"], record["data"]["shards"], record["data"]["global_batch"]) == (1, 3, 2, 8)
+    other = subprocess.run([python, script, backup, str(tmp_path / "other.npz"), "4"], env=env,  # batch 4 on 1
+                           capture_output=True, text=True, timeout=240)
+    assert other.returncode != 0  # refused, naming what the items per step were made of on both sides
+    assert "saved 8 (4 x 2 processes), now 4 (4 x 1 process)" in other.stderr, other.stderr[-3000:]
     done = subprocess.run([python, script, backup, str(tmp_path / "resumed.npz"), "8"], env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

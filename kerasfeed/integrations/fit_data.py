@@ -146,7 +146,7 @@ class FitData:
         self.accepted = None if changed else saved
         if changed:
             what = "; ".join(_changed_order(saved, now) if k == "order" else
-                             f"{names[k]}: saved {saved.get(k)!r}, now {now[k]!r}" for k in changed)
+                             f"{names[k]}: saved {_shown(saved, k)}, now {_shown(now, k)}" for k in changed)
             raise ValueError(
                 f"{owner}: the backup in {where!r} was taken with other data than this run's, so "
                 f"its position (pass {saved['pass']}, batch {saved['batches']}) would point at other items. Changed: "
@@ -229,3 +229,13 @@ def _changed_order(saved: dict, now: dict) -> str:
 
 
 __all__ = ["FitData"]
+
+
+def _shown(record: dict, key: str) -> str:
+    """A record's value for a refusal; the items per step with what they are made of (a run on 2 processes
+    resumed on 1 names both counts)."""
+    value = record.get(key)
+    shards, per_batch = record.get("shards"), record.get("items_per_batch")
+    if key == "global_batch" and shards is not None and per_batch is not None:
+        return f"{value!r} ({per_batch} x {shards} process{'es' if shards != 1 else ''})"
+    return repr(value)
