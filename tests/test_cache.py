@@ -299,6 +299,54 @@ def test_a_source_whose_state_changes_between_passes_fails_naming_the_attribute(
             list(ld)
 
 
+class Curriculum(Plain):
+    """``on_epoch_end`` switches a public attribute to or from None, or sets one for the first time; a file
+    opened lazily (an object) and an underscored table loaded on first use are the source's own state."""
+
+    def __init__(self, log, case):
+        super().__init__(log)
+        self.case, self._file, self._table = case, None, None
+        self.subset = list(range(N))[::-1] if case == "to_none" else None
+
+    def __getitem__(self, i):
+        if self._file is None:
+            self._file = open(self.log, "a")  # noqa: SIM115 - an object set from None: not a change
+        if self._table is None:
+            self._table = np.arange(N)  # plain data, underscored, loaded on first use: not a change
+        ids = self.subset if self.subset is not None else self._table
+        return np.full((2,), ids[i] * getattr(self, "scale", 1), "int64")
+
+    def on_epoch_end(self):
+        if self.case == "new":
+            self.scale = 10
+        else:
+            self.subset = None if self.case == "to_none" else list(range(N))[::-1]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_file": None}
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+@pytest.mark.parametrize("case", ["to_none", "from_none", "new"])
+def test_a_public_attribute_set_to_or_from_none_or_set_anew_fails_the_pass_not_served_stale(
+        tmp_path, executor, case):
+    """Each served the first pass's stored items in every later pass, silently (helper, 4 of 4)."""
+    kwargs = dict(executor=executor, workers=2) if executor == "processes" else {}
+    with kerasfeed.to_loader(Curriculum(str(tmp_path / "l"), case), cache="memory", **kwargs) as ld:
+        list(ld)
+        name = "scale" if case == "new" else "subset"
+        with pytest.raises(ValueError, match=rf"attribute `{name}` changed"):
+            list(ld)
+
+
+def test_lazily_opened_files_and_underscored_tables_are_not_changes(tmp_path):
+    source = Curriculum(str(tmp_path / "l"), "to_none")
+    source.on_epoch_end = lambda: None  # nothing public changes
+    with kerasfeed.to_loader(source, cache="memory") as ld:
+        first, second = list(ld), list(ld)
+    assert [a.tolist() for a in first] == [b.tolist() for b in second] == [[N - 1 - i] * 2 for i in range(N)]
+
+
 class IgnoresCounter(Plain):
     cache_ignores = ("seen",)
 

@@ -27,9 +27,12 @@ source whose state changes between passes (an ``on_epoch_end`` that
 reshuffles the index list its ``__getitem__`` reads) would make other items
 later, so the front compares the source's attributes at every pass start
 with the last pass's (the fingerprints the worker processes' state sync
-uses) and fails the pass naming the attribute that changed. Attributes set
-from None (a file opened lazily) are not changes; attributes the stored
-stage does not read are named in the source's ``cache_ignores``.
+uses) and fails the pass naming the attribute that changed, was set or was
+dropped. An object set to or from None (a file opened lazily) and an
+underscored attribute set to or from None (a table loaded on first use) are
+not changes; a public attribute of plain data is (``self.subset = None``
+meaning all items). Attributes the stored stage does not read are named in
+the source's ``cache_ignores``.
 """
 
 from __future__ import annotations
@@ -191,12 +194,13 @@ class CacheFront(Executor):
         if state is None:
             return
         ignored = self._ignored | _unpickled(self._source, state)
-        now = {k: fingerprint(_without_epochs(v)) for k, v in state.items() if k not in ignored}
+        now = {k: (fingerprint(_without_epochs(v)), _kind(v)) for k, v in state.items() if k not in ignored}
         before, self._state = self._state, now
         if before is None:
             return
-        for key in sorted(before.keys() & now.keys(), key=str):
-            if before[key] != now[key] and state.get(key) is not None and not _was_none(before[key]):
+        for key in sorted(before.keys() | now.keys(), key=str):  # one set or dropped since counts too
+            (was, was_kind), (fp, kind) = before.get(key, _ABSENT), now.get(key, _ABSENT)
+            if was != fp and not _lazy(key, was_kind, kind):
                 raise ValueError(
                     f"kerasfeed cache: the source's attribute `{key}` changed since the last pass (in on_epoch_end, "
                     "set_epoch or on_epoch_begin). Stored items were made from its earlier value, so they may no "
@@ -362,8 +366,22 @@ def _unpickled(source: Any, state: dict) -> frozenset:
     return frozenset(state.keys() - pickled.keys()) if isinstance(pickled, dict) else frozenset()
 
 
-def _was_none(fp: Any) -> bool:
-    return getattr(fp, "obj", 0) is None
+_ABSENT = (None, "none")  # an attribute not set: as None
+_DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
+
+
+def _kind(value: Any) -> str:
+    return "none" if value is None else "data" if isinstance(value, _DATA) else "object"
+
+
+def _lazy(key: str, was: str, now: str) -> bool:
+    """A change to or from None (or unset) that is state the source keeps for itself, not what its items are
+    made from: an object (a file opened lazily, a session), or an underscored attribute (``self._labels``
+    loaded on first use). A public attribute of plain data set to or from None (``self.subset = None``: all
+    items) or set for the first time (``self.scale = 10.0``) changes the items: it counts."""
+    if "none" not in (was, now):
+        return False
+    return was == now or "object" in (was, now) or key.startswith("_")
 
 
 __all__ = ["CacheFront"]
