@@ -310,7 +310,7 @@ class Curriculum(Plain):
 
     def __getitem__(self, i):
         if self._file is None:
-            self._file = open(self.log, "a")  # noqa: SIM115 - an object set from None: not a change
+            self._file = open(self.log, "a")
         if self._table is None:
             self._table = np.arange(N)  # plain data, underscored, loaded on first use: not a change
         ids = self.subset if self.subset is not None else self._table

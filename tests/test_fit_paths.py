@@ -220,6 +220,25 @@ def test_a_pass_that_differs_from_items_per_epoch_fails_naming_both_counts(decla
         list(make_stream("from_queue", tmp_path, items_per_epoch=declared))
 
 
+@pytest.mark.parametrize("declared", [8, 9])
+def test_a_longer_pass_with_drop_remainder_fails_rather_than_being_cut(declared, tmp_path):
+    """With drop_remainder, fit stops after the whole batches: 10 items declared as 8 or 9 trained 8 items an
+    epoch, silently, where the last declared item was held back for the check (helper, 4 of 4)."""
+    ds = make_stream("from_generators", tmp_path, items_per_epoch=declared, drop_remainder=True)
+    assert int(ds.cardinality()) == 2
+    model, _ = recording_model(6)
+    with pytest.raises(tf.errors.OpError, match=rf"had more than {declared} items"):
+        model.fit(ds, epochs=1, shuffle=False, verbose=0)
+
+
+def test_a_pass_of_the_declared_length_with_drop_remainder_gives_every_whole_batch(tmp_path):
+    ds = make_stream("from_generators", tmp_path, items_per_epoch=10, drop_remainder=True, shuffle_buffer=4, seed=1)
+    passes = [[int(v) for x, _ in ds for v in x.numpy()[:, 0]] for _ in range(2)]
+    assert [len(p) for p in passes] == [8, 8] and all(set(p) <= set(STREAM_EPOCHS["from_generators"][0]) for p in passes)
+    ds = make_stream("from_generators", tmp_path, items_per_epoch=10, drop_remainder=True)
+    assert [int(v) for x, _ in ds for v in x.numpy()[:, 0]] == STREAM_EPOCHS["from_generators"][0][:8]
+
+
 def test_items_per_epoch_is_checked_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"`items_per_epoch` must be a positive int. Received: items_per_epoch=0"):
         make_stream("from_generators", tmp_path, items_per_epoch=0)

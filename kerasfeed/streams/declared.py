@@ -27,33 +27,41 @@ class EpochLengthError(NothingRaised):
 
 
 class CountedPass:
-    """One pass of a stream, checked against ``expected`` items (``take``/``close`` as the wrapped pass)."""
+    """One pass of a stream, checked against ``expected`` items (``take``/``close`` as the wrapped pass).
 
-    def __init__(self, inner: Any, expected: int, api: str, number: int):
+    ``needed``: the items a consumer reads before it stops (``expected``; with ``drop_remainder``, those of
+    the whole batches). That last one is held back until the pass's end is confirmed; the items after it
+    (the dropped remainder, fewer than a batch) are read and counted meanwhile, then handed out behind it
+    (a shuffle before the batch may still pick them)."""
+
+    def __init__(self, inner: Any, expected: int, api: str, number: int, needed: Optional[int] = None):
         self._inner, self._expected, self._api, self._number = inner, expected, api, number
+        self._needed = expected if needed is None else needed
         self._n = 0
-        self._held: Any = None
+        self._held: list = []  # the last needed item, then the rest up to the end
         self._done = False
 
     def take(self, timeout: Optional[float] = None) -> Any:
         """Returns ``(item, origin)``, ``NOT_READY`` or ``END`` (raises on a count mismatch)."""
         if self._done:
-            return END
+            return self._held.pop(0) if self._held else END
         while True:
             r = self._inner.take(timeout)
             if r is NOT_READY:
                 return r
-            if self._held is not None:  # the declared items are all here: only END may follow
-                if r is not END:
-                    raise self._error("more than")
-                held, self._held, self._done = self._held, None, True
-                return held
             if r is END:
-                raise self._error("fewer than")
+                if self._n != self._expected:
+                    raise self._error("fewer than")
+                if not self._held:
+                    return END
+                self._done = True
+                return self._held.pop(0)
             self._n += 1
-            if self._n < self._expected:
+            if self._n > self._expected:
+                raise self._error("more than")
+            if self._n < self._needed:
                 return r
-            self._held = r  # the last one: wait for the end of the pass
+            self._held.append(r)  # the last needed one and those after it: until the pass's end
 
     def _error(self, how: str) -> EpochLengthError:
         what = f"{self._api} (pass {self._number})"
@@ -71,14 +79,16 @@ class CountedPass:
         self._inner.close()
 
 
-def counted_passes(open_pass: Callable[[], Any], expected: Optional[int], api: str) -> Callable[[], Any]:
-    """``open_pass`` whose passes are checked against ``expected`` items (unchanged when None)."""
+def counted_passes(open_pass: Callable[[], Any], expected: Optional[int], api: str,
+                   needed: Optional[int] = None) -> Callable[[], Any]:
+    """``open_pass`` whose passes are checked against ``expected`` items (unchanged when None); ``needed``:
+    the items a consumer reads (fewer with ``drop_remainder``: ``CountedPass``)."""
     if expected is None:
         return open_pass
     number = iter(range(2**62))
 
     def open_counted() -> CountedPass:
-        return CountedPass(open_pass(), expected, api, next(number))
+        return CountedPass(open_pass(), expected, api, next(number), needed)
 
     return open_counted
 

@@ -97,7 +97,9 @@ def stream_dataset(
         else:
             signature = normalize_signature(output_signature)
         codec = ChunkCodec(signature, api)
-        open_pass = counted_passes(source.open_pass, tail.items_per_epoch, api)  # checked against a declared length
+        declared, size = tail.items_per_epoch, tail.batch_size
+        needed = declared // size * size if declared is not None and size and tail.drop_remainder else None
+        open_pass = counted_passes(source.open_pass, declared, api, needed)  # checked against a declared length
         passes, waits = itertools.count(), getattr(source, "waits", None)
         ds = tf.data.Dataset.from_generator(
             lambda: chunks(open_pass, codec, describe, stats, next(passes), timeout, api, waits),
