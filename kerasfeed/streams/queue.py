@@ -24,6 +24,7 @@ open supersedes it (``QueueFeed.open_pass``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 import time
@@ -108,6 +109,7 @@ class QueueFeed:
         self._epoch = 0
         self._skip_to_epoch_end = False
         self._active: Optional["QueuePass"] = None
+        self._build_next = False  # the next pass is a model build's (``model_build_iterator``)
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.produced = 0  # items put by a callable producer (for tests and stats)
@@ -267,9 +269,15 @@ class QueueFeed:
         with self._read_lock, self._lock:
             if self._active is not None:
                 self._active._leave(superseded=True)
-            p = QueuePass(self)
-            self._active = p
+            p = QueuePass(self, build=self._build_next)
+            self._active, self._build_next = p, False
         return p
+
+    def model_build_iterator(self) -> None:
+        """The next pass is a model build's (NOTE [ A model build's pass over a stream ], ``tfdata/consumers.py``):
+        the items it takes are read again by the pass after it."""
+        with self._lock:
+            self._build_next = True
 
     def close(self) -> None:
         """Stops the producer thread (its next ``put`` raises). Idempotent."""
@@ -279,7 +287,7 @@ class QueueFeed:
 class QueuePass:
     """One epoch of a ``QueueFeed``; same ``take``/``close`` as ``ShardPass``."""
 
-    def __init__(self, feed: QueueFeed):
+    def __init__(self, feed: QueueFeed, build: bool = False):
         self._feed = feed
         self._ended = False
         self._superseded = False
@@ -288,6 +296,8 @@ class QueuePass:
         # A pass abandoned mid-epoch: this pass starts at the next epoch.
         self._skipping = feed._skip_to_epoch_end
         self._last = time.monotonic()
+        # A model build's pass: the entries it took (items, the epoch's end), handed back when it goes.
+        self._taken: Optional[list] = [] if build else None
 
     def take(self, timeout: Optional[float] = None) -> Any:
         """Returns ``(item, (epoch, item_number))``, ``NOT_READY`` or ``END``."""
@@ -336,10 +346,14 @@ class QueuePass:
                     with feed._lock:
                         feed._skip_to_epoch_end = False
                     continue
+                if self._taken is not None:
+                    self._taken.append(got)
                 self._end()
                 return END
             if self._skipping:
                 continue
+            if self._taken is not None and not isinstance(got, BaseException):
+                self._taken.append(got)
             if isinstance(got, BaseException):
                 with feed._lock:  # the rest of the failed epoch is skipped, up to its END_OF_EPOCH
                     self._leave(failed=True)
@@ -378,6 +392,12 @@ class QueuePass:
             feed._active = None
         if superseded:
             self._superseded = True
+        taken, self._taken = self._taken, None
+        if taken is not None and not failed:  # a model build's pass: the next pass reads what it took again
+            feed._peeked.extendleft(reversed(taken))
+            feed._epoch, feed._skip_to_epoch_end = self._epoch, self._skipping
+            self._ended = True
+            return
         if not self._ended and (self._n > 0 or failed):
             feed._skip_to_epoch_end = feed._done is None
             feed._epoch = self._epoch + 1
@@ -385,6 +405,7 @@ class QueuePass:
 
     def close(self) -> None:
         feed = self._feed
-        with feed._lock:
+        # A build's pass hands its items back to the queue's front: not while a take reads it.
+        with (feed._read_lock if self._taken is not None else contextlib.nullcontext()), feed._lock:
             if feed._active is self:
                 self._leave()

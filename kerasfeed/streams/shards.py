@@ -128,6 +128,7 @@ class ShardedStream:
         self._lock = threading.Lock()
         self._generators = GeneratorsSeen()
         self._passes = 0
+        self._build_next = False  # the next pass is a model build's (``model_build_iterator``)
         self._open_pass: Optional[tuple] = None  # (pass, weak ref) of the last pass opened on worker processes
         self._stats: Any = None
         if executor == "processes":
@@ -161,8 +162,9 @@ class ShardedStream:
     def open_pass(self) -> ShardPass:
         """Starts the next pass (new generators; a new shard order if shuffled)."""
         with self._lock:
-            epoch = self._passes
-            self._passes += 1
+            epoch, build, self._build_next = self._passes, self._build_next, False
+            if not build:  # a model build's pass is read again by the next one (its generators made anew)
+                self._passes += 1
         if self.pool is not None:
             self.pool.fresh_if_failed()  # after a dead worker failed the last pass: new workers
             self._supersede_open_pass(epoch)
@@ -175,6 +177,12 @@ class ShardedStream:
         if self.pool is not None:
             self._open_pass = (epoch, weakref.ref(p))
         return p
+
+    def model_build_iterator(self) -> None:
+        """The next pass is a model build's (NOTE [ A model build's pass over a stream ], ``tfdata/consumers.py``):
+        it does not count, so the fit's first epoch reads pass 0."""
+        with self._lock:
+            self._build_next = True
 
     def _supersede_open_pass(self, epoch: int) -> None:
         """On worker processes a pass's shards hold the workers until they end: a pass still open (an

@@ -21,6 +21,13 @@ exit guard the live iterators without scanning the heap. Iterators made
 another way (inside a ``tf.function``, ``Dataset.reduce``, multi-device
 iterators) are not counted: their waits end only as before (``timeout=``,
 the executor closed, interpreter exit).
+
+NOTE [ A model build's pass over a stream ]: Keras' JAX and torch trainers build a model not built yet
+from a batch of a throwaway iterator, then read the epoch from another (NOTE [ An evaluation's model
+build ], ``kerasfeed/_keras_build.py``). A stream has no index to begin again at: the build's iterator,
+told apart here where it is made, begins a pass that does not count. ``from_generators``/``from_files``
+read that pass again (generators made anew, the same shard order); ``from_queue`` hands the entries the
+build took back to the queue's front, so the fit's first epoch reads the producer's first epoch whole.
 """
 
 from __future__ import annotations
@@ -81,6 +88,10 @@ def _watch(iterator: Any, dataset: Any) -> None:
     for pipeline in pipelines:  # NOTE [ An evaluation's model build ]
         if evaluation_builds(sys._getframe(2), fit=not pipeline.follows_keras):
             pipeline.model_build_iterator()
+    streams = [owner for owner in owners[len(pipelines):] if hasattr(owner, "model_build_iterator")]
+    if streams and evaluation_builds(sys._getframe(2), fit=True):  # NOTE [ A model build's pass over a stream ]
+        for stream in streams:
+            stream.model_build_iterator()
     for scope in _scopes(owners):
         scope.consumer_started()
         # Holds the scope (small), never the executor or the iterator.
