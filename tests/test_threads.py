@@ -166,6 +166,25 @@ def test_timeout_holds_for_a_load_outside_the_plan(caller):
         ex.close()
 
 
+def test_loads_after_a_timeout_raise_the_same_item_timeout():
+    """The executor is closed by a timed-out item, and every later load raises that error: an ItemTimeout (an
+    ItemError with the index), not a bare TimeoutError an `except kerasfeed.ItemError` misses (helper, 2 of 2)."""
+    from kerasfeed.errors import ItemTimeout
+
+    src = Gated(n=4, stuck_from=2)
+    ex = ThreadExecutor(src, parallelism=2, timeout=0.3)
+    try:
+        with pytest.raises(ItemTimeout) as first:
+            ex.load(3, 0)
+        for _ in range(2):
+            with pytest.raises(ItemTimeout) as later:
+                ex.load(0, 1)
+            assert later.value.index == first.value.index == 3 and str(later.value) == str(first.value)
+    finally:
+        src.gate.set()
+        ex.close()
+
+
 def test_an_error_made_ahead_is_raised_by_the_load_that_takes_it():
     src = Recorder(n=6, fail=3)
     with _executor(src, 4) as ex:

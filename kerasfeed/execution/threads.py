@@ -127,8 +127,8 @@ class ThreadExecutor(Executor):
 
     def load(self, index: int, epoch: int) -> Any:
         # The consumer's source already saw set_epoch for this pass.
-        if self._failure is not None:  # a timed-out item stopped the executor
-            raise TimeoutError(str(self._failure))
+        if self._failure is not None:  # a timed-out item stopped the executor: its error again, an ItemTimeout
+            raise self._failure.with_traceback(None)
         if self._user_closed:  # as worker processes refuse (it made every item inline, one at a time)
             raise self._closed_error(index)
         if self._threads and os.getpid() != self._threads_pid:
