@@ -264,6 +264,8 @@ def test_from_generators_timeout_fails_a_stuck_pass(executor):
     del info  # its traceback holds the pipeline (and its workers) alive
     if executor == "threads":  # the pass's own timeout names the shard it waits for (processes: the worker's)
         assert "waiting for from_generators (pass 0): item 1 of _stuck_second_shard(1)" in message
+    else:  # streams take no retries=: not advised (a helper's report)
+        assert "retries=" not in message and "A stream does not replace a dead or stopped worker" in message
     del ds
 
 

@@ -71,6 +71,11 @@ NO_RESTART = (
     "usually repeats): this pass fails, and the next pass starts new workers. Pass retries=1 (or more) to make the "
     "item again on a new worker, or use executor='threads' to debug the source in the main process."
 )
+# Streams take no retries= (a generator cannot be resumed on another worker).
+STREAM_NO_RESTART = (
+    "A stream does not replace a dead or stopped worker within a pass: this pass fails, and the next pass starts "
+    "new workers. Use executor='threads' to debug the generators in the main process."
+)
 
 
 def describe_exit(code: Optional[int]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol
 from kerasfeed.execution.processes.lanes import WorkerLane
-from kerasfeed.execution.processes.process import NO_RESTART, fresh_error
+from kerasfeed.execution.processes.process import NO_RESTART, STREAM_NO_RESTART, fresh_error
 from kerasfeed.execution.processes.slots import fd_limit_message
 
 logger = logging.getLogger("kerasfeed")
@@ -89,6 +89,8 @@ def _handle(d: Any, lane: WorkerLane, msg: protocol.ToParent, fds: list[int]) ->
 def _not_replaced(d: Any, lane: WorkerLane) -> str:
     """Why the pool fails instead of replacing the worker (with ``retries=`` it replaces those that die
     making items: NOTE [ Replacing a worker ])."""
+    if lane.stream is not None:
+        return STREAM_NO_RESTART
     if not d.retries:
         return NO_RESTART
     if not lane.process.ready.is_set():

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 from kerasfeed import _handoff
 from kerasfeed.errors import WorkerError
 from kerasfeed.execution.processes import protocol, shm
-from kerasfeed.execution.processes.process import NO_RESTART, fresh_error
+from kerasfeed.execution.processes.process import STREAM_NO_RESTART, fresh_error
 from kerasfeed.execution.waits import WaitAbandoned
 
 _POLL_S = 0.5
@@ -104,7 +104,8 @@ class StreamSessions:
 
     def _stop_worker(self, proc: Any, what: str) -> WorkerError:
         """Kills ``proc`` for ``what`` it did; returns the ``WorkerError`` the pool now fails with."""
-        err = WorkerError(f"kerasfeed: worker {proc.id} (pid {proc.pid}) {what}; the worker was stopped.\n{NO_RESTART}",
+        err = WorkerError(f"kerasfeed: worker {proc.id} (pid {proc.pid}) {what}; the worker was stopped.\n"
+                          f"{STREAM_NO_RESTART}",
                           worker_id=proc.id, pid=proc.pid)
         self._owner.record_failure(err)
         proc.kill()
