@@ -93,7 +93,7 @@ def _peer(monkeypatch, processes, change=None, failed=False):
             other[:] = 0
             other[0] = 1
         for name, value in (change or {}).items():
-            other[1 + hosts.FACTS.index(name)] = agreement._code(value)
+            other[agreement._HEAD + hosts.FACTS.index(name)] = agreement._code(value)
         return np.stack([other, row] if p.process_index == 1 else [row, other])
 
     monkeypatch.setattr(hosts, "current_processes", lambda: processes)
@@ -149,7 +149,7 @@ def test_loader_reads_its_process_shard_after_the_processes_agree(monkeypatch):
     shard = IndexOrder(11, shuffle=True, seed=3, num_shards=2, shard_index=1).indices(0).tolist()
     assert sum(got, []) == shard and len(got) == len(loader) == 3  # 11 // 2 = 5 items, in batches of 2
     assert len(sent) == 1 and sent[0][0] == 0  # one exchange, this process succeeded
-    facts = dict(zip(hosts.FACTS, sent[0][1:].tolist()))
+    facts = dict(zip(hosts.FACTS, sent[0][agreement._HEAD:].tolist()))
     assert facts["len(source)"] == 11 and facts["seed"] == 3 and facts["batches per pass"] == 3
     # Explicit shard arguments win: no exchange, the whole source.
     with kerasfeed.to_loader(Items(11), batch_size=2, num_shards=1) as loader:
@@ -227,7 +227,7 @@ def test_items_that_are_batches_must_have_one_size_on_every_process(monkeypatch)
         with pytest.raises(ValueError, match=r"item 8 is a batch of 2 samples, but the probed items are batches of 4"
                            r" \(item 0\).*Received: item 8 batch size=2, expected 4$"):
             next(it)
-    assert dict(zip(hosts.FACTS, sent[-1][1:].tolist()))["item batch size"] == 4  # the processes agree on it too
+    assert dict(zip(hosts.FACTS, sent[-1][agreement._HEAD:].tolist()))["item batch size"] == 4  # the processes agree on it too
     _peer(monkeypatch, _processes(index=0), change={"item batch size": 6})
     with pytest.raises(ValueError, match=r"disagree on item batch size: item batch size \(process 0: 4, process 1: 6\)"):
         kerasfeed.to_loader(Batches(8, lambda i: 4))

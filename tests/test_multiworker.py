@@ -235,9 +235,10 @@ def test_num_shards_alone_reads_this_worker_s_shard(monkeypatch):
                        r"workers: .*Pass `shard_index` \(this worker is 1\), or num_shards=2\. "
                        r"Received: num_shards=3, shard_index=None, workers=2$"):
         kerasfeed.to_dataset(Items(16), num_shards=3)
+    assert checked[1] is None  # num_shards=3 failed: the other workers are told
     assert len(_items(kerasfeed.to_dataset(Items(16), num_shards=1))) == 16  # the whole source, unchecked
     assert _items(kerasfeed.to_dataset(Items(16), num_shards=4, shard_index=3)) == [3, 7, 11, 15]
-    assert len(checked) == 2
+    assert len(checked) == 3
 
 
 def test_a_resumed_auto_sharded_to_dataset_warns_that_its_batches_are_not_distributed_steps(monkeypatch, caplog):
@@ -262,6 +263,8 @@ def test_fewer_generators_or_items_than_workers_are_named_as_such(monkeypatch):
     from kerasfeed.loading import shards
 
     monkeypatch.setattr(shards, "current_worker", lambda: shards.WorkerIdentity(2, 1, "worker", 1))
+    told = []  # the other workers are told of the failure (their own check of this creation waits for it)
+    monkeypatch.setattr(shards, "check_workers", lambda worker, facts, api, shards=None: told.append((facts, api)))
 
     def gen(k):
         yield from (np.int64(10 * k + j) for j in range(5))
@@ -272,6 +275,7 @@ def test_fewer_generators_or_items_than_workers_are_named_as_such(monkeypatch):
     with pytest.raises(ValueError, match=r"^to_dataset: the multi-worker strategy has 2 workers but the source has "
                                          r"only 1 items: .* Received: items=1, workers=2$"):
         kerasfeed.to_dataset(Items(1))
+    assert told == [(None, "from_generators"), (None, "to_dataset")]
 
 
 def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
@@ -361,6 +365,13 @@ def _worker_rules(out):
     # Both workers read the whole source into a kept directory on one host: each its own (one was refused,
     # "in use by another run", and the other failed in the exchange).
     case("cache_whole", lambda: kerasfeed.to_dataset(Items(16), num_shards=1, cache=os.path.join(out, "kept")))
+    # Worker 1's source is too short: it fails before the check, and says so (worker 0 waited 120 s, then
+    # blamed the order of creation).
+    case("one_fails", lambda: kerasfeed.to_dataset(Items(1 if k == 1 else 16)))
+    # Another kind of pipeline on each worker (other facts checked): a bare numpy error on both, before.
+    case("other_kind", lambda: kerasfeed.to_dataset(Items(16), shuffle=True, seed=0) if k else kerasfeed.to_dataset(
+        Items(16), order=IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0)))
+    case("after", lambda: kerasfeed.to_dataset(Items(16), batch_size=2, shuffle=True, seed=0))  # still in step
     with open(os.path.join(out, f"rules_worker_{k}.json"), "w") as f:
         json.dump(got, f)
 
@@ -397,6 +408,13 @@ def test_the_sharding_rules_on_two_workers(tmp_path):
                                                        "in a cluster of 2 workers"), r["loader_num_shards_other"]
         assert r["loader_whole"] == list(range(16)), r["loader_whole"]
         assert r["cache_whole"] == list(range(16)), r["cache_whole"]
+        assert r["after"] == r["num_shards_only"], r["after"]
+        assert r["other_kind"].startswith(f"ValueError: to_dataset: worker {1 - k} of 2 created another kind of "
+                                          "kerasfeed pipeline at this point"), r["other_kind"]
+    assert got[1]["one_fails"].startswith("ValueError: to_dataset: the multi-worker strategy has 2 workers but the "
+                                          "source has only 1 items"), got[1]["one_fails"]
+    assert got[0]["one_fails"].startswith("RuntimeError: to_dataset: worker 1 of 2 failed to create its pipeline"), \
+        got[0]["one_fails"]
     assert sorted(os.listdir(tmp_path / "kept")) == ["process-0-of-2", "process-1-of-2"]
     assert sorted(got[0]["num_shards_only"] + got[1]["num_shards_only"]) == list(range(16))
 

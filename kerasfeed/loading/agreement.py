@@ -24,6 +24,8 @@ _GROUP_KEY = 0x6B660000
 _instance_keys = itertools.count(1)
 _instance_lock = threading.Lock()
 AGREEMENT_TIMEOUT_S = 120.0
+MAX_FACTS = 30  # facts a row holds after its head (failed, the kind: the names checked)
+_HEAD = 2
 
 
 def _code(value: Any) -> int:
@@ -39,6 +41,12 @@ def _code(value: Any) -> int:
 
 def _text(code: int) -> str:
     return str(code) if code >= 0 else "None" if code == -1 else f"#{-2 - code:x}"
+
+
+def _kinds(kinds: np.ndarray, mine: int, member: str) -> str:
+    """Which members built this member's kind of pipeline (``mine``) and which another."""
+    same = [k for k, v in enumerate(kinds.tolist()) if v == mine]
+    return ", ".join(f"{member} {k}: {'this kind' if k in same else 'another kind'}" for k in range(len(kinds)))
 
 
 def check_agreement(
@@ -59,11 +67,15 @@ def check_agreement(
             exchange returned a table of another shape.
         ValueError: a fact differs between members (names it and every member's value).
     """
-    row = np.zeros(1 + len(names), np.int64)
-    if facts is None:
-        row[0] = 1
-    else:
-        row[1:] = [_code(facts[name]) for name in names]
+    if len(names) > MAX_FACTS:
+        raise ValueError(f"{owner}: at most {MAX_FACTS} facts are checked. Received: {len(names)}")
+    # One width for every member and kind of pipeline: a member that failed, or built another kind (other
+    # facts), still sends a row the others can read.
+    row = np.full(_HEAD + MAX_FACTS, -1, np.int64)
+    row[0] = facts is None
+    row[1] = _code(tuple(names))
+    if facts is not None:
+        row[_HEAD:_HEAD + len(names)] = [_code(facts[name]) for name in names]
     table = exchange(row)
     if table.shape != (count, len(row)):
         raise RuntimeError(f"{owner}: the agreement check got a table of shape {table.shape}. Received: {table!r}")
@@ -77,11 +89,20 @@ def check_agreement(
             f"output), so {member} {me} stops here too instead of waiting for it at the first training step. "
             f"Received: failed {plural}={failed}"
         )
+    other = [k for k in range(count) if table[k, 1] != row[1]]
+    if other:
+        raise ValueError(
+            f"{owner}: {member} {other[0]} of {count} created another kind of kerasfeed pipeline at this point (one "
+            f"whose {plural} check other things than this one's: {', '.join(names)}). Every {member} must create "
+            "the same kerasfeed datasets, with the same kind of order (to_dataset, distribute, from_generators, "
+            f"an order=...), in the same order. Received: {_kinds(table[:, 1], row[1], member)}"
+        )
     paired = [names.index(name) for name in shards or ()]
-    differ = [j for j in range(len(names)) if j not in paired and len(set(table[:, 1 + j].tolist())) > 1]
+    differ = [j for j in range(len(names)) if j not in paired and len(set(table[:, _HEAD + j].tolist())) > 1]
     if differ:
         per = "; ".join(
-            f"{names[j]} (" + ", ".join(f"{member} {k}: {_text(int(v))}" for k, v in enumerate(table[:, 1 + j])) + ")"
+            f"{names[j]} (" + ", ".join(f"{member} {k}: {_text(int(v))}" for k, v in enumerate(table[:, _HEAD + j]))
+            + ")"
             for j in differ
         )
         name = names[differ[0]]
@@ -98,7 +119,7 @@ def check_agreement(
 def _check_order_shards(table: np.ndarray, paired: list, shards: tuple, facts: dict, *, owner: str, me: int,
                         member: str, plural: str) -> None:
     """ValueError unless the members' data shards and order shards pair one to one (see ``check_agreement``)."""
-    data, given = (table[:, 1 + j].tolist() for j in paired)
+    data, given = (table[:, _HEAD + j].tolist() for j in paired)
     if -1 in given:  # no sharded order (the same on every member: checked with the order's fingerprint)
         return
     if len(set(zip(data, given))) == len(set(data)) == len(set(given)):
@@ -120,10 +141,11 @@ def _check_order_shards(table: np.ndarray, paired: list, shards: tuple, facts: d
     )
 
 
-def check_workers(worker: Any, facts: dict, owner: str, shards: Optional[tuple[str, str]] = None) -> None:
+def check_workers(worker: Any, facts: Optional[dict], owner: str, shards: Optional[tuple[str, str]] = None) -> None:
     """``check_agreement`` of this worker (a ``shards.WorkerIdentity``) over its ``tf.distribute``
-    cluster (``shards``: as there); RuntimeError also when the other workers did not create a matching
-    pipeline within ``AGREEMENT_TIMEOUT_S`` seconds."""
+    cluster (``shards``: as there; ``facts`` None: this worker failed to create its pipeline, and says so);
+    RuntimeError also when the other workers did not create a matching pipeline within
+    ``AGREEMENT_TIMEOUT_S`` seconds."""
     with _instance_lock:
         instance = next(_instance_keys)
 
@@ -145,8 +167,8 @@ def check_workers(worker: Any, facts: dict, owner: str, shards: Optional[tuple[s
             ) from None
 
     check_agreement(
-        tuple(facts), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers, member="worker",
-        shards=shards,
+        tuple(facts or ()), facts, exchange, owner=owner, me=worker.worker_id, count=worker.num_workers,
+        member="worker", shards=shards,
     )
 
 

@@ -308,9 +308,13 @@ def plan_shards(
     if order is not None:
         return _plan_order(api, length, num_shards, shard_index, input_context, order, fields)
     given = num_shards
-    num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length, api)
-    if input_context is None:  # a context's pair is tf.distribute's
-        check_shard_pair(api, length, num_shards, shard_index, given is not None)
+    try:
+        num_shards, shard_index, worker = resolve_shards(num_shards, shard_index, input_context, length, api)
+        if input_context is None:  # a context's pair is tf.distribute's
+            check_shard_pair(api, length, num_shards, shard_index, given is not None)
+    except ValueError:
+        _tell_failed(api, given, input_context)
+        raise
     # A whole-source pipeline (explicit num_shards=1, e.g. on the chief only)
     # does not involve the other workers.
     if worker is not None and num_shards > 1:
@@ -321,6 +325,19 @@ def plan_shards(
         check_workers(worker, {"length": length, "num_shards": num_shards, **fields, **pair}, api,
                       shards=("worker", "shard_index") if pair else None)
     return ShardPlan(num_shards, shard_index, num_shards)
+
+
+def _tell_failed(api: str, num_shards: Any, input_context: Any) -> None:
+    """This worker's pipeline failed before the agreement check: the other workers, whose own check of it
+    (sharded by default, or by ``num_shards`` above 1) waits for this worker's row, learn it at once instead
+    of waiting ``AGREEMENT_TIMEOUT_S`` and blaming the order of creation. Its own error is raised after."""
+    worker = current_worker()
+    if worker is None or input_context is not None or (num_shards is not None and num_shards == 1):
+        return
+    try:
+        check_workers(worker, None, api)
+    except Exception:  # the worker's own error is the one to raise
+        logging.getLogger("kerasfeed").debug("kerasfeed: telling the other workers failed", exc_info=True)
 
 
 def _plan_order(api, length, num_shards, shard_index, input_context, order, fields) -> ShardPlan:
