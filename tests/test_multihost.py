@@ -178,6 +178,17 @@ def test_processes_that_disagree_or_fail_raise_on_every_process(monkeypatch):
     assert [int(row[0]) for row in sent] == [1, 1]
 
 
+def test_a_fingerprint_that_differs_is_shown_as_the_table_shows_it(monkeypatch):
+    """The table named the order as '#1bd2...' and the Received part as its text: the two could not be matched."""
+    import re
+
+    _peer(monkeypatch, _processes(index=1), change={"order fingerprint": "another order"})
+    with pytest.raises(ValueError) as info:
+        kerasfeed.to_loader(Items(11), batch_size=2, shuffle=True, seed=3)
+    mine = re.search(r"process 1: (#[0-9a-f]+)\)", str(info.value)).group(1)
+    assert re.search(rf"Received: order fingerprint='[0-9a-f]+' \({mine}\) on process 1$", str(info.value))
+
+
 def test_a_sharded_order_must_give_each_data_shard_its_own_order_shard(monkeypatch):
     """A sharded ``order=`` is taken as it is; left at ``shard_index=0`` on every process, every process read
     shard 0, silently. The processes now check that data shards and order shards pair one to one."""

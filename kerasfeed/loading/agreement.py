@@ -43,6 +43,12 @@ def _text(code: int) -> str:
     return str(code) if code >= 0 else "None" if code == -1 else f"#{-2 - code:x}"
 
 
+def _shown(value: Any) -> str:
+    """A fact as the table shows it too (a fingerprint's ``#code`` beside it)."""
+    code = _code(value)
+    return repr(value) if code >= -1 else f"{value!r} ({_text(code)})"
+
+
 def _kinds(kinds: np.ndarray, mine: int, member: str) -> str:
     """Which members built this member's kind of pipeline (``mine``) and which another."""
     same = [k for k, v in enumerate(kinds.tolist()) if v == mine]
@@ -110,7 +116,7 @@ def check_agreement(
             f"{owner}: the {count} {plural} {group + ' ' if group else ''}disagree on "
             f"{', '.join(names[j] for j in differ)}: {per}. Every {member} must build its pipeline from the same "
             "source (same length), with the same shuffle, seed, order, shards, batching and resume state, or the "
-            f"shards overlap and the step counts differ. Received: {name}={facts[name]!r} on {member} {me}"
+            f"shards overlap and the step counts differ. Received: {name}={_shown(facts[name])} on {member} {me}"
         )
     if shards:
         _check_order_shards(table, paired, shards, facts, owner=owner, me=me, member=member, plural=plural)
