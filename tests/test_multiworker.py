@@ -298,6 +298,57 @@ def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
         kerasfeed.distribute(strategy, Samples(), batch_size=0)
 
 
+_MIRRORED_STEPS = """
+import json, sys, tempfile
+import numpy as np, tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, kerasfeed
+log = tempfile.mktemp()
+
+class Samples:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.array([i, 1.0], np.float32), np.float32(i)
+
+class Log(keras.layers.Layer):
+    def call(self, x, training=None):
+        if training:
+            tf.print(tf.cast(x[:, 0], tf.int32), summarize=-1, output_stream="file://" + log)
+        return x[:, 1:]
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), Log(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+got = {}
+for front in ("to_dataset", "to_loader"):
+    ref = getattr(kerasfeed, front)(Samples(), batch_size=4, shuffle=True, seed=0)
+    first = [int(i) for x, _ in ref for i in np.asarray(x)[:, 0]]
+    open(log, "w").close()
+    model.fit(getattr(kerasfeed, front)(Samples(), batch_size=4, shuffle=True, seed=0), epochs=1, steps_per_epoch=2,
+              shuffle=False, verbose=0)
+    got[front] = [sorted(int(v) for line in open(log) for v in line.strip("[]\\n").split()), sorted(first[:8])]
+print(json.dumps(got))
+"""
+
+
+def test_epochs_that_are_not_passes_under_a_mirrored_strategy_read_pass_0_first():
+    """Keras' TensorFlow fit under a strategy peeks a batch to build the model, then makes a new iterator: with
+    steps_per_epoch the pass was counted, and epoch 0 trained pass 1 (helper, 3 of 3)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED_STEPS], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for front, (trained, pass_0) in got.items():
+        assert trained == pass_0, (front, got)
+
+
 def test_file_shards_split_between_workers_every_pass():
     """One input pipeline per worker opens only its files of each (reshuffled) pass."""
     from kerasfeed.streams.options import END

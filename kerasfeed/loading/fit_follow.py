@@ -50,7 +50,7 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
 class FitTarget(NamedTuple):
     """The pass a begin under a running ``fit`` reads (``FollowsFit.fit_target``)."""
 
-    epoch: int
+    epoch: Optional[int]  # None: the pipeline's own next pass, begun by a model build (begun again after it)
     skip: int  # items of it already trained on
     build: bool = False  # begun by the model build of a trainer whose loop begins it again (``FitView.builds``)
 
@@ -102,7 +102,10 @@ class FollowsFit:
         if self._held_directly(fit):
             check_epoch_length(fit, self.batches_per_pass)
         if epoch is None:
-            return None
+            # Epochs that are not passes: counted on from the pipeline's first. A pass begun before the fit's
+            # loop is the model build's batch (JAX, torch; TensorFlow under a strategy), after which Keras makes
+            # a new iterator: that pass is begun again by the loop (``_upcoming``), not the next one.
+            return FitTarget(None, 0, True) if fit.epoch is None else None
         with self._lock:
             skip = self._pins.get(epoch)
         if skip is not None or fit.epoch is not None:

@@ -131,9 +131,11 @@ class PassPipeline(FollowsFit):
         with self._lock:
             epoch, skip, build = self._next, self._skip, False
             again, self._again = self._again, None
-            if target is not None:
+            if target is not None and target.epoch is not None:
                 epoch, skip, build = target
-            elif self._build_next:  # a build that failed before its loop began its pass leaves it to this one
+            elif self._build_next or target is not None:
+                # An evaluation's build, or a fit's whose passes are counted (steps_per_epoch): the loop begins
+                # this pass again; a build that failed before its loop began its pass leaves it to this one.
                 epoch, skip = again or (epoch, skip)
                 build, self._again = True, (epoch, skip)
             elif again is not None:
@@ -159,6 +161,8 @@ class PassPipeline(FollowsFit):
         if not taken:
             return False
         with self._lock:  # the fit reads the build's pass on: its end, come or to come, is the pass's own
+            if self._again == (epoch, skip):  # handed over: not begun again (counted passes: ``_upcoming``)
+                self._again = None
             ended = self._deferred_end is not None and pass_of(self._deferred_end) == epoch
             if ended:
                 self._deferred_end = None

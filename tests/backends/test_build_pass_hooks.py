@@ -288,12 +288,33 @@ def _a_fit_on_a_stream_reads_its_first_pass_first(got, backend):
     assert got["files fit"] == [v for p in got["files passes"] for v in p]
 
 
+_STEPS = """
+got = {}
+for front in ("to_dataset", "to_loader"):
+    seq = Numbered(4, 2, 100)
+    model = keras.Sequential([keras.Input((1,)), Rec(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", run_eagerly=True)
+    seen.clear()
+    model.fit(getattr(kerasfeed, front)(seq), epochs=3, steps_per_epoch=3, verbose=0, shuffle=False)
+    got[front] = list(seen)
+"""
+
+
+def _epochs_that_are_not_passes_read_pass_0_first(got, backend):
+    """steps_per_epoch=3 over passes of 4 batches: the passes are read on across epochs. to_dataset's model
+    build began pass 0 and the fit's loop pass 1 (a helper found it under a MirroredStrategy, whose TensorFlow
+    fit peeks too); to_loader hands the build's pass over."""
+    want = [0, 1, 2, 3, 100, 101, 102]  # epoch 1 ends with pass 0 (Keras stops an epoch where its data ends)
+    assert got == {"to_dataset": want, "to_loader": want}, json.dumps(got)
+
+
 _CHECKS = {"hooks": (_SCRIPT, _the_model_build_s_pass_runs_each_epoch_hook_once),
            "take over": (_TAKE_OVER, _the_fit_takes_over_what_the_model_build_made),
            "evaluate": (_EVALUATE, _an_evaluation_that_builds_the_model_reads_one_pass),
            "resumed": (_RESUMED, _a_resumed_fit_and_an_evaluation_after_a_failed_build_read_the_right_pass),
            "stopped": (_STOPPED, _an_evaluation_after_a_fit_stopped_early_reads_the_next_pass),
-           "streams": (_STREAMS, _a_fit_on_a_stream_reads_its_first_pass_first)}
+           "streams": (_STREAMS, _a_fit_on_a_stream_reads_its_first_pass_first),
+           "steps": (_STEPS, _epochs_that_are_not_passes_read_pass_0_first)}
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
