@@ -264,9 +264,11 @@ class StateTracker:
 _MISSING = _Same(object())
 
 
-def apply_state(source: Any, payload: bytes) -> Any:
-    """Worker side: applies ``StateTracker.check``'s change; returns the source to use (new unless keys changed)."""
-    change = pickle.loads(payload)
+def apply_state(source: Any, payload: bytes, loads: Any = pickle.loads) -> Any:
+    """Worker side: applies ``StateTracker.check``'s change; returns the source to use (new unless keys changed).
+    ``loads``: the unpickler (worker processes: ``light_modules.loads``, as for the source itself, so that a
+    source sent whole, its class by value, does not import the real Keras and its backend at the first change)."""
+    change = loads(payload)
     kind = change[0]
     if kind == "keys":
         _, changed, removed = change

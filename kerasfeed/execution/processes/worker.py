@@ -256,7 +256,7 @@ class WorkerLoop:
     def set_state(self, msg: protocol.SetState) -> None:
         try:
             _handoff.receive(msg.handoff)
-            self.source = apply_state(self.source, msg.payload)
+            self.source = apply_state(self.source, msg.payload, light_modules.loads)
             self.state_error = None
         except BaseException as e:  # noqa: BLE001 - every later item fails with it (SystemExit too)
             self.state_error = e
