@@ -381,6 +381,11 @@ def test_bad_cache_arguments_are_named(tmp_path):
         with pytest.raises(ValueError, match=rf"looks like the former misspelt.*Received: cache='{lookalike}'"):
             kerasfeed.to_loader(src, cache=lookalike)
     assert not (tmp_path / "Memory").exists()
+    for lookalike in ("memory", "mem", "RAM"):  # Cache("memory", max_bytes=...) meant a budget in RAM (helper)
+        with pytest.raises(ValueError, match=rf"looks like 'memory'.*Cache\(max_bytes=...\).*"
+                                             rf"Received: directory='{lookalike}'"):
+            kerasfeed.Cache(lookalike, max_bytes=10**6)
+    assert kerasfeed.Cache(str(tmp_path / "memory")).directory == str(tmp_path / "memory")  # a path: a folder
     # A repr with an address changes every run: the kept cache would be rebuilt every time, silently.
     for changing in (object(), lambda: 1):
         with pytest.raises(ValueError, match=r"`version` must have a repr that stays the same.*Received: version=<"):

@@ -89,6 +89,12 @@ class Cache:
     version: Any = None
 
     def __post_init__(self):
+        if isinstance(self.directory, str) and _looks_like_memory(self.directory):
+            # Cache("memory", max_bytes=...) meant a RAM budget: it would make and keep a folder ./memory.
+            raise ValueError("Cache: `directory` is a folder to keep the items in, and "
+                             f"{self.directory!r} looks like 'memory' (in RAM). For a budget in RAM pass "
+                             f"Cache(max_bytes=...) (no directory); for a folder, a path such as './cache'. "
+                             f"Received: directory={self.directory!r}")
         if self.directory is not None:
             # '~/cache' is the home's: taken as written, it would make a folder named '~' here
             object.__setattr__(self, "directory", os.path.expanduser(_v.path("directory", self.directory,
