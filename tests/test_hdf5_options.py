@@ -67,6 +67,10 @@ def test_shared_values_are_checked_by_every_sequence(path):
             make(transform=3)
         with pytest.raises(ValueError, match=r"may not set 'swmr'"):
             make(open_kwargs={"swmr": True})
+        # Keras reads these only in model.fit(seq): a bare TypeError there, or a hang (helper, 2 of 2).
+        for name, value in (("workers", "2"), ("workers", 2.5), ("max_queue_size", "a"), ("max_queue_size", 0)):
+            with pytest.raises(ValueError, match=rf"Sequence: `{name}` must be a .*int. Received: {name}={value!r}"):
+                make(**{name: value})
 
 
 def _rows_read(seq_of, pipeline):

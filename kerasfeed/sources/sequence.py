@@ -78,6 +78,11 @@ class SceneSequence(_PyDataset):
     """
 
     def __init__(self, workers: int = 1, use_multiprocessing: bool = False, max_queue_size: int = 10):
+        # Checked here: Keras reads them only in model.fit(seq), and fails there bare (workers="2") or hangs
+        # (max_queue_size="a").
+        owner = type(self).__name__
+        workers = _v.non_negative_int("workers", workers, owner=owner)
+        max_queue_size = _v.positive_int("max_queue_size", max_queue_size, owner=owner)
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         self._kf_epoch = 0
 
