@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional, Sequence
 
-from kerasfeed.errors import SignatureError, held_objects
+from kerasfeed.errors import SignatureError, held_objects, short_repr
 
 KERAS_NAMES = ("x", "y", "sample_weight")
 
@@ -184,6 +184,11 @@ def infer_fields(
 
     first_index, first = probes[0]
     skeleton, leaves = flatten(first, check_dict, first_index)
+    if not leaves:  # tf.data could make nothing of it (a bare TypeError inside TensorFlow); no front end could
+        raise SignatureError(
+            f"Item {first_index} holds no array (it is {describe(skeleton)}): an item must hold at least one (a batch, "
+            f"a sample, a tuple or dict of fields). Received: item {first_index}={short_repr(first, 80)}"
+        )
     first_arrays = arrays(first_index, leaves, skeleton)
     shapes = [list(a.shape) for a in first_arrays]
     dtypes = []

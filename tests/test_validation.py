@@ -321,3 +321,24 @@ def test_the_long_run_options_keep_fail_fast_by_default_and_name_what_does_not_a
                        r"Received: max_skipped=1$"):
         kerasfeed.export(Small(), tmp_path / "e", num_shards=1, max_skipped=1, progress=False)
     assert not (tmp_path / "e").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("empty", [(), {}])
+def test_an_item_that_holds_no_array_is_refused_alike_by_every_front_end(empty):
+    """to_dataset raised a bare "'Operation' object is not iterable" (and blamed the TensorFlow version),
+    from_generators a proto dump, and to_loader yielded empty items (helper, 3 of 3)."""
+    from kerasfeed.errors import SignatureError
+
+    class Empty:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return empty
+
+    message = rf"^Item 0 holds no array \(it is {re.escape(repr(empty))}\): .* Received: item 0="
+    for make in (kerasfeed.to_dataset, kerasfeed.to_loader, lambda s: kerasfeed.to_dataset(s, batch_size=2)):
+        with pytest.raises(SignatureError, match=message):
+            make(Empty())
+    with pytest.raises(SignatureError, match=r"holds no array"):
+        kerasfeed.from_generators(lambda k: iter([empty, empty]), 1)
