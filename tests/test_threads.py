@@ -394,3 +394,22 @@ def test_a_forked_child_is_refused_the_parent_s_threads_not_left_waiting(tmp_pat
     assert re.fullmatch(rf"WorkerError: kerasfeed: the threads of the executor of Recorder belong to process "
                         rf"{os.getpid()}; it cannot be used from the forked process \d+\. Create the dataset in that "
                         r"process instead\.", out.read_text()), out.read_text()
+
+
+def test_system_exit_in_an_item_on_a_pool_thread_is_that_item_s_error():
+    """A library's sys.exit() on a bad record came out bare (to_loader) or without index or source (to_dataset);
+    worker processes name the item (helper, 2 of 2)."""
+
+    class Exits:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            if i == 3:
+                raise SystemExit(2)
+            return np.full(3, i, np.float32)
+
+    with kerasfeed.to_loader(Exits(), executor="threads") as loader:
+        with pytest.raises(ItemError, match=r"Exits\[3\] raised SystemExit: 2") as info:
+            list(loader)
+    assert info.value.index == 3

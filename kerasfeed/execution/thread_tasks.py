@@ -108,6 +108,12 @@ class Runner:
             item = get_item(self.source, index, self.name, self.cache)
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (its cause: the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)
+        except (SystemExit, GeneratorExit, KeyboardInterrupt) as e:
+            # A library's sys.exit() on a bad record is the item's failure, as on worker processes; Ctrl-C
+            # reaches the main thread only, and there stays what it is.
+            if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                raise
+            raise ItemError.from_exception(index, e, source_name=self.name) from e
         finally:
             item_random.leave(previous)
         if self.copy:
