@@ -48,8 +48,10 @@ class BalancedOrder(SampledOrder):
       (within ±1), the classes rounded up drawn by systematic sampling so that the long-run mean is exact
       (computed in integers from the exact values of the float weights: right up to ``num_samples`` of
       2^62). ``exact=False``: counts are multinomial, as with independent draws.
-    - **Items of a class.** Each class is cycled through its own seeded permutation: within a pass no item
-      repeats until every item of its class has come once (then a new permutation starts). A class that
+    - **Items of a class.** Each class is cycled through its own seeded permutation: in rank order no item
+      repeats until every item of its class has come once (then a new permutation starts), so over a pass
+      the counts of a class's items differ by at most 1 (the interleaving spreads the ranks over the pass:
+      in reading order a repeat may come before every item came). A class that
       gets fewer indices than it has items contributes a fresh random subset each pass (uniform: a class
       of at most 65,536 items is first shuffled by an exact table per pass).
     - **Interleaving.** The pass's slots (class 0's, then class 1's, ...) are shuffled together by a
