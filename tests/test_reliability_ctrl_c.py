@@ -359,3 +359,29 @@ def test_sigint_to_the_process_group_of_a_training_script_ends_it_and_its_worker
     assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}; {got['stderr'][-2000:]}"
     assert not got["ended_early"] and got["interrupted"], (got["returncode"], got["stderr"][-3000:])
     assert stage in got["seen"], got["seen"]
+
+
+def test_a_ctrl_c_during_close_still_stops_every_worker(monkeypatch):
+    """Ctrl-C inside close() after the first worker was asked to stop left the others running for good, and a
+    second close() did nothing (helper, 3 of 30 with real SIGINTs). The shutdown now finishes, then raises."""
+    import numpy as np
+
+    import kerasfeed
+    from kerasfeed.execution.processes.process import WorkerProcess
+
+    asked, ask = [], WorkerProcess.ask_to_stop
+
+    def interrupted_once(self):
+        asked.append(self.pid)
+        ask(self)
+        if len(asked) == 1:
+            raise KeyboardInterrupt  # as a Ctrl-C between the first lane and the next
+
+    monkeypatch.setattr(WorkerProcess, "ask_to_stop", interrupted_once)
+    loader = kerasfeed.to_loader(np.arange(400.0).reshape(40, 10), batch_size=8, executor="processes", workers=2)
+    list(loader)
+    procs = [lane.process.proc for lane in loader._pipeline.executor._dispatcher.lanes.every()]
+    assert len(procs) == 2
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    assert all(p.poll() is not None for p in procs), [p.poll() for p in procs]  # every worker ended and reaped

@@ -372,7 +372,8 @@ def interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt(_HELD_MESSAGE)
 
 
-_HELD_MESSAGE = "kerasfeed: Ctrl-C while kerasfeed imported TensorFlow, raised once the import ended"
+# Said of every lazy import of kerasfeed's (TensorFlow's among them, where installed).
+_HELD_MESSAGE = "kerasfeed: Ctrl-C while kerasfeed imported its modules, raised once the import ended"
 _holding = False  # an ``interrupts_held`` block runs (main thread)
 _held = False  # a Ctrl-C came during it
 

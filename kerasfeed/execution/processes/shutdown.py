@@ -66,11 +66,27 @@ def _mark_closed(d: Any) -> tuple[list, list, list]:
     return pending, streams, lanes
 
 
+_INTERRUPTS_ABSORBED = 5  # Ctrl-Cs during one shutdown that still let it finish (then the next one is raised)
+
+
 def _shut_down(d: Any, pending: list, streams: list, lanes: list) -> None:
+    """``_stop``, finished even when Ctrl-C comes during it: interrupted after its first lane, it left the
+    other workers running for good (the pool counted as closed: a second ``close()`` did nothing). Each step
+    is idempotent, so it runs again from the start; the KeyboardInterrupt is raised once it is done."""
+    interrupted: Optional[KeyboardInterrupt] = None
     try:
-        _stop(d, pending, streams, lanes)
+        for _ in range(_INTERRUPTS_ABSORBED):
+            try:
+                _stop(d, pending, streams, lanes)
+                break
+            except KeyboardInterrupt as e:
+                interrupted = e
+        else:
+            _stop(d, pending, streams, lanes)
     finally:
         d.shut_down.set()
+    if interrupted is not None:
+        raise interrupted
 
 
 def _stop(d: Any, pending: list, streams: list, lanes: list) -> None:
