@@ -68,9 +68,9 @@ class Executor(abc.ABC):
         return {}
 
     def before_hook(self, name: str) -> None:
-        """Called in the consumer just before a pass runs the source's hook ``name`` (``"set_epoch"``, then
-        ``"on_epoch_begin"``; ``plan`` follows): executors whose items run on a copy of the source use it
-        to tell what each hook changed."""
+        """Called in the consumer just before a pass runs the source's hook ``name`` (``"on_epoch_end"`` at a
+        pass's end; ``"set_epoch"``, then ``"on_epoch_begin"`` at the next one's start, ``plan`` follows):
+        executors whose items run on a copy of the source use it to tell what each hook changed."""
 
     def ready(self, index: int, epoch: int) -> bool:
         """Whether ``load(index, epoch)`` would return (or raise) now: the

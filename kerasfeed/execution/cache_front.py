@@ -21,18 +21,7 @@ the hit rate of a budgeted cache is the share of items that fit, whichever
 they are, so a fixed subset costs nothing against LRU and writes nothing
 after the store is full.
 
-NOTE [ A source that changes between passes ]
-Stored items are what the stored stage made when they were first loaded. A
-source whose state changes between passes (an ``on_epoch_end`` that
-reshuffles the index list its ``__getitem__`` reads) would make other items
-later, so the front compares the source's attributes at every pass start
-with the last pass's (the fingerprints the worker processes' state sync
-uses) and fails the pass naming the attribute that changed, was set or was
-dropped. An object set to or from None (a file opened lazily) and an
-underscored attribute set to or from None (a table loaded on first use) are
-not changes; a public attribute of plain data is (``self.subset = None``
-meaning all items). Attributes the stored stage does not read are named in
-the source's ``cache_ignores``.
+NOTE [ A source that changes between passes ]: ``source_changes.py``.
 """
 
 from __future__ import annotations
@@ -50,28 +39,12 @@ from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache, run_augment
 from kerasfeed.execution.retries import Attempts
-from kerasfeed.execution.state_sync import fingerprint, fingerprints_once
+from kerasfeed.execution.source_changes import SourceChanges
+from kerasfeed.execution.state_sync import fingerprints_once
 from kerasfeed.sources.base import source_name
 
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
-_OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})
-
-
-def _without_epochs(value: Any) -> Any:
-    """``value`` as the between-pass check compares it: the kerasfeed epoch counters of the sources it holds
-    (a mix's parts) left out, as the source's own are. They move every pass; a stored stage that read them
-    is refused anyway (``epoch`` inside the stored stage), and the parts' other settings still count."""
-    if isinstance(value, (list, tuple)):
-        return type(value)(map(_held_without_epochs, value)) if type(value) in (list, tuple) else value
-    return _held_without_epochs(value)
-
-
-def _held_without_epochs(value: Any) -> Any:
-    state = getattr(value, "__dict__", None)
-    if not isinstance(state, dict) or not _OWN & state.keys():
-        return value
-    return (type(value), {k: v for k, v in state.items() if k not in _OWN})
 
 
 def _read_through(name: str) -> property:
@@ -113,8 +86,7 @@ class CacheFront(Executor):
         self._lock = threading.Lock()
         self._globals_lock = threading.Lock()
         self.hits = self.misses = 0
-        self._state: Optional[dict] = None
-        self._ignored = ignored(source) | _OWN
+        self._changes = SourceChanges(source, ignored(source))  # NOTE [ A source that changes between passes ]
         self._closed = False
         self._read: Optional[np.ndarray] = None  # the indices the passes planned so far (cache_fill's whole)
         self._reads = 0
@@ -144,7 +116,7 @@ class CacheFront(Executor):
             self._plan(epoch, indices)
 
     def _plan(self, epoch: int, indices: Any) -> None:
-        self._check_source()
+        self._changes.check()
         self._mark_read(indices)
         cut = self.store.new_cut()
         missing = self.store.missing(indices, cut) if self._serve else indices
@@ -188,27 +160,6 @@ class CacheFront(Executor):
         """``count`` items of a stored pass read without ``load`` (counted as hits)."""
         with self._lock:
             self.hits += int(count)
-
-    def _check_source(self) -> None:
-        state = getattr(self._source, "__dict__", None)
-        if state is None:
-            return
-        ignored = self._ignored | _unpickled(self._source, state)
-        now = {k: (fingerprint(_without_epochs(v)), _kind(v)) for k, v in state.items() if k not in ignored}
-        before, self._state = self._state, now
-        if before is None:
-            return
-        for key in sorted(before.keys() | now.keys(), key=str):  # one set or dropped since counts too
-            (was, was_kind), (fp, kind) = before.get(key, _ABSENT), now.get(key, _ABSENT)
-            if was != fp and not _lazy(key, was_kind, kind):
-                raise ValueError(
-                    f"kerasfeed cache: the source's attribute `{key}` changed since the last pass (in on_epoch_end, "
-                    "set_epoch or on_epoch_begin). Stored items were made from its earlier value, so they may no "
-                    "longer be what the source makes: with cache=, what the stored stage (`load`, or `__getitem__`) "
-                    "reads must not change between passes. Do per-pass work in `augment(item)`; if the stored stage "
-                    f"does not read `{key}`, name it in the source's `cache_ignores`. Received: {key} changed in "
-                    f"{type(self._source).__name__}"
-                )
 
     # ------------------------------------------------------------ items
     def load(self, index: int, epoch: int) -> Any:
@@ -321,6 +272,7 @@ class CacheFront(Executor):
         return {**self.inner.gauges(), **self.cache_gauges()}
 
     def before_hook(self, name: str) -> None:
+        self._changes.before_hooks()
         self.inner.before_hook(name)
 
     def pass_failed(self, epoch: int) -> None:
@@ -351,37 +303,6 @@ class CacheFront(Executor):
 
     def __repr__(self) -> str:
         return f"<CacheFront over {self.inner!r}>"
-
-
-def _unpickled(source: Any, state: dict) -> frozenset:
-    """The attributes a source leaves out of its pickled state: this process's own (open handles, a lazy
-    cache of datasets that its threads fill as they open files), not what its items are made from."""
-    getstate = getattr(type(source), "__getstate__", None)
-    if getstate is None or getstate is getattr(object, "__getstate__", None):
-        return frozenset()
-    try:
-        pickled = source.__getstate__()
-    except Exception:  # noqa: BLE001 - a source that cannot be pickled here: every attribute counts
-        return frozenset()
-    return frozenset(state.keys() - pickled.keys()) if isinstance(pickled, dict) else frozenset()
-
-
-_ABSENT = (None, "none")  # an attribute not set: as None
-_DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
-
-
-def _kind(value: Any) -> str:
-    return "none" if value is None else "data" if isinstance(value, _DATA) else "object"
-
-
-def _lazy(key: str, was: str, now: str) -> bool:
-    """A change to or from None (or unset) that is state the source keeps for itself, not what its items are
-    made from: an object (a file opened lazily, a session), or an underscored attribute (``self._labels``
-    loaded on first use). A public attribute of plain data set to or from None (``self.subset = None``: all
-    items) or set for the first time (``self.scale = 10.0``) changes the items: it counts."""
-    if "none" not in (was, now):
-        return False
-    return was == now or "object" in (was, now) or key.startswith("_")
 
 
 __all__ = ["CacheFront"]

@@ -73,6 +73,11 @@ class _Unpicklable(_Same):
         self.error = error
 
 
+def unpicklable(fp: Any) -> bool:
+    """Whether ``fp`` (a ``fingerprint``) is of a value that cannot be pickled (equal only to itself)."""
+    return isinstance(fp, _Unpicklable)
+
+
 def _frozen(obj: Any) -> bool:
     """The buffer cannot change: read-only arrays down to an immutable base."""
     while isinstance(obj, np.ndarray):
@@ -284,4 +289,4 @@ def apply_state(source: Any, payload: bytes, loads: Any = pickle.loads) -> Any:
     return change[1]
 
 
-__all__ = ["StateTracker", "apply_state", "fingerprint"]
+__all__ = ["StateTracker", "apply_state", "fingerprint", "unpicklable"]

@@ -375,6 +375,7 @@ class PassPipeline(FollowsFit):
         if self._hooked == epoch:
             self._hooked = None
         hook = getattr(self._source, "on_epoch_end", None)
+        self.executor.before_hook("on_epoch_end")  # with cache=: what the pass's items left, before the hook
         if callable(hook):
             try:
                 with default_fp_env():  # as items (execution/fpenv.py)

@@ -139,7 +139,8 @@ class BalancedOrder(SampledOrder):
         # The Feistel domain of every class's own permutation (see bijection.domain).
         self._pairs = np.array([domain(int(k)) for k in counts], dtype=np.uint64).reshape(-1, 2)
         self._class_w = w = _class_weights(class_weights, self.classes)  # exact targets start from these
-        self._split: Optional[tuple] = None
+        # Made here, not in the first pass: a source holding the order does not change between passes (cache=).
+        self._split: Optional[tuple] = exact_split(self.num_samples, w) if self.exact else None
         self.proportions = w / w.sum()
         self._check_replacement()
 
