@@ -352,7 +352,7 @@ class QueuePass:
                 return END
             if self._skipping:
                 continue
-            if self._taken is not None and not isinstance(got, BaseException):
+            if self._taken is not None:  # a model build's: the next pass meets each again at its place, errors too
                 self._taken.append(got)
             if isinstance(got, BaseException):
                 with feed._lock:  # the rest of the failed epoch is skipped, up to its END_OF_EPOCH
@@ -393,7 +393,7 @@ class QueuePass:
         if superseded:
             self._superseded = True
         taken, self._taken = self._taken, None
-        if taken is not None and not failed:  # a model build's pass: the next pass reads what it took again
+        if taken is not None:  # a model build's pass: the next pass reads what it took again (an error too)
             feed._peeked.extendleft(reversed(taken))
             feed._epoch, feed._skip_to_epoch_end = self._epoch, self._skipping
             self._ended = True
