@@ -3,7 +3,7 @@ NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit.py`` (item 1).
 
 NOTE [ An evaluation's model build ]: Keras' JAX and torch trainers build a model whose layers, metrics or
 loss are not built yet from a batch of a throwaway iterator (``Trainer._symbolic_build``), in ``evaluate``
-as in ``fit``. Under ``fit`` the fit's frame says so (``FitView.builds``); ``evaluate`` has no epoch to read,
+as in ``fit``, and JAX's ``predict`` so too, by itself. Under ``fit`` the fit's frame says so (``FitView.builds``); ``evaluate`` has no epoch to read,
 so the iterator is told apart where it is made: on the evaluation's own thread, under ``_symbolic_build``
 called by that ``evaluate``. The pass it begins is a model build's (its end waits: NOTE [ A model build's
 pass ends later ], loading/pipeline.py), and the evaluation's loop begins that pass again instead of the
@@ -21,7 +21,11 @@ from kerasfeed._keras_fit import _BUILDING_TRAINERS, report
 
 _TRAINER_MODULE = "keras.src.trainers.trainer"
 _BUILD = "_symbolic_build"
-_CALLERS = ("evaluate",)  # fit: FitView.builds; predict builds from its loop's first batch
+_CALLERS = ("evaluate",)  # fit: FitView.builds; predict: below (JAX), from its loop's first batch (torch)
+# JAX's predict builds an unbuilt model from a batch of a throwaway iterator itself (not _symbolic_build),
+# before it makes its callbacks a CallbackList: an iterator made in it before that is the build's.
+_JAX_TRAINER = "keras.src.backend.jax.trainer"
+_MISSING = object()
 
 
 def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool:
@@ -35,6 +39,13 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
     for _ in range(depth):
         if frame is None:
             return False
+        if frame.f_code.co_name == "predict" and frame.f_globals.get("__name__") == _JAX_TRAINER:
+            callbacks = frame.f_locals.get("callbacks", _MISSING)
+            if callbacks is _MISSING:
+                report("its JAX trainer's `predict` has no `callbacks`", "A predict on a model not built yet may "
+                       "read one pass of a kerasfeed dataset for the build and the next one for the predictions.")
+                return False
+            return type(callbacks).__name__ != "CallbackList"
         if frame.f_code.co_name == _BUILD and frame.f_globals.get("__name__") == _TRAINER_MODULE:
             caller = frame.f_back
             trainer = None if caller is None else caller.f_globals.get("__name__")
