@@ -3,9 +3,10 @@ NOTE [ Keras' private structure ] in ``kerasfeed/_keras_fit.py`` (item 1).
 
 NOTE [ An evaluation's model build ]: Keras' JAX and torch trainers build a model whose layers, metrics or
 loss are not built yet from a batch of a throwaway iterator (``Trainer._symbolic_build``), in ``evaluate``
-as in ``fit``, and JAX's ``predict`` so too, by itself. Under ``fit`` the fit's frame says so (``FitView.builds``); ``evaluate`` has no epoch to read,
-so the iterator is told apart where it is made: on the evaluation's own thread, under ``_symbolic_build``
-called by that ``evaluate``. The pass it begins is a model build's (its end waits: NOTE [ A model build's
+as in ``fit``, and JAX's ``predict`` so too, by itself. Under ``fit`` the fit's frame says so
+(``FitView.builds``); ``evaluate`` and ``predict`` have no epoch to read, so the iterator is told apart where
+it is made: on the evaluation's own thread, under ``_symbolic_build`` called by that ``evaluate`` (or in JAX's
+``predict`` before its loop). The pass it begins is a model build's (its end waits: NOTE [ A model build's
 pass ends later ], loading/pipeline.py), and the evaluation's loop begins that pass again instead of the
 next one, as under TensorFlow, where no throwaway iterator is made. So is ``fit``'s for a pipeline made with
 ``initial_state`` (whose passes do not follow the fit's frame): the resumed pass is the loop's first. A
