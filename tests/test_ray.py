@@ -639,3 +639,26 @@ def test_cache_on_ray_an_augment_error_is_named_and_retried_as_on_other_executor
     with kerasfeed.to_loader(FlakyAugment(marker, once=False), executor="ray", cache="memory", workers=2,
                              batch_size=None, max_skipped=1) as loader:
         assert [int(x[0]) for x in loader] == [1, 2, 3, 5, 6]
+
+
+def test_ctrl_c_inside_ray_init_leaves_nothing_it_started():
+    """Ctrl-C while kerasfeed started a local Ray: the guard was made only once ray.init returned, so the agents
+    Ray had started were left orphaned for about a minute (helper, 5 of 5). A stand-in for ray starts a child
+    and is interrupted; the child is gone when the KeyboardInterrupt arrives."""
+    from kerasfeed.execution.ray import cluster
+
+    started = []
+
+    class HalfStarted:
+        @staticmethod
+        def init(**kwargs):
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise KeyboardInterrupt
+
+        @staticmethod
+        def shutdown():
+            pass
+
+    with pytest.raises(KeyboardInterrupt):
+        cluster._start_local(HalfStarted)
+    assert started and wait_until(lambda: started[0].poll() is not None, timeout=10)

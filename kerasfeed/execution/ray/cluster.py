@@ -146,13 +146,22 @@ def _start_local(ray: Any) -> None:
     from kerasfeed.execution.ray.reaper import Guard, descendants
 
     before = descendants()
-    with _loopback_stays_loopback(), _users_random_kept():
-        ray.init(
-            address="local",
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+    try:
+        with _loopback_stays_loopback(), _users_random_kept():
+            ray.init(
+                address="local",
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
+    except BaseException:  # Ctrl-C or an error inside ray.init: what it started already must not outlive us
+        guard = Guard(before)
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - half started: the guard kills what is left
+            pass
+        guard.close()
+        raise
     _conn.guard = Guard(before)
     address = current_address(ray) or ""
     hp = _host_port(address)
