@@ -130,9 +130,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if not self._data.restore(model, record, self.backup_dir) and not self._warned:
             self._warned = True
             warnings.warn(
-                "kerasfeed.BackupAndRestore: restored model and epoch from a backup of other data than a kerasfeed "
-                "dataset or loader; the data position is not restored (the epoch starts again from its first "
-                "batch). Fit a kerasfeed.to_dataset or kerasfeed.to_loader to resume exactly.",
+                "kerasfeed.BackupAndRestore: restored model and epoch from a backup of data without a position to "
+                "restore (not a kerasfeed.to_dataset or to_loader: another dataset, or a stream such as "
+                "from_generators, from_files or from_queue); the epoch starts again from its first batch. Fit a "
+                "kerasfeed.to_dataset or kerasfeed.to_loader of an indexable source to resume exactly.",
                 stacklevel=2,
             )
         self._current_epoch = int(record["epoch"])
