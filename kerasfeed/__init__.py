@@ -71,6 +71,7 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
+_STREAMS = ("from_generators", "from_files", "from_queue")  # tf.data only: to_loader takes no stream
 
 
 def __getattr__(name: str) -> Any:
@@ -95,10 +96,12 @@ def __getattr__(name: str) -> Any:
         if backend_error is not None:
             raise backend_error from e
         # TensorFlow is optional (to_dataset and the stream functions need it).
+        instead = (" Streams are tf.data datasets: without TensorFlow, make the data indexable (a class with "
+                   "__len__ and __getitem__) for kerasfeed.to_loader." if name in _STREAMS else
+                   " Under the JAX or PyTorch backend, kerasfeed.to_loader feeds model.fit without TensorFlow.")
         raise ModuleNotFoundError(
             f"kerasfeed.{name} needs TensorFlow, which is not installed: pip install 'kerasfeed[tensorflow]' "
-            "(or 'kerasfeed[cpu]' for tensorflow-cpu). Under the JAX or PyTorch backend, kerasfeed.to_loader "
-            f"feeds model.fit without TensorFlow. Received: {e}",
+            f"(or 'kerasfeed[cpu]' for tensorflow-cpu).{instead} Received: {e}",
             name="tensorflow",
         ) from e
     value = getattr(module, attr) if attr else module

@@ -34,7 +34,7 @@ NO_TENSORFLOW_SCRIPT = textwrap.dedent("""
         return None
 
     out["to_loader"] = error(lambda: kerasfeed.to_loader([np.zeros(2)] * 3))
-    for name in ("SceneSequence", "H5SliceSequence", "BackupAndRestore", "to_dataset"):
+    for name in ("SceneSequence", "H5SliceSequence", "BackupAndRestore", "to_dataset", "from_generators"):
         out[name] = error(lambda: getattr(kerasfeed, name))
     print(json.dumps(out))
 """)
@@ -81,6 +81,9 @@ def test_keras_on_tensorflow_without_tensorflow_says_to_set_the_backend(keras_ba
     # to_dataset needs TensorFlow on every backend: its message stays the one that says so.
     kind, message = out["to_dataset"]
     assert kind == "ModuleNotFoundError" and message.startswith("kerasfeed.to_dataset needs TensorFlow"), message
+    # A stream has no to_loader: it said "kerasfeed.to_loader feeds model.fit without TensorFlow" (a helper).
+    kind, message = out["from_generators"]
+    assert message.startswith("kerasfeed.from_generators needs TensorFlow") and "Streams are tf.data" in message
 
 
 def test_profile_chart_without_matplotlib_checks_the_type_then_names_the_package(tmp_path):
