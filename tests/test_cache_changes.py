@@ -172,3 +172,18 @@ def test_a_class_level_a_slot_or_a_field_beside_a_lock_changed_by_a_hook_fails_t
         list(loader)
         with pytest.raises(ValueError, match=rf"attribute `{name}` changed since the last pass"):
             list(loader)
+
+
+class _CountsCalls:
+    CALLS = 0  # a count the items keep in the class body: not what they are made from
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        type(self).CALLS += 1
+        return np.array([i])
+
+
+def test_a_class_level_count_the_items_keep_is_not_a_change():
+    assert _passes(_CountsCalls()) == [[[i] for i in range(6)]] * 3

@@ -12,7 +12,8 @@ Three snapshots frame a pass boundary: the last pass start's, the first taken
 when a hook is about to run (``on_epoch_end``, ``set_epoch``; ``before_hooks``)
 and this pass start's. An attribute set from None before the hooks was set
 during the pass, by the items themselves (a file memory-mapped or a table
-loaded on first use): the source's own state. What the hooks or code between
+loaded on first use), or a class-level value changed then (a count of calls),
+was set by the items themselves: the source's own state. What the hooks or code between
 passes changed counts, except an object set to or from None (a file reopened
 lazily) and an underscored attribute set to or from None; a public attribute
 of plain data set to or from None (``self.subset = None`` meaning all items)
@@ -56,7 +57,7 @@ class SourceChanges:
         """A hook of the source is about to run: the state the items left (the first call after a pass start)."""
         last = self._last
         if last is not None and self._pre_hooks is None:  # only what was None or unset: what the check reads
-            self._pre_hooks = self._snapshot(lambda k: k not in last or last[k][1] == "none")
+            self._pre_hooks = self._snapshot(lambda k: k not in last or last[k][1] == "none" or "." in k)
 
     def check(self) -> None:
         """At a pass start, after its hooks.
@@ -72,8 +73,8 @@ class SourceChanges:
             (was, was_kind), (fp, kind) = before.get(key, _ABSENT), now.get(key, _ABSENT)
             if was == fp or _lazy(key, was_kind, kind):
                 continue
-            if was_kind == "none" and pre.get(key, _ABSENT)[0] == fp:
-                continue  # set from None during the pass, by the items (see the NOTE)
+            if (was_kind == "none" or "." in key) and pre.get(key, _ABSENT)[0] == fp:
+                continue  # set from None (or a class's value changed) during the pass, by the items (see the NOTE)
             raise ValueError(
                 f"kerasfeed cache: the source's attribute `{key}` changed since the last pass (in on_epoch_end, "
                 "set_epoch or on_epoch_begin, or between the passes). Stored items were made from its earlier "
