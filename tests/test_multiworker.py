@@ -299,7 +299,7 @@ def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
 
 
 _MIRRORED_STEPS = """
-import json, sys, tempfile
+import json, os, sys, tempfile
 import numpy as np, tensorflow as tf
 tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                            [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -331,6 +331,7 @@ for front in ("to_dataset", "to_loader"):
     model.fit(getattr(kerasfeed, front)(Samples(), batch_size=4, shuffle=True, seed=0), epochs=1, steps_per_epoch=2,
               shuffle=False, verbose=0)
     got[front] = [sorted(int(v) for line in open(log) for v in line.strip("[]\\n").split()), sorted(first[:8])]
+os.remove(log)
 print(json.dumps(got))
 """
 
