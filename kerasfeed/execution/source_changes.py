@@ -114,11 +114,11 @@ def _compared(value: Any, depth: int = _DEPTH) -> Any:
     own = _held_state(value)
     if own is not None:
         return (type(value), _compared(own, depth - 1)) if depth > 0 else fingerprint(own)
-    holds_sources = (type(value) in (list, tuple) and 0 < len(value) <= _HELD_IN_LIST
-                     and any(_held_state(v) is not None for v in value))  # a mix's parts
-    fp = None if holds_sources else fingerprint(value)
-    if (fp is not None and not unpicklable(fp)) or depth <= 0:
-        return fp if fp is not None else fingerprint(value)
+    fp = None
+    if depth <= 0 or not _holds_sources(value):  # a mix's parts: each less its epoch counters, below
+        fp = fingerprint(value)
+        if not unpicklable(fp) or depth <= 0:
+            return fp
     if type(value) in (list, tuple):
         return (type(value), tuple(_compared(v, depth - 1) for v in value))
     if type(value) is dict:
@@ -129,33 +129,39 @@ def _compared(value: Any, depth: int = _DEPTH) -> Any:
     return fp  # a lock, an open file: the same object or not
 
 
+def _holds_sources(value: Any) -> bool:
+    """A short list or tuple holding kerasfeed sources (a mix's parts)."""
+    return (type(value) in (list, tuple) and 0 < len(value) <= _HELD_IN_LIST
+            and any(_held_state(v) is not None for v in value))
+
+
+def _own_state(obj: Any) -> Optional[dict]:
+    """What ``obj``'s class's own ``__getstate__`` returns (a dict), or None: no such method, it failed (the
+    object is compared as it is), or it returned something else."""
+    getstate = getattr(type(obj), "__getstate__", None)
+    if getstate is None or getstate is getattr(object, "__getstate__", None):
+        return None
+    try:
+        pickled = obj.__getstate__()
+    except Exception:  # noqa: BLE001 - what it holds is compared as it is
+        return None
+    return pickled if isinstance(pickled, dict) else None
+
+
 def _held_state(value: Any) -> Optional[dict]:
     """A kerasfeed source held by the source (a mix's part, a reader): what it pickles, less its epoch counters."""
     state = getattr(value, "__dict__", None)
     if not isinstance(state, dict) or not _OWN & state.keys():
         return None
-    getstate = getattr(type(value), "__getstate__", None)
-    if getstate is not None and getstate is not getattr(object, "__getstate__", None):
-        try:
-            pickled = value.__getstate__()
-        except Exception:  # noqa: BLE001 - compared as it is
-            pickled = None
-        if isinstance(pickled, dict):
-            state = pickled
-    return {k: v for k, v in state.items() if k not in _OWN}
+    pickled = _own_state(value)
+    return {k: v for k, v in (state if pickled is None else pickled).items() if k not in _OWN}
 
 
 def _unpickled(source: Any, state: dict) -> frozenset:
     """The attributes a source leaves out of its pickled state: this process's own (open handles, a lazy
     cache of datasets that its threads fill as they open files), not what its items are made from."""
-    getstate = getattr(type(source), "__getstate__", None)
-    if getstate is None or getstate is getattr(object, "__getstate__", None):
-        return frozenset()
-    try:
-        pickled = source.__getstate__()
-    except Exception:  # noqa: BLE001 - a source that cannot be pickled here: every attribute counts
-        return frozenset()
-    return frozenset(state.keys() - pickled.keys()) if isinstance(pickled, dict) else frozenset()
+    pickled = _own_state(source)
+    return frozenset() if pickled is None else frozenset(state.keys() - pickled.keys())
 
 
 def _kind(value: Any) -> str:

@@ -228,9 +228,6 @@ def _changed_order(saved: dict, now: dict) -> str:
     return "the order of the items: " + ", ".join(f"{k} saved {was.get(k)!r}, now {new.get(k)!r}" for k in differ)
 
 
-__all__ = ["FitData"]
-
-
 def _shown(record: dict, key: str) -> str:
     """A record's value for a refusal; the items per step with what they are made of (a run on 2 processes
     resumed on 1 names both counts)."""
@@ -239,3 +236,6 @@ def _shown(record: dict, key: str) -> str:
     if key == "global_batch" and shards is not None and per_batch is not None:
         return f"{value!r} ({per_batch} x {shards} process{'es' if shards != 1 else ''})"
     return repr(value)
+
+
+__all__ = ["FitData"]

@@ -51,8 +51,8 @@ def _shown(value: Any) -> str:
 
 def _kinds(kinds: np.ndarray, mine: int, member: str) -> str:
     """Which members built this member's kind of pipeline (``mine``) and which another."""
-    same = [k for k, v in enumerate(kinds.tolist()) if v == mine]
-    return ", ".join(f"{member} {k}: {'this kind' if k in same else 'another kind'}" for k in range(len(kinds)))
+    return ", ".join(f"{member} {k}: {'this kind' if v == mine else 'another kind'}"
+                     for k, v in enumerate(kinds.tolist()))
 
 
 def check_agreement(

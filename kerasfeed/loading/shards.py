@@ -332,7 +332,7 @@ def _tell_failed(api: str, num_shards: Any, input_context: Any) -> None:
     (sharded by default, or by ``num_shards`` above 1) waits for this worker's row, learn it at once instead
     of waiting ``AGREEMENT_TIMEOUT_S`` and blaming the order of creation. Its own error is raised after."""
     worker = current_worker()
-    if worker is None or input_context is not None or (num_shards is not None and num_shards == 1):
+    if worker is None or input_context is not None or num_shards == 1:
         return
     try:
         check_workers(worker, None, api)

@@ -75,14 +75,14 @@ def _shut_down(d: Any, pending: list, streams: list, lanes: list) -> None:
     is idempotent, so it runs again from the start; the KeyboardInterrupt is raised once it is done."""
     interrupted: Optional[KeyboardInterrupt] = None
     try:
-        for _ in range(_INTERRUPTS_ABSORBED):
+        for attempt in range(_INTERRUPTS_ABSORBED + 1):
             try:
                 _stop(d, pending, streams, lanes)
                 break
             except KeyboardInterrupt as e:
+                if attempt == _INTERRUPTS_ABSORBED:
+                    raise
                 interrupted = e
-        else:
-            _stop(d, pending, streams, lanes)
     finally:
         d.shut_down.set()
     if interrupted is not None:
