@@ -10,7 +10,9 @@ it is made: on the evaluation's own thread, under ``_symbolic_build`` called by 
 pass ends later ], loading/pipeline.py), and the evaluation's loop begins that pass again instead of the
 next one, as under TensorFlow, where no throwaway iterator is made. So is ``fit``'s for a pipeline made with
 ``initial_state`` (whose passes do not follow the fit's frame): the resumed pass is the loop's first. A
-build that failed leaves its pass to the next one.
+build that failed leaves its pass to the next one. Under a ``tf.distribute`` strategy the TensorFlow
+trainer peeks a batch too (``_maybe_symbolic_build``, in every ``fit`` and ``evaluate``, a fit's validation
+included), through a multi-device iterator (``tfdata/consumers.py`` sees it made): told apart the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ _CALLERS = ("evaluate",)  # fit: FitView.builds; predict: below (JAX), from its 
 # JAX's predict builds an unbuilt model from a batch of a throwaway iterator itself (not _symbolic_build),
 # before it makes its callbacks a CallbackList: an iterator made in it before that is the build's.
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
+# Under a tf.distribute strategy, Keras' TensorFlow trainer peeks a batch through an iterator of its own in
+# ``_maybe_symbolic_build`` at every ``fit`` and ``evaluate`` (validation included), built model or not.
+_TF_TRAINER = "keras.src.backend.tensorflow.trainer"
+_TF_BUILD = "_maybe_symbolic_build"
 _MISSING = object()
 
 
@@ -37,6 +43,11 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
     if module is not None and not callable(getattr(getattr(module, "Trainer", None), _BUILD, None)):
         report(f"its Trainer has no `{_BUILD}`", "Under JAX and torch, `evaluate` of a model not built yet reads "
                "one pass of a kerasfeed.to_dataset for the build and the next one for the evaluation.")
+    tf_module = sys.modules.get(_TF_TRAINER)
+    if tf_module is not None and not callable(getattr(getattr(tf_module, "TensorFlowTrainer", None), _TF_BUILD, None)):
+        report(f"its TensorFlowTrainer has no `{_TF_BUILD}`", "Under a tf.distribute strategy, `evaluate` (and a "
+               "fit's validation) may read one pass of a kerasfeed.to_dataset for the model build and the next one "
+               "for the evaluation.")
     for _ in range(depth):
         if frame is None:
             return False
@@ -47,6 +58,10 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
                        "read one pass of a kerasfeed dataset for the build and the next one for the predictions.")
                 return False
             return type(callbacks).__name__ != "CallbackList"
+        if frame.f_code.co_name == _TF_BUILD and frame.f_globals.get("__name__") == _TF_TRAINER:
+            # In fit too: the fit's frame (``FitView.builds``) says so for JAX and torch only.
+            caller = frame.f_back
+            return caller is not None and caller.f_code.co_name in _CALLERS + ("fit",)
         if frame.f_code.co_name == _BUILD and frame.f_globals.get("__name__") == _TRAINER_MODULE:
             caller = frame.f_back
             trainer = None if caller is None else caller.f_globals.get("__name__")

@@ -11,7 +11,9 @@ and what a Keras that differs gets:
    a ``fit`` starts at); its module, for the trainers that build the model
    from a throwaway iterator (``_BUILDING_TRAINERS``: NOTE [ A model build's
    pass ends later ], loading/pipeline.py), and their ``evaluate`` under
-   ``Trainer._symbolic_build`` (``kerasfeed/_keras_build.py``);
+   ``Trainer._symbolic_build`` (``kerasfeed/_keras_build.py``), as the
+   TensorFlow trainer's ``fit`` and ``evaluate`` under ``_maybe_symbolic_build``
+   (a strategy's peek);
 2. Keras' ``EpochIterator`` (``kerasfeed/_keras_epoch_iterator.py``): its
    ``_enumerate_iterator`` (``start_epoch_at``), ``_interrupted_warning``
    (``explain_short_epochs``), ``num_batches``, ``__init__``'s arguments

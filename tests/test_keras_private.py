@@ -446,6 +446,15 @@ def test_an_evaluations_model_build_is_told_apart_by_its_frames():
         assert look() is False  # no build on the stack
     with pytest.warns(KerasStructureWarning, match=r"keras\.src\.backend\.jax\.trainer\.run_evaluation builds"):
         assert callers["jax"]["run_evaluation"](look) is False
+    # TensorFlow's trainer peeks under a strategy in ``_maybe_symbolic_build``, in fit and evaluate alike
+    tf_trainer = {"__name__": "keras.src.backend.tensorflow.trainer"}
+    exec("def _maybe_symbolic_build(look):\n    return look()", tf_trainer)
+    for name in ("evaluate", "fit", "predict"):
+        exec(f"def {name}(look):\n    return _maybe_symbolic_build(look)", tf_trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tf_trainer["evaluate"](look) is True and tf_trainer["fit"](look) is True
+        assert tf_trainer["predict"](look) is False
 
 
 def test_a_trainer_without_symbolic_build_is_reported(monkeypatch):
@@ -455,4 +464,14 @@ def test_a_trainer_without_symbolic_build_is_reported(monkeypatch):
 
     monkeypatch.delattr(trainer.Trainer, "_symbolic_build")
     with pytest.warns(KerasStructureWarning, match="its Trainer has no `_symbolic_build`.*the next one"):
+        assert evaluation_builds(sys._getframe()) is False
+
+
+def test_a_tensorflow_trainer_without_maybe_symbolic_build_is_reported(monkeypatch):
+    from keras.src.backend.tensorflow import trainer
+
+    from kerasfeed._keras_build import evaluation_builds
+
+    monkeypatch.delattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build")
+    with pytest.warns(KerasStructureWarning, match="its TensorFlowTrainer has no `_maybe_symbolic_build`.*strategy"):
         assert evaluation_builds(sys._getframe()) is False

@@ -350,6 +350,85 @@ def test_epochs_that_are_not_passes_under_a_mirrored_strategy_read_pass_0_first(
         assert trained == pass_0, (front, got)
 
 
+_MIRRORED_BUILDS = """
+import json, os, tempfile
+import numpy as np, tensorflow as tf
+tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                           [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras, kerasfeed
+log = tempfile.mktemp()
+
+class Samples:
+    def __init__(self):
+        self.epoch, self.hooked = None, []
+
+    def __len__(self):
+        return 8
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.hooked.append(epoch)
+
+    def __getitem__(self, i):  # carries the pass it was made in
+        return np.array([self.epoch, 1.0], np.float32), np.float32(i)
+
+class Log(keras.layers.Layer):
+    def call(self, x, training=None):
+        tf.print(tf.cast(x[:, 0], tf.int32), 1 if training else 0, summarize=-1, output_stream="file://" + log)
+        return x[:, 1:]
+
+def read():  # {"train": passes, "test": passes} the model saw since the last read
+    seen = {}
+    for line in open(log):
+        *passes, training = line.replace("[", " ").replace("]", " ").split()
+        seen.setdefault("train" if training == "1" else "test", set()).update(int(p) for p in passes)
+    open(log, "w").close()
+    return {k: sorted(v) for k, v in sorted(seen.items())}
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), Log(), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+open(log, "w").close()
+got = {}
+train, val = Samples(), Samples()
+val_ds = kerasfeed.to_dataset(val, batch_size=4, executor="threads")
+for e in range(3):  # one epoch a fit: the validation of each is read apart
+    model.fit(kerasfeed.to_dataset(train, batch_size=4, executor="threads"), validation_data=val_ds, epochs=1,
+              verbose=0)
+    got[f"fit {e}"] = read()
+for e in range(2):
+    model.evaluate(val_ds, verbose=0)
+    got[f"evaluate {e}"] = read()
+got["hooked"] = {"train": train.hooked, "val": val.hooked}
+resumed = Samples()
+model.fit(kerasfeed.to_dataset(resumed, batch_size=4, executor="threads", initial_state={"epoch": 1, "batches": 1}),
+          epochs=1, verbose=0)
+got["initial_state"] = [read(), resumed.hooked]
+os.remove(log)
+print(json.dumps(got))
+"""
+
+
+def test_an_evaluation_under_a_mirrored_strategy_reads_one_pass():
+    """Keras' TensorFlow trainer under a strategy peeks a batch through a multi-device iterator of its own at every
+    fit and evaluate (validation included): each validation and evaluate began two passes, the first for nothing
+    (validation read passes 1, 3, 5), the fit's pass 0 ran its hooks twice, and a dataset made with initial_state
+    trained the pass after the resumed one."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    proc = subprocess.run([sys.executable, "-c", _MIRRORED_BUILDS], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for e in range(3):
+        assert got[f"fit {e}"] == {"test": [e], "train": [0]}, got
+    assert got["evaluate 0"] == {"test": [3]} and got["evaluate 1"] == {"test": [4]}, got
+    assert got["hooked"] == {"train": [0, 0, 0], "val": [0, 1, 2, 3, 4]}, got  # a fresh dataset each fit: pass 0
+    assert got["initial_state"] == [{"train": [1]}, [1]], got
+
+
 def test_file_shards_split_between_workers_every_pass():
     """One input pipeline per worker opens only its files of each (reshuffled) pass."""
     from kerasfeed.streams.options import END

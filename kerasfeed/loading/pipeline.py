@@ -133,6 +133,7 @@ class PassPipeline(FollowsFit):
             again, self._again = self._again, None
             if target is not None and target.epoch is not None:
                 epoch, skip, build = target
+                build = build or self._build_next  # TensorFlow's fit under a strategy (``_keras_build``)
             elif self._build_next or target is not None:
                 # An evaluation's build, or a fit's whose passes are counted (steps_per_epoch): the loop begins
                 # this pass again; a build that failed before its loop began its pass leaves it to this one.

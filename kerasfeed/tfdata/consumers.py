@@ -17,10 +17,13 @@ executor; a stream, ``from_generators``/``from_files``, or a feed,
 ``weakref.finalize`` that uncounts it. When the last one goes, the waits in
 progress end (``execution/waits.py``), and TensorFlow's join returns at once.
 The same hook lets waits see Ctrl-C (``install_interrupts``) and gives the
-exit guard the live iterators without scanning the heap. Iterators made
-another way (inside a ``tf.function``, ``Dataset.reduce``, multi-device
-iterators) are not counted: their waits end only as before (``timeout=``,
-the executor closed, interpreter exit).
+exit guard the live iterators without scanning the heap. A ``tf.distribute``
+strategy's iterators are multi-device iterators: the eager ones (made over a
+dataset) are watched by a wrapper of ``OwnedMultiDeviceIterator.__init__``,
+so their waits end as they go too, and a model build's peek through one is
+told apart (NOTE [ An evaluation's model build ]). Iterators made another
+way (inside a ``tf.function``, ``Dataset.reduce``) are not counted: their
+waits end only as before (``timeout=``, the executor closed, interpreter exit).
 
 NOTE [ A model build's pass over a stream ]: Keras' JAX and torch trainers build a model not built yet
 from a batch of a throwaway iterator, then read the epoch from another (NOTE [ An evaluation's model
@@ -53,7 +56,7 @@ _TAGS = ("_kerasfeed_pipeline", "_kerasfeed_stream", "_kerasfeed_feed")
 
 
 def install() -> None:
-    """Wraps ``OwnedIterator._create_iterator`` once per process."""
+    """Wraps ``OwnedIterator._create_iterator`` and ``OwnedMultiDeviceIterator.__init__`` once per process."""
     global _installed
     if _installed:
         return
@@ -75,7 +78,32 @@ def install() -> None:
 
             _create_iterator._kerasfeed_hook = True
             iterator_ops.OwnedIterator._create_iterator = _create_iterator
+        _watch_multi_device_iterators()
         _installed = True
+
+
+def _watch_multi_device_iterators() -> None:
+    # With the lock held. A TensorFlow without this class: a strategy's iterators stay uncounted, as before.
+    try:
+        from tensorflow.python.data.ops import multi_device_iterator_ops
+    except ImportError:
+        return
+    cls = getattr(multi_device_iterator_ops, "OwnedMultiDeviceIterator", None)
+    original = getattr(cls, "__init__", None)
+    if original is None or getattr(original, "_kerasfeed_hook", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, dataset=None, *args, **kwargs):
+        original(self, dataset, *args, **kwargs)
+        if dataset is not None:  # None: rebuilt from its components (tracing), not a new iterator
+            try:
+                _watch(self, dataset)
+            except Exception:  # never break iterator creation
+                logger.debug("kerasfeed: watching a multi-device iterator failed", exc_info=True)
+
+    __init__._kerasfeed_hook = True
+    cls.__init__ = __init__
 
 
 def _watch(iterator: Any, dataset: Any) -> None:
