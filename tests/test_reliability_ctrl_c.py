@@ -275,6 +275,46 @@ def test_a_ctrl_c_handled_inside_an_ops_attributes_is_not_cleared_by_tensorflow(
     assert "KeyboardInterrupt" in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr[-3000:]
 
 
+# A Ctrl-C handled inside an inner tf.device scope's __enter__, after it set the device and before it
+# recorded that on its stack (as 1 of 116 SIGINTs mid-fit in the soak).
+_IN_SCOPE_ENTER = """
+import signal
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+import kerasfeed
+
+next(iter(kerasfeed.to_dataset(np.arange(8.0), batch_size=2)))  # an iterator: kerasfeed's SIGINT handler
+assert signal.getsignal(signal.SIGINT).__module__ == "kerasfeed.execution.interrupts"
+set_device, armed = context.Context._set_device, [False]
+
+def sigint_after_setting(self, *args):
+    set_device(self, *args)
+    if armed[0]:
+        armed[0] = False
+        signal.raise_signal(signal.SIGINT)  # handled right after this call, inside __enter__
+
+context.Context._set_device = sigint_after_setting
+try:
+    with tf.device("/cpu:0"):
+        armed[0] = True
+        with tf.device("/cpu:0"):
+            tf.constant(1.0)
+        print("not interrupted", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+"""
+
+
+def test_a_ctrl_c_handled_inside_a_tensorflow_scopes_enter_is_raised_after_it():
+    """NOTE [ A Ctrl-C inside a TensorFlow scope's enter or exit ]: raised inside the inner scope's
+    ``__enter__``, the interrupt left the device set and unrecorded, and the outer scope's ``__exit__``
+    raised "Exiting device scope without proper scope nesting" instead of it."""
+    proc = _python(_IN_SCOPE_ENTER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["KeyboardInterrupt"], (proc.stdout, proc.stderr[-3000:])
+
+
 def test_a_ctrl_c_dropped_in_a_gc_callback_during_fit_still_stops_fit():
     """The hang measured by ``benchmarks/ctrl_c.py``: a SIGINT handled inside a gc
     callback (JAX's) while ``fit`` runs over worker processes; before, fit trained on."""

@@ -128,6 +128,9 @@ def _on_sigint(signum, frame):
     if _inside_op_attributes(frame):  # TensorFlow's C++ would clear it: NOTE [ A Ctrl-C inside an op's attributes ]
         _interrupt_at_next_call(_inside_op_attributes)  # not handled yet: a wait that begins now still ends on it
         return
+    if _inside_tf_scope_change(frame):  # NOTE [ A Ctrl-C inside a TensorFlow scope's enter or exit ]
+        _interrupt_at_next_call(_inside_tf_scope_change)
+        return
     sigints.handled = count  # the main thread runs Python: it handles what came so far
     sigints.raised += 1
     _FitWatch.start(frame)
@@ -172,6 +175,31 @@ def _inside_op_attributes(frame) -> bool:
 _OP_ATTRIBUTE_MODULES = tuple(
     os.path.join("tensorflow", "python", "framework", name) for name in ("tensor_shape.py", "dtypes.py")
 )
+
+
+# NOTE [ A Ctrl-C inside a TensorFlow scope's enter or exit ]
+# ===========================================================
+#
+# TensorFlow's scopes (``tf.device``'s ``_EagerDeviceContext``, name scopes) change the context's state,
+# then record it on their own stack, in two steps. A KeyboardInterrupt between them (a Ctrl-C handled in
+# an inner ``__enter__``) left the state changed and unrecorded: the outer scope's ``__exit__`` then raised
+# ``RuntimeError: Exiting device scope without proper scope nesting`` in its place, and Keras' traceback
+# filter hid the interrupt (1 of 116 SIGINTs mid-``fit`` of ``benchmarks/ctrl_c.py``'s script). Handled
+# inside such a method, it is raised as the next Python call outside one starts.
+
+
+def _inside_tf_scope_change(frame) -> bool:
+    for _ in range(_SCOPE_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in ("__enter__", "__exit__") and _TF_PYTHON in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_TF_PYTHON = os.path.join("tensorflow", "python", "")
+_SCOPE_DEPTH = 6  # the scope method and the few calls it makes (the device's parsing, the context's setters)
 
 
 def _inside_tf_exception(frame) -> bool:
