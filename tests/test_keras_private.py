@@ -329,6 +329,31 @@ def test_callbacks_batch_is_an_executions_first_step_before_keras_3_11(monkeypat
     assert _keras_fit.batch_end_offset(model) == offset
 
 
+@pytest.mark.parametrize("version,first_step", [("3.10.0", True), ("3.15.1", False)])
+def test_training_progress_counts_an_executions_batches_before_keras_3_11(monkeypatch, version, first_step):
+    """Keras 3.7-3.10 give on_train_batch_end an execution's first step (keras#21422): TrainingProgress saved a
+    position one batch short (2 trained, 1 saved; a resume trained a batch twice), as BackupAndRestore does not."""
+    import kerasfeed
+
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: version)
+    model = _model()
+    model.compile("sgd", "mse", steps_per_execution=2)
+    progress = kerasfeed.TrainingProgress()
+    progress.set_model(model)
+    progress.set_params({"epochs": 2, "steps": 6})
+    progress.on_train_begin()
+    progress.on_epoch_begin(0)
+    saved = []
+    for last in (1, 3, 5):  # the execution's last step; Keras before 3.11 passes its first (last - 1)
+        progress.on_train_batch_end(last - 1 if first_step else last)
+        saved.append((progress.state()["epoch"], progress.state()["batches"]))
+    assert saved == [(0, 2), (0, 4), (1, 0)]
+    progress.on_train_end()
+    progress.on_epoch_begin(1)
+    progress.on_train_batch_end(0)  # a custom loop after the fit: the step it trained
+    assert progress.state()["batches"] == 1
+
+
 def test_an_epoch_iterator_without_the_warning_method_is_reported_once(monkeypatch):
     monkeypatch.setattr(_keras_fit, "keras_version", lambda: "3.15.1")
     view = _keras_fit.FitView(0, 0, None, None, types.SimpleNamespace())

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional, Union
 import keras
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_fit import batch_end_offset
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint
 from kerasfeed.sampling.state import ResumeState
@@ -133,6 +134,7 @@ class TrainingProgress(keras.callbacks.Callback):
         self._epoch, self._batches = start.epoch, start.batches
         self.path = None if path is None else _state_path(path, owner="TrainingProgress")
         self.save_every = save_every
+        self._step_end = 1  # on_train_batch_end's batch + this = the epoch's batches trained (a fit sets it)
 
     def state(self) -> dict:
         """``{"epoch": e, "batches": b}``: the next batch is batch b of pass e.
@@ -157,6 +159,9 @@ class TrainingProgress(keras.callbacks.Callback):
         return [[epoch, i] for i in self._resume.skipped_in(epoch)]
 
     def on_train_begin(self, logs: Any = None) -> None:
+        # Keras < 3.11 under steps_per_execution gives the execution's first step (keras#21422); a custom
+        # loop, which calls no on_train_begin, gives the step it trained.
+        self._step_end = batch_end_offset(self._model)
         params = self.params or {}
         steps, start = params.get("steps"), self._resume
         if self._per_pass is None or steps is None:
@@ -172,15 +177,19 @@ class TrainingProgress(keras.callbacks.Callback):
                 f"Received: steps_per_epoch={steps}, batches per pass={self._per_pass}"
             )
 
+    def on_train_end(self, logs: Any = None) -> None:
+        self._step_end = 1  # the fit's; a custom loop may use the callback next
+
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch = epoch
         self._batches = self._resume.batches if epoch == self._resume.epoch else 0
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         skip = self._resume.batches if self._epoch == self._resume.epoch else 0
-        self._batches = skip + batch + 1  # `batch` is the step index in this epoch
+        self._batches = skip + batch + self._step_end  # `batch` is a step index in this epoch
         steps = (self.params or {}).get("steps")
-        if (steps is not None and batch + 1 >= steps) or (self._per_pass and self._batches >= self._per_pass):
+        done = batch + self._step_end  # of this fit's steps
+        if (steps is not None and done >= steps) or (self._per_pass and self._batches >= self._per_pass):
             # The pass is over before validation and on_epoch_end run: a crash
             # there resumes at the next pass (a position at the pass's end is
             # refused by the front ends, and leaves no steps to fit).
