@@ -71,14 +71,25 @@ def test_every_fd_sent_with_a_segment_is_closed():
 
 def test_lending_budget_small_items_per_worker_and_total_bytes():
     table = SlotTable(workers=2, initial=2)
-    assert not table.try_lend(0, LEND_MIN_BYTES - 1)  # small: copied
+    assert not table.try_lend(0, LEND_MIN_BYTES - 1, LEND_MIN_BYTES)  # small: copied
     for _ in range(MAX_LENT_PER_WORKER):
-        assert table.try_lend(0, LEND_MIN_BYTES)
-    assert not table.try_lend(0, LEND_MIN_BYTES)  # this worker's budget is spent
-    assert table.try_lend(1, LEND_MIN_BYTES)  # not the other's
-    assert not table.try_lend(1, MAX_LENT_BYTES)  # over the total
+        assert table.try_lend(0, LEND_MIN_BYTES, LEND_MIN_BYTES)
+    assert not table.try_lend(0, LEND_MIN_BYTES, LEND_MIN_BYTES)  # this worker's budget is spent
+    assert table.try_lend(1, LEND_MIN_BYTES, LEND_MIN_BYTES)  # not the other's
+    assert not table.try_lend(1, MAX_LENT_BYTES, MAX_LENT_BYTES)  # over the total
     assert table.lent_items == MAX_LENT_PER_WORKER + 1
     assert table.lent_bytes == (MAX_LENT_PER_WORKER + 1) * LEND_MIN_BYTES
+
+
+def test_the_lending_budget_counts_the_segment_a_loan_pins_not_the_item():
+    """A 13 MB item lent from a 51 MB segment an earlier 45 MB item grew keeps all 51 MB mapped: the budget
+    counted 13 (helper: 208 MB booked, 538-718 MB pinned against MAX_LENT_BYTES = 256 MB)."""
+    table = SlotTable(workers=1, initial=1)
+    item, segment = 13 * 2**20, 51 * 2**20
+    lent = 0
+    while table.try_lend(0, item, segment):
+        lent += 1
+    assert lent == MAX_LENT_BYTES // segment and table.lent_bytes == lent * segment <= MAX_LENT_BYTES
 
 
 def test_a_returned_loan_frees_its_slot_only_when_collected():
@@ -87,16 +98,17 @@ def test_a_returned_loan_frees_its_slot_only_when_collected():
     writer = _send_segment(table, 0, slot, shm.grown_size(LEND_MIN_BYTES))
     spec, arrays, nbytes = shm.encode(np.ones(LEND_MIN_BYTES // 4, np.float32))
     shm.write(writer, arrays)
-    assert table.try_lend(0, nbytes)
-    item = shm.lend(spec, table.segment(0, slot), nbytes, table.loan_returned(0, slot, nbytes))
+    pinned = table.segment(0, slot).size
+    assert table.try_lend(0, nbytes, pinned)
+    item = shm.lend(spec, table.segment(0, slot), nbytes, table.loan_returned(0, slot, pinned))
     assert float(item.sum()) == LEND_MIN_BYTES // 4
     table.collect_returned()
-    assert slot not in table.free_slots(0) and table.lent_bytes == nbytes  # still lent
+    assert slot not in table.free_slots(0) and table.lent_bytes == pinned  # still lent
     del item
     gc.collect()
     assert slot not in table.free_slots(0)  # returned, not collected yet (no lock in a finalizer)
     table.collect_returned()
     assert slot in table.free_slots(0) and table.lent_bytes == 0 and table.in_use() == 0
-    assert table.try_lend(0, nbytes)  # the budget is back
+    assert table.try_lend(0, nbytes, pinned)  # the budget is back
     table.close_segments(0)
     writer.close()

@@ -302,10 +302,10 @@ class Dispatcher:
             seg = self.slots.segment(lane.id, req.slot)
             with self.lock:
                 self.slots.collect_returned()
-                lend = seg is not None and self.slots.try_lend(lane.id, req.nbytes)
+                lend = seg is not None and self.slots.try_lend(lane.id, req.nbytes, seg.size)
             if not lend:
                 return shm.decode(spec, seg), False
-            on_return = self.slots.loan_returned(lane.id, req.slot, req.nbytes)
+            on_return = self.slots.loan_returned(lane.id, req.slot, seg.size)
             try:
                 return shm.lend(spec, seg, req.nbytes, on_return), True
             except BaseException:

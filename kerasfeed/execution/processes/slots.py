@@ -11,10 +11,12 @@ comes back when the last view is gone (``shm.lend``).
 Lending is bounded so that a consumer that keeps every item never blocks the
 workers: items under ``LEND_MIN_BYTES`` are copied (malloc reuses small
 blocks: lending would save little and multiply slots), and so is the rest past
-``MAX_LENT_PER_WORKER`` items per worker or ``MAX_LENT_BYTES`` in all. Shared
-memory is thus bounded by ``in_flight_per_worker + MAX_LENT_PER_WORKER``
-segments per worker, each about the size of the item it carries last (a
-segment far larger than its next item is made anew: ``shm.oversized``).
+``MAX_LENT_PER_WORKER`` items per worker or ``MAX_LENT_BYTES`` of the segments
+they pin in all. Shared memory is thus bounded by about ``in_flight_per_worker +
+MAX_LENT_PER_WORKER`` segments per worker and a few answers read ahead of the
+consumer's order (21 with 2 in flight, a consumer keeping every item), each
+about the size of the item it carries last (a segment far larger than its next
+item is made anew: ``shm.oversized``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class SlotTable:
         self._lent = [0] * workers
         self.lent_bytes = 0
         self.lent_items = 0  # items handed over without a copy (the rest were copied)
-        # (worker, slot, nbytes) of lent items whose last view is gone.
+        # (worker, slot, bytes pinned) of lent items whose last view is gone.
         self._returned: "collections.deque[tuple[int, int, int]]" = collections.deque()
 
     # ------------------------------------------------------------ slots
@@ -60,6 +62,8 @@ class SlotTable:
         """A free slot of ``worker``: the lowest (its segment most likely exists), or a new
         one if every slot is in flight or lent (which the lending budget bounds)."""
         free = self._free[worker]
+        if not free:
+            self.collect_returned()  # a loan whose last view went since the last look: its slot, not a new one
         if free:
             slot = min(free)
             free.remove(slot)
@@ -107,31 +111,33 @@ class SlotTable:
         self._segments[worker].clear()
 
     # ------------------------------------------------------------ lending
-    def try_lend(self, worker: int, nbytes: int) -> bool:
-        """Books a loan of ``nbytes`` of ``worker``'s slot if the budget allows."""
+    def try_lend(self, worker: int, nbytes: int, pinned: int) -> bool:
+        """Books a loan of an item of ``nbytes`` in a segment of ``pinned`` bytes of ``worker``'s slot if the
+        budget allows. The budget counts the segment, which the loan keeps whole: a small item in a segment an
+        earlier large one grew pins all of it (13 MB items in 51 MB segments pinned 2.6x the budget)."""
         lend = (
             nbytes >= LEND_MIN_BYTES
             and self._lent[worker] < MAX_LENT_PER_WORKER
-            and self.lent_bytes + nbytes <= MAX_LENT_BYTES
+            and self.lent_bytes + pinned <= MAX_LENT_BYTES
         )
         if lend:
             self._lent[worker] += 1
-            self.lent_bytes += nbytes
+            self.lent_bytes += pinned
             self.lent_items += 1
         return lend
 
-    def loan_returned(self, worker: int, slot: int, nbytes: int) -> Callable[[], None]:
+    def loan_returned(self, worker: int, slot: int, pinned: int) -> Callable[[], None]:
         """The callback to run when the loan's last view is gone (any thread, no lock)."""
         returned = self._returned
-        entry = (worker, slot, nbytes)
+        entry = (worker, slot, pinned)
         return lambda: returned.append(entry)
 
     def collect_returned(self) -> None:
         """Frees the slots of loans whose last view is gone."""
         while self._returned:
-            worker, slot, nbytes = self._returned.popleft()
+            worker, slot, pinned = self._returned.popleft()
             self._lent[worker] -= 1
-            self.lent_bytes -= nbytes
+            self.lent_bytes -= pinned
             self._free[worker].append(slot)
 
     # ------------------------------------------------------------ queries
