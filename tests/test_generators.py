@@ -364,7 +364,7 @@ def test_dropping_an_iterator_does_not_wait_for_slow_generators():
         break
     del v
     gc.collect()
-    assert time.perf_counter() - start < 5
+    assert time.perf_counter() - start < 15  # 0.8 s here, the first iterator's build included; a wait is 30 s
 
 
 # ---------------------------------------------------------------- worker processes

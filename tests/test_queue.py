@@ -92,12 +92,15 @@ def test_memory_is_bounded_by_back_pressure():
     ds = kerasfeed.from_queue(epochs_producer([100_000], log), maxsize=8, prefetch=0)
     it = iter(ds)
     next(it)
-    time.sleep(0.5)
-    produced = len(log)
-    time.sleep(0.3)
+    # The producer is blocked, not running on: its count stays put for 0.3 s (a fixed 0.5 s wait raced it).
+    produced, still_since, deadline = len(log), time.monotonic(), time.monotonic() + 30
+    while time.monotonic() - still_since < 0.3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if len(log) != produced:
+            produced, still_since = len(log), time.monotonic()
+    assert time.monotonic() < deadline, f"the producer never stopped: {len(log)} items"
     # queue (8) + the chunk being built and the two prefetched chunks (3 x 64)
     assert produced <= 8 + 3 * 64 + 2, produced
-    assert len(log) == produced  # the producer is blocked, not running on
     del it
     gc.collect()
 

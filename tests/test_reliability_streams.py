@@ -101,7 +101,15 @@ def test_a_stuck_item_logs_one_notice_naming_it(monkeypatch, caplog):
     monkeypatch.setenv(NOTICE_ENV, "0.5")
     src = _Late()
     ds = kerasfeed.to_dataset(src, executor="threads", group_items=1, prefetch=0)
-    timer = threading.Timer(2.5, src.release.set)  # five notice intervals
+
+    def release_after_the_notice():  # a fixed 2.5 s raced the first notice on a busy machine
+        deadline = time.monotonic() + 30
+        while not _notices(caplog) and time.monotonic() < deadline and not src.release.is_set():
+            time.sleep(0.05)
+        src.release.wait(1.5)  # three more notice intervals: a second notice would come in them
+        src.release.set()
+
+    timer = threading.Thread(target=release_after_the_notice)
     timer.start()
     try:
         with caplog.at_level(logging.WARNING, logger="kerasfeed"):

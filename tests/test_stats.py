@@ -390,20 +390,29 @@ def test_overhead_benchmark_runs_on_tiny_settings():
 def test_ctrl_c_is_not_counted_as_an_item_error():
     import _thread
 
-    class SlowSecond:
+    gate = threading.Event()  # item 1 is made once the interrupt came (a sleep raced it on a busy machine)
+
+    class HeldSecond:
+        held = False  # not while to_loader probes
+
         def __len__(self):
             return 4
 
         def __getitem__(self, i):
-            time.sleep(1.0 if i == 1 else 0)
+            if i == 1 and self.held:
+                gate.wait(30)
             return np.full(2, i, np.float32)
 
-    with kerasfeed.to_loader(SlowSecond(), executor="threads") as loader:
+    with kerasfeed.to_loader(HeldSecond(), executor="threads") as loader:
+        HeldSecond.held = True
         it = iter(loader)
         next(it)
-        threading.Timer(0.3, _thread.interrupt_main).start()
-        with pytest.raises(KeyboardInterrupt):
-            next(it)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                threading.Timer(0.3, _thread.interrupt_main).start()
+                next(it)
+        finally:
+            gate.set()
         assert kerasfeed.stats(loader)["errors"] == 0  # was 1: `errors` counts items whose source[i] raised
 
 

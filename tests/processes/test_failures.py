@@ -151,6 +151,7 @@ def test_failing_worker_init_is_reported_with_its_traceback():
 def test_timeout_stops_a_stuck_item():
     ex = ProcessExecutor(Crashy("sleep"), workers=1, timeout=0.5)
     try:
+        ex.wait_ready(60)  # the worker's start-up is not the item's time (a busy machine took seconds)
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match=r"did not return Crashy\[5\] within timeout=0.5 s"):
             ex.load(5, 0)

@@ -222,21 +222,28 @@ def test_the_first_loader_is_freed_by_del(tmp_path):
         proc.communicate()
 
 
-def test_interrupted_load_frees_its_slot_and_the_pool_stays_usable():
-    class Slowish:
+def test_interrupted_load_frees_its_slot_and_the_pool_stays_usable(tmp_path):
+    go = tmp_path / "go"  # item 0 is answered once the interrupt came (a sleep raced it on a busy machine)
+
+    class Held:
         def __len__(self):
             return 4
 
         def __getitem__(self, i):
-            time.sleep(0.6 if i == 0 else 0)
+            deadline = time.monotonic() + 30
+            while i == 0 and not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             return np.full(3, i)
 
-    ex = ProcessExecutor(Slowish(), workers=1, in_flight_per_worker=2)
+    ex = ProcessExecutor(Held(), workers=1, in_flight_per_worker=2)
     try:
         ex.wait_ready(60)
-        threading.Timer(0.2, _thread.interrupt_main).start()
-        with pytest.raises(KeyboardInterrupt):
-            ex.load(0, 0)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                threading.Timer(0.2, _thread.interrupt_main).start()
+                ex.load(0, 0)
+        finally:
+            go.touch()
         assert wait_until(lambda: len(free_slots(ex, 0)) >= 2, timeout=5)
         assert free_slots(ex, 0) == [0, 1]  # the late answer freed its slot
         assert ex.load(3, 0).tolist() == [3, 3, 3]

@@ -134,6 +134,7 @@ def slow_start(_):
 def test_stream_timeout_stops_a_stuck_task():
     pool = ProcessExecutor.from_options(None, PoolOptions(workers=1, timeout=0.5), name="streams")
     try:
+        pool.wait_ready(60)  # the worker's start-up is not the task's time (a busy machine took seconds)
         it = pool.stream(slow_start, None, name="stuck()")
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match=r"produced no item of stuck\(\) within timeout=0.5 s"):
