@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -397,8 +398,24 @@ def test_sigint_to_the_process_group_of_a_training_script_ends_it_and_its_worker
     moment at random, hundreds of times beside CPU burners."""
     got = run_once(stage, delay)
     assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}; {got['stderr'][-2000:]}"
+    if not got["interrupted"] and _crashed_inside_tensorflow(got):
+        # TensorFlow's own code, interrupted, crashed the script (its workers still ended, as asserted above):
+        # once in several hundred SIGINTs (a SIGSEGV in convert_to_tensor, CI 2026-11-28). Not kerasfeed's to
+        # fix; the soak (make soak-ctrl-c) counts them. A second run must end by KeyboardInterrupt.
+        warnings.warn(f"the first run crashed inside TensorFlow (rc {got['returncode']}): {got['last_error']}")
+        got = run_once(stage, delay)
+        assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}"
     assert not got["ended_early"] and got["interrupted"], (got["returncode"], got["stderr"][-3000:])
     assert stage in got["seen"], got["seen"]
+
+
+def _crashed_inside_tensorflow(got: dict) -> bool:
+    """Killed by a signal other than SIGINT, faulthandler's stack of the crashing thread in TensorFlow."""
+    if got["returncode"] >= 0 or got["returncode"] == -signal.SIGINT:
+        return False
+    crash = got["stderr"].split("Fatal Python error", 1)[-1]
+    current = crash.split("Current thread", 1)[-1].split("\n\n", 1)[0]
+    return "tensorflow" in current
 
 
 def test_a_ctrl_c_during_close_still_stops_every_worker(monkeypatch):
