@@ -17,6 +17,8 @@ included), through a multi-device iterator (``tfdata/consumers.py`` sees it made
 
 from __future__ import annotations
 
+import inspect
+import os
 import sys
 from typing import Any
 
@@ -39,15 +41,7 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
     """Whether ``frame`` (or one of the ``depth`` frames above it) runs Keras' model build for an
     ``evaluate`` of a trainer that builds from a throwaway iterator (``_BUILDING_TRAINERS``); ``fit``: or
     for its ``fit`` (a pipeline that does not follow the fit's frame: made with ``initial_state``)."""
-    module = sys.modules.get(_TRAINER_MODULE)
-    if module is not None and not callable(getattr(getattr(module, "Trainer", None), _BUILD, None)):
-        report(f"its Trainer has no `{_BUILD}`", "Under JAX and torch, `evaluate` of a model not built yet reads "
-               "one pass of a kerasfeed.to_dataset for the build and the next one for the evaluation.")
-    tf_module = sys.modules.get(_TF_TRAINER)
-    if tf_module is not None and not callable(getattr(getattr(tf_module, "TensorFlowTrainer", None), _TF_BUILD, None)):
-        report(f"its TensorFlowTrainer has no `{_TF_BUILD}`", "Under a tf.distribute strategy, `evaluate` (and a "
-               "fit's validation) may read one pass of a kerasfeed.to_dataset for the model build and the next one "
-               "for the evaluation.")
+    _check_builds()
     for _ in range(depth):
         if frame is None:
             return False
@@ -60,10 +54,10 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
             return type(callbacks).__name__ != "CallbackList"
         if frame.f_code.co_name == _TF_BUILD and frame.f_globals.get("__name__") == _TF_TRAINER:
             # In fit too: the fit's frame (``FitView.builds``) says so for JAX and torch only.
-            caller = frame.f_back
+            caller = _past_decorators(frame.f_back)
             return caller is not None and caller.f_code.co_name in _CALLERS + ("fit",)
         if frame.f_code.co_name == _BUILD and frame.f_globals.get("__name__") == _TRAINER_MODULE:
-            caller = frame.f_back
+            caller = _past_decorators(frame.f_back)
             trainer = None if caller is None else caller.f_globals.get("__name__")
             if trainer not in _BUILDING_TRAINERS:
                 return False
@@ -74,6 +68,36 @@ def evaluation_builds(frame: Any, depth: int = 16, *, fit: bool = False) -> bool
             return caller.f_code.co_name in _CALLERS + (("fit",) if fit else ())
         frame = frame.f_back
     return False
+
+
+def _check_builds() -> None:
+    """Reports a Keras whose build methods are gone, or whose names now hold other code (the frames would not
+    be recognised: a silent pass too many)."""
+    for module_name, cls, name, then in (
+        (_TRAINER_MODULE, "Trainer", _BUILD, "Under JAX and torch, `evaluate` of a model not built yet reads one "
+         "pass of a kerasfeed.to_dataset for the build and the next one for the evaluation."),
+        (_TF_TRAINER, "TensorFlowTrainer", _TF_BUILD, "Under a tf.distribute strategy, `evaluate` (and a fit's "
+         "validation) may read one pass of a kerasfeed.to_dataset for the model build and the next one for the "
+         "evaluation."),
+    ):
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        method = getattr(getattr(module, cls, None), name, None)
+        code = getattr(inspect.unwrap(method), "__code__", None) if callable(method) else None
+        if code is None:
+            report(f"its {cls} has no `{name}`", then)
+        elif code.co_name != name or not code.co_filename.endswith(module_name.replace(".", os.sep) + ".py"):
+            report(f"its {cls}.{name} runs `{code.co_name}` of {code.co_filename}", then)
+
+
+def _past_decorators(frame: Any) -> Any:
+    # Keras' own decorators (``traceback_utils.filter_traceback``) may come between a build and its caller.
+    for _ in range(3):
+        if frame is None or not frame.f_globals.get("__name__", "").startswith("keras.src.utils."):
+            return frame
+        frame = frame.f_back
+    return frame
 
 
 __all__ = ["evaluation_builds"]

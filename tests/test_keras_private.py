@@ -492,6 +492,37 @@ def test_a_trainer_without_symbolic_build_is_reported(monkeypatch):
         assert evaluation_builds(sys._getframe()) is False
 
 
+def test_a_build_behind_keras_own_decorator_is_still_told_apart():
+    """A Keras that wraps ``_symbolic_build`` in its ``filter_traceback``: the frame above the build was the
+    decorator's, and a JAX or torch ``evaluate`` (or an initial_state ``fit``) read the pass after the resumed
+    one, silently (helper, 4 of 4)."""
+    from kerasfeed._keras_build import evaluation_builds
+
+    trainer = {"__name__": "keras.src.trainers.trainer"}
+    exec("def _symbolic_build(look):\n    return look()", trainer)
+    decorator = {"__name__": "keras.src.utils.traceback_utils", "inner": trainer["_symbolic_build"]}
+    exec("def error_handler(look):\n    return inner(look)", decorator)
+    jax = {"__name__": "keras.src.backend.jax.trainer", "_symbolic_build": decorator["error_handler"]}
+    exec("def evaluate(look):\n    return _symbolic_build(look)", jax)
+    look = lambda: evaluation_builds(sys._getframe(1))  # noqa: E731 - the frame of _symbolic_build's callee
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jax["evaluate"](look) is True
+
+
+def test_a_build_method_holding_other_code_is_reported(monkeypatch):
+    from keras.src.trainers import trainer
+
+    from kerasfeed._keras_build import evaluation_builds
+
+    def _build_from_batch(self, iterator=None, data_batch=None):  # the build moved; the old name kept as an alias
+        return None
+
+    monkeypatch.setattr(trainer.Trainer, "_symbolic_build", _build_from_batch)
+    with pytest.warns(KerasStructureWarning, match="its Trainer._symbolic_build runs `_build_from_batch` of"):
+        assert evaluation_builds(sys._getframe()) is False
+
+
 def test_a_tensorflow_trainer_without_maybe_symbolic_build_is_reported(monkeypatch):
     from keras.src.backend.tensorflow import trainer
 
