@@ -30,7 +30,9 @@ and what a Keras that differs gets:
    subclass names (``execution/processes/light_modules.py``; moved, workers
    import the real Keras: heavier, the same items, and the consumer's warning
    that workers imported TensorFlow) and ``keras.src.backend.config`` for an
-   error's text (``_backend_errors.py``).
+   error's text (``_backend_errors.py``);
+7. a callback's ``_model`` and Keras' ``BackupAndRestore`` paths, read by
+   kerasfeed's callbacks (``kerasfeed/_keras_callback.py``).
 
 A mismatch is a ``KerasStructureWarning`` once (``report``), naming the Keras
 version and what follows; where reading on would train other passes than the

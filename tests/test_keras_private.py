@@ -523,6 +523,35 @@ def test_a_build_method_holding_other_code_is_reported(monkeypatch):
         assert evaluation_builds(sys._getframe()) is False
 
 
+def test_kerasfeed_callbacks_under_a_keras_callback_without_its_private_attributes(monkeypatch, tmp_path):
+    """A Keras whose Callback keeps its model under another name, and whose BackupAndRestore names its files
+    otherwise: kerasfeed's callbacks failed with a bare AttributeError ('_model', '_weights_path'; helper, 2 of 2
+    each). They are reported, and the backup and the position are kept as before."""
+    from keras.src.callbacks import backup_and_restore, callback
+
+    def set_model(self, model):
+        vars(self).pop("_model", None)
+        self._keras_model = model
+
+    monkeypatch.setattr(callback.Callback, "set_model", set_model)
+    monkeypatch.setattr(callback.Callback, "model", property(lambda self: self._keras_model))
+    keras_init = backup_and_restore.BackupAndRestore.__init__
+
+    def renamed(self, *args, **kwargs):
+        keras_init(self, *args, **kwargs)
+        self._paths = {"weights": vars(self).pop("_weights_path")}
+
+    monkeypatch.setattr(backup_and_restore.BackupAndRestore, "__init__", renamed)
+    loader = kerasfeed.to_loader(Seq(), shuffle=True, seed=1)
+    progress = kerasfeed.TrainingProgress(order=loader)
+    with pytest.warns(KerasStructureWarning, match=r"its BackupAndRestore has no `_weights_path`"):
+        backup = kerasfeed.BackupAndRestore(str(tmp_path / "backup"), save_freq=1)
+    with pytest.warns(KerasStructureWarning, match=r"its Callback keeps no `_model`"):
+        _model().fit(loader, epochs=2, verbose=0, shuffle=False, callbacks=[progress, backup])
+    assert progress.state()["epoch"] == 2 and progress.state()["batches"] == 0
+    assert backup._weights_path is not None  # kept under Keras' name, pointing at the last backup's weights
+
+
 def test_a_tensorflow_trainer_without_maybe_symbolic_build_is_reported(monkeypatch):
     from keras.src.backend.tensorflow import trainer
 

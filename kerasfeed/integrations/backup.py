@@ -11,6 +11,7 @@ from typing import Any, Union
 import keras
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_callback import backup_paths, callback_model
 from kerasfeed._keras_fit import batch_end_offset, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
@@ -91,8 +92,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # Keras' attributes keep Keras' meaning (its tests read them): `_current_epoch` the epoch a
         # backup now would resume at, `_last_batch_seen` (save_freq=n) the last batch trained, the four
         # paths the current and the previous backup's files (`_point_at`; Keras' names until a backup is).
-        self._keras_paths = (self._weights_path, self._training_metadata_path, self._prev_weights_path,
-                             self._prev_training_metadata_path)
+        self._keras_paths = backup_paths(self)
         self._files = BackupFiles(backup_dir, keep_previous=bool(double_checkpoint))
         self._data = FitData(None, [])
         self._steps = None  # steps in an epoch (Keras' params)
@@ -104,7 +104,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # -- restore ---------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
-        model = self._model
+        model = callback_model(self)
         self._data = FitData.of(model)
         self._steps = (self.params or {}).get("steps")
         self._step_end = batch_end_offset(model)
@@ -155,7 +155,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _load_weights(self, record: dict) -> dict:
         """Loads ``record``'s weights, or with ``double_checkpoint`` the previous backup's when
         they cannot be read (Keras' fallback): returns the record whose weights were loaded."""
-        model = self._model
+        model = callback_model(self)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)  # its variables must exist to be loaded
         try:
@@ -226,7 +226,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._point_at(self._files.commit(record, lambda path: model.save_weights(path, overwrite=True)))
 
     def on_train_end(self, logs: Any = None) -> None:
-        restore_epoch(self._model, None, owner="kerasfeed.BackupAndRestore")  # a later fit starts where told
+        restore_epoch(callback_model(self), None, owner="kerasfeed.BackupAndRestore")  # a later fit starts where told
         self._data.epoch_begins(None)
         if self.delete_checkpoint and self._writer:
             self._files.delete()

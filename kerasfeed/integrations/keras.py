@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional, Union
 import keras
 
 from kerasfeed import _validation as _v
+from kerasfeed._keras_callback import callback_model
 from kerasfeed._keras_fit import batch_end_offset
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint
@@ -161,7 +162,7 @@ class TrainingProgress(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         # Keras < 3.11 under steps_per_execution gives the execution's first step (keras#21422); a custom
         # loop, which calls no on_train_begin, gives the step it trained.
-        self._step_end = batch_end_offset(self._model)
+        self._step_end = batch_end_offset(callback_model(self))
         params = self.params or {}
         steps, start = params.get("steps"), self._resume
         if self._per_pass is None or steps is None:
@@ -203,7 +204,7 @@ class TrainingProgress(keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         skip = self._resume.batches if epoch == self._resume.epoch else 0
         # A custom loop may call the hooks without set_model: no model, nothing that stopped the epoch early.
-        stopped = bool(getattr(self._model, "stop_training", False))
+        stopped = bool(getattr(callback_model(self), "stop_training", False))
         complete = (steps is not None and self._batches - skip >= steps) or not stopped
         if steps is None and self._per_pass:  # the pass's length is known: its last batch moved on already, and
             complete = False  # a loop that broke off inside it (a time limit) stays where it stopped

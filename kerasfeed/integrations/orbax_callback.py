@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 
 import keras
 
+from kerasfeed._keras_callback import callback_model
 from kerasfeed._keras_fit import report, restore_epoch
 from kerasfeed.integrations.fit_data import FitData
 
@@ -115,7 +116,7 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
     # -- restore ---------------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
         super().on_train_begin(logs)
-        model = self._model
+        model = callback_model(self)
         self._data = FitData.of(model)
         self._steps = (self.params or {}).get("steps")
         if self._data.known:
@@ -127,7 +128,7 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
         latest = self.checkpointer.latest
         if latest is None:
             return
-        step, model = latest.step, self._model
+        step, model = latest.step, callback_model(self)
         where = os.path.join(self.directory, str(step))
         if not model.built:
             raise ValueError(
@@ -197,7 +198,7 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
 
     def on_train_end(self, logs: Any = None) -> None:
         super().on_train_end(logs)
-        restore_epoch(self._model, None, owner=OWNER)  # a later fit of this model starts where it is told
+        restore_epoch(callback_model(self), None, owner=OWNER)  # a later fit of this model starts where it is told
         self._data.epoch_begins(None)
 
 
