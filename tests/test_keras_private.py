@@ -197,6 +197,29 @@ def test_an_epoch_iterator_without_enumerate_iterator_refuses_the_resume(monkeyp
     assert seq.passes == []
 
 
+def test_an_epoch_iterator_that_enumerates_by_another_method_refuses_to_back_up_behind_the_training(
+        monkeypatch, tmp_path):
+    """A Keras whose EpochIterator keeps ``_enumerate_iterator`` (an alias) but enumerates through another method:
+    the resumed epoch's steps counted from 0 again, the backup's count went back (4 trained, then batch 0), and a
+    third run trained batches twice (helper, 2 of 2 under JAX). The first such step is refused."""
+    backup, _ = _cut_backup(tmp_path)
+    from keras.src.trainers import epoch_iterator
+
+    cls = epoch_iterator.EpochIterator
+    monkeypatch.setattr(cls, "_steps_of_epoch", cls._enumerate_iterator, raising=False)
+
+    def __iter__(self):
+        self._epoch_iterator = self._steps_of_epoch()
+        return self
+
+    monkeypatch.setattr(cls, "__iter__", __iter__)
+    with pytest.raises(KerasStructureError, match=r"numbered a step of the resumed epoch 1 as batch 0, after 4 "):
+        _model(seed=5).fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                           callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=1)])
+    record = json.loads((tmp_path / "backup" / "latest.json").read_text())
+    assert (record["epoch"], record["batch"]) == (1, 4)  # no backup behind what was trained
+
+
 def test_steps_of_another_shape_stop_the_resumed_epoch_before_its_first_batch():
     class Iterator:
         _current_iterator, _steps_seen, data_adapter, num_batches = None, 0, None, 6

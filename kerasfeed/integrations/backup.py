@@ -12,7 +12,7 @@ import keras
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_callback import backup_paths, callback_model
-from kerasfeed._keras_fit import batch_end_offset, restore_epoch
+from kerasfeed._keras_fit import batch_end_offset, refuse, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
 from kerasfeed.loading import hosts
@@ -197,6 +197,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # `batch` is the last step of the execution (steps_per_execution), counted
         # from the resumed batch in a resumed epoch (fit_data.py).
         trained, self._done = batch + 1 - self._done, batch + 1
+        if trained <= 0:  # the resumed epoch's steps counted from 0: Keras did not run the replaced enumeration
+            raise refuse(f"its fit numbered a step of the resumed epoch {self._current_epoch} as batch {batch}, "
+                         f"after {self._done - trained} batches (its EpochIterator did not enumerate the epoch "
+                         "through `_enumerate_iterator`)", "kerasfeed.BackupAndRestore would save backups that "
+                         "point before what was trained: refused. Delete the backup to start the epoch again, or "
+                         "use a Keras release listed in docs/keras_versions.md.")
         if self.save_freq == "epoch":
             return
         self._batches_seen_since_last_saving += trained
