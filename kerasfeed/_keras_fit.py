@@ -377,7 +377,10 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
     if x is None:  # Keras let go of its data, or passes it on unnamed: this fit may read the pipeline
         missing.append("`x` (None)")
     elif not holds(x):
-        return None
+        if not _reads_through(local.get("epoch_iterator"), holds):
+            return None
+        report(f"its `fit` holds a {type(x).__name__} as `x`, not the data its epoch iterator reads", "The data's "
+               "passes follow the fit's epochs as before (the fit is told by the data its epoch iterator holds).")
     epoch = _int_or_none(local, "epoch", missing)
     steps = _int_or_none(local, "steps_per_epoch", missing)
     initial = _int_or_none(local, "initial_epoch", missing) or 0
@@ -392,6 +395,14 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
                    epoch_iterator=iterator, missing=tuple(missing), x=x,
                    callbacks=callbacks if isinstance(callbacks, (list, tuple)) else None,
                    builds=epoch is None and frame.f_globals.get("__name__") in _BUILDING_TRAINERS)
+
+
+def _reads_through(iterator: Any, holds: Callable[[Any], bool]) -> bool:
+    """Whether a fit's epoch iterator reads the pipeline (its data adapter, or the dataset Keras' adapter
+    holds) where the fit's ``x`` was rebound to another object: without this, that fit was not the
+    pipeline's, and its passes were counted silently (a fit from epoch 2 read pass 0)."""
+    adapter = getattr(iterator, "data_adapter", None)
+    return adapter is not None and any(holds(c) for c in (adapter, getattr(adapter, "_dataset", None)) if c is not None)
 
 
 def _int_or_none(local: dict, name: str, missing: list) -> Optional[int]:
@@ -426,16 +437,6 @@ def restore_epoch(model: Any, epoch: Optional[int], *, owner: str) -> None:
 
 
 __all__ = [
-    "FIT_NAMES",
-    "FitView",
-    "current_frames",
-    "find_fit",
-    "remember_fit",
-    "batch_end_offset",
-    "keras_minor",
-    "keras_version",
-    "refuse",
-    "report",
-    "restore_epoch",
-    "restored_epoch",
+    "FIT_NAMES", "FitView", "current_frames", "find_fit", "remember_fit", "batch_end_offset",
+    "keras_minor", "keras_version", "refuse", "report", "restore_epoch", "restored_epoch",
 ]

@@ -109,6 +109,25 @@ def test_a_fit_that_lets_go_of_x_is_reported_and_refused_from_a_later_epoch(monk
     assert seq.passes == [0, 1]
 
 
+X_REBOUND = (r"\n(\s+)callbacks\.on_train_begin\(\)", r"\n\1x = epoch_iterator.data_adapter\n\1callbacks.on_train_begin()")
+
+
+@pytest.mark.parametrize("front", ["dataset", "loader"])
+def test_a_fit_that_rebinds_x_still_reads_the_pass_of_its_epoch(monkeypatch, front):
+    """A Keras whose fit rebinds ``x`` to another object (its data adapter): the fit was not taken for the
+    pipeline's, and ``fit(initial_epoch=2)`` of to_dataset trained pass 0, silently (helper, 3 of 3). The epoch
+    iterator's data tells it; reported once."""
+    keras_fit_changed(monkeypatch, edits=[X_REBOUND])
+    make = kerasfeed.to_dataset if front == "dataset" else kerasfeed.to_loader
+    seq = Seq()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _model().fit(make(seq, shuffle=True, seed=1), epochs=3, initial_epoch=2, verbose=0, shuffle=False)
+    assert seq.passes == [2]
+    ours = [str(w.message) for w in caught if issubclass(w.category, KerasStructureWarning)]
+    assert front == "loader" or any("holds a TFDatasetAdapter as `x`" in m for m in ours), ours
+
+
 def test_renamed_locals_refuse_what_keras_own_backup_restored(monkeypatch, tmp_path):
     """keras.callbacks.BackupAndRestore sets model._initial_epoch; the data cannot follow it: refused."""
     backup = str(tmp_path / "backup")
