@@ -349,6 +349,18 @@ def test_other_system_errors_and_a_race_that_never_ends_still_fail_the_item(monk
     assert endless.calls[1] == interpreter_races.AST_RACE_RETRIES + 1
 
 
+def test_a_closed_loader_over_a_shared_executor_refuses_its_next_pass_and_leaves_the_executor_open():
+    """A loader given an executor closed nothing and went on reading after close() (the docs: its next pass is
+    refused); the executor stays open for its other loaders."""
+    rows = np.arange(6.0)[:, None]
+    with contextlib.closing(ThreadExecutor(rows, parallelism=2)) as ex:
+        loader = kerasfeed.to_loader(rows, executor=ex)
+        loader.close()
+        with pytest.raises(RuntimeError, match=r"this loader was closed .*make the loader again"):
+            list(loader)
+        assert [int(x[0]) for x in kerasfeed.to_loader(rows, executor=ex)] == list(range(6))
+
+
 @pytest.mark.parametrize("executor", ["threads", "processes"])
 def test_a_closed_loader_refuses_its_next_pass_on_every_executor(executor):
     """A closed threads loader made its next pass one item at a time on the main thread, without a word;

@@ -233,10 +233,10 @@ class Loader:
     # -- lifetime ------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops the executor's threads or worker processes (if this loader made it); its next pass is
-        refused."""
+        """Stops the executor's threads or worker processes (if this loader made it: one given stays open for
+        its other users); its next pass is refused either way."""
+        self._closed = True
         if self._feed.owns_executor:
-            self._closed = True
             self.executor.close()
 
     def _check_open(self) -> None:
