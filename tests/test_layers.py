@@ -18,7 +18,7 @@ PACKAGE = ROOT / "kerasfeed"
 # layer do not import each other, except in the base layer.
 LAYERS = [
     ["_version", "_validation", "_layout", "_handoff", "_urls", "_leaves", "_quiet", "_records", "_keras_fit",
-     "_keras_epoch_iterator", "_keras_build", "errors", "_nest", "transforms", "datasets", "_demo_args",
+     "_keras_epoch_iterator", "_keras_build", "_keras_callback", "errors", "_nest", "transforms", "datasets", "_demo_args",
      "_backend_errors"],
     ["sources", "remote"],
     ["sampling"],
