@@ -398,11 +398,12 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
 
 
 def _reads_through(iterator: Any, holds: Callable[[Any], bool]) -> bool:
-    """Whether a fit's epoch iterator reads the pipeline (its data adapter, or the dataset Keras' adapter
-    holds) where the fit's ``x`` was rebound to another object: without this, that fit was not the
+    """Whether a fit's epoch iterator reads the pipeline (its data adapter, or the dataset or PyDataset Keras'
+    adapter holds) where the fit's ``x`` was rebound to another object: without this, that fit was not the
     pipeline's, and its passes were counted silently (a fit from epoch 2 read pass 0)."""
     adapter = getattr(iterator, "data_adapter", None)
-    return adapter is not None and any(holds(c) for c in (adapter, getattr(adapter, "_dataset", None)) if c is not None)
+    held = (adapter, getattr(adapter, "_dataset", None), getattr(adapter, "py_dataset", None))
+    return adapter is not None and any(holds(c) for c in held if c is not None)
 
 
 def _int_or_none(local: dict, name: str, missing: list) -> Optional[int]:

@@ -128,6 +128,48 @@ def test_a_fit_that_rebinds_x_still_reads_the_pass_of_its_epoch(monkeypatch, fro
     assert front == "loader" or any("holds a TFDatasetAdapter as `x`" in m for m in ours), ours
 
 
+class _MadeIn(kerasfeed.SceneSequence):
+    """Records the pass each batch was made in."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        self.made.append(self.epoch)
+        return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
+
+
+def test_fit_of_a_scene_sequence_through_a_rebound_x_reads_the_pass_of_its_epoch(monkeypatch):
+    """model.fit(seq, initial_epoch=2) under a fit that rebinds x trained passes 0 and 1, silently (helper, 3 of 3
+    on three backends): Keras' PyDataset adapter holds the sequence as ``py_dataset``."""
+    keras_fit_changed(monkeypatch, edits=[X_REBOUND])
+    seq = _MadeIn()
+    with pytest.warns(KerasStructureWarning, match=r"holds a PyDatasetAdapter as `x`"):
+        _model().fit(seq, epochs=4, initial_epoch=2, verbose=0)
+    assert seq.made[-6:] == [2] * 3 + [3] * 3 and 1 not in seq.made, seq.made  # (pass 0's: the model build's)
+
+
+def test_a_keras_that_ends_a_sequences_epochs_without_beginning_them_is_reported(monkeypatch):
+    """A Keras whose PyDataset adapter no longer calls the dataset's on_epoch_begin: every epoch of fit(seq) read
+    pass 0, silently (helper, 3 of 3). The ended epoch now sets the next pass, with a warning."""
+    from keras.src.trainers.data_adapters import py_dataset_adapter
+
+    def on_epoch_begin(self):  # Keras' own, without `self.py_dataset.on_epoch_begin()`
+        self._within_epoch = True
+        if self.enqueuer:
+            self.enqueuer.start()
+
+    monkeypatch.setattr(py_dataset_adapter.PyDatasetAdapter, "on_epoch_begin", on_epoch_begin)
+    seq = _MadeIn()
+    with pytest.warns(KerasStructureWarning, match=r"ended an epoch of a PyDataset it did not begin"):
+        _model().fit(seq, epochs=3, verbose=0)
+    assert seq.made[-9:] == [0] * 3 + [1] * 3 + [2] * 3, seq.made  # (before them: the model build's)
+
+
 def test_renamed_locals_refuse_what_keras_own_backup_restored(monkeypatch, tmp_path):
     """keras.callbacks.BackupAndRestore sets model._initial_epoch; the data cannot follow it: refused."""
     backup = str(tmp_path / "backup")

@@ -9,7 +9,7 @@ from typing import Any
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
-from kerasfeed._keras_fit import find_fit
+from kerasfeed._keras_fit import find_fit, report
 from kerasfeed.sources import stage
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
@@ -148,6 +148,20 @@ def _end_pass(seq) -> None:
         seq._kf_in_epoch = False
         if not called_by_epoch_iterator_reset(sys._getframe(1)):
             seq._kf_epoch = seq.epoch + 1
+    elif not called_by_epoch_iterator_reset(sys._getframe(1)):
+        _end_not_begun(seq)
+
+
+def _end_not_begun(seq) -> None:
+    # A Keras whose data adapter ends a fit's epochs without beginning them (no ``on_epoch_begin``): every
+    # epoch read pass 0, silently. The fit's frame says which epoch ended.
+    fit = find_fit(lambda x: x is seq)
+    if fit is None or fit.missing or fit.epoch is None:
+        return
+    report("its data adapter ended an epoch of a PyDataset it did not begin (`on_epoch_end` without "
+           "`on_epoch_begin`)", "A kerasfeed.SceneSequence given to fit takes its pass from the epoch that ended; "
+           "an epoch that begins the fit (epoch 0, or a later initial_epoch) reads pass 0.")
+    seq._kf_epoch = fit.epoch + 1
 
 
 def _with_bookkeeping(fn, book, before: bool):
