@@ -210,6 +210,45 @@ def test_fit_restores_model_epoch_and_data_and_refuses_other_data(tmp_path):
         kerasfeed.OrbaxCheckpoint(directory, save_freq=0)
 
 
+def test_a_keras_whose_orbax_callback_moved_its_checkpointer_or_counters_is_refused_by_name(tmp_path, monkeypatch):
+    """A Keras OrbaxCheckpoint that keeps its Checkpointer under another name failed with a bare AttributeError;
+    one that saves through another Checkpointer method wrote steps without the data position, silently (the
+    restore then blamed the directory); renamed step counters after a restore renumbered the steps and discarded
+    the saves, silently (helper, 3 of 3, 2 of 2, 1 of 1). Each is refused naming what moved."""
+    import keras
+
+    from kerasfeed.errors import KerasStructureError
+
+    callback = kerasfeed.OrbaxCheckpoint(tmp_path / "a", save_on_background=False)
+    with pytest.raises(KerasStructureError, match=r"saves through `checkpointer.save_pytree`, not"):
+        callback.checkpointer.save_pytree
+    assert callback.checkpointer.latest is None  # other names pass through (no step saved yet)
+    keras_init = keras.callbacks.OrbaxCheckpoint.__init__
+
+    def renamed(self, *args, **kwargs):
+        keras_init(self, *args, **kwargs)
+        self._checkpointer = vars(self).pop("checkpointer")
+
+    monkeypatch.setattr(keras.callbacks.OrbaxCheckpoint, "__init__", renamed)
+    with pytest.raises(KerasStructureError, match=r"its OrbaxCheckpoint keeps no `checkpointer` with"):
+        kerasfeed.OrbaxCheckpoint(tmp_path / "b")
+    monkeypatch.setattr(keras.callbacks.OrbaxCheckpoint, "__init__", keras_init)
+    with _loader() as loader:
+        _model().fit(loader, epochs=1, verbose=0, callbacks=[
+            kerasfeed.OrbaxCheckpoint(tmp_path / "c", save_on_background=False, restore=True)])
+
+    keras_begin = keras.callbacks.OrbaxCheckpoint.on_train_begin
+
+    def counters_renamed(self, logs=None):
+        keras_begin(self, logs)
+        self._global_batch_count = vars(self).pop("_total_batches_seen")
+
+    monkeypatch.setattr(keras.callbacks.OrbaxCheckpoint, "on_train_begin", counters_renamed)
+    with _loader() as loader, pytest.raises(KerasStructureError, match=r"has no `_total_batches_seen`.*numbered"):
+        _model().fit(loader, epochs=2, verbose=0, callbacks=[
+            kerasfeed.OrbaxCheckpoint(tmp_path / "c", save_on_background=False, restore=True)])
+
+
 def _steps():
     import keras
 

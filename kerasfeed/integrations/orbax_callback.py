@@ -17,10 +17,12 @@ from typing import Any, Optional, Union
 import keras
 
 from kerasfeed._keras_callback import callback_model
-from kerasfeed._keras_fit import report, restore_epoch
+from kerasfeed._keras_fit import refuse, report, restore_epoch
 from kerasfeed.integrations.fit_data import FitData
 
 OWNER = "kerasfeed.OrbaxCheckpoint"
+# Keras' step counters, set after a restore (the Orbax step of a batch save is the batches trained).
+_COUNTERS = ("_total_batches_seen", "_last_batch_seen", "_batches_seen_since_last_saving")
 ITEM = "kerasfeed"  # the checkpointable holding the record
 FORMAT = "kerasfeed-orbax-1"
 # A Keras without it still imports this module (`from kerasfeed import *`); the class then refuses to be made.
@@ -107,7 +109,13 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
                          max_to_keep=max_to_keep, save_on_background=save_on_background,
                          save_weights_only=save_weights_only)
         self.restore = restore
-        self.checkpointer = _WithRecord(self.checkpointer, self._record)
+        checkpointer = vars(self).get("checkpointer")
+        if not callable(getattr(checkpointer, "save_checkpointables", None)):
+            raise refuse("its OrbaxCheckpoint keeps no `checkpointer` with `save_checkpointables`",
+                         f"{OWNER} adds the data position to each step it saves there: refused rather than save "
+                         "checkpoints without it. Use kerasfeed.BackupAndRestore, or a Keras release listed in "
+                         "docs/keras_versions.md.")
+        self.checkpointer = _WithRecord(checkpointer, self._record)
         self._data = FitData(None, [])
         self._epoch = 0  # the epoch being trained
         self._next = (0, 0)  # (epoch, batch) a save now resumes at
@@ -169,6 +177,12 @@ class OrbaxCheckpoint(_KerasOrbaxCheckpoint):
         # Keras' own counters: the Orbax step of a batch save is the batches trained (the optimizer's
         # steps, read by set_model before this restore), and the first batch of a resumed epoch is
         # numbered `batch` (fit_data.py), not 0.
+        missing = [f"`{name}`" for name in _COUNTERS if not hasattr(self, name)]
+        if missing:
+            raise refuse(f"its OrbaxCheckpoint has no {', '.join(missing)}", f"{OWNER} restored {where!r} but "
+                         "cannot set Keras' step counters: the resumed run's steps would be numbered from 0 again, "
+                         "its saves discarded or refused by Orbax. Refused; use kerasfeed.BackupAndRestore, or a "
+                         "Keras release listed in docs/keras_versions.md.")
         if model.optimizer is not None:
             self._total_batches_seen = int(model.optimizer.iterations)
         self._last_batch_seen = batch - 1 if batch else None
@@ -221,6 +235,11 @@ class _WithRecord:
         return {**checkpointables, ITEM: {"json": json.dumps(self._add())}}
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("save"):  # a Keras that saves another way: a step without the record, silently
+            raise refuse(f"its OrbaxCheckpoint saves through `checkpointer.{name}`, not `save_checkpointables`",
+                         f"{OWNER} adds the data position to what `save_checkpointables` saves: refused rather "
+                         "than save a checkpoint without it. Use kerasfeed.BackupAndRestore, or a Keras release "
+                         "listed in docs/keras_versions.md.")
         return getattr(self._checkpointer, name)
 
 
