@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import weakref
 from typing import Any, Mapping, Optional, Union
 
@@ -11,7 +12,7 @@ import keras
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_callback import callback_model
-from kerasfeed._keras_fit import batch_end_offset
+from kerasfeed._keras_fit import batch_end_offset, is_fit
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint
 from kerasfeed.sampling.state import ResumeState
@@ -160,9 +161,6 @@ class TrainingProgress(keras.callbacks.Callback):
         return [[epoch, i] for i in self._resume.skipped_in(epoch)]
 
     def on_train_begin(self, logs: Any = None) -> None:
-        # Keras < 3.11 under steps_per_execution gives the execution's first step (keras#21422); a custom
-        # loop, which calls no on_train_begin, gives the step it trained.
-        self._step_end = batch_end_offset(callback_model(self))
         params = self.params or {}
         steps, start = params.get("steps"), self._resume
         if self._per_pass is None or steps is None:
@@ -178,10 +176,10 @@ class TrainingProgress(keras.callbacks.Callback):
                 f"Received: steps_per_epoch={steps}, batches per pass={self._per_pass}"
             )
 
-    def on_train_end(self, logs: Any = None) -> None:
-        self._step_end = 1  # the fit's; a custom loop may use the callback next
-
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        # Keras < 3.11's fit under steps_per_execution gives the execution's first step (keras#21422); a custom
+        # loop (a CallbackList's too) gives the step it trained.
+        self._step_end = batch_end_offset(callback_model(self)) if _in_fit(sys._getframe(1)) else 1
         self._epoch = epoch
         self._batches = self._resume.batches if epoch == self._resume.epoch else 0
 
@@ -277,3 +275,14 @@ def _state_path(path: Any, *, owner: str) -> str:
             f"{owner}: `path` is under {parent!r}, which is a file, not a directory. Received: path={path!r}"
         )
     return path
+
+
+def _in_fit(frame: Any, depth: int = 12) -> bool:
+    """Whether a Keras ``fit`` calls (through its callback list) the hook running above ``frame``."""
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if is_fit(frame):
+            return True
+        frame = frame.f_back
+    return False
