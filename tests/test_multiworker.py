@@ -298,13 +298,17 @@ def test_distribute_splits_the_global_batch_and_refuses_sharding_arguments():
         kerasfeed.distribute(strategy, Samples(), batch_size=0)
 
 
-_MIRRORED_STEPS = """
+# Two logical CPUs for a MirroredStrategy, and a log file for tf.print
+_MIRRORED_SETUP = """
 import json, os, sys, tempfile
 import numpy as np, tensorflow as tf
 tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
                                            [tf.config.LogicalDeviceConfiguration()] * 2)
 import keras, kerasfeed
 log = tempfile.mktemp()
+"""
+
+_MIRRORED_STEPS = _MIRRORED_SETUP + """
 
 class Samples:
     def __len__(self):
@@ -336,27 +340,25 @@ print(json.dumps(got))
 """
 
 
-def test_epochs_that_are_not_passes_under_a_mirrored_strategy_read_pass_0_first():
-    """Keras' TensorFlow fit under a strategy peeks a batch to build the model, then makes a new iterator: with
-    steps_per_epoch the pass was counted, and epoch 0 trained pass 1 (helper, 3 of 3)."""
+def _run_mirrored(script: str) -> dict:
+    """The JSON last line of ``script`` run in a fresh TensorFlow process."""
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED_STEPS], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_epochs_that_are_not_passes_under_a_mirrored_strategy_read_pass_0_first():
+    """Keras' TensorFlow fit under a strategy peeks a batch to build the model, then makes a new iterator: with
+    steps_per_epoch the pass was counted, and epoch 0 trained pass 1 (helper, 3 of 3)."""
+    got = _run_mirrored(_MIRRORED_STEPS)
     for front, (trained, pass_0) in got.items():
         assert trained == pass_0, (front, got)
 
 
-_MIRRORED_BUILDS = """
-import json, os, tempfile
-import numpy as np, tensorflow as tf
-tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
-                                           [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras, kerasfeed
-log = tempfile.mktemp()
+_MIRRORED_BUILDS = _MIRRORED_SETUP + """
 
 class Samples:
     def __init__(self):
@@ -415,13 +417,7 @@ def test_an_evaluation_under_a_mirrored_strategy_reads_one_pass():
     fit and evaluate (validation included): each validation and evaluate began two passes, the first for nothing
     (validation read passes 1, 3, 5), the fit's pass 0 ran its hooks twice, and a dataset made with initial_state
     trained the pass after the resumed one."""
-    import subprocess
-
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED_BUILDS], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run_mirrored(_MIRRORED_BUILDS)
     for e in range(3):
         assert got[f"fit {e}"] == {"test": [e], "train": [0]}, got
     assert got["evaluate 0"] == {"test": [3]} and got["evaluate 1"] == {"test": [4]}, got
