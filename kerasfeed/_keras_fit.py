@@ -26,11 +26,11 @@ and what a Keras that differs gets:
 5. that the trainer's ``fit`` calls its callbacks' ``on_epoch_begin`` and
    ``on_train_batch_begin`` itself (``fit_calls``, for
    ``execution/interrupts.py``: NOTE [ A Ctrl-C taken inside fit ]);
-6. names only, nothing read: the paths a pickled ``keras.utils.PyDataset``
-   subclass names (``execution/processes/light_modules.py``; moved, workers
-   import the real Keras: heavier, the same items, and the consumer's warning
-   that workers imported TensorFlow) and ``keras.src.backend.config`` for an
-   error's text (``_backend_errors.py``);
+6. the module, name and instance attributes of ``keras.utils.PyDataset``,
+   which the light stand-in in workers copies (``light_modules.stand_ins_fit``:
+   moved or changed, workers unpickle without stand-ins: heavier, the same
+   items), and ``keras.src.backend.config`` for an error's text, a name only
+   (``_backend_errors.py``);
 7. a callback's ``_model`` and Keras' ``BackupAndRestore`` paths, read by
    kerasfeed's callbacks (``kerasfeed/_keras_callback.py``).
 

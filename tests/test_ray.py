@@ -64,6 +64,18 @@ class Mixed:
         self.offset += 100.0
 
 
+class StandIns:
+    """Says whether its actor unpickled it without kerasfeed's light framework stand-ins."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        from kerasfeed.execution.processes import frameworks
+
+        return np.array([frameworks._stand_ins_off[0]])
+
+
 class Slow:
     """256 KB items (above Ray's inline limit: each lives in its node's object store), 30 ms each."""
 
@@ -296,6 +308,15 @@ def test_dropped_loaders_and_closed_executors_leave_no_actor(ray_cluster):
     del loader
     gc.collect()
     assert _no_kerasfeed_actors()
+
+
+def test_actors_unpickle_without_the_stand_ins_where_they_do_not_fit_this_keras(ray_cluster, monkeypatch):
+    from kerasfeed.execution.processes import light_modules
+
+    for fits in (True, False):  # False: what ``stand_ins_fit`` says of a Keras whose PyDataset moved
+        monkeypatch.setattr(light_modules, "_fits", fits)
+        with kerasfeed.to_loader(StandIns(), executor="ray", workers=1) as loader:
+            assert [b.tolist() for b in loader] == [[not fits]] * 2
 
 
 def test_no_room_and_another_cluster_fail_at_once_with_clear_errors(ray_cluster):

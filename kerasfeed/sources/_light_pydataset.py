@@ -15,6 +15,27 @@ from __future__ import annotations
 import itertools
 
 _DEFAULTS = (("_workers", 1), ("_use_multiprocessing", False), ("_max_queue_size", 10))
+# Where Keras defines the class this stands in for (a pickle names it there; ``light_modules``).
+KERAS_PATH = ("keras.src.trainers.data_adapters.py_dataset_adapter", "PyDataset")
+
+
+def differences(real: type) -> list:
+    """How Keras' ``PyDataset`` class ``real`` differs from what this stand-in assumes: its module and
+    name, and the attributes its ``__init__`` sets with their defaults (what a pickled instance holds
+    and ``_setting`` reads). Empty when it is the same. Called in the consumer, where Keras is loaded."""
+    found = []
+    where = (getattr(real, "__module__", None), getattr(real, "__qualname__", None))
+    if where != KERAS_PATH:
+        found.append(f"keras.utils.PyDataset is {where[0]}.{where[1]}, not {'.'.join(KERAS_PATH)}")
+    try:
+        made = real.__new__(real)
+        real.__init__(made)
+        held = dict(vars(made))
+    except Exception as e:  # noqa: BLE001 - a signature or a base that moved: reported, not raised
+        return found + [f"PyDataset() could not be made: {type(e).__name__}: {e}"]
+    if held != dict(_DEFAULTS):
+        found.append(f"PyDataset() holds {held}, not {dict(_DEFAULTS)}")
+    return found
 
 
 def _setting(name: str) -> property:

@@ -205,6 +205,42 @@ def test_stand_ins_leave_sys_modules_and_imported_names_wait(tmp_path):
     assert out.stdout.split() == ["[]", "LazyName", "StandIn", "kerasfeed.sources._light_pydataset", "4", "9"]
 
 
+def test_this_keras_is_the_one_the_light_stand_in_copies():
+    from kerasfeed.sources._light_pydataset import differences
+
+    assert differences(keras.utils.PyDataset) == []  # a Keras that moved it fails here first (make keras-matrix)
+
+
+def test_a_keras_whose_pydataset_differs_sends_sources_without_the_stand_ins(monkeypatch, capfd):
+    """A Keras that renames PyDataset's private attributes: the stand-in's properties would read their
+    defaults in the workers (``workers`` 1 where the source says 2), silently. Now a KerasStructureWarning,
+    and the workers import Keras, whose own class reads them."""
+    from kerasfeed import _keras_fit
+    from kerasfeed.errors import KerasStructureWarning
+    from kerasfeed.execution.processes import light_modules
+
+    real_init = keras.utils.PyDataset.__init__
+
+    def renamed(self, workers=1, use_multiprocessing=False, max_queue_size=10):
+        real_init(self, workers, use_multiprocessing, max_queue_size)
+        self._num_workers = self.__dict__.pop("_workers")
+
+    monkeypatch.setattr(keras.utils.PyDataset, "__init__", renamed)
+    monkeypatch.setattr(light_modules, "_fits", None)
+    monkeypatch.setattr(_keras_fit, "_REPORTED", set())
+    monkeypatch.setenv("KERAS_BACKEND", "jax")  # the workers' Keras: the cheapest to load here
+    with pytest.warns(KerasStructureWarning, match=r"PyDataset\(\) holds .*'_num_workers'.*without the stand-ins"):
+        processes = _passes(ByValue(workers=2, max_queue_size=5), "processes", passes=1, workers=1)
+    assert all(b[2].tolist()[1] for b in processes[0])  # keras in the worker: unpickled without the stand-ins
+    err = capfd.readouterr().err
+    assert "stand-ins for `keras` and `tensorflow` were off in this worker" in err, err
+    monkeypatch.setattr(light_modules, "_fits", None)
+    monkeypatch.setattr(keras.utils.PyDataset, "__module__", "keras.src.moved")
+    with pytest.warns(KerasStructureWarning, match="is keras.src.moved.PyDataset, not keras.src.trainers"):
+        assert not light_modules.stand_ins_fit()
+    assert light_modules.worker_environment()["KERASFEED_LIGHT_FRAMEWORKS"] == "0"
+
+
 def test_getitem_that_calls_keras_loads_it_then_and_says_so(monkeypatch, capfd):
     monkeypatch.setenv("KERAS_BACKEND", "jax")  # the workers' Keras: the cheapest to load here
     threads = _passes(plain_keras.ToCategorical(), "threads", passes=1)

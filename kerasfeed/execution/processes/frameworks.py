@@ -30,11 +30,14 @@ _SKIP_NAMES = ("importlib", "cloudpickle", "pickle.py")
 _state = threading.local()
 _reported: set = set()
 _unpickling = [False]
+_stand_ins_off = [False]  # the last unpickling had no stand-ins: the advice says so
 
 
-def started_unpickling(flag: bool) -> None:
-    """The worker is (True) or is no longer (False) unpickling its source."""
+def started_unpickling(flag: bool, light: bool = True) -> None:
+    """The worker is (True) or is no longer (False) unpickling its source; ``light``: with the stand-ins."""
     _unpickling[0] = flag
+    if flag:
+        _stand_ins_off[0] = not light
 
 
 @contextlib.contextmanager
@@ -103,8 +106,17 @@ _LIGHT_IMPORTS = (
 )
 
 
+_NO_STAND_INS = (
+    "kerasfeed's light stand-ins for `keras` and `tensorflow` were off in this worker (KERASFEED_LIGHT_FRAMEWORKS=0, "
+    "or a Keras whose PyDataset differs from what they copy: the consumer's KerasStructureWarning says how), so "
+    "naming Keras loads it."
+)
+
+
 def advice(when: str, names: list, touched: Optional[str] = None) -> str:
     """What a class can do about it."""
+    if when in ("import", "unpickle") and names[0] in ("keras", "tensorflow") and _stand_ins_off[0]:
+        return "Every worker pays this at start-up: " + _NO_STAND_INS
     if when == "import" and names[0] not in ("keras", "tensorflow"):
         return (
             f"Every worker pays this at start-up. To keep workers light, import {names[0]} inside the function "

@@ -42,6 +42,11 @@ worker 0 warns once per framework: the use that pulled it in, its cost, and
 advice (``frameworks.py``).
 
 ``KERASFEED_LIGHT_FRAMEWORKS=0`` turns the stand-ins off (plain unpickling).
+So does the consumer where the Keras it loaded is not the one the light
+``PyDataset`` copies (``stand_ins_fit``: its class moved, or its instances hold
+other attributes; NOTE [ Keras' private structure ] item 6): a
+``KerasStructureWarning`` once, then workers and Ray actors import Keras as
+plain unpickling does, so that a source reads its real attributes there.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ import threading
 import types
 from typing import Any, Optional
 
+from kerasfeed._keras_fit import report
 from kerasfeed.execution.processes import frameworks
-from kerasfeed.sources._light_pydataset import PyDataset
+from kerasfeed.sources._light_pydataset import PyDataset, differences
 
 _STAND_IN_TOPS = ("keras", "tensorflow")
 # Dunders a stand-in answers from the real module; others are missing (tools probe them), and
@@ -276,15 +282,47 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def loads(payload: bytes) -> Any:
-    """Worker side: unpickles what ``pickling.dumps_for_workers`` made, with the stand-ins in place;
-    also starts timing real framework imports in this process (for the warning)."""
+_fits: Optional[bool] = None  # stand_ins_fit's answer, once a real Keras was there to check
+
+
+def stand_ins_fit() -> bool:
+    """Consumer side: whether the Keras loaded here is the one the light ``PyDataset`` copies (module, name,
+    the attributes its instances hold); if not, a ``KerasStructureWarning`` once. True where no Keras is
+    loaded: no source here has its class for a base."""
+    global _fits
+    if _fits is None:
+        utils = sys.modules.get("keras.utils")
+        real = None if utils is None or isinstance(utils, StandIn) else getattr(utils, "PyDataset", None)
+        if real is None:
+            return True
+        found = differences(real)
+        if found:
+            report(f"{'; '.join(found)} (what kerasfeed's light stand-in for it copies in worker processes)",
+                   "Worker processes and Ray actors unpickle sources without the stand-ins: each imports Keras and "
+                   "its backend (seconds and hundreds of MB, once), and a source there reads Keras' own attributes.")
+        _fits = not found
+    return _fits
+
+
+def worker_environment() -> dict:
+    """What a worker process's environment gets beside the consumer's (``process.launch``): light unless the
+    stand-ins do not fit this Keras (``stand_ins_fit``)."""
+    if stand_ins_fit():
+        return {"KERASFEED_LIGHT_WORKER": "1"}
+    return {"KERASFEED_LIGHT_WORKER": "0", "KERASFEED_LIGHT_FRAMEWORKS": "0"}
+
+
+def loads(payload: bytes, light: bool = True) -> Any:
+    """Worker side: unpickles what ``pickling.dumps_for_workers`` made, with the stand-ins in place (unless
+    ``light`` is false: ``stand_ins_fit`` in the consumer); also starts timing real framework imports in
+    this process (for the warning)."""
     with _lock:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-        if os.environ.get("KERASFEED_LIGHT_FRAMEWORKS", "1") != "0":
+        light = light and os.environ.get("KERASFEED_LIGHT_FRAMEWORKS", "1") != "0"
+        if light:
             _install()
-    frameworks.started_unpickling(True)
+    frameworks.started_unpickling(True, light)
     try:
         return _Unpickler(io.BytesIO(payload)).load()
     finally:
@@ -293,4 +331,4 @@ def loads(payload: bytes) -> Any:
             _withdraw()
 
 
-__all__ = ["StandIn", "load_real", "loads"]
+__all__ = ["StandIn", "load_real", "loads", "stand_ins_fit", "worker_environment"]

@@ -59,7 +59,7 @@ import time
 from typing import Any, Callable, Optional
 
 from kerasfeed.errors import WorkerError
-from kerasfeed.execution.processes import protocol
+from kerasfeed.execution.processes import light_modules, protocol
 from kerasfeed.execution.processes.channel import Channel
 
 logger = logging.getLogger("kerasfeed")
@@ -186,8 +186,7 @@ class WorkerProcess:
         safe while TensorFlow's threads run; ``__main__`` is never re-imported)."""
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         crash_r, crash_w = os.pipe()
-        env = dict(os.environ)
-        env["KERASFEED_LIGHT_WORKER"] = "1"
+        env = dict(os.environ, **light_modules.worker_environment())
         env["PYTHONUNBUFFERED"] = "1"  # a worker's prints show up before it dies
         # kerasfeed must import in the child even when the parent found it
         # through a sys.path tweak rather than an install.

@@ -101,7 +101,7 @@ class FeedActor:
         # The light Keras/TensorFlow stand-ins while unpickling (NOTE [ Light framework stand-ins in workers ]).
         from kerasfeed.execution.processes import light_modules
 
-        source, worker_init = light_modules.loads(payload)
+        source, worker_init = light_modules.loads(payload, config.get("light", True))
         if worker_init is not None:
             worker_init()
         for change in states:

@@ -43,6 +43,7 @@ import uuid
 from typing import Any, Optional
 
 from kerasfeed.errors import WorkerError
+from kerasfeed.execution.processes import light_modules
 from kerasfeed.execution.ray.actor import FeedActor
 from kerasfeed.execution.ray.options import RayOptions
 
@@ -127,7 +128,8 @@ class ActorPool:
         self.states: list[bytes] = []  # sent since payload (a replacement applies them)
         self.states_bytes = 0
         self.config = {"num_workers": workers, "base_seed": base_seed, "seed_given": seed_given,
-                       "sys_path": list(sys.path), "cache": cache}  # fmt: skip
+                       "sys_path": list(sys.path), "cache": cache,
+                       "light": light_modules.stand_ins_fit()}  # fmt: skip
         self.lanes = [Lane(k) for k in range(workers)]
         self.lost_errors = lost_errors(ray)
         self.closed = False
