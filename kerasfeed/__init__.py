@@ -22,7 +22,7 @@ _LAZY = {
     "ResumeState": "kerasfeed.sampling.state:ResumeState",
     "TrainingProgress": "kerasfeed.integrations.keras:TrainingProgress",
     "BackupAndRestore": "kerasfeed.integrations.backup:BackupAndRestore",
-    "item_rng": "kerasfeed.execution.item_random:item_rng",
+    "item_rng": "kerasfeed.sources.item_random:item_rng",
     "Cache": "kerasfeed.cache.options:Cache",
     # Orbax: the data position in the same checkpoint as the model (kerasfeed.orbax: custom loops).
     "OrbaxCheckpoint": "kerasfeed.integrations.orbax_callback:OrbaxCheckpoint",

@@ -11,8 +11,8 @@ import kerasfeed
 from kerasfeed.cache.store import ItemStore
 from kerasfeed.execution.cache_front import CacheFront
 from kerasfeed.execution.cached_items import ItemCache
-from kerasfeed.execution.item_random import ItemSeeds
 from kerasfeed.execution.threads import ThreadExecutor
+from kerasfeed.sources.item_random import ItemSeeds
 
 N = 8
 

@@ -3,7 +3,7 @@
 On worker processes of a seeded pipeline the global ``random``/``numpy.random``
 are reseeded before each item; ``kerasfeed.item_rng()`` gives the item's own
 generator on every executor (NOTE [ Random augmentation is a function of
-(seed, pass, index) ] in ``kerasfeed/execution/item_random.py``).
+(seed, pass, index) ] in ``kerasfeed/sources/item_random.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 
 import kerasfeed
 from kerasfeed import ProcessExecutor
-from kerasfeed.execution.item_random import ItemSeeds, item_scope
 from kerasfeed.execution.threads import ThreadExecutor
+from kerasfeed.sources.item_random import ItemSeeds, item_scope
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -116,6 +116,54 @@ def test_outside_an_item_item_rng_raises():
     assert inside == ItemSeeds(SEED).generator(1, 3).random()
     with pytest.raises(RuntimeError, match="no item is being made"):
         kerasfeed.item_rng()  # the scope ended
+
+
+class Jittered(kerasfeed.SceneSequence):
+    """``load`` + ``augment`` drawing from ``item_rng()``, as docs/cache.md splits an item; records what it made."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.made = {}
+
+    def __len__(self):
+        return 3
+
+    def load(self, i):
+        return np.full((2, 3), i, np.float32), np.zeros((2, 1), np.float32)
+
+    def augment(self, item):
+        x, y = item
+        return x + kerasfeed.item_rng().normal(size=x.shape).astype(np.float32), y
+
+    def __getitem__(self, i):  # an override calling super(): the item is still the pass's
+        x, y = super().__getitem__(i)
+        self.made[(self.epoch, i)] = x
+        return x, y
+
+
+def test_keras_own_fit_of_a_scene_sequence_draws_what_to_loader_with_its_item_seed_draws():
+    """``item_rng()`` in ``augment`` raised under ``model.fit(seq)`` (no kerasfeed item there), so the split
+    docs/cache.md shows trained only through kerasfeed."""
+    import keras
+
+    for item_seed in (None, 5):
+        seq = Jittered(workers=2)
+        if item_seed is not None:
+            seq.item_seed = item_seed
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        model.fit(seq, epochs=3, verbose=0)
+        assert sorted(seq.made) == [(e, i) for e in range(3) for i in range(3)]
+        with kerasfeed.to_loader(Jittered(), seed=item_seed or 0) as loader:
+            for epoch in range(3):
+                for i, (x, _) in enumerate(loader):
+                    np.testing.assert_array_equal(seq.made[(epoch, i)], x)
+        assert not np.array_equal(seq.made[(0, 1)], seq.made[(1, 1)])  # fresh each pass
+    assert np.array_equal(Jittered()[2][0], Jittered()[2][0])  # seq[i] alone: pass 0, item_seed 0
+    bad = Jittered()
+    bad.item_seed = "7"
+    with pytest.raises(TypeError, match=r"Jittered.item_seed must be an int >= 0 .*Received: item_seed='7'"):
+        bad[0]
 
 
 def test_without_a_seed_item_rng_holds_within_a_pool_and_globals_are_per_worker():

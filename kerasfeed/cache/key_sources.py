@@ -10,9 +10,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-# Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change items.
+# Keras' PyDataset settings, kerasfeed's epoch bookkeeping and the seed of items made outside kerasfeed: they do
+# not change what kerasfeed stores.
 _SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch",
-                      "cache_ignores"})
+                      "cache_ignores", "item_seed"})
 SEQUENCE_MAX = 10_000
 NESTED_DEPTH = 4  # levels of lists, tuples, sets, dicts and dataclasses an attribute's value is read through
 _PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths

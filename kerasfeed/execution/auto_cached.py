@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from kerasfeed.execution.cached_items import ItemCache, read_only, run_augment, run_stage
-from kerasfeed.execution.item_random import item_scope
 from kerasfeed.sources.base import source_length
+from kerasfeed.sources.item_random import item_scope
 
 
 class _Stored:

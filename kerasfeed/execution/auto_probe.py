@@ -19,8 +19,8 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import ItemError
-from kerasfeed.execution.item_random import item_scope
 from kerasfeed.sources.base import source_length, source_name
+from kerasfeed.sources.item_random import item_scope
 
 PROBE_BUDGET_S = 2.0  # skip the concurrent probe when calls are slower than this allows
 CONCURRENT_S = 0.02  # each thread of the concurrent probe runs about this long (fast calls are repeated)

@@ -35,12 +35,12 @@ import numpy as np
 from kerasfeed.cache.key_sources import ignored
 from kerasfeed.cache.store import EVER, FIRST_OFFSET, index_chunks
 from kerasfeed.errors import ItemError
-from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.cached_items import ItemCache, run_augment
 from kerasfeed.execution.retries import Attempts
 from kerasfeed.execution.source_changes import SourceChanges
 from kerasfeed.execution.state_sync import fingerprints_once
+from kerasfeed.sources import item_random
 from kerasfeed.sources.base import source_name
 
 # Passes whose cut stays known (loads of older passes go to the executor).

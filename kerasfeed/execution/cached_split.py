@@ -21,8 +21,8 @@ import numpy as np
 
 from kerasfeed import _nest
 from kerasfeed.cache.key_sources import defining_class
-from kerasfeed.execution import item_random
 from kerasfeed.execution.cached_items import read_only, run_augment, run_stage
+from kerasfeed.sources import item_random
 
 logger = logging.getLogger("kerasfeed")
 

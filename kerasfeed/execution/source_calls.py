@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kerasfeed.execution import item_random
+from kerasfeed.sources import item_random
 from kerasfeed.sources.base import set_epoch
 
 

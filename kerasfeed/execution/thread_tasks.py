@@ -16,9 +16,9 @@ import numpy as np
 
 from kerasfeed import _nest
 from kerasfeed.errors import ItemError
-from kerasfeed.execution import item_random
 from kerasfeed.execution.fpenv import set_default_fp_env
 from kerasfeed.execution.interpreter_races import get_item
+from kerasfeed.sources import item_random
 
 
 def _nbytes(item: Any) -> int:

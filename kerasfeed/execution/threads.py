@@ -11,13 +11,13 @@ from typing import Any, Optional, Sequence
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, ItemTimeout, WorkerError
-from kerasfeed.execution import item_random
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import PassPlan, rest_of_pass
 from kerasfeed.execution.retries import Attempts, RetryCounts
 from kerasfeed.execution.thread_tasks import Runner, Task, run_aside_thread, stop_threads, thread_loop
 from kerasfeed.execution.waits import WaitScope
+from kerasfeed.sources import item_random
 from kerasfeed.sources.base import source_name
 
 # Latency-bound sources (network stores, sleeps) need many calls in flight; tf.data's default

@@ -12,7 +12,6 @@ from typing import Any, Callable, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, WorkerError
-from kerasfeed.execution.item_random import item_scope
 from kerasfeed.execution.processes.process import NO_RESTART
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
@@ -20,6 +19,7 @@ from kerasfeed.exporting.spec import ExportSpec
 from kerasfeed.exporting.writer import Progress, ShardTask
 from kerasfeed.loading.pipeline import probe_indices
 from kerasfeed.sources.base import set_epoch, source_length, source_name
+from kerasfeed.sources.item_random import item_scope
 
 _EXECUTORS = ("threads", "processes", "auto")
 

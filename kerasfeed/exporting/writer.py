@@ -21,11 +21,11 @@ from typing import Any, Optional
 
 from kerasfeed.errors import ItemError, SignatureError
 from kerasfeed.execution.interpreter_races import get_item
-from kerasfeed.execution.item_random import ItemSeeds, item_scope
 from kerasfeed.exporting import encoding
 from kerasfeed.exporting.manifest import PROGRESS, TMP, ExportError, shard_name
 from kerasfeed.exporting.spec import ExportSpec
 from kerasfeed.sources.base import set_epoch
+from kerasfeed.sources.item_random import ItemSeeds, item_scope
 
 _WBITS = {"GZIP": 31, "ZLIB": 15}  # what TFRecordDataset's compression_type expects
 

@@ -18,7 +18,6 @@ from kerasfeed.execution.cache_front import CacheFront
 from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.cached_split import check_split
 from kerasfeed.execution.factory import make_executor
-from kerasfeed.execution.item_random import ItemSeeds
 from kerasfeed.loading.arguments import Passes, resolve_passes
 from kerasfeed.loading.endless import EndlessPipeline, check_endless_arguments
 from kerasfeed.loading.host_batches import EqualItemBatches, equal_probed_batches
@@ -29,6 +28,7 @@ from kerasfeed.loading.shards import ShardPlan, order_shards, shard_probe_indice
 from kerasfeed.loading.skips import SkipBudget, logger, skippable
 from kerasfeed.sampling.views import pass_view
 from kerasfeed.sources.base import check_shardable
+from kerasfeed.sources.item_random import ItemSeeds
 
 # The length an endless source counts as when shards are resolved: items for any number of workers.
 ENDLESS = 2**62

@@ -246,7 +246,7 @@ def _probe_load(source: Any, n: int, calls: int = 3) -> Any:
 
     from kerasfeed.execution.auto_probe import copy_time, item_arrays
     from kerasfeed.execution.cached_items import run_stage
-    from kerasfeed.execution.item_random import item_scope
+    from kerasfeed.sources.item_random import item_scope
 
     name, walls = stage_of(source), []
     try:

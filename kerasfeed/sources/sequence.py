@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
+import types
 from typing import Any
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
 from kerasfeed._keras_fit import find_fit, report
-from kerasfeed.sources import stage
+from kerasfeed.sources import item_random, stage
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     # Inside a kerasfeed worker process: avoid importing Keras (and with it
@@ -18,6 +20,36 @@ if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
     from kerasfeed.sources._light_pydataset import PyDataset as _PyDataset
 else:
     from keras.utils import PyDataset as _PyDataset
+
+
+def _as_item(fn):
+    """``fn``, a ``__getitem__``, marked as an item where nothing else marked one: Keras' own ``fit(seq)``
+    (its threads or processes) or ``seq[i]``. Item ``index`` of the pass ``epoch``, seeded by ``item_seed``,
+    so that ``kerasfeed.item_rng()`` draws there what ``to_loader(seq, seed=item_seed)`` draws (NOTE [ Random
+    augmentation is a function of (seed, pass, index) ]). Under kerasfeed the executor marked it already."""
+
+    @functools.wraps(fn)
+    def __getitem__(self, index):
+        if item_random.making_item():
+            return fn(self, index)
+        try:
+            i = operator.index(index)
+        except TypeError:  # a slice, a key: not one item
+            return fn(self, index)
+        seed = getattr(self, "item_seed", 0)
+        if i < 0 or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+                return fn(self, index)  # seq[-1]: no item of its own; item_rng() says so
+            raise TypeError(f"{type(self).__name__}.item_seed must be an int >= 0 (the seed of kerasfeed.item_rng() "
+                            f"in items made outside kerasfeed). Received: item_seed={seed!r}")
+        previous = item_random.enter(item_random.ItemSeeds(seed), getattr(self, "_kf_epoch", 0), i)
+        try:
+            return fn(self, index)
+        finally:
+            item_random.leave(previous)
+
+    __getitem__._kf_item = True
+    return __getitem__
 
 
 class SceneSequence(_PyDataset):
@@ -43,7 +75,10 @@ class SceneSequence(_PyDataset):
     ``cache=``, ``epoch`` and ``item_rng()`` raise (their values would be
     stored and repeat every pass); attributes that change between passes but
     that ``load`` does not read are named in a class attribute
-    ``cache_ignores = ("name", ...)``.
+    ``cache_ignores = ("name", ...)``. Where Keras calls ``__getitem__``
+    itself (``model.fit(seq)``, on its threads or processes) or you call
+    ``seq[i]``, ``item_rng()`` draws as ``to_loader(seq, seed=item_seed)``
+    does, for the pass ``epoch``: ``item_seed`` is 0 unless set.
 
     Args:
         workers: Keras' thread or process count for ``model.fit(seq)``.
@@ -94,6 +129,9 @@ class SceneSequence(_PyDataset):
             raise refused
         return getattr(self, "_kf_epoch", 0)
 
+    # The seed of ``kerasfeed.item_rng()`` in items made outside kerasfeed (Keras' own ``fit(seq)``, ``seq[i]``).
+    item_seed: int = 0
+
     def __getitem__(self, index: int) -> Any:
         """Batch ``index``: ``augment(load(index))`` when the class defines
         ``load`` (``augment`` optional); otherwise a subclass implements it."""
@@ -102,6 +140,8 @@ class SceneSequence(_PyDataset):
             raise NotImplementedError(f"{type(self).__name__} must implement `__getitem__` (or `load`)")
         augment = getattr(self, "augment", None)
         return load(index) if augment is None else augment(load(index))
+
+    __getitem__ = _as_item(__getitem__)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the pass number (an int >= 0); called by kerasfeed before items of a pass."""
@@ -122,6 +162,9 @@ class SceneSequence(_PyDataset):
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "_kf_keeps_epoch", False):
                 setattr(cls, name, _with_bookkeeping(fn, book, before=name == "on_epoch_begin"))
+        getitem = cls.__dict__.get("__getitem__")
+        if isinstance(getitem, types.FunctionType) and not getattr(getitem, "_kf_item", False):
+            cls.__getitem__ = _as_item(getitem)
 
 
 def _begin_pass(seq) -> None:

@@ -117,7 +117,7 @@ class Dispatcher:
             "worker_id": worker_id,
             "num_workers": options.workers,
             "seed": options.seed + worker_id,
-            "base_seed": options.seed,  # the items' (execution/item_random.py)
+            "base_seed": options.seed,  # the items' (sources/item_random.py)
             "seed_given": bool(options.seed_given),
             "nice": options.worker_nice,
             "sys_path": self._sys_path,

@@ -96,7 +96,7 @@ class PoolOptions:
             reseed ``random`` and ``numpy.random`` before each item from
             (seed, pass, index), and ``kerasfeed.item_rng()`` is seeded from
             the same three (NOTE [ Random augmentation is a function of (seed,
-            pass, index) ] in ``execution/item_random.py``). None draws one
+            pass, index) ] in ``sources/item_random.py``). None draws one
             from the OS (see ``resolved``) for ``item_rng()``, and worker
             ``k`` seeds the globals once with ``seed + k``.
         in_flight_per_worker: items requested from one worker at a time (one

@@ -42,7 +42,7 @@ class Init(NamedTuple):
 class Load(NamedTuple):
     """Parent -> worker: write ``source[index]`` (after ``set_epoch(epoch)``) into ``slot``; answered
     by ``ItemDone`` or ``ItemFailed`` with the same ``request_id``. ``epoch`` (the pass) and ``index``
-    also seed the item's random numbers (``execution/item_random.py``)."""
+    also seed the item's random numbers (``sources/item_random.py``)."""
 
     request_id: int
     index: int

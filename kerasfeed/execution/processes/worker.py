@@ -32,13 +32,14 @@ import numpy as np  # noqa: E402
 
 from kerasfeed import _handoff  # noqa: E402
 from kerasfeed.errors import ItemError  # noqa: E402
-from kerasfeed.execution import item_random, worker_info  # noqa: E402
+from kerasfeed.execution import worker_info  # noqa: E402
 from kerasfeed.execution.cached_items import ItemCache  # noqa: E402
 from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.processes.worker_threads import ThreadedLoads, worker_threads  # noqa: E402
 from kerasfeed.execution.source_calls import call_source  # noqa: E402
 from kerasfeed.execution.state_sync import apply_state  # noqa: E402
+from kerasfeed.sources import item_random  # noqa: E402
 from kerasfeed.sources.base import GeneratorsSeen, close_quietly, keep_epoch, source_name  # noqa: E402
 
 _PARENT_POLL_S = 0.5

@@ -26,10 +26,11 @@ from typing import Any, Optional
 import numpy as np
 
 from kerasfeed.errors import ItemError
-from kerasfeed.execution import item_random, worker_info
+from kerasfeed.execution import worker_info
 from kerasfeed.execution.cached_items import ItemCache
 from kerasfeed.execution.source_calls import call_source
 from kerasfeed.execution.state_sync import apply_state
+from kerasfeed.sources import item_random
 from kerasfeed.sources.base import source_name
 
 

@@ -110,7 +110,7 @@ class ActorPool:
         payload: ``dumps_for_workers(source, worker_init)``.
         options: the executor's ``RayOptions``.
         workers: how many lanes.
-        base_seed, seed_given: the items' seeds (``execution/item_random.py``).
+        base_seed, seed_given: the items' seeds (``sources/item_random.py``).
         name: the source's name, for messages.
         counts: the executor's ``RetryCounts``.
         cache: with cache=, what the actors' item calls run (``ItemCache.described()``), else None.

@@ -10,7 +10,11 @@ threads or processes, and in a run resumed mid-pass. Two things give that
 - ``item_rng()``, the calling thread's item's generator. Executors mark every
   ``source[i]`` call they make (``enter``/``leave``: pool and aside threads,
   inline loads in the main thread, worker processes), as do the probe calls of
-  ``executor="auto"`` and ``export`` (``item_scope``); outside one it raises.
+  ``executor="auto"`` and ``export`` (``item_scope``); outside one it raises,
+  except in a ``SceneSequence``'s ``__getitem__``, which marks its own call
+  where nothing else did (Keras' own ``fit(seq)``, ``seq[i]``): item ``i`` of
+  its pass ``epoch``, seeded by its ``item_seed`` (0 unless set), so that
+  ``fit(seq)`` makes the items ``to_loader(seq, seed=item_seed)`` makes.
 - Worker processes of a seeded pipeline reseed the global ``random`` and
   ``numpy.random`` before each item (``ItemSeeds.seed_globals``); threads
   share the globals, so nothing reseeds them on the threads executor.
@@ -136,6 +140,11 @@ def leave(previous: Optional[_Item]) -> None:
     _CURRENT.item = previous
 
 
+def making_item() -> bool:
+    """Whether this thread is making an item (``enter`` without its ``leave`` yet)."""
+    return _CURRENT.item is not None
+
+
 @functools.lru_cache(maxsize=None)
 def probe_seeds() -> ItemSeeds:
     """Seeds drawn once per process, for item calls made before a pipeline's
@@ -165,18 +174,21 @@ def item_rng() -> np.random.Generator:
     on). The ``seed`` is the one given to ``to_dataset``/``to_loader``/
     ``ProcessExecutor``/``ThreadExecutor``; without one, the executor draws a
     seed from the OS once, so the draws differ between runs; ``export`` draws
-    one per export. Worker processes of a seeded pipeline also reseed the
+    one per export. A ``SceneSequence`` item made outside kerasfeed (Keras'
+    own ``model.fit(seq)``, ``seq[i]``) draws as with ``seed=seq.item_seed``
+    (0 unless set) and its pass ``seq.epoch``. Worker processes of a seeded pipeline also reseed the
     global ``random`` and ``numpy.random`` before each item; threads share
     them, so on the threads executor only ``item_rng()`` is exact. The exact
     formula: NOTE [ Random augmentation is a function of (seed, pass, index) ]
-    in ``kerasfeed/execution/item_random.py``.
+    in ``kerasfeed/sources/item_random.py``.
 
     Returns:
         The item's ``numpy.random.Generator``.
 
     Raises:
         RuntimeError: called while no item is being made on this thread
-            (outside ``__getitem__``, or on a thread the source started).
+            (outside ``__getitem__``, or on a thread the source started; a
+            source other than a ``SceneSequence`` called outside kerasfeed).
 
     Example:
 
@@ -204,4 +216,4 @@ def item_rng() -> np.random.Generator:
     return rng
 
 
-__all__ = ["ItemSeeds", "enter", "item_rng", "item_scope", "leave", "probe_seeds"]
+__all__ = ["ItemSeeds", "enter", "item_rng", "item_scope", "leave", "making_item", "probe_seeds"]
