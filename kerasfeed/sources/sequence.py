@@ -36,12 +36,9 @@ def _as_item(fn):
             i = operator.index(index)
         except TypeError:  # a slice, a key: not one item
             return fn(self, index)
-        seed = getattr(self, "item_seed", 0)
-        if i < 0 or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
-                return fn(self, index)  # seq[-1]: no item of its own; item_rng() says so
-            raise TypeError(f"{type(self).__name__}.item_seed must be an int >= 0 (the seed of kerasfeed.item_rng() "
-                            f"in items made outside kerasfeed). Received: item_seed={seed!r}")
+        seed = _item_seed(self)
+        if i < 0:
+            return fn(self, index)  # seq[-1]: no item of its own (item_rng() says so)
         previous = item_random.enter(item_random.ItemSeeds(seed), getattr(self, "_kf_epoch", 0), i)
         try:
             return fn(self, index)
@@ -50,6 +47,18 @@ def _as_item(fn):
 
     __getitem__._kf_item = True
     return __getitem__
+
+
+def _item_seed(seq) -> int:
+    seed = getattr(seq, "item_seed", 0)
+    try:
+        value = None if isinstance(seed, bool) else operator.index(seed)
+    except TypeError:
+        value = None
+    if value is None or value < 0:
+        raise TypeError(f"{type(seq).__name__}.item_seed must be an int >= 0 (the seed of kerasfeed.item_rng() in "
+                        f"items made outside kerasfeed). Received: item_seed={seed!r}")
+    return value
 
 
 class SceneSequence(_PyDataset):
