@@ -57,7 +57,9 @@ class ArrayRecordFile:
 
 def _stamp(path: str) -> Optional[tuple]:
     """What tells a file from another put in its place, as an export puts its shards (a rename): ``(device,
-    inode)``; None: no file. A file changed in place keeps it: Riegeli's checks find what changed."""
+    inode)``; None: no file. Not alone: a replaced shard's inode is free again and the next file written often
+    gets it (seen in CI), hence the manifest's entry as well (``ExportSource._entry_now``). A file changed in
+    place keeps both: Riegeli's checks find what changed, and the error says so."""
     try:
         st = os.stat(path)
     except OSError:
@@ -112,6 +114,7 @@ class ExportSource:
         # Each shard file as it is now: one replaced later (an export again into the directory) is refused
         # when first opened, rather than mixed with the shards already open (which read the old files).
         self._stamps = [_stamp(f) for f in self.files]
+        self._entries = manifest["shards"]  # with each file's crc32c: an export again writes its own
         self._readers: Optional[tuple] = None  # (pid, {shard: reader}): readers are thread-safe
         self._lock = threading.Lock()
 
@@ -146,7 +149,7 @@ class ExportSource:
             readers = self._readers[1]
             reader = readers.get(k)
             if reader is None:
-                if _stamp(self.files[k]) != self._stamps[k]:
+                if _stamp(self.files[k]) != self._stamps[k] or self._entry_now(k) != self._entries[k]:
                     raise ExportError(
                         f"Shard file '{self.files[k]}' was replaced after this ExportSource was made (exported "
                         "again into its directory?): its items would mix with the old files' of the shards already "
@@ -154,6 +157,13 @@ class ExportSource:
                     )
                 reader = readers[k] = _module().ArrayRecordReader(self.files[k], _READ_OPTIONS)
             return reader
+
+    def _entry_now(self, k: int) -> Any:
+        """Shard ``k``'s manifest entry as the directory holds it now (None: no finished manifest)."""
+        try:
+            return read_manifest(self.directory, need_complete=False)[1]["shards"][k]
+        except (ExportError, IndexError):
+            return None
 
     def close(self) -> None:
         readers, self._readers = self._readers, None
