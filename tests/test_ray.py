@@ -44,12 +44,20 @@ def _count_init():
     _INITS += 1
 
 
+_SHIFT = 0.0  # changed by Mixed.on_epoch_end: a module global the actors must see change
+
+
 class Mixed:
-    """Dict items drawn with ``item_rng``; ``on_epoch_end`` changes what later passes make."""
+    """Dict items drawn with ``item_rng``; ``on_epoch_end`` changes what later passes make: an attribute, a
+    class attribute and a module global (NOTE [ State outside the instance ])."""
+
+    bias = 0.0
 
     def __init__(self, n: int = 24):
+        global _SHIFT
         self.n = n
         self.offset = 0.0
+        type(self).bias, _SHIFT = 0.0, 0.0  # the import-time values, which the actors start from
 
     def __len__(self):
         return self.n
@@ -58,10 +66,14 @@ class Mixed:
         info = kerasfeed.get_worker_info()
         noise = kerasfeed.item_rng().normal(size=3).astype(np.float32)
         tag = np.array([info.num_workers if info else -1, _INITS], np.int64)
-        return {"x": np.full(3, i + self.offset, np.float32) + noise, "tag": tag}, np.int64(i)
+        x = np.full(3, i + self.offset + type(self).bias + _SHIFT, np.float32) + noise
+        return {"x": x, "tag": tag}, np.int64(i)
 
     def on_epoch_end(self):
+        global _SHIFT
         self.offset += 100.0
+        type(self).bias += 1000.0
+        _SHIFT += 10000.0
 
 
 class StandIns:
@@ -210,7 +222,7 @@ def test_a_shuffled_pass_equals_the_processes_executors_batch_for_batch(ray_clus
     _same(got, want)
     assert {int(t) for b in got for t in b[0]["tag"][:, 1]} == {1}  # worker_init ran once per actor
     assert {int(t) for b in got for t in b[0]["tag"][:, 0]} == {2}  # get_worker_info() in the actors
-    assert float(got[6][0]["x"].min()) > 50  # on_epoch_end's change reached the actors for pass 1
+    assert 11_090 < float(got[6][0]["x"].min()) < 11_130  # on_epoch_end's 3 changes reached the actors for pass 1
     stats = ex.stats()
     nodes = {w["node_id"] for w in stats["per_worker"]}
     assert len(nodes) == 2 and stats["items"] >= 48 and stats["state"]["syncs"] == 1

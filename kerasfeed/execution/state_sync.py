@@ -19,7 +19,9 @@ changed by the hooks, with worker processes*. Beyond that page:
   before ``on_epoch_begin`` when the source overrides them (one fingerprint a
   pass otherwise);
 - ``SceneSequence``'s epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``) is
-  not a change: every process sets it itself.
+  not a change: every process sets it itself;
+- class attributes and module globals the source's code reads travel the same
+  way, keyed by tuples (NOTE [ State outside the instance ], outside_state.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from kerasfeed.errors import FileChangedError, short_repr
+from kerasfeed.execution import outside_state
 
 _OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})  # bookkeeping every process keeps for itself
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
@@ -164,6 +167,8 @@ class StateTracker:
         self.mode = "keys" if standard and isinstance(self._state(), dict) else "whole"
         if self.mode == "keys" and getattr(cls, "__setstate__", None) is not None:
             self.mode = "setstate"
+        self._outside = outside_state.OutsideState(source)
+        self._outside_sent: set = set()  # keys of outside values sent since the start (``outside_since_start``)
         self._custom_set_epoch = _overrides(source, "set_epoch")
         self._custom_begin = _overrides(source, "on_epoch_begin")
         self._synced = self.fingerprints()
@@ -177,10 +182,11 @@ class StateTracker:
         return getstate() if getstate is not None else dict(self.source.__dict__)
 
     def fingerprints(self) -> dict:
-        """``{attribute: fingerprint}`` of the source now."""
+        """``{attribute: fingerprint}`` of the source now, and of what its code reads outside it (tuple keys)."""
+        outside = self._outside.fingerprints(self._outside.now())
         if self.mode == "whole":
-            return {_WHOLE: fingerprint(self.source)}
-        return {k: fingerprint(v) for k, v in self._state().items()}
+            return {_WHOLE: fingerprint(self.source), **outside}
+        return {**{k: fingerprint(v) for k, v in self._state().items()}, **outside}
 
     def before_hook(self, name: str) -> None:
         """Called just before the consumer runs hook ``name`` of a pass."""
@@ -227,12 +233,41 @@ class StateTracker:
         send = self._differ(post, self._synced) | set_epoch_keys
         payload = self._payload(post, send)
         self._synced = post
+        if payload is None:  # only values that cannot be pickled changed: the workers keep theirs (warned)
+            return None, True
         self.syncs += 1
         self.sent_bytes += len(payload)
         return payload, False
 
-    def _payload(self, post: dict, send: set) -> bytes:
-        from kerasfeed.execution.pickling import WORKERS, dumps, find_unpicklable
+    def _payload(self, post: dict, send: set) -> Optional[bytes]:
+        from kerasfeed.execution.pickling import WORKERS, dumps
+
+        outside = {k for k in send if isinstance(k, tuple)}
+        context = None
+        if outside:
+            values = {k: post[k].value for k in outside if k in post}
+            changed = outside_state.picklable_changes(values, type(self.source).__name__, WORKERS[self.executor])
+            removed = sorted(k for k in outside if k not in post)
+            context = (changed, removed) if changed or removed else None
+            self._outside_sent |= set(changed) | set(removed)
+        instance = self._instance_change(post, send - outside) if send - outside else None
+        if instance is None and context is None:
+            return None
+        return dumps((instance, context))  # h5py handles as references, as the source itself travels (h5_handles.py)
+
+    def outside_since_start(self) -> bytes:
+        """A change that sets every outside value sent since the start as it is now: what a worker started
+        from the source pickled anew (a rebase) needs, since a class in a module file comes back with the
+        module's import-time values. Values never sent stay the worker's own (what its worker_init set)."""
+        from kerasfeed.execution.pickling import dumps
+
+        now = self._outside.now()
+        changed = {k: now[k] for k in self._outside_sent if k in now}
+        removed = sorted(k for k in self._outside_sent if k not in now)
+        return dumps((None, (changed, removed) if changed or removed else None))
+
+    def _instance_change(self, post: dict, send: set) -> tuple:
+        from kerasfeed.execution.pickling import WORKERS, find_unpicklable
 
         for key in sorted(send, key=str):
             fp = post.get(key)
@@ -257,13 +292,11 @@ class StateTracker:
                     f"Received: {path}={short_repr(value, 120)}"
                 )
         if self.mode == "whole":
-            change: tuple = ("whole", self.source)
-        elif self.mode == "setstate":
-            change = ("setstate", self._state())
-        else:
-            state = self._state()
-            change = ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
-        return dumps(change)  # h5py handles as references, as the source itself travels (h5_handles.py)
+            return ("whole", self.source)
+        if self.mode == "setstate":
+            return ("setstate", self._state())
+        state = self._state()
+        return ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
 
 
 _MISSING = _Same(object())
@@ -273,7 +306,15 @@ def apply_state(source: Any, payload: bytes, loads: Any = pickle.loads) -> Any:
     """Worker side: applies ``StateTracker.check``'s change; returns the source to use (new unless keys changed).
     ``loads``: the unpickler (worker processes: ``light_modules.loads``, as for the source itself, so that a
     source sent whole, its class by value, does not import the real Keras and its backend at the first change)."""
-    change = loads(payload)
+    change, context = loads(payload)
+    if change is not None:
+        source = _apply_instance(source, change)
+    if context is not None:
+        outside_state.apply(source, *context)
+    return source
+
+
+def _apply_instance(source: Any, change: tuple) -> Any:
     kind = change[0]
     if kind == "keys":
         _, changed, removed = change

@@ -238,7 +238,8 @@ class ProcessExecutor(Executor):
         d.start_plan(epoch, indices, next_pass, state=state)
         if state is not None and d.replacements.wants_rebase():
             # The source is what the workers hold here: a successor's new start (NOTE [ Replacing a worker ]).
-            d.replacements.rebase(_pickled_for(d, dumps_for_workers, self._source, self.options.worker_init), epoch)
+            d.replacements.rebase(_pickled_for(d, dumps_for_workers, self._source, self.options.worker_init), epoch,
+                                  self._state.outside_since_start())
 
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))

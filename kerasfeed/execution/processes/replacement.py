@@ -64,7 +64,7 @@ logger = logging.getLogger("kerasfeed")
 
 REBASE_MIN_BYTES = 2**20  # kept states past this and the payload: pickled anew (the NOTE)
 # A successor's state after a rebased payload: no change, only the pass (whose set_epoch the payload holds).
-_NO_CHANGE = cloudpickle.dumps(("keys", {}, []), protocol=5)
+_NO_CHANGE = cloudpickle.dumps((None, None), protocol=5)  # state_sync.apply_state: (instance change, outside change)
 
 
 class Replacements:
@@ -115,10 +115,11 @@ class Replacements:
         """The kept states outweigh the payload: time for ``rebase``."""
         return self.enabled and self._state_bytes > max(len(self._payload), REBASE_MIN_BYTES)
 
-    def rebase(self, payload: bytes, epoch: int) -> None:
-        """``payload``: the source pickled right after pass ``epoch``'s state was sent."""
+    def rebase(self, payload: bytes, epoch: int, outside: bytes = _NO_CHANGE) -> None:
+        """``payload``: the source pickled right after pass ``epoch``'s state was sent; ``outside``: the class
+        attributes and module globals changed since the start (``StateTracker.outside_since_start``)."""
         with self.state_lock:
-            self._payload, self._states, self._state_bytes = payload, [(epoch, _NO_CHANGE)], 0
+            self._payload, self._states, self._state_bytes = payload, [(epoch, outside)], 0
 
     # ------------------------------------------------------------ recycling
     def retire(self, lane: WorkerLane, why: str) -> None:

@@ -266,7 +266,8 @@ class RayExecutor(LoadsMixin, Executor):
                 self._window.drop_all(pool)
                 pool.broadcast(epoch, payload)
                 if pool.states_bytes > max(pool.payload_bytes, _REBASE_BYTES):
-                    pool.rebase(dumps_for_workers(self._source, self._options.worker_init, "ray"))
+                    pool.rebase(dumps_for_workers(self._source, self._options.worker_init, "ray"),
+                                self._state.outside_since_start())
             self._window.start(epoch, indices, next_pass, pool)
             self._window.fill(pool)
 

@@ -344,11 +344,13 @@ class ActorPool:
             if lane.actor is not None:
                 lane.actor.set_state.remote(epoch, arg)
 
-    def rebase(self, payload: bytes) -> None:
-        """The source as it is now replaces the first payload and the changes since (for replacements)."""
+    def rebase(self, payload: bytes, outside: bytes) -> None:
+        """The source as it is now replaces the first payload and the changes since (for replacements);
+        ``outside``: the class attributes and module globals changed since the start, which the source's
+        pickle does not carry for a class in a module file (``StateTracker.outside_since_start``)."""
         self.payload_ref = self.ray.put(payload)
         self.payload_bytes = len(payload)
-        self.states, self.states_bytes = [], 0
+        self.states, self.states_bytes = [outside], 0
 
     # ------------------------------------------------------------ info
     def up(self) -> int:

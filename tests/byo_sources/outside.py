@@ -1,0 +1,57 @@
+"""State that ``__getitem__`` reads outside the instance, changed by ``on_epoch_end``: a class attribute, a
+module global read through a helper function, and a module-level dict rebound (not changed in place)."""
+
+import threading
+
+import keras
+import numpy as np
+
+STRENGTH = 0
+CONFIG = {"scale": 1}
+LOCK = None  # rebound in on_epoch_end to what cannot be pickled: the workers keep theirs
+
+
+def _strength():
+    return STRENGTH
+
+
+class Leveled(keras.utils.Sequence):
+    level = 0
+
+    def __init__(self, n=4, lock=False, **kwargs):
+        super().__init__(**kwargs)
+        global STRENGTH, CONFIG, LOCK
+        type(self).level, STRENGTH, CONFIG, LOCK = 0, 0, {"scale": 1}, None  # import-time values again
+        self.n, self.lock = n, lock
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.array([i, type(self).level, _strength(), CONFIG["scale"], LOCK is None])
+
+    def on_epoch_end(self):
+        global STRENGTH, CONFIG, LOCK
+        type(self).level += 1
+        STRENGTH += 10
+        CONFIG = {"scale": CONFIG["scale"] * 2}
+        if self.lock:
+            LOCK = threading.Lock()
+
+
+class LeveledTable(Leveled):
+    """Also rewrites a 1.2 MB table every pass: the states a pool keeps for successors outgrow the payload,
+    so it pickles the source anew (a rebase), which does not carry the class attribute and the globals."""
+
+    def __init__(self, n=4):
+        super().__init__(n)
+        self.table = np.zeros(150_000, np.int64)
+
+    def __getitem__(self, i):
+        import os
+
+        return np.concatenate([super().__getitem__(i), [int(self.table[-1]), os.getpid()]])
+
+    def on_epoch_end(self):
+        super().on_epoch_end()
+        self.table = np.full(150_000, type(self).level, np.int64)

@@ -1,0 +1,132 @@
+"""Class attributes and module globals that ``on_epoch_end`` changes reach worker processes (NOTE [ State
+outside the instance ], kerasfeed/execution/outside_state.py), as Keras' own ``use_multiprocessing`` (a pool
+forked again every epoch) and threads see them."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+from _util import wait_until
+
+import kerasfeed
+from kerasfeed import ProcessExecutor
+from kerasfeed.execution.processes import replacement
+
+TESTS = pathlib.Path(__file__).resolve().parent.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))  # byo_sources: real module files the workers import
+
+from byo_sources import outside  # noqa: E402
+
+
+def _passes(source, executor, passes=3, **kwargs):
+    with kerasfeed.to_loader(source, executor=executor, **kwargs) as loader:
+        got = [[b.tolist() for b in loader] for _ in range(passes)]
+        stats = kerasfeed.executor_of(loader).stats() if executor != "threads" else None
+    return got, stats
+
+
+def test_class_attributes_and_module_globals_changed_by_the_hooks_reach_the_workers():
+    want, _ = _passes(outside.Leveled(), "threads")
+    assert [p[0][1:4] for p in want] == [[0, 0, 1], [1, 10, 2], [2, 20, 4]]
+    got, stats = _passes(outside.Leveled(), "processes", workers=2)
+    assert got == want
+    assert stats["state"]["syncs"] == 2  # one per boundary where something changed
+    ds = kerasfeed.to_dataset(outside.Leveled(), executor="processes", workers=2)
+    try:
+        assert [[b.tolist() for b in ds.as_numpy_iterator()] for _ in range(3)] == want
+    finally:
+        kerasfeed.executor_of(ds).close()
+
+
+n = 0  # a module global named like an attribute Still reads (self.n), which it never reads itself
+
+
+class Still(outside.Leveled):
+    def __len__(self):
+        return self.n
+
+    def on_epoch_end(self):
+        pass
+
+
+def test_nothing_is_sent_while_nothing_outside_changes():
+    global n
+    with kerasfeed.to_loader(Still(), executor="processes", workers=2) as loader:
+        got = []
+        for n in range(3):  # rebinds the module global n every pass
+            got.append([b.tolist() for b in loader])
+        stats = kerasfeed.executor_of(loader).stats()
+    assert got == [[[i, 0, 0, 1, 1] for i in range(4)]] * 3
+    assert stats["state"]["syncs"] == 0
+
+
+def test_a_changed_global_that_cannot_be_pickled_is_named_once_and_the_rest_still_reaches_the_workers():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, _ = _passes(outside.Leveled(lock=True), "processes", workers=2)
+    assert [p[0] for p in got] == [[0, 0, 0, 1, 1], [0, 1, 10, 2, 1], [0, 2, 20, 4, 1]]  # LOCK: the workers' None
+    named = [str(w.message) for w in caught if "module global byo_sources.outside.LOCK" in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in caught]
+    assert "read by Leveled's code, changed in this process but cannot be pickled (TypeError" in named[0]
+    assert named[0].endswith("Received: _thread.lock")
+
+
+def test_a_class_defined_in_main_gets_its_changes_too(tmp_path):
+    """A script's class travels by value (cloudpickle), its globals with it: the workers' copies change."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent('''
+        import numpy as np
+        import keras
+        import kerasfeed
+
+        STRENGTH = 0
+
+        class S(keras.utils.Sequence):
+            level = 0
+            def __len__(self):
+                return 2
+            def __getitem__(self, i):
+                return np.array([i, type(self).level, STRENGTH])
+            def on_epoch_end(self):
+                global STRENGTH
+                type(self).level += 1
+                STRENGTH += 10
+
+        if __name__ == "__main__":
+            with kerasfeed.to_loader(S(), executor="processes", workers=2) as ld:
+                print([[b.tolist() for b in ld] for _ in range(3)])
+    '''))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(
+        [[[0, 0, 0], [1, 0, 0]], [[0, 1, 10], [1, 1, 10]], [[0, 2, 20], [1, 2, 20]]]
+    )
+
+
+def test_a_worker_started_after_a_rebase_gets_what_changed_outside_the_instance():
+    """A successor (after a death) starts from the source pickled anew: a class in a module file comes back
+    with the module's import-time values unless the rebase carries what changed since the start."""
+    src = outside.LeveledTable(n=16)
+    ex = ProcessExecutor(src, workers=2, retries=1, seed=0)
+    try:
+        for epoch in range(4):
+            ex.plan(epoch, list(range(src.n)))
+            first = ex.load(0, epoch)
+            os.kill(int(first[6]), signal.SIGKILL)  # the worker that made it
+            assert wait_until(lambda: int(first[6]) not in ex.pids and len(ex.pids) == 2, timeout=20)
+            ex.wait_ready(20)
+            rows = [first.tolist()] + [ex.load(i, epoch).tolist() for i in range(1, src.n)]
+            assert [r[:6] for r in rows] == [[i, epoch, 10 * epoch, 2**epoch, 1, epoch] for i in range(src.n)]
+            src.on_epoch_end()
+        kept = ex._dispatcher.replacements._states
+        assert len(kept) < 4 and kept[0][1] != replacement._NO_CHANGE  # rebased, with the outside values
+    finally:
+        ex.close()
+
