@@ -160,8 +160,20 @@ class C(TfSequence):
     def __getitem__(self, i):
         return np.full(2, i + 20, np.float32), np.array(flags())
 
+import keras.ops as kops
+
+class D(keras.utils.Sequence):  # keras.ops (a submodule cloudpickle imports) and an alias, in a branch not taken
+    flip = False
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        x = np.full(2, i + 30, np.float32)
+        if self.flip:
+            x = keras.ops.convert_to_numpy(kops.flip(x))
+        return x, np.array(flags())
+
 out = {}
-for cls in (A, B, C):
+for cls in (A, B, C, D):
     with kerasfeed.to_loader(cls(), executor="processes", workers=2) as loader:
         made = list(loader)
     out[cls.__name__] = {"x": [b[0].tolist() for b in made], "flags": [b[1].tolist() for b in made]}
@@ -175,7 +187,7 @@ def test_keras_sequences_defined_in_main_run_without_a_framework(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
-    for name, offset in (("A", 0), ("B", 10), ("C", 20)):
+    for name, offset in (("A", 0), ("B", 10), ("C", 20), ("D", 30)):
         assert result[name]["x"] == [[i + offset] * 2 for i in range(3)]
         assert result[name]["flags"] == [NO_FRAMEWORK] * 3, name
     assert "loaded" not in out.stderr  # no framework-load warning

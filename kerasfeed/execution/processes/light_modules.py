@@ -34,7 +34,9 @@ framework function gets the real object for a direct argument
 (``LazyName.__call__`` unwraps them) but not one nested in a container.
 Importing another submodule while the stand-ins are in place (``import
 keras.layers`` at a module's top) loads the real framework: ``_Finder`` hands
-the import system the real module.
+the import system the real module. One a pickle names (a function of a class
+pickled by value that uses ``keras.ops``: cloudpickle imports it for its side
+effect) is a ``LazyName`` instead (``_import_module``).
 
 Every real framework import is timed (``_Finder`` wraps the loader of
 ``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
@@ -262,7 +264,17 @@ _finder = _Finder()
 def _import_module(name: str, package: Optional[str] = None) -> Any:
     # How pickles name a module: cloudpickle's ``subimport(name)``, and ``importlib.import_module``
     # (TensorFlow's lazy ``tf.keras`` reduces to it); with Keras' other names for the stand-ins.
-    return importlib.import_module(_ALIASES.get(name, name) if _installed else name, package)
+    if not _installed:
+        return importlib.import_module(name, package)
+    name = _ALIASES.get(name, name)
+    if package is None and name not in _installed and name.partition(".")[0] in _STAND_IN_TOPS:
+        # A submodule with no stand-in (``keras.ops``): cloudpickle names those a function uses by value,
+        # to import them for their side effect, or one a global binds (``import keras.ops as kops``).
+        # Importing it would load the framework now, for a ``__getitem__`` that may never use it: the
+        # real one on first use instead, as an attribute of the real top-level module.
+        parent, _, attr = name.rpartition(".")
+        return LazyName(parent, attr)
+    return importlib.import_module(name, package)
 
 
 _MODULE_IMPORTERS = {("cloudpickle.cloudpickle", "subimport"), ("importlib", "import_module")}
