@@ -738,3 +738,33 @@ def test_held_callables_of_the_source_itself_and_their_ignored_fields_key_as_bef
     two, five = (type("Aug", (_Layer,), {"call": fn})() for fn in (_call_2, _call_5))
     assert "`pre` changed" in (key_change(source_key(_Holds(two), 4, None, 1), source_key(_Holds(five), 4, None, 1))
                                or "")
+
+
+class _OwnItemSeed:
+    """A plain source whose attribute happens to be called ``item_seed``: its own data, which counts."""
+
+    def __init__(self, item_seed):
+        self.item_seed = item_seed
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return np.random.default_rng([self.item_seed, i]).random(2)
+
+
+class _SceneWithSeed(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 3
+
+    def load(self, i):
+        return np.full(2, i, np.float32)
+
+
+def test_item_seed_is_left_out_of_the_key_only_for_a_scene_sequence():
+    """A SceneSequence's ``item_seed`` seeds items made outside kerasfeed: no stored item changes. Another
+    source's attribute of that name was skipped too, and its kept cache served another seed's items."""
+    assert source_key(_OwnItemSeed(1), 3, None, 1) != source_key(_OwnItemSeed(2), 3, None, 1)
+    a, b = _SceneWithSeed(), _SceneWithSeed()
+    b.item_seed = 7
+    assert source_key(a, 3, None, 1) == source_key(b, 3, None, 1)

@@ -10,10 +10,12 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-# Keras' PyDataset settings, kerasfeed's epoch bookkeeping and the seed of items made outside kerasfeed: they do
-# not change what kerasfeed stores.
+# Keras' PyDataset settings and kerasfeed's epoch bookkeeping: they do not change what kerasfeed stores.
 _SKIPPED = frozenset({"_workers", "_use_multiprocessing", "_max_queue_size", "_kf_epoch", "_kf_in_epoch",
-                      "cache_ignores", "item_seed"})
+                      "cache_ignores"})
+# A SceneSequence's seed of items made outside kerasfeed (Keras' own fit, seq[i]); another source's attribute of
+# that name is its own, and counts.
+_SCENE_SKIPPED = _SKIPPED | {"item_seed"}
 SEQUENCE_MAX = 10_000
 NESTED_DEPTH = 4  # levels of lists, tuples, sets, dicts and dataclasses an attribute's value is read through
 _PATHS_SAMPLE = 100  # values of a long list looked at to tell a list of paths
@@ -39,7 +41,13 @@ def attributes(source: Any, *, shared: bool = False) -> dict:
                     or (not shared and isinstance(v, (list, dict, set)))):
                 found[k] = v
     found.update(getattr(source, "__dict__", None) or {})
-    return {k: v for k, v in found.items() if k not in _SKIPPED}
+    skipped = _SCENE_SKIPPED if _is_scene_sequence(source) else _SKIPPED
+    return {k: v for k, v in found.items() if k not in skipped}
+
+
+def _is_scene_sequence(source: Any) -> bool:
+    return any(k.__module__ == "kerasfeed.sources.sequence" and k.__qualname__ == "SceneSequence"
+               for k in type(source).__mro__)  # fmt: skip
 
 
 def defining_class(source: Any, name: str) -> Optional[type]:
