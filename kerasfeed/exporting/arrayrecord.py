@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.exporting import encoding
-from kerasfeed.exporting.manifest import ExportError, bad_shards, file_crc32c, fsync, read_manifest
+from kerasfeed.exporting.manifest import MANIFEST, ExportError, bad_shards, file_crc32c, fsync, read_manifest
 from kerasfeed.exporting.spec import ExportSpec
 
 _COMPRESSION = {None: "uncompressed", "ZSTD": "zstd:3", "SNAPPY": "snappy", "BROTLI": "brotli:6"}
@@ -67,6 +67,14 @@ def _stamp(path: str) -> Optional[tuple]:
     return st.st_dev, st.st_ino
 
 
+def _manifest_stamp(directory: pathlib.Path) -> Optional[tuple]:
+    try:
+        st = os.stat(directory / MANIFEST)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 class ExportSource:
     """A ``format="arrayrecord"`` export as an indexable source: ``src[i]`` is item ``i``.
 
@@ -115,6 +123,7 @@ class ExportSource:
         # when first opened, rather than mixed with the shards already open (which read the old files).
         self._stamps = [_stamp(f) for f in self.files]
         self._entries = manifest["shards"]  # with each file's crc32c: an export again writes its own
+        self._manifest_stamp = _manifest_stamp(self.directory)  # unchanged: no need to read it again
         self._readers: Optional[tuple] = None  # (pid, {shard: reader}): readers are thread-safe
         self._lock = threading.Lock()
 
@@ -159,7 +168,11 @@ class ExportSource:
             return reader
 
     def _entry_now(self, k: int) -> Any:
-        """Shard ``k``'s manifest entry as the directory holds it now (None: no finished manifest)."""
+        """Shard ``k``'s manifest entry as the directory holds it now (None: no finished manifest). Read only
+        if the manifest file changed: parsing it at each shard's first open cost 1.4 ms a shard for 1,024
+        shards (0.39 ms for 256), in every process (helper's review, 2026-11-29)."""
+        if _manifest_stamp(self.directory) == self._manifest_stamp:
+            return self._entries[k]
         try:
             return read_manifest(self.directory, need_complete=False)[1]["shards"][k]
         except (ExportError, IndexError):
