@@ -225,12 +225,13 @@ def current_frames() -> dict:
             gc.enable()
 
 
-def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitView]:
+def find_fit(holds: Callable[[Any], bool], model: Any = None, *, others: bool = True) -> Optional[FitView]:
     """The running Keras ``fit`` whose ``x`` holds the caller's pipeline, or None.
 
     Args:
         holds: whether a ``fit``'s ``x`` is (or wraps) the caller's pipeline.
         model: only a ``fit`` of this model (None: any).
+        others: whether to walk the other threads' stacks where no kept frame answers.
 
     The calling thread's stack is searched first, then the ``fit`` frames seen
     on their own threads, then the other threads (NOTE [ Another thread's frames ]).
@@ -242,7 +243,7 @@ def find_fit(holds: Callable[[Any], bool], model: Any = None) -> Optional[FitVie
         view = _view(fit, holds, model)
         if view is not None:
             return view
-    return _walk_other_threads(holds, model)
+    return _walk_other_threads(holds, model) if others else None
 
 
 def remember_fit() -> None:

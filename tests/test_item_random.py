@@ -9,6 +9,7 @@ generator on every executor (NOTE [ Random augmentation is a function of
 from __future__ import annotations
 
 import random
+import re
 import sys
 import threading
 
@@ -160,10 +161,78 @@ def test_keras_own_fit_of_a_scene_sequence_draws_what_to_loader_with_its_item_se
                     np.testing.assert_array_equal(seq.made[(epoch, i)], x)
         assert not np.array_equal(seq.made[(0, 1)], seq.made[(1, 1)])  # fresh each pass
     assert np.array_equal(Jittered()[2][0], Jittered()[2][0])  # seq[i] alone: pass 0, item_seed 0
-    bad = Jittered()
-    bad.item_seed = "7"
-    with pytest.raises(TypeError, match=r"Jittered.item_seed must be an int >= 0 .*Received: item_seed='7'"):
-        bad[0]
+    for seed in ("7", -1, 2**64, True):
+        bad = Jittered()
+        bad.item_seed = seed
+        with pytest.raises(TypeError, match=rf"Jittered.item_seed must be an int in \[0, 2\*\*64\) .*Received: "
+                                            rf"item_seed={re.escape(repr(seed))}$"):
+            bad[0]
+
+
+class OwnSeed(kerasfeed.SceneSequence):
+    """Uses an attribute called ``item_seed`` for itself and never calls ``item_rng()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.item_seed = None
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return np.full(2, i, np.float32)
+
+
+class DrawingMixin:
+    def __getitem__(self, i):
+        return np.full(2, i, np.float32) + kerasfeed.item_rng().random(2).astype(np.float32)
+
+
+class Mixed(DrawingMixin, kerasfeed.SceneSequence):
+    """``__getitem__`` from a mixin before SceneSequence in the MRO: it was not marked as an item."""
+
+    def __len__(self):
+        return 3
+
+
+def test_item_seed_is_checked_only_where_item_rng_needs_it_and_a_mixin_getitem_is_an_item():
+    assert OwnSeed()[1].tolist() == [1, 1]  # raised TypeError for item_seed=None, unused
+    with kerasfeed.to_loader(Mixed(), seed=0) as loader:
+        want = [x for x in loader]
+    for i in range(3):
+        np.testing.assert_array_equal(Mixed()[i], want[i])
+
+
+class Drawn(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        value = np.float32(i + kerasfeed.item_rng().random())
+        return np.full((2, 3), value, np.float32), np.zeros((2, 1), np.float32)
+
+
+@pytest.mark.parametrize("use_multiprocessing", [False, True])
+def test_the_first_epoch_of_a_resumed_keras_fit_draws_its_own_pass(use_multiprocessing):
+    """Keras starts its workers before it calls on_epoch_begin: in a fit from initial_epoch=2 they made the
+    epoch's items with pass 0's numbers (a forked pool for the whole epoch: 5 of 8 runs; threads: 1 in 3)."""
+    import keras
+
+    trained = []
+
+    class Record(keras.layers.Layer):
+        def call(self, x):
+            trained.extend(np.asarray(x)[:, 0].tolist())
+            return x
+
+    passes = {round(float(np.float32(i + ItemSeeds(0).generator(e, i).random())), 4): e
+              for e in range(3) for i in range(8)}  # fmt: skip
+    for _ in range(2):
+        trained.clear()
+        model = keras.Sequential([keras.Input((3,)), Record(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", run_eagerly=True)
+        model.fit(Drawn(workers=4, use_multiprocessing=use_multiprocessing), epochs=3, initial_epoch=2, verbose=0)
+        assert len(trained) == 16 and {passes.get(round(v, 4)) for v in trained} == {2}
 
 
 def test_without_a_seed_item_rng_holds_within_a_pool_and_globals_are_per_worker():

@@ -207,7 +207,9 @@ def item_rng() -> np.random.Generator:
         raise RuntimeError(
             "kerasfeed.item_rng() works only while kerasfeed makes an item: call it inside the source's "
             "`__getitem__` as called by to_dataset, to_loader, export or an executor's load (not in the epoch "
-            "hooks, nor on a thread the source started itself). "
+            "hooks, nor on a thread the source started itself). Keras' own fit(seq) and seq[i] make an item only "
+            "of a SceneSequence whose `__getitem__` is a plain function in its class body or a base's (not a "
+            "functools.partialmethod, another descriptor, or one set after the class statement). "
             f"Received: a call on thread {threading.current_thread().name!r}, where no item is being made"
         )
     rng = item.rng

@@ -11,7 +11,7 @@ from typing import Any
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
-from kerasfeed._keras_fit import find_fit, report
+from kerasfeed._keras_fit import find_fit, remember_fit, report
 from kerasfeed.sources import item_random, stage
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
@@ -36,10 +36,11 @@ def _as_item(fn):
             i = operator.index(index)
         except TypeError:  # a slice, a key: not one item
             return fn(self, index)
-        seed = _item_seed(self)
         if i < 0:
             return fn(self, index)  # seq[-1]: no item of its own (item_rng() says so)
-        previous = item_random.enter(item_random.ItemSeeds(seed), getattr(self, "_kf_epoch", 0), i)
+        if not getattr(self, "_kf_in_epoch", False):
+            _follow_fit(self)
+        previous = item_random.enter(_ItemSeed(self), getattr(self, "_kf_epoch", 0), i)
         try:
             return fn(self, index)
         finally:
@@ -49,15 +50,43 @@ def _as_item(fn):
     return __getitem__
 
 
+def _follow_fit(seq) -> None:
+    """An item Keras makes before its pass began: Keras' data adapter starts its workers before it calls
+    ``on_epoch_begin``, so in the first epoch of a resumed ``fit`` (``initial_epoch``, ``BackupAndRestore``)
+    they read the pass before it (0), silently: a forked pool for the whole epoch (helper's review: 5 of 8
+    runs), threads until ``on_epoch_begin``. The fit's own ``epoch`` is already set: read it from its frame,
+    on this thread's stack (a pool forked from the fit's thread) or kept where Keras read ``workers`` on the
+    fit's thread (threads). The other threads are not walked: no such fit, no cost beyond this stack."""
+    fit = find_fit(lambda x: x is seq, others=False)
+    if fit is None or fit.missing or fit.epoch is None:
+        return
+    if fit.steps_per_epoch is None or fit.steps_per_epoch == getattr(seq, "num_batches", None):
+        seq._kf_epoch = fit.epoch
+
+
+class _ItemSeed:
+    """The seeds of a ``SceneSequence``'s items made outside kerasfeed: its ``item_seed``, checked when
+    ``item_rng()`` first needs it (an attribute of that name the class uses for itself breaks nothing else)."""
+
+    __slots__ = ("seq",)
+    given = True
+
+    def __init__(self, seq):
+        self.seq = seq
+
+    def generator(self, epoch: int, index: int):
+        return item_random.ItemSeeds(_item_seed(self.seq)).generator(epoch, index)
+
+
 def _item_seed(seq) -> int:
     seed = getattr(seq, "item_seed", 0)
     try:
         value = None if isinstance(seed, bool) else operator.index(seed)
     except TypeError:
         value = None
-    if value is None or value < 0:
-        raise TypeError(f"{type(seq).__name__}.item_seed must be an int >= 0 (the seed of kerasfeed.item_rng() in "
-                        f"items made outside kerasfeed). Received: item_seed={seed!r}")
+    if value is None or not 0 <= value < 2**64:  # to_loader's seed= takes the same
+        raise TypeError(f"{type(seq).__name__}.item_seed must be an int in [0, 2**64) (the seed of "
+                        f"kerasfeed.item_rng() in items made outside kerasfeed). Received: item_seed={seed!r}")
     return value
 
 
@@ -141,6 +170,16 @@ class SceneSequence(_PyDataset):
     # The seed of ``kerasfeed.item_rng()`` in items made outside kerasfeed (Keras' own ``fit(seq)``, ``seq[i]``).
     item_seed: int = 0
 
+    @property
+    def workers(self) -> int:
+        """Keras' thread or process count for ``model.fit(seq)``."""
+        remember_fit()  # Keras reads it on the fit's thread as it makes its data adapter (``_follow_fit``)
+        return self._workers
+
+    @workers.setter
+    def workers(self, value: int) -> None:
+        self._workers = value
+
     def __getitem__(self, index: int) -> Any:
         """Batch ``index``: ``augment(load(index))`` when the class defines
         ``load`` (``augment`` optional); otherwise a subclass implements it."""
@@ -171,7 +210,8 @@ class SceneSequence(_PyDataset):
             fn = cls.__dict__.get(name)
             if fn is not None and not getattr(fn, "_kf_keeps_epoch", False):
                 setattr(cls, name, _with_bookkeeping(fn, book, before=name == "on_epoch_begin"))
-        getitem = cls.__dict__.get("__getitem__")
+        # The class's own, or a mixin's before SceneSequence in the MRO (``class C(Mixin, SceneSequence)``).
+        getitem = next((k.__dict__["__getitem__"] for k in cls.__mro__ if "__getitem__" in k.__dict__), None)
         if isinstance(getitem, types.FunctionType) and not getattr(getitem, "_kf_item", False):
             cls.__getitem__ = _as_item(getitem)
 
