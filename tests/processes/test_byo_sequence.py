@@ -292,6 +292,29 @@ def test_module_that_uses_tensorflow_at_import_warns_with_the_line(capfd):
     assert "keep framework calls out of module level" in err
 
 
+def test_the_framework_warning_says_what_to_do_for_each_kind_of_use(tmp_path):
+    """An import line, a call while unpickling and an object held in the state each got another use's advice
+    (an import line was named and then called free; ``__setstate__`` was "at its first item")."""
+    from kerasfeed.execution.processes import frameworks
+
+    path = tmp_path / "user_module.py"
+    # The module's frame stays at its last line: the import line is last.
+    path.write_text("def __setstate__(): return sys._getframe()\nimport sys; FRAME = sys._getframe()\n")
+    namespace: dict = {"__name__": "user_module"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    text, when = frameworks.describe_use(namespace["FRAME"], "keras.ops", unpickling=True)
+    assert when == "import line" and "module level of `user_module`" in text
+    advice = frameworks.advice(when, ["keras"], "keras.ops")
+    assert "importing another submodule at module level loads the framework" in advice
+    assert "`from keras import ops`" in advice and "are free" not in advice
+    text, when = frameworks.describe_use(namespace["__setstate__"](), "keras.utils.to_categorical", unpickling=True)
+    assert when == "setstate" and "in `__setstate__`" in text
+    assert "at start-up, as it unpickles the source" in frameworks.advice(when, ["keras"], "keras.utils.to_categorical")
+    assert frameworks.describe_use(namespace["__setstate__"](), None, unpickling=False)[1] == "call"
+    held = frameworks.advice("unpickle", ["keras"], "keras.src.layers.preprocessing.rescaling.Rescaling")
+    assert "the source's state holds a framework object (a Keras layer or model" in held
+
+
 # ---------------------------------------------------------------- HDF5 handles opened in __init__
 
 

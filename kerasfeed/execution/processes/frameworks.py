@@ -82,7 +82,9 @@ def _user_frame() -> Optional[Any]:
 
 def describe_use(frame: Any, touched: Optional[str], unpickling: bool) -> tuple[str, str]:
     """``(text, when)``: where the framework was needed; ``when`` is ``"import"`` (a module's top level),
-    ``"unpickle"`` (a framework name the pickled source refers to) or ``"call"``."""
+    ``"import line"`` (an import statement there: a submodule with no stand-in), ``"unpickle"`` (a framework
+    name the pickled source refers to), ``"setstate"`` (a call while unpickling: ``__setstate__``, at
+    start-up) or ``"call"``."""
     what = f" (it touched `{touched}`)" if touched else ""
     if frame is None:
         if unpickling:
@@ -95,8 +97,9 @@ def describe_use(frame: Any, touched: Optional[str], unpickling: bool) -> tuple[
     where = f"because of {where}"
     if code.co_name == "<module>":
         module = frame.f_globals.get("__name__", "?")
-        return f"{where}, module level of `{module}`, run when the worker imports it{what}", "import"
-    return f"{where} in `{code.co_name}`{what}", "call"
+        kind = "import line" if line.startswith(("import ", "from ")) else "import"
+        return f"{where}, module level of `{module}`, run when the worker imports it{what}", kind
+    return f"{where} in `{code.co_name}`{what}", "setstate" if unpickling else "call"
 
 
 _LIGHT_IMPORTS = (
@@ -122,6 +125,13 @@ def advice(when: str, names: list, touched: Optional[str] = None) -> str:
             f"Every worker pays this at start-up. To keep workers light, import {names[0]} inside the function "
             "that needs it, or make the items with numpy."
         )
+    if when == "import line":
+        return (
+            "Every worker pays this at start-up. kerasfeed's light stand-ins cover `keras`, `keras.utils`, "
+            "`tensorflow`, `tensorflow.keras` and `tensorflow.keras.utils`; importing another submodule at module "
+            "level loads the framework. Write `import keras` (or `from keras import ops`) at the top and use "
+            "`keras.ops.flip(...)` inside the function, or import the submodule inside the function that needs it."
+        )
     if when == "import":
         return (
             "Every worker pays this at start-up. To keep workers light, keep framework calls out of module level "
@@ -130,16 +140,24 @@ def advice(when: str, names: list, touched: Optional[str] = None) -> str:
         )
     if when == "unpickle":
         return (
-            "Every worker pays this at start-up. A name imported from the framework in `__main__` or a notebook "
-            "travels by reference and loads it: reach it through the module inside the function instead "
-            "(`import keras` at the top, `keras.utils.to_categorical(...)` in `__getitem__`), or define the "
-            "class in a module file; " + _LIGHT_IMPORTS
+            "Every worker pays this at start-up. Either the source's state holds a framework object (a Keras "
+            "layer or model, a tensor): make it at its first use in `__getitem__` and leave it out of "
+            "`__getstate__`, or use numpy; or a class defined in `__main__` or a notebook uses a name imported "
+            "from the framework, which travels by reference and loads it: reach it through the module inside the "
+            "function instead (`import keras` at the top, `keras.utils.to_categorical(...)` in `__getitem__`), or "
+            "define the class in a module file; " + _LIGHT_IMPORTS
         )
     example = (
         " (`np.eye(num_classes, dtype='float32')[y]` for `to_categorical`)"
         if touched and touched.endswith("to_categorical")
         else " (or PIL/OpenCV for images)"
     )
+    if when == "setstate":
+        return (
+            f"Every worker pays this at start-up, as it unpickles the source. If the source does not need "
+            f"{'/'.join(names)} there, make it with numpy{example}, make it at its first use in `__getitem__`, or "
+            "use executor='threads', where the framework is already loaded."
+        )
     return (
         f"Every worker pays this once, at its first such item. If the item does not need {'/'.join(names)}, "
         f"make it with numpy{example}, or use executor='threads', where the framework is already loaded."
