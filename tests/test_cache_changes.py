@@ -187,3 +187,45 @@ class _CountsCalls:
 
 def test_a_class_level_count_the_items_keep_is_not_a_change():
     assert _passes(_CountsCalls()) == [[[i] for i in range(6)]] * 3
+
+
+SCALE = 1  # a module global the stored stage (load) reads
+JITTER = 0  # one only augment reads: free to change every pass
+
+
+class _GlobalScale(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 4
+
+    def load(self, i):
+        return np.array([i * SCALE])
+
+    def augment(self, item):
+        return item + JITTER
+
+
+class _Rescaled(_GlobalScale):
+    def on_epoch_end(self):
+        global SCALE
+        SCALE += 1
+
+
+class _Jittered(_GlobalScale):
+    def on_epoch_end(self):
+        global JITTER
+        JITTER += 10
+
+
+def test_a_module_global_the_stored_stage_reads_changed_by_a_hook_fails_the_pass():
+    """Served pass 0's items in every later pass, silently; one only augment reads changes them each pass."""
+    global SCALE, JITTER
+    SCALE, JITTER = 1, 0
+    with kerasfeed.to_loader(_Rescaled(), cache="memory") as loader:
+        assert [b.tolist() for b in loader] == [[i] for i in range(4)]
+        with pytest.raises(ValueError, match=r"module global `test_cache_changes.SCALE` changed since the last pass"
+                                             r".*does not read `SCALE`.*Received: test_cache_changes.SCALE changed"):
+            list(loader)
+    SCALE = 1
+    with kerasfeed.to_loader(_Jittered(), cache="memory") as loader:
+        assert [[b.tolist() for b in loader] for _ in range(2)] == [[[i] for i in range(4)], [[i + 10] for i in range(4)]]
+    JITTER = 0

@@ -81,8 +81,14 @@ def _names(code: types.CodeType) -> Iterator[str]:
 def _read_globals(classes: list[type]) -> list[tuple[dict, str]]:
     """``(globals dict, name)`` for every global a function of ``classes`` names, and the functions of the same
     module those name (a helper ``scale(x)`` reading ``STRENGTH``)."""
+    return read_by([fn for cls in classes for fn in _functions(cls)])
+
+
+def read_by(functions: list) -> list[tuple[dict, str]]:
+    """``(globals dict, name)`` for every global ``functions`` load, directly or through functions of their
+    own module (decorators unwrapped)."""
     found: dict[tuple[int, str], tuple[dict, str]] = {}
-    todo = [fn for cls in classes for fn in _functions(cls)]
+    todo = [inspect.unwrap(fn) for fn in functions if isinstance(inspect.unwrap(fn), types.FunctionType)]
     seen: set = set()
     while todo:
         fn = todo.pop()
@@ -205,4 +211,4 @@ def apply(source: Any, changed: dict, removed: list) -> None:
                     namespace[key[2]] = value
 
 
-__all__ = ["OutsideState", "apply", "describe", "picklable_changes"]
+__all__ = ["OutsideState", "apply", "describe", "picklable_changes", "read_by"]

@@ -5,8 +5,10 @@ Stored items are what the stored stage made when they were first loaded. A
 source whose state changes between passes (an ``on_epoch_end`` that
 reshuffles the index list its ``__getitem__`` reads) would make other items
 later, so its attributes (the instance's, ``__slots__`` and its own classes'
-immutable plain values) are compared at every pass start with the last pass's, and the
-pass fails naming the one that changed, was set or was dropped.
+immutable plain values), and the module globals of plain values the stored stage
+loads (``outside_state.read_by``: ``load`` or ``__getitem__`` and the functions
+of its module it calls), are compared at every pass start with the last pass's,
+and the pass fails naming the one that changed, was set or was dropped.
 
 Three snapshots frame a pass boundary: the last pass start's, the first taken
 when a hook is about to run (``on_epoch_end``, ``set_epoch``; ``before_hooks``)
@@ -33,6 +35,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kerasfeed.cache.keys import stage_of
+from kerasfeed.execution import outside_state
 from kerasfeed.execution.state_sync import fingerprint, unpicklable
 
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})  # a kerasfeed source's epoch counters
@@ -52,6 +56,8 @@ class SourceChanges:
         self._ignored = ignored | _OWN
         self._last: Optional[dict] = None  # at the last pass start
         self._pre_hooks: Optional[dict] = None  # before the first hook since then
+        stage = getattr(type(source), stage_of(source), None)
+        self._globals = outside_state.read_by([stage]) if stage is not None else []
 
     def before_hooks(self) -> None:
         """A hook of the source is about to run: the state the items left (the first call after a pass start)."""
@@ -75,17 +81,24 @@ class SourceChanges:
                 continue
             if (was_kind == "none" or "." in key) and pre.get(key, _ABSENT)[0] == fp:
                 continue  # set from None (or a class's value changed) during the pass, by the items (see the NOTE)
+            is_global = key.startswith("global ")
+            what, label = ("module global", key[len("global "):]) if is_global else ("the source's attribute", key)
+            name = label.rpartition(".")[2] if is_global else key
             raise ValueError(
-                f"kerasfeed cache: the source's attribute `{key}` changed since the last pass (in on_epoch_end, "
+                f"kerasfeed cache: {what} `{label}` changed since the last pass (in on_epoch_end, "
                 "set_epoch or on_epoch_begin, or between the passes). Stored items were made from its earlier "
                 "value, so they may no longer be what the source makes: with cache=, what the stored stage "
                 "(`load`, or `__getitem__`) reads must not change between passes. Do per-pass work in "
-                f"`augment(item)`; if the stored stage does not read `{key}`, name it in the source's "
-                f"`cache_ignores`. Received: {key} changed in {type(self._source).__name__}"
+                f"`augment(item)`; if the stored stage does not read `{name}`, name it in the source's "
+                f"`cache_ignores`. Received: {label} changed in {type(self._source).__name__}"
             )
 
     def _snapshot(self, wanted: Any = None) -> dict:
         state = _state(self._source)
+        for namespace, name in self._globals:  # keyed apart from attributes; has a "." like a class's value
+            value = namespace.get(name)
+            if isinstance(value, _CLASS_VALUES) and name not in self._ignored:
+                state[f"global {namespace.get('__name__')}.{name}"] = value
         left_out = self._ignored | _unpickled(self._source, state)
         return {k: (_compared(v), _kind(v)) for k, v in state.items()
                 if k not in left_out and (wanted is None or wanted(k))}
