@@ -15,19 +15,28 @@ sends the changed ones with them; ``apply`` sets them in the worker.
   (not functions, descriptors, classes or modules), read again every pass, so
   one added later counts too.
 - Which globals: those the functions of those classes load (``LOAD_GLOBAL``,
-  nested code and decorated functions included), and those loaded by the
-  module-level functions of the same module they load (a helper). Found once,
-  when the tracker starts, with ``dis``, as cloudpickle finds the globals it
-  captures: a code object's ``co_names`` also holds attribute names, and
-  ``self.epoch`` would tie a script's loop variable ``epoch`` to the source
-  (a sync, and the items made ahead dropped, at every pass).
-- How a change is seen: numbers, strings, bytes, None and tuples of them by
-  value; any other value by identity only (rebinding ``CONFIG = {...}`` is
+  nested code and decorated functions included), the attributes they read of
+  a module they load (``cfg.STRENGTH``), and the same for the functions they
+  call that way (a helper, here or imported from another module), as long as
+  the module is the user's: not the standard library's nor an installed
+  package's (``_users``). Found once, when the tracker starts, with ``dis``,
+  as cloudpickle finds the globals it captures: a code object's ``co_names``
+  also holds attribute names, and ``self.epoch`` would tie a script's loop
+  variable ``epoch`` to the source (a sync, and the items made ahead dropped,
+  at every pass).
+- How a change is seen: numbers, strings, bytes, None and short tuples of them
+  by value; any other value by identity only (rebinding ``CONFIG = {...}`` is
   seen; ``CONFIG["k"] = v`` in place is not: keep changing state on the
   instance, whose attributes are compared by content). Identity costs nothing
   a pass, where comparing a module-level memo dict by content would pickle it.
-- A changed value that cannot be pickled (a lock, a socket opened lazily by
-  the consumer's own calls) is not sent: one warning names it.
+- A changed value that cannot be pickled (a lock, a socket) is not sent: one
+  warning names it. Nor is an object set from None or to None, or any value
+  of an underscored name set from or to None: state a process makes for
+  itself on first use (``_RNG = np.random.default_rng(os.getpid())``), which
+  the consumer makes too when it runs an item (``seq[0]`` between passes):
+  sent, every worker drew the consumer's numbers (helper's review). The same
+  rule as the cache's check (NOTE [ A source that changes between passes ]);
+  one warning names it.
 - Not covered: values set before the workers start, for a class defined in a
   module file. Worker processes are spawned and import that module afresh, so
   they hold its import-time values (as PyTorch's spawned workers do). A class
@@ -38,15 +47,24 @@ sends the changed ones with them; ``apply`` sets them in the worker.
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
+import os
+import sys
+import sysconfig
 import types
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
+
+import numpy as np
 
 _LIBRARY_ROOTS = frozenset({"builtins", "kerasfeed", "keras", "tensorflow", "abc", "typing", "collections"})
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
          staticmethod, classmethod, property)  # fmt: skip
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
+_SHORT_TUPLE = 64  # longer tuples by identity: comparing 2M numbers took 132 ms a pass
+_DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _warned: set = set()
 
 
@@ -69,13 +87,35 @@ def _functions(cls: type) -> Iterator[types.FunctionType]:
                     yield fn
 
 
-def _names(code: types.CodeType) -> Iterator[str]:
-    for instruction in dis.get_instructions(code):
+def _names(code: types.CodeType) -> Iterator[tuple[str, Optional[str]]]:
+    """``(name, None)`` for each global ``code`` loads, ``(name, attribute)`` where it then reads an attribute of
+    it (``cfg.STRENGTH``)."""
+    instructions = list(dis.get_instructions(code))
+    for k, instruction in enumerate(instructions):
         if instruction.opname == "LOAD_GLOBAL":
-            yield instruction.argval
+            following = instructions[k + 1] if k + 1 < len(instructions) else None
+            attribute = following.argval if following is not None and following.opname in _ATTRIBUTE_LOADS else None
+            yield instruction.argval, attribute
     for const in code.co_consts:
         if isinstance(const, types.CodeType):  # lambdas, comprehensions, nested functions
             yield from _names(const)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_paths() -> tuple:
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+
+
+def _users(module_name: Optional[str]) -> bool:
+    """Whether a module is the user's own: not the standard library's or an installed package's."""
+    if not module_name or module_name.split(".")[0] in _LIBRARY_ROOTS:
+        return False
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module_name == "__main__" or module is None:
+        return True  # a script, a notebook; a class pickled by value
+    return bool(path) and not os.path.realpath(path).startswith(_library_paths())
 
 
 def _read_globals(classes: list[type]) -> list[tuple[dict, str]]:
@@ -95,21 +135,56 @@ def read_by(functions: list) -> list[tuple[dict, str]]:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
-        namespace = fn.__globals__
-        for name in set(_names(fn.__code__)):
+        for name, attribute in set(_names(fn.__code__)):
+            namespace = fn.__globals__
             if name not in namespace:
-                continue  # an attribute name, a builtin
+                continue  # a builtin
+            if attribute is not None and isinstance(namespace[name], types.ModuleType):
+                if not _users(namespace[name].__name__):
+                    continue  # np.pi, os.environ: not the user's state
+                namespace, name = vars(namespace[name]), attribute
+                if name not in namespace:
+                    continue
             value = namespace[name]
-            if isinstance(value, types.FunctionType) and value.__globals__ is namespace:
+            if isinstance(value, types.FunctionType) and _users(getattr(value, "__module__", None)):
                 todo.append(inspect.unwrap(value))
             found[(id(namespace), name)] = (namespace, name)
     return list(found.values())
 
 
 def _fingerprint(value: Any) -> Any:
-    if type(value) in _ATOMIC or (type(value) is tuple and all(type(v) in _ATOMIC for v in value)):
+    if type(value) in _ATOMIC or (
+        type(value) is tuple and len(value) <= _SHORT_TUPLE and all(type(v) in _ATOMIC for v in value)
+    ):
         return ("value", type(value), value)
     return ("object", id(value))
+
+
+def lazy(key: tuple, was: Any, now: Any) -> bool:
+    """A change to or from None (``_ABSENT``: not set) that is state a process makes for itself: an object, or
+    any value of an underscored name (see the NOTE); warned about once (by key)."""
+    was, now = (None if v is _ABSENT else v for v in (was, now))
+    if (was is None) == (now is None):
+        return False
+    other = now if was is None else was
+    if not (key[-1].startswith("_") or not isinstance(other, _DATA)):
+        return False
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            f"kerasfeed: {describe(key)} was set {'from' if was is None else 'to'} None in this process (the "
+            "consumer), where the worker processes make their own: taken as state each process makes for itself "
+            "on first use (a generator, a file), and not sent. If the workers must see it, set it to a value "
+            "other than None before they start, or keep it on the instance (self.x). "
+            f"Received: {type(other).__module__}.{type(other).__qualname__}",
+            stacklevel=3,
+        )
+    return True
+
+
+def value_of(fp: Any) -> Any:
+    """The value an ``OutsideState.fingerprints`` entry holds (``_ABSENT`` for anything else)."""
+    return fp.value if isinstance(fp, _Print) else _ABSENT
 
 
 class OutsideState:
@@ -155,14 +230,14 @@ class _Print:
 _ABSENT = object()
 
 
-def picklable_changes(changed: dict, source_name: str, workers: str) -> dict:
-    """``changed`` less what cannot be pickled, each of those warned about once (by key)."""
+def pickled_changes(changed: dict, source_name: str, workers: str) -> dict:
+    """``{key: pickled value}`` of ``changed``, less what cannot be pickled, each of those warned about once."""
     from kerasfeed.execution.pickling import dumps
 
     out = {}
     for key, value in changed.items():
         try:
-            dumps(value)
+            out[key] = dumps(value)
         except Exception as e:  # noqa: BLE001 - named in the warning
             if key not in _warned:
                 _warned.add(key)
@@ -173,8 +248,6 @@ def picklable_changes(changed: dict, source_name: str, workers: str) -> dict:
                     f"Received: {type(value).__module__}.{type(value).__qualname__}",
                     stacklevel=2,
                 )
-            continue
-        out[key] = value
     return out
 
 
@@ -184,8 +257,10 @@ def describe(key: tuple) -> str:
     return f"module global {key[1]}.{key[2]}"
 
 
-def apply(source: Any, changed: dict, removed: list) -> None:
-    """Worker side: sets what changed in the worker's own classes and modules (found by name)."""
+def apply(source: Any, pickled: dict, removed: list, loads: Any) -> None:
+    """Worker side: sets what changed (``pickled_changes``' values, unpickled with ``loads``) in the worker's
+    own classes and modules (found by name: a class function's globals, or the module imported here)."""
+    changed = {k: loads(v) for k, v in pickled.items()}
     classes = _own_classes(type(source))
     by_name = {(c.__module__, c.__qualname__): c for c in classes}
     namespaces: dict[str, list[dict]] = {}
@@ -204,11 +279,15 @@ def apply(source: Any, changed: dict, removed: list) -> None:
             else:
                 setattr(cls, key[3], value)
         else:
-            for namespace in namespaces.get(key[1], ()):
+            spaces = list(namespaces.get(key[1], ()))
+            module = sys.modules.get(key[1]) if key[1] != "__main__" else None  # cfg.STRENGTH: imported here
+            if module is not None and not any(s is vars(module) for s in spaces):
+                spaces.append(vars(module))
+            for namespace in spaces:
                 if value is _ABSENT:
                     namespace.pop(key[2], None)
                 else:
                     namespace[key[2]] = value
 
 
-__all__ = ["OutsideState", "apply", "describe", "picklable_changes", "read_by"]
+__all__ = ["OutsideState", "apply", "describe", "lazy", "pickled_changes", "read_by", "value_of"]

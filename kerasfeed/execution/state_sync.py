@@ -200,7 +200,16 @@ class StateTracker:
 
     @staticmethod
     def _differ(a: dict, b: dict, skip: frozenset = frozenset()) -> set:
-        return {k for k in a.keys() | b.keys() if k not in skip and a.get(k, _MISSING) != b.get(k, _MISSING)}
+        """Keys whose fingerprints differ; an outside value (tuple key) set lazily is none (``outside_state.lazy``)."""
+        out = set()
+        for k in a.keys() | b.keys():
+            x, y = a.get(k, _MISSING), b.get(k, _MISSING)
+            if k in skip or x == y:
+                continue
+            if isinstance(k, tuple) and outside_state.lazy(k, outside_state.value_of(y), outside_state.value_of(x)):
+                continue
+            out.add(k)
+        return out
 
     def check(self) -> tuple[Optional[bytes], bool]:
         """At a pass boundary, after the pass's hooks ran.
@@ -246,7 +255,7 @@ class StateTracker:
         context = None
         if outside:
             values = {k: post[k].value for k in outside if k in post}
-            changed = outside_state.picklable_changes(values, type(self.source).__name__, WORKERS[self.executor])
+            changed = outside_state.pickled_changes(values, type(self.source).__name__, WORKERS[self.executor])
             removed = sorted(k for k in outside if k not in post)
             context = (changed, removed) if changed or removed else None
             self._outside_sent |= set(changed) | set(removed)
@@ -262,7 +271,8 @@ class StateTracker:
         from kerasfeed.execution.pickling import dumps
 
         now = self._outside.now()
-        changed = {k: now[k] for k in self._outside_sent if k in now}
+        changed = outside_state.pickled_changes({k: now[k] for k in self._outside_sent if k in now},
+                                                type(self.source).__name__, "worker processes")  # fmt: skip
         removed = sorted(k for k in self._outside_sent if k not in now)
         return dumps((None, (changed, removed) if changed or removed else None))
 
@@ -310,7 +320,7 @@ def apply_state(source: Any, payload: bytes, loads: Any = pickle.loads) -> Any:
     if change is not None:
         source = _apply_instance(source, change)
     if context is not None:
-        outside_state.apply(source, *context)
+        outside_state.apply(source, *context, loads)
     return source
 
 

@@ -223,8 +223,10 @@ class Store:
             return IsADirectoryError(folder_message(self.owner, url))
         home = "" if self.credentials.secrets_here() or not self.credentials.has_secrets else (
             " The credentials given in `storage_options` reach kerasfeed's worker processes in memory but never "
-            "travel to Ray actors (nor with the pickled source); give actors credentials the way fsspec finds them: "
-            "environment variables (AWS_ACCESS_KEY_ID, ...), a profile, or GOOGLE_APPLICATION_CREDENTIALS."
+            "travel to Ray actors (nor with the pickled source), and a copy unpickled in the process that built "
+            "the reader finds them only while a reader holding them is alive there; give actors and such copies "
+            "credentials the way fsspec finds them: environment variables (AWS_ACCESS_KEY_ID, ...), a profile, or "
+            "GOOGLE_APPLICATION_CREDENTIALS."
         )
         return PermissionError(
             f"{self.owner}: access to '{url}' was refused ({fail}): wrong or missing credentials, or no "

@@ -433,3 +433,17 @@ def test_hdf5_file_replaced_on_disk_between_passes_is_named_as_such(tmp_path):
     finally:
         loader.close()
         source.f.close()
+
+
+def test_a_submodule_named_by_a_pickle_is_a_module_that_loads_on_first_use():
+    """``import keras.ops as kops`` in a ``__main__`` class: a module in the worker (``inspect.ismodule``), whose
+    attributes are the real module's."""
+    import inspect
+
+    from kerasfeed.execution.processes import light_modules
+
+    lazy = light_modules._LazySubmodule("keras.ops")
+    assert inspect.ismodule(lazy) and lazy.__name__ == "keras.ops"
+    assert lazy.flip is keras.ops.flip and "flip" in dir(lazy)
+    with pytest.raises(AttributeError, match="kerasfeed's lazy stand-in"):
+        lazy.__wrapped__

@@ -71,7 +71,7 @@ def test_a_changed_global_that_cannot_be_pickled_is_named_once_and_the_rest_stil
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got, _ = _passes(outside.Leveled(lock=True), "processes", workers=2)
-    assert [p[0] for p in got] == [[0, 0, 0, 1, 1], [0, 1, 10, 2, 1], [0, 2, 20, 4, 1]]  # LOCK: the workers' None
+    assert [p[0] for p in got] == [[0, 0, 0, 1, 1], [0, 1, 10, 2, 1], [0, 2, 20, 4, 1]]  # LOCK: the workers' False
     named = [str(w.message) for w in caught if "module global byo_sources.outside.LOCK" in str(w.message)]
     assert len(named) == 1, [str(w.message) for w in caught]
     assert "read by Leveled's code, changed in this process but cannot be pickled (TypeError" in named[0]
@@ -130,3 +130,29 @@ def test_a_worker_started_after_a_rebase_gets_what_changed_outside_the_instance(
     finally:
         ex.close()
 
+
+
+def test_another_modules_global_read_as_an_attribute_or_through_its_function_reaches_the_workers():
+    """``outside_cfg.SCALE`` and ``scale()`` imported from it: the workers kept 1 (helper's review)."""
+    got, _ = _passes(outside.Configured(), "processes", workers=2)
+    assert [p[1] for p in got] == [[1, 1, 1], [1, 3, 3], [1, 9, 9]]
+
+
+def test_a_global_each_process_makes_on_first_use_is_not_sent_when_the_consumer_makes_it_too():
+    """The consumer ran an item between passes (``seq[0]``): its generator went to every worker, which then drew
+    the same numbers (5 of 5 runs). Made from None, it is each process's own: not sent, and said once."""
+    outside._RNG = None
+    src = outside.Drawing()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with kerasfeed.to_loader(src, executor="processes", workers=2) as loader:
+            passes = []
+            for _ in range(3):
+                passes.append([b.tolist() for b in loader])
+                src[0]  # the consumer makes its own generator
+            stats = kerasfeed.executor_of(loader).stats()
+    for rows in passes:
+        assert len({pid for _, _, pid in rows}) == 2 and len({v for _, v, _ in rows}) == 8
+    assert stats["state"]["syncs"] == 0
+    said = [str(w.message) for w in caught if "byo_sources.outside._RNG was set from None" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith("Received: numpy.random._generator.Generator")

@@ -36,7 +36,8 @@ Importing another submodule while the stand-ins are in place (``import
 keras.layers`` at a module's top) loads the real framework: ``_Finder`` hands
 the import system the real module. One a pickle names (a function of a class
 pickled by value that uses ``keras.ops``: cloudpickle imports it for its side
-effect) is a ``LazyName`` instead (``_import_module``).
+effect, or that a global binds: ``import keras.ops as kops``) is a module
+whose attributes load the real one instead (``_import_module``).
 
 Every real framework import is timed (``_Finder`` wraps the loader of
 ``tensorflow``, ``keras``, ``jax``, ``torch``; the outermost one counts) and
@@ -272,9 +273,29 @@ def _import_module(name: str, package: Optional[str] = None) -> Any:
         # to import them for their side effect, or one a global binds (``import keras.ops as kops``).
         # Importing it would load the framework now, for a ``__getitem__`` that may never use it: the
         # real one on first use instead, as an attribute of the real top-level module.
-        parent, _, attr = name.rpartition(".")
-        return LazyName(parent, attr)
+        return _LazySubmodule(name)
     return importlib.import_module(name, package)
+
+
+class _LazySubmodule(types.ModuleType):
+    """A framework submodule a pickle names (``_import_module``): a module (``inspect.ismodule`` holds) whose
+    attributes are the real module's, loaded on first use. Not the real module itself (``is`` fails)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        parent, _, attr = name.rpartition(".")
+        self.__dict__["_kf_real"] = LazyName(parent, attr)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(f"module {self.__name__!r} (kerasfeed's lazy stand-in) has no attribute {attr!r}")
+        return getattr(self.__dict__["_kf_real"]._kf_real(), attr)
+
+    def __dir__(self) -> list:
+        return dir(self.__dict__["_kf_real"]._kf_real())
+
+    def __repr__(self) -> str:
+        return f"<module {self.__name__!r} (kerasfeed: the real module loads on first use)>"
 
 
 _MODULE_IMPORTERS = {("cloudpickle.cloudpickle", "subimport"), ("importlib", "import_module")}
