@@ -308,8 +308,10 @@ def test_the_framework_warning_says_what_to_do_for_each_kind_of_use(tmp_path):
     assert "importing another submodule at module level loads the framework" in advice
     assert "`from keras import ops`" in advice and "are free" not in advice
     text, when = frameworks.describe_use(namespace["__setstate__"](), "keras.utils.to_categorical", unpickling=True)
-    assert when == "setstate" and "in `__setstate__`" in text
-    assert "at start-up, as it unpickles the source" in frameworks.advice(when, ["keras"], "keras.utils.to_categorical")
+    assert when == "start-up" and "in `__setstate__`" in text
+    assert "at start-up, as it unpickles the source or runs worker_init" in frameworks.advice(when, ["keras"])
+    with frameworks.starting():  # worker_init
+        assert frameworks.describe_use(namespace["__setstate__"](), None, unpickling=False)[1] == "start-up"
     assert frameworks.describe_use(namespace["__setstate__"](), None, unpickling=False)[1] == "call"
     held = frameworks.advice("unpickle", ["keras"], "keras.src.layers.preprocessing.rescaling.Rescaling")
     assert "the source's state holds a framework object (a Keras layer or model" in held

@@ -30,7 +30,18 @@ _SKIP_NAMES = ("importlib", "cloudpickle", "pickle.py")
 _state = threading.local()
 _reported: set = set()
 _unpickling = [False]
+_starting = [False]  # in worker_init
 _stand_ins_off = [False]  # the last unpickling had no stand-ins: the advice says so
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[None]:
+    """While the worker runs ``worker_init``: a framework loaded there is paid at start-up, as in unpickling."""
+    _starting[0] = True
+    try:
+        yield
+    finally:
+        _starting[0] = False
 
 
 def started_unpickling(flag: bool, light: bool = True) -> None:
@@ -83,8 +94,8 @@ def _user_frame() -> Optional[Any]:
 def describe_use(frame: Any, touched: Optional[str], unpickling: bool) -> tuple[str, str]:
     """``(text, when)``: where the framework was needed; ``when`` is ``"import"`` (a module's top level),
     ``"import line"`` (an import statement there: a submodule with no stand-in), ``"unpickle"`` (a framework
-    name the pickled source refers to), ``"setstate"`` (a call while unpickling: ``__setstate__``, at
-    start-up) or ``"call"``."""
+    name the pickled source refers to), ``"start-up"`` (a call while unpickling, ``__setstate__``, or in
+    ``worker_init``) or ``"call"``."""
     what = f" (it touched `{touched}`)" if touched else ""
     if frame is None:
         if unpickling:
@@ -99,7 +110,7 @@ def describe_use(frame: Any, touched: Optional[str], unpickling: bool) -> tuple[
         module = frame.f_globals.get("__name__", "?")
         kind = "import line" if line.startswith(("import ", "from ")) else "import"
         return f"{where}, module level of `{module}`, run when the worker imports it{what}", kind
-    return f"{where} in `{code.co_name}`{what}", "setstate" if unpickling else "call"
+    return f"{where} in `{code.co_name}`{what}", "start-up" if unpickling or _starting[0] else "call"
 
 
 _LIGHT_IMPORTS = (
@@ -152,9 +163,9 @@ def advice(when: str, names: list, touched: Optional[str] = None) -> str:
         if touched and touched.endswith("to_categorical")
         else " (or PIL/OpenCV for images)"
     )
-    if when == "setstate":
+    if when == "start-up":
         return (
-            f"Every worker pays this at start-up, as it unpickles the source. If the source does not need "
+            f"Every worker pays this at start-up, as it unpickles the source or runs worker_init. If it does not need "
             f"{'/'.join(names)} there, make it with numpy{example}, make it at its first use in `__getitem__`, or "
             "use executor='threads', where the framework is already loaded."
         )

@@ -34,7 +34,7 @@ from kerasfeed import _handoff  # noqa: E402
 from kerasfeed.errors import ItemError  # noqa: E402
 from kerasfeed.execution import worker_info  # noqa: E402
 from kerasfeed.execution.cached_items import ItemCache  # noqa: E402
-from kerasfeed.execution.processes import light_modules, protocol, shm  # noqa: E402
+from kerasfeed.execution.processes import frameworks, light_modules, protocol, shm  # noqa: E402
 from kerasfeed.execution.processes.channel import Channel  # noqa: E402
 from kerasfeed.execution.processes.worker_threads import ThreadedLoads, worker_threads  # noqa: E402
 from kerasfeed.execution.source_calls import call_source  # noqa: E402
@@ -168,7 +168,8 @@ class WorkerLoop:
         _handoff.receive(init.get("handoff"))  # before the source: its copy finds them by token
         source, worker_init = light_modules.loads(init["payload"])  # light Keras/TF stand-ins meanwhile
         if worker_init is not None:
-            worker_init()
+            with frameworks.starting():
+                worker_init()
         self.source = source
         if source is not None:
             self.name = source_name(source)

@@ -100,11 +100,12 @@ class FeedActor:
         random.seed(info.seed)
         np.random.seed(info.seed % 2**32)
         # The light Keras/TensorFlow stand-ins while unpickling (NOTE [ Light framework stand-ins in workers ]).
-        from kerasfeed.execution.processes import light_modules
+        from kerasfeed.execution.processes import frameworks, light_modules
 
         source, worker_init = light_modules.loads(payload, config.get("light", True))
         if worker_init is not None:
-            worker_init()
+            with frameworks.starting():
+                worker_init()
         for change in states:
             source = apply_state(source, change)
         self.source = source
