@@ -30,13 +30,12 @@ sends the changed ones with them; ``apply`` sets them in the worker.
   instance, whose attributes are compared by content). Identity costs nothing
   a pass, where comparing a module-level memo dict by content would pickle it.
 - A changed value that cannot be pickled (a lock, a socket) is not sent: one
-  warning names it. Nor is an object set from None or to None, or any value
-  of an underscored name set from or to None: state a process makes for
-  itself on first use (``_RNG = np.random.default_rng(os.getpid())``), which
-  the consumer makes too when it runs an item (``seq[0]`` between passes):
-  sent, every worker drew the consumer's numbers (helper's review). The same
-  rule as the cache's check (NOTE [ A source that changes between passes ]);
-  one warning names it.
+  warning names it. Nor is a value set from None of an underscored name
+  (silently), or of a public name to an object (one warning): state a process
+  makes for itself on first use (``_RNG = np.random.default_rng(os.getpid())``),
+  which the consumer makes too when it runs an item (``seq[0]`` between
+  passes): sent, every worker drew the consumer's numbers (helper's review).
+  A change to None is sent (a feature turned off).
 - Not covered: values set before the workers start, for a class defined in a
   module file. Worker processes are spawned and import that module afresh, so
   they hold its import-time values (as PyTorch's spawned workers do). A class
@@ -62,7 +61,7 @@ _LIBRARY_ROOTS = frozenset({"builtins", "kerasfeed", "keras", "tensorflow", "abc
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
          staticmethod, classmethod, property)  # fmt: skip
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
-_SHORT_TUPLE = 64  # longer tuples by identity: comparing 2M numbers took 132 ms a pass
+_SHORT_TUPLE = 64  # longer tuples: ``_Tuple``
 _DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
 _ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _warned: set = set()
@@ -87,15 +86,18 @@ def _functions(cls: type) -> Iterator[types.FunctionType]:
                     yield fn
 
 
-def _names(code: types.CodeType) -> Iterator[tuple[str, Optional[str]]]:
-    """``(name, None)`` for each global ``code`` loads, ``(name, attribute)`` where it then reads an attribute of
-    it (``cfg.STRENGTH``)."""
+def _names(code: types.CodeType) -> Iterator[tuple[str, tuple]]:
+    """``(name, attributes)`` for each global ``code`` loads, with the attributes it then reads of it in a row
+    (``pkg.cfg.STRENGTH``: ``("pkg", ("cfg", "STRENGTH"))``)."""
     instructions = list(dis.get_instructions(code))
     for k, instruction in enumerate(instructions):
         if instruction.opname == "LOAD_GLOBAL":
-            following = instructions[k + 1] if k + 1 < len(instructions) else None
-            attribute = following.argval if following is not None and following.opname in _ATTRIBUTE_LOADS else None
-            yield instruction.argval, attribute
+            chain = []
+            for following in instructions[k + 1 :]:
+                if following.opname not in _ATTRIBUTE_LOADS:
+                    break
+                chain.append(following.argval)
+            yield instruction.argval, tuple(chain)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):  # lambdas, comprehensions, nested functions
             yield from _names(const)
@@ -103,8 +105,15 @@ def _names(code: types.CodeType) -> Iterator[tuple[str, Optional[str]]]:
 
 @functools.lru_cache(maxsize=None)
 def _library_paths() -> tuple:
+    import site
+
     paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:  # Debian's /usr/lib/python3/dist-packages, the user's site: not in sysconfig's
+        found += [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # a virtualenv's old site.py
+        pass
+    return tuple(os.path.realpath(p) + os.sep for p in found)
 
 
 def _users(module_name: Optional[str]) -> bool:
@@ -112,10 +121,10 @@ def _users(module_name: Optional[str]) -> bool:
     if not module_name or module_name.split(".")[0] in _LIBRARY_ROOTS:
         return False
     module = sys.modules.get(module_name)
-    path = getattr(module, "__file__", None)
     if module_name == "__main__" or module is None:
         return True  # a script, a notebook; a class pickled by value
-    return bool(path) and not os.path.realpath(path).startswith(_library_paths())
+    path = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or ()), None)
+    return bool(path) and not os.path.realpath(path).startswith(_library_paths())  # (a namespace package: __path__)
 
 
 def _read_globals(classes: list[type]) -> list[tuple[dict, str]]:
@@ -135,16 +144,19 @@ def read_by(functions: list) -> list[tuple[dict, str]]:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
-        for name, attribute in set(_names(fn.__code__)):
+        for name, chain in set(_names(fn.__code__)):
             namespace = fn.__globals__
             if name not in namespace:
                 continue  # a builtin
-            if attribute is not None and isinstance(namespace[name], types.ModuleType):
-                if not _users(namespace[name].__name__):
-                    continue  # np.pi, os.environ: not the user's state
-                namespace, name = vars(namespace[name]), attribute
+            for attribute in chain:  # through modules (``pkg.cfg``) to the value read
+                module = namespace[name]
+                if not isinstance(module, types.ModuleType) or not _users(module.__name__):
+                    break  # np.pi, os.environ: not the user's state; an object's attribute
+                namespace, name = vars(module), attribute
                 if name not in namespace:
-                    continue
+                    break
+            if name not in namespace:
+                continue
             value = namespace[name]
             if isinstance(value, types.FunctionType) and _users(getattr(value, "__module__", None)):
                 todo.append(inspect.unwrap(value))
@@ -157,27 +169,54 @@ def _fingerprint(value: Any) -> Any:
         type(value) is tuple and len(value) <= _SHORT_TUPLE and all(type(v) in _ATOMIC for v in value)
     ):
         return ("value", type(value), value)
+    if type(value) is tuple:
+        return _Tuple(value)
     return ("object", id(value))
 
 
+class _Tuple:
+    """A long tuple: the same object, or (only when rebound) an equal one. Checking that every element is a
+    number on every pass cost 132 ms a pass for 2M of them; an equal tuple rebuilt by a hook is no change."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: tuple):
+        self.value = value
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, _Tuple):
+            return False
+        if self.value is other.value:
+            return True
+        try:
+            return bool(self.value == other.value)
+        except Exception:  # noqa: BLE001 - arrays inside: ambiguous, so changed
+            return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def lazy(key: tuple, was: Any, now: Any) -> bool:
-    """A change to or from None (``_ABSENT``: not set) that is state a process makes for itself: an object, or
-    any value of an underscored name (see the NOTE); warned about once (by key)."""
+    """A value set from None (``_ABSENT``: not set) that is state a process makes for itself on first use: any
+    value of an underscored name (silently), or an object of a public one (warned about once, by key: it may be
+    a setting the hooks meant the workers to see). A change *to* None always counts (a feature turned off)."""
     was, now = (None if v is _ABSENT else v for v in (was, now))
-    if (was is None) == (now is None):
+    if was is not None or now is None:
         return False
-    other = now if was is None else was
-    if not (key[-1].startswith("_") or not isinstance(other, _DATA)):
+    if key[-1].startswith("_"):
+        return True
+    if isinstance(now, _DATA):
         return False
     if key not in _warned:
         _warned.add(key)
         warnings.warn(
-            f"kerasfeed: {describe(key)} was set {'from' if was is None else 'to'} None in this process (the "
-            "consumer), where the worker processes make their own: taken as state each process makes for itself "
-            "on first use (a generator, a file), and not sent. If the workers must see it, set it to a value "
-            "other than None before they start, or keep it on the instance (self.x). "
-            f"Received: {type(other).__module__}.{type(other).__qualname__}",
-            stacklevel=3,
+            f"kerasfeed: {describe(key)} was set from None to an object in this process (the consumer) and is not "
+            "sent to the worker processes: taken as state each process makes for itself on first use (a "
+            "generator, a file, a session), as the consumer does when it runs an item. If the epoch hooks set it "
+            "for the workers to use, give it a value other than None before they start (then every change is "
+            "sent), or keep it on the instance (self.x). "
+            f"Received: {type(now).__module__}.{type(now).__qualname__}",
+            stacklevel=2,
         )
     return True
 
@@ -230,14 +269,21 @@ class _Print:
 _ABSENT = object()
 
 
-def pickled_changes(changed: dict, source_name: str, workers: str) -> dict:
-    """``{key: pickled value}`` of ``changed``, less what cannot be pickled, each of those warned about once."""
+def pickled_changes(changed: dict, source_name: str, workers: str) -> list:
+    """``[pickled {key: value}]`` of ``changed``: one pickle (names bound to one object stay one object there),
+    or, where something cannot be pickled, one per value less those, each warned about once."""
     from kerasfeed.execution.pickling import dumps
 
-    out = {}
+    if not changed:
+        return []
+    try:
+        return [dumps(changed)]
+    except Exception:  # noqa: BLE001 - found below, value by value
+        pass
+    out = []
     for key, value in changed.items():
         try:
-            out[key] = dumps(value)
+            out.append(dumps({key: value}))
         except Exception as e:  # noqa: BLE001 - named in the warning
             if key not in _warned:
                 _warned.add(key)
@@ -257,10 +303,10 @@ def describe(key: tuple) -> str:
     return f"module global {key[1]}.{key[2]}"
 
 
-def apply(source: Any, pickled: dict, removed: list, loads: Any) -> None:
-    """Worker side: sets what changed (``pickled_changes``' values, unpickled with ``loads``) in the worker's
+def apply(source: Any, pickled: list, removed: list, loads: Any) -> None:
+    """Worker side: sets what changed (``pickled_changes``' pickles, unpickled with ``loads``) in the worker's
     own classes and modules (found by name: a class function's globals, or the module imported here)."""
-    changed = {k: loads(v) for k, v in pickled.items()}
+    changed = {k: v for blob in pickled for k, v in loads(blob).items()}
     classes = _own_classes(type(source))
     by_name = {(c.__module__, c.__qualname__): c for c in classes}
     namespaces: dict[str, list[dict]] = {}

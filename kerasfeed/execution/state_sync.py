@@ -258,7 +258,7 @@ class StateTracker:
             changed = outside_state.pickled_changes(values, type(self.source).__name__, WORKERS[self.executor])
             removed = sorted(k for k in outside if k not in post)
             context = (changed, removed) if changed or removed else None
-            self._outside_sent |= set(changed) | set(removed)
+            self._outside_sent |= set(values) | set(removed)
         instance = self._instance_change(post, send - outside) if send - outside else None
         if instance is None and context is None:
             return None

@@ -7,6 +7,7 @@ import threading
 import keras
 import numpy as np
 
+import byo_sources.outside_cfg
 from byo_sources import outside_cfg
 from byo_sources.outside_cfg import scale
 
@@ -72,7 +73,7 @@ class Configured(keras.utils.Sequence):
         return 2
 
     def __getitem__(self, i):
-        return np.array([i, outside_cfg.SCALE, scale()])
+        return np.array([i, outside_cfg.SCALE, scale(), byo_sources.outside_cfg.SCALE])
 
     def on_epoch_end(self):
         outside_cfg.SCALE *= 3

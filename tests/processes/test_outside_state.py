@@ -133,14 +133,15 @@ def test_a_worker_started_after_a_rebase_gets_what_changed_outside_the_instance(
 
 
 def test_another_modules_global_read_as_an_attribute_or_through_its_function_reaches_the_workers():
-    """``outside_cfg.SCALE`` and ``scale()`` imported from it: the workers kept 1 (helper's review)."""
+    """``outside_cfg.SCALE``, ``scale()`` imported from it and ``byo_sources.outside_cfg.SCALE``: the workers
+    kept 1 (helper's reviews)."""
     got, _ = _passes(outside.Configured(), "processes", workers=2)
-    assert [p[1] for p in got] == [[1, 1, 1], [1, 3, 3], [1, 9, 9]]
+    assert [p[1] for p in got] == [[1, 1, 1, 1], [1, 3, 3, 3], [1, 9, 9, 9]]
 
 
 def test_a_global_each_process_makes_on_first_use_is_not_sent_when_the_consumer_makes_it_too():
     """The consumer ran an item between passes (``seq[0]``): its generator went to every worker, which then drew
-    the same numbers (5 of 5 runs). Made from None, it is each process's own: not sent, and said once."""
+    the same numbers (5 of 5 runs). An underscored global made from None is each process's own: not sent."""
     outside._RNG = None
     src = outside.Drawing()
     with warnings.catch_warnings(record=True) as caught:
@@ -154,5 +155,17 @@ def test_a_global_each_process_makes_on_first_use_is_not_sent_when_the_consumer_
     for rows in passes:
         assert len({pid for _, _, pid in rows}) == 2 and len({v for _, v, _ in rows}) == 8
     assert stats["state"]["syncs"] == 0
-    said = [str(w.message) for w in caught if "byo_sources.outside._RNG was set from None" in str(w.message)]
-    assert len(said) == 1 and said[0].endswith("Received: numpy.random._generator.Generator")
+    assert not [w for w in caught if "kerasfeed" in str(w.message)]  # the usual pattern: nothing to say
+
+
+def test_a_public_global_set_from_none_to_an_object_is_not_sent_and_said_once():
+    from kerasfeed.execution import outside_state
+
+    key = ("global", "some_module", "AUGMENTER")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert outside_state.lazy(key, None, object()) and outside_state.lazy(key, None, object())
+        assert not outside_state.lazy(key, object(), None)  # turned off: sent
+        assert not outside_state.lazy(("global", "some_module", "SCALE"), None, 2.0)  # data: sent
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "module global some_module.AUGMENTER was set from None to an object" in said[0]
