@@ -249,16 +249,11 @@ class StateTracker:
         return payload, False
 
     def _payload(self, post: dict, send: set) -> Optional[bytes]:
-        from kerasfeed.execution.pickling import WORKERS, dumps
+        from kerasfeed.execution.pickling import dumps
 
         outside = {k for k in send if isinstance(k, tuple)}
-        context = None
-        if outside:
-            values = {k: post[k].value for k in outside if k in post}
-            changed = outside_state.pickled_changes(values, type(self.source).__name__, WORKERS[self.executor])
-            removed = sorted(k for k in outside if k not in post)
-            context = (changed, removed) if changed or removed else None
-            self._outside_sent |= set(values) | set(removed)
+        context = self._outside_change({k: post[k].value for k in outside if k in post}, outside)
+        self._outside_sent |= outside
         instance = self._instance_change(post, send - outside) if send - outside else None
         if instance is None and context is None:
             return None
@@ -270,11 +265,17 @@ class StateTracker:
         module's import-time values. Values never sent stay the worker's own (what its worker_init set)."""
         from kerasfeed.execution.pickling import dumps
 
-        now = self._outside.now()
-        changed = outside_state.pickled_changes({k: now[k] for k in self._outside_sent if k in now},
-                                                type(self.source).__name__, "worker processes")  # fmt: skip
-        removed = sorted(k for k in self._outside_sent if k not in now)
-        return dumps((None, (changed, removed) if changed or removed else None))
+        return dumps((None, self._outside_change(self._outside.now(), self._outside_sent)))
+
+    def _outside_change(self, now: dict, keys: set) -> Optional[tuple]:
+        """``(pickled values, removed keys)`` that set the outside values ``keys`` as ``now`` holds them (a key
+        it lacks is removed), or None: nothing to send (what cannot be pickled is warned about and left out)."""
+        from kerasfeed.execution.pickling import WORKERS
+
+        changed = outside_state.pickled_changes({k: now[k] for k in keys if k in now}, type(self.source).__name__,
+                                                WORKERS[self.executor])  # fmt: skip
+        removed = sorted(k for k in keys if k not in now)
+        return (changed, removed) if changed or removed else None
 
     def _instance_change(self, post: dict, send: set) -> tuple:
         from kerasfeed.execution.pickling import WORKERS, find_unpicklable

@@ -58,7 +58,14 @@ def _follow_fit(seq) -> None:
     on this thread's stack (a pool forked from the fit's thread) or kept where Keras read ``workers`` on the
     fit's thread (threads). The other threads are not walked: no such fit, no cost beyond this stack."""
     fit = find_fit(lambda x: x is seq, others=False)
-    if fit is None or fit.missing or fit.epoch is None:
+    if fit is not None and not fit.missing:
+        _take_epoch(seq, fit)
+
+
+def _take_epoch(seq, fit) -> None:
+    """The pass is the fit's epoch, where the fit's epochs are passes of ``seq`` (epochs of another length
+    read passes across them: counted as before)."""
+    if fit.epoch is None:
         return
     if fit.steps_per_epoch is None or fit.steps_per_epoch == getattr(seq, "num_batches", None):
         seq._kf_epoch = fit.epoch
@@ -224,10 +231,8 @@ def _begin_pass(seq) -> None:
     if fit is not None and fit.missing:
         fit.unreadable()  # counted as outside fit; a fit from a later epoch is refused
         return
-    if fit is None or fit.epoch is None:
-        return
-    if fit.steps_per_epoch is None or fit.steps_per_epoch == getattr(seq, "num_batches", None):
-        seq._kf_epoch = fit.epoch  # (epochs of another length read passes across them: counted as before)
+    if fit is not None:
+        _take_epoch(seq, fit)
 
 
 def _end_pass(seq) -> None:
