@@ -19,11 +19,13 @@ sends the changed ones with them; ``apply`` sets them in the worker.
   a module they load (``cfg.STRENGTH``), and the same for the functions they
   call that way (a helper, here or imported from another module), as long as
   the module is the user's: not the standard library's nor an installed
-  package's (``_users``). Found once, when the tracker starts, with ``dis``,
-  as cloudpickle finds the globals it captures: a code object's ``co_names``
-  also holds attribute names, and ``self.epoch`` would tie a script's loop
-  variable ``epoch`` to the source (a sync, and the items made ahead dropped,
-  at every pass).
+  package's (``_users``). Found once, when the tracker starts, from the
+  functions' source (``ast``: a name read that is not one of the code's
+  locals, and the attributes read of it in a row), not from their bytecode.
+  A code object's ``co_names`` alone also holds attribute names, and
+  ``self.epoch`` would tie a script's loop variable ``epoch`` to the source (a
+  sync, and the items made ahead dropped, at every pass); it is the fallback
+  where there is no source (``exec``, code typed at a prompt).
 - How a change is seen: numbers, strings, bytes, None and short tuples of them
   by value; any other value by identity only (rebinding ``CONFIG = {...}`` is
   seen; ``CONFIG["k"] = v`` in place is not: keep changing state on the
@@ -45,7 +47,7 @@ sends the changed ones with them; ``apply`` sets them in the worker.
 
 from __future__ import annotations
 
-import dis
+import ast
 import functools
 import inspect
 import os
@@ -63,7 +65,6 @@ _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, 
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
 _SHORT_TUPLE = 64  # longer tuples: ``_Tuple``
 _DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
-_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _warned: set = set()
 
 
@@ -86,21 +87,40 @@ def _functions(cls: type) -> Iterator[types.FunctionType]:
                     yield fn
 
 
-def _names(code: types.CodeType) -> Iterator[tuple[str, tuple]]:
-    """``(name, attributes)`` for each global ``code`` loads, with the attributes it then reads of it in a row
-    (``pkg.cfg.STRENGTH``: ``("pkg", ("cfg", "STRENGTH"))``)."""
-    instructions = list(dis.get_instructions(code))
-    for k, instruction in enumerate(instructions):
-        if instruction.opname == "LOAD_GLOBAL":
-            chain = []
-            for following in instructions[k + 1 :]:
-                if following.opname not in _ATTRIBUTE_LOADS:
-                    break
-                chain.append(following.argval)
-            yield instruction.argval, tuple(chain)
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
     for const in code.co_consts:
         if isinstance(const, types.CodeType):  # lambdas, comprehensions, nested functions
-            yield from _names(const)
+            yield from _codes(const)
+
+
+def _names(fn: types.FunctionType) -> set[tuple[str, tuple]]:
+    """``(name, attributes)`` for each global ``fn`` reads, with the attributes it then reads of it in a row
+    (``pkg.cfg.STRENGTH``: ``("pkg", ("cfg", "STRENGTH"))``): from its source, the names it reads that are
+    none of its (or its nested code's) locals. Without a source, every name of ``co_names`` that is not a
+    local, each also with every one of them as its attribute: more than it reads (a sync too many), never less."""
+    codes = list(_codes(fn.__code__))
+    local = {n for c in codes for n in (*c.co_varnames, *c.co_cellvars, *c.co_freevars)}
+    try:
+        source = inspect.getsource(fn)  # a method's is indented: a block of its own (dedent would fail on a
+        tree = ast.parse("if 1:\n" + source if source[:1].isspace() else source)  # string's unindented lines)
+    except (OSError, TypeError, SyntaxError):  # no source, or a lambda's part of a line
+        named = {n for c in codes for n in c.co_names} - local
+        return {(n, ()) for n in named} | {(n, (a,)) for n in named for a in named}
+    found, inside = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and id(node) not in inside:
+            chain, base = [], node
+            while isinstance(base, ast.Attribute):
+                inside.add(id(base))
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id not in local:
+                inside.add(id(base))
+                found.add((base.id, tuple(reversed(chain))))
+        elif isinstance(node, ast.Name) and id(node) not in inside and node.id not in local:
+            found.add((node.id, ()))
+    return found
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +164,7 @@ def read_by(functions: list) -> list[tuple[dict, str]]:
         if id(fn) in seen:
             continue
         seen.add(id(fn))
-        for name, chain in set(_names(fn.__code__)):
+        for name, chain in _names(fn):
             namespace = fn.__globals__
             if name not in namespace:
                 continue  # a builtin

@@ -169,3 +169,36 @@ def test_a_public_global_set_from_none_to_an_object_is_not_sent_and_said_once():
         assert not outside_state.lazy(("global", "some_module", "SCALE"), None, 2.0)  # data: sent
     said = [str(w.message) for w in caught]
     assert len(said) == 1 and "module global some_module.AUGMENTER was set from None to an object" in said[0]
+
+
+def test_the_globals_a_function_reads_come_from_its_source_and_without_one_from_its_names(tmp_path):
+    """From the source: an attribute or a local named like a module global is not a read of it (``self.epoch``
+    beside a script's loop variable ``epoch``), and a method's unindented string does not hide the source.
+    Without a source (``exec``): every name that is not a local, more than it reads, never less."""
+    from kerasfeed.execution import outside_state
+
+    code = textwrap.dedent('''
+        import types
+        STRENGTH, epoch, count = 2, 0, 1
+        class Source:
+            def item(self, i):
+                count = len(self.names)
+                note = """
+        at column 0
+        """
+                return STRENGTH * self.epoch * count, types.SimpleNamespace, note
+    ''')
+    (tmp_path / "with_source.py").write_text(code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import with_source
+    finally:
+        sys.path.remove(str(tmp_path))
+    item = with_source.Source.item
+    assert outside_state._names(item) == {("STRENGTH", ()), ("types", ("SimpleNamespace",)), ("len", ())}
+    assert sorted(name for _, name in outside_state.read_by([item])) == ["STRENGTH", "types"]
+    space: dict = {}
+    exec(compile(code, "<typed>", "exec"), space)
+    names = outside_state._names(space["Source"].item)
+    assert {("STRENGTH", ()), ("types", ("SimpleNamespace",)), ("epoch", ())} <= names  # epoch: the attribute's
+    assert not {name for name, _ in names} & {"count", "self", "i", "note"}  # the locals
