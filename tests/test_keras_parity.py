@@ -306,6 +306,9 @@ def test_exception_pydataset_yields_the_batches_before_its_error_as_keras_does(e
             next(it)
     finally:
         kerasfeed.executor_of(ds).close()
+    # Without a signature, item 2 is one of the probed items: to_dataset() itself names it, before any batch.
+    with pytest.raises(kerasfeed.ItemError, match=r"ExceptionPyDataset\[2\] raised ValueError.*Expected exception"):
+        kerasfeed.to_dataset(ExceptionPyDataset(), executor=executor, **kw)
 
 
 def test_non_indexable_sources_say_what_is_missing():
