@@ -66,6 +66,7 @@ import dataclasses
 import logging
 from typing import Any, Optional
 
+from kerasfeed.execution import own_state
 from kerasfeed.execution.auto_cached import cached_work
 from kerasfeed.execution.auto_probe import Probe, item_at, probe_source
 from kerasfeed.execution.base import Executor
@@ -295,11 +296,12 @@ def make_auto_executor(
     items = source_length(source, allow_infinite=True, owner="executor='auto'")
     n_workers = workers_for(options.workers, items, cpus)  # what ProcessExecutor would start
     # With cache=, what the executor will run per item (NOTE [ Auto with cache= ] in auto_cached.py).
-    work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
-    probe = None if work is None else probe_source(work, calls=calls)
-    keep = getattr(work, "keep_made", None)
-    if callable(keep):
-        keep()  # with cache=: what the probe made is stored, not made again in pass 0
+    with own_state.undone(source):  # what the probe made for this process is not the workers' (its NOTE)
+        work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
+        probe = None if work is None else probe_source(work, calls=calls)
+        keep = getattr(work, "keep_made", None)
+        if callable(keep):
+            keep()  # with cache=: what the probe made is stored, not made again in pass 0
     name, reason = ("threads", note) if probe is None else decide(probe, n_workers, cpus, handover)
     reason += f"; {note}" if note and probe is not None else ""
     ex: Executor

@@ -72,6 +72,11 @@ class Executor(abc.ABC):
         pass's end; ``"set_epoch"``, then ``"on_epoch_begin"`` at the next one's start, ``plan`` follows):
         executors whose items run on a copy of the source use it to tell what each hook changed."""
 
+    def after_hook(self, name: str) -> None:
+        """Called in the consumer just after a pass ran the source's hook ``name`` (``"on_epoch_end"``, or
+        ``"on_epoch_begin"``, which ends the hooks ``"set_epoch"`` began): with ``before_hook``, it tells what
+        the hooks set from what code between them set (NOTE [ State each process makes for itself ])."""
+
     def ready(self, index: int, epoch: int) -> bool:
         """Whether ``load(index, epoch)`` would return (or raise) now: the
         item was made ahead for the current plan, or failed. Never blocks (a

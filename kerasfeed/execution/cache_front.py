@@ -275,6 +275,9 @@ class CacheFront(Executor):
         self._changes.before_hooks()
         self.inner.before_hook(name)
 
+    def after_hook(self, name: str) -> None:
+        self.inner.after_hook(name)
+
     def pass_failed(self, epoch: int) -> None:
         self.inner.pass_failed(epoch)
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from kerasfeed import _nest
 from kerasfeed.cache.key_sources import defining_class
+from kerasfeed.execution import own_state
 from kerasfeed.execution.cached_items import read_only, run_augment, run_stage
 from kerasfeed.sources import item_random
 
@@ -50,8 +51,10 @@ def _both_ways(source: Any) -> tuple[Any, Any, Any]:
         return loaded, run_augment(source, read_only(loaded))
 
     try:
-        own = _from(states, lambda: source[0])
-        loaded, augmented = _from(states, split)
+        with own_state.undone(source):  # made here for this process, not the workers' (its NOTE); each way from
+            own = _from(states, lambda: source[0])  # the same state of the source
+        with own_state.undone(source):
+            loaded, augmented = _from(states, split)
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
@@ -88,7 +91,9 @@ def check_split(source: Any, api: str) -> Any:
         logger.warning(
             "kerasfeed: with `cache`, %s's items are augment(load(i)), and item 0 by its own __getitem__ has other "
             "values (the same random states for both). If __getitem__ does more than augment(load(i)), move that "
-            "into augment, or the cached run trains on other items than model.fit(seq).", name)
+            "into augment, or the cached run trains on other items than model.fit(seq). (An augment that draws from "
+            "a generator of its own rather than kerasfeed.item_rng() differs at each call: then nothing is wrong.)",
+            name)
     return loaded
 
 

@@ -22,6 +22,10 @@ of plain data set to or from None (``self.subset = None`` meaning all items)
 counts. A pass begun again with no hook between is no boundary. Attributes
 the stored stage does not read are named in ``cache_ignores``.
 
+A random generator (numpy's, ``random.Random``) is compared by identity: its
+state moves whenever ``augment`` draws from it (``self._rng``, made on first
+use), and a stored stage that drew from it would be random anyway.
+
 Values are compared by their pickled bytes (``state_sync.fingerprint``); one
 that cannot be pickled whole (a list of open files, a reader holding a lock)
 part by part, a part that cannot be pickled as the same object or not
@@ -31,6 +35,7 @@ its pickled state less its epoch counter, which moves every pass.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Optional
 
 import numpy as np
@@ -45,6 +50,7 @@ _DEPTH = 4  # levels a value that cannot be pickled whole is compared through
 _ABSENT = (None, "none")  # an attribute not set: as None
 _DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
 _CLASS_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
+_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 _FRAMEWORK_MODULES = ("kerasfeed.", "keras.", "tensorflow.", "torch.", "jax.", "builtins")
 
 
@@ -124,6 +130,8 @@ def _state(source: Any) -> dict:
 def _compared(value: Any, depth: int = _DEPTH) -> Any:
     """``value`` as the check compares it: its fingerprint; a kerasfeed source held inside by its state less its
     epoch counter; one that cannot be pickled whole part by part (see the NOTE)."""
+    if isinstance(value, _GENERATORS):
+        return ("generator", value)  # the same object (see the NOTE)
     own = _held_state(value)
     if own is not None:
         return (type(value), _compared(own, depth - 1)) if depth > 0 else fingerprint(own)

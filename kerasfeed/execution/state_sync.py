@@ -21,7 +21,10 @@ changed by the hooks, with worker processes*. Beyond that page:
 - ``SceneSequence``'s epoch bookkeeping (``_kf_epoch``, ``_kf_in_epoch``) is
   not a change: every process sets it itself;
 - class attributes and module globals the source's code reads travel the same
-  way, keyed by tuples (NOTE [ State outside the instance ], outside_state.py).
+  way, keyed by tuples (NOTE [ State outside the instance ], outside_state.py);
+- an underscored attribute the consumer set from None outside the hooks (a
+  generator its ``seq[i]`` made) is its own: not sent (NOTE [ State each
+  process makes for itself ], own_state.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from kerasfeed.errors import FileChangedError, short_repr
-from kerasfeed.execution import outside_state
+from kerasfeed.execution import outside_state, own_state
 
 _OWN_KEYS = frozenset({"_kf_epoch", "_kf_in_epoch"})  # bookkeeping every process keeps for itself
 _SMALL_BUFFER = 64 * 2**10  # compared by content; larger ones by identity or CRC-32
@@ -172,6 +175,9 @@ class StateTracker:
         self._custom_set_epoch = _overrides(source, "set_epoch")
         self._custom_begin = _overrides(source, "on_epoch_begin")
         self._synced = self.fingerprints()
+        self._own: dict[str, bool] = {}  # keys each process makes for itself (own_state.py) -> was None (else unset)
+        self._window: Optional[dict] = None  # their values when the hooks began
+        self._hooked: set = set()  # those the hooks set since the last check
         self._pre: Optional[dict] = None
         self._mid: Optional[dict] = None
         self.syncs = 0  # passes that sent state
@@ -188,8 +194,20 @@ class StateTracker:
             return {_WHOLE: fingerprint(self.source), **outside}
         return {**{k: fingerprint(v) for k, v in self._state().items()}, **outside}
 
+    def _maybe_own(self) -> dict:
+        """The instance's underscored attributes that are None or unset in the workers' copy (or each process's
+        own already), with their values now (``_MISSING``: unset)."""
+        space = getattr(self.source, "__dict__", None)
+        if self.mode == "whole" or not isinstance(space, dict):
+            return {}
+        names = {k for k in space if own_state.per_process(k)} | set(self._own)
+        return {k: space.get(k, _MISSING) for k in names
+                if k in self._own or k not in self._synced or self._synced[k] == _NONE}
+
     def before_hook(self, name: str) -> None:
         """Called just before the consumer runs hook ``name`` of a pass."""
+        if self._window is None:
+            self._window = self._maybe_own()
         # Only a set_epoch of the user's may change what the workers compute themselves: only then is it needed.
         if not self._custom_set_epoch:
             return
@@ -197,6 +215,21 @@ class StateTracker:
             self._pre, self._mid = self.fingerprints(), None
         elif name == "on_epoch_begin" and self._custom_begin and self._pre is not None:
             self._mid = self.fingerprints()
+
+    def after_hook(self, name: str) -> None:
+        """Called just after the consumer ran hook ``name`` (``on_epoch_end``; ``on_epoch_begin``, which ends the
+        hooks that ``set_epoch`` began)."""
+        window, self._window = self._window, None
+        if window is not None:
+            now = self._maybe_own()
+            set_here = {k for k in now.keys() | window.keys() if now.get(k, _MISSING) is not window.get(k, _MISSING)}
+            self._hooked |= set_here
+
+    def _own_now(self, post: dict) -> set:
+        """Keys each process makes for itself at this check: set from None outside the hooks, or already so and
+        not set by them since (the NOTE in own_state.py)."""
+        return {k for k, v in self._maybe_own().items() if k not in self._hooked
+                and (k in self._own or (v is not _MISSING and v is not None and k in post))}
 
     @staticmethod
     def _differ(a: dict, b: dict, skip: frozenset = frozenset()) -> set:
@@ -227,7 +260,13 @@ class StateTracker:
         post = self.fingerprints()
         pre, mid = self._pre, self._mid
         self._pre = self._mid = None
-        own = _OWN_KEYS if self.mode != "whole" else frozenset()
+        mine = self._own_now(post)
+        for k in mine - self._own.keys():
+            self._own[k] = self._synced.get(k) == _NONE
+        for k in self._hooked:
+            self._own.pop(k, None)
+        self._hooked = set()
+        own = (_OWN_KEYS if self.mode != "whole" else frozenset()) | mine
         if pre is None:  # no set_epoch of the user's since the last check: the workers hold the synced state
             keep = not self._differ(post, self._synced, own)
             set_epoch_keys: set = set()
@@ -239,7 +278,7 @@ class StateTracker:
         if keep:
             self._synced = post
             return None, True
-        send = self._differ(post, self._synced) | set_epoch_keys
+        send = self._differ(post, self._synced, frozenset(mine)) | set_epoch_keys
         payload = self._payload(post, send)
         self._synced = post
         if payload is None:  # only values that cannot be pickled changed: the workers keep theirs (warned)
@@ -304,13 +343,19 @@ class StateTracker:
                 )
         if self.mode == "whole":
             return ("whole", self.source)
-        if self.mode == "setstate":
-            return ("setstate", self._state())
+        if self.mode == "setstate":  # each process's own state as the workers' copy had it (None or unset)
+            state = dict(self._state())
+            for k, was_none in self._own.items():
+                state.pop(k, None)
+                if was_none:
+                    state[k] = None
+            return ("setstate", state)
         state = self._state()
         return ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
 
 
 _MISSING = _Same(object())
+_NONE = _Value(None)
 
 
 def apply_state(source: Any, payload: bytes, loads: Any = pickle.loads) -> Any:

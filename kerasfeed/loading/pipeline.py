@@ -198,11 +198,14 @@ class PassPipeline(FollowsFit):
         # (NOTE [ Threads that run the source start with the default floating-point environment ]).
         with default_fp_env():
             self.executor.before_hook("set_epoch")
-            set_epoch(self._source, epoch)
-            self.executor.before_hook("on_epoch_begin")
-            hook = getattr(self._source, "on_epoch_begin", None)
-            if callable(hook):
-                hook()
+            try:
+                set_epoch(self._source, epoch)
+                self.executor.before_hook("on_epoch_begin")
+                hook = getattr(self._source, "on_epoch_begin", None)
+                if callable(hook):
+                    hook()
+            finally:
+                self.executor.after_hook("on_epoch_begin")
 
     def _pick(self, index: int, epoch: int) -> Any:
         stats = self.stats
@@ -377,13 +380,16 @@ class PassPipeline(FollowsFit):
             self._hooked = None
         hook = getattr(self._source, "on_epoch_end", None)
         self.executor.before_hook("on_epoch_end")  # with cache=: what the pass's items left, before the hook
-        if callable(hook):
-            try:
+        try:
+            if callable(hook):
                 with default_fp_env():  # as items (execution/fpenv.py)
                     hook()
-            except BaseException:  # as a failed load: the pool parks once the pass is left, even while
-                self.executor.pass_failed(epoch)  # a notebook or Keras keeps this error (and the pipeline)
-                raise
+        except BaseException:  # as a failed load: the pool parks once the pass is left, even while
+            self.executor.pass_failed(epoch)  # a notebook or Keras keeps this error (and the pipeline)
+            raise
+        finally:
+            self.executor.after_hook("on_epoch_end")
+        if callable(hook):
             now = _length(self._source) if self._length is not None else None
             if now is not None and now != self._length:  # said once: later passes read the first length
                 logger.warning(

@@ -286,6 +286,10 @@ class ProcessExecutor(Executor):
         if self._state is not None:
             self._state.before_hook(name)
 
+    def after_hook(self, name: str) -> None:
+        if self._state is not None:
+            self._state.after_hook(name)
+
     def stream(self, fn: Callable[[Any], Any], arg: Any = None, *, name: Optional[str] = None) -> StreamIterator:
         """Iterates ``fn(arg)`` in a worker; its items come back through shared memory.
 

@@ -276,6 +276,11 @@ class RayExecutor(LoadsMixin, Executor):
             state = self._state
         state.before_hook(name)
 
+    def after_hook(self, name: str) -> None:
+        with self._lock:
+            state = self._state
+        state.after_hook(name)
+
     def pass_failed(self, epoch: int) -> None:
         self._watch.arm(int(epoch))
 

@@ -1,0 +1,126 @@
+"""State a source makes for itself on first use (``self._rng = default_rng()``) stays in the process that made it
+(NOTE [ State each process makes for itself ], kerasfeed/execution/own_state.py): made in the consumer, by
+kerasfeed's probes or by the user's ``seq[i]`` between passes, it was sent to every worker process, whose draws
+were then the same (a helper's review: 12 distinct draws of 24 items, silently)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import kerasfeed
+from kerasfeed.execution import own_state
+from kerasfeed.execution.auto import make_auto_executor
+
+
+class Drawing(kerasfeed.SceneSequence):
+    """Each process makes its own generator on first use; an item says which process drew what."""
+
+    def __init__(self, n=16):
+        super().__init__()
+        self.n, self._rng, self._order = n, None, None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self._rng is None:
+            self._rng = np.random.default_rng()
+        j = i if self._order is None else self._order[i]
+        return np.array([j, os.getpid()]), self._rng.integers(0, 2**62, 2)
+
+
+class Reversing(Drawing):
+    def on_epoch_end(self):
+        self._order = np.arange(self.n)[::-1].copy()  # set from None by the hook: the workers must get it
+
+
+class Split(Drawing):
+    """A class's own ``__getitem__`` beside ``load`` and ``augment`` (checked once when a cache opens)."""
+
+    def load(self, i):
+        return np.array([i], np.int64)
+
+    def augment(self, item):
+        if self._rng is None:
+            self._rng = np.random.default_rng()
+        return np.array([int(item[0]), os.getpid()]), self._rng.integers(0, 2**62, 2)
+
+    def __getitem__(self, i):
+        return self.augment(self.load(i))
+
+
+class Stated(Drawing):
+    def __setstate__(self, state):  # sent whole state at a change ("setstate" mode)
+        self.__dict__.update(state)
+
+
+def _draws(rows):
+    return len({tuple(d.tolist()) for _, d in rows}), {int(ip[1]) for ip, _ in rows}
+
+
+@pytest.mark.parametrize("cls", [Drawing, Stated])
+def test_a_generator_the_consumer_makes_between_passes_stays_its_own(cls):
+    src = cls()
+    with kerasfeed.to_loader(src, executor="processes", workers=2) as loader:
+        passes = []
+        for _ in range(3):
+            passes.append(list(loader))
+            src[0]  # the consumer makes its own generator: not the workers'
+            src.level = len(passes)  # a public attribute changed between passes: sent, with the rest as it was
+        stats = kerasfeed.executor_of(loader).stats()
+    for rows in passes:
+        distinct, pids = _draws(rows)
+        assert distinct == 16 and len(pids) == 2 and os.getpid() not in pids
+    assert stats["state"]["syncs"] == 2  # `level`, not `_rng`
+
+
+def test_an_underscored_attribute_a_hook_sets_from_none_reaches_the_workers():
+    with kerasfeed.to_loader(Reversing(8), executor="processes", workers=2) as loader:
+        order = [[int(ip[0]) for ip, _ in loader] for _ in range(2)]
+    assert order == [list(range(8)), list(range(8))[::-1]]
+
+
+def test_auto_s_probe_leaves_nothing_it_made_on_the_source():
+    src = Drawing()
+    ex = make_auto_executor(src)
+    try:
+        assert ex.probe is not None and src._rng is None  # the probe ran items here, then undid _rng
+        assert pickle.loads(pickle.dumps(src))._rng is None  # what a worker process would be given
+    finally:
+        ex.close()
+
+
+def test_undone_resets_what_was_set_from_none_or_added_and_keeps_the_rest():
+    class Plain:
+        pass
+
+    obj = Plain()
+    obj._file, obj.count, obj._kf_epoch = None, 1, None
+    with own_state.undone(obj):
+        obj._file, obj.count, obj.added, obj._kf_epoch = open(os.devnull), 2, "x", 3
+    assert obj._file is None and obj.count == 2 and not hasattr(obj, "added") and obj._kf_epoch == 3
+
+
+def test_the_cache_s_check_of_its_own_getitem_leaves_each_worker_its_own_generator():
+    src = Split(12)
+    with kerasfeed.to_loader(src, executor="processes", workers=2, cache="memory") as loader:
+        assert src._rng is None  # the check made item 0 both ways here, then undid what it made
+        passes = [list(loader) for _ in range(2)]
+    for rows in passes:
+        distinct, pids = _draws(rows)
+        assert distinct == 12 and sorted(int(ip[0]) for ip, _ in rows) == list(range(12))
+
+
+def test_an_augment_drawing_from_its_own_generator_on_threads_is_no_change_of_the_source():
+    """On threads ``augment`` runs on the consumer's source: its generator moves every pass. That is not a change
+    of what ``load`` reads (it raised "the source's attribute `_rng` changed since the last pass")."""
+    src = Split(6)
+    with kerasfeed.to_loader(src, executor="threads", cache="memory") as loader:
+        passes = [list(loader) for _ in range(3)]
+    counts = collections.Counter(tuple(d.tolist()) for rows in passes for _, d in rows)
+    assert len(counts) == 18 and all(sorted(int(ip[0]) for ip, _ in rows) == list(range(6)) for rows in passes)
