@@ -236,6 +236,7 @@ class Loader:
         """Stops the executor's threads or worker processes (if this loader made it: one given stays open for
         its other users); its next pass is refused either way."""
         self._closed = True
+        self._passes.release()  # the open pass's kept batches: with cache=, views that hold the store mapped
         if self._feed.owns_executor:
             self.executor.close()
 
