@@ -20,24 +20,29 @@ sends the changed ones with them; ``apply`` sets them in the worker.
   call that way (a helper, here or imported from another module), as long as
   the module is the user's: not the standard library's nor an installed
   package's (``_users``). Found once, when the tracker starts, from the
-  functions' source (``ast``: a name read that is not one of the code's
-  locals, and the attributes read of it in a row), not from their bytecode.
-  A code object's ``co_names`` alone also holds attribute names, and
-  ``self.epoch`` would tie a script's loop variable ``epoch`` to the source (a
-  sync, and the items made ahead dropped, at every pass); it is the fallback
-  where there is no source (``exec``, code typed at a prompt).
+  functions' source, not from their bytecode: ``symtable`` (Python's own
+  scope rules) says which names are global in the function or the code
+  nested in it, ``ast`` the attributes read of them in a row. A code
+  object's ``co_names`` alone also holds attribute names, and ``self.epoch``
+  would tie a script's loop variable ``epoch`` to the source (a sync, and the
+  items made ahead dropped, at every pass); it is the fallback where there is
+  no source that is the function's (``exec``, code typed at a prompt, a file
+  edited since it was imported: its source must name what its code does).
+  Not seen through: a decorator without ``functools.wraps``.
 - How a change is seen: numbers, strings, bytes, None and short tuples of them
   by value; any other value by identity only (rebinding ``CONFIG = {...}`` is
   seen; ``CONFIG["k"] = v`` in place is not: keep changing state on the
   instance, whose attributes are compared by content). Identity costs nothing
   a pass, where comparing a module-level memo dict by content would pickle it.
 - A changed value that cannot be pickled (a lock, a socket) is not sent: one
-  warning names it. Nor is a value set from None of an underscored name
-  (silently), or of a public name to an object (one warning): state a process
-  makes for itself on first use (``_RNG = np.random.default_rng(os.getpid())``),
-  which the consumer makes too when it runs an item (``seq[0]`` between
-  passes): sent, every worker drew the consumer's numbers (helper's review).
-  A change to None is sent (a feature turned off).
+  warning names it. Nor is an object (not data: a number, a string, a
+  container, an array) set from None, of an underscored name silently, of a
+  public one with one warning: state a process makes for itself on first use
+  (``_RNG = np.random.default_rng(os.getpid())``), which the consumer makes
+  too when it runs an item (``seq[0]`` between passes): sent, every worker
+  drew the consumer's numbers (helper's review; NOTE [ State each process
+  makes for itself ], own_state.py). Data set from None (``_ORDER = perm``)
+  and a change to None (a feature turned off) are sent.
 - Not covered: values set before the workers start, for a class defined in a
   module file. Worker processes are spawned and import that module afresh, so
   they hold its import-time values (as PyTorch's spawned workers do). A class
@@ -51,20 +56,21 @@ import ast
 import functools
 import inspect
 import os
+import symtable
 import sys
 import sysconfig
 import types
 import warnings
 from typing import Any, Iterator, Optional
 
-import numpy as np
+from kerasfeed.execution import own_state
 
 _LIBRARY_ROOTS = frozenset({"builtins", "kerasfeed", "keras", "tensorflow", "abc", "typing", "collections"})
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, types.ModuleType,
          staticmethod, classmethod, property)  # fmt: skip
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes)
 _SHORT_TUPLE = 64  # longer tuples: ``_Tuple``
-_DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
+_MODULE_DEPTH = 3  # module levels followed without a source (``pkg.sub.cfg.X``)
 _warned: set = set()
 
 
@@ -96,30 +102,63 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
 
 def _names(fn: types.FunctionType) -> set[tuple[str, tuple]]:
     """``(name, attributes)`` for each global ``fn`` reads, with the attributes it then reads of it in a row
-    (``pkg.cfg.STRENGTH``: ``("pkg", ("cfg", "STRENGTH"))``): from its source, the names it reads that are
-    none of its (or its nested code's) locals. Without a source, every name of ``co_names`` that is not a
-    local, each also with every one of them as its attribute: more than it reads (a sync too many), never less."""
-    codes = list(_codes(fn.__code__))
-    local = {n for c in codes for n in (*c.co_varnames, *c.co_cellvars, *c.co_freevars)}
-    try:
-        source = inspect.getsource(fn)  # a method's is indented: a block of its own (dedent would fail on a
-        tree = ast.parse("if 1:\n" + source if source[:1].isspace() else source)  # string's unindented lines)
-    except (OSError, TypeError, SyntaxError):  # no source, or a lambda's part of a line
-        named = {n for c in codes for n in c.co_names} - local
-        return {(n, ()) for n in named} | {(n, (a,)) for n in named for a in named}
-    found, inside = set(), set()
+    (``pkg.cfg.STRENGTH``: ``("pkg", ("cfg", "STRENGTH"))``): from its source, the names Python's own scope
+    rules (``symtable``) make global in it or its nested code. Without a source that is ``fn``'s (none, or a
+    file edited since), every name of ``co_names`` and, through the user's modules, every attribute among them:
+    more than it reads (a sync too many), never less."""
+    named = {part for c in _codes(fn.__code__) for n in c.co_names for part in n.split(".")}
+    parsed = _source(fn, named)
+    if parsed is None:
+        return _by_names(fn, named)
+    text, tree = parsed
+    read, scopes = set(), list(symtable.symtable(text, "<kerasfeed>", "exec").get_children())
+    while scopes:  # the function's scope and those nested in it (the top one holds its decorators)
+        scope = scopes.pop()
+        read |= {s.get_name() for s in scope.get_symbols() if s.is_global() and s.is_referenced()}
+        scopes += scope.get_children()
+    found = {(name, ()) for name in read}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and id(node) not in inside:
+        if isinstance(node, ast.Attribute):
             chain, base = [], node
             while isinstance(base, ast.Attribute):
-                inside.add(id(base))
                 chain.append(base.attr)
                 base = base.value
-            if isinstance(base, ast.Name) and base.id not in local:
-                inside.add(id(base))
+            if isinstance(base, ast.Name) and base.id in read:
                 found.add((base.id, tuple(reversed(chain))))
-        elif isinstance(node, ast.Name) and id(node) not in inside and node.id not in local:
-            found.add((node.id, ()))
+    return found
+
+
+_IMPLICIT = frozenset({"__name__", "__module__", "__qualname__", "__doc__", "__class__"})  # a nested class body's
+
+
+def _source(fn: types.FunctionType, named: set) -> Optional[tuple[str, ast.AST]]:
+    """``fn``'s source and its tree, or None: no source (``exec``, a prompt), a lambda's part of a line, or a
+    source that names less than ``fn``'s code does (its file edited since it was imported)."""
+    try:
+        text = inspect.getsource(fn)
+        text = "if 1:\n" + text if text[:1].isspace() else text  # a method's: a block of its own (dedent would
+        tree = ast.parse(text)  # fail on a string's unindented lines)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    seen = set(_IMPLICIT)
+    for node in ast.walk(tree):
+        seen.update(n for n in (getattr(node, "id", None), getattr(node, "attr", None), getattr(node, "name", None),
+                                getattr(node, "arg", None)) if isinstance(n, str))
+        if isinstance(node, (ast.ImportFrom, ast.alias)):
+            seen.update((getattr(node, "module", None) or getattr(node, "name", None) or "").split("."))
+    mangled = {n for n in named - seen if n.startswith("_") and n[n.find("__", 1):] in seen and "__" in n[1:]}
+    return (text, tree) if named - mangled <= seen else None
+
+
+def _by_names(fn: types.FunctionType, named: set) -> set[tuple[str, tuple]]:
+    found, todo = set(), [(fn.__globals__, name, ()) for name in named]
+    while todo:
+        namespace, name, chain = todo.pop()
+        found.add((chain[0] if chain else name, (*chain[1:], name) if chain else ()))
+        value = namespace.get(name)
+        if isinstance(value, types.ModuleType) and _users(value.__name__) and len(chain) < _MODULE_DEPTH:
+            head = (*chain, name)
+            todo += [(vars(value), a, head) for a in named if a in vars(value)]
     return found
 
 
@@ -217,16 +256,15 @@ class _Tuple:
 
 
 def lazy(key: tuple, was: Any, now: Any) -> bool:
-    """A value set from None (``_ABSENT``: not set) that is state a process makes for itself on first use: any
-    value of an underscored name (silently), or an object of a public one (warned about once, by key: it may be
-    a setting the hooks meant the workers to see). A change *to* None always counts (a feature turned off)."""
+    """A value set from None (``_ABSENT``: not set) that is state a process makes for itself on first use: an
+    object, not data (``own_state.made_for_itself``), of an underscored name (silently) or of a public one
+    (warned about once, by key: it may be a setting the hooks meant the workers to see). Data set from None, and
+    a change *to* None (a feature turned off), always count."""
     was, now = (None if v is _ABSENT else v for v in (was, now))
-    if was is not None or now is None:
+    if was is not None or not own_state.made_for_itself(now):
         return False
     if key[-1].startswith("_"):
         return True
-    if isinstance(now, _DATA):
-        return False
     if key not in _warned:
         _warned.add(key)
         warnings.warn(

@@ -3,30 +3,37 @@
 NOTE [ State each process makes for itself ]
 A source often makes per-process state on first use, under an attribute that
 was None or not set: ``if self._rng is None: self._rng = default_rng()``, a
-file, a connection. Worker processes each make their own, unless they are sent
-the consumer's: then every worker holds the same generator and draws the same
-numbers (a helper's review: 12 distinct draws of 24 items, silently). The
-consumer runs items too:
+file, a connection: an object, not data (a number, a string, a container, an
+array: ``made_for_itself``). Worker processes each make their own, unless
+they are sent the consumer's: then every worker holds the same generator and
+draws the same numbers (a helper's review: 12 distinct draws of 24 items,
+silently). The consumer runs items too:
 
 - kerasfeed's own calls before the workers start: ``executor="auto"``'s timing
   probe and, with ``cache=``, the check of a class's own ``__getitem__``
-  (``cached_split.py``). ``undone`` runs them and then sets what they set
-  from None back to None (or removes what they added), so the workers start
+  (``cached_split.py``). ``undone`` runs them and then sets such objects
+  they set from None back to None (or removes them), so the workers start
   from the source as the user left it, as with any other executor. The
   consumer makes its own again if it needs it.
 - the user's ``seq[i]`` between passes. At a pass boundary the state tracker
   (``state_sync.py``) does not send an underscored attribute that was None
-  (or not set) in the workers' copy and was set outside the epoch hooks, nor
-  its later changes outside them; one the hooks set (``before_hook`` ..
-  ``after_hook``) is sent as any change. A public attribute set from None is
-  sent: a setting the user gives the workers between passes
-  (``seq.augmenter = Flip()``).
+  (or not set) in the workers' copy and was set to such an object outside the
+  epoch hooks, nor its later changes outside them; one the hooks set
+  (``before_hook`` .. ``after_hook``) is sent as any change. Sent too: data
+  (a Keras callback's ``seq._scale = epoch + 2``, a review found it lost, and
+  an order made on first use, which every worker must share), and a public
+  attribute (a setting the user gives the workers between passes,
+  ``seq.augmenter = Flip()``). The cost of the rule: an underscored object a
+  Keras callback sets from None stays the consumer's; set it in the source's
+  ``on_epoch_end``, or give it a value other than None first.
 
 Not covered: state made in the consumer before the loader is built (it is in
-the source the workers are given, as PyTorch's workers get it), and a worker
-started again after a failure, which gets the consumer's source as it is then
-(NOTE [ Replacing a worker ]). ``kerasfeed.item_rng()`` draws per item, in any
-process, with none of this.
+the source the workers are given, as PyTorch's workers get it); a source of
+``__slots__`` at a pass boundary (sent whole: ``undone`` covers its probes); a
+worker started again after a failure, which gets the consumer's source as it
+is then (NOTE [ Replacing a worker ]). A class with its own ``__setstate__``
+is sent its whole state at a change: its workers keep their own objects.
+``kerasfeed.item_rng()`` draws per item, in any process, with none of this.
 """
 
 from __future__ import annotations
@@ -34,7 +41,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+import numpy as np
+
 _ABSENT = object()
+DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
 
 
 def per_process(name: str) -> bool:
@@ -43,10 +53,21 @@ def per_process(name: str) -> bool:
     return name.startswith("_") and not name.startswith(("__", "_kf_"))
 
 
+def made_for_itself(value: Any) -> bool:
+    """Whether ``value``, set from None, may be state a process makes for itself: an object that is not data."""
+    return value is not None and not isinstance(value, DATA)
+
+
+def _slots(source: Any) -> list:
+    return [n for c in type(source).__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str)
+            and n not in ("__dict__", "__weakref__")]
+
+
 @contextlib.contextmanager
 def undone(source: Any) -> Iterator[None]:
     """Within it, kerasfeed runs items of ``source`` in this process before its workers start; on the way out,
-    every attribute the calls set from None is None again, every one they added is removed (the NOTE).
+    every attribute (``__slots__`` too) the calls set from None to an object (``made_for_itself``) is None
+    again, or removed if they added it (the NOTE).
 
     Example:
 
@@ -56,19 +77,20 @@ def undone(source: Any) -> Iterator[None]:
     # seq._rng is None again: each worker makes its own
     ```
     """
+    names = _slots(source)
     space = getattr(source, "__dict__", None)
-    before = dict(space) if isinstance(space, dict) else None
+    before = {n: getattr(source, n, _ABSENT) for n in names}
+    before.update(space if isinstance(space, dict) else {})
     try:
         yield
     finally:
-        if before is not None:
-            for name in list(space):
-                was = before.get(name, _ABSENT)
-                if (was is None or was is _ABSENT) and space[name] is not was and not name.startswith("_kf_"):
-                    if was is None:
-                        space[name] = None
-                    else:
-                        del space[name]
+        for name in [*names, *(space if isinstance(space, dict) else ())]:
+            was, now = before.get(name, _ABSENT), getattr(source, name, _ABSENT)
+            if (was is None or was is _ABSENT) and made_for_itself(now) and not name.startswith("_kf_"):
+                if was is None:
+                    setattr(source, name, None)
+                else:
+                    delattr(source, name)
 
 
-__all__ = ["per_process", "undone"]
+__all__ = ["DATA", "made_for_itself", "per_process", "undone"]

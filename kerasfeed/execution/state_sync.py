@@ -225,11 +225,14 @@ class StateTracker:
             set_here = {k for k in now.keys() | window.keys() if now.get(k, _MISSING) is not window.get(k, _MISSING)}
             self._hooked |= set_here
 
-    def _own_now(self, post: dict) -> set:
-        """Keys each process makes for itself at this check: set from None outside the hooks, or already so and
-        not set by them since (the NOTE in own_state.py)."""
-        return {k for k, v in self._maybe_own().items() if k not in self._hooked
-                and (k in self._own or (v is not _MISSING and v is not None and k in post))}
+    def _own_now(self, post: dict) -> tuple[set, set]:
+        """Keys each process makes for itself at this check (set from None to an object outside the hooks, or
+        already so and not set by them since: the NOTE in own_state.py), and those a worker keeps its own value
+        of when its source is made anew ("setstate" mode): those, and the ones still None or unset here."""
+        maybe = {k: v for k, v in self._maybe_own().items() if k not in self._hooked}
+        mine = {k for k, v in maybe.items()
+                if k in self._own or (v is not _MISSING and own_state.made_for_itself(v) and k in post)}
+        return mine, mine | {k for k, v in maybe.items() if v is None or v is _MISSING}
 
     @staticmethod
     def _differ(a: dict, b: dict, skip: frozenset = frozenset()) -> set:
@@ -260,7 +263,7 @@ class StateTracker:
         post = self.fingerprints()
         pre, mid = self._pre, self._mid
         self._pre = self._mid = None
-        mine = self._own_now(post)
+        mine, theirs = self._own_now(post)
         for k in mine - self._own.keys():
             self._own[k] = self._synced.get(k) == _NONE
         for k in self._hooked:
@@ -279,7 +282,7 @@ class StateTracker:
             self._synced = post
             return None, True
         send = self._differ(post, self._synced, frozenset(mine)) | set_epoch_keys
-        payload = self._payload(post, send)
+        payload = self._payload(post, send, theirs)
         self._synced = post
         if payload is None:  # only values that cannot be pickled changed: the workers keep theirs (warned)
             return None, True
@@ -287,13 +290,13 @@ class StateTracker:
         self.sent_bytes += len(payload)
         return payload, False
 
-    def _payload(self, post: dict, send: set) -> Optional[bytes]:
+    def _payload(self, post: dict, send: set, theirs: set) -> Optional[bytes]:
         from kerasfeed.execution.pickling import dumps
 
         outside = {k for k in send if isinstance(k, tuple)}
         context = self._outside_change({k: post[k].value for k in outside if k in post}, outside)
         self._outside_sent |= outside
-        instance = self._instance_change(post, send - outside) if send - outside else None
+        instance = self._instance_change(post, send - outside, theirs) if send - outside else None
         if instance is None and context is None:
             return None
         return dumps((instance, context))  # h5py handles as references, as the source itself travels (h5_handles.py)
@@ -316,7 +319,7 @@ class StateTracker:
         removed = sorted(k for k in keys if k not in now)
         return (changed, removed) if changed or removed else None
 
-    def _instance_change(self, post: dict, send: set) -> tuple:
+    def _instance_change(self, post: dict, send: set, theirs: set) -> tuple:
         from kerasfeed.execution.pickling import WORKERS, find_unpicklable
 
         for key in sorted(send, key=str):
@@ -343,13 +346,13 @@ class StateTracker:
                 )
         if self.mode == "whole":
             return ("whole", self.source)
-        if self.mode == "setstate":  # each process's own state as the workers' copy had it (None or unset)
+        if self.mode == "setstate":  # each process's own state: the worker's, else as its copy had it
             state = dict(self._state())
             for k, was_none in self._own.items():
                 state.pop(k, None)
                 if was_none:
                     state[k] = None
-            return ("setstate", state)
+            return ("setstate", state, sorted(theirs))
         state = self._state()
         return ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
 
@@ -382,6 +385,9 @@ def _apply_instance(source: Any, change: tuple) -> Any:
     if kind == "setstate":
         fresh = type(source).__new__(type(source))
         fresh.__setstate__(change[1])
+        for k in change[2]:  # what this worker made for itself (own_state.py)
+            if getattr(source, k, None) is not None:
+                setattr(fresh, k, getattr(source, k))
         return fresh
     return change[1]
 

@@ -171,34 +171,71 @@ def test_a_public_global_set_from_none_to_an_object_is_not_sent_and_said_once():
     assert len(said) == 1 and "module global some_module.AUGMENTER was set from None to an object" in said[0]
 
 
-def test_the_globals_a_function_reads_come_from_its_source_and_without_one_from_its_names(tmp_path):
-    """From the source: an attribute or a local named like a module global is not a read of it (``self.epoch``
-    beside a script's loop variable ``epoch``), and a method's unindented string does not hide the source.
-    Without a source (``exec``): every name that is not a local, more than it reads, never less."""
+def _module(tmp_path, name, code):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(code))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_the_globals_a_function_reads_come_from_its_source_by_python_s_scope_rules(tmp_path):
+    """An attribute or a local named like a module global is not a read of it (``self.epoch`` beside a script's
+    loop variable ``epoch``); a global also named by a nested function's parameter, a lambda's or a
+    comprehension's variable still is (a review found it lost); a method's unindented string hides nothing."""
     from kerasfeed.execution import outside_state
 
-    code = textwrap.dedent('''
+    code = '''
         import types
-        STRENGTH, epoch, count = 2, 0, 1
+        STRENGTH, epoch, count, noise = 2, 0, 1, 1
         class Source:
             def item(self, i):
+                def add(x, noise):
+                    return x + noise
                 count = len(self.names)
                 note = """
         at column 0
         """
-                return STRENGTH * self.epoch * count, types.SimpleNamespace, note
+                shadow = [noise for noise in range(2)]
+                return add(STRENGTH * self.epoch * count, noise), types.SimpleNamespace, note, (lambda noise: noise)(1)
+    '''
+    item = _module(tmp_path, "with_source", code).Source.item
+    names = outside_state._names(item)
+    assert {name for name, _ in names} == {"STRENGTH", "noise", "types", "len", "range"}
+    assert ("types", ("SimpleNamespace",)) in names
+    assert sorted(name for _, name in outside_state.read_by([item])) == ["STRENGTH", "noise", "types"]
+
+
+def test_without_a_source_that_is_the_function_s_every_name_and_module_chain_is_followed(tmp_path):
+    """Code run from ``exec`` (a script on stdin) and a module whose file was edited since it was imported
+    (``getsource`` would read another function): ``co_names``, through the user's modules (``pkg.cfg.X``)."""
+    from kerasfeed.execution import outside_state
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from . import cfg\n")
+    (tmp_path / "pkg" / "cfg.py").write_text("X = 1\n")
+    code = textwrap.dedent('''
+        import pkg
+        STRENGTH = 2
+        class Source:
+            def other(self):
+                return 1
+
+            def item(self, i):
+                return STRENGTH * pkg.cfg.X + self.epoch
     ''')
-    (tmp_path / "with_source.py").write_text(code)
     sys.path.insert(0, str(tmp_path))
     try:
-        import with_source
+        space: dict = {}
+        exec(compile(code, "<typed>", "exec"), space)
+        names = outside_state._names(space["Source"].item)
+        assert {("STRENGTH", ()), ("pkg", ("cfg", "X"))} <= names
+        assert ("pkg", ("cfg",)) in names and ("epoch", ()) in names  # more than it reads: a sync too many
+        item = _module(tmp_path, "edited", code).Source.item
+        assert outside_state._names(item) == {("STRENGTH", ()), ("pkg", ()), ("pkg", ("cfg",)), ("pkg", ("cfg", "X"))}
+        (tmp_path / "edited.py").write_text("# three\n# lines\n# added\n" + code)  # item's first line: other's def
+        assert {("STRENGTH", ()), ("pkg", ("cfg", "X"))} <= outside_state._names(item)
     finally:
         sys.path.remove(str(tmp_path))
-    item = with_source.Source.item
-    assert outside_state._names(item) == {("STRENGTH", ()), ("types", ("SimpleNamespace",)), ("len", ())}
-    assert sorted(name for _, name in outside_state.read_by([item])) == ["STRENGTH", "types"]
-    space: dict = {}
-    exec(compile(code, "<typed>", "exec"), space)
-    names = outside_state._names(space["Source"].item)
-    assert {("STRENGTH", ()), ("types", ("SimpleNamespace",)), ("epoch", ())} <= names  # epoch: the attribute's
-    assert not {name for name, _ in names} & {"count", "self", "i", "note"}  # the locals
+        sys.modules.pop("pkg", None), sys.modules.pop("pkg.cfg", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -55,8 +56,16 @@ class Split(Drawing):
 
 
 class Stated(Drawing):
-    def __setstate__(self, state):  # sent whole state at a change ("setstate" mode)
+    """Sent its whole state at a change ("setstate" mode): a worker keeps the generator it made (seeded by its
+    pid: made again, it would repeat its draws; a review found 12 distinct of 24)."""
+
+    def __setstate__(self, state):
         self.__dict__.update(state)
+
+    def __getitem__(self, i):
+        if self._rng is None:
+            self._rng = np.random.default_rng(os.getpid())
+        return super().__getitem__(i)
 
 
 def _draws(rows):
@@ -76,7 +85,26 @@ def test_a_generator_the_consumer_makes_between_passes_stays_its_own(cls):
     for rows in passes:
         distinct, pids = _draws(rows)
         assert distinct == 16 and len(pids) == 2 and os.getpid() not in pids
+    assert _draws([row for rows in passes for row in rows])[0] == 48  # no draw repeated in a later pass
     assert stats["state"]["syncs"] == 2  # `level`, not `_rng`
+
+
+def test_data_set_from_none_between_passes_reaches_the_workers():
+    """A Keras callback's curriculum (``seq._scale = epoch + 2``, None before): data, not a process's own object;
+    the first version of the rule kept it from the workers (a review: losses 1, 1, 1 against 1, 2, 3)."""
+
+    class Scaled(Drawing):
+        def __getitem__(self, i):
+            return np.array([1.0 if self._scale is None else self._scale])
+
+    src = Scaled(4)
+    src._scale = None
+    with kerasfeed.to_loader(src, executor="processes", workers=2) as loader:
+        seen = []
+        for epoch in range(3):
+            seen.append(sorted({float(b[0]) for b in loader}))
+            src._scale = float(epoch + 2)
+    assert seen == [[1.0], [2.0], [3.0]]
 
 
 def test_an_underscored_attribute_a_hook_sets_from_none_reaches_the_workers():
@@ -95,15 +123,25 @@ def test_auto_s_probe_leaves_nothing_it_made_on_the_source():
         ex.close()
 
 
-def test_undone_resets_what_was_set_from_none_or_added_and_keeps_the_rest():
+def test_undone_resets_objects_set_from_none_or_added_and_keeps_data():
     class Plain:
         pass
 
     obj = Plain()
-    obj._file, obj.count, obj._kf_epoch = None, 1, None
+    obj._file, obj.count, obj._kf_epoch, obj._shape = None, 1, None, None
     with own_state.undone(obj):
-        obj._file, obj.count, obj.added, obj._kf_epoch = open(os.devnull), 2, "x", 3
-    assert obj._file is None and obj.count == 2 and not hasattr(obj, "added") and obj._kf_epoch == 3
+        obj._file, obj.count, obj.lock, obj._kf_epoch, obj._shape = open(os.devnull), 2, threading.Lock(), 3, (2,)
+    assert obj._file is None and not hasattr(obj, "lock")  # objects each process makes for itself: undone
+    assert obj.count == 2 and obj._kf_epoch == 3 and obj._shape == (2,)  # data and kerasfeed's own: kept
+
+    class Slotted:
+        __slots__ = ("_rng", "_order")
+
+    obj = Slotted()
+    obj._rng = obj._order = None
+    with own_state.undone(obj):
+        obj._rng, obj._order = np.random.default_rng(), [2, 0, 1]  # an order made on first use: data, kept
+    assert obj._rng is None and obj._order == [2, 0, 1]
 
 
 def test_the_cache_s_check_of_its_own_getitem_leaves_each_worker_its_own_generator():
