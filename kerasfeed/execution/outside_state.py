@@ -35,14 +35,15 @@ sends the changed ones with them; ``apply`` sets them in the worker.
   instance, whose attributes are compared by content). Identity costs nothing
   a pass, where comparing a module-level memo dict by content would pickle it.
 - A changed value that cannot be pickled (a lock, a socket) is not sent: one
-  warning names it. Nor is an object (not data: a number, a string, a
-  container, an array) set from None, of an underscored name silently, of a
-  public one with one warning: state a process makes for itself on first use
+  warning names it. Nor is a random generator or an object that cannot be
+  pickled set from None, of an underscored name silently, of a public one with
+  one warning: state a process makes for itself on first use
   (``_RNG = np.random.default_rng(os.getpid())``), which the consumer makes
   too when it runs an item (``seq[0]`` between passes): sent, every worker
   drew the consumer's numbers (helper's review; NOTE [ State each process
-  makes for itself ], own_state.py). Data set from None (``_ORDER = perm``)
-  and a change to None (a feature turned off) are sent.
+  makes for itself ], own_state.py). Anything else set from None
+  (``_ORDER = perm``, ``AUGMENTER = Flip()``) and a change to None (a
+  feature turned off) are sent.
 - Not covered: values set before the workers start, for a class defined in a
   module file. Worker processes are spawned and import that module afresh, so
   they hold its import-time values (as PyTorch's spawned workers do). A class
@@ -256,10 +257,10 @@ class _Tuple:
 
 
 def lazy(key: tuple, was: Any, now: Any) -> bool:
-    """A value set from None (``_ABSENT``: not set) that is state a process makes for itself on first use: an
-    object, not data (``own_state.made_for_itself``), of an underscored name (silently) or of a public one
-    (warned about once, by key: it may be a setting the hooks meant the workers to see). Data set from None, and
-    a change *to* None (a feature turned off), always count."""
+    """A value set from None (``_ABSENT``: not set) that is state a process makes for itself on first use: a
+    random generator or what cannot be pickled (``own_state.made_for_itself``), of an underscored name (silently)
+    or of a public one (warned about once, by key: it may be a setting the hooks meant the workers to see). Any
+    other value set from None, and a change *to* None (a feature turned off), count."""
     was, now = (None if v is _ABSENT else v for v in (was, now))
     if was is not None or not own_state.made_for_itself(now):
         return False
@@ -268,9 +269,10 @@ def lazy(key: tuple, was: Any, now: Any) -> bool:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(
-            f"kerasfeed: {describe(key)} was set from None to an object in this process (the consumer) and is not "
-            "sent to the worker processes: taken as state each process makes for itself on first use (a "
-            "generator, a file, a session), as the consumer does when it runs an item. If the epoch hooks set it "
+            f"kerasfeed: {describe(key)} was set from None to a random generator or an object that cannot be pickled "
+            "in this process (the consumer) and is not sent to the worker processes: taken as state each process "
+            "makes for itself on first use (a generator, a file, a session), as the consumer does when it runs an "
+            "item. If the epoch hooks set it "
             "for the workers to use, give it a value other than None before they start (then every change is "
             "sent), or keep it on the instance (self.x). "
             f"Received: {type(now).__module__}.{type(now).__qualname__}",

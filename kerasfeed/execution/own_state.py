@@ -3,8 +3,9 @@
 NOTE [ State each process makes for itself ]
 A source often makes per-process state on first use, under an attribute that
 was None or not set: ``if self._rng is None: self._rng = default_rng()``, a
-file, a connection: an object, not data (a number, a string, a container, an
-array: ``made_for_itself``). Worker processes each make their own, unless
+file, a connection: a random generator or an object that cannot be pickled
+(``made_for_itself``; not data, nor a picklable object such as a DataFrame or
+a tensor). Worker processes each make their own, unless
 they are sent the consumer's: then every worker holds the same generator and
 draws the same numbers (a helper's review: 12 distinct draws of 24 items,
 silently). The consumer runs items too:
@@ -19,13 +20,13 @@ silently). The consumer runs items too:
   (``state_sync.py``) does not send an underscored attribute that was None
   (or not set) in the workers' copy and was set to such an object outside the
   epoch hooks, nor its later changes outside them; one the hooks set
-  (``before_hook`` .. ``after_hook``) is sent as any change. Sent too: data
-  (a Keras callback's ``seq._scale = epoch + 2``, a review found it lost, and
-  an order made on first use, which every worker must share), and a public
+  (``before_hook`` .. ``after_hook``) is sent as any change. Sent too: other
+  values (a Keras callback's ``seq._scale = epoch + 2``, a review found it
+  lost, and an order made on first use, which every worker must share), and a public
   attribute (a setting the user gives the workers between passes,
-  ``seq.augmenter = Flip()``). The cost of the rule: an underscored object a
-  Keras callback sets from None stays the consumer's; set it in the source's
-  ``on_epoch_end``, or give it a value other than None first.
+  ``seq.augmenter = Flip()``). The cost of the rule: an underscored generator
+  a Keras callback sets from None stays the consumer's; set it in the
+  source's ``on_epoch_end``, or give it a value other than None first.
 
 Not covered: state made in the consumer before the loader is built (it is in
 the source the workers are given, as PyTorch's workers get it); a source of
@@ -39,7 +40,10 @@ is sent its whole state at a change: its workers keep their own objects.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import pickle
+import random
+import sys
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -53,9 +57,29 @@ def per_process(name: str) -> bool:
     return name.startswith("_") and not name.startswith(("__", "_kf_"))
 
 
-def made_for_itself(value: Any) -> bool:
-    """Whether ``value``, set from None, may be state a process makes for itself: an object that is not data."""
-    return value is not None and not isinstance(value, DATA)
+_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
+
+
+def generator(value: Any) -> bool:
+    """A random generator: numpy's, ``random.Random``, torch's (its state moves with every draw)."""
+    torch = sys.modules.get("torch")
+    return isinstance(value, _GENERATORS) or (torch is not None and isinstance(value, torch.Generator))
+
+
+def made_for_itself(value: Any, picklable: Optional[bool] = None) -> bool:
+    """Whether ``value``, set from None, is state a process makes for itself: a random generator, or an object
+    that cannot be pickled (a file, a lock, a connection). ``picklable``: known already (else tried)."""
+    if value is None or isinstance(value, DATA):
+        return False
+    if generator(value):
+        return True
+    if picklable is None:
+        try:
+            pickle.dumps(value)
+            picklable = True
+        except Exception:  # noqa: BLE001 - what cannot be pickled: each process's own
+            picklable = False
+    return not picklable
 
 
 def _slots(source: Any) -> list:
@@ -66,7 +90,7 @@ def _slots(source: Any) -> list:
 @contextlib.contextmanager
 def undone(source: Any) -> Iterator[None]:
     """Within it, kerasfeed runs items of ``source`` in this process before its workers start; on the way out,
-    every attribute (``__slots__`` too) the calls set from None to an object (``made_for_itself``) is None
+    every attribute (``__slots__`` too) the calls set from None to such state (``made_for_itself``) is None
     again, or removed if they added it (the NOTE).
 
     Example:
@@ -93,4 +117,4 @@ def undone(source: Any) -> Iterator[None]:
                     delattr(source, name)
 
 
-__all__ = ["DATA", "made_for_itself", "per_process", "undone"]
+__all__ = ["DATA", "generator", "made_for_itself", "per_process", "undone"]

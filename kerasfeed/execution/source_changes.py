@@ -35,13 +35,12 @@ its pickled state less its epoch counter, which moves every pass.
 
 from __future__ import annotations
 
-import random
 from typing import Any, Optional
 
 import numpy as np
 
 from kerasfeed.cache.keys import stage_of
-from kerasfeed.execution import outside_state
+from kerasfeed.execution import outside_state, own_state
 from kerasfeed.execution.state_sync import fingerprint, unpicklable
 
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})  # a kerasfeed source's epoch counters
@@ -50,7 +49,6 @@ _DEPTH = 4  # levels a value that cannot be pickled whole is compared through
 _ABSENT = (None, "none")  # an attribute not set: as None
 _DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
 _CLASS_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
-_GENERATORS = (np.random.Generator, np.random.RandomState, np.random.BitGenerator, random.Random)
 _FRAMEWORK_MODULES = ("kerasfeed.", "keras.", "tensorflow.", "torch.", "jax.", "builtins")
 
 
@@ -130,7 +128,7 @@ def _state(source: Any) -> dict:
 def _compared(value: Any, depth: int = _DEPTH) -> Any:
     """``value`` as the check compares it: its fingerprint; a kerasfeed source held inside by its state less its
     epoch counter; one that cannot be pickled whole part by part (see the NOTE)."""
-    if isinstance(value, _GENERATORS):
+    if own_state.generator(value):
         return ("generator", value)  # the same object (see the NOTE)
     own = _held_state(value)
     if own is not None:

@@ -231,7 +231,7 @@ class StateTracker:
         of when its source is made anew ("setstate" mode): those, and the ones still None or unset here."""
         maybe = {k: v for k, v in self._maybe_own().items() if k not in self._hooked}
         mine = {k for k, v in maybe.items()
-                if k in self._own or (v is not _MISSING and own_state.made_for_itself(v) and k in post)}
+                if k in self._own or (k in post and own_state.made_for_itself(v, not unpicklable(post[k])))}
         return mine, mine | {k for k, v in maybe.items() if v is None or v is _MISSING}
 
     @staticmethod

@@ -158,17 +158,23 @@ def test_a_global_each_process_makes_on_first_use_is_not_sent_when_the_consumer_
     assert not [w for w in caught if "kerasfeed" in str(w.message)]  # the usual pattern: nothing to say
 
 
-def test_a_public_global_set_from_none_to_an_object_is_not_sent_and_said_once():
+def test_a_public_global_set_from_none_to_a_generator_is_not_sent_and_said_once():
+    import threading
+
+    import numpy as np
+
     from kerasfeed.execution import outside_state
 
-    key = ("global", "some_module", "AUGMENTER")
+    key = ("global", "some_module", "RNG")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert outside_state.lazy(key, None, object()) and outside_state.lazy(key, None, object())
-        assert not outside_state.lazy(key, object(), None)  # turned off: sent
+        assert outside_state.lazy(key, None, np.random.default_rng()) and outside_state.lazy(key, None, threading.Lock())
+        assert not outside_state.lazy(key, np.random.default_rng(), None)  # turned off: sent
         assert not outside_state.lazy(("global", "some_module", "SCALE"), None, 2.0)  # data: sent
+        assert not outside_state.lazy(("global", "some_module", "AUGMENTER"), None, Still())  # a setting: sent
+        assert not outside_state.lazy(("global", "some_module", "_ORDER"), None, np.arange(3))
     said = [str(w.message) for w in caught]
-    assert len(said) == 1 and "module global some_module.AUGMENTER was set from None to an object" in said[0]
+    assert len(said) == 1 and "module global some_module.RNG was set from None to a random generator" in said[0]
 
 
 def _module(tmp_path, name, code):

@@ -9,6 +9,7 @@ import collections
 import os
 import pickle
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -128,11 +129,13 @@ def test_undone_resets_objects_set_from_none_or_added_and_keeps_data():
         pass
 
     obj = Plain()
-    obj._file, obj.count, obj._kf_epoch, obj._shape = None, 1, None, None
+    obj._file, obj.count, obj._kf_epoch, obj._shape, obj._table = None, 1, None, None, None
     with own_state.undone(obj):
-        obj._file, obj.count, obj.lock, obj._kf_epoch, obj._shape = open(os.devnull), 2, threading.Lock(), 3, (2,)
-    assert obj._file is None and not hasattr(obj, "lock")  # objects each process makes for itself: undone
+        obj._file, obj.count, obj.lock, obj._kf_epoch = open(os.devnull), 2, threading.Lock(), 3
+        obj._shape, obj._table = (2,), types.SimpleNamespace(rows=[1])
+    assert obj._file is None and not hasattr(obj, "lock")  # what each process makes for itself: undone
     assert obj.count == 2 and obj._kf_epoch == 3 and obj._shape == (2,)  # data and kerasfeed's own: kept
+    assert obj._table.rows == [1]  # an object that can be pickled (a table made on first use): kept
 
     class Slotted:
         __slots__ = ("_rng", "_order")
