@@ -112,7 +112,11 @@ def _names(fn: types.FunctionType) -> set[tuple[str, tuple]]:
     if parsed is None:
         return _by_names(fn, named)
     text, tree = parsed
-    read, scopes = set(), list(symtable.symtable(text, "<kerasfeed>", "exec").get_children())
+    try:
+        scopes = list(symtable.symtable(text, "<kerasfeed>", "exec").get_children())
+    except SyntaxError:  # a method's ``nonlocal`` of the function its class is made in: no scope here to bind
+        return _by_names(fn, named)
+    read = set()
     while scopes:  # the function's scope and those nested in it (the top one holds its decorators)
         scope = scopes.pop()
         read |= {s.get_name() for s in scope.get_symbols() if s.is_global() and s.is_referenced()}

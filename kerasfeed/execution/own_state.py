@@ -12,8 +12,9 @@ silently). The consumer runs items too:
 
 - kerasfeed's own calls before the workers start: ``executor="auto"``'s timing
   probe and, with ``cache=``, the check of a class's own ``__getitem__``
-  (``cached_split.py``). ``undone`` runs them and then sets such objects
-  they set from None back to None (or removes them), so the workers start
+  (``cached_split.py``). ``undone`` runs them and, if they made such state,
+  puts back every attribute they set (a flag beside it, ``self._ready``,
+  too: a review found it True with ``_rng`` None), so the workers start
   from the source as the user left it, as with any other executor. The
   consumer makes its own again if it needs it.
 - the user's ``seq[i]`` between passes. At a pass boundary the state tracker
@@ -33,7 +34,8 @@ the source the workers are given, as PyTorch's workers get it); a source of
 ``__slots__`` at a pass boundary (sent whole: ``undone`` covers its probes); a
 worker started again after a failure, which gets the consumer's source as it
 is then (NOTE [ Replacing a worker ]). A class with its own ``__setstate__``
-is sent its whole state at a change: its workers keep their own objects.
+is sent its whole state at a change: its workers keep theirs of what the
+consumer's own state withheld.
 ``kerasfeed.item_rng()`` draws per item, in any process, with none of this.
 """
 
@@ -66,13 +68,28 @@ def generator(value: Any) -> bool:
     return isinstance(value, _GENERATORS) or (torch is not None and isinstance(value, torch.Generator))
 
 
-def made_for_itself(value: Any, picklable: Optional[bool] = None) -> bool:
-    """Whether ``value``, set from None, is state a process makes for itself: a random generator, or an object
-    that cannot be pickled (a file, a lock, a connection). ``picklable``: known already (else tried)."""
-    if value is None or isinstance(value, DATA):
-        return False
+def _holds_generator(value: Any, depth: int = 2) -> bool:
+    """A generator, or one held a level or two down: ``{"rng": default_rng()}``, an augmenter object's ``self.rng``
+    (at most 64 values a level)."""
     if generator(value):
         return True
+    if depth == 0 or isinstance(value, (str, bytes, np.ndarray, np.generic)):
+        return False
+    inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (
+        getattr(value, "__dict__", None) or {}).values()
+    return len(inner) <= 64 and any(_holds_generator(v, depth - 1) for v in inner)
+
+
+def made_for_itself(value: Any, picklable: Optional[bool] = None) -> bool:
+    """Whether ``value``, set from None, is state a process makes for itself: a random generator (or what holds
+    one, ``_holds_generator``), or an object that cannot be pickled (a file, a lock, a connection).
+    ``picklable``: known already (else tried)."""
+    if value is None:
+        return False
+    if _holds_generator(value):
+        return True
+    if isinstance(value, DATA):
+        return False
     if picklable is None:
         try:
             pickle.dumps(value)
@@ -90,8 +107,9 @@ def _slots(source: Any) -> list:
 @contextlib.contextmanager
 def undone(source: Any) -> Iterator[None]:
     """Within it, kerasfeed runs items of ``source`` in this process before its workers start; on the way out,
-    every attribute (``__slots__`` too) the calls set from None to such state (``made_for_itself``) is None
-    again, or removed if they added it (the NOTE).
+    if the calls set an attribute (``__slots__`` too) from None to such state (``made_for_itself``), every
+    attribute they set anew is as it was (removed if they added it): a flag set beside it (``self._ready``)
+    stays consistent with it (the NOTE).
 
     Example:
 
@@ -108,13 +126,17 @@ def undone(source: Any) -> Iterator[None]:
     try:
         yield
     finally:
+        changed = {}
         for name in [*names, *(space if isinstance(space, dict) else ())]:
             was, now = before.get(name, _ABSENT), getattr(source, name, _ABSENT)
-            if (was is None or was is _ABSENT) and made_for_itself(now) and not name.startswith("_kf_"):
-                if was is None:
-                    setattr(source, name, None)
-                else:
+            if now is not was and not name.startswith("_kf_"):
+                changed[name] = (was, now)
+        if any((was is None or was is _ABSENT) and made_for_itself(now) for was, now in changed.values()):
+            for name, (was, _) in changed.items():
+                if was is _ABSENT:
                     delattr(source, name)
+                else:
+                    setattr(source, name, was)
 
 
 __all__ = ["DATA", "generator", "made_for_itself", "per_process", "undone"]

@@ -225,14 +225,11 @@ class StateTracker:
             set_here = {k for k in now.keys() | window.keys() if now.get(k, _MISSING) is not window.get(k, _MISSING)}
             self._hooked |= set_here
 
-    def _own_now(self, post: dict) -> tuple[set, set]:
-        """Keys each process makes for itself at this check (set from None to an object outside the hooks, or
-        already so and not set by them since: the NOTE in own_state.py), and those a worker keeps its own value
-        of when its source is made anew ("setstate" mode): those, and the ones still None or unset here."""
-        maybe = {k: v for k, v in self._maybe_own().items() if k not in self._hooked}
-        mine = {k for k, v in maybe.items()
-                if k in self._own or (k in post and own_state.made_for_itself(v, not unpicklable(post[k])))}
-        return mine, mine | {k for k, v in maybe.items() if v is None or v is _MISSING}
+    def _own_now(self, post: dict) -> set:
+        """Keys each process makes for itself at this check: set from None to such state outside the hooks, or
+        already so and not set by them since (the NOTE in own_state.py)."""
+        return {k for k, v in self._maybe_own().items() if k not in self._hooked
+                and (k in self._own or (k in post and own_state.made_for_itself(v, not unpicklable(post[k]))))}
 
     @staticmethod
     def _differ(a: dict, b: dict, skip: frozenset = frozenset()) -> set:
@@ -263,7 +260,7 @@ class StateTracker:
         post = self.fingerprints()
         pre, mid = self._pre, self._mid
         self._pre = self._mid = None
-        mine, theirs = self._own_now(post)
+        mine = self._own_now(post)
         for k in mine - self._own.keys():
             self._own[k] = self._synced.get(k) == _NONE
         for k in self._hooked:
@@ -282,7 +279,7 @@ class StateTracker:
             self._synced = post
             return None, True
         send = self._differ(post, self._synced, frozenset(mine)) | set_epoch_keys
-        payload = self._payload(post, send, theirs)
+        payload = self._payload(post, send)
         self._synced = post
         if payload is None:  # only values that cannot be pickled changed: the workers keep theirs (warned)
             return None, True
@@ -290,13 +287,13 @@ class StateTracker:
         self.sent_bytes += len(payload)
         return payload, False
 
-    def _payload(self, post: dict, send: set, theirs: set) -> Optional[bytes]:
+    def _payload(self, post: dict, send: set) -> Optional[bytes]:
         from kerasfeed.execution.pickling import dumps
 
         outside = {k for k in send if isinstance(k, tuple)}
         context = self._outside_change({k: post[k].value for k in outside if k in post}, outside)
         self._outside_sent |= outside
-        instance = self._instance_change(post, send - outside, theirs) if send - outside else None
+        instance = self._instance_change(post, send - outside) if send - outside else None
         if instance is None and context is None:
             return None
         return dumps((instance, context))  # h5py handles as references, as the source itself travels (h5_handles.py)
@@ -319,7 +316,7 @@ class StateTracker:
         removed = sorted(k for k in keys if k not in now)
         return (changed, removed) if changed or removed else None
 
-    def _instance_change(self, post: dict, send: set, theirs: set) -> tuple:
+    def _instance_change(self, post: dict, send: set) -> tuple:
         from kerasfeed.execution.pickling import WORKERS, find_unpicklable
 
         for key in sorted(send, key=str):
@@ -352,7 +349,7 @@ class StateTracker:
                 state.pop(k, None)
                 if was_none:
                     state[k] = None
-            return ("setstate", state, sorted(theirs))
+            return ("setstate", state, sorted(self._own))
         state = self._state()
         return ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
 

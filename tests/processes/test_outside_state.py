@@ -245,3 +245,21 @@ def test_without_a_source_that_is_the_function_s_every_name_and_module_chain_is_
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("pkg", None), sys.modules.pop("pkg.cfg", None)
+
+
+def test_a_method_with_a_nonlocal_of_the_function_that_made_its_class_falls_back_to_its_names():
+    """``symtable`` alone refuses its source (no binding for the nonlocal there): a review's SyntaxError."""
+    from kerasfeed.execution import outside_state
+
+    def make():
+        calls = 0
+
+        class Counted:
+            def item(self, i):
+                nonlocal calls
+                calls += 1
+                return n + i
+
+        return Counted
+
+    assert ("n", ()) in outside_state._names(make().item)

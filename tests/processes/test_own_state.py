@@ -84,9 +84,9 @@ def test_a_generator_the_consumer_makes_between_passes_stays_its_own(cls):
             src.level = len(passes)  # a public attribute changed between passes: sent, with the rest as it was
         stats = kerasfeed.executor_of(loader).stats()
     for rows in passes:
-        distinct, pids = _draws(rows)
-        assert distinct == 16 and len(pids) == 2 and os.getpid() not in pids
-    assert _draws([row for rows in passes for row in rows])[0] == 48  # no draw repeated in a later pass
+        assert _draws(rows)[0] == 16  # every worker its own generator: no draw made twice
+    distinct, pids = _draws([row for rows in passes for row in rows])
+    assert distinct == 48 and len(pids) == 2 and os.getpid() not in pids  # nor in a later pass
     assert stats["state"]["syncs"] == 2  # `level`, not `_rng`
 
 
@@ -108,6 +108,41 @@ def test_data_set_from_none_between_passes_reaches_the_workers():
     assert seen == [[1.0], [2.0], [3.0]]
 
 
+class Sharded(kerasfeed.SceneSequence):
+    """Its own ``__getstate__``/``__setstate__`` ("setstate" mode); the hook moves to the next shard and drops
+    the file each process opened, to be opened again (a review: the workers kept the first shard's)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.shard, self._f = path, 0, None
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        if self._f is None:
+            self._f = open(f"{self.path}.{self.shard}", "rb")
+        self._f.seek(0)
+        return np.frombuffer(self._f.read(8), np.float64).copy()
+
+    def on_epoch_end(self):
+        self.shard += 1
+        self._f = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_f"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _f=None)
+
+
+def test_a_file_a_hook_drops_is_opened_again_by_workers_of_a_class_with_its_own_setstate(tmp_path):
+    for k in range(3):
+        np.array([10.0 * k]).tofile(tmp_path / f"shard.{k}")
+    with kerasfeed.to_loader(Sharded(str(tmp_path / "shard")), executor="processes", workers=2) as loader:
+        assert [sorted({float(b[0]) for b in loader}) for _ in range(3)] == [[0.0], [10.0], [20.0]]
+
+
 def test_an_underscored_attribute_a_hook_sets_from_none_reaches_the_workers():
     with kerasfeed.to_loader(Reversing(8), executor="processes", workers=2) as loader:
         order = [[int(ip[0]) for ip, _ in loader] for _ in range(2)]
@@ -124,18 +159,26 @@ def test_auto_s_probe_leaves_nothing_it_made_on_the_source():
         ex.close()
 
 
-def test_undone_resets_objects_set_from_none_or_added_and_keeps_data():
+def test_undone_puts_back_what_the_calls_set_when_they_made_a_process_s_own_state():
+    """Made with a generator, a file or a lock set from None, every attribute the calls set is put back (a flag
+    beside it, ``self._ready``, stays consistent: a review found ``_ready`` True with ``_rng`` None); with none
+    made (an order, a table: data), what they set stays."""
+
     class Plain:
         pass
 
     obj = Plain()
-    obj._file, obj.count, obj._kf_epoch, obj._shape, obj._table = None, 1, None, None, None
+    obj._file, obj._ready, obj._kf_epoch = None, False, None
     with own_state.undone(obj):
-        obj._file, obj.count, obj.lock, obj._kf_epoch = open(os.devnull), 2, threading.Lock(), 3
-        obj._shape, obj._table = (2,), types.SimpleNamespace(rows=[1])
-    assert obj._file is None and not hasattr(obj, "lock")  # what each process makes for itself: undone
-    assert obj.count == 2 and obj._kf_epoch == 3 and obj._shape == (2,)  # data and kerasfeed's own: kept
-    assert obj._table.rows == [1]  # an object that can be pickled (a table made on first use): kept
+        obj._file, obj._ready, obj.lock, obj._kf_epoch = open(os.devnull), True, threading.Lock(), 3
+    assert obj._file is None and obj._ready is False and not hasattr(obj, "lock") and obj._kf_epoch == 3
+    obj._shape = obj._table = None
+    with own_state.undone(obj):
+        obj._shape, obj._table, obj._ready = (2,), types.SimpleNamespace(rows=[1]), True
+    assert obj._shape == (2,) and obj._table.rows == [1] and obj._ready is True
+    with own_state.undone(obj):
+        obj._file = {"rng": np.random.default_rng()}  # a generator held in a dict: each process's own too
+    assert obj._file is None
 
     class Slotted:
         __slots__ = ("_rng", "_order")
@@ -143,7 +186,10 @@ def test_undone_resets_objects_set_from_none_or_added_and_keeps_data():
     obj = Slotted()
     obj._rng = obj._order = None
     with own_state.undone(obj):
-        obj._rng, obj._order = np.random.default_rng(), [2, 0, 1]  # an order made on first use: data, kept
+        obj._order = [2, 0, 1]  # an order made on first use: data, kept
+    assert obj._order == [2, 0, 1]
+    with own_state.undone(obj):
+        obj._rng, obj._order = np.random.default_rng(), [1, 0, 2]
     assert obj._rng is None and obj._order == [2, 0, 1]
 
 
