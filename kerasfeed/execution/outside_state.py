@@ -276,9 +276,8 @@ def lazy(key: tuple, was: Any, now: Any) -> bool:
             f"kerasfeed: {describe(key)} was set from None to a random generator or an object that cannot be pickled "
             "in this process (the consumer) and is not sent to the worker processes: taken as state each process "
             "makes for itself on first use (a generator, a file, a session), as the consumer does when it runs an "
-            "item. If the epoch hooks set it "
-            "for the workers to use, give it a value other than None before they start (then every change is "
-            "sent), or keep it on the instance (self.x). "
+            "item. If the epoch hooks set it for the workers to use, give it a value other than None before they "
+            "start (then every change is sent), or keep it on the instance (self.x). "
             f"Received: {type(now).__module__}.{type(now).__qualname__}",
             stacklevel=2,
         )

@@ -47,7 +47,6 @@ _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})  # a kerasfeed source's epoch co
 _HELD_IN_LIST = 256  # a list or tuple this long or shorter is looked into for held kerasfeed sources
 _DEPTH = 4  # levels a value that cannot be pickled whole is compared through
 _ABSENT = (None, "none")  # an attribute not set: as None
-_DATA = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, np.ndarray, np.generic)
 _CLASS_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
 _FRAMEWORK_MODULES = ("kerasfeed.", "keras.", "tensorflow.", "torch.", "jax.", "builtins")
 
@@ -184,7 +183,7 @@ def _unpickled(source: Any, state: dict) -> frozenset:
 
 
 def _kind(value: Any) -> str:
-    return "none" if value is None else "data" if isinstance(value, _DATA) else "object"
+    return "none" if value is None else "data" if isinstance(value, own_state.DATA) else "object"
 
 
 def _lazy(key: str, was: str, now: str) -> bool:
