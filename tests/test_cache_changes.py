@@ -229,3 +229,61 @@ def test_a_module_global_the_stored_stage_reads_changed_by_a_hook_fails_the_pass
     with kerasfeed.to_loader(_Jittered(), cache="memory") as loader:
         assert [[b.tolist() for b in loader] for _ in range(2)] == [[[i] for i in range(4)], [[i + 10] for i in range(4)]]
     JITTER = 0
+
+
+TABLE = np.zeros(4)  # a module global array the stored stage reads
+_LAZY_TABLE = None  # one the items make on first use
+
+
+class _TableRows:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return TABLE[i:i + 1] + 0
+
+
+class _LazyTableRows:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        global _LAZY_TABLE
+        if _LAZY_TABLE is None:
+            _LAZY_TABLE = {k: np.array([k * 10]) for k in range(4)}
+        return _LAZY_TABLE[i]
+
+
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_a_module_global_array_rebound_between_passes_fails_the_pass(executor):
+    """Served pass 0's stored items in every later pass, silently (helper, 4 of 4): a global array, list,
+    dict or set is compared by identity, so `TABLE = TABLE + 1` is seen (a change in place is not)."""
+    global TABLE, _LAZY_TABLE
+    TABLE = np.zeros(4)
+    kw = {"workers": 2} if executor == "processes" else {}
+    with kerasfeed.to_loader(_TableRows(), cache="memory", executor=executor, **kw) as loader:
+        assert [b.tolist() for b in loader] == [[0.0]] * 4
+        TABLE = TABLE + 1
+        with pytest.raises(ValueError, match=r"module global `test_cache_changes.TABLE` changed since the last pass"):
+            list(loader)
+    TABLE = np.zeros(4)
+    _LAZY_TABLE = None  # made by the items during pass 0: the source's own, not a change
+    assert _passes(_LazyTableRows(), executor="threads") == [[[k * 10] for k in range(4)]] * 3
+    _LAZY_TABLE = None
+
+
+class _PicklesItsOwn(_ClassLevel):
+    """A source with its own ``__getstate__`` (as kerasfeed's readers and sources that drop a handle have)."""
+
+    def __getstate__(self):
+        return {}
+
+
+def test_a_class_level_of_a_source_pickling_its_own_state_changed_by_a_hook_fails_the_pass():
+    """Its class values were left out with the attributes its ``__getstate__`` drops: not checked at all."""
+    _ClassLevel.LEVEL = 0
+    with kerasfeed.to_loader(_PicklesItsOwn(), cache="memory") as loader:
+        list(loader)
+        with pytest.raises(ValueError, match=r"attribute `_PicklesItsOwn.LEVEL` changed|attribute `_ClassLevel.LEVEL` changed"):
+            list(loader)
+    _ClassLevel.LEVEL = 0

@@ -288,6 +288,11 @@ def test_cache_arguments_name_what_is_wrong(tmp_path, monkeypatch):
     directory = str(tmp_path / "huge")
     with pytest.raises(ValueError, match=r"can be made in '.*huge'"):
         kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(directory, max_bytes=2**50))
+    for huge in (2**63, 2**64):  # past a C off_t: an OverflowError inside, named here too
+        with pytest.raises(ValueError, match=rf"no store of max_bytes={huge:,} bytes can be made in RAM"):
+            kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(max_bytes=huge))
+        with pytest.raises(ValueError, match=r"can be made in '.*huge'.*Received: max_bytes="):
+            kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(directory, max_bytes=huge))
     with kerasfeed.to_loader(_Spec(), cache=kerasfeed.Cache(directory, max_bytes=1 << 20)) as loader:
         assert len(list(loader)) == 6  # the directory is not left locked
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

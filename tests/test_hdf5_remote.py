@@ -609,3 +609,27 @@ def test_a_big_endian_dataset_reads_as_the_local_file_across_files_and_row_runs(
                 assert want.dtype.str == ">f8"
                 _same(remote[i], want)
                 _same(mixed[i], want)
+
+
+def test_a_dataset_never_written_without_a_fill_value_fails_as_the_local_file_does(tmp_path):
+    """Its URL read as zeros, made up, where h5py and the local reader refuse it (helper, 3 of 3)."""
+    import ctypes
+
+    from kerasfeed.remote.hdf5lib import _library
+
+    path = str(tmp_path / "undefined.h5")
+    with h5py.File(path, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # contiguous; H5Pset_fill_value(..., NULL): undefined
+        lib = _library()
+        assert lib is not None, "h5py's libhdf5 was not found through ctypes"
+        assert lib.H5Pset_fill_value(ctypes.c_int64(dcpl.id), ctypes.c_int64(h5py.h5t.NATIVE_INT32.id), None) >= 0
+        h5py.h5d.create(f.id, b"x", h5py.h5t.STD_I32LE, h5py.h5s.create_simple((8, 2)), dcpl=dcpl)
+        f.create_dataset("y", data=np.arange(8))
+    with pytest.raises(OSError, match="no data can be read"):
+        kerasfeed.H5SliceSequence(path, ("x", "y"), 4)[0]
+    with http_server({"undefined.h5": path}) as srv:
+        seq = kerasfeed.H5SliceSequence(f"{srv.url}/undefined.h5", ("x", "y"), 4)
+        assert seq._remote[0].layouts["x"].why == "never written and without a fill value"
+        with pytest.raises(OSError, match=r"rows 0\.\.4 of dataset 'x' in 'http://127\.0\.0\.1:\d+/undefined\.h5' "
+                                          r"failed: .*no data can be read"):
+            seq[0]

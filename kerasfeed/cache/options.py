@@ -264,11 +264,13 @@ def _sized(cache: Cache, capacity: int, where: str):
     """A store the system cannot make at ``max_bytes`` is refused naming it (not a bare OSError)."""
     try:
         yield
-    except OSError as e:
-        if cache.max_bytes is None or e.errno not in (errno.EFBIG, errno.ENOMEM, errno.EINVAL, errno.EOVERFLOW):
+    except (OSError, OverflowError) as e:  # OverflowError: a size past what a C off_t holds (2**63)
+        if cache.max_bytes is None or (isinstance(e, OSError) and e.errno not in (
+                errno.EFBIG, errno.ENOMEM, errno.EINVAL, errno.EOVERFLOW)):
             raise
+        why = e.strerror if isinstance(e, OSError) else "past the largest file size"
         raise ValueError(
-            f"Cache: no store of max_bytes={capacity - FIRST_OFFSET:,} bytes can be made {where} ({e.strerror}). "
+            f"Cache: no store of max_bytes={capacity - FIRST_OFFSET:,} bytes can be made {where} ({why}). "
             f"Pass a max_bytes the memory or the file system can hold, or None (half of what is available). "
             f"Received: max_bytes={cache.max_bytes}") from None
 

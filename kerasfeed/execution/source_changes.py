@@ -5,9 +5,10 @@ Stored items are what the stored stage made when they were first loaded. A
 source whose state changes between passes (an ``on_epoch_end`` that
 reshuffles the index list its ``__getitem__`` reads) would make other items
 later, so its attributes (the instance's, ``__slots__`` and its own classes'
-immutable plain values), and the module globals of plain values the stored stage
-loads (``outside_state.read_by``: ``load`` or ``__getitem__`` and the functions
-of its module it calls), are compared at every pass start with the last pass's,
+immutable plain values), and the module globals the stored stage loads
+(``outside_state.read_by``: ``load`` or ``__getitem__`` and the functions of
+its module it calls) of plain values, or arrays, lists, dicts and sets by
+identity (rebinding counts; a change in place is not seen), are compared at every pass start with the last pass's,
 and the pass fails naming the one that changed, was set or was dropped.
 
 Three snapshots frame a pass boundary: the last pass start's, the first taken
@@ -48,6 +49,7 @@ _HELD_IN_LIST = 256  # a list or tuple this long or shorter is looked into for h
 _DEPTH = 4  # levels a value that cannot be pickled whole is compared through
 _ABSENT = (None, "none")  # an attribute not set: as None
 _CLASS_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
+_REBOUND = (np.ndarray, list, dict, set)  # a module global of these: compared by identity (``_Same``)
 _FRAMEWORK_MODULES = ("kerasfeed.", "keras.", "tensorflow.", "torch.", "jax.", "builtins")
 
 
@@ -98,13 +100,20 @@ class SourceChanges:
 
     def _snapshot(self, wanted: Any = None) -> dict:
         state = _state(self._source)
-        for namespace, name in self._globals:  # keyed apart from attributes; has a "." like a class's value
-            value = namespace.get(name)
-            if isinstance(value, _CLASS_VALUES) and name not in self._ignored:
-                state[f"global {namespace.get('__name__')}.{name}"] = value
         left_out = self._ignored | _unpickled(self._source, state)
-        return {k: (_compared(v), _kind(v)) for k, v in state.items()
+        rebound = {}
+        for namespace, name in self._globals:  # keyed apart from attributes; has a "." like a class's value
+            value, key = namespace.get(name), f"global {namespace.get('__name__')}.{name}"
+            if name in self._ignored:
+                continue
+            if isinstance(value, _CLASS_VALUES):
+                state[key] = value
+            elif isinstance(value, _REBOUND):
+                rebound[key] = value
+        snap = {k: (_compared(v), _kind(v)) for k, v in state.items()
                 if k not in left_out and (wanted is None or wanted(k))}
+        snap.update((k, (_Same(v), "data")) for k, v in rebound.items() if wanted is None or wanted(k))
+        return snap
 
 
 def _state(source: Any) -> dict:
@@ -147,6 +156,21 @@ def _compared(value: Any, depth: int = _DEPTH) -> Any:
     return fp  # a lock, an open file: the same object or not
 
 
+class _Same:
+    """A module global's array or container, compared by identity: rebinding it (``TABLE = TABLE + 1``)
+    counts; a change in place is not seen (fingerprinting a table at every pass would cost its size)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _holds_sources(value: Any) -> bool:
     """A short list or tuple holding kerasfeed sources (a mix's parts)."""
     return (type(value) in (list, tuple) and 0 < len(value) <= _HELD_IN_LIST
@@ -178,8 +202,8 @@ def _held_state(value: Any) -> Optional[dict]:
 def _unpickled(source: Any, state: dict) -> frozenset:
     """The attributes a source leaves out of its pickled state: this process's own (open handles, a lazy
     cache of datasets that its threads fill as they open files), not what its items are made from."""
-    pickled = _own_state(source)
-    return frozenset() if pickled is None else frozenset(state.keys() - pickled.keys())
+    pickled = _own_state(source)  # only the instance's attributes: a class's values ("Cls.x") are not in it
+    return frozenset() if pickled is None else frozenset(k for k in state.keys() - pickled.keys() if "." not in k)
 
 
 def _kind(value: Any) -> str:
@@ -193,7 +217,8 @@ def _lazy(key: str, was: str, now: str) -> bool:
     items) or set for the first time (``self.scale = 10.0``) changes the items: it counts."""
     if "none" not in (was, now):
         return False
-    return was == now or "object" in (was, now) or key.startswith("_")
+    name = key if key.startswith("global ") else key.rpartition(".")[2]  # a class's value: its name, not the class's
+    return was == now or "object" in (was, now) or name.startswith("_")
 
 
 __all__ = ["SourceChanges"]

@@ -92,12 +92,12 @@ class Layout:
         dtype, shape = ds.dtype, tuple(ds.shape)
         try:
             fill = ds.fillvalue
-        except Exception:  # noqa: BLE001 - only needed on the fast path, which checks the dtype first
-            fill = 0
+        except Exception:  # noqa: BLE001 - undefined (H5Pset_fill_value(..., NULL)), or a dtype refused below
+            fill = None
         dcpl = ds.id.get_create_plist()
         if dcpl.get_fill_time() == FILL_TIME_NEVER:  # HDF5 leaves what was never written as read: zeros in h5py
             fill = np.zeros((), dtype)[()]
-        base = dict(key=key, shape=shape, dtype=dtype, fill=fill)
+        base = dict(key=key, shape=shape, dtype=dtype, fill=0 if fill is None else fill)  # chunks: zeros, as h5py
         why = _dtype_refused(ds)
         layout = dcpl.get_layout()
         if not why:
@@ -123,6 +123,8 @@ class Layout:
             # Never written: no storage. Not get_offset(), which in a file with a userblock gives the userblock's
             # last byte for an unallocated dataset, not None.
             offset = ds.id.get_offset() if ds.id.get_storage_size() else None
+            if offset is None and fill is None:  # HDF5 refuses to read it: h5py's error, not made-up zeros
+                return cls(**base, kind="fallback", why="never written and without a fill value")
             return cls(**base, kind="contiguous", offset=offset)
         steps = tuple((code, int(values[0]) if values else dtype.itemsize) for code, _, values in filters)
         grid_shape = tuple(math.ceil(n / c) for n, c in zip(shape, chunks))
