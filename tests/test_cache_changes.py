@@ -287,3 +287,18 @@ def test_a_class_level_of_a_source_pickling_its_own_state_changed_by_a_hook_fail
         with pytest.raises(ValueError, match=r"attribute `_PicklesItsOwn.LEVEL` changed|attribute `_ClassLevel.LEVEL` changed"):
             list(loader)
     _ClassLevel.LEVEL = 0
+
+
+class _IgnoresItsLevel(_ClassLevel):
+    cache_ignores = ("LEVEL",)  # as the error says to: the class value by its own name, not "_ClassLevel.LEVEL"
+
+
+def test_a_class_value_named_in_cache_ignores_by_its_name_is_not_checked():
+    _ClassLevel.LEVEL = 0
+    with kerasfeed.to_loader(_ClassLevel(), cache="memory") as loader:
+        list(loader)
+        with pytest.raises(ValueError, match=r"`_ClassLevel.LEVEL` changed.*does not read `LEVEL`, name it in"):
+            list(loader)
+    _ClassLevel.LEVEL = 0
+    assert _passes(_IgnoresItsLevel()) == [[[i] for i in range(4)]] * 3  # pass 0's stored items, as asked
+    _ClassLevel.LEVEL = 0

@@ -88,7 +88,7 @@ class SourceChanges:
                 continue  # set from None (or a class's value changed) during the pass, by the items (see the NOTE)
             is_global = key.startswith("global ")
             what, label = ("module global", key[len("global "):]) if is_global else ("the source's attribute", key)
-            name = label.rpartition(".")[2] if is_global else key
+            name = label.rpartition(".")[2]  # a class value ("Cls.x") by its own name, as cache_ignores takes it
             raise ValueError(
                 f"kerasfeed cache: {what} `{label}` changed since the last pass (in on_epoch_end, "
                 "set_epoch or on_epoch_begin, or between the passes). Stored items were made from its earlier "
@@ -110,6 +110,7 @@ class SourceChanges:
                 state[key] = value
             elif isinstance(value, _REBOUND):
                 rebound[key] = value
+        left_out |= {k for k in state if "." in k and k.rpartition(".")[2] in self._ignored}  # "Cls.x" by "x"
         snap = {k: (_compared(v), _kind(v)) for k, v in state.items()
                 if k not in left_out and (wanted is None or wanted(k))}
         snap.update((k, (_Same(v), "data")) for k, v in rebound.items() if wanted is None or wanted(k))
