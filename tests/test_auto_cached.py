@@ -195,3 +195,28 @@ def test_the_items_auto_s_probe_loads_are_stored_not_loaded_again(tmp_path):
             got[executor] = [np.concatenate([b for b in loader]) for _ in range(4)]
         assert sorted(source.loads()) == list(range(16)), (executor, sorted(source.loads()))
     assert all(np.array_equal(a, b) for a, b in zip(got["threads"], got["auto"]))
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_shard_s_probe_and_check_load_its_own_items_once(tmp_path, kept):
+    """With a shard's store, the probe and the split check loaded items 0, 1, 2 (other shards') and did not store
+    them: 12 loads for 8 own items, and a kept shard, full, still loaded item 0 (a helper's report). Now they make
+    the shard's own first items, stored: each own item loaded once, and of the other shard's only the last item
+    (the signature probe's: a last batch's shape); a kept shard's second run loads nothing."""
+    order = kerasfeed.IndexOrder(16, shuffle=True, seed=0, num_shards=2, shard_index=0, fixed_shards=True)
+    own = sorted(int(i) for i in order.indices(0))
+    assert 15 not in own
+    cache = str(tmp_path / "kept") if kept else "memory"
+    log = str(tmp_path / "loads").encode()  # bytes: not a file the kept cache's key watches
+    open(log, "w").close()
+    runs, before = [], 0
+    for run in range(2 if kept else 1):
+        source = _Counted(log)
+        with kerasfeed.to_loader(source, order=order, cache=cache, executor="auto") as loader:
+            runs.append([np.concatenate(list(loader)) for _ in range(3)])
+        loads, before = sorted(source.loads()[before:]), len(source.loads())
+        assert loads == (sorted(own + [15]) if run == 0 else []), (run, loads)  # then nothing at all
+    with kerasfeed.to_loader(_Counted(str(tmp_path / "threads-loads")), order=order, executor="threads") as loader:
+        want = [np.concatenate(list(loader)) for _ in range(3)]
+    for got in runs:
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))

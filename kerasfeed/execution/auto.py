@@ -297,8 +297,9 @@ def make_auto_executor(
     n_workers = workers_for(options.workers, items, cpus)  # what ProcessExecutor would start
     # With cache=, what the executor will run per item (NOTE [ Auto with cache= ] in auto_cached.py).
     with own_state.undone(source):  # what the probe made for this process is not the workers' (its NOTE)
-        work, note = (source, "") if options.item_cache is None else cached_work(source, options.item_cache, calls + 1)
-        probe = None if work is None else probe_source(work, calls=calls)
+        cache = options.item_cache
+        work, note = (source, "") if cache is None else cached_work(source, cache, calls + 1)
+        probe = None if work is None else probe_source(work, calls=calls, at=cache and cache.probe_at)
         keep = getattr(work, "keep_made", None)
         if callable(keep):
             keep()  # with cache=: what the probe made is stored, not made again in pass 0

@@ -24,7 +24,8 @@ With ``cache=`` the executor does not run ``source[i]`` every pass
   processes (docs/performance.md, *auto with cache=*).
 
 What the probe loads (the stored stage's items) goes into the store, so pass 0 does not load those
-items again; not into a shard's store (``ItemCache.whole_source``), where they may be other shards'.
+items again. With a shard's store (``ItemCache.whole_source`` False) it probes that shard's first items
+(``ItemCache.probe_at``), not items 0, 1, 2..., which may be other shards'.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class _Stored:
 
     def __init__(self, source: Any, cache: ItemCache, probed: int):
         self._source, self._cache = source, cache
-        n = source_length(source)
-        self._stored = {i % n: self._stored_item(i % n) for i in range(probed)}
+        n, at = source_length(source), cache.probe_at
+        picks = [at[j % len(at)] for j in range(probed)] if at else [j % n for j in range(probed)]
+        self._stored = {i: self._stored_item(i) for i in picks}
 
     def _stored_item(self, i: int) -> Any:
         store = self._cache.store
@@ -96,7 +98,7 @@ def cached_work(source: Any, cache: ItemCache, probed: int) -> tuple[Optional[An
     """``(what to probe, what the reason adds)`` for ``source`` read through ``cache``
     (NOTE [ Auto with cache= ]); what to probe is None when the executor will run
     nothing: every item stored and no ``augment``. ``probed``: the probe reads
-    items ``0 .. probed - 1`` (``auto.probe_source``)."""
+    that many items (``auto.probe_source``): ``cache.probe_at``'s, or ``0 .. probed - 1``."""
     store = cache.store
     figures = store.figures() if store is not None else {"items": 0, "n": 1}
     every = figures["n"] > 0 and figures["items"] >= figures["n"]

@@ -14,7 +14,7 @@ import dataclasses
 import statistics
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -95,19 +95,23 @@ def _timed_call(source: Any, index: int) -> tuple[float, float, float, Any]:
     return wall, cpu, _runqueue_s() - q0, item
 
 
-def probe_source(source: Any, calls: int = 3) -> Probe:
+def probe_source(source: Any, calls: int = 3, at: Optional[Sequence[int]] = None) -> Probe:
     """Times a few ``source[i]`` calls in this process (see module doc).
 
     Args:
         source: the indexable source.
         calls: timed calls, after one untimed warm-up call (which may open files lazily).
+        at: the items to call, cycled (a shard's own first items); None: items 0, 1, 2...
 
     Returns:
         A ``Probe``.
     """
     n = source_length(source, allow_infinite=True, owner="executor='auto'")
-    indices = [i % n if n is not None else i for i in range(1, calls + 1)]
-    *_, item = _timed_call(source, 0)  # warm-up: lazy opens, caches, imports
+    if at:
+        first, indices = at[0], [at[i % len(at)] for i in range(1, calls + 1)]
+    else:
+        first, indices = 0, [i % n if n is not None else i for i in range(1, calls + 1)]
+    *_, item = _timed_call(source, first)  # warm-up: lazy opens, caches, imports
     timed = []  # (wall, cpu, queued) per call
     for i in indices:
         *times, item = _timed_call(source, i)

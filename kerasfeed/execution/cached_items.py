@@ -158,6 +158,9 @@ class ItemCache:
         # shard's holds only the shard's): set by the pipeline, for executor="auto" (``auto_cached.py``).
         self.first_pass_stored = False
         self.whole_source = True  # the store is for every item, not a shard's (set by the pipeline)
+        # A shard's store: the first items of its first pass, which the checks and auto's probe make (not items
+        # 0, 1, 2..., which may be other shards'), and which may be kept in it. None: items 0, 1, 2...
+        self.probe_at: Optional[list] = None
 
     @classmethod
     def for_source(cls, source: Any, store: Optional[ItemStore]) -> "ItemCache":
@@ -166,8 +169,8 @@ class ItemCache:
 
     def keep(self, index: int, item: Any) -> None:
         """Stores item ``index`` that a check or a probe made outside the executor (its stored stage's
-        result), so that no pass makes it again; not in a shard's store, which may not be its."""
-        if self.store is not None and self.whole_source:
+        result), so that no pass makes it again; in a shard's store only its own (``probe_at``)."""
+        if self.store is not None and (self.whole_source or index in (self.probe_at or ())):
             self.store.put(index, item)
 
     def make(self, source: Any, index: int) -> Any:

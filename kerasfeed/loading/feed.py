@@ -209,6 +209,9 @@ def open_feed(source: Any, total: Optional[int], options: LoadOptions, shards: S
     return Feed(source, total, options, plan, passes, executor)
 
 
+_PROBED_ITEMS = 8  # a shard's first items that checks and auto's probe may make (its timed calls cycle over them)
+
+
 def cached_executor(
     source: Any, total: Optional[int], options: LoadOptions, plan: ShardPlan, passes: Optional[Passes] = None
 ) -> Executor:
@@ -235,10 +238,14 @@ def cached_executor(
     try:
         item_cache = ItemCache.for_source(source, store)
         item_cache.whole_source = shard == (0, 1)  # a shard's store keeps no item of other shards
-        # NOTE [ A class's own __getitem__ beside load and augment ]: its load(0), stored (loaded once)
-        loaded = check_split(source, options.api) if item_cache.augment else None
+        if not item_cache.whole_source and passes is not None and passes.order is not None:
+            item_cache.probe_at = pass_view(passes.order, passes.resume.epoch).window(
+                passes.skip, passes.skip + _PROBED_ITEMS).tolist()  # its own first items (made in pass 0 anyway)
+        # NOTE [ A class's own __getitem__ beside load and augment ]: one item's load, stored (loaded once)
+        first = item_cache.probe_at[0] if item_cache.probe_at else 0
+        loaded = check_split(source, options.api, first) if item_cache.augment else None
         if loaded is not None:
-            item_cache.keep(0, loaded)
+            item_cache.keep(first, loaded)
         if passes is not None and passes.order is not None:  # for auto: nothing to make in the first pass?
             item_cache.first_pass_stored = store.holds_all(pass_view(passes.order, passes.resume.epoch))
         pool = dataclasses.replace(options.pool, item_cache=item_cache)
