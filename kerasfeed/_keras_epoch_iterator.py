@@ -17,8 +17,12 @@ logger = logging.getLogger("kerasfeed")
 _QUIET_RUN_OUT = (3, 16)  # the first Keras that warns "ran out of data" only under steps_per_epoch (NOTE below)
 
 
-def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
+def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool = False) -> None:
     """Makes the fit's next epoch number its steps from ``skip`` and stop at its usual end.
+
+    ``length_checked``: the fit reads a kerasfeed ``tf.data`` pass whose length tf.data checks
+    (``FollowsFit.length_checked``); a resumed pass that Keras would read past its end is refused
+    (``_past_the_end``).
 
     NOTE [ Resuming inside an epoch ] (``integrations/fit_data.py``): Keras'
     ``EpochIterator._enumerate_iterator`` (a generator of ``(step, iterator)``,
@@ -29,6 +33,8 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
     Raises:
         KerasStructureError: any of these is missing or of another shape (the
             epoch would train other batches than the interrupted run's).
+        ValueError: Keras would read past the end of the resumed pass, where
+            tf.data's length check fails (``_past_the_end``).
     """
     iterator = view.epoch_iterator
     then = (f"{owner} cannot resume inside an epoch with it: refused rather than train other batches. Delete the "
@@ -43,6 +49,9 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
     steps = iterator.num_batches
     if not isinstance(steps, int) or steps <= skip:
         raise refuse(f"its epoch iterator counts {steps!r} steps an epoch, and the epoch resumes after {skip}", then)
+    why = _past_the_end(iterator, steps - skip) if length_checked else None
+    if why:
+        raise _past_the_end_refused(owner, iterator, skip, steps, why)
     original = iterator._enumerate_iterator  # the class's, bound
 
     def resumed():
@@ -67,6 +76,37 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str) -> None:
         iterator.data_adapter.on_epoch_end()
 
     iterator._enumerate_iterator = resumed
+
+
+def _past_the_end(iterator: Any, left: int) -> Optional[str]:
+    """Why Keras would read a batch past the ``left`` of a resumed pass, or None. A pass that ends
+    early fails tf.data's length check when read past its end (``assert_cardinality``: a resumed
+    pass is shorter than the whole one it was made for). Keras reads ``steps_per_execution`` batches
+    a step (the last step of an epoch until the data ends), and its JAX trainer off the CPU reads
+    one batch ahead (``_one_batch_ahead_iterator``)."""
+    spe = getattr(iterator, "steps_per_execution", 1)
+    if isinstance(spe, int) and spe > 1 and left % spe:
+        return f"Keras reads steps_per_execution={spe} batches a step"
+    jax = sys.modules.get("jax")
+    if type(iterator).__module__.startswith("keras.src.backend.jax.") and jax is not None:
+        device = jax.default_backend()
+        if device != "cpu":
+            return f"Keras' JAX trainer on {device} reads one batch ahead"
+    return None
+
+
+def _past_the_end_refused(owner: str, iterator: Any, skip: int, steps: int, why: str) -> ValueError:
+    left, spe = steps - skip, getattr(iterator, "steps_per_execution", 1)
+    fewer = "" if "ahead" in why else (
+        "Resume this run with steps_per_execution dividing the batches left (1 always does; later epochs may use "
+        "another), ")
+    return ValueError(
+        f"{owner}: the interrupted epoch resumes after batch {skip} of {steps}, and {why}, so it would read past the "
+        f"{left} batches left of the pass, where tf.data's check of a whole pass's length ({steps}) fails. {fewer}"
+        "read the data through kerasfeed.to_loader under the JAX or torch backend (its passes end without that "
+        f"check), or delete the backup to start the epoch again. Received: steps_per_execution={spe}, {left} batches "
+        f"left, {type(iterator).__module__}.{type(iterator).__qualname__}"
+    )
 
 
 # NOTE [ An epoch shortened by items left out ]

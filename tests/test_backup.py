@@ -330,3 +330,32 @@ def test_an_unreadable_latest_backup_falls_back_on_the_previous_one_and_its_posi
                                            r"Received: "):
         _model().fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
                      callbacks=[kerasfeed.BackupAndRestore(str(backup), save_freq=2, double_checkpoint=True)])
+
+
+class Nine(Seq):
+    def __len__(self):
+        return 9
+
+
+@pytest.mark.parametrize("front", ["to_dataset", "to_loader"])
+def test_a_resume_keras_would_read_past_the_end_of_is_refused_and_one_step_a_batch_resumes(tmp_path, front):
+    """A pass of 9 batches resumed after 4 with steps_per_execution=2: Keras' last step read past the 5 batches
+    left, and tf.data's check of a whole pass's length failed with a bare FailedPreconditionError at every rerun
+    (a helper's report). Refused by name before any batch; with steps_per_execution=1 the same backup resumes."""
+    make = getattr(kerasfeed, front)
+    backup = str(tmp_path / "backup")
+
+    def fit(spe, callbacks):
+        model = _model()
+        model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse", steps_per_execution=spe)
+        model.fit(make(Nine(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False, callbacks=callbacks)
+        return model
+
+    reference = fit(2, [])
+    with pytest.raises(KeyboardInterrupt):
+        fit(2, [kerasfeed.BackupAndRestore(backup, save_freq=2, delete_checkpoint=False), Cut(1, 3)])
+    with pytest.raises(ValueError, match=r"resumes after batch 4 of 9, and Keras reads steps_per_execution=2 batches "
+                                         r"a step, so it would read past the 5 batches left.*Received: "
+                                         r"steps_per_execution=2, 5 batches left"):
+        fit(2, [kerasfeed.BackupAndRestore(backup, save_freq=2, delete_checkpoint=False)])
+    _assert_same_weights(fit(1, [kerasfeed.BackupAndRestore(backup, save_freq=2)]), reference)

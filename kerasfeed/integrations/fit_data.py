@@ -207,8 +207,9 @@ class FitData:
         ``_keras_epoch_iterator.start_epoch_at`` does Keras' part (refusing a
         Keras whose epoch iterator differs, before any batch).
         """
-        if batch:
-            start_epoch_at(self.view, batch, owner=owner)  # its checks first: nothing pinned if it refuses
+        if batch:  # its checks first: nothing pinned if it refuses
+            checked = any(getattr(p, "length_checked", False) for p in self.pipelines)
+            start_epoch_at(self.view, batch, owner=owner, length_checked=checked)
         saved = self.accepted if self.accepted is not None and self.accepted.get("pass") == epoch else {}
         left_out = [i for e, i in saved.get("skipped", ()) if e == epoch]
         for pipeline in self.pipelines:

@@ -62,6 +62,9 @@ class FollowsFit:
     ``batches_per_pass``, ``items_per_batch``, ``skips``, ``_length`` and ``stats``."""
 
     _follow: bool
+    # Its passes end under tf.data's length check (``assert_cardinality``: a whole pass's batches, set by
+    # ``tfdata/adapter.py``): a resumed pass read past its end fails there (``start_epoch_at``).
+    length_checked: bool = False
     _lock: threading.Lock
     _pins: dict
     _expected: Optional[tuple]

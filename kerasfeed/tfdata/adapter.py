@@ -230,6 +230,7 @@ def assemble(source: Any, total: Optional[int], options: DatasetOptions) -> tf.d
         parallel = None if sequential else options.num_parallel_calls or feed.executor.parallel_calls()
         items = item_dataset(feed, pipeline, checker, probes, sequential, parallel)
         ds = finish(items.dataset, feed, checker, parallel)
+    pipeline.length_checked = not feed.endless and not _shorter(feed)
     ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
     ds._kerasfeed_executor = feed.executor
     ds._kerasfeed_groups = items.groups
@@ -255,9 +256,7 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     variable = any(None in s.shape.as_list() for s in checker.specs if s.shape.rank)
     marked = bool(feed.options.max_skipped)  # elements (item, kept): items left out are dropped
     ds = tail.shuffle_and_batch(ds, variable=variable, marked=marked)
-    # A resumed dataset's first pass is shorter than the others; so is a pass that left
-    # items out that were batches (NOTE [ A skipped item and its batch ], loading/skips.py).
-    shorter = feed.passes.skip or (marked and feed.options.batch_size is None)
+    shorter = _shorter(feed)
     if feed.endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not shorter:
@@ -274,6 +273,12 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     ds = prefetch_tail(ds, tail.prefetch, tail.device, autotune=parallel == AUTOTUNE)
     tell_keras_the_whole_pass(ds, feed.passes.per_pass if shorter and not feed.endless else None)
     return ds
+
+
+def _shorter(feed: Feed) -> bool:
+    """A resumed dataset's first pass is shorter than the others; so is a pass that left items out that were
+    batches (NOTE [ A skipped item and its batch ], loading/skips.py): no length check of a whole pass."""
+    return bool(feed.passes.skip or (feed.options.max_skipped and feed.options.batch_size is None))
 
 
 def tell_keras_the_whole_pass(ds: tf.data.Dataset, per_pass: Optional[int]) -> None:

@@ -1,0 +1,72 @@
+"""A resume inside an epoch under Keras' JAX trainer off the CPU, which reads one batch ahead
+(``_one_batch_ahead_iterator``): past the end of a resumed ``to_dataset`` pass, where tf.data's check of a whole
+pass's length fails. Simulated on this CPU machine by making ``jax.default_backend()`` say "gpu" in its own process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = r'''
+import shutil, sys
+import jax
+jax.default_backend = lambda: "gpu"  # Keras' JAX trainer then reads one batch ahead, as on a GPU
+import keras, numpy as np, kerasfeed
+
+class Seq(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        x = np.full((4, 2), i, "float32") + np.arange(2, dtype="float32")
+        return x, x[:, :1] * 0.1
+
+class Cut(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epoch = 0
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == (1, 3):
+            raise KeyboardInterrupt("cut")
+
+def fit(make, callbacks):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(make(Seq()), epochs=3, verbose=0, shuffle=False, callbacks=callbacks)
+    return model
+
+out = {}
+for name in ("to_dataset", "to_loader"):
+    make, backup = getattr(kerasfeed, name), sys.argv[1] + "/" + name
+    reference = fit(make, [])
+    try:
+        fit(make, [kerasfeed.BackupAndRestore(backup, save_freq=1), Cut()])
+    except KeyboardInterrupt:
+        pass
+    try:
+        resumed = fit(make, [kerasfeed.BackupAndRestore(backup, save_freq=1)])
+        same = all(np.allclose(a, b) for a, b in zip(reference.get_weights(), resumed.get_weights()))
+        print(name, "resumed", "same" if same else "DIFFERENT")
+    except Exception as e:
+        print(name, "raised", type(e).__name__, str(e).replace("\n", " "))
+'''
+
+
+def test_jax_reading_one_batch_ahead_is_refused_for_to_dataset_and_to_loader_resumes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
+    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = {line.split(" ", 1)[0]: line for line in proc.stdout.splitlines() if line.startswith("to_")}
+    # A bare FailedPreconditionError ("expected to contain 8 elements but contained only 4") before.
+    assert lines["to_dataset"].startswith("to_dataset raised ValueError kerasfeed.BackupAndRestore: the interrupted "
+                                          "epoch resumes after batch 4 of 8, and Keras' JAX trainer on gpu reads one "
+                                          "batch ahead"), lines
+    assert "read the data through kerasfeed.to_loader under the JAX or torch backend" in lines["to_dataset"]
+    assert lines["to_loader"] == "to_loader resumed same", lines  # its passes end without tf.data's check
