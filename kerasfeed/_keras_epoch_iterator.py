@@ -54,9 +54,9 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
         raise _past_the_end_refused(owner, iterator, skip, steps, why)
     original = iterator._enumerate_iterator  # the class's, bound
 
-    def resumed():
+    def resumed(*args: Any, **kwargs: Any):  # whatever a later Keras passes (steps_per_execution, say) goes on
         del iterator._enumerate_iterator  # the next epochs are whole
-        inner = original()
+        inner = original(*args, **kwargs)
         try:
             first = next(inner, None)
             if first is not None and not (isinstance(first, tuple) and len(first) in (2, 3)
@@ -138,10 +138,10 @@ def explain_short_epochs(view: FitView, explain: Callable[[], Optional[str]]) ->
                "instead of kerasfeed's explanation; the data trained is the same.")
         return
 
-    def interrupted_warning():
+    def interrupted_warning(*args: Any, **kwargs: Any):  # what a later Keras passes goes on to its own
         text = explain()
         if text is None:
-            return original()
+            return original(*args, **kwargs)
         logger.info(text)
         return None
 

@@ -258,6 +258,46 @@ def test_an_epoch_iterator_without_enumerate_iterator_refuses_the_resume(monkeyp
     assert seq.passes == []
 
 
+def test_an_enumerate_iterator_given_an_argument_resumes_exactly(monkeypatch, tmp_path):
+    """A Keras whose ``__iter__`` calls ``self._enumerate_iterator(self.steps_per_execution)``: the resume raised a
+    bare TypeError from kerasfeed's replacement (it took no argument), before any batch (a helper's report)."""
+    backup, reference = _cut_backup(tmp_path)
+    from keras.src.trainers import epoch_iterator
+
+    cls = epoch_iterator.EpochIterator
+    own = cls._enumerate_iterator
+
+    def _enumerate_iterator(self, per_execution=None):
+        assert per_execution == self.steps_per_execution
+        yield from own(self)
+
+    def __iter__(self):
+        self._epoch_iterator = self._enumerate_iterator(self.steps_per_execution)
+        return self
+
+    monkeypatch.setattr(cls, "_enumerate_iterator", _enumerate_iterator)
+    monkeypatch.setattr(cls, "__iter__", __iter__)
+    model = _model(seed=5)
+    model.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+              callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2)])
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_out_warning_given_arguments_gets_them(monkeypatch):
+    """A Keras that calls ``self._interrupted_warning(steps)``: kerasfeed's replacement took none, and a fit with
+    an item left out died of a bare TypeError (a helper's report)."""
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: "3.15.1")
+
+    class Iterator:
+        def _interrupted_warning(self, steps=None):
+            return f"keras after {steps}"
+
+    it = Iterator()
+    _keras_epoch_iterator.explain_short_epochs(_keras_fit.FitView(0, 0, None, None, it), lambda: None)
+    assert it._interrupted_warning(7) == "keras after 7"  # not explained: Keras' own, with its argument
+
+
 def test_an_epoch_iterator_that_enumerates_by_another_method_refuses_to_back_up_behind_the_training(
         monkeypatch, tmp_path):
     """A Keras whose EpochIterator keeps ``_enumerate_iterator`` (an alias) but enumerates through another method:
