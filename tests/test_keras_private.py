@@ -453,6 +453,35 @@ def test_callbacks_batch_is_an_executions_first_step_before_keras_3_11(monkeypat
     assert _keras_fit.batch_end_offset(model) == offset
 
 
+def test_a_fit_giving_the_other_step_of_an_execution_than_its_version_says_is_counted_by_what_it_gives(
+        monkeypatch, tmp_path):
+    """batch_end_offset decides from the Keras version alone which step of an execution on_train_batch_end gets
+    (keras#21422); a Keras giving the other one had backups saved a batch off, silently, and the resume trained
+    a batch twice (a helper's report, with Keras' fit edited back to 3.10's call). The epoch's first call says
+    which: here this Keras (the last step) read as 3.10 (the first)."""
+    reference = _model()
+    reference.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse", steps_per_execution=2)
+    reference.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False)
+    monkeypatch.setattr(_keras_fit, "keras_version", lambda: "3.10.0")
+    backup = str(tmp_path / "backup")
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse", steps_per_execution=2)
+    with pytest.warns(KerasStructureWarning, match=r"gives on_train_batch_end an execution's last step \(batch 1 "
+                                                   r"after 0 with steps_per_execution=2\), not its first"):
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                      callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2), Cut(1, 3)])
+    record = json.loads((tmp_path / "backup" / "latest.json").read_text())
+    assert (record["epoch"], record["batch"]) == (1, 4)  # 4 trained (steps 0-3); read as first steps: (1, 5)
+    monkeypatch.undo()
+    resumed = _model(seed=5)
+    resumed.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse", steps_per_execution=2)
+    resumed.fit(kerasfeed.to_loader(Seq(), shuffle=True, seed=2), epochs=3, verbose=0, shuffle=False,
+                callbacks=[kerasfeed.BackupAndRestore(backup, save_freq=2)])
+    for a, b in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 @pytest.mark.parametrize("version,first_step", [("3.10.0", True), ("3.15.1", False)])
 def test_training_progress_counts_an_executions_batches_before_keras_3_11(monkeypatch, version, first_step):
     """Keras 3.7-3.10 give on_train_batch_end an execution's first step (keras#21422): TrainingProgress saved a
@@ -685,3 +714,18 @@ def test_a_tensorflow_trainer_without_maybe_symbolic_build_is_reported(monkeypat
     monkeypatch.delattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build")
     with pytest.warns(KerasStructureWarning, match="its TensorFlowTrainer has no `_maybe_symbolic_build`.*strategy"):
         assert evaluation_builds(sys._getframe()) is False
+
+
+def test_step_offset_reads_which_step_of_an_execution_a_first_call_gives(monkeypatch):
+    from kerasfeed.integrations.steps import step_offset
+
+    _keras_fit._REPORTED.clear()
+    model = types.SimpleNamespace(steps_per_execution=4)
+    assert step_offset(model, 0, 3, 10, 1) == 1  # the last step, as guessed
+    assert step_offset(model, 8, 9, 10, 1) == 1  # a resumed epoch's short first execution: its last step
+    assert step_offset(model, 0, 0, 1, 4) == 4  # one step: both say the same, the guess stands
+    assert step_offset(model, 4, 5, 12, 1) == 1  # neither (checked elsewhere): the guess stands
+    assert step_offset(types.SimpleNamespace(steps_per_execution=1), 0, 0, 10, 1) == 1
+    with pytest.warns(KerasStructureWarning, match=r"an execution's first step \(batch 4 after 4 with "
+                                                   r"steps_per_execution=4\), not its last"):
+        assert step_offset(model, 4, 4, 12, 1) == 4  # the first step where the last was guessed

@@ -15,6 +15,7 @@ from kerasfeed._keras_callback import backup_paths, callback_model
 from kerasfeed._keras_fit import batch_end_offset, refuse, restore_epoch
 from kerasfeed.integrations.backup_files import BackupFiles
 from kerasfeed.integrations.fit_data import FitData
+from kerasfeed.integrations.steps import step_offset
 from kerasfeed.loading import hosts
 
 
@@ -97,6 +98,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._data = FitData(None, [])
         self._steps = None  # steps in an epoch (Keras' params)
         self._step_end = 1  # on_train_batch_end's batch + this = the epoch's batches trained (batch_end_offset)
+        self._first_end = False  # the epoch's first on_train_batch_end is yet to come (``_convention``)
         self._done = 0  # batches of the current epoch trained (a resumed epoch's first ones included)
         self._resumed = (0, 0)  # (epoch, batch) the restored fit starts at
         self._warned = False
@@ -192,10 +194,29 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._data.epoch_begins(epoch)  # Keras' public route: the restored epoch began, the passes follow it
         self._current_epoch = epoch
         self._done = self._resumed[1] if epoch == self._resumed[0] else 0
+        self._first_end = True  # the epoch's first on_train_batch_end says which step Keras gives (step_offset)
+
+    def _convention(self, batch: int) -> bool:
+        """At the epoch's first ``on_train_batch_end``: whether Keras gives the other step of an execution than
+        ``_step_end`` says (``step_offset``, reported); then the callback counts by that one from now on."""
+        if not getattr(self, "_first_end", False):
+            return False
+        self._first_end = False
+        offset = step_offset(callback_model(self), self._done, batch, self._steps, self._step_end)
+        if offset == self._step_end:
+            return False
+        self._step_end = offset
+        if offset == 1:
+            vars(self).pop("on_train_batch_end", None)
+        else:
+            self.on_train_batch_end = self._on_first_step_end
+        return True
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         # `batch` is the last step of the execution (steps_per_execution), counted
         # from the resumed batch in a resumed epoch (fit_data.py).
+        if self._convention(batch) and self._step_end != 1:
+            return self._on_first_step_end(batch, logs)
         trained, self._done = batch + 1 - self._done, batch + 1
         if trained <= 0:  # the resumed epoch's steps counted from 0: Keras did not run the replaced enumeration
             raise refuse(f"its fit numbered a step of the resumed epoch {self._current_epoch} as batch {batch}, "
@@ -212,6 +233,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _on_first_step_end(self, batch: int, logs: Any = None) -> None:
         """``on_train_batch_end`` where ``batch`` is an execution's first step (Keras < 3.11): a
         backup past the epoch's steps (its short last execution) is the next epoch's start."""
+        if self._convention(batch) and self._step_end == 1:
+            return type(self).on_train_batch_end(self, batch, logs)
+        self._first_end = False  # the class's method gets the last step: checked here already
         type(self).on_train_batch_end(self, batch + self._step_end - 1, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:

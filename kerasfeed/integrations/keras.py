@@ -13,6 +13,7 @@ import keras
 from kerasfeed import _validation as _v
 from kerasfeed._keras_callback import callback_model
 from kerasfeed._keras_fit import batch_end_offset, is_fit
+from kerasfeed.integrations.steps import step_offset
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint
 from kerasfeed.sampling.state import ResumeState
@@ -179,14 +180,19 @@ class TrainingProgress(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         # Keras < 3.11's fit under steps_per_execution gives the execution's first step (keras#21422); a custom
         # loop (a CallbackList's too) gives the step it trained.
-        self._step_end = batch_end_offset(callback_model(self)) if _in_fit(sys._getframe(1)) else 1
+        in_fit = _in_fit(sys._getframe(1))
+        self._step_end = batch_end_offset(callback_model(self)) if in_fit else 1
+        self._first_end = in_fit  # its first on_train_batch_end says which step Keras gives (step_offset)
         self._epoch = epoch
         self._batches = self._resume.batches if epoch == self._resume.epoch else 0
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         skip = self._resume.batches if self._epoch == self._resume.epoch else 0
-        self._batches = skip + batch + self._step_end  # `batch` is a step index in this epoch
         steps = (self.params or {}).get("steps")
+        if getattr(self, "_first_end", False):  # the fit numbers this epoch's steps from 0 (its data's pass)
+            self._first_end = False
+            self._step_end = step_offset(callback_model(self), 0, batch, steps, self._step_end)
+        self._batches = skip + batch + self._step_end  # `batch` is a step index in this epoch
         done = batch + self._step_end  # of this fit's steps
         if (steps is not None and done >= steps) or (self._per_pass and self._batches >= self._per_pass):
             # The pass is over before validation and on_epoch_end run: a crash

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from kerasfeed._keras_fit import batch_end_offset
+from kerasfeed._keras_fit import batch_end_offset, keras_version, report
 
 
 class StepCount:
@@ -48,4 +48,29 @@ class StepCount:
         return self.total // every > (self.total - added) // every
 
 
-__all__ = ["StepCount"]
+def step_offset(model: Any, start: int, batch: Any, steps: Any, guess: int) -> int:
+    """What to add to ``on_train_batch_end``'s ``batch`` for the batches trained, read from an epoch's first call:
+    under ``steps_per_execution=n`` (> 1) Keras gives an execution's last step (``start + n - 1``, 1 to add) or its
+    first (``start``, ``n`` to add; Keras 3.7 to 3.10, keras#21422). ``guess`` is ``batch_end_offset``'s, from
+    the Keras version; where the call says the other, that one is used and reported (once): a backup saved by
+    the guess would point a batch before or after what was trained.
+
+    Args:
+        start: the batches of the epoch trained before this fit's first step of it (a resumed epoch's).
+        steps: the epoch's steps (Keras' ``params``), or None.
+    """
+    spe = getattr(model, "steps_per_execution", 1)
+    if not isinstance(spe, int) or spe <= 1 or not isinstance(batch, int):
+        return guess
+    last = (min(start + spe, steps) if isinstance(steps, int) and steps > start else start + spe) - 1
+    seen = 1 if batch == last else spe if batch == start else None
+    if last == start or seen is None or seen == guess:
+        return guess  # one step (both agree), or a numbering neither says (checked elsewhere)
+    report(f"its fit gives on_train_batch_end an execution's {'last' if seen == 1 else 'first'} step (batch "
+           f"{batch} after {start} with steps_per_execution={spe}), not its {'first' if seen == 1 else 'last'} as "
+           f"kerasfeed expects of Keras {keras_version()} (keras#21422)",
+           "kerasfeed counts the batches trained by what the call says; the data trained is the same.")
+    return seen
+
+
+__all__ = ["StepCount", "step_offset"]
