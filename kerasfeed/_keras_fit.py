@@ -395,7 +395,19 @@ def _view(frame: Any, holds: Callable[[Any], bool], wanted: Any) -> Optional[Fit
     return FitView(epoch=epoch, initial_epoch=initial, steps_per_epoch=steps, model=model,
                    epoch_iterator=iterator, missing=tuple(missing), x=x,
                    callbacks=callbacks if isinstance(callbacks, (list, tuple)) else None,
-                   builds=epoch is None and frame.f_globals.get("__name__") in _BUILDING_TRAINERS)
+                   builds=epoch is None and _builds(frame.f_globals.get("__name__") or ""))
+
+
+def _builds(module: str) -> bool:
+    """Whether the trainer whose ``fit`` runs in ``module`` builds the model from a throwaway iterator (one moved
+    elsewhere: as its backend's does, reported once; taken for one that does not, a hook ran twice)."""
+    if module in _BUILDING_TRAINERS or module == "keras.src.backend.tensorflow.trainer":
+        return module in _BUILDING_TRAINERS
+    name = getattr(getattr(sys.modules.get("keras"), "backend", None), "backend", lambda: "")()
+    if module.startswith("keras."):
+        report(f"its `fit` is in {module}, not keras.src.backend.{name}.trainer", "kerasfeed takes the model "
+               f"build's pass as the {name} backend's trainer makes it (JAX's and torch's build from a batch).")
+    return f"keras.src.backend.{name}.trainer" in _BUILDING_TRAINERS
 
 
 def _reads_through(iterator: Any, holds: Callable[[Any], bool]) -> bool:

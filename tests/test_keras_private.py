@@ -729,3 +729,19 @@ def test_step_offset_reads_which_step_of_an_execution_a_first_call_gives(monkeyp
     with pytest.warns(KerasStructureWarning, match=r"an execution's first step \(batch 4 after 4 with "
                                                    r"steps_per_execution=4\), not its last"):
         assert step_offset(model, 4, 4, 12, 1) == 4  # the first step where the last was guessed
+
+
+def test_a_trainer_moved_to_another_module_is_reported_and_told_by_the_backend(monkeypatch):
+    """Keras' JAX or torch fit in another module (a renamed trainer) was taken for one that does not build the
+    model from a throwaway iterator: under fit(to_dataset(seq)) the source's epoch hooks ran twice for pass 0 and
+    every epoch trained the next pass's order, silently (a helper's report, JAX and torch)."""
+    _keras_fit._REPORTED.clear()
+    assert _keras_fit._builds("keras.src.backend.jax.trainer") and _keras_fit._builds("keras.src.backend.torch.trainer")
+    assert not _keras_fit._builds("keras.src.backend.tensorflow.trainer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not _keras_fit._builds("my_trainers")  # not Keras' (the backend says; nothing to report)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.warns(KerasStructureWarning, match=r"its `fit` is in keras\.src\.backend\.jax\.trainers, not "
+                                                   r"keras\.src\.backend\.jax\.trainer.*JAX's and torch's build"):
+        assert _keras_fit._builds("keras.src.backend.jax.trainers")
