@@ -745,3 +745,16 @@ def test_a_trainer_moved_to_another_module_is_reported_and_told_by_the_backend(m
     with pytest.warns(KerasStructureWarning, match=r"its `fit` is in keras\.src\.backend\.jax\.trainers, not "
                                                    r"keras\.src\.backend\.jax\.trainer.*JAX's and torch's build"):
         assert _keras_fit._builds("keras.src.backend.jax.trainers")
+
+
+def test_a_tensorflow_without_the_iterator_hook_kerasfeed_wraps_is_warned_about_not_a_bare_error(monkeypatch):
+    """``tfdata/consumers.install`` read ``OwnedIterator._create_iterator`` without a check (a helper's reading)."""
+    from tensorflow.python.data.ops import iterator_ops
+
+    from kerasfeed.tfdata import consumers
+
+    monkeypatch.setattr(consumers, "_installed", False)
+    monkeypatch.delattr(iterator_ops.OwnedIterator, "_create_iterator")
+    with pytest.warns(RuntimeWarning, match=r"no tensorflow\.python\.data\.ops\.iterator_ops\.OwnedIterator\."
+                                            r"_create_iterator.*The batches are the same.*Received: tensorflow "):
+        consumers.install()

@@ -39,6 +39,7 @@ import functools
 import logging
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -65,8 +66,11 @@ def install() -> None:
             return
         from tensorflow.python.data.ops import iterator_ops
 
-        original = iterator_ops.OwnedIterator._create_iterator
-        if not getattr(original, "_kerasfeed_hook", False):
+        original = getattr(getattr(iterator_ops, "OwnedIterator", None), "_create_iterator", None)
+        if original is None:  # another TensorFlow: iterators go unwatched (a bare AttributeError before)
+            _unwatched("tensorflow.python.data.ops.iterator_ops.OwnedIterator._create_iterator",
+                       "iterators of kerasfeed datasets are not counted")
+        elif not getattr(original, "_kerasfeed_hook", False):
 
             @functools.wraps(original)
             def _create_iterator(self, dataset):
@@ -90,6 +94,9 @@ def _watch_multi_device_iterators() -> None:
         return
     cls = getattr(multi_device_iterator_ops, "OwnedMultiDeviceIterator", None)
     original = getattr(cls, "__init__", None)
+    if cls is None:
+        _unwatched("tensorflow.python.data.ops.multi_device_iterator_ops.OwnedMultiDeviceIterator",
+                   "a tf.distribute strategy's iterators of kerasfeed datasets are not counted")
     if original is None or getattr(original, "_kerasfeed_hook", False):
         return
 
@@ -104,6 +111,18 @@ def _watch_multi_device_iterators() -> None:
 
     __init__._kerasfeed_hook = True
     cls.__init__ = __init__
+
+
+def _unwatched(what: str, then: str) -> None:
+    """One warning: TensorFlow's private structure kerasfeed wraps (the module NOTE) is not there."""
+    import tensorflow as tf
+
+    warnings.warn(
+        f"kerasfeed: this TensorFlow has no {what}, which kerasfeed wraps to watch the iterators of its datasets: "
+        f"{then}, so an iterator dropped mid-pass does not end the waits of what feeds it at once (they end with "
+        "timeout=, the pipeline closed or the interpreter's exit), and Ctrl-C inside them is seen later. The "
+        f"batches are the same. Please report it with this TensorFlow version. Received: tensorflow {tf.__version__}",
+        RuntimeWarning, stacklevel=4)
 
 
 def _watch(iterator: Any, dataset: Any) -> None:
