@@ -88,7 +88,8 @@ def test_a_kept_directory_dropped_without_close_is_reopened_in_the_same_process(
     loader = kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)
     list(loader)
     monkeypatch.setattr(kept_module, "_OWN_WAIT_S", 0.2)
-    with pytest.raises(RuntimeError, match=rf"in use by another pipeline of this process \(pid {os.getpid()}\)"):
+    with pytest.raises(RuntimeError, match=rf"in use by another pipeline of this process \(pid {os.getpid()}; or a "
+                                           r"process of another container with that pid, sharing the directory\)"):
         kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)  # the first one is still open
     # A dataset has no close() of its own: the message says how (it named only close() and `with`).
     with pytest.raises(RuntimeError, match=r"`kerasfeed.executor_of\(ds\).close\(\)` for a dataset"):

@@ -96,3 +96,31 @@ def test_a_writer_holding_the_store_fd_keeps_it_past_close():
     assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:kerasfeed-cache-data")
     del held
     assert not os.path.exists(f"/proc/self/fd/{fd}") or "kerasfeed-cache" not in os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_a_record_whose_header_or_spec_points_past_it_is_not_served(tmp_path):
+    """A flipped bit in a kept record's ``arrays_at`` or in its spec's shape served garbage floats or an array
+    reaching into the next record, with no warning (a helper's report); the record is now refused (made again)."""
+    import pickle
+
+    record = records.encode_record(1, np.ones((4, 16), np.float32))
+    path = str(tmp_path / "data")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        records.write_record(fd, 0, 1, record)
+        records.write_record(fd, record.length, 2, records.encode_record(2, np.full((4, 16), 2.0, np.float32)))
+    finally:
+        os.close(fd)
+    buf = bytearray(open(path, "rb").read())  # the next record's bytes after it
+    assert np.array_equal(records.read_record(bytes(buf), 0, 1, record.length), np.ones((4, 16)))
+    magic, spec_length, index, length, arrays_at = records.HEADER.unpack_from(buf, 0)
+    past = bytearray(buf)
+    records.HEADER.pack_into(past, 0, magic, spec_length, index, length, length + 64)  # its arrays past its end
+    assert records.read_record(bytes(past), 0, 1, record.length) is None
+    spec = pickle.loads(bytes(buf[records.HEADER_SIZE : records.HEADER_SIZE + spec_length]))
+    assert spec[0] == "a" and tuple(spec[2]) == (4, 16)
+    wider = pickle.dumps(("a", spec[1], (5, 16), spec[3]), protocol=5)
+    assert len(wider) == spec_length  # the same bytes but one: a row more, read from the next record
+    grown = bytearray(buf)
+    grown[records.HEADER_SIZE : records.HEADER_SIZE + spec_length] = wider
+    assert records.read_record(bytes(grown), 0, 1, record.length) is None

@@ -71,6 +71,7 @@ from kerasfeed.cache.store import (
     ItemStore,
     index_bytes,
 )
+from kerasfeed.cache.store_fds import allocate
 
 logger = logging.getLogger("kerasfeed")
 
@@ -118,17 +119,21 @@ class KeptDirectory:
             if not (own and _take_from_own(fd)):
                 self._finalizer()
                 what = "another pipeline of this process" if own else "another run"
+                other = "; or a process of another container with that pid, sharing the directory" if own else ""
                 fix = ("close that pipeline before making another over this directory: `loader.close()` (or a "
                        "`with` block) for a loader, `kerasfeed.executor_of(ds).close()` for a dataset (a notebook "
                        "cell run again makes the new one while the old one is still open)"
                        if own else "wait for that run to end")
                 raise RuntimeError(
-                    f"kerasfeed cache: the directory {directory} is in use by {what} (pid {holder}): one run at a "
-                    f"time fills a kept cache. Give this run its own directory (cache=... or Cache(directory=...)), "
-                    f"or {fix}. Received: cache directory {directory!r}"
+                    f"kerasfeed cache: the directory {directory} is in use by {what} (pid {holder}{other}): one run "
+                    f"at a time fills a kept cache. Give this run its own directory (cache=... or "
+                    f"Cache(directory=...)), or {fix}. Received: cache directory {directory!r}"
                 )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # the holder's pid, for the message above: the flock is the lock
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:  # a full disk: the error that matters comes with the index (``allocate``)
+            pass
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -142,10 +147,15 @@ class KeptDirectory:
 
     def write_key(self, key: dict) -> None:
         tmp = self.path(KEY + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(key, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(key, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full disk: named, as the index's (``store_fds.allocate``)
+            raise OSError(e.errno, f"kerasfeed cache: cannot write {tmp} ({e.strerror}). Free space there, give the "
+                          f"cache another directory, or pass cache='memory'. Received: cache directory "
+                          f"{self.directory!r}") from None
         os.replace(tmp, self.path(KEY))
 
     def hand_over(self) -> Callable[[], None]:
@@ -282,6 +292,7 @@ def _reuse(kept: KeptDirectory, n: int, capacity: int, boot: int,
         if os.fstat(fds[0]).st_size != index_bytes(n):
             _close_all(fds)
             return None, "its index is not of this source's length"
+        allocate(fds[0], index_bytes(n), kept.directory)  # a copy may have left it sparse
         st = os.fstat(fds[1])
         held, allocated = st.st_size, st.st_blocks * 512
         if held < capacity:  # grown to the capacity asked for (it stays sparse)
@@ -400,6 +411,8 @@ def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:
         for name, size in ((INDEX, index_bytes(n)), (DATA, capacity)):
             fds.append(_open_new(kept, name))
             os.ftruncate(fds[-1], size)
+            if name == INDEX:
+                allocate(fds[-1], size, kept.directory)
             os.replace(kept.path(name) + _NEW, kept.path(name))
     except BaseException:
         _close_all(fds)

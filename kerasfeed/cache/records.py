@@ -109,13 +109,20 @@ def read_record(buf: Any, offset: int, index: int, length: int) -> Optional[Any]
     keeps ``buf`` alive (its ``base``): a mapping read this way must be left
     to the garbage collector, never closed, while views of it may live."""
     magic, spec_length, found, found_length, arrays_at = HEADER.unpack_from(buf, offset)
-    if magic != MAGIC or found != index or found_length != length or HEADER_SIZE + spec_length > length:
+    if (magic != MAGIC or found != index or found_length != length
+            or not HEADER_SIZE + spec_length <= arrays_at <= length):  # a header that points past its record
         return None
     start = offset + HEADER_SIZE
-    base = offset + arrays_at
+    base, room = offset + arrays_at, length - arrays_at
+
+    def view(dtype: Any, shape: Any, at: int) -> np.ndarray:
+        a = np.ndarray(shape, dtype, buffer=buf, offset=base + at)
+        if at < 0 or at + a.nbytes > room:  # another record's bytes (a damaged spec): never served
+            raise ValueError(f"an array past record {index}'s end")
+        return a
+
     try:
-        spec = loads_spec(buf[start : start + spec_length])
-        return rebuild(spec, lambda dtype, shape, at: np.ndarray(shape, dtype, buffer=buf, offset=base + at))
+        return rebuild(loads_spec(buf[start : start + spec_length]), view)
     except Exception:  # noqa: BLE001 - damaged bytes past a sound header (a disk's, a copy's): made again
         return None
 

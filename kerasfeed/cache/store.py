@@ -291,6 +291,10 @@ class ItemStore:
             # Counted again from the entries kept, not decremented by a damaged entry's length.
             held = offset != 0
             q[H_HELD], q[H_HELD_BYTES] = int(held.sum()), int(length[held].sum())
+        held = offset != 0
+        top = int((offset[held] + length[held]).max()) if held.any() else FIRST_OFFSET
+        if q[H_BUMP] < top:  # a damaged bump pointer: new records would overwrite items already served
+            q[H_BUMP] = top
         return count
 
     def has(self, index: int, before: Optional[int] = None) -> bool:

@@ -1,10 +1,30 @@
 """What an item store owns outside itself: its fds, closed (and a kept one marked clean) by a finalizer that
-holds no reference to the store, and the duplicate fd its writers hold while they write."""
+holds no reference to the store, and the duplicate fd its writers hold while they write; a kept index's blocks."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+
+
+def allocate(fd: int, size: int, directory: str) -> None:
+    """Gives a kept store's index (``fd``, ``size`` bytes) its disk blocks now. It is written through a shared
+    mapping, where a block the file system cannot give (a full disk) is a SIGBUS that kills the process at any
+    item; records are written with ``pwritev`` (ENOSPC: one warning, and the run goes on without storing).
+
+    Raises:
+        OSError: no room for it (ENOSPC, EDQUOT), naming the directory.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return  # a file system that cannot allocate ahead: as before
+        raise OSError(e.errno, (
+            f"kerasfeed cache: no room on the disk of {directory} for the cache's index ({size:,} bytes, "
+            f"{e.strerror}). Free space there, give the cache another directory, or pass cache='memory'. "
+            f"Received: cache directory {directory!r}")) from None
 
 
 class Owned:
@@ -60,4 +80,4 @@ class WriteFd:
             pass
 
 
-__all__ = ["Owned", "WriteFd"]
+__all__ = ["Owned", "WriteFd", "allocate"]
