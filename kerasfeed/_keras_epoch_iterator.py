@@ -82,15 +82,16 @@ def _past_the_end(iterator: Any, left: int) -> Optional[str]:
     """Why Keras would read a batch past the ``left`` of a resumed pass, or None. A pass that ends
     early fails tf.data's length check when read past its end (``assert_cardinality``: a resumed
     pass is shorter than the whole one it was made for). Keras reads ``steps_per_execution`` batches
-    a step (the last step of an epoch until the data ends), and its JAX trainer off the CPU reads
-    one batch ahead (``_one_batch_ahead_iterator``)."""
+    a step (the last step of an epoch until the data ends), and its JAX trainer off the CPU without a
+    ``keras.distribution`` reads one batch ahead (``_one_batch_ahead_iterator``)."""
     spe = getattr(iterator, "steps_per_execution", 1)
     if isinstance(spe, int) and spe > 1 and left % spe:
         return f"Keras reads steps_per_execution={spe} batches a step"
-    jax = sys.modules.get("jax")
+    jax, keras = sys.modules.get("jax"), sys.modules.get("keras")
     if type(iterator).__module__.startswith("keras.src.backend.jax.") and jax is not None:
         device = jax.default_backend()
-        if device != "cpu":
+        distributed = keras is not None and keras.distribution.distribution() is not None  # reads one at a time
+        if device != "cpu" and not distributed:
             return f"Keras' JAX trainer on {device} reads one batch ahead"
     return None
 

@@ -302,3 +302,26 @@ def test_a_class_value_named_in_cache_ignores_by_its_name_is_not_checked():
     _ClassLevel.LEVEL = 0
     assert _passes(_IgnoresItsLevel()) == [[[i] for i in range(4)]] * 3  # pass 0's stored items, as asked
     _ClassLevel.LEVEL = 0
+
+
+_FREED_TABLE = None  # made by the items on first use; a hook frees it (set back to None), the items make it again
+
+
+class _FreesItsTable(_LazyTableRows):
+    def __getitem__(self, i):
+        global _FREED_TABLE
+        if _FREED_TABLE is None:
+            _FREED_TABLE = np.arange(4) * 10
+        return _FREED_TABLE[i : i + 1] + 0
+
+    def on_epoch_end(self):
+        global _FREED_TABLE
+        _FREED_TABLE = None
+
+
+def test_an_underscored_global_freed_by_a_hook_is_the_source_s_own_state_as_an_attribute_is():
+    """``self._table = None`` in a hook is lazy state; the same with a module global was refused (a review)."""
+    global _FREED_TABLE
+    _FREED_TABLE = None
+    assert _passes(_FreesItsTable(), executor="threads") == [[[k * 10] for k in range(4)]] * 3
+    _FREED_TABLE = None

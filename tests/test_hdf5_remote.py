@@ -624,12 +624,16 @@ def test_a_dataset_never_written_without_a_fill_value_fails_as_the_local_file_do
         assert lib is not None, "h5py's libhdf5 was not found through ctypes"
         assert lib.H5Pset_fill_value(ctypes.c_int64(dcpl.id), ctypes.c_int64(h5py.h5t.NATIVE_INT32.id), None) >= 0
         h5py.h5d.create(f.id, b"x", h5py.h5t.STD_I32LE, h5py.h5s.create_simple((8, 2)), dcpl=dcpl)
+        dcpl.set_chunk((2, 2))  # the same, chunked: no chunk stored (a review's report)
+        h5py.h5d.create(f.id, b"z", h5py.h5t.STD_I32LE, h5py.h5s.create_simple((8, 2)), dcpl=dcpl)
         f.create_dataset("y", data=np.arange(8))
-    with pytest.raises(OSError, match="no data can be read"):
-        kerasfeed.H5SliceSequence(path, ("x", "y"), 4)[0]
+    for key in ("x", "z"):
+        with pytest.raises(OSError, match="no data can be read"):
+            kerasfeed.H5SliceSequence(path, (key, "y"), 4)[0]
     with http_server({"undefined.h5": path}) as srv:
-        seq = kerasfeed.H5SliceSequence(f"{srv.url}/undefined.h5", ("x", "y"), 4)
-        assert seq._remote[0].layouts["x"].why == "never written and without a fill value"
-        with pytest.raises(OSError, match=r"rows 0\.\.4 of dataset 'x' in 'http://127\.0\.0\.1:\d+/undefined\.h5' "
-                                          r"failed: .*no data can be read"):
-            seq[0]
+        for key in ("x", "z"):
+            seq = kerasfeed.H5SliceSequence(f"{srv.url}/undefined.h5", (key, "y"), 4)
+            assert seq._remote[0].layouts[key].why == "never written and without a fill value"
+            with pytest.raises(OSError, match=rf"rows 0\.\.4 of dataset '{key}' in 'http://127\.0\.0\.1:\d+/"
+                                              r"undefined\.h5' failed: .*no data can be read"):
+                seq[0]

@@ -218,7 +218,7 @@ def _lazy(key: str, was: str, now: str) -> bool:
     items) or set for the first time (``self.scale = 10.0``) changes the items: it counts."""
     if "none" not in (was, now):
         return False
-    name = key if key.startswith("global ") else key.rpartition(".")[2]  # a class's value: its name, not the class's
+    name = key.rpartition(".")[2]  # a class's value or a global by its own name ("_TABLE"), as an attribute's
     return was == now or "object" in (was, now) or name.startswith("_")
 
 

@@ -131,6 +131,8 @@ class Layout:
         found: list = []
         if math.prod(shape):
             ds.id.chunk_iter(lambda info: found.append(info))
+        if not found and fill is None and math.prod(shape):  # never written, no fill value: h5py's error
+            return cls(**base, kind="fallback", why="never written and without a fill value")
         grid = np.full(math.prod(grid_shape), -1, np.int64)
         addr = np.empty(len(found), np.int64)
         size = np.empty(len(found), np.int64)
