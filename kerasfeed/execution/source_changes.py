@@ -42,14 +42,14 @@ import numpy as np
 
 from kerasfeed.cache.keys import stage_of
 from kerasfeed.execution import outside_state, own_state
-from kerasfeed.execution.state_sync import fingerprint, unpicklable
+from kerasfeed.execution.state_sync import Same, fingerprint, unpicklable
 
 _OWN = frozenset({"_kf_epoch", "_kf_in_epoch"})  # a kerasfeed source's epoch counters
 _HELD_IN_LIST = 256  # a list or tuple this long or shorter is looked into for held kerasfeed sources
 _DEPTH = 4  # levels a value that cannot be pickled whole is compared through
 _ABSENT = (None, "none")  # an attribute not set: as None
 _CLASS_VALUES = (bool, int, float, complex, str, bytes, tuple, frozenset, np.generic)
-_REBOUND = (np.ndarray, list, dict, set)  # a module global of these: compared by identity (``_Same``)
+_REBOUND = (np.ndarray, list, dict, set)  # a module global of these: compared by identity (``state_sync.Same``)
 _FRAMEWORK_MODULES = ("kerasfeed.", "keras.", "tensorflow.", "torch.", "jax.", "builtins")
 
 
@@ -113,7 +113,7 @@ class SourceChanges:
         left_out |= {k for k in state if "." in k and k.rpartition(".")[2] in self._ignored}  # "Cls.x" by "x"
         snap = {k: (_compared(v), _kind(v)) for k, v in state.items()
                 if k not in left_out and (wanted is None or wanted(k))}
-        snap.update((k, (_Same(v), "data")) for k, v in rebound.items() if wanted is None or wanted(k))
+        snap.update((k, (Same(v), "data")) for k, v in rebound.items() if wanted is None or wanted(k))
         return snap
 
 
@@ -155,21 +155,6 @@ def _compared(value: Any, depth: int = _DEPTH) -> Any:
     if isinstance(state, dict):
         return (type(value), _compared(dict(state), depth - 1))
     return fp  # a lock, an open file: the same object or not
-
-
-class _Same:
-    """A module global's array or container, compared by identity: rebinding it (``TABLE = TABLE + 1``)
-    counts; a change in place is not seen (fingerprinting a table at every pass would cost its size)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.value is self.value
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def _holds_sources(value: Any) -> bool:

@@ -47,8 +47,8 @@ _WHOLE = "<source>"  # the one key of a source sent whole
 _TAKEN = threading.local()  # .memo: {id: (object, fingerprint)} inside ``fingerprints_once``
 
 
-class _Same:
-    """Equal to another ``_Same`` holding the very same object."""
+class Same:
+    """Equal to another ``Same`` holding the very same object (a value compared by identity)."""
 
     __slots__ = ("obj",)
 
@@ -56,12 +56,12 @@ class _Same:
         self.obj = obj
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
+        return isinstance(other, Same) and other.obj is self.obj
 
     __hash__ = None  # type: ignore[assignment]
 
 
-class _Value(_Same):
+class _Value(Same):
     """Equal to another ``_Value`` of the same type and value."""
 
     def __eq__(self, other: Any) -> bool:
@@ -71,7 +71,7 @@ class _Value(_Same):
         return a is b or (type(a) is type(b) and a == b)
 
 
-class _Unpicklable(_Same):
+class _Unpicklable(Same):
     """A value that cannot be pickled: equal only to itself (same object)."""
 
     def __init__(self, obj: Any, error: BaseException):
@@ -140,7 +140,7 @@ def _taken(value: Any) -> Any:
         if raw.nbytes <= _SMALL_BUFFER:
             parts.append(bytes(raw))
         elif _frozen(raw.obj):
-            parts.append((raw.nbytes, _Same(raw.obj)))
+            parts.append((raw.nbytes, Same(raw.obj)))
         else:
             parts.append((raw.nbytes, zlib.crc32(raw)))
     return (skeleton, tuple(parts))
@@ -354,7 +354,7 @@ class StateTracker:
         return ("keys", {k: state[k] for k in send if k in state}, sorted(k for k in send if k not in state))
 
 
-_MISSING = _Same(object())
+_MISSING = Same(object())
 _NONE = _Value(None)
 
 
@@ -389,4 +389,4 @@ def _apply_instance(source: Any, change: tuple) -> Any:
     return change[1]
 
 
-__all__ = ["StateTracker", "apply_state", "fingerprint", "unpicklable"]
+__all__ = ["Same", "StateTracker", "apply_state", "fingerprint", "unpicklable"]
