@@ -21,8 +21,9 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
     """Makes the fit's next epoch number its steps from ``skip`` and stop at its usual end.
 
     ``length_checked``: the fit reads a kerasfeed ``tf.data`` pass whose length tf.data checks
-    (``FollowsFit.length_checked``); a resumed pass that Keras would read past its end is refused
-    (``_past_the_end``).
+    (``FollowsFit.length_checked``); a resumed pass that Keras would read past its end
+    (``_past_the_end``) is read without that check (NOTE [ A resumed pass read past its end ]), or
+    refused where Keras does not read the kerasfeed dataset itself.
 
     NOTE [ Resuming inside an epoch ] (``integrations/fit_data.py``): Keras'
     ``EpochIterator._enumerate_iterator`` (a generator of ``(step, iterator)``,
@@ -33,8 +34,8 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
     Raises:
         KerasStructureError: any of these is missing or of another shape (the
             epoch would train other batches than the interrupted run's).
-        ValueError: Keras would read past the end of the resumed pass, where
-            tf.data's length check fails (``_past_the_end``).
+        ValueError: Keras would read past the end of the resumed pass of a dataset
+            derived from kerasfeed's, where tf.data's length check fails (``_past_the_end``).
     """
     iterator = view.epoch_iterator
     then = (f"{owner} cannot resume inside an epoch with it: refused rather than train other batches. Delete the "
@@ -50,12 +51,14 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
     if not isinstance(steps, int) or steps <= skip:
         raise refuse(f"its epoch iterator counts {steps!r} steps an epoch, and the epoch resumes after {skip}", then)
     why = _past_the_end(iterator, steps - skip) if length_checked else None
-    if why:
+    unchecked = _unchecked_epoch(iterator) if why else None
+    if why and unchecked is None:
         raise _past_the_end_refused(owner, iterator, skip, steps, why)
     original = iterator._enumerate_iterator  # the class's, bound
 
     def resumed(*args: Any, **kwargs: Any):  # whatever a later Keras passes (steps_per_execution, say) goes on
         del iterator._enumerate_iterator  # the next epochs are whole
+        restore = unchecked() if unchecked is not None else None
         inner = original(*args, **kwargs)
         try:
             first = next(inner, None)
@@ -70,6 +73,8 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
                 yield (*(n + skip for n in numbers), it)
         finally:
             inner.close()
+            if restore is not None:
+                restore()
         # As after a pass read to its end: the next epoch reads a new iterator.
         iterator._current_iterator = None
         iterator._steps_seen = 0
@@ -78,15 +83,19 @@ def start_epoch_at(view: FitView, skip: int, *, owner: str, length_checked: bool
     iterator._enumerate_iterator = resumed
 
 
+_STEPS = "Keras reads steps_per_execution"
+
+
 def _past_the_end(iterator: Any, left: int) -> Optional[str]:
-    """Why Keras would read a batch past the ``left`` of a resumed pass, or None. A pass that ends
+    """Why Keras would read a batch past the ``left`` of a resumed pass, or None (``_STEPS`` begins
+    the reason that ``steps_per_execution`` gives). A pass that ends
     early fails tf.data's length check when read past its end (``assert_cardinality``: a resumed
     pass is shorter than the whole one it was made for). Keras reads ``steps_per_execution`` batches
     a step (the last step of an epoch until the data ends), and its JAX trainer off the CPU without a
     ``keras.distribution`` reads one batch ahead (``_one_batch_ahead_iterator``)."""
     spe = getattr(iterator, "steps_per_execution", 1)
     if isinstance(spe, int) and spe > 1 and left % spe:
-        return f"Keras reads steps_per_execution={spe} batches a step"
+        return f"{_STEPS}={spe} batches a step"
     jax, keras = sys.modules.get("jax"), sys.modules.get("keras")
     if type(iterator).__module__.startswith("keras.src.backend.jax.") and jax is not None:
         device = jax.default_backend()
@@ -96,14 +105,52 @@ def _past_the_end(iterator: Any, left: int) -> Optional[str]:
     return None
 
 
+def _unchecked_epoch(iterator: Any) -> Optional[Callable[[], Callable[[], None]]]:
+    """NOTE [ A resumed pass read past its end ]: Keras reads the epoch resumed inside a kerasfeed
+    ``tf.data`` pass past the pass's end (``_past_the_end``), where the length check of a whole pass
+    would fail; the dataset's own variant without that check (``tfdata/adapter._unchecked_passes``:
+    the same pipeline) ends there as Keras expects of data that runs out (its multi-step loop and
+    its read-ahead stop at the end). For that one epoch, Keras' data adapter and the TensorFlow
+    epoch iterator's distributed dataset read that variant; the returned callable swaps them in and
+    returns the callable that puts them back (after the epoch: every later epoch is a whole pass,
+    checked). None where Keras does not read the kerasfeed dataset itself from an adapter kerasfeed
+    knows (a dataset derived from it, a zip, a distributed dataset given to fit): refused then."""
+    adapter = getattr(iterator, "data_adapter", None)
+    held = next((a for a in ("_dataset", "_tf_dataset") if callable(getattr(getattr(adapter, a, None),
+                                                                            "_kerasfeed_unchecked", None))), None)
+    strategy = getattr(iterator, "_distribute_strategy", None)
+    distributed = hasattr(iterator, "_distributed_dataset")  # the TensorFlow trainer's, made from the adapter's
+    if held is None or (distributed and not callable(getattr(strategy, "experimental_distribute_dataset", None))):
+        return None
+
+    def swap() -> Callable[[], None]:
+        checked = getattr(adapter, held)
+        before = getattr(iterator, "_distributed_dataset", None)
+        unchecked = checked._kerasfeed_unchecked()
+        setattr(adapter, held, unchecked)
+        if distributed:
+            iterator._distributed_dataset = strategy.experimental_distribute_dataset(unchecked)
+
+        def restore() -> None:
+            setattr(adapter, held, checked)
+            if distributed:
+                iterator._distributed_dataset = before
+
+        return restore
+
+    return swap
+
+
 def _past_the_end_refused(owner: str, iterator: Any, skip: int, steps: int, why: str) -> ValueError:
     left, spe = steps - skip, getattr(iterator, "steps_per_execution", 1)
-    fewer = "" if "ahead" in why else (
+    fewer = "" if not why.startswith(_STEPS) else (
         "Resume this run with steps_per_execution dividing the batches left (1 always does; later epochs may use "
         "another), ")
     return ValueError(
         f"{owner}: the interrupted epoch resumes after batch {skip} of {steps}, and {why}, so it would read past the "
-        f"{left} batches left of the pass, where tf.data's check of a whole pass's length ({steps}) fails. {fewer}"
+        f"{left} batches left of the pass, where tf.data's check of a whole pass's length ({steps}) fails in the "
+        "dataset fit reads, made from the kerasfeed dataset (derived, zipped or distributed). Give fit the kerasfeed "
+        f"dataset itself (its resumed pass is then read without that check), {fewer[:1].lower() + fewer[1:]}"
         "read the data through kerasfeed.to_loader under the JAX or torch backend (its passes end without that "
         f"check), or delete the backup to start the epoch again. Received: steps_per_execution={spe}, {left} batches "
         f"left, {type(iterator).__module__}.{type(iterator).__qualname__}"

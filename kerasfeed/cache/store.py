@@ -288,10 +288,9 @@ class ItemStore:
         count = int(lost.sum())
         if count:
             entries[lost] = 0
-            # Counted again from the entries kept, not decremented by a damaged entry's length.
-            held = offset != 0
-            q[H_HELD], q[H_HELD_BYTES] = int(held.sum()), int(length[held].sum())
         held = offset != 0
+        if count:  # counted again from the entries kept, not decremented by a damaged entry's length
+            q[H_HELD], q[H_HELD_BYTES] = int(held.sum()), int(length[held].sum())
         top = int((offset[held] + length[held]).max()) if held.any() else FIRST_OFFSET
         if q[H_BUMP] < top:  # a damaged bump pointer: new records would overwrite items already served
             q[H_BUMP] = top

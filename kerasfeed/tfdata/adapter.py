@@ -9,6 +9,7 @@ per group), then the tail (batching, cardinality, options, prefetch).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 import tensorflow as tf
@@ -235,6 +236,11 @@ def assemble(source: Any, total: Optional[int], options: DatasetOptions) -> tf.d
     ds._kerasfeed_executor = feed.executor
     ds._kerasfeed_groups = items.groups
     ds._kerasfeed_group_items = items.group
+    unchecked = getattr(ds, "_kerasfeed_unchecked", None)
+    if unchecked is not None:
+        tags = {a: getattr(ds, a) for a in ("_kerasfeed_pipeline", "_kerasfeed_executor", "_kerasfeed_groups",
+                                            "_kerasfeed_group_items")}
+        ds._kerasfeed_unchecked = functools.partial(_unchecked_passes, unchecked, tags)
     return ds
 
 
@@ -257,10 +263,11 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     marked = bool(feed.options.max_skipped)  # elements (item, kept): items left out are dropped
     ds = tail.shuffle_and_batch(ds, variable=variable, marked=marked)
     shorter = _shorter(feed)
+    unchecked = None  # the passes without tf.data's length check (``unchecked_passes``)
     if feed.endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not shorter:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(feed.passes.per_pass))
+        unchecked, ds = ds, ds.apply(tf.data.experimental.assert_cardinality(feed.passes.per_pass))
     options = tf.data.Options()
     options.deterministic = True
     if parallel is not None:
@@ -268,10 +275,28 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
         # (docs/field_notes.md, *tf.data thread pool*); a private pool lets `parallel` calls really overlap.
         pool = 64 if parallel == AUTOTUNE else parallel
         options.threading.private_threadpool_size = max(int(pool) + 4, 8)
-    ds = own_sharding(ds.with_options(options), feed.shards.parts)
-    # The autotuning model only when the caller asked for AUTOTUNE calls.
-    ds = prefetch_tail(ds, tail.prefetch, tail.device, autotune=parallel == AUTOTUNE)
+    parts, prefetch, device = feed.shards.parts, tail.prefetch, tail.device
+
+    def last_stages(d: tf.data.Dataset) -> tf.data.Dataset:
+        # The autotuning model only when the caller asked for AUTOTUNE calls.
+        return prefetch_tail(own_sharding(d.with_options(options), parts), prefetch, device,
+                             autotune=parallel == AUTOTUNE)
+
+    ds = last_stages(ds)
     tell_keras_the_whole_pass(ds, feed.passes.per_pass if shorter and not feed.endless else None)
+    if unchecked is not None:  # made when needed (``assemble`` tags it)
+        ds._kerasfeed_unchecked = functools.partial(last_stages, unchecked)
+    return ds
+
+
+def _unchecked_passes(last_stages: Callable[[], tf.data.Dataset], tags: dict) -> tf.data.Dataset:
+    """The dataset without tf.data's check of a whole pass's length, tagged as the checked one: the
+    same pipeline, whose passes end where they end. Keras reads an epoch resumed inside its pass
+    from it where Keras would read past that pass's end (``_keras_epoch_iterator.start_epoch_at``).
+    Holds the tags, never the checked dataset (no cycle: a dataset dropped stops its workers at once)."""
+    ds = last_stages()
+    for attr, value in tags.items():
+        setattr(ds, attr, value)
     return ds
 
 
