@@ -408,14 +408,17 @@ def _fresh_files(kept: KeptDirectory, n: int, capacity: int) -> list[int]:
     pages, and keep the old inodes' bytes."""
     fds: list[int] = []
     try:
+        # Both sized before either is renamed: a size refused leaves the directory as it was.
         for name, size in ((INDEX, index_bytes(n)), (DATA, capacity)):
             fds.append(_open_new(kept, name))
             os.ftruncate(fds[-1], size)
             if name == INDEX:
                 allocate(fds[-1], size, kept.directory)
+        for name in (INDEX, DATA):
             os.replace(kept.path(name) + _NEW, kept.path(name))
     except BaseException:
         _close_all(fds)
+        _remove_new_files(kept)
         raise
     return fds
 
