@@ -254,6 +254,19 @@ def called_by_epoch_iterator_reset(frame: Any) -> bool:
     return False
 
 
+def beginning_epoch_iterator(frame: Any) -> Optional[Any]:
+    """Keras' ``EpochIterator`` whose ``_enumerate_iterator`` (an epoch's beginning, where it calls the data
+    adapter's ``on_epoch_begin``) is ``frame`` or one of the 8 frames above it, else None (NOTE [ Keras' own
+    iterators at exit ], tfdata/exit_guard.py: elsewhere the exit retires nothing of Keras', as before)."""
+    for _ in range(8):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_enumerate_iterator" and _epoch_iterator_method(frame):
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
 # -- 3. the length Keras takes of a resumed dataset ---------------------------------------------------
 
 

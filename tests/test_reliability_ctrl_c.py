@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -388,6 +390,66 @@ def test_a_ctrl_c_taken_inside_fit_is_raised_again_when_fit_trains_on():
     assert lines[0] == {"interrupted": True, "taken": [3], "begun_after": [], "profile": "None"}, lines
     assert lines[1] == {"second fit": 1}, lines
     assert "model.fit went on after Ctrl-C" in proc.stderr, proc.stderr[-3000:]
+
+
+# Keras' own fit(seq) under TensorFlow (workers=1): tf.data's prefetch thread runs Keras' generator, here
+# inside a slow item (GIL released) when the exit begins; the Ctrl-C to the group comes from a callback.
+_KERAS_OWN_FIT = """
+import atexit, os, signal, sys, threading, time
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import numpy as np
+import keras
+import kerasfeed
+
+exiting = threading.Event()
+
+class Items(kerasfeed.SceneSequence):
+    def __len__(self):
+        return 20
+    def __getitem__(self, i):
+        if i >= 4:  # Keras' prefetch thread waits here until the exit begins, then sleeps
+            exiting.wait(20)
+            time.sleep(2)
+        return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
+
+class CtrlC(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            atexit.register(exiting.set)  # after kerasfeed's (the epoch's begin): runs before it
+            print("ctrl-c", flush=True)
+            os.killpg(os.getpgrp(), signal.SIGINT)  # as a terminal's Ctrl-C
+            time.sleep(5)
+            print("not interrupted", flush=True)
+
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(Items(), epochs=1, verbose=0, callbacks=[CtrlC()])
+"""
+
+
+def test_a_ctrl_c_in_keras_own_fit_of_a_scene_sequence_ends_the_exit():
+    """NOTE [ Keras' own iterators at exit ]: Keras' ``model.fit(seq)`` under TensorFlow reads the sequence on
+    tf.data's prefetch thread; after the KeyboardInterrupt the interpreter's exit destroyed that iterator after
+    Python had stopped running other threads, and waited for ever for the prefetch thread's Python call (every
+    run here; 4 of 20 interrupted runs of a plain training script). kerasfeed's exit hook retires it first."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _KERAS_OWN_FIT], stdout=out, stderr=err, text=True, env=env,
+                                start_new_session=True)
+        began, sigint = time.monotonic(), None
+        while proc.poll() is None:
+            time.sleep(0.1)
+            if sigint is None and b"ctrl-c" in os.pread(out.fileno(), 1 << 16, 0):
+                sigint = time.monotonic()
+            if time.monotonic() - (sigint or began) > (30 if sigint else HARD_TIMEOUT_S):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert proc.returncode != -signal.SIGKILL, f"the exit hung after the KeyboardInterrupt: {stdout!r} {stderr[-2000:]}"
+    assert stdout.split() == ["ctrl-c"], (stdout, stderr[-3000:])
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in stderr, (proc.returncode, stderr[-3000:])
 
 
 @pytest.mark.parametrize("stage, delay", [("start", 1.5), ("workers", 0.3), ("training", 0.4)])

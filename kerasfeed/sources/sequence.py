@@ -10,7 +10,7 @@ import types
 from typing import Any
 
 from kerasfeed import _validation as _v
-from kerasfeed._keras_epoch_iterator import called_by_epoch_iterator_reset
+from kerasfeed._keras_epoch_iterator import beginning_epoch_iterator, called_by_epoch_iterator_reset
 from kerasfeed._keras_fit import find_fit, remember_fit, report
 from kerasfeed.sources import item_random, stage
 
@@ -225,6 +225,7 @@ class SceneSequence(_PyDataset):
 
 def _begin_pass(seq) -> None:
     seq._kf_in_epoch = True
+    _retired_at_exit(sys._getframe(1))
     # Under model.fit(seq) the pass is the fit's epoch, from any initial_epoch (given or restored:
     # NOTE [ The pass follows Keras' epoch ]); outside it (and under to_dataset/to_loader) nothing changes.
     fit = find_fit(lambda x: x is seq)
@@ -233,6 +234,17 @@ def _begin_pass(seq) -> None:
         return
     if fit is not None:
         _take_epoch(seq, fit)
+
+
+def _retired_at_exit(frame) -> None:
+    # Keras' own fit(seq) under TensorFlow: its tf.data iterator is retired at exit, or a Ctrl-C could hang the
+    # exit (NOTE [ Keras' own iterators at exit ], tfdata/exit_guard.py). Outside Keras' epoch iterator
+    # (to_dataset, to_loader, a direct call): nothing.
+    epoch_iterator = beginning_epoch_iterator(frame)
+    if epoch_iterator is not None:
+        from kerasfeed.tfdata import exit_guard  # TF-free, as this module
+
+        exit_guard.watch_keras_epoch_iterator(epoch_iterator)
 
 
 def _end_pass(seq) -> None:
