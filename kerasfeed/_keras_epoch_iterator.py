@@ -257,7 +257,7 @@ def called_by_epoch_iterator_reset(frame: Any) -> bool:
 def beginning_epoch_iterator(frame: Any) -> Optional[Any]:
     """Keras' ``EpochIterator`` whose ``_enumerate_iterator`` (an epoch's beginning, where it calls the data
     adapter's ``on_epoch_begin``) is ``frame`` or one of the 8 frames above it, else None (NOTE [ Keras' own
-    iterators at exit ], tfdata/exit_guard.py: elsewhere the exit retires nothing of Keras', as before)."""
+    iterators at exit ], _keras_iterators_at_exit.py: elsewhere the exit retires nothing of Keras', as before)."""
     for _ in range(8):
         if frame is None:
             return None

@@ -19,7 +19,7 @@ and what a Keras that differs gets:
    (``explain_short_epochs``), ``num_batches``, ``__init__``'s arguments
    (``epoch_iterator_arguments``), ``reset`` (``called_by_epoch_iterator_reset``), and
    the ``self`` of its ``_enumerate_iterator`` with its ``_current_iterator``
-   (``beginning_epoch_iterator``: retired at exit, tfdata/exit_guard.py);
+   (``beginning_epoch_iterator``: retired at exit, _keras_iterators_at_exit.py);
 3. the ``cardinality`` Keras reads of a resumed dataset (``tfdata/adapter.py``;
    ``check_epoch_length``);
 4. modules imported from ``keras.src``: ``DataAdapter``

@@ -12,6 +12,7 @@ from typing import Any
 from kerasfeed import _validation as _v
 from kerasfeed._keras_epoch_iterator import beginning_epoch_iterator, called_by_epoch_iterator_reset
 from kerasfeed._keras_fit import find_fit, remember_fit, report
+from kerasfeed._keras_iterators_at_exit import watch_keras_epoch_iterator
 from kerasfeed.sources import item_random, stage
 
 if os.environ.get("KERASFEED_LIGHT_WORKER") == "1":
@@ -238,13 +239,11 @@ def _begin_pass(seq) -> None:
 
 def _retired_at_exit(frame) -> None:
     # Keras' own fit(seq) under TensorFlow: its tf.data iterator is retired at exit, or a Ctrl-C could hang the
-    # exit (NOTE [ Keras' own iterators at exit ], tfdata/exit_guard.py). Outside Keras' epoch iterator
+    # exit (NOTE [ Keras' own iterators at exit ], _keras_iterators_at_exit.py). Outside Keras' epoch iterator
     # (to_dataset, to_loader, a direct call): nothing.
     epoch_iterator = beginning_epoch_iterator(frame)
     if epoch_iterator is not None:
-        from kerasfeed.tfdata import exit_guard  # TF-free, as this module
-
-        exit_guard.watch_keras_epoch_iterator(epoch_iterator)
+        watch_keras_epoch_iterator(epoch_iterator)
 
 
 def _end_pass(seq) -> None:

@@ -17,22 +17,7 @@ over a kerasfeed dataset, stops the Python side of its pipeline (a load
 waiting for a stuck item returns at once), and points the iterator at an
 empty dataset, which destroys its old state, threads joined, right there.
 
-NOTE [ Keras' own iterators at exit ]: Keras' own ``model.fit(seq)`` under
-TensorFlow reads a ``SceneSequence`` (a ``PyDataset``) through
-``tf.data.Dataset.from_generator(...).prefetch(AUTOTUNE)`` (``workers=1``,
-the default): tf.data's prefetch thread runs Keras' generator, which calls
-``seq[i]``. After an exception out of ``fit`` (Ctrl-C, any error) the
-iterator stays alive with the traceback's frames and with the cycle between
-Keras' ``EpochIterator`` and its epoch generator, so Python destroys it only
-in the collection of its finalization: the same hang as above (the
-Python-function op's thread ended as it asked for the GIL, the prefetch
-thread's function never returns, the iterator's destructor waits for it:
-3 of 19 interrupted runs, every run with the thread held in ``seq[i]``,
-2026-11-29). A ``SceneSequence``'s ``on_epoch_begin`` hands
-Keras' epoch iterator that calls it to ``watch_keras_epoch_iterator``; a hook
-of its own (no heap freeze: nothing else of the exit changes) retires that
-iterator's current tf.data iterator at exit as above. Keras' generator is
-not stopped: the join waits for the ``seq[i]`` in progress.
+Keras' own ``model.fit(seq)`` iterators: ``kerasfeed/_keras_iterators_at_exit.py``.
 """
 
 from __future__ import annotations
@@ -41,11 +26,10 @@ import atexit
 import gc
 import logging
 import os
-import sys
 import threading
-import weakref
 from typing import Any, Callable
 
+from kerasfeed._keras_iterators_at_exit import retire_iterator
 from kerasfeed.observe.lookup import find_tagged
 
 logger = logging.getLogger("kerasfeed")
@@ -61,9 +45,6 @@ _OWNERS = (
 _lock = threading.Lock()
 _installed = False
 _exiting = False
-# Keras' epoch iterators that read a SceneSequence (NOTE [ Keras' own iterators at exit ]).
-_keras_epoch_iterators: "weakref.WeakSet" = weakref.WeakSet()
-_keras_installed = False
 
 
 def exiting() -> bool:
@@ -139,53 +120,8 @@ def retire_live_iterators() -> int:
                 stop(owner)
             except Exception:
                 logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
-    retired = sum(_retire(it, gen_dataset_ops) for it, _ in ours)
+    retired = sum(retire_iterator(it, gen_dataset_ops) for it, _ in ours)
     _freeze_heap()
-    return retired
-
-
-def _retire(it: Any, gen_dataset_ops: Any) -> bool:
-    """Points ``it`` at an empty dataset: its old state is destroyed, its threads joined, now."""
-    try:
-        empty = it._dataset.take(0)  # same element spec, no input iterator
-        gen_dataset_ops.make_iterator(empty._variant_tensor, it._iterator_resource)
-        return True
-    except Exception:
-        logger.debug("kerasfeed: retiring an iterator at exit failed", exc_info=True)
-        return False
-
-
-def watch_keras_epoch_iterator(epoch_iterator: Any) -> None:
-    """Keeps (weakly) Keras' ``EpochIterator`` reading a ``SceneSequence``, whose tf.data iterator the exit
-    retires (NOTE [ Keras' own iterators at exit ]); registers that exit hook once."""
-    global _keras_installed
-    try:
-        _keras_epoch_iterators.add(epoch_iterator)
-    except TypeError:  # not weakly referenceable: left as before
-        return
-    if not _keras_installed:
-        with _lock:
-            if not _keras_installed:
-                atexit.register(retire_keras_iterators)
-                _keras_installed = True
-
-
-def retire_keras_iterators() -> int:
-    """Retires the tf.data iterator each live Keras epoch iterator kept by ``watch_keras_epoch_iterator``
-    reads (its ``_current_iterator``). Returns how many; never raises, never imports TensorFlow."""
-    iterator_ops = sys.modules.get("tensorflow.python.data.ops.iterator_ops")
-    gen_dataset_ops = sys.modules.get("tensorflow.python.ops.gen_dataset_ops")
-    if iterator_ops is None or gen_dataset_ops is None:  # no tf.data iterator was ever made
-        return 0
-    owned = getattr(iterator_ops, "OwnedIterator", ())
-    retired = 0
-    for epoch_iterator in list(_keras_epoch_iterators):
-        try:
-            it = getattr(epoch_iterator, "_current_iterator", None)
-        except Exception:  # noqa: BLE001 - it runs at exit: an iterator it cannot read is left as before
-            continue
-        if isinstance(it, owned):  # a strategy's distributed iterator, a JAX or torch one: not ours to retire
-            retired += _retire(it, gen_dataset_ops)
     return retired
 
 
@@ -204,5 +140,4 @@ def _freeze_heap() -> None:
         gc.freeze()
 
 
-__all__ = ["exiting", "install", "quiet_at_exit", "retire_keras_iterators", "retire_live_iterators",
-           "watch_keras_epoch_iterator"]
+__all__ = ["exiting", "install", "quiet_at_exit", "retire_live_iterators"]
