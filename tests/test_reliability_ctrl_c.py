@@ -407,8 +407,8 @@ class Items(kerasfeed.SceneSequence):
     def __len__(self):
         return 20
     def __getitem__(self, i):
-        if i >= 4:  # Keras' prefetch thread waits here until the exit begins, then sleeps
-            exiting.wait(20)
+        if i >= 4:  # Keras' prefetch thread waits here until the exit begins (5 s at most: Keras shuffles), then sleeps
+            exiting.wait(5)
             time.sleep(2)
         return np.full((2, 3), i, "float32"), np.zeros((2, 1), "float32")
 
@@ -423,7 +423,7 @@ class CtrlC(keras.callbacks.Callback):
 
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
 model.compile("sgd", "mse")
-model.fit(Items(), epochs=1, verbose=0, shuffle=False, callbacks=[CtrlC()])  # items in order: the thread waits in 4
+model.fit(Items(), epochs=1, verbose=0, callbacks=[CtrlC()])
 """
 
 
