@@ -47,6 +47,9 @@ def keras_pass(epoch: int, steps_per_epoch: Optional[int], per_pass: int, initia
     )
 
 
+_BUILD_READS = 2  # batches a model build reads at most (``_build_pass``)
+
+
 class FitTarget(NamedTuple):
     """The pass a begin under a running ``fit`` reads (``FollowsFit.fit_target``)."""
 
@@ -134,7 +137,10 @@ class FollowsFit:
         for callback in fit.callbacks or ():
             hint = getattr(callback, "kerasfeed_resume_hint", None)
             at = hint() if callable(hint) and self.skips is None and fit.steps_per_epoch is None else None
-            if at is not None and 0 <= at[1] * self.items_per_batch < (self._length or 0):
+            # The build reads a batch, Keras' JAX trainer off the CPU one more ahead: through tf.data's length check,
+            # a resumed pass of fewer fails it (the build's pass is begun again by the loop, without the check).
+            room = at is not None and (self.batches_per_pass is None or at[1] + _BUILD_READS <= self.batches_per_pass)
+            if room and 0 <= at[1] * self.items_per_batch < (self._length or 0):
                 return int(at[0]), int(at[1]) * self.items_per_batch
         return epoch, 0
 
