@@ -144,13 +144,13 @@ def _unchecked_epoch(iterator: Any) -> Optional[Callable[[], Callable[[], None]]
 def _past_the_end_refused(owner: str, iterator: Any, skip: int, steps: int, why: str) -> ValueError:
     left, spe = steps - skip, getattr(iterator, "steps_per_execution", 1)
     fewer = "" if not why.startswith(_STEPS) else (
-        "Resume this run with steps_per_execution dividing the batches left (1 always does; later epochs may use "
+        "resume this run with steps_per_execution dividing the batches left (1 always does; later epochs may use "
         "another), ")
     return ValueError(
         f"{owner}: the interrupted epoch resumes after batch {skip} of {steps}, and {why}, so it would read past the "
         f"{left} batches left of the pass, where tf.data's check of a whole pass's length ({steps}) fails in the "
         "dataset fit reads, made from the kerasfeed dataset (derived, zipped or distributed). Give fit the kerasfeed "
-        f"dataset itself (its resumed pass is then read without that check), {fewer[:1].lower() + fewer[1:]}"
+        f"dataset itself (its resumed pass is then read without that check), {fewer}"
         "read the data through kerasfeed.to_loader under the JAX or torch backend (its passes end without that "
         f"check), or delete the backup to start the epoch again. Received: steps_per_execution={spe}, {left} batches "
         f"left, {type(iterator).__module__}.{type(iterator).__qualname__}"
@@ -245,24 +245,24 @@ def called_by_epoch_iterator_reset(frame: Any) -> bool:
     if module is not None and not callable(getattr(getattr(module, "EpochIterator", None), "reset", None)):
         report("its EpochIterator has no `reset`", "Under model.fit(seq) a SceneSequence may count the "
                "on_epoch_end Keras calls before the first epoch as a pass where the fit frame cannot say the epoch.")
-    for _ in range(8):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "reset" and _epoch_iterator_method(frame):
-            return True
-        frame = frame.f_back
-    return False
+    return _epoch_iterator_frame(frame, "reset") is not None
 
 
 def beginning_epoch_iterator(frame: Any) -> Optional[Any]:
     """Keras' ``EpochIterator`` whose ``_enumerate_iterator`` (an epoch's beginning, where it calls the data
     adapter's ``on_epoch_begin``) is ``frame`` or one of the 8 frames above it, else None (NOTE [ Keras' own
     iterators at exit ], _keras_iterators_at_exit.py: elsewhere the exit retires nothing of Keras', as before)."""
+    found = _epoch_iterator_frame(frame, "_enumerate_iterator")
+    return None if found is None else found.f_locals.get("self")
+
+
+def _epoch_iterator_frame(frame: Any, method: str) -> Any:
+    """``frame`` or the first of the 8 frames above it that runs Keras' ``EpochIterator.<method>``, else None."""
     for _ in range(8):
         if frame is None:
             return None
-        if frame.f_code.co_name == "_enumerate_iterator" and _epoch_iterator_method(frame):
-            return frame.f_locals.get("self")
+        if frame.f_code.co_name == method and _epoch_iterator_method(frame):
+            return frame
         frame = frame.f_back
     return None
 

@@ -286,8 +286,7 @@ class ItemStore:
         # Each part checked alone first: a damaged length could wrap the uint64 sum.
         lost = (offset != 0) & ((offset > end) | (length > end) | (offset + length > end))
         count = int(lost.sum())
-        if count:
-            entries[lost] = 0
+        entries[lost] = 0  # no entry written when none is lost
         held = offset != 0
         if count:  # counted again from the entries kept, not decremented by a damaged entry's length
             q[H_HELD], q[H_HELD_BYTES] = int(held.sum()), int(length[held].sum())

@@ -232,14 +232,13 @@ def assemble(source: Any, total: Optional[int], options: DatasetOptions) -> tf.d
         items = item_dataset(feed, pipeline, checker, probes, sequential, parallel)
         ds = finish(items.dataset, feed, checker, parallel)
     pipeline.length_checked = not feed.endless and not _shorter(feed)
-    ds._kerasfeed_pipeline = pipeline  # the owning reference (see PassPipeline)
-    ds._kerasfeed_executor = feed.executor
-    ds._kerasfeed_groups = items.groups
-    ds._kerasfeed_group_items = items.group
+    tags = {"_kerasfeed_pipeline": pipeline,  # the owning reference (see PassPipeline)
+            "_kerasfeed_executor": feed.executor, "_kerasfeed_groups": items.groups,
+            "_kerasfeed_group_items": items.group}
+    for attr, value in tags.items():
+        setattr(ds, attr, value)
     unchecked = getattr(ds, "_kerasfeed_unchecked", None)
     if unchecked is not None:
-        tags = {a: getattr(ds, a) for a in ("_kerasfeed_pipeline", "_kerasfeed_executor", "_kerasfeed_groups",
-                                            "_kerasfeed_group_items")}
         ds._kerasfeed_unchecked = functools.partial(_unchecked_passes, unchecked, tags)
     return ds
 
@@ -263,7 +262,7 @@ def finish(ds: tf.data.Dataset, feed: Feed, checker: ItemChecker, parallel: Opti
     marked = bool(feed.options.max_skipped)  # elements (item, kept): items left out are dropped
     ds = tail.shuffle_and_batch(ds, variable=variable, marked=marked)
     shorter = _shorter(feed)
-    unchecked = None  # the passes without tf.data's length check (``unchecked_passes``)
+    unchecked = None  # the passes without tf.data's length check (``_unchecked_passes``)
     if feed.endless:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     elif not shorter:
