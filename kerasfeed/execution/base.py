@@ -119,6 +119,12 @@ class Executor(abc.ABC):
         """How many ``load`` calls tf.data should keep in flight by default."""
         return 1
 
+    def caller_augment_seeds(self) -> Optional[Any]:
+        """The items' seeds (``ItemSeeds``) when a cache front may run a cheap ``augment`` in the thread that
+        asks for a stored item instead of here (NOTE [ A cheap augment runs where its item is asked for ],
+        ``cache_front.py``); None: it may not (worker processes and actors make their items apart)."""
+        return None
+
     def close(self) -> None:
         """Releases threads, processes and memory. Idempotent."""
 

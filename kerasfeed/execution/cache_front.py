@@ -21,6 +21,8 @@ the hit rate of a budgeted cache is the share of items that fit, whichever
 they are, so a fixed subset costs nothing against LRU and writes nothing
 after the store is full.
 
+NOTE [ A cheap augment runs where its item is asked for ]: ``augment_place.py``.
+
 NOTE [ A source that changes between passes ]: ``source_changes.py``.
 """
 
@@ -35,8 +37,10 @@ import numpy as np
 from kerasfeed.cache.key_sources import ignored
 from kerasfeed.cache.store import EVER, FIRST_OFFSET, index_chunks
 from kerasfeed.errors import ItemError
+from kerasfeed.execution.augment_place import AugmentPlace
 from kerasfeed.execution.base import Executor
-from kerasfeed.execution.cached_items import ItemCache, run_augment
+from kerasfeed.execution.cached_items import ItemCache, timed_augment
+from kerasfeed.execution.fpenv import default_fp_env
 from kerasfeed.execution.retries import Attempts
 from kerasfeed.execution.source_changes import SourceChanges
 from kerasfeed.execution.state_sync import fingerprints_once
@@ -78,6 +82,12 @@ class CacheFront(Executor):
         self._serve = remote or not cache.augment  # hits served here, misses only planned
         self._augment_here = remote and cache.augment
         self._seeds = seeds if seeds is not None else item_random.ItemSeeds(None)
+        # NOTE [ A cheap augment runs where its item is asked for ]: the pool's seeds, when it may.
+        caller_seeds = None if remote or not cache.augment else inner.caller_augment_seeds()
+        if caller_seeds is not None:
+            self._seeds = caller_seeds
+        self._place = None if caller_seeds is None else AugmentPlace(cache.augment_cost)
+        self._inline: set[int] = set()  # the passes whose hits are augmented here
         self._retries = retries  # for ``augment`` run here (``_augmented``)
         self._name = source_name(source)
         self._on_close = on_close
@@ -119,17 +129,21 @@ class CacheFront(Executor):
         self._changes.check()
         self._mark_read(indices)
         cut = self.store.new_cut()
-        missing = self.store.missing(indices, cut) if self._serve else indices
+        missing = self.store.missing(indices, cut) if self._serve or self._place is not None else indices
+        # A pass a tenth or more of whose items are made (the first, one past a budget) measures no augment pace.
+        inline = self._place is not None and self._place.choose(epoch, len(missing) * 10 <= len(indices))
         with self._lock:
             self._cuts[epoch] = cut
             self._whole.pop(epoch, None)
             if self.whole_passes and len(missing) == 0:
                 self._whole[epoch] = cut
+            (self._inline.add if inline else self._inline.discard)(epoch)
             for old in [e for e in self._cuts if e <= epoch - _KEPT_CUTS]:
                 del self._cuts[old]
                 self._whole.pop(old, None)
+                self._inline.discard(old)
         # The next pass is not planned ahead: its misses are known only at its own cut.
-        self.inner.plan(epoch, missing)
+        self.inner.plan(epoch, missing if self._serve or inline else indices)
 
     def _mark_read(self, indices: Any) -> None:
         # A host reading a shard reads only its share: cache_fill is the share of what it reads, not of the
@@ -163,13 +177,15 @@ class CacheFront(Executor):
 
     # ------------------------------------------------------------ items
     def load(self, index: int, epoch: int) -> Any:
+        if self._place is not None:
+            self._place.loaded(epoch)
         cut = self._cuts.get(epoch)
         if cut is not None:
-            if self._serve:  # stored before this pass: served here, no executor involved
+            if self._serve or epoch in self._inline:  # stored before this pass: served here, no executor involved
                 item = self.store.get(index, cut)
                 if item is not None:
                     self.hits += 1
-                    return self._augmented(item, index, epoch) if self._augment_here else item
+                    return self._augmented(item, index, epoch) if self.cache.augment else item
             elif self.store.has(index, cut):  # the executor reads it from the store and augments it
                 self.hits += 1
                 return self.inner.load(index, epoch)
@@ -204,7 +220,7 @@ class CacheFront(Executor):
                     counts.add("retried_items")
 
     def _augmented_once(self, item: Any, index: int, epoch: int) -> Any:
-        if not self._seeds.given:
+        if not self._seeds.given or not self._remote:  # pool threads share the globals: none reseeded
             return self._augment(item, index, epoch)
         # As an actor would (NOTE [ Random augmentation is a function of (seed, pass, index) ]): a seeded
         # pipeline's globals are reseeded for the item, then put back (the consumer's own draws go on). The
@@ -221,13 +237,14 @@ class CacheFront(Executor):
     def _augment(self, item: Any, index: int, epoch: int) -> Any:
         previous = item_random.enter(self._seeds, epoch, index)
         try:
-            return run_augment(self._source, item)
+            with default_fp_env():  # the asking thread may be TensorFlow's (execution/fpenv.py)
+                return timed_augment(self._source, item, self.cache.augment_cost)
         finally:
             item_random.leave(previous)
 
     def ready(self, index: int, epoch: int) -> bool:
         cut = self._cuts.get(epoch)
-        if self._serve and cut is not None and self.store.has(index, cut):
+        if (self._serve or epoch in self._inline) and cut is not None and self.store.has(index, cut):
             return True  # served here (augment too, when remote): the executor never had it planned
         return self.inner.ready(index, epoch)
 

@@ -37,6 +37,7 @@ import logging
 import random
 import sys
 import threading
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -44,6 +45,7 @@ import numpy as np
 from kerasfeed.cache.keys import stage_of
 from kerasfeed.cache.store import ItemStore
 from kerasfeed.execution import worker_info
+from kerasfeed.execution.augment_place import AugmentCost
 from kerasfeed.sources import stage
 
 logger = logging.getLogger("kerasfeed")
@@ -140,6 +142,15 @@ def read_only(item: Any) -> Any:
     return item
 
 
+def timed_augment(source: Any, item: Any, cost: AugmentCost) -> Any:
+    """``run_augment``, its thread CPU time added to ``cost``."""
+    began = time.thread_time()
+    try:
+        return run_augment(source, item)
+    finally:
+        cost.add(time.thread_time() - began)
+
+
 class ItemCache:
     """What an executor's item calls go through with ``cache=``.
 
@@ -161,6 +172,7 @@ class ItemCache:
         # A shard's store: the first items of its first pass, which the checks and auto's probe make (not items
         # 0, 1, 2..., which may be other shards'), and which may be kept in it. None: items 0, 1, 2...
         self.probe_at: Optional[list] = None
+        self.augment_cost = AugmentCost()  # for the cache front's choice of where augment runs (threads)
 
     @classmethod
     def for_source(cls, source: Any, store: Optional[ItemStore]) -> "ItemCache":
@@ -188,7 +200,7 @@ class ItemCache:
                 item = stored
             elif self.augment:
                 item = read_only(item)
-        return run_augment(source, item) if self.augment else item
+        return timed_augment(source, item, self.augment_cost) if self.augment else item
 
     def handed_over_stored(self, index: int) -> bool:
         """Whether a worker process answers item ``index`` as stored (nothing in its slot: the consumer
@@ -218,4 +230,4 @@ class ItemCache:
             self.store.close()
 
 
-__all__ = ["ItemCache", "read_only", "run_augment", "run_stage"]
+__all__ = ["ItemCache", "read_only", "run_augment", "run_stage", "timed_augment"]

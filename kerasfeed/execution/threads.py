@@ -378,6 +378,10 @@ class ThreadExecutor(Executor):
     def parallel_calls(self) -> int:
         return self._parallelism
 
+    def caller_augment_seeds(self) -> Optional[item_random.ItemSeeds]:
+        # Not with a timeout (only a pool thread's call can be left behind) or copy= (made on the pool threads).
+        return self._runner.seeds if self._timeout is None and not self._runner.copy else None
+
     def attach_stats(self, collector: Any) -> None:
         super().attach_stats(collector)
         self._runner.stats = collector
