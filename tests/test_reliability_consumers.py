@@ -1,5 +1,5 @@
 """A stuck item without a timeout: deleting the iterator and Ctrl-C still end
-the wait, and the exit hook freezes the heap (docs/reliability.md)."""
+the wait, the exit hook freezes the heap, and the exit joins the pool threads (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import psutil
 import pytest
@@ -26,9 +27,9 @@ def _start(executor: str, mode: str) -> subprocess.Popen:
     return _start_script(SCRIPT.name, executor, mode)
 
 
-def _start_script(script: str, *args: str) -> subprocess.Popen:
-    """Runs ``reliability_scripts/<script> args...`` with this checkout first on the path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def _start_script(script: str, *args: str, env: Optional[dict] = None) -> subprocess.Popen:
+    """Runs ``reliability_scripts/<script> args...`` with this checkout first on the path (and ``env`` set)."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, str(SCRIPT.parent / script), *args],
         stdout=subprocess.PIPE,
@@ -122,3 +123,39 @@ def test_the_exit_hook_freezes_the_heap_after_retiring_iterators():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HARD_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1", "True"], proc.stdout
+
+
+def test_the_exit_joins_the_pool_threads_within_one_bound():
+    """At exit, kerasfeed stops the threads executor's pools and joins their threads (NOTE [ Pool threads at
+    exit ]): a call that returns in a moment is waited for, one stuck for ever costs at most ``EXIT_JOIN_S`` in
+    all, and the threads left are named in a debug log; under ``to_loader`` in a process that never imports
+    TensorFlow (the pools' own exit hook) and under ``to_dataset`` (the exit guard's). Before, every pool thread
+    ran on into finalization (58 of 64 after ``to_loader``), where a daemon thread ended inside a C++ call aborts
+    the process (a JAX child, rc -6, "FATAL: exception not rethrown"). The script's own exit hook, registered
+    before kerasfeed's, runs after them and reports."""
+    script = "threads_at_exit.py"
+    loader = _start_script(script, "to_loader", "moment", "forever", env={"KERAS_BACKEND": "numpy"})
+    dataset = _start_script(script, "to_dataset", "moment")
+    try:
+        runs = {"to_loader": (loader, *_finish(loader)), "to_dataset": (dataset, *_finish(dataset))}
+    finally:
+        for proc in (loader, dataset):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    got = {}
+    for front, (proc, out, err) in runs.items():
+        assert proc.returncode == 0, (front, err[-3000:])
+        got[front] = json.loads(out.strip().splitlines()[-1])
+    assert got["to_loader"]["tf"] is False and got["to_dataset"]["tf"] is True, got
+    assert set(got["to_loader"]["left"]) == {"moment", "forever"} and set(got["to_dataset"]["left"]) == {"moment"}
+    # Returned within the bound: joined, on both fronts.
+    assert got["to_loader"]["left"]["moment"] == got["to_dataset"]["left"]["moment"] == [], got
+    from kerasfeed.execution.thread_tasks import EXIT_JOIN_S
+
+    stuck = got["to_loader"]["left"]["forever"]
+    assert stuck and all(name.startswith("kerasfeed-thread-") for name in stuck), got
+    # One bound for all (not per thread); the rest is the slack of a busy 2-core machine.
+    assert EXIT_JOIN_S - 0.5 < got["to_loader"]["exit_s"] < EXIT_JOIN_S + 5, got
+    err = runs["to_loader"][2]
+    assert f"{len(stuck)} thread(s) of the threads executor still in a call after {EXIT_JOIN_S} s" in err, err[-3000:]

@@ -1,16 +1,44 @@
-"""The pool threads' side of the threads executor: tasks, the runner, the thread loop.
+"""The pool threads' side of the threads executor: tasks, the runner, the thread loop, the pools and their
+join at exit.
 
 ``ThreadExecutor`` (``threads.py``) plans, hands out and waits; what is here
 runs on its pool threads and on those it starts for loads outside the plan.
+
+NOTE [ Pool threads at exit ]
+Pool threads are daemon threads: closing an executor (``close``, a timeout,
+its ``weakref.finalize``) only queues a stop per thread, and a thread inside
+``source[i]`` runs on. Python's finalization ends a daemon thread where it
+next asks for the GIL; inside a C++ call (JAX, TensorFlow, torch, a codec)
+that is glibc's forced unwind through a ``noexcept`` frame, and the process
+aborts ("terminate called ... FATAL: exception not rethrown", rc -6): seen
+once at the exit of a JAX process that had run several interrupted fits, with
+113-130 ``kerasfeed-thread-*`` threads still alive after the exit hooks (the
+abort ``processes/worker_threads.py`` ``close`` describes for a worker's own
+threads). So every ``Pool`` (the threads one executor started on one task
+queue, its loads outside the plan included) is kept in a weak registry; each
+of its threads holds it (its arguments) while it runs, so a pool whose
+executor was collected or parked, or whose threads were left behind by a
+timeout, is still found. At exit ``join_pools_at_exit`` stops every pool (its
+executor closed if it lives, queued items dropped, one stop per thread) and
+joins their threads, ``EXIT_JOIN_S`` at most in all: a call stuck for ever
+does not hold the exit up, and the threads left are named in a debug log. It
+runs from the exit guard's hook before the heap freeze (``tfdata/exit_guard.py``,
+which registers this module's hook first, so that it runs after its own), and
+from its own ``atexit`` hook, registered when a pool first starts a thread (a
+process that never imported TensorFlow: ``to_loader`` under JAX, torch,
+numpy); once only.
 """
 
 from __future__ import annotations
 
 import _thread
+import atexit
+import logging
 import queue
 import threading
 import time
-from typing import Any, Optional
+import weakref
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -19,6 +47,17 @@ from kerasfeed.errors import ItemError
 from kerasfeed.execution.fpenv import set_default_fp_env
 from kerasfeed.execution.interpreter_races import get_item
 from kerasfeed.sources import item_random
+
+logger = logging.getLogger("kerasfeed")
+
+# The exit waits at most this long in all (not per thread) for the threads of every pool (NOTE [ Pool threads
+# at exit ]): long enough for calls in progress to return, short enough that one stuck for ever costs little.
+EXIT_JOIN_S = 3.0
+
+_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+_exit_lock = threading.Lock()
+_exit_hooked = False
+_exit_joined = False
 
 
 def _nbytes(item: Any) -> int:
@@ -130,11 +169,13 @@ class Runner:
         return item
 
 
-def thread_loop(tasks: "queue.SimpleQueue", runner: Runner) -> None:
+def thread_loop(pool: "Pool", runner: Runner) -> None:
     # Started from whichever thread planned the pass: under to_dataset, a TensorFlow thread
     # (NOTE [ Threads that run the source start with the default floating-point environment ]).
+    # ``pool`` stays referenced (by the thread's arguments) until the thread returns: NOTE [ Pool threads at exit ].
     set_default_fp_env()
     me = threading.current_thread()
+    tasks = pool.tasks
     while True:
         job = tasks.get()
         if job is None:
@@ -162,7 +203,7 @@ def _run(runner: Runner, task: Task) -> None:
     task.event.set()
 
 
-def run_aside_thread(runner: Runner, task: Task) -> None:
+def run_aside_thread(pool: "Pool", runner: Runner, task: Task) -> None:
     set_default_fp_env()  # as thread_loop: the caller may be a TensorFlow thread
     task.thread = threading.current_thread()
     _run(runner, task)
@@ -173,4 +214,105 @@ def stop_threads(tasks: "queue.SimpleQueue", count: int) -> None:
         tasks.put(None)
 
 
-__all__ = ["Done", "Task", "Runner", "thread_loop", "run_aside_thread", "stop_threads"]
+class Pool:
+    """The threads one executor started on one task queue: pool threads (``thread_loop``, until a None) and
+    threads for one load outside the plan (NOTE [ Pool threads at exit ]).
+
+    Args:
+        shut: how its executor stops (a ``weakref.WeakMethod``: the pool never keeps its executor alive).
+    """
+
+    __slots__ = ("tasks", "_threads", "_lock", "_shut", "__weakref__")
+
+    def __init__(self, shut: Optional[Callable[[], Any]] = None):
+        self.tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []  # started here, pruned as new ones start
+        self._lock = threading.Lock()
+        self._shut = shut
+
+    def start(self, runner: Runner, name: str, task: Optional[Task] = None) -> threading.Thread:
+        """Starts a pool thread, or (``task``) a thread that makes ``task`` alone."""
+        target, args = (thread_loop, (self, runner)) if task is None else (run_aside_thread, (self, runner, task))
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        if not _exit_hooked:
+            install_exit_join()
+        _pools.add(self)
+        thread.start()
+        return thread
+
+    def alive(self) -> list[threading.Thread]:
+        with self._lock:
+            return [t for t in self._threads if t.is_alive()]
+
+    def stop_at_exit(self) -> None:
+        """Closes the executor (if it lives), drops the items no thread took yet (their loads raise) and
+        queues a stop for every thread still alive."""
+        shut = self._shut() if self._shut is not None else None
+        if shut is not None:
+            shut()  # its plan dropped, its waits end: loads in other threads give up
+        while True:  # what is left was made for nobody (an executor collected with its plan) or will be refused
+            try:
+                job = self.tasks.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                task = job[1]
+                task.error = RuntimeError(f"kerasfeed: item {task.index} was not made: the interpreter is exiting")
+                task.event.set()
+        stop_threads(self.tasks, len(self.alive()))
+
+
+def install_exit_join() -> None:
+    """Registers ``join_pools_at_exit`` with ``atexit`` once (NOTE [ Pool threads at exit ])."""
+    global _exit_hooked
+    with _exit_lock:
+        if not _exit_hooked:
+            atexit.register(join_pools_at_exit)
+            _exit_hooked = True
+
+
+def _live_pools() -> list[Pool]:
+    for _ in range(10):  # a thread starting another pool meanwhile changes the set: read it again
+        try:
+            return list(_pools)
+        except RuntimeError:
+            continue
+    return list(_pools)
+
+
+def join_pools_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
+    """Stops every live pool and joins its threads, ``wait`` seconds at most in all (NOTE [ Pool threads at
+    exit ]). Runs once (a later call returns at once); returns the names of the threads still alive after it
+    (logged at debug). Never raises: it runs at exit."""
+    global _exit_joined
+    with _exit_lock:
+        if _exit_joined:
+            return []
+        _exit_joined = True
+    try:
+        deadline = time.monotonic() + wait
+        pools = _live_pools()
+        for pool in pools:
+            try:
+                pool.stop_at_exit()
+            except Exception:  # its threads are still joined below
+                logger.debug("kerasfeed: stopping a thread pool at exit failed", exc_info=True)
+        me = threading.current_thread()
+        threads = [t for pool in pools for t in pool.alive() if t is not me]
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in threads if t.is_alive()]
+    except Exception:  # at exit: the interpreter goes on as before
+        logger.debug("kerasfeed: joining the thread pools at exit failed", exc_info=True)
+        return []
+    if left:
+        logger.debug("kerasfeed: %d thread(s) of the threads executor still in a call after %.1f s at exit, left "
+                     "to the interpreter: %s", len(left), wait, ", ".join(left))
+    return left
+
+
+__all__ = ["EXIT_JOIN_S", "Done", "Task", "Runner", "Pool", "thread_loop", "run_aside_thread", "stop_threads",
+           "install_exit_join", "join_pools_at_exit"]

@@ -15,7 +15,7 @@ from kerasfeed.execution.base import Executor
 from kerasfeed.execution.parking import ParkWatch
 from kerasfeed.execution.plan import PassPlan, rest_of_pass
 from kerasfeed.execution.retries import Attempts, RetryCounts
-from kerasfeed.execution.thread_tasks import Runner, Task, run_aside_thread, stop_threads, thread_loop
+from kerasfeed.execution.thread_tasks import Pool, Runner, Task, stop_threads
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.sources import item_random
 from kerasfeed.sources.base import source_name
@@ -98,7 +98,10 @@ class ThreadExecutor(Executor):
         self._bytes_ahead = _v.positive_int("bytes_ahead", bytes_ahead, owner="ThreadExecutor")
         self._lock = threading.Lock()
         self._plan: Optional[PassPlan] = None
-        self._tasks: "queue.SimpleQueue" = queue.SimpleQueue()
+        # Its threads and their task queue, found at exit even once this executor is gone (NOTE [ Pool threads at
+        # exit ] in thread_tasks.py); ``_tasks`` is its queue.
+        self._pool = Pool(weakref.WeakMethod(self._shut))
+        self._tasks: "queue.SimpleQueue" = self._pool.tasks
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._user_closed = False  # by ``close``, not by a timeout (see ``item_skipped``)
@@ -175,9 +178,7 @@ class ThreadExecutor(Executor):
         # calls): Ctrl-C interrupts Python code there. Once the executor is closed (the exit guard does so
         # first), other threads start none.
         task = Task(index, epoch)
-        threading.Thread(
-            target=run_aside_thread, args=(self._runner, task), name="kerasfeed-thread-aside", daemon=True
-        ).start()
+        self._pool.start(self._runner, "kerasfeed-thread-aside", task)
         return task
 
     def _wait(self, task: Task) -> None:
@@ -245,8 +246,9 @@ class ThreadExecutor(Executor):
             plan, self._failed_plan = self._failed_plan, None
             tasks, self._failed_tasks = self._failed_tasks, []
             self._failure, self._closed = None, False
-            # The closed pool's threads were told to stop on its queue (a stuck one never reads it): a new queue.
-            self._tasks = queue.SimpleQueue()
+            # The closed pool's threads were told to stop on its queue (a stuck one never reads it): a new pool.
+            self._pool = Pool(weakref.WeakMethod(self._shut))
+            self._tasks = self._pool.tasks
         if plan is not None and plan.epoch == int(epoch) and not plan.finished:
             # The closed pool's threads finish what they started: those items are taken over, not made again.
             made = [t for t in tasks if t.started is not None and not t.abandoned and t.index != int(index)]
@@ -312,11 +314,7 @@ class ThreadExecutor(Executor):
             f"cannot be used from the forked process {os.getpid()}. Create the dataset in that process instead.")
 
     def _new_thread(self, k: int) -> threading.Thread:
-        t = threading.Thread(
-            target=thread_loop, args=(self._tasks, self._runner), name=f"kerasfeed-thread-{k}", daemon=True
-        )
-        t.start()
-        return t
+        return self._pool.start(self._runner, f"kerasfeed-thread-{k}")
 
     def _window(self, plan: PassPlan) -> int:
         size = self._runner.item_bytes  # known from the probe calls, usually

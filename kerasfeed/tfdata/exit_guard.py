@@ -16,6 +16,9 @@ runs before TensorFlow's own exit hooks) finds every live tf.data iterator
 over a kerasfeed dataset, stops the Python side of its pipeline (a load
 waiting for a stuck item returns at once), and points the iterator at an
 empty dataset, which destroys its old state, threads joined, right there.
+Then the threads executor's pool threads are stopped and joined, a few
+seconds at most in all, before the heap freeze (NOTE [ Pool threads at exit ]
+in ``execution/thread_tasks.py``).
 
 Keras' own ``model.fit(seq)`` iterators: ``kerasfeed/_keras_iterators_at_exit.py``.
 """
@@ -30,6 +33,7 @@ import threading
 from typing import Any, Callable
 
 from kerasfeed._keras_iterators_at_exit import retire_iterator
+from kerasfeed.execution import thread_tasks
 from kerasfeed.observe.lookup import find_tagged
 
 logger = logging.getLogger("kerasfeed")
@@ -77,6 +81,8 @@ def install() -> None:
         return
     with _lock:
         if not _installed:
+            # Registered first, the pools' own hook runs after this one (it then finds them joined already).
+            thread_tasks.install_exit_join()
             atexit.register(retire_live_iterators)
             _installed = True
 
@@ -121,6 +127,7 @@ def retire_live_iterators() -> int:
             except Exception:
                 logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
     retired = sum(retire_iterator(it, gen_dataset_ops) for it, _ in ours)
+    thread_tasks.join_pools_at_exit()  # the loads that fed them have returned: the pool threads end now
     _freeze_heap()
     return retired
 

@@ -65,12 +65,27 @@ for name in ("to_dataset", "last", "to_loader", "derived", "distributed"):
 '''
 
 
+def _failed(proc: subprocess.CompletedProcess) -> str:
+    """The child's rc, stdout, the head of its stderr from the fatal error on (else from the start), the
+    aborting thread's stack (faulthandler's "Current thread", which may come after a hundred others) and the
+    end of its stderr."""
+    err = proc.stderr
+    marks = [k for k in (err.find("terminate called"), err.find("Fatal Python error")) if k >= 0]
+    start = min(marks) if marks else 0
+    current = err.find("Current thread ")
+    return (f"rc={proc.returncode}; stdout: {proc.stdout[-1500:]}\n--- stderr from {start} of {len(err)} ---\n"
+            f"{err[start:start + 5000]}\n--- the current thread ---\n{err[current:current + 2500] if current >= 0 else '-'}"
+            f"\n--- stderr, its end ---\n{err[-2000:]}")
+
+
 def test_jax_reading_one_batch_ahead_resumes_exactly_and_a_derived_dataset_is_refused(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERAS_", "PYTHONPATH"))}
-    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    # faulthandler: an abort (rc -6 at exit once, under load: "terminate called ... FATAL: exception not
+    # rethrown") names its thread and every other thread's stack (NOTE [ Pool threads at exit ]).
+    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", PYTHONFAULTHANDLER="1")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, _failed(proc)
     lines = {line.split(" ", 1)[0]: line for line in proc.stdout.splitlines() if line.startswith(("to_", "d", "last"))}
     # A bare FailedPreconditionError ("expected to contain 8 elements but contained only 4"), then a refusal, before.
     assert lines["to_dataset"] == "to_dataset resumed same", lines  # read without the length check for that epoch
