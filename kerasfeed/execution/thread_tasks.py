@@ -226,7 +226,9 @@ class Pool:
 
     def __init__(self, shut: Optional[Callable[[], Any]] = None):
         self.tasks: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []  # started here, pruned as new ones start
+        # Started here: weakly, a running thread is kept by ``threading`` (a closed executor, which TensorFlow
+        # may keep long after, keeps no stopped Thread objects).
+        self._threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
         self._lock = threading.Lock()
         self._shut = shut
 
@@ -235,8 +237,7 @@ class Pool:
         target, args = (thread_loop, (self, runner)) if task is None else (run_aside_thread, (self, runner, task))
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
+            self._threads.add(thread)
         if not _exit_hooked:
             install_exit_join()
         _pools.add(self)
