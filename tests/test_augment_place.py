@@ -110,7 +110,9 @@ def _passes(front, seq, slow=0.0, **kwargs):
     if front == "to_loader":
         feed = kerasfeed.to_loader(seq, shuffle=True, **kwargs)
     else:
-        feed = kerasfeed.to_dataset(seq, shuffle=True, **kwargs)
+        # prefetch=1: tf.data's read-ahead would hold a whole short pass, the loads then paced by the pool, not
+        # by the consumer's sleep below.
+        feed = kerasfeed.to_dataset(seq, shuffle=True, prefetch=1, group_items=1, **kwargs)
     out = []
     try:
         for _ in range(PASSES):
@@ -161,3 +163,48 @@ def test_with_a_timeout_augment_stays_on_the_pool():
     _passes("to_loader", _Augmented(names), slow=0.003, executor="threads", seed=7, cache="memory", timeout=30)
     passes = names[-PASSES * N:]  # the first few: the front's probes of the source
     assert all(name.startswith("kerasfeed-thread") for name in passes), sorted(set(passes))
+
+
+class _Exits(_Augmented):
+    """Item 5's ``augment`` calls ``sys.exit()``, as a library may on a bad record."""
+
+    def augment(self, item):
+        if int(item[1]) == 5:
+            raise SystemExit(3)
+        return super().augment(item)
+
+
+def test_sys_exit_in_augment_run_by_the_asking_thread_is_that_item_s_error():
+    """A pool thread makes a ``SystemExit`` in ``augment`` the item's ``ItemError`` (skipped within
+    ``max_skipped``); the asking thread did not: the trial pass raised a bare SystemExit out of the loop."""
+    names: list = []
+    source = _Exits(names)
+    feed = kerasfeed.to_loader(source, shuffle=True, executor="threads", seed=3, cache="memory", max_skipped=0.5)
+    try:
+        for _ in range(PASSES):
+            labels = []
+            for _, label in feed:
+                labels.append(int(label))
+                time.sleep(0.003)
+            assert sorted(labels) == [i for i in range(N) if i != 5]
+        stats = kerasfeed.stats(feed)
+    finally:
+        feed.close()
+    trial = names[-(PASSES - 2) * (N - 1):][:N - 1]  # pass 2's calls (item 5 records none)
+    assert not any(name.startswith("kerasfeed-thread") for name in trial), trial
+    assert stats["skipped"] == PASSES, stats
+
+
+def test_items_augmented_by_the_asking_thread_count_as_made_in_stats():
+    """``items_made`` and ``make_ms`` count every item's ``augment``, wherever it ran (they stopped at the pool's)."""
+    made = {}
+    for cache in (None, "memory"):
+        feed = kerasfeed.to_loader(_Augmented([]), shuffle=True, executor="threads", seed=3, cache=cache)
+        try:
+            for _ in range(PASSES):
+                for _ in feed:
+                    time.sleep(0.003)
+            made[cache] = kerasfeed.stats(feed)["items_made"]
+        finally:
+            feed.close()
+    assert made["memory"] == made[None] >= PASSES * N, made

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -49,6 +50,14 @@ from kerasfeed.sources.base import source_name
 
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
+
+
+def _item_failure(e: BaseException) -> bool:
+    """Whether ``augment`` raising ``e`` is the item's failure, as on a pool thread (``Runner.call``): a library's
+    ``sys.exit()`` on a bad record too; Ctrl-C only outside the main thread, where it stays what it is."""
+    if isinstance(e, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return isinstance(e, (Exception, SystemExit, GeneratorExit))
 
 
 def _read_through(name: str) -> property:
@@ -88,6 +97,7 @@ class CacheFront(Executor):
             self._seeds = caller_seeds
         self._place = None if caller_seeds is None else AugmentPlace(cache.augment_cost)
         self._inline: set[int] = set()  # the passes whose hits are augmented here
+        self._stats: Any = None  # a StatsCollector, once attached
         self._retries = retries  # for ``augment`` run here (``_augmented``)
         self._name = source_name(source)
         self._on_close = on_close
@@ -209,7 +219,9 @@ class CacheFront(Executor):
         while True:
             try:
                 return self._augmented_once(item, index, epoch)
-            except Exception as e:  # named, as the executors name an item's error
+            except BaseException as e:  # named, as the executors name an item's error
+                if not _item_failure(e):
+                    raise
                 error = e if isinstance(e, ItemError) else ItemError.from_exception(index, e, source_name=self._name)
                 counts = getattr(self.inner, "counts", None)
                 if not attempts.again(error):
@@ -236,11 +248,18 @@ class CacheFront(Executor):
 
     def _augment(self, item: Any, index: int, epoch: int) -> Any:
         previous = item_random.enter(self._seeds, epoch, index)
+        stats = self._stats if self._place is not None else None  # in the asking thread: made as on the pool
+        started = time.perf_counter()
         try:
             with default_fp_env():  # the asking thread may be TensorFlow's (execution/fpenv.py)
-                return timed_augment(self._source, item, self.cache.augment_cost)
+                item = timed_augment(self._source, item, self.cache.augment_cost)
         finally:
             item_random.leave(previous)
+        if stats is not None:
+            end = time.perf_counter()
+            lane = threading.current_thread().name if stats.timeline is not None else None
+            stats.made(end - started, None, end, lane)
+        return item
 
     def ready(self, index: int, epoch: int) -> bool:
         cut = self._cuts.get(epoch)
@@ -250,6 +269,7 @@ class CacheFront(Executor):
 
     # ------------------------------------------------------------ the rest reads through
     def attach_stats(self, collector: Any) -> None:
+        self._stats = collector
         self.inner.attach_stats(collector)
         collector.add_gauges(self.cache_gauges)
         collector.add_cache_counts(self.cache_counts)
