@@ -158,4 +158,4 @@ def test_the_exit_joins_the_pool_threads_within_one_bound():
     # One bound for all (not per thread); the rest is the slack of a busy 2-core machine.
     assert EXIT_JOIN_S - 0.5 < got["to_loader"]["exit_s"] < EXIT_JOIN_S + 5, got
     err = runs["to_loader"][2]
-    assert f"{len(stuck)} thread(s) of the threads executor still in a call after {EXIT_JOIN_S} s" in err, err[-3000:]
+    assert f"{len(stuck)} thread(s) still in a call after {EXIT_JOIN_S} s" in err, err[-3000:]

@@ -18,7 +18,7 @@ threads). So every ``Pool`` (the threads one executor started on one task
 queue, its loads outside the plan included) is kept in a weak registry; each
 of its threads holds it (its arguments) while it runs, so a pool whose
 executor was collected or parked, or whose threads were left behind by a
-timeout, is still found. At exit ``join_pools_at_exit`` stops every pool (its
+timeout, is still found. At exit ``join_threads_at_exit`` stops every pool (its
 executor closed if it lives, queued items dropped, one stop per thread) and
 joins their threads, ``EXIT_JOIN_S`` at most in all: a call stuck for ever
 does not hold the exit up, and the threads left are named in a debug log. It
@@ -27,6 +27,22 @@ which registers this module's hook first, so that it runs after its own), and
 from its own ``atexit`` hook, registered when a pool first starts a thread (a
 process that never imported TensorFlow: ``to_loader`` under JAX, torch,
 numpy); once only.
+
+The other daemon threads that run Python for as long as their owner lives
+are in the same registry (``join_at_exit``: the owner has ``stop_at_exit``
+and ``alive``; its threads hold it): a stream's producers (the user's
+generator or ``from_queue`` producer runs in them; a close does not join
+them), the device prefetch thread (``jax.device_put``, torch copies; its
+iterator's finalizer only sets a flag; its stop also ends a load waiting on
+a worker process, whose pool closes only after this hook), the park watch
+(none armed once the exit began: the exit's own close fails the loads that
+would arm one) and the export's progress bar. Before, after the hooks: the
+producers alive in every run that ended mid-item, the prefetch thread in 3
+of 10 runs ending with a live ``loader.jax()``, 6 of 6 after interrupted
+fits under JAX. Left out: threads a close joins (a worker's load threads,
+the processes executor's readers), the launcher (blocked in a queue nobody
+feeds at exit: it never returns into Python), a worker's parent watch (ended
+in its sleep: no C++ frame to unwind).
 """
 
 from __future__ import annotations
@@ -54,7 +70,7 @@ logger = logging.getLogger("kerasfeed")
 # at exit ]): long enough for calls in progress to return, short enough that one stuck for ever costs little.
 EXIT_JOIN_S = 3.0
 
-_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+_owners: "weakref.WeakSet[Any]" = weakref.WeakSet()  # pools and the other owners of threads (join_at_exit)
 _exit_lock = threading.Lock()
 _exit_hooked = False
 _exit_joined = False
@@ -238,9 +254,7 @@ class Pool:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         with self._lock:
             self._threads.add(thread)
-        if not _exit_hooked:
-            install_exit_join()
-        _pools.add(self)
+        join_at_exit(self)
         thread.start()
         return thread
 
@@ -267,27 +281,41 @@ class Pool:
 
 
 def install_exit_join() -> None:
-    """Registers ``join_pools_at_exit`` with ``atexit`` once (NOTE [ Pool threads at exit ])."""
+    """Registers ``join_threads_at_exit`` with ``atexit`` once (NOTE [ Pool threads at exit ])."""
     global _exit_hooked
     with _exit_lock:
         if not _exit_hooked:
-            atexit.register(join_pools_at_exit)
+            atexit.register(join_threads_at_exit)
             _exit_hooked = True
 
 
-def _live_pools() -> list[Pool]:
-    for _ in range(10):  # a thread starting another pool meanwhile changes the set: read it again
+def join_at_exit(owner: Any) -> None:
+    """Has the exit stop ``owner`` (``owner.stop_at_exit()``) and join its threads (``owner.alive()``, a list);
+    held weakly: its threads hold it while they run (NOTE [ Pool threads at exit ])."""
+    if not _exit_hooked:
+        install_exit_join()
+    _owners.add(owner)
+
+
+def exit_begun() -> bool:
+    """Whether the exit's join has begun: a thread started now would not be joined."""
+    return _exit_joined
+
+
+def listed(items: "weakref.WeakSet") -> list:
+    """What a weak set holds now (another thread may add to it meanwhile)."""
+    for _ in range(10):  # a set changed during the copy raises: read it again
         try:
-            return list(_pools)
+            return list(items)
         except RuntimeError:
             continue
-    return list(_pools)
+    return list(items)
 
 
-def join_pools_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
-    """Stops every live pool and joins its threads, ``wait`` seconds at most in all (NOTE [ Pool threads at
-    exit ]). Runs once (a later call returns at once); returns the names of the threads still alive after it
-    (logged at debug). Never raises: it runs at exit."""
+def join_threads_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
+    """Stops every live pool (and other owner: ``join_at_exit``) and joins its threads, ``wait`` seconds at
+    most in all (NOTE [ Pool threads at exit ]). Runs once (a later call returns at once); returns the names of
+    the threads still alive after it (logged at debug). Never raises: it runs at exit."""
     global _exit_joined
     with _exit_lock:
         if _exit_joined:
@@ -295,25 +323,25 @@ def join_pools_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
         _exit_joined = True
     try:
         deadline = time.monotonic() + wait
-        pools = _live_pools()
-        for pool in pools:
+        owners = listed(_owners)
+        for owner in owners:  # all stopped before any join: a prefetch thread's load ends with its pool
             try:
-                pool.stop_at_exit()
+                owner.stop_at_exit()
             except Exception:  # its threads are still joined below
-                logger.debug("kerasfeed: stopping a thread pool at exit failed", exc_info=True)
+                logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
         me = threading.current_thread()
-        threads = [t for pool in pools for t in pool.alive() if t is not me]
+        threads = [t for owner in owners for t in owner.alive() if t is not me]
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         left = [t.name for t in threads if t.is_alive()]
     except Exception:  # at exit: the interpreter goes on as before
-        logger.debug("kerasfeed: joining the thread pools at exit failed", exc_info=True)
+        logger.debug("kerasfeed: joining its threads at exit failed", exc_info=True)
         return []
     if left:
-        logger.debug("kerasfeed: %d thread(s) of the threads executor still in a call after %.1f s at exit, left "
-                     "to the interpreter: %s", len(left), wait, ", ".join(left))
+        logger.debug("kerasfeed: %d thread(s) still in a call after %.1f s at exit, left to the interpreter: %s",
+                     len(left), wait, ", ".join(left))
     return left
 
 
 __all__ = ["EXIT_JOIN_S", "Done", "Task", "Runner", "Pool", "thread_loop", "run_aside_thread", "stop_threads",
-           "install_exit_join", "join_pools_at_exit"]
+           "install_exit_join", "join_at_exit", "exit_begun", "listed", "join_threads_at_exit"]

@@ -127,7 +127,7 @@ def retire_live_iterators() -> int:
             except Exception:
                 logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
     retired = sum(retire_iterator(it, gen_dataset_ops) for it, _ in ours)
-    thread_tasks.join_pools_at_exit()  # the loads that fed them have returned: the pool threads end now
+    thread_tasks.join_threads_at_exit()  # the loads that fed them have returned: the pool threads end now
     _freeze_heap()
     return retired
 
