@@ -19,9 +19,11 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kerasfeed.errors import ItemError, StreamError, WorkerError
+from kerasfeed.execution import thread_tasks
 from kerasfeed.sampling.views import as_view
 from kerasfeed.sources.base import close_quietly
 from kerasfeed.streams.options import END, NOT_READY, InterleaveOptions
@@ -100,6 +102,9 @@ class ShardPass:
         # arrival-order state
         self._arrivals: collections.deque = collections.deque()
         self._ended = 0
+        # A producer inside the user's generator runs on after a close: joined at exit (NOTE [ Pool threads at exit ]).
+        self._threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+        thread_tasks.join_at_exit(self)
         with self._lock:
             self._launch()
 
@@ -119,7 +124,9 @@ class ShardPass:
         self._next_start += 1
         sh.started = sh.open = True
         self._open += 1
-        threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True).start()
+        thread = threading.Thread(target=self._produce, args=(sh,), name=f"kerasfeed-{self._name}-{sh.id}", daemon=True)
+        self._threads.add(thread)
+        thread.start()
 
     def _produce(self, sh: _Shard) -> None:
         it = None
@@ -381,6 +388,10 @@ class ShardPass:
             return f"an item of any running shard ({names}{more})"
 
     # ------------------------------------------------------------ shutdown
+    def alive(self) -> list[threading.Thread]:
+        """The producers still running (a closed pass's included)."""
+        return [t for t in thread_tasks.listed(self._threads) if t.is_alive()]
+
     def close(self) -> None:
         """Stops the producers; items not taken yet are dropped. Idempotent."""
         with self._lock:
@@ -402,3 +413,5 @@ class ShardPass:
                 it.stop()
             except Exception:  # noqa: BLE001 - never fail a close
                 pass
+
+    stop_at_exit = close  # NOTE [ Pool threads at exit ]

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from kerasfeed import _validation as _v
 from kerasfeed.errors import StreamError
+from kerasfeed.execution import thread_tasks
 from kerasfeed.execution.waits import WaitScope
 from kerasfeed.streams.options import END, NOT_READY, NothingRaised
 
@@ -146,6 +147,7 @@ class QueueFeed:
             if self._producer is None or self._thread is not None or self._closed:
                 return
             self._thread = threading.Thread(target=self._run, name="kerasfeed-queue-producer", daemon=True)
+            thread_tasks.join_at_exit(self)  # the producer runs the user's code: NOTE [ Pool threads at exit ]
             self._thread.start()
 
     def _run(self) -> None:
@@ -282,6 +284,12 @@ class QueueFeed:
     def close(self) -> None:
         """Stops the producer thread (its next ``put`` raises). Idempotent."""
         self._closed = True
+
+    stop_at_exit = close
+
+    def alive(self) -> list[threading.Thread]:
+        thread = self._thread
+        return [thread] if thread is not None and thread.is_alive() else []
 
 
 class QueuePass:
