@@ -64,6 +64,7 @@ import numpy as np
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_fit import report
+from kerasfeed.execution import thread_tasks
 from kerasfeed.loader.convert import TorchBatches, cpu_tensor, map_arrays, torch_dtype
 
 # Batches placed ahead when device_prefetch=None and the batches go to an accelerator.
@@ -121,12 +122,24 @@ class _Feed:
     """The prefetch thread's side: no reference to the iterator the step holds,
     so dropping that iterator stops the thread."""
 
-    def __init__(self, source: Iterator[Any], place: Callable[[Any], Any], depth: int, stats: DeviceStats):
+    def __init__(self, source: Iterator[Any], place: Callable[[Any], Any], depth: int, stats: DeviceStats,
+                 waits: Any = None):
         self.source = source
         self.place = place
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         self.stats = stats
+        self.thread: Optional[threading.Thread] = None
+        self.waits = waits  # the executor's WaitScope
+
+    def stop_at_exit(self) -> None:  # NOTE [ Pool threads at exit ]: the iterator may live on to the end
+        self.stop.set()
+        if self.waits is not None:  # a load waiting on a worker process (closed only after this hook) gives up
+            self.waits.cancel()
+
+    def alive(self) -> list[threading.Thread]:
+        thread = self.thread
+        return [thread] if thread is not None and thread.is_alive() else []
 
     def run(self) -> None:
         try:
@@ -163,6 +176,7 @@ class DeviceIterator:
         stats: where the training thread's waits are counted.
         finish: runs on the training thread on each placed batch before it
             is handed over (PyTorch: the stream waits for the copy).
+        waits: the executor's ``WaitScope``: the exit ends a load under way.
     """
 
     def __init__(
@@ -172,8 +186,9 @@ class DeviceIterator:
         depth: int,
         stats: DeviceStats,
         finish: Optional[Callable[[Any], Any]] = None,
+        waits: Any = None,
     ):
-        self._feed = _Feed(source, place, depth, stats)
+        self._feed = _Feed(source, place, depth, stats, waits)
         # NOTE [ A prefetch thread is not the consumer ]: the thread reads the pass iterator ahead, also
         # after a model build gave this iterator up; only the training thread's own next() means that
         # Keras went on with it (``Passes.carry_on``), or the next iterator would not take the pass over.
@@ -194,6 +209,8 @@ class DeviceIterator:
         self._carry_on()
         if self._thread is None:  # the pass starts on the first next, as without prefetch
             self._thread = threading.Thread(target=self._feed.run, name="kerasfeed-device-prefetch", daemon=True)
+            self._feed.thread = self._thread
+            thread_tasks.join_at_exit(self._feed)
             self._thread.start()
         t0 = time.perf_counter()
         while True:
@@ -350,16 +367,18 @@ class TorchDeviceBatches(TorchBatches):
         if self._depth == 0:  # placed in this thread, as asked for
             return (place.finish(place(batch)) for batch in self._feed.passes.iterator())
         source = self._feed.passes.iterator(keep=1 + self._depth + 1)
-        return DeviceIterator(source, place, self._depth, self._feed.stats, place.finish)
+        return DeviceIterator(source, place, self._depth, self._feed.stats, place.finish, self._feed.waits)
 
 
 class DeviceFeed:
     """A loader's device prefetch: the option (``depth``, from ``check_depth``), the stats (to the
-    loader's ``StatsCollector``, ``collector``; None: off) and the iterators over its ``passes``."""
+    loader's ``StatsCollector``, ``collector``; None: off) and the iterators over its ``passes``, whose loads
+    wait in ``waits`` (the executor's ``WaitScope``, or None)."""
 
-    def __init__(self, depth: Optional[int], passes: Any, collector: Any):
+    def __init__(self, depth: Optional[int], passes: Any, collector: Any, waits: Any = None):
         self.depth = depth
         self.passes = passes
+        self.waits = waits
         self.stats = DeviceStats()
         if collector is not None:
             collector.add_gauges(self.gauges)
@@ -379,7 +398,7 @@ class DeviceFeed:
         place, target = _jax_place(None, keras=True) if depth else (None, "numpy (Keras places them)")
         self.stats.depth, self.stats.target = (depth if place is not None else 0), target
         source = self.passes.iterator(keep=keep)
-        return source if place is None else DeviceIterator(source, place, depth, self.stats)
+        return source if place is None else DeviceIterator(source, place, depth, self.stats, waits=self.waits)
 
     def jax(self, device: Any = None) -> Iterator[Any]:
         """``loader.jax(device)``: JAX arrays on ``device`` (the default device if None)."""
@@ -390,7 +409,7 @@ class DeviceFeed:
         self.stats.depth, self.stats.target = depth, target
         if depth == 0:
             return map(place, self.passes.iterator())
-        return DeviceIterator(self.passes.iterator(keep=depth + 2), place, depth, self.stats)
+        return DeviceIterator(self.passes.iterator(keep=depth + 2), place, depth, self.stats, waits=self.waits)
 
     def torch(self, loader: Any, device: Any = None, keras_backend: bool = False) -> TorchBatches:
         """``loader.torch(device)`` / what Keras' PyTorch trainer drains (``keras_backend=True``)."""

@@ -92,7 +92,8 @@ class Loader:
         self._kerasfeed_pipeline, self._kerasfeed_executor = self._pipeline, self.executor
         self._tf_dataset = None  # made by get_tf_dataset (keras_adapter.py), once
         self._tf_pipeline = None  # that dataset's pipeline: under TensorFlow it reads the passes, not this one
-        self._device = DeviceFeed(options.device_prefetch, self._passes, self._pipeline.stats)  # device.py
+        self._device = DeviceFeed(options.device_prefetch, self._passes, self._pipeline.stats,  # device.py
+                                  getattr(self.executor, "waits", None))
         # What Keras was told by num_batches, and its epochs since (on_epoch_begin).
         self._keras_told: tuple[Optional[int], int] = (None, 0)
 
