@@ -30,6 +30,8 @@ import time
 import weakref
 from typing import Any, Optional
 
+from kerasfeed.execution import thread_tasks
+
 TICK_S = 0.25  # how often the watch looks; the executor parks after one tick without a load
 
 
@@ -43,9 +45,12 @@ class ParkWatch:
         self._generation = 0
         self.armed = False
         self._epoch: Optional[int] = None
+        self._thread: Optional[threading.Thread] = None
 
     def arm(self, epoch: int) -> None:
         """A load of pass ``epoch`` failed: start watching (re-arming while armed only moves the pass)."""
+        if thread_tasks.exit_begun():  # the exit's own close failed the load: nothing to park, no thread to join
+            return
         with self._lock:
             self._epoch = epoch
             if self.armed:
@@ -53,9 +58,11 @@ class ParkWatch:
             self.armed = True
             self._generation += 1
             generation = self._generation
-        threading.Thread(
+        self._thread = threading.Thread(
             target=_watch, args=(self._ref, self, generation), name="kerasfeed-park-watch", daemon=True
-        ).start()
+        )
+        thread_tasks.join_at_exit(self)  # NOTE [ Pool threads at exit ]
+        self._thread.start()
 
     def pass_started(self, epoch: int) -> None:
         """Pass ``epoch`` is planned: the consumer went on, unless it is the
@@ -66,6 +73,12 @@ class ParkWatch:
     def disarm(self) -> None:
         """Parked or closed: stop watching."""
         self.armed = False
+
+    stop_at_exit = disarm
+
+    def alive(self) -> list[threading.Thread]:
+        thread = self._thread
+        return [thread] if thread is not None and thread.is_alive() else []
 
     def current(self, generation: int) -> bool:
         return self.armed and self._generation == generation

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.processes.process import NO_RESTART
+from kerasfeed.execution.thread_tasks import join_at_exit
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
 from kerasfeed.exporting.spec import ExportSpec
@@ -420,7 +421,14 @@ class _Bar:
             self._tqdm = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kerasfeed-export-progress", daemon=True)
+        join_at_exit(self)  # an exception in export's cleanup skips close(): NOTE [ Pool threads at exit ]
         self._thread.start()
+
+    def stop_at_exit(self) -> None:
+        self._stop.set()
+
+    def alive(self) -> list[threading.Thread]:
+        return [self._thread] if self._thread.is_alive() else []
 
     def _update(self) -> None:
         counts = self._shared.counts()

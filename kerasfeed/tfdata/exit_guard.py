@@ -16,7 +16,8 @@ runs before TensorFlow's own exit hooks) finds every live tf.data iterator
 over a kerasfeed dataset, stops the Python side of its pipeline (a load
 waiting for a stuck item returns at once), and points the iterator at an
 empty dataset, which destroys its old state, threads joined, right there.
-Then the threads executor's pool threads are stopped and joined, a few
+Then the threads executor's pool threads (and kerasfeed's other daemon
+threads: stream producers, device prefetch) are stopped and joined, a few
 seconds at most in all, before the heap freeze (NOTE [ Pool threads at exit ]
 in ``execution/thread_tasks.py``).
 
@@ -127,7 +128,7 @@ def retire_live_iterators() -> int:
             except Exception:
                 logger.debug("kerasfeed: stopping %r at exit failed", owner, exc_info=True)
     retired = sum(retire_iterator(it, gen_dataset_ops) for it, _ in ours)
-    thread_tasks.join_threads_at_exit()  # the loads that fed them have returned: the pool threads end now
+    thread_tasks.join_threads_at_exit()  # the loads that fed them have returned: the threads end now
     _freeze_heap()
     return retired
 
