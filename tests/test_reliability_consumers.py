@@ -125,17 +125,18 @@ def test_the_exit_hook_freezes_the_heap_after_retiring_iterators():
     assert proc.stdout.split() == ["1", "True"], proc.stdout
 
 
-def test_the_exit_joins_the_pool_threads_within_one_bound():
-    """At exit, kerasfeed stops the threads executor's pools and joins their threads (NOTE [ Pool threads at
-    exit ]): a call that returns in a moment is waited for, one stuck for ever costs at most ``EXIT_JOIN_S`` in
-    all, and the threads left are named in a debug log; under ``to_loader`` in a process that never imports
-    TensorFlow (the pools' own exit hook) and under ``to_dataset`` (the exit guard's). Before, every pool thread
-    ran on into finalization (58 of 64 after ``to_loader``), where a daemon thread ended inside a C++ call aborts
-    the process (a JAX child, rc -6, "FATAL: exception not rethrown"). The script's own exit hook, registered
-    before kerasfeed's, runs after them and reports."""
+def test_the_exit_joins_kerasfeed_threads_within_one_bound():
+    """At exit, kerasfeed stops the threads executor's pools and its other daemon threads and joins them (NOTE
+    [ Pool threads at exit ]): a call that returns in a moment is waited for, one stuck for ever costs at most
+    ``EXIT_JOIN_S`` in all, and the threads left are named in a debug log; under ``to_loader`` in a process that
+    never imports TensorFlow (the pools' own exit hook) and under ``to_dataset`` (the exit guard's). Before, every
+    pool thread ran on into finalization (58 of 64 after ``to_loader``), where a daemon thread ended inside a C++
+    call aborts the process (a JAX child, rc -6, "FATAL: exception not rethrown"); so did a device prefetch
+    thread (left to a finalizer) and the producers of streams (closed, not joined). The script's own exit hook,
+    registered before kerasfeed's, runs after them and reports."""
     script = "threads_at_exit.py"
-    loader = _start_script(script, "to_loader", "moment", "forever", env={"KERAS_BACKEND": "numpy"})
-    dataset = _start_script(script, "to_dataset", "moment")
+    loader = _start_script(script, "to_loader", "moment", "forever", "device", env={"KERAS_BACKEND": "numpy"})
+    dataset = _start_script(script, "to_dataset", "moment", "generators", "queue")
     try:
         runs = {"to_loader": (loader, *_finish(loader)), "to_dataset": (dataset, *_finish(dataset))}
     finally:
@@ -148,9 +149,12 @@ def test_the_exit_joins_the_pool_threads_within_one_bound():
         assert proc.returncode == 0, (front, err[-3000:])
         got[front] = json.loads(out.strip().splitlines()[-1])
     assert got["to_loader"]["tf"] is False and got["to_dataset"]["tf"] is True, got
-    assert set(got["to_loader"]["left"]) == {"moment", "forever"} and set(got["to_dataset"]["left"]) == {"moment"}
+    assert set(got["to_loader"]["left"]) == {"moment", "forever", "device"}, got
+    assert set(got["to_dataset"]["left"]) == {"moment", "generators", "queue"}, got
+    assert all(n > 0 for run in got.values() for n in run["callers"].values()), got  # each had threads to join
     # Returned within the bound: joined, on both fronts.
-    assert got["to_loader"]["left"]["moment"] == got["to_dataset"]["left"]["moment"] == [], got
+    joined = {**got["to_dataset"]["left"], "device": got["to_loader"]["left"]["device"]}
+    assert got["to_loader"]["left"]["moment"] == [] and all(v == [] for v in joined.values()), got
     from kerasfeed.execution.thread_tasks import EXIT_JOIN_S
 
     stuck = got["to_loader"]["left"]["forever"]
