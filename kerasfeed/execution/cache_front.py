@@ -45,19 +45,12 @@ from kerasfeed.execution.fpenv import default_fp_env
 from kerasfeed.execution.retries import Attempts
 from kerasfeed.execution.source_changes import SourceChanges
 from kerasfeed.execution.state_sync import fingerprints_once
+from kerasfeed.execution.thread_tasks import item_failure
 from kerasfeed.sources import item_random
 from kerasfeed.sources.base import source_name
 
 # Passes whose cut stays known (loads of older passes go to the executor).
 _KEPT_CUTS = 8
-
-
-def _item_failure(e: BaseException) -> bool:
-    """Whether ``augment`` raising ``e`` is the item's failure, as on a pool thread (``Runner.call``): a library's
-    ``sys.exit()`` on a bad record too; Ctrl-C only outside the main thread, where it stays what it is."""
-    if isinstance(e, KeyboardInterrupt):
-        return threading.current_thread() is not threading.main_thread()
-    return isinstance(e, (Exception, SystemExit, GeneratorExit))
 
 
 def _read_through(name: str) -> property:
@@ -186,12 +179,17 @@ class CacheFront(Executor):
             self.hits += int(count)
 
     # ------------------------------------------------------------ items
+    def _served_here(self, epoch: int) -> bool:
+        """Whether pass ``epoch``'s hits are read from the store here, not asked of the executor (which
+        never had them planned): without ``augment`` or on Ray (``_serve``), or augmented in the asking thread."""
+        return self._serve or epoch in self._inline
+
     def load(self, index: int, epoch: int) -> Any:
         if self._place is not None:
             self._place.loaded(epoch)
         cut = self._cuts.get(epoch)
         if cut is not None:
-            if self._serve or epoch in self._inline:  # stored before this pass: served here, no executor involved
+            if self._served_here(epoch):  # stored before this pass: served here, no executor involved
                 item = self.store.get(index, cut)
                 if item is not None:
                     self.hits += 1
@@ -220,7 +218,7 @@ class CacheFront(Executor):
             try:
                 return self._augmented_once(item, index, epoch)
             except BaseException as e:  # named, as the executors name an item's error
-                if not _item_failure(e):
+                if not item_failure(e):  # as on a pool thread
                     raise
                 error = e if isinstance(e, ItemError) else ItemError.from_exception(index, e, source_name=self._name)
                 counts = getattr(self.inner, "counts", None)
@@ -263,7 +261,7 @@ class CacheFront(Executor):
 
     def ready(self, index: int, epoch: int) -> bool:
         cut = self._cuts.get(epoch)
-        if (self._serve or epoch in self._inline) and cut is not None and self.store.has(index, cut):
+        if self._served_here(epoch) and cut is not None and self.store.has(index, cut):
             return True  # served here (augment too, when remote): the executor never had it planned
         return self.inner.ready(index, epoch)
 

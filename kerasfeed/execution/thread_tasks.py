@@ -86,6 +86,15 @@ def _nbytes(item: Any) -> int:
     return 0
 
 
+def item_failure(e: BaseException) -> bool:
+    """Whether ``e``, raised by a user's call for an item (``source[i]``, ``augment``), is that item's error:
+    any ``Exception``, and a library's ``sys.exit()`` on a bad record too, as on worker processes; Ctrl-C
+    reaches the main thread only, and there stays what it is. (``Runner.call``, ``CacheFront._augmented``.)"""
+    if isinstance(e, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return isinstance(e, (Exception, SystemExit, GeneratorExit))
+
+
 class Done:
     """A one-shot ``threading.Event``: ``set`` once, then ``is_set`` and every ``wait`` return True.
 
@@ -163,10 +172,8 @@ class Runner:
             item = get_item(self.source, index, self.name, self.cache)
         except Exception as e:  # noqa: BLE001 - re-raised as ItemError (its cause: the original traceback)
             raise ItemError.from_exception(index, e, source_name=self.name)
-        except (SystemExit, GeneratorExit, KeyboardInterrupt) as e:
-            # A library's sys.exit() on a bad record is the item's failure, as on worker processes; Ctrl-C
-            # reaches the main thread only, and there stays what it is.
-            if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        except BaseException as e:
+            if not item_failure(e):
                 raise
             raise ItemError.from_exception(index, e, source_name=self.name) from e
         finally:
@@ -343,5 +350,5 @@ def join_threads_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
     return left
 
 
-__all__ = ["EXIT_JOIN_S", "Done", "Task", "Runner", "Pool", "thread_loop", "run_aside_thread", "stop_threads",
-           "install_exit_join", "join_at_exit", "exit_begun", "listed", "join_threads_at_exit"]
+__all__ = ["EXIT_JOIN_S", "Done", "Task", "Runner", "Pool", "item_failure", "thread_loop", "run_aside_thread",
+           "stop_threads", "install_exit_join", "join_at_exit", "exit_begun", "listed", "join_threads_at_exit"]
