@@ -49,9 +49,10 @@ by a ``BackupAndRestore``) must read pass ``e``, not the pipeline's own first
 pass. The one place that always knows is the trainer's ``fit`` frame (1.
 above). ``find_fit`` looks for it once per pass, on the calling thread and,
 since tf.data runs a pass's first call on one of its own threads while ``fit``
-waits, on the fit's thread (NOTE [ Another thread's frames ]), and only
-accepts a frame whose ``x`` holds this very pipeline, so the validation data
-and other models' data keep their own numbering. A kerasfeed callback also
+waits, on the fit's thread (NOTE [ Another thread's frames ], in
+``_keras_fit_frames.py``), and only accepts a frame whose ``x`` holds this
+very pipeline, so the validation data and other models' data keep their own
+numbering. A kerasfeed callback also
 says the epoch through ``on_epoch_begin`` (``PassPipeline.expect``): the two
 must agree, and the callback's serves where the frame has no ``epoch``.
 """
@@ -60,15 +61,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import inspect
 import numbers
 import re
 import sys
-import threading
 import warnings
 from typing import Any, Callable, Optional
 
+from kerasfeed import _keras_fit_frames as fit_frames
 from kerasfeed.errors import KerasStructureError, KerasStructureWarning
 
 # The modules whose ``fit`` is Keras' training loop (one per backend); a ``fit``
@@ -204,29 +204,6 @@ class FitView:
                      "build's batch began pass 0); a fit that starts at a later epoch or resumes is refused.")
 
 
-def current_frames() -> dict:
-    """``sys._current_frames()`` with the garbage collector held off.
-
-    NOTE [ sys._current_frames and the garbage collector ]: in CPython up to
-    3.11, ``sys._current_frames()`` holds the runtime's thread-list lock while
-    it makes frame objects; an allocation there may start a collection, and a
-    collected object whose deallocation takes that lock again (a
-    ``threading.local``, a thread state) deadlocks the process inside C, where
-    no signal handler runs (cpython#106883, fixed in 3.12 by the same means:
-    no collection during the call). Found in a fresh-clone run of this suite
-    on the 2-core machine: a pass begun while a thread pool's threads came and
-    went hung there for good. The collector is switched back on only if it was on.
-    """
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        return sys._current_frames()
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def find_fit(holds: Callable[[Any], bool], model: Any = None, *, others: bool = True) -> Optional[FitView]:
     """The running Keras ``fit`` whose ``x`` holds the caller's pipeline, or None.
 
@@ -236,122 +213,27 @@ def find_fit(holds: Callable[[Any], bool], model: Any = None, *, others: bool = 
         others: whether to walk the other threads' stacks where no kept frame answers.
 
     The calling thread's stack is searched first, then the ``fit`` frames seen
-    on their own threads, then the other threads (NOTE [ Another thread's frames ]).
+    on their own threads, then the other threads (NOTE [ Another thread's frames ],
+    ``_keras_fit_frames.py``).
     """
-    view = _on_this_thread(sys._getframe(1), holds, model)
+
+    def look(frame: Any) -> Optional[FitView]:
+        return _view(frame, holds, model)
+
+    view = fit_frames.on_this_thread(sys._getframe(1), look)
     if view is not None:
         return view
-    for fit in _seen_elsewhere():
-        view = _view(fit, holds, model)
+    for fit in fit_frames.seen_elsewhere():
+        view = look(fit)
         if view is not None:
             return view
-    return _walk_other_threads(holds, model) if others else None
+    return fit_frames.walk_other_threads(look) if others else None
 
 
 def remember_fit() -> None:
     """Keeps the ``fit`` running on this thread (Keras' calls of kerasfeed run there), if any, for a
     later ``find_fit`` from another thread (NOTE [ Another thread's frames ])."""
-    _on_this_thread(sys._getframe(1), lambda x: False, None)
-
-
-def _on_this_thread(frame: Any, holds: Callable[[Any], bool], model: Any) -> Optional[FitView]:
-    """The calling thread's ``fit`` that holds the pipeline; each ``fit`` frame passed is kept
-    (none on the stack: one kept for this thread has returned, and is dropped)."""
-    me, seen = threading.get_ident(), False
-    try:
-        while frame is not None:
-            if is_fit(frame):
-                if _sweep not in gc.callbacks:
-                    gc.callbacks.append(_sweep)
-                _SEEN[me], seen = frame, True
-                view = _view(frame, holds, model)
-                if view is not None:
-                    return view
-            frame = frame.f_back
-        if not seen and me in _SEEN:
-            _drop(me, _SEEN[me])
-        return None
-    finally:
-        del frame  # frames hold their locals (batches among them): none is kept past this call
-
-
-# NOTE [ Another thread's frames ]: tf.data begins a pass on one of its own threads while ``fit``
-# waits on another, so the ``fit`` frame is often not on the calling thread's stack. Walking another
-# running thread's stack (``sys._current_frames()``, then ``f_back``) can crash CPython 3.11 when that
-# thread pops frames meanwhile (cpython#111363, sentry-python#2386 and #6119: a segfault in
-# ``PyFrame_GetBack``; seen once in this suite under load). So a ``fit`` frame is taken where Keras calls
-# kerasfeed on the fit's own thread (a dataset's ``cardinality``, a data adapter's hooks, a sequence's
-# ``on_epoch_begin``, a kerasfeed callback: ``remember_fit``) and kept, one per thread, while it runs:
-# another thread reads its locals, never its ``f_back``. A kept frame is cleared once its ``fit`` returned,
-# at the next look or garbage collection (``_sweep``; nothing else reads it; its locals are freed), which
-# is also how a running one is told apart (``frame.clear()`` refuses an executing frame). Only where
-# none is kept (a dataset derived from kerasfeed's, which Keras reads without calling kerasfeed) are the
-# other threads walked, with the garbage collector off and the GIL's switch interval long: no other
-# thread runs during the walk unless it was about to take the GIL anyway.
-_SEEN: dict = {}  # thread ident -> the ``fit`` frame last seen on that thread's stack
-
-
-def _sweep(phase: str, info: dict) -> None:
-    """A ``gc.callbacks`` hook: drops the kept frames whose ``fit`` returned. Without it the last ``fit`` of a
-    thread kept its model, optimizer and data alive (nothing looked again after it), also past
-    ``clear_session()``; a collection runs soon after any Python work, and ``gc.collect()`` frees them.
-    Not at the youngest generation's collections, the most frequent (a kept frame that still runs costs a
-    RuntimeError to tell apart)."""
-    if phase == "start" and info.get("generation", 2) >= 1:
-        for ident, frame in list(_SEEN.items()):
-            _drop(ident, frame)
-
-
-def is_fit(frame: Any) -> bool:
-    """Whether ``frame`` runs a Keras ``fit`` (the training loop of any backend)."""
-    return frame.f_code.co_name == "fit" and frame.f_globals.get("__name__", "").startswith("keras.")
-
-
-def _seen_elsewhere() -> list:
-    """The kept ``fit`` frames of other threads that still run; those that returned are dropped."""
-    me, running = threading.get_ident(), []
-    for ident, frame in list(_SEEN.items()):
-        if ident == me:
-            continue
-        if not _drop(ident, frame):
-            running.append(frame)
-    return running
-
-
-def _drop(ident: int, frame: Any) -> bool:
-    """Drops (and clears) the kept frame of a ``fit`` that returned; False while it runs."""
-    try:
-        frame.clear()  # a returned fit: its locals freed (NOTE above)
-    except RuntimeError:  # "cannot clear an executing frame"
-        return False
-    if _SEEN.get(ident) is frame:
-        _SEEN.pop(ident, None)
-    return True
-
-
-def _walk_other_threads(holds: Callable[[Any], bool], model: Any) -> Optional[FitView]:
-    enabled, interval = gc.isenabled(), sys.getswitchinterval()
-    gc.disable()
-    sys.setswitchinterval(max(interval, 0.5))
-    try:
-        frames = current_frames()
-        frames.pop(threading.get_ident(), None)  # this very frame: a reference cycle with `frames` otherwise
-        tops = list(frames.values())
-        frames.clear()
-        for frame in tops:
-            while frame is not None:
-                if is_fit(frame):
-                    view = _view(frame, holds, model)
-                    if view is not None:
-                        return view
-                frame = frame.f_back
-        return None
-    finally:
-        if sys.getswitchinterval() == max(interval, 0.5):
-            sys.setswitchinterval(interval)
-        if enabled:
-            gc.enable()
-        tops = frame = None
+    fit_frames.on_this_thread(sys._getframe(1), lambda frame: _view(frame, lambda x: False, None))
 
 
 @functools.lru_cache(maxsize=64)
@@ -453,6 +335,6 @@ def restore_epoch(model: Any, epoch: Optional[int], *, owner: str) -> None:
 
 
 __all__ = [
-    "FIT_NAMES", "FitView", "current_frames", "find_fit", "remember_fit", "batch_end_offset",
+    "FIT_NAMES", "FitView", "find_fit", "remember_fit", "batch_end_offset",
     "keras_minor", "keras_version", "refuse", "report", "restore_epoch", "restored_epoch",
 ]

@@ -1,6 +1,6 @@
 """``find_fit`` looks at every thread's frames without the CPython 3.11 deadlock.
 
-NOTE [ sys._current_frames and the garbage collector ] (kerasfeed/_keras_fit.py):
+NOTE [ sys._current_frames and the garbage collector ] (kerasfeed/_keras_fit_frames.py):
 a collection inside ``sys._current_frames()`` that runs a finalizer starting or
 joining a thread (closing a thread pool does) deadlocks on the runtime's
 thread-list lock, inside C. Each pass begun under ``model.fit`` looks for the
@@ -22,7 +22,7 @@ from _util import wait_until
 SCRIPT = textwrap.dedent(
     """
     import gc, sys, threading
-    from kerasfeed._keras_fit import current_frames
+    from kerasfeed._keras_fit_frames import current_frames
 
     look = current_frames if sys.argv[1] == "kerasfeed" else sys._current_frames
     stop = threading.Event()
@@ -99,7 +99,7 @@ def test_current_frames_never_deadlocks_with_a_collection_that_joins_a_thread():
 
 
 def test_find_fit_looks_through_current_frames(monkeypatch):
-    from kerasfeed import _keras_fit
+    from kerasfeed import _keras_fit, _keras_fit_frames
 
     calls = []
 
@@ -107,7 +107,7 @@ def test_find_fit_looks_through_current_frames(monkeypatch):
         calls.append(1)
         return sys._current_frames()
 
-    monkeypatch.setattr(_keras_fit, "current_frames", spy)
+    monkeypatch.setattr(_keras_fit_frames, "current_frames", spy)
     assert _keras_fit.find_fit(lambda x: False) is None and calls == [1]
 
 
@@ -151,11 +151,11 @@ def test_a_fit_from_a_later_epoch_is_followed_without_walking_other_threads(monk
     import keras
 
     import kerasfeed
-    from kerasfeed import _keras_fit
+    from kerasfeed import _keras_fit_frames
 
     walks = []
-    real = _keras_fit._walk_other_threads
-    monkeypatch.setattr(_keras_fit, "_walk_other_threads", lambda *a: walks.append(1) or real(*a))
+    real = _keras_fit_frames.walk_other_threads
+    monkeypatch.setattr(_keras_fit_frames, "walk_other_threads", lambda *a: walks.append(1) or real(*a))
     seq = _Seq()
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
@@ -163,16 +163,16 @@ def test_a_fit_from_a_later_epoch_is_followed_without_walking_other_threads(monk
     try:
         model.fit(kerasfeed.to_dataset(seq, executor="threads", shuffle=True, seed=3), initial_epoch=2, epochs=4,
                   verbose=0)
-        kept = dict(_keras_fit._SEEN)
+        kept = dict(_keras_fit_frames._SEEN)
     finally:
         gc.enable()
     assert seq.passes[-2:] == [2, 3] and walks == [], (seq.passes, walks)
     assert any(f.f_code.co_name == "fit" for f in kept.values()), "no fit frame was kept on the fit's thread"
     found = []
-    t = threading.Thread(target=lambda: found.append(_keras_fit._seen_elsewhere()))
+    t = threading.Thread(target=lambda: found.append(_keras_fit_frames.seen_elsewhere()))
     t.start()
     t.join()
-    assert found == [[]] and not any(_keras_fit._SEEN.get(k) is v for k, v in kept.items())
+    assert found == [[]] and not any(_keras_fit_frames._SEEN.get(k) is v for k, v in kept.items())
     assert all(not f.f_locals for f in kept.values())  # cleared: the fit's locals (model, data) freed
 
 
@@ -186,7 +186,7 @@ def test_the_last_fit_s_model_and_data_are_freed_once_it_returned(front):
     import keras
 
     import kerasfeed
-    from kerasfeed import _keras_fit
+    from kerasfeed import _keras_fit_frames
 
     class Seq(kerasfeed.SceneSequence):
         def __len__(self):
@@ -205,7 +205,7 @@ def test_the_last_fit_s_model_and_data_are_freed_once_it_returned(front):
         data.close()
     del model, seq, data
     gc.collect()
-    assert refs[0]() is None and not _keras_fit._SEEN, _keras_fit._SEEN
+    assert refs[0]() is None and not _keras_fit_frames._SEEN, _keras_fit_frames._SEEN
     # The source: once the pipeline's threads, told to stop when it was freed, have ended. (Given to fit as
     # it is, Keras' own adapter keeps it under TensorFlow: from_generator's function registry holds it.)
     if front != "sequence":
@@ -221,17 +221,17 @@ def test_a_derived_dataset_is_followed_by_walking_the_other_threads(monkeypatch)
     import keras
 
     import kerasfeed
-    from kerasfeed import _keras_fit
+    from kerasfeed import _keras_fit_frames
 
     states = []
-    real = _keras_fit._walk_other_threads
+    real = _keras_fit_frames.walk_other_threads
 
     def spy(*a):
         states.append((gc.isenabled(), sys.getswitchinterval()))
         return real(*a)
 
-    monkeypatch.setattr(_keras_fit, "_walk_other_threads", spy)
-    _keras_fit._SEEN.clear()
+    monkeypatch.setattr(_keras_fit_frames, "walk_other_threads", spy)
+    _keras_fit_frames._SEEN.clear()
     seq = _Seq()
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

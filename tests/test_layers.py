@@ -18,8 +18,8 @@ PACKAGE = ROOT / "kerasfeed"
 # layer do not import each other, except in the base layer.
 LAYERS = [
     ["_version", "_validation", "_layout", "_handoff", "_urls", "_leaves", "_quiet", "_records", "_keras_fit",
-     "_keras_epoch_iterator", "_keras_build", "_keras_callback", "_keras_iterators_at_exit", "errors", "_nest",
-     "transforms", "datasets", "_demo_args", "_backend_errors"],
+     "_keras_fit_frames", "_keras_epoch_iterator", "_keras_build", "_keras_callback", "_keras_iterators_at_exit",
+     "errors", "_nest", "transforms", "datasets", "_demo_args", "_backend_errors"],
     ["sources", "remote"],
     ["sampling"],
     ["cache"],

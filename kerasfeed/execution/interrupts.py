@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from kerasfeed._keras_fit import fit_calls, is_fit
+from kerasfeed._keras_fit import fit_calls
+from kerasfeed._keras_fit_frames import is_fit
 
 logger = logging.getLogger("kerasfeed")
 

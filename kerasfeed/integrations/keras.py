@@ -12,7 +12,8 @@ import keras
 
 from kerasfeed import _validation as _v
 from kerasfeed._keras_callback import callback_model
-from kerasfeed._keras_fit import batch_end_offset, is_fit
+from kerasfeed._keras_fit import batch_end_offset
+from kerasfeed._keras_fit_frames import is_fit
 from kerasfeed.integrations.steps import step_offset
 from kerasfeed.observe.lookup import PIPELINE_ATTR, find_tagged
 from kerasfeed.sampling.protocol import check_resume_order, order_fingerprint

@@ -22,7 +22,7 @@ import pytest
 from _util import wait_until
 
 from kerasfeed import ProcessExecutor
-from kerasfeed._keras_fit import current_frames
+from kerasfeed._keras_fit_frames import current_frames
 from kerasfeed.errors import ItemError
 from kerasfeed.execution.processes import dispatcher as dispatcher_module
 
@@ -64,7 +64,7 @@ def _open(folder, *indices):
 
 def _waiting_for_a_slot(thread):
     """The thread sleeps on the dispatcher's condition (a load waiting for a slot)."""
-    frame = current_frames().get(thread.ident)  # without the collector (kerasfeed/_keras_fit.py)
+    frame = current_frames().get(thread.ident)  # without the collector (kerasfeed/_keras_fit_frames.py)
     names = []
     while frame is not None:
         names.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
