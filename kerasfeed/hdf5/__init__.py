@@ -63,6 +63,7 @@ Files in object stores (docs/remote.md):
   never pickled (``remote/urls.py``).
 
 Modules: ``slices.py``, ``windows.py``, ``rows.py`` (one sequence each), ``base.py`` (what they share),
+``local_files.py`` (its base ``LocalFiles``: local files held per process, refused once replaced),
 ``inspection.py`` (a file's keys checked at construction), ``handles.py`` (the per-process handle
 registry), ``keys.py`` (paths and keys), ``options.py`` (the shared keyword arguments), ``remote/``
 (URLs). ``ScenePointSampler`` lives in ``kerasfeed/transforms.py``.

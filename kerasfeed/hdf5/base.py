@@ -8,7 +8,6 @@ from __future__ import annotations
 import bisect
 import collections
 import os
-import stat
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
@@ -16,9 +15,9 @@ import numpy as np
 from kerasfeed import _validation as _v
 from kerasfeed.errors import FileChangedError, short_repr
 from kerasfeed.hdf5.handles import REGISTRY, check_not_written, written_stamp
-from kerasfeed.hdf5.held import HeldFiles
-from kerasfeed.hdf5.inspection import check_file, open_local
+from kerasfeed.hdf5.inspection import check_file
 from kerasfeed.hdf5.keys import KeysLike, PathsLike, build_structure, check_paths, parse_keys
+from kerasfeed.hdf5.local_files import LocalFiles
 from kerasfeed.hdf5.options import H5Keywords, H5Options
 from kerasfeed.remote.chunks import concat
 from kerasfeed.remote.options import RemoteOptions
@@ -42,8 +41,8 @@ _CACHE_FIX = ("With cache=, shuffle the items in to_loader/to_dataset (shuffle=T
               "shuffle=False (an unshuffled IndexOrder for H5RowSequence; no shuffle_window_chunks or transform)")
 
 
-class H5Base(SceneSequence):
-    """Shared machinery: paths, keys, inspection, lazy per-process handles."""
+class H5Base(LocalFiles, SceneSequence):
+    """Shared machinery: paths, keys, inspection, reads (local files' handles: ``LocalFiles``)."""
 
     # Shared keyword arguments a subclass does not take, with why (for the message).
     _REFUSED: Mapping[str, str] = {}
@@ -257,83 +256,6 @@ class H5Base(SceneSequence):
         reads = self._read_many([(f, key, runs) for key in self._leaves for f, runs in parts], local)
         return {key: reads[k * len(parts) : (k + 1) * len(parts)] for k, key in enumerate(self._leaves)}
 
-    # ---- handles -----------------------------------------------------------
-
-    def _reset_handles(self) -> None:
-        self._h5 = HeldFiles(getattr(self, "_max_open_files", None))  # held.py's NOTE
-        self._h5_pid = os.getpid()
-        self._window_cache = {}
-
-    def _check_process(self) -> None:
-        if self._h5_pid != os.getpid():
-            # A forked child: forget the parent's handles without closing them (docs/field_notes.md, *h5py
-            # lock*); the lock may have been held by a parent thread.
-            self._reset_handles()
-
-    def _identity(self, path: str) -> tuple:
-        """The registry key of the file now at ``path``, inode included (``[1:3]`` is the file's stamp): a
-        file renamed over the old one gets an entry of its own (see ``FileRegistry``)."""
-        cls = type(self).__name__
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{cls}: HDF5 file not found. Received: path='{path}'") from None
-        if not stat.S_ISREG(st.st_mode):  # a pipe or a device: h5py's open would wait on it for ever
-            got = "a directory" if stat.S_ISDIR(st.st_mode) else "a path that is not a regular file (a pipe, device)"
-            raise (IsADirectoryError if stat.S_ISDIR(st.st_mode) else OSError)(
-                f"{cls}: expected an HDF5 file but got {got}. Received: path='{path}'")
-        kwargs = repr(sorted(self._open_kwargs.items()))
-        return (os.path.realpath(path), st.st_dev, st.st_ino, self.swmr, kwargs)
-
-    def _acquire(self, path: str):
-        """``(identity, h5py.File)`` of the file now at ``path``, held in the registry."""
-        for _ in range(3):
-            ident = self._identity(path)
-            f = REGISTRY.acquire(ident, lambda: self._open(path))
-            # Replaced between the stat and the open: the handle may be of
-            # another file than the identity says. Rare; try again.
-            if self._identity(path) == ident:
-                return ident, f
-            REGISTRY.release(ident)
-        raise FileChangedError(
-            f"{type(self).__name__}: file '{path}' was replaced on disk every time it was opened (3 tries)."
-        )
-
-    def _hold(self, file_index: int) -> tuple:
-        """Acquires, in this process, the file that construction inspected; returns its identity."""
-        path, stamp = self._paths[file_index], self._stamps[file_index]
-        try:
-            ident = self._identity(path)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{e} (it had {self._lengths[file_index]} rows when the sequence was built: "
-                                    "removed since)") from None
-        if ident[1:3] != stamp:
-            # Replaced since construction: keep reading the inspected file
-            # while this process has it open, else refuse (a fresh process
-            # or a reopen would otherwise read another file in silence).
-            held = ident[:1] + stamp + ident[3:]
-            if REGISTRY.share(held):
-                return held
-            raise FileChangedError(
-                f"{type(self).__name__}: file '{path}' was replaced after the sequence was built: the path "
-                f"now names another file (one written elsewhere and renamed over it, say), and the one the "
-                f"sequence inspected ({self._lengths[file_index]} rows) is no longer open in this process. "
-                "Build a new sequence to read the new file."
-            )
-        ident, _ = self._acquire(path)
-        if ident[1:3] != stamp:  # replaced while opening: check again
-            REGISTRY.release(ident)
-            return self._hold(file_index)
-        return ident
-
-    def _begin_read(self, file_index: int, key: str):
-        """The dataset ``key`` of a local file, kept open until ``self._h5.end(file_index)``."""
-        self._check_process()
-        return self._h5.begin(file_index, key, self._hold)
-
-    def _open(self, path: str):
-        return open_local(path, self.swmr, self._open_kwargs, type(self).__name__)
-
     def _inspect(self):
         """Opens each file briefly: checks keys and shapes, returns the layout."""
         lengths, specs, first_file, stamps, written = [], {}, {}, [], []
@@ -366,38 +288,6 @@ class H5Base(SceneSequence):
         # Plain slicing takes h5py's fast path (read_direct costs ~10x more per call on small datasets).
         return self._read_local(file_index, key, f"rows {start}:{stop}", stop, stop - start,
                                 lambda ds: ds[start:stop], raised=(FileNotFoundError, IsADirectoryError))
-
-    def _read_local(self, file_index: int, key: str, asked: str, stop: int, n: int, read, raised: tuple = ()):
-        """``read(dataset)``: ``n`` rows of a local file's ``key``, the last before ``stop`` (refreshed under SWMR),
-        the file held open meanwhile; errors but ``FileChangedError`` (and ``raised`` at the open) named."""
-        try:
-            ds = self._begin_read(file_index, key)
-        except (FileChangedError, *raised):
-            raise
-        except Exception as e:
-            raise self._read_failed(file_index, key, asked, e) from e
-        try:
-            if self.swmr and stop > ds.shape[0]:
-                ds.refresh()  # rows appended since this process last looked
-            out = read(ds)
-            if len(out) != n:  # h5py clips a slice at the end, as numpy does: the dataset shrank
-                raise FileChangedError(
-                    f"{type(self).__name__}: dataset '{key}' in file '{self._paths[file_index]}' has {ds.shape[0]} "
-                    f"rows now, {self._lengths[file_index]} when the sequence was built, so {asked} cannot be read: "
-                    "the file changed since (rewritten or truncated in place). Build a new sequence to read it as it "
-                    "is now.")
-        except FileChangedError:
-            raise
-        except Exception as e:
-            raise self._read_failed(file_index, key, asked, e) from e
-        finally:
-            self._h5.end(file_index)
-        return out
-
-    def _read_failed(self, file_index: int, key: str, rows: str, e: BaseException) -> OSError:
-        return OSError(f"{type(self).__name__}: reading {rows} of dataset '{key}' in file "
-                       f"'{self._paths[file_index]}' failed: {type(e).__name__}: {e}")
-
 
     def _read_global_rows(self, start: int, stop: int) -> dict:
         """Rows [start, stop) of the concatenated index space, for every key."""

@@ -18,7 +18,7 @@ class FileRegistry:
     that; it also keeps one file descriptor and chunk cache per file however many sequences
     (train/validation splits) read it. Entries are reference-counted by the sequences holding them.
 
-    An identity names the file itself, not only its path (``H5Base._identity`` includes the inode): a
+    An identity names the file itself, not only its path (``LocalFiles._identity`` includes the inode): a
     file replaced by a rename must not be read through the old file's handle. SWMR appends keep the
     inode, so the sequences reading a growing file still share one handle.
     """
