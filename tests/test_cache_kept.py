@@ -51,7 +51,7 @@ def _loads(log) -> list[int]:
 
 
 def _locked(path) -> bool:
-    """Whether a process holds the directory's flock (kerasfeed/cache/kept.py), read from /proc/locks:
+    """Whether a process holds the directory's flock (kerasfeed/cache/kept_directory.py), read from /proc/locks:
     trying the lock here could make the run that is taking it fail."""
     try:
         inode = os.stat(path).st_ino

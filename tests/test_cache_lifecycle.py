@@ -18,6 +18,7 @@ import pytest
 
 import kerasfeed
 from kerasfeed.cache import kept as kept_module
+from kerasfeed.cache import kept_directory
 from kerasfeed.cache.kept import close_kept, open_kept
 from kerasfeed.cache.store import H_CLEAN
 from kerasfeed.loading.stored_passes import StoredPasses
@@ -87,14 +88,14 @@ def test_a_kept_directory_dropped_without_close_is_reopened_in_the_same_process(
     directory = str(tmp_path / "kept")
     loader = kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)
     list(loader)
-    monkeypatch.setattr(kept_module, "_OWN_WAIT_S", 0.2)
+    monkeypatch.setattr(kept_directory, "_OWN_WAIT_S", 0.2)
     with pytest.raises(RuntimeError, match=rf"in use by another pipeline of this process \(pid {os.getpid()}; or a "
                                            r"process of another container with that pid, sharing the directory\)"):
         kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)  # the first one is still open
     # A dataset has no close() of its own: the message says how (it named only close() and `with`).
     with pytest.raises(RuntimeError, match=r"`kerasfeed.executor_of\(ds\).close\(\)` for a dataset"):
         kerasfeed.to_dataset(Numbered(), executor="threads", cache=directory)
-    monkeypatch.setattr(kept_module, "_OWN_WAIT_S", 10.0)
+    monkeypatch.setattr(kept_directory, "_OWN_WAIT_S", 10.0)
     del loader
     gc.collect()
     with kerasfeed.to_loader(Numbered(), executor="threads", cache=directory) as again:
