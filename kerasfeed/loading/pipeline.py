@@ -16,15 +16,14 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kerasfeed._keras_epoch_iterator import explain_short_epochs
-from kerasfeed._keras_fit import find_fit
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.base import Executor
 from kerasfeed.execution.fpenv import default_fp_env
 from kerasfeed.execution.waits import WaitAbandoned
 from kerasfeed.loading.begins import Begins, pass_of
 from kerasfeed.loading.fit_follow import FollowsFit
-from kerasfeed.loading.skips import SkipBudget, find_position, skippable
+from kerasfeed.loading.left_out import LeavesOut
+from kerasfeed.loading.skips import SkipBudget, skippable
 from kerasfeed.observe.stats import new_collector
 from kerasfeed.sampling.views import IndexView, pass_view
 from kerasfeed.sources.base import has_own_epoch_hooks, set_epoch
@@ -42,13 +41,11 @@ def _length(source: Any) -> Optional[int]:
 INDEX_WINDOW = 4096
 # Passes whose order stays available to ``window`` (iterators of older passes are abandoned ones).
 KEPT_PASSES = 8
-# Pool restarts one load waits through (max_skipped without retries: workers dying on other items).
-RESTARTS = 8
 # The mark of a loaded item beside its arrays (``load_marked``): kept, or left out (max_skipped).
 _KEPT, _LEFT_OUT = np.bool_(True), np.bool_(False)
 
 
-class PassPipeline(FollowsFit):
+class PassPipeline(LeavesOut, FollowsFit):
     """The Python side of one dataset: pass bookkeeping and item loading.
 
     TensorFlow keeps every ``numpy_function`` callable alive for the life of
@@ -257,83 +254,6 @@ class PassPipeline(FollowsFit):
             if error is not e:
                 raise error from e.__cause__
             raise
-
-    def _after_death(self, index: int, ticket: int, error: WorkerError) -> Optional[list]:
-        """Item ``index`` failed only because its worker died making item ``error.index`` (no
-        retries: the pool closed): the executor restarts without that item (``Executor.item_skipped``;
-        its own load then fails at once, where it may be left out) and ``index`` is loaded again."""
-        epoch = pass_of(ticket)
-        for _ in range(RESTARTS):
-            self.executor.item_skipped(int(error.index), epoch)
-            try:
-                arrays = self._arrays(index, ticket)
-            except WorkerError as again:
-                if again.index is None or int(again.index) == index:
-                    raise
-                error = again
-                continue
-            error = None  # a retried error's traceback holds this frame (see _arrays)
-            return arrays
-        self.executor.pass_failed(epoch)
-        raise error
-
-    def _leave_out(self, index: int, ticket: int, error: BaseException) -> Optional[BaseException]:
-        """Leaves the failed item out if the budget allows (None), else the error to raise."""
-        epoch = pass_of(ticket)
-        refused = self.skips.skip(epoch, index, self.position_of(index, ticket), error)
-        if refused is not None:
-            return refused
-        self.executor.item_skipped(index, epoch)
-        if self.stats is not None:
-            self.stats.skipped(epoch)
-        if self.skips.batch_size is None:
-            self._explain_under_fit()
-        return None
-
-    def _explain_under_fit(self) -> None:
-        """Items are batches: a running fit whose epochs are passes hears why its
-        epoch ends early (NOTE [ An epoch shortened by items left out ])."""
-        fit = find_fit(self.held_by)
-        if fit is None or fit.steps_per_epoch not in (None, self.batches_per_pass):
-            return
-        ref = weakref.ref(self)  # the epoch iterator may outlive this fit's data
-        explain_short_epochs(fit, lambda: None if ref() is None else ref().short_epoch_text())
-
-    def short_epoch_text(self) -> Optional[str]:
-        """Why the pass just read ended early (once), or None if it did not end complete and short."""
-        with self._lock:
-            short, self._short = self._short, None
-        if short is None:
-            return None
-        epoch, left = short
-        return (f"kerasfeed: pass {epoch} ended {left} batch{'es' if left > 1 else ''} early: its {left} item"
-                f"{'s' if left > 1 else ''} left out (max_skipped, batch_size=None) were whole batches; the epoch "
-                "ends after the batches it has, and the next starts with the next pass.")
-
-    def position_of(self, index: int, ticket: int) -> Optional[int]:
-        """The position in the pass begun as ``ticket`` of item ``index`` being loaded now (None: not
-        known). Items are loaded in pass order (a parallel map only a few apart): the search starts at
-        the number loaded so far."""
-        view, left = self._begins.progress(ticket)
-        if view is None:
-            return None
-        offset, taken = self.skips.taken(pass_of(ticket))
-        found = find_position(view, index, len(view) - left, taken)
-        return None if found is None else offset + found
-
-    def skipped_before(self, epoch: int, batches: int) -> list:
-        """``[[epoch, index], ...]`` left out of pass ``epoch`` before its batch
-        ``batches`` (what a resume state keeps; empty without ``max_skipped``)."""
-        return [] if self.skips is None else self.skips.before(epoch, batches)
-
-    def resume_skipped(self, epoch: int, indices: Any) -> int:
-        """A saved run left ``indices`` out of pass ``epoch`` before its saved position: the budget's
-        count continues from them. Returns the items they add to that position (batch_size=None: each
-        was a batch)."""
-        if self.skips is None:
-            return 0
-        self.skips.restore(epoch, indices)
-        return len(indices) if self.skips.batch_size is None else 0
 
     def ready(self, i, ticket) -> bool:
         """Whether ``load(i, ticket)`` would not wait (see ``Executor.ready``)."""
