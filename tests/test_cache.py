@@ -438,7 +438,7 @@ def test_input_stats_report_hits_misses_bytes_and_fill_in_fit_logs_and_tensorboa
 def test_profile_recommends_a_cache_for_costly_items_that_fit_and_not_for_cheap_ones():
     from types import SimpleNamespace as Probe
 
-    from kerasfeed.observe.profile import cache_advice
+    from kerasfeed.observe.cache_advice import cache_advice
 
     costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
     plain = Plain("unused")

@@ -93,7 +93,7 @@ def test_cache_advice_budgets_memory_as_the_cache_does(monkeypatch):
     from types import SimpleNamespace as Probe
 
     import kerasfeed.cache.options as options
-    from kerasfeed.observe.profile import cache_advice
+    from kerasfeed.observe.cache_advice import cache_advice
 
     monkeypatch.setattr(options, "available_memory", lambda: 2**20)  # a container's limit, below the host's
     costly = Probe(wall_s=5e-3, copy_s=5e-5, nbytes=2**20)
@@ -105,7 +105,7 @@ def test_cache_advice_weighs_times_not_size():
     """A large item (transport-bound) that is costly to make pays to store; a large, cheap one does not."""
     from types import SimpleNamespace as Probe
 
-    from kerasfeed.observe.profile import cache_advice
+    from kerasfeed.observe.cache_advice import cache_advice
 
     costly = Probe(wall_s=0.135, copy_s=6e-4, nbytes=8 * 2**20)
     advice = cache_advice(costly, 8, CheapLoad(), memory=2**30, disk=2**40)
