@@ -2,7 +2,9 @@
 
 ``PassPipeline`` owns the pass bookkeeping (which pass runs next, the resumed
 first pass, the epoch hooks, handing each pass's order to the executor) and
-item loading through the executor. ``to_dataset`` drives it from
+item loading through the executor; its bases follow a running ``fit``
+(``FollowsFit``, ``fit_follow.py``) and leave items out under ``max_skipped``
+(``LeavesOut``, ``left_out.py``). ``to_dataset`` drives it from
 ``tf.numpy_function`` calls, ``to_loader`` from plain Python.
 """
 
