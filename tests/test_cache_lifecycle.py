@@ -88,7 +88,9 @@ def test_a_kept_directory_dropped_without_close_is_reopened_in_the_same_process(
     directory = str(tmp_path / "kept")
     loader = kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)
     list(loader)
+    collections = kept_directory._OWN_COLLECTIONS
     monkeypatch.setattr(kept_directory, "_OWN_WAIT_S", 0.2)
+    monkeypatch.setattr(kept_directory, "_OWN_COLLECTIONS", 1)  # refused after one (the default's 12 take ~4 s)
     with pytest.raises(RuntimeError, match=rf"in use by another pipeline of this process \(pid {os.getpid()}; or a "
                                            r"process of another container with that pid, sharing the directory\)"):
         kerasfeed.to_loader(Numbered(), executor="threads", cache=directory)  # the first one is still open
@@ -96,6 +98,7 @@ def test_a_kept_directory_dropped_without_close_is_reopened_in_the_same_process(
     with pytest.raises(RuntimeError, match=r"`kerasfeed.executor_of\(ds\).close\(\)` for a dataset"):
         kerasfeed.to_dataset(Numbered(), executor="threads", cache=directory)
     monkeypatch.setattr(kept_directory, "_OWN_WAIT_S", 10.0)
+    monkeypatch.setattr(kept_directory, "_OWN_COLLECTIONS", collections)
     del loader
     gc.collect()
     with kerasfeed.to_loader(Numbered(), executor="threads", cache=directory) as again:

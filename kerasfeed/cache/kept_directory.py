@@ -13,8 +13,10 @@ from typing import Callable, Optional
 
 INDEX, DATA, KEY, LOCK = "index.bin", "data.bin", "key.json", "lock"
 # How long a directory held by this very process is waited for (a pipeline dropped without close(): its worker
-# processes stop first; ~0.5 s on an idle 2-core machine, past 2 s beside a loaded one's test run).
+# processes stop first; ~0.5 s on an idle 2-core machine, past 2 s beside a loaded one's test run), and how many
+# collections at least: the clock that slows down with the machine (``_take_from_own``).
 _OWN_WAIT_S = 6.0
+_OWN_COLLECTIONS = 12
 
 
 class KeptDirectory:
@@ -128,13 +130,17 @@ def _take(fd: int) -> bool:
 def _take_from_own(fd: int) -> bool:
     """The lock of a pipeline of this process dropped without close(): its store lets it go once
     collected (after its pool threads stop; a reference cycle needs the collector, and one that an
-    item error's traceback closes took three collections: the finalizers of each ring free the next)."""
-    deadline = time.monotonic() + _OWN_WAIT_S
+    item error's traceback closes took three collections: the finalizers of each ring free the next).
+    Refused only after ``_OWN_COLLECTIONS`` too: that teardown (collections of a heap with TensorFlow
+    in it, 0.3 s each idle, 1-2.5 s beside a loaded test run; its threads and worker processes ending)
+    slows down with the machine, and took 5 collections, 9-12 s, there (a 6-s deadline alone refused)."""
+    deadline, collections = time.monotonic() + _OWN_WAIT_S, 0
     while True:
         gc.collect()
+        collections += 1
         if _take(fd):
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline and collections >= _OWN_COLLECTIONS:
             return False
         time.sleep(0.05)
 
