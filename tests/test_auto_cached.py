@@ -143,7 +143,7 @@ def test_with_augment_auto_probes_augment_alone(tmp_path, four_cpus, busy):
     try:
         assert ex.name == ("processes" if busy else "threads"), ex.reason
         assert "every pass runs augment on the executor, over the stored item: decided for augment alone" in ex.reason
-        assert ex.probe.wall_s < 0.025  # augment timed, not load
+        assert ex.probe.wall_s < 0.03  # augment timed, not load (whose own sleep is 30 ms): 5 ms sleeps overshoot under load
         first = [int(y) for _, y in ds]
         assert first == list(range(12)) and [int(y) for _, y in ds] == first
     finally:

@@ -45,7 +45,9 @@ def test_deleting_a_stream_iterator_and_ctrl_c_end_the_wait_for_a_stuck_producer
         proc.kill()
         pytest.fail(f"no report line: {line!r} {proc.communicate()[1][-3000:]}")
     assert got["got"] == [0, 1, 2], got
-    assert got["del_s"] < 3.0, got  # a hang, not a timing figure: the producer never resumes
+    # A hang, not a timing figure: the producer never resumes (its sleep is an hour); deleting a tf.data iterator
+    # takes seconds on a loaded machine.
+    assert got["del_s"] < 30.0, got
     expected_left = ["kerasfeed-generator-shard-0"] if kind == "generators-threads" else []
     assert got["left"] == expected_left, got
     time.sleep(1.0)  # the new pass's items are ready at once: the main thread is blocked in TensorFlow by now

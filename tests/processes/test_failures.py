@@ -155,7 +155,7 @@ def test_timeout_stops_a_stuck_item():
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match=r"did not return Crashy\[5\] within timeout=0.5 s"):
             ex.load(5, 0)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 20  # the item sleeps 60 s: the timeout, then the kill, 4x slower under load
     finally:
         ex.close()
 

@@ -139,6 +139,6 @@ def test_stream_timeout_stops_a_stuck_task():
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match=r"produced no item of stuck\(\) within timeout=0.5 s"):
             next(it)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15  # the task sleeps 30 s: the timeout, then the kill, 4x slower under load
     finally:
         pool.close()
