@@ -456,17 +456,18 @@ def test_a_ctrl_c_in_keras_own_fit_of_a_scene_sequence_ends_the_exit():
 def test_sigint_to_the_process_group_of_a_training_script_ends_it_and_its_workers(stage, delay):
     """SIGINT to the group (as a terminal's Ctrl-C) while the script starts, while
     ``fit`` begins, and mid-training: the script ends by KeyboardInterrupt and no
-    process of its group is left, within 20 s. ``make soak-ctrl-c`` draws the
+    process of its group is left, within 20 s (during start-up, after TensorFlow's import: a Ctrl-C
+    in it is held until it ends, ``HELD_IMPORT_S``). ``make soak-ctrl-c`` draws the
     moment at random, hundreds of times beside CPU burners."""
     got = run_once(stage, delay)
-    assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}; {got['stderr'][-2000:]}"
+    assert got["exit_s"] is not None, f"still running {got['limit_s']} s after the SIGINT: {got.get('left')}; {got['stderr'][-2000:]}"
     if not got["interrupted"] and _crashed_inside_tensorflow(got):
         # TensorFlow's own code, interrupted, crashed the script (its workers still ended, as asserted above):
         # once in several hundred SIGINTs (a SIGSEGV in convert_to_tensor, CI 2026-11-28). Not kerasfeed's to
         # fix; the soak (make soak-ctrl-c) counts them. A second run must end by KeyboardInterrupt.
         warnings.warn(f"the first run crashed inside TensorFlow (rc {got['returncode']}): {got['last_error']}")
         got = run_once(stage, delay)
-        assert got["exit_s"] is not None, f"still running 20 s after the SIGINT: {got.get('left')}"
+        assert got["exit_s"] is not None, f"still running {got['limit_s']} s after the SIGINT: {got.get('left')}"
     assert not got["ended_early"] and got["interrupted"], (got["returncode"], got["stderr"][-3000:])
     assert stage in got["seen"], got["seen"]
 
