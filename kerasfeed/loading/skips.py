@@ -22,7 +22,7 @@ resumed run:
   batches it has (the next starts on time with the next pass), and kerasfeed
   explains the short epoch in place of Keras' "Your input ran out of data"
   warning (NOTE [ An epoch shortened by items left out ] in
-  ``kerasfeed/_keras_fit.py``). A saved position counts the skipped items
+  ``kerasfeed/_keras_epoch_iterator.py``). A saved position counts the skipped items
   before it (``before``).
 
 The budget is per pass: an int count of items, or a float in (0, 1), a
