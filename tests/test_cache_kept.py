@@ -67,6 +67,26 @@ def scenes(tmp_path):
     return make_synthetic_scenes(tmp_path / "scenes.h5", num_scenes=SCENES, points_per_scene=64, chunk_scenes=4)
 
 
+@pytest.fixture(scope="module")
+def _first_run(tmp_path_factory):
+    """One default run (a fresh interpreter, worker processes) over a scene file nobody changes: its
+    directory, copied, is the "first run" of the tests that only reuse it (a run costs 3-6 s)."""
+    root = tmp_path_factory.mktemp("first-run")
+    scenes = make_synthetic_scenes(root / "scenes.h5", num_scenes=SCENES, points_per_scene=64, chunk_scenes=4)
+    first, _ = _run(scenes, root / "cache", root / "loads")
+    return scenes, root / "cache", first
+
+
+@pytest.fixture
+def first_run(_first_run, tmp_path):
+    """``(scenes, cache, first)``: a copy of the module's first run's directory in this test's own folder. The
+    key names the scene file, not the directory; cp keeps data.bin sparse (its size is the default budget,
+    tens of GB, of which a few KB are written)."""
+    scenes, cache, first = _first_run
+    subprocess.run(["cp", "-a", "--sparse=always", str(cache), str(tmp_path / "cache")], check=True)
+    return scenes, tmp_path / "cache", first
+
+
 def test_a_second_run_reads_the_kept_cache_and_a_changed_file_rebuilds_it(tmp_path, scenes):
     cache, log = tmp_path / "cache", tmp_path / "loads"
     first, _ = _run(scenes, cache, log)
@@ -88,7 +108,10 @@ def test_a_second_run_reads_the_kept_cache_and_a_changed_file_rebuilds_it(tmp_pa
 
 def test_a_run_killed_while_filling_leaves_no_half_written_entry(tmp_path, scenes):
     cache, log = tmp_path / "cache", tmp_path / "loads"
-    reference, _ = _run(scenes, tmp_path / "reference-cache", tmp_path / "reference-loads", "--passes", "1")
+    # The reference run (its own directory and log) goes on beside the run killed: it waits on nothing of it.
+    ref = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(tmp_path / "reference-cache"),
+                            str(tmp_path / "reference-loads"), "--passes", "1"], env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen([sys.executable, SCRIPT, str(scenes), str(cache), str(log), "--passes", "1",
                              "--slow", "0.15"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -100,6 +123,9 @@ def test_a_run_killed_while_filling_leaves_no_half_written_entry(tmp_path, scene
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+        out, ref_err = ref.communicate(timeout=240)
+    assert ref.returncode == 0, ref_err[-3000:]
+    reference = json.loads(out.strip().splitlines()[-1])
     made_before = len(set(_loads(log)))
     assert 0 < made_before < ITEMS
     os.remove(log)
@@ -184,12 +210,12 @@ def _entries(cache) -> np.ndarray:
     return np.frombuffer(raw, np.uint64, count=3 * ITEMS, offset=HEADER_BYTES).reshape(ITEMS, 3).copy()
 
 
-def test_a_directory_reused_with_a_smaller_max_bytes_is_trimmed_to_it(tmp_path, scenes):
+def test_a_directory_reused_with_a_smaller_max_bytes_is_trimmed_to_it(tmp_path, first_run):
     """A run with a smaller budget than the directory holds keeps the records stored first (where they
     were), drops the rest once (one log line), shrinks the data file, and gives the same batches; the next
     run with that budget finds nothing to trim."""
-    cache, log = tmp_path / "cache", tmp_path / "loads"
-    first, _ = _run(scenes, cache, log)
+    scenes, cache, first = first_run  # a default run's directory (copied)
+    log = tmp_path / "loads"
     before = _entries(cache)
     assert first["cache_items"] == ITEMS and (before[:, 0] > 0).all()
     ends = before[:, 0] + before[:, 1]
@@ -198,7 +224,6 @@ def test_a_directory_reused_with_a_smaller_max_bytes_is_trimmed_to_it(tmp_path, 
     budget = int(np.sort(ends)[ITEMS // 2 - 1]) - 64
     kept = ends <= budget + 64
     assert 0 < kept.sum() < ITEMS
-    os.remove(log)
     second, err = _run(scenes, cache, log, "--max-bytes", str(budget))
     assert "trimmed" in err and str(cache) in err and f"{kept.sum()} of its {ITEMS} items kept" in err, err[-2000:]
     assert second["digest"] == first["digest"] and second["cache_items"] == kept.sum()
@@ -274,13 +299,12 @@ def test_a_trim_the_disk_has_no_room_for_leaves_a_store_that_serves(tmp_path, mo
         assert "could not be shrunk" in caplog.text and 0 < stats["cache_items"] < 8, (caplog.text, stats)
 
 
-def test_new_files_a_killed_rebuild_or_trim_left_are_removed_when_the_directory_opens(tmp_path, scenes):
-    cache, log = tmp_path / "cache", tmp_path / "loads"
-    first, _ = _run(scenes, cache, log)
+def test_new_files_a_killed_rebuild_or_trim_left_are_removed_when_the_directory_opens(tmp_path, first_run):
+    scenes, cache, first = first_run  # a default run's directory (copied)
+    log = tmp_path / "loads"
     for name in ("index.bin.new", "data.bin.new"):  # as a run SIGKILLed between writing and renaming leaves them
         with open(cache / name, "wb") as f:
             f.write(b"\0" * 4096)
-    os.remove(log)  # as in the tests above: the log is a file the source names (it would rebuild the key)
     second, err = _run(scenes, cache, log)
     assert second["digest"] == first["digest"] and second["cache_misses"] == 0, (second, err[-2000:])
     assert not [f for f in os.listdir(cache) if f.endswith(".new")]
