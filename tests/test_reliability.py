@@ -198,20 +198,13 @@ def test_to_dataset_timeout_fails_a_stuck_item(executor):
     kerasfeed.executor_of(ds).close()
 
 
-class _StuckAt0:
-    def __len__(self):
-        return 24
-
-    def __getitem__(self, i):
-        if i == 0:
-            time.sleep(30)  # a probed item; the plan sends it again, with item 2 behind it on one worker
-        return np.full(2, i, np.float32)
-
-
 def test_a_timeout_blames_the_item_a_worker_is_stuck_on_not_one_waiting_behind_it():
     """timeout= with max_skipped: item 2, queued behind the stuck item 0 on the same worker, was blamed for
-    the timeout and left out too (pass 0 lost [0, 2]); only the stuck item is left out, every pass."""
-    with kerasfeed.to_loader(_StuckAt0(), batch_size=4, executor="processes", workers=2, timeout=1,
+    the timeout and left out too (pass 0 lost [0, 2]); only the stuck item is left out, every pass. The source
+    lives in a module without tensorflow: the workers (and the one started again after the timeout) import it."""
+    from tests._stuck_sources import StuckAt0
+
+    with kerasfeed.to_loader(StuckAt0(), batch_size=4, executor="processes", workers=2, timeout=1,
                              max_skipped=6) as loader:
         for _ in range(2):
             got = sorted(int(v) for batch in loader for v in batch[:, 0])
