@@ -3,10 +3,6 @@
 argv[1] = "iterate": iterate each dataset fully, then list what TMPDIR holds.
 argv[1] = "exit":    take 3 elements from a live iterator of each kind and
                      exit without closing anything.
-
-Items take 10 ms (a sleep) in "exit" mode only: there each live iterator has work in flight when the
-interpreter ends; "iterate" looks for AutoGraph's files, which no item's time changes (the sleeps were 4 s
-of its 10).
 """
 
 import json
@@ -20,37 +16,35 @@ import numpy as np
 
 import kerasfeed
 
-DELAY = 0.01  # set by main(): 0 in "iterate" mode
-
 
 class Slow:
-    """Items of DELAY (a sleep), variable length."""
+    """Items of 10 ms (a sleep), variable length."""
 
     def __len__(self):
         return 40
 
     def __getitem__(self, i):
-        time.sleep(DELAY)
+        time.sleep(0.01)
         return np.zeros((i % 3 + 1, 2), np.float32), np.int64(i)
 
 
 def gen(k):
     for i in range(20):
-        time.sleep(DELAY)
+        time.sleep(0.01)
         yield np.zeros((i % 2 + 1,), np.float32)
 
 
 def read(path):
     with open(path) as f:
         for line in f:
-            time.sleep(DELAY)
+            time.sleep(0.01)
             yield np.float32(line)
 
 
 def produce(put):
     for _ in range(3):
         for i in range(30):
-            time.sleep(DELAY)
+            time.sleep(0.01)
             put(np.full(2, i, np.float32))
         put(kerasfeed.END_OF_EPOCH)
 
@@ -87,9 +81,7 @@ KEEP = []  # module globals: alive until the interpreter finalizes
 
 
 def main():
-    global DELAY
     mode = sys.argv[1]
-    DELAY = 0.01 if mode == "exit" else 0.0
     workdir = tempfile.mkdtemp(dir=os.environ.get("KERASFEED_TEST_WORKDIR"))
     names = []
     for name, ds in datasets(workdir):
