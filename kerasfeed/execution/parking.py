@@ -77,8 +77,7 @@ class ParkWatch:
     stop_at_exit = disarm
 
     def alive(self) -> list[threading.Thread]:
-        thread = self._thread
-        return [thread] if thread is not None and thread.is_alive() else []
+        return thread_tasks.running(self._thread)
 
     def current(self, generation: int) -> bool:
         return self.armed and self._generation == generation

@@ -309,6 +309,11 @@ def exit_begun() -> bool:
     return _exit_joined
 
 
+def running(*threads: Optional[threading.Thread]) -> list[threading.Thread]:
+    """Those of ``threads`` started and not ended: an owner's ``alive()`` (``join_at_exit``)."""
+    return [t for t in threads if t is not None and t.is_alive()]
+
+
 def listed(items: "weakref.WeakSet") -> list:
     """What a weak set holds now (another thread may add to it meanwhile)."""
     for _ in range(10):  # a set changed during the copy raises: read it again
@@ -351,4 +356,5 @@ def join_threads_at_exit(wait: float = EXIT_JOIN_S) -> list[str]:
 
 
 __all__ = ["EXIT_JOIN_S", "Done", "Task", "Runner", "Pool", "item_failure", "thread_loop", "run_aside_thread",
-           "stop_threads", "install_exit_join", "join_at_exit", "exit_begun", "listed", "join_threads_at_exit"]
+           "stop_threads", "install_exit_join", "join_at_exit", "exit_begun", "running", "listed",
+           "join_threads_at_exit"]

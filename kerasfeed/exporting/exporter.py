@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from kerasfeed import _validation as _v
 from kerasfeed.errors import ItemError, WorkerError
 from kerasfeed.execution.processes.process import NO_RESTART
-from kerasfeed.execution.thread_tasks import join_at_exit
+from kerasfeed.execution.thread_tasks import join_at_exit, running
 from kerasfeed.exporting import manifest as mf
 from kerasfeed.exporting.encoding import require_crc32c
 from kerasfeed.exporting.spec import ExportSpec
@@ -428,7 +428,7 @@ class _Bar:
         self._stop.set()
 
     def alive(self) -> list[threading.Thread]:
-        return [self._thread] if self._thread.is_alive() else []
+        return running(self._thread)
 
     def _update(self) -> None:
         counts = self._shared.counts()

@@ -138,8 +138,7 @@ class _Feed:
             self.waits.cancel()
 
     def alive(self) -> list[threading.Thread]:
-        thread = self.thread
-        return [thread] if thread is not None and thread.is_alive() else []
+        return thread_tasks.running(self.thread)
 
     def run(self) -> None:
         try:
@@ -196,7 +195,6 @@ class DeviceIterator:
         self._carry_on = source.carry_on
         self._stats = stats
         self._finish = finish
-        self._thread: Optional[threading.Thread] = None
         self._done = False
         weakref.finalize(self, self._feed.stop.set)
 
@@ -207,18 +205,18 @@ class DeviceIterator:
         if self._done:
             raise StopIteration
         self._carry_on()
-        if self._thread is None:  # the pass starts on the first next, as without prefetch
-            self._thread = threading.Thread(target=self._feed.run, name="kerasfeed-device-prefetch", daemon=True)
-            self._feed.thread = self._thread
-            thread_tasks.join_at_exit(self._feed)
-            self._thread.start()
+        feed = self._feed
+        if feed.thread is None:  # the pass starts on the first next, as without prefetch
+            feed.thread = threading.Thread(target=feed.run, name="kerasfeed-device-prefetch", daemon=True)
+            thread_tasks.join_at_exit(feed)
+            feed.thread.start()
         t0 = time.perf_counter()
         while True:
             try:
-                kind, value = self._feed.queue.get(timeout=_SLICE_S)
+                kind, value = feed.queue.get(timeout=_SLICE_S)
                 break
             except queue.Empty:
-                if not self._thread.is_alive() and self._feed.queue.empty():
+                if not feed.thread.is_alive() and feed.queue.empty():
                     self._done = True
                     raise RuntimeError("kerasfeed: the device prefetch thread ended without a batch or an error.")
         if kind != "batch":  # "end" or "error"

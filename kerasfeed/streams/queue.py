@@ -288,8 +288,7 @@ class QueueFeed:
     stop_at_exit = close
 
     def alive(self) -> list[threading.Thread]:
-        thread = self._thread
-        return [thread] if thread is not None and thread.is_alive() else []
+        return thread_tasks.running(self._thread)
 
 
 class QueuePass:
